@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Builds (once) the binaries the end-to-end tests need and prints the folder
+# that holds them. Binaries are cached outside the clone, keyed by version, so
+# only a missing binary triggers a build.
+#
+#   PETSTORE_TOOLS_DIR   cache root (default: ${XDG_CACHE_HOME:-$HOME/.cache}/petstore-operator)
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=versions.env
+source "$here/versions.env"
+
+cache_root="${PETSTORE_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/petstore-operator}"
+bin_dir="$cache_root/kube-$KUBE_VERSION-etcd-$ETCD_VERSION-grpcurl-$GRPCURL_VERSION"
+mkdir -p "$bin_dir"
+
+log() { printf '[control-plane] %s\n' "$*" >&2; }
+
+build() { # name, then go build arguments
+  local name=$1; shift
+  if [[ -x "$bin_dir/$name" ]]; then return; fi
+  log "building $name (first run only; this takes several minutes)"
+  local start=$SECONDS
+  (cd "$here" && CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -o "$bin_dir/$name.partial" "$@")
+  mv "$bin_dir/$name.partial" "$bin_dir/$name"
+  log "built $name in $((SECONDS - start))s"
+}
+
+minor=${KUBE_VERSION#v1.}; minor=${minor%%.*}
+build kube-apiserver -ldflags "-s -w \
+  -X k8s.io/component-base/version.gitVersion=$KUBE_VERSION \
+  -X k8s.io/component-base/version.gitMajor=1 \
+  -X k8s.io/component-base/version.gitMinor=$minor" \
+  k8s.io/kubernetes/cmd/kube-apiserver
+build etcd -ldflags "-s -w" go.etcd.io/etcd/server/v3
+
+if [[ ! -x "$bin_dir/grpcurl" ]]; then
+  log "installing grpcurl $GRPCURL_VERSION"
+  GOBIN="$bin_dir" CGO_ENABLED=0 go install "github.com/fullstorydev/grpcurl/cmd/grpcurl@$GRPCURL_VERSION"
+fi
+
+# kubectl supports one minor of skew against the API server; build a matching
+# one only when the machine's kubectl is further away (or missing).
+kubectl_ok() {
+  command -v kubectl >/dev/null || return 1
+  local v; v=$(kubectl version --client -o json 2>/dev/null | sed -n 's/.*"minor": *"\([0-9]*\).*/\1/p' | head -n1)
+  [[ -n "$v" ]] && (( v >= minor - 1 && v <= minor + 1 ))
+}
+if ! kubectl_ok; then
+  build kubectl k8s.io/kubernetes/cmd/kubectl
+fi
+
+echo "$bin_dir"

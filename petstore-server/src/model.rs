@@ -1,0 +1,127 @@
+//! The store's domain types and documented limits, independent of the wire
+//! format and of any storage engine.
+
+use chrono::NaiveDate;
+
+/// Longest accepted pet name, in characters.
+pub const MAX_NAME_CHARS: usize = 128;
+/// Longest accepted idempotency key, in characters.
+pub const MAX_KEY_CHARS: usize = 128;
+/// Most pets, IDs or keys accepted in one repeated request field.
+pub const MAX_BATCH: usize = 1000;
+/// Largest gRPC message the server decodes or encodes.
+pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+
+/// The kind of animal; `PTUnknown` has no counterpart because it is never valid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Species {
+    Canine,
+    Feline,
+    Bird,
+    Reptile,
+}
+
+/// The mutable part of a pet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PetFields {
+    pub name: String,
+    pub species: Species,
+    pub birthday: NaiveDate,
+}
+
+/// A pet to add.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewPet {
+    pub fields: PetFields,
+    pub idempotency_key: Option<String>,
+}
+
+/// A stored pet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PetRecord {
+    pub id: String,
+    pub fields: PetFields,
+    pub idempotency_key: Option<String>,
+}
+
+/// A replacement of an existing pet's fields.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PetUpdate {
+    pub id: String,
+    pub fields: PetFields,
+}
+
+/// A search: every non-empty criterion narrows the result.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SearchFilter {
+    pub names: Vec<String>,
+    pub species: Vec<Species>,
+    /// Inclusive lower bound.
+    pub born_on_or_after: Option<NaiveDate>,
+    /// Exclusive upper bound.
+    pub born_before: Option<NaiveDate>,
+}
+
+impl SearchFilter {
+    pub fn matches(&self, pet: &PetFields) -> bool {
+        (self.names.is_empty() || self.names.contains(&pet.name))
+            && (self.species.is_empty() || self.species.contains(&pet.species))
+            && self
+                .born_on_or_after
+                .is_none_or(|start| pet.birthday >= start)
+            && self.born_before.is_none_or(|end| pet.birthday < end)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pet(name: &str, species: Species, y: i32, m: u32, d: u32) -> PetFields {
+        PetFields {
+            name: name.into(),
+            species,
+            birthday: NaiveDate::from_ymd_opt(y, m, d).expect("valid test date"),
+        }
+    }
+
+    #[test]
+    fn empty_filter_matches_everything() {
+        assert!(SearchFilter::default().matches(&pet("Thor", Species::Canine, 2021, 4, 1)));
+    }
+
+    #[test]
+    fn every_criterion_narrows() {
+        let thor = pet("Thor", Species::Canine, 2021, 4, 1);
+        let by_name = SearchFilter {
+            names: vec!["Tron".into()],
+            ..Default::default()
+        };
+        assert!(!by_name.matches(&thor));
+        let by_species = SearchFilter {
+            species: vec![Species::Feline, Species::Bird],
+            ..Default::default()
+        };
+        assert!(!by_species.matches(&thor));
+        let both = SearchFilter {
+            names: vec!["Thor".into()],
+            species: vec![Species::Canine],
+            ..Default::default()
+        };
+        assert!(both.matches(&thor));
+    }
+
+    #[test]
+    fn birthday_range_is_start_inclusive_end_exclusive() {
+        let day = |d| NaiveDate::from_ymd_opt(2021, 4, d).expect("valid test date");
+        let range = SearchFilter {
+            born_on_or_after: Some(day(1)),
+            born_before: Some(day(3)),
+            ..Default::default()
+        };
+        assert!(range.matches(&pet("a", Species::Bird, 2021, 4, 1)));
+        assert!(range.matches(&pet("b", Species::Bird, 2021, 4, 2)));
+        assert!(!range.matches(&pet("c", Species::Bird, 2021, 4, 3)));
+        assert!(!range.matches(&pet("d", Species::Bird, 2021, 3, 31)));
+    }
+}

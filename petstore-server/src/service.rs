@@ -1,0 +1,136 @@
+//! The gRPC layer: validates each request at the edge, then calls [`Storage`].
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures::Stream;
+use petstore_proto::PetStore;
+use petstore_proto::petstore as pb;
+use tonic::{Request, Response, Status};
+
+use crate::storage::{Storage, StorageError};
+use crate::validate;
+
+pub struct PetStoreService {
+    storage: Arc<dyn Storage>,
+}
+
+impl PetStoreService {
+    pub fn new(storage: Arc<dyn Storage>) -> Self {
+        Self { storage }
+    }
+}
+
+impl From<StorageError> for Status {
+    fn from(err: StorageError) -> Self {
+        match err {
+            StorageError::NotFound { index, id } => {
+                Status::not_found(format!("pets[{index}].id: no pet with ID {id:?}"))
+            }
+            other => {
+                tracing::error!(error = %other, "storage failure");
+                Status::unavailable(other.to_string())
+            }
+        }
+    }
+}
+
+/// Pets buffered ahead of a slow search client; bounds memory per stream.
+const SEARCH_CHANNEL_DEPTH: usize = 64;
+
+#[tonic::async_trait]
+impl PetStore for PetStoreService {
+    async fn add_pets(
+        &self,
+        request: Request<pb::AddPetsReq>,
+    ) -> Result<Response<pb::AddPetsResp>, Status> {
+        let pets = validate::add_request(request.get_ref())?;
+        let count = pets.len();
+        let ids = self.storage.add(pets).await?;
+        tracing::debug!(count, "added pets");
+        Ok(Response::new(pb::AddPetsResp { ids }))
+    }
+
+    async fn update_pets(
+        &self,
+        request: Request<pb::UpdatePetsReq>,
+    ) -> Result<Response<pb::UpdatePetsResp>, Status> {
+        let updates = validate::update_request(request.get_ref())?;
+        let count = updates.len();
+        self.storage.update(updates).await?;
+        tracing::debug!(count, "updated pets");
+        Ok(Response::new(pb::UpdatePetsResp {}))
+    }
+
+    async fn delete_pets(
+        &self,
+        request: Request<pb::DeletePetsReq>,
+    ) -> Result<Response<pb::DeletePetsResp>, Status> {
+        let ids = request.into_inner().ids;
+        validate::ids("ids", &ids)?;
+        let count = ids.len();
+        self.storage.delete(ids).await?;
+        tracing::debug!(count, "deleted pets");
+        Ok(Response::new(pb::DeletePetsResp {}))
+    }
+
+    type SearchPetsStream = Pin<Box<dyn Stream<Item = Result<pb::Pet, Status>> + Send>>;
+
+    async fn search_pets(
+        &self,
+        request: Request<pb::SearchPetsReq>,
+    ) -> Result<Response<Self::SearchPetsStream>, Status> {
+        let filter = validate::search_request(request.get_ref())?;
+        let found = self.storage.search(filter).await?;
+        tracing::debug!(count = found.len(), "search");
+        let (tx, rx) = tokio::sync::mpsc::channel(SEARCH_CHANNEL_DEPTH);
+        tokio::spawn(async move {
+            for record in found {
+                // The client hung up: stop producing.
+                if tx.send(Ok(validate::to_proto(&record))).await.is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
+    async fn get_pets(
+        &self,
+        request: Request<pb::GetPetsReq>,
+    ) -> Result<Response<pb::GetPetsResp>, Status> {
+        let pb::GetPetsReq {
+            ids,
+            idempotency_keys,
+        } = request.into_inner();
+        validate::ids("ids", &ids)?;
+        validate::ids("idempotency_keys", &idempotency_keys)?;
+
+        let by_id = self.storage.get(ids.clone()).await?;
+        let by_key = self.storage.get_by_keys(idempotency_keys.clone()).await?;
+
+        let mut response = pb::GetPetsResp::default();
+        let mut seen = std::collections::HashSet::new();
+        for (id, found) in ids.into_iter().zip(by_id) {
+            match found {
+                Some(record) if seen.insert(record.id.clone()) => {
+                    response.pets.push(validate::to_proto(&record))
+                }
+                Some(_) => {}
+                None => response.missing_ids.push(id),
+            }
+        }
+        for (key, found) in idempotency_keys.into_iter().zip(by_key) {
+            match found {
+                Some(record) if seen.insert(record.id.clone()) => {
+                    response.pets.push(validate::to_proto(&record))
+                }
+                Some(_) => {}
+                None => response.missing_idempotency_keys.push(key),
+            }
+        }
+        Ok(Response::new(response))
+    }
+}

@@ -1,0 +1,310 @@
+//! Durable backend on redb: one file, ACID, copy-on-write, so a `kill -9` at
+//! any moment leaves either the old or the new state. Every acknowledged write
+//! has been fsynced.
+//!
+//! Writes go through a single writer thread that commits whatever requests
+//! are queued as one transaction (group commit): one fsync then covers many
+//! concurrent callers, while each caller's request still applies all or
+//! nothing.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::mpsc;
+
+use prost::Message;
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
+use tokio::sync::oneshot;
+
+use super::{Storage, StorageError, new_id};
+use crate::model::{NewPet, PetRecord, PetUpdate, SearchFilter};
+use crate::validate;
+
+/// Pet ID -> protobuf-encoded `petstore.Pet` (including its idempotency key).
+const PETS: TableDefinition<&str, &[u8]> = TableDefinition::new("pets");
+/// Idempotency key -> pet ID.
+const IDS_BY_KEY: TableDefinition<&str, &str> = TableDefinition::new("ids_by_key");
+
+/// Most queued requests folded into one transaction.
+const MAX_GROUP: usize = 512;
+
+pub struct DurableStorage {
+    db: Arc<Database>,
+    writer: Option<mpsc::Sender<Job>>,
+    writer_thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for DurableStorage {
+    // Closing the queue lets the writer finish what is queued; joining it
+    // releases the file lock before a reopen in the same process.
+    fn drop(&mut self) {
+        self.writer.take();
+        if let Some(thread) = self.writer_thread.take()
+            && thread.join().is_err()
+        {
+            tracing::error!("the writer thread panicked");
+        }
+    }
+}
+
+enum WriteOp {
+    Add(Vec<NewPet>),
+    Update(Vec<PetUpdate>),
+    Delete(Vec<String>),
+}
+
+struct Job {
+    op: WriteOp,
+    reply: oneshot::Sender<Result<Vec<String>, StorageError>>,
+}
+
+impl DurableStorage {
+    pub fn open(path: &Path) -> Result<Self, StorageError> {
+        let db = Database::create(path).map_err(|e| StorageError::engine("opening the file", e))?;
+        // Create the tables up front so readers never see them missing.
+        let txn = db
+            .begin_write()
+            .map_err(|e| StorageError::engine("initialising tables", e))?;
+        txn.open_table(PETS)
+            .map_err(|e| StorageError::engine("initialising tables", e))?;
+        txn.open_table(IDS_BY_KEY)
+            .map_err(|e| StorageError::engine("initialising tables", e))?;
+        txn.commit()
+            .map_err(|e| StorageError::engine("initialising tables", e))?;
+
+        let db = Arc::new(db);
+        let (writer, jobs) = mpsc::channel();
+        let writer_db = Arc::clone(&db);
+        let writer_thread = std::thread::Builder::new()
+            .name("petstore-writer".into())
+            .spawn(move || write_loop(&writer_db, &jobs))
+            .map_err(|e| StorageError::engine("starting the writer thread", e))?;
+        Ok(Self {
+            db,
+            writer: Some(writer),
+            writer_thread: Some(writer_thread),
+        })
+    }
+
+    async fn write(&self, op: WriteOp) -> Result<Vec<String>, StorageError> {
+        let (reply, answer) = oneshot::channel();
+        self.writer
+            .as_ref()
+            .ok_or(StorageError::WriterGone)?
+            .send(Job { op, reply })
+            .map_err(|_| StorageError::WriterGone)?;
+        answer.await.map_err(|_| StorageError::WriterGone)?
+    }
+
+    async fn read<T: Send + 'static>(
+        &self,
+        read: impl FnOnce(&Database) -> Result<T, StorageError> + Send + 'static,
+    ) -> Result<T, StorageError> {
+        let db = Arc::clone(&self.db);
+        tokio::task::spawn_blocking(move || read(&db))
+            .await
+            .map_err(|e| StorageError::engine("running a read", e))?
+    }
+}
+
+fn write_loop(db: &Database, jobs: &mpsc::Receiver<Job>) {
+    while let Ok(first) = jobs.recv() {
+        let mut group = vec![first];
+        while group.len() < MAX_GROUP {
+            match jobs.try_recv() {
+                Ok(job) => group.push(job),
+                Err(_) => break,
+            }
+        }
+        let ops: Vec<&WriteOp> = group.iter().map(|job| &job.op).collect();
+        match commit_group(db, &ops) {
+            Ok(results) => {
+                for (job, result) in group.into_iter().zip(results) {
+                    // A caller that gave up (cancelled RPC) no longer listens.
+                    let _ = job.reply.send(result);
+                }
+            }
+            Err(failure) => {
+                tracing::error!(error = %failure, requests = group.len(), "commit failed");
+                let message = failure.to_string();
+                for job in group {
+                    let _ = job
+                        .reply
+                        .send(Err(StorageError::engine("committing", message.clone())));
+                }
+            }
+        }
+    }
+}
+
+/// Applies every op in one transaction. An op that is refused (unknown ID)
+/// writes nothing and gets its own error; an engine failure fails the group.
+fn commit_group(
+    db: &Database,
+    ops: &[&WriteOp],
+) -> Result<Vec<Result<Vec<String>, StorageError>>, StorageError> {
+    let txn = db
+        .begin_write()
+        .map_err(|e| StorageError::engine("starting a write", e))?;
+    let mut results = Vec::with_capacity(ops.len());
+    for op in ops {
+        results.push(apply(&txn, op)?);
+    }
+    txn.commit()
+        .map_err(|e| StorageError::engine("committing", e))?;
+    Ok(results)
+}
+
+type Applied = Result<Vec<String>, StorageError>;
+
+fn apply(txn: &WriteTransaction, op: &WriteOp) -> Result<Applied, StorageError> {
+    let engine = |e: redb::Error| StorageError::engine("writing", e);
+    let mut pets = txn.open_table(PETS).map_err(|e| engine(e.into()))?;
+    let mut keys = txn.open_table(IDS_BY_KEY).map_err(|e| engine(e.into()))?;
+    match op {
+        WriteOp::Add(new_pets) => {
+            let mut ids = Vec::with_capacity(new_pets.len());
+            for pet in new_pets {
+                if let Some(key) = &pet.idempotency_key
+                    && let Some(existing) = keys.get(key.as_str()).map_err(|e| engine(e.into()))?
+                {
+                    ids.push(existing.value().to_owned());
+                    continue;
+                }
+                let record = PetRecord {
+                    id: new_id(),
+                    fields: pet.fields.clone(),
+                    idempotency_key: pet.idempotency_key.clone(),
+                };
+                pets.insert(record.id.as_str(), encode(&record).as_slice())
+                    .map_err(|e| engine(e.into()))?;
+                if let Some(key) = &record.idempotency_key {
+                    keys.insert(key.as_str(), record.id.as_str())
+                        .map_err(|e| engine(e.into()))?;
+                }
+                ids.push(record.id);
+            }
+            Ok(Ok(ids))
+        }
+        WriteOp::Update(updates) => {
+            // Check every ID before writing any, so a refused request changes nothing.
+            let mut records = Vec::with_capacity(updates.len());
+            for (index, update) in updates.iter().enumerate() {
+                let Some(stored) = pets.get(update.id.as_str()).map_err(|e| engine(e.into()))?
+                else {
+                    return Ok(Err(StorageError::NotFound {
+                        index,
+                        id: update.id.clone(),
+                    }));
+                };
+                let mut record = decode(stored.value())?;
+                record.fields = update.fields.clone();
+                records.push(record);
+            }
+            for record in records {
+                pets.insert(record.id.as_str(), encode(&record).as_slice())
+                    .map_err(|e| engine(e.into()))?;
+            }
+            Ok(Ok(Vec::new()))
+        }
+        WriteOp::Delete(ids) => {
+            for id in ids {
+                let removed = pets.remove(id.as_str()).map_err(|e| engine(e.into()))?;
+                if let Some(stored) = removed
+                    && let Some(key) = decode(stored.value())?.idempotency_key
+                {
+                    keys.remove(key.as_str()).map_err(|e| engine(e.into()))?;
+                }
+            }
+            Ok(Ok(Vec::new()))
+        }
+    }
+}
+
+fn encode(record: &PetRecord) -> Vec<u8> {
+    validate::to_proto(record).encode_to_vec()
+}
+
+fn decode(bytes: &[u8]) -> Result<PetRecord, StorageError> {
+    let corrupt = |why: String| StorageError::engine("decoding a stored pet", why);
+    let pet = petstore_proto::petstore::Pet::decode(bytes).map_err(|e| corrupt(e.to_string()))?;
+    let fields =
+        validate::pet_fields(0, &pet).map_err(|status| corrupt(status.message().to_owned()))?;
+    Ok(PetRecord {
+        id: pet.id,
+        fields,
+        idempotency_key: Some(pet.idempotency_key).filter(|key| !key.is_empty()),
+    })
+}
+
+fn read_by_ids(db: &Database, ids: &[String]) -> Result<Vec<Option<PetRecord>>, StorageError> {
+    let engine = |e: redb::Error| StorageError::engine("reading", e);
+    let txn = db.begin_read().map_err(|e| engine(e.into()))?;
+    let pets = txn.open_table(PETS).map_err(|e| engine(e.into()))?;
+    ids.iter()
+        .map(|id| {
+            pets.get(id.as_str())
+                .map_err(|e| engine(e.into()))?
+                .map(|stored| decode(stored.value()))
+                .transpose()
+        })
+        .collect()
+}
+
+#[tonic::async_trait]
+impl Storage for DurableStorage {
+    async fn add(&self, pets: Vec<NewPet>) -> Result<Vec<String>, StorageError> {
+        self.write(WriteOp::Add(pets)).await
+    }
+
+    async fn update(&self, pets: Vec<PetUpdate>) -> Result<(), StorageError> {
+        self.write(WriteOp::Update(pets)).await.map(drop)
+    }
+
+    async fn delete(&self, ids: Vec<String>) -> Result<(), StorageError> {
+        self.write(WriteOp::Delete(ids)).await.map(drop)
+    }
+
+    async fn get(&self, ids: Vec<String>) -> Result<Vec<Option<PetRecord>>, StorageError> {
+        self.read(move |db| read_by_ids(db, &ids)).await
+    }
+
+    async fn get_by_keys(&self, keys: Vec<String>) -> Result<Vec<Option<PetRecord>>, StorageError> {
+        self.read(move |db| {
+            let engine = |e: redb::Error| StorageError::engine("reading", e);
+            let txn = db.begin_read().map_err(|e| engine(e.into()))?;
+            let ids_by_key = txn.open_table(IDS_BY_KEY).map_err(|e| engine(e.into()))?;
+            let pets = txn.open_table(PETS).map_err(|e| engine(e.into()))?;
+            keys.iter()
+                .map(|key| {
+                    let Some(id) = ids_by_key.get(key.as_str()).map_err(|e| engine(e.into()))?
+                    else {
+                        return Ok(None);
+                    };
+                    pets.get(id.value())
+                        .map_err(|e| engine(e.into()))?
+                        .map(|stored| decode(stored.value()))
+                        .transpose()
+                })
+                .collect()
+        })
+        .await
+    }
+
+    async fn search(&self, filter: SearchFilter) -> Result<Vec<PetRecord>, StorageError> {
+        self.read(move |db| {
+            let engine = |e: redb::Error| StorageError::engine("searching", e);
+            let txn = db.begin_read().map_err(|e| engine(e.into()))?;
+            let pets = txn.open_table(PETS).map_err(|e| engine(e.into()))?;
+            let mut found = Vec::new();
+            for entry in pets.iter().map_err(|e| engine(e.into()))? {
+                let (_, stored) = entry.map_err(|e| engine(e.into()))?;
+                let record = decode(stored.value())?;
+                if filter.matches(&record.fields) {
+                    found.push(record);
+                }
+            }
+            Ok(found)
+        })
+        .await
+    }
+}

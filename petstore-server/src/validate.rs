@@ -1,0 +1,352 @@
+//! Validation at the edge: turns wire messages into domain values, or into an
+//! `INVALID_ARGUMENT` status that names the field and the pet.
+
+use chrono::NaiveDate;
+use petstore_proto::google::r#type::Date;
+use petstore_proto::petstore::{self as pb, PetType};
+use tonic::Status;
+
+use crate::model::{
+    MAX_BATCH, MAX_KEY_CHARS, MAX_NAME_CHARS, NewPet, PetFields, PetRecord, PetUpdate,
+    SearchFilter, Species,
+};
+
+/// Where in a request a problem was found, used to build messages such as
+/// `pets[1].name: must not be blank (pet #1 "  ")`.
+struct At<'a> {
+    path: String,
+    pet: Option<(usize, &'a str)>,
+}
+
+impl At<'_> {
+    fn invalid(&self, problem: impl std::fmt::Display) -> Status {
+        let message = match self.pet {
+            Some((index, name)) => format!("{}: {problem} (pet #{index} {name:?})", self.path),
+            None => format!("{}: {problem}", self.path),
+        };
+        Status::invalid_argument(message)
+    }
+}
+
+fn check_batch_size(field: &str, len: usize) -> Result<(), Status> {
+    if len > MAX_BATCH {
+        return Err(Status::invalid_argument(format!(
+            "{field}: at most {MAX_BATCH} entries per request, got {len}"
+        )));
+    }
+    Ok(())
+}
+
+pub fn species(value: i32) -> Option<Species> {
+    match PetType::try_from(value).ok()? {
+        PetType::PtUnknown => None,
+        PetType::PtCanine => Some(Species::Canine),
+        PetType::PtFeline => Some(Species::Feline),
+        PetType::PtBird => Some(Species::Bird),
+        PetType::PtReptile => Some(Species::Reptile),
+    }
+}
+
+pub fn pet_type(species: Species) -> PetType {
+    match species {
+        Species::Canine => PetType::PtCanine,
+        Species::Feline => PetType::PtFeline,
+        Species::Bird => PetType::PtBird,
+        Species::Reptile => PetType::PtReptile,
+    }
+}
+
+fn date(at: &At<'_>, value: Option<&Date>) -> Result<NaiveDate, Status> {
+    let value = value.ok_or_else(|| at.invalid("is required"))?;
+    if !(1..=9999).contains(&value.year) {
+        return Err(at.invalid(format!("year {} is outside 1..=9999", value.year)));
+    }
+    let (Ok(month), Ok(day)) = (u32::try_from(value.month), u32::try_from(value.day)) else {
+        return Err(at.invalid(format!(
+            "{}-{}-{} is not a real date",
+            value.year, value.month, value.day
+        )));
+    };
+    NaiveDate::from_ymd_opt(value.year, month, day).ok_or_else(|| {
+        at.invalid(format!(
+            "{:04}-{:02}-{:02} is not a real date",
+            value.year, value.month, value.day
+        ))
+    })
+}
+
+pub fn to_date(date: NaiveDate) -> Date {
+    use chrono::Datelike;
+    Date {
+        year: date.year(),
+        // Both are at most 31, so the casts are lossless.
+        month: date.month() as i32,
+        day: date.day() as i32,
+    }
+}
+
+/// The name, type and birthday of `pets[index]`, validated.
+pub fn pet_fields(index: usize, pet: &pb::Pet) -> Result<PetFields, Status> {
+    let at = |field: &str| At {
+        path: format!("pets[{index}].{field}"),
+        pet: Some((index, pet.name.as_str())),
+    };
+    let name_chars = pet.name.chars().count();
+    if pet.name.trim().is_empty() {
+        return Err(at("name").invalid("must not be empty or only whitespace"));
+    }
+    if name_chars > MAX_NAME_CHARS {
+        return Err(at("name").invalid(format!(
+            "must be at most {MAX_NAME_CHARS} characters, got {name_chars}"
+        )));
+    }
+    let species = species(pet.r#type).ok_or_else(|| {
+        at("type").invalid(format!(
+            "must be PTCanine, PTFeline, PTBird or PTReptile, got {}",
+            PetType::try_from(pet.r#type)
+                .map(|t| t.as_str_name().to_owned())
+                .unwrap_or_else(|_| pet.r#type.to_string())
+        ))
+    })?;
+    let birthday = date(&at("birthday"), pet.birthday.as_ref())?;
+    Ok(PetFields {
+        name: pet.name.clone(),
+        species,
+        birthday,
+    })
+}
+
+fn idempotency_key(index: usize, pet: &pb::Pet) -> Result<Option<String>, Status> {
+    let key = &pet.idempotency_key;
+    if key.is_empty() {
+        return Ok(None);
+    }
+    let chars = key.chars().count();
+    if chars > MAX_KEY_CHARS {
+        let at = At {
+            path: format!("pets[{index}].idempotency_key"),
+            pet: Some((index, pet.name.as_str())),
+        };
+        return Err(at.invalid(format!(
+            "must be at most {MAX_KEY_CHARS} characters, got {chars}"
+        )));
+    }
+    Ok(Some(key.to_owned()))
+}
+
+pub fn add_request(req: &pb::AddPetsReq) -> Result<Vec<NewPet>, Status> {
+    check_batch_size("pets", req.pets.len())?;
+    req.pets
+        .iter()
+        .enumerate()
+        .map(|(index, pet)| {
+            if !pet.id.is_empty() {
+                return Err(At {
+                    path: format!("pets[{index}].id"),
+                    pet: Some((index, pet.name.as_str())),
+                }
+                .invalid("must be empty: the store assigns IDs"));
+            }
+            Ok(NewPet {
+                fields: pet_fields(index, pet)?,
+                idempotency_key: idempotency_key(index, pet)?,
+            })
+        })
+        .collect()
+}
+
+pub fn update_request(req: &pb::UpdatePetsReq) -> Result<Vec<PetUpdate>, Status> {
+    check_batch_size("pets", req.pets.len())?;
+    req.pets
+        .iter()
+        .enumerate()
+        .map(|(index, pet)| {
+            if pet.id.trim().is_empty() {
+                return Err(At {
+                    path: format!("pets[{index}].id"),
+                    pet: Some((index, pet.name.as_str())),
+                }
+                .invalid("is required to update a pet"));
+            }
+            Ok(PetUpdate {
+                id: pet.id.clone(),
+                fields: pet_fields(index, pet)?,
+            })
+        })
+        .collect()
+}
+
+pub fn ids(field: &str, ids: &[String]) -> Result<(), Status> {
+    check_batch_size(field, ids.len())
+}
+
+pub fn search_request(req: &pb::SearchPetsReq) -> Result<SearchFilter, Status> {
+    check_batch_size("names", req.names.len())?;
+    check_batch_size("types", req.types.len())?;
+    let species = req
+        .types
+        .iter()
+        .enumerate()
+        .map(|(index, &value)| {
+            species(value).ok_or_else(|| {
+                Status::invalid_argument(format!(
+                    "types[{index}]: must be PTCanine, PTFeline, PTBird or PTReptile, got {value}"
+                ))
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    let bound = |field: &str, value: &Option<Date>| {
+        value
+            .as_ref()
+            .map(|d| {
+                date(
+                    &At {
+                        path: format!("birthdate_range.{field}"),
+                        pet: None,
+                    },
+                    Some(d),
+                )
+            })
+            .transpose()
+    };
+    let range = req.birthdate_range.unwrap_or_default();
+    Ok(SearchFilter {
+        names: req.names.clone(),
+        species,
+        born_on_or_after: bound("start", &range.start)?,
+        born_before: bound("end", &range.end)?,
+    })
+}
+
+pub fn to_proto(record: &PetRecord) -> pb::Pet {
+    pb::Pet {
+        id: record.id.clone(),
+        name: record.fields.name.clone(),
+        r#type: pet_type(record.fields.species).into(),
+        birthday: Some(to_date(record.fields.birthday)),
+        idempotency_key: record.idempotency_key.clone().unwrap_or_default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn thor() -> pb::Pet {
+        pb::Pet {
+            name: "Thor".into(),
+            r#type: PetType::PtCanine.into(),
+            birthday: Some(Date {
+                year: 2021,
+                month: 4,
+                day: 1,
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn add_error(pet: pb::Pet) -> String {
+        let err = add_request(&pb::AddPetsReq { pets: vec![pet] })
+            .expect_err("the pet should be rejected");
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        err.message().to_owned()
+    }
+
+    #[test]
+    fn a_valid_pet_converts() {
+        let pets = add_request(&pb::AddPetsReq { pets: vec![thor()] }).expect("valid");
+        assert_eq!(pets[0].fields.name, "Thor");
+        assert_eq!(pets[0].fields.species, Species::Canine);
+        assert_eq!(
+            pets[0].fields.birthday,
+            NaiveDate::from_ymd_opt(2021, 4, 1).expect("date")
+        );
+        assert_eq!(pets[0].idempotency_key, None);
+    }
+
+    #[test]
+    fn messages_name_the_field_and_the_pet() {
+        let msg = add_error(pb::Pet {
+            name: "   ".into(),
+            ..thor()
+        });
+        assert!(msg.starts_with("pets[0].name:"), "{msg}");
+        assert!(msg.contains("pet #0"), "{msg}");
+
+        let msg = add_error(pb::Pet {
+            birthday: Some(Date {
+                year: 2021,
+                month: 2,
+                day: 31,
+            }),
+            ..thor()
+        });
+        assert!(msg.starts_with("pets[0].birthday:"), "{msg}");
+        assert!(msg.contains("\"Thor\""), "{msg}");
+    }
+
+    #[test]
+    fn out_of_range_date_parts_are_rejected_not_wrapped() {
+        for (y, m, d) in [
+            (2021, 13, 1),
+            (2021, -1, 1),
+            (0, 1, 1),
+            (2021, 1, 0),
+            (10000, 1, 1),
+        ] {
+            let msg = add_error(pb::Pet {
+                birthday: Some(Date {
+                    year: y,
+                    month: m,
+                    day: d,
+                }),
+                ..thor()
+            });
+            assert!(msg.contains("birthday"), "{y}-{m}-{d}: {msg}");
+        }
+    }
+
+    #[test]
+    fn unknown_enum_numbers_are_rejected() {
+        let msg = add_error(pb::Pet {
+            r#type: 42,
+            ..thor()
+        });
+        assert!(msg.contains("pets[0].type") && msg.contains("42"), "{msg}");
+    }
+
+    #[test]
+    fn name_length_counts_characters_not_bytes() {
+        let ok = "é".repeat(MAX_NAME_CHARS);
+        assert!(
+            add_request(&pb::AddPetsReq {
+                pets: vec![pb::Pet {
+                    name: ok.clone(),
+                    ..thor()
+                }]
+            })
+            .is_ok()
+        );
+        let msg = add_error(pb::Pet {
+            name: format!("{ok}é"),
+            ..thor()
+        });
+        assert!(msg.contains("at most 128"), "{msg}");
+    }
+
+    #[test]
+    fn round_trip_to_proto_keeps_every_field() {
+        let record = PetRecord {
+            id: "abc".into(),
+            fields: add_request(&pb::AddPetsReq { pets: vec![thor()] }).expect("valid")[0]
+                .fields
+                .clone(),
+            idempotency_key: Some("uid-1".into()),
+        };
+        let proto = to_proto(&record);
+        assert_eq!(proto.id, "abc");
+        assert_eq!(proto.idempotency_key, "uid-1");
+        assert_eq!(proto.birthday, thor().birthday);
+        assert_eq!(proto.r#type, thor().r#type);
+    }
+}

@@ -1,0 +1,519 @@
+//! The same suite runs against every storage backend, through a real server
+//! on loopback TCP and a tonic client.
+
+use std::sync::Arc;
+
+use petstore_proto::PetStoreClient;
+use petstore_proto::google::r#type::Date;
+use petstore_proto::petstore::{self as pb, PetType};
+use petstore_server::storage::{Storage, StorageConfig};
+use tonic::Code;
+use tonic::transport::Channel;
+
+struct Running {
+    client: PetStoreClient<Channel>,
+    channel: Channel,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    server: tokio::task::JoinHandle<()>,
+    _dir: tempfile::TempDir,
+}
+
+impl Running {
+    async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        (&mut self.server).await.expect("server task");
+    }
+}
+
+async fn start_with(storage: Arc<dyn Storage>, dir: tempfile::TempDir) -> Running {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        petstore_server::server::serve(listener, storage, async {
+            let _ = stopped.await;
+        })
+        .await
+        .expect("serve");
+    });
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    Running {
+        client: PetStoreClient::new(channel.clone()),
+        channel,
+        stop: Some(stop),
+        server,
+        _dir: dir,
+    }
+}
+
+fn open(backend: &str, dir: &tempfile::TempDir) -> Arc<dyn Storage> {
+    let config = match backend {
+        "memory" => StorageConfig::Memory,
+        "durable" => StorageConfig::Durable {
+            path: dir.path().join("pets.redb"),
+        },
+        other => panic!("unknown backend {other}"),
+    };
+    config.open().expect("open storage")
+}
+
+async fn start(backend: &str) -> Running {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let storage = open(backend, &dir);
+    start_with(storage, dir).await
+}
+
+fn date(year: i32, month: i32, day: i32) -> Option<Date> {
+    Some(Date { year, month, day })
+}
+
+fn pet(name: &str, kind: PetType, birthday: Option<Date>) -> pb::Pet {
+    pb::Pet {
+        name: name.into(),
+        r#type: kind.into(),
+        birthday,
+        ..Default::default()
+    }
+}
+
+fn thor() -> pb::Pet {
+    pet("Thor", PetType::PtCanine, date(2021, 4, 1))
+}
+
+fn tron() -> pb::Pet {
+    pet("Tron", PetType::PtFeline, date(2020, 6, 25))
+}
+
+async fn add(client: &mut PetStoreClient<Channel>, pets: Vec<pb::Pet>) -> Vec<String> {
+    client
+        .add_pets(pb::AddPetsReq { pets })
+        .await
+        .expect("add")
+        .into_inner()
+        .ids
+}
+
+async fn search(client: &mut PetStoreClient<Channel>, req: pb::SearchPetsReq) -> Vec<pb::Pet> {
+    let mut stream = client.search_pets(req).await.expect("search").into_inner();
+    let mut pets = Vec::new();
+    while let Some(pet) = stream.message().await.expect("stream") {
+        pets.push(pet);
+    }
+    pets.sort_by(|a, b| a.name.cmp(&b.name));
+    pets
+}
+
+async fn all(client: &mut PetStoreClient<Channel>) -> Vec<pb::Pet> {
+    search(client, pb::SearchPetsReq::default()).await
+}
+
+async fn add_rejected(client: &mut PetStoreClient<Channel>, pets: Vec<pb::Pet>) -> tonic::Status {
+    client
+        .add_pets(pb::AddPetsReq { pets })
+        .await
+        .expect_err("request should be rejected")
+}
+
+// ---- the suite -------------------------------------------------------------
+
+async fn add_returns_ids_in_request_order(backend: &str) {
+    let mut s = start(backend).await;
+    let ids = add(&mut s.client, vec![thor(), tron()]).await;
+    assert_eq!(ids.len(), 2);
+    assert_ne!(ids[0], ids[1]);
+    let found = all(&mut s.client).await;
+    assert_eq!(found.len(), 2);
+    assert_eq!((found[0].name.as_str(), &found[0].id), ("Thor", &ids[0]));
+    assert_eq!((found[1].name.as_str(), &found[1].id), ("Tron", &ids[1]));
+    assert_eq!(found[0].birthday, date(2021, 4, 1));
+    assert_eq!(found[1].r#type, i32::from(PetType::PtFeline));
+    s.stop().await;
+}
+
+async fn update_replaces_fields_and_unknown_id_changes_nothing(backend: &str) {
+    let mut s = start(backend).await;
+    let ids = add(&mut s.client, vec![thor(), tron()]).await;
+    let mut thorbert = pet("Thorbert", PetType::PtCanine, date(2021, 4, 2));
+    thorbert.id = ids[0].clone();
+    s.client
+        .update_pets(pb::UpdatePetsReq {
+            pets: vec![thorbert.clone()],
+        })
+        .await
+        .expect("update");
+    let found = all(&mut s.client).await;
+    assert_eq!(found[0].name, "Thorbert");
+    assert_eq!(found[0].id, ids[0]);
+    assert_eq!(found[0].birthday, date(2021, 4, 2));
+
+    // One known and one unknown ID: NOT_FOUND, and the known one is untouched.
+    let mut renamed = thorbert.clone();
+    renamed.name = "Changed".into();
+    let mut ghost = tron();
+    ghost.id = "no-such-id".into();
+    let err = s
+        .client
+        .update_pets(pb::UpdatePetsReq {
+            pets: vec![renamed, ghost],
+        })
+        .await
+        .expect_err("unknown id");
+    assert_eq!(err.code(), Code::NotFound);
+    assert!(err.message().contains("pets[1].id"), "{}", err.message());
+    assert_eq!(all(&mut s.client).await[0].name, "Thorbert");
+    s.stop().await;
+}
+
+async fn delete_is_idempotent(backend: &str) {
+    let mut s = start(backend).await;
+    let ids = add(&mut s.client, vec![thor(), tron()]).await;
+    for _ in 0..2 {
+        s.client
+            .delete_pets(pb::DeletePetsReq {
+                ids: vec![ids[0].clone(), "never-existed".into()],
+            })
+            .await
+            .expect("delete");
+    }
+    let left = all(&mut s.client).await;
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].id, ids[1]);
+    s.stop().await;
+}
+
+async fn search_filters_narrow_and_range_is_half_open(backend: &str) {
+    let mut s = start(backend).await;
+    add(
+        &mut s.client,
+        vec![
+            thor(),
+            tron(),
+            pet("Polly", PetType::PtBird, date(2021, 4, 2)),
+            pet("Rex", PetType::PtReptile, date(2021, 3, 31)),
+            pet("Thor", PetType::PtFeline, date(2019, 1, 1)),
+        ],
+    )
+    .await;
+    let names = |pets: Vec<pb::Pet>| pets.into_iter().map(|p| p.name).collect::<Vec<_>>();
+
+    assert_eq!(all(&mut s.client).await.len(), 5);
+    let by_name = search(
+        &mut s.client,
+        pb::SearchPetsReq {
+            names: vec!["Thor".into()],
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_eq!(by_name.len(), 2);
+    let by_name_and_type = search(
+        &mut s.client,
+        pb::SearchPetsReq {
+            names: vec!["Thor".into()],
+            types: vec![PetType::PtCanine.into()],
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_eq!(names(by_name_and_type), ["Thor"]);
+    let by_types = search(
+        &mut s.client,
+        pb::SearchPetsReq {
+            types: vec![PetType::PtBird.into(), PetType::PtReptile.into()],
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_eq!(names(by_types), ["Polly", "Rex"]);
+
+    // [2021-04-01, 2021-04-02): includes Thor (04-01), excludes Polly (04-02)
+    // and Rex (03-31).
+    let range = |start, end| pb::SearchPetsReq {
+        birthdate_range: Some(pb::DateRange { start, end }),
+        ..Default::default()
+    };
+    let day = search(&mut s.client, range(date(2021, 4, 1), date(2021, 4, 2))).await;
+    assert_eq!(names(day), ["Thor"]);
+    let open_end = search(&mut s.client, range(date(2021, 4, 1), None)).await;
+    assert_eq!(names(open_end), ["Polly", "Thor"]);
+    let open_start = search(&mut s.client, range(None, date(2021, 4, 1))).await;
+    assert_eq!(names(open_start), ["Rex", "Thor", "Tron"]);
+
+    let err = s
+        .client
+        .search_pets(range(date(2021, 2, 30), None))
+        .await
+        .expect_err("bad range");
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(
+        err.message().contains("birthdate_range.start"),
+        "{}",
+        err.message()
+    );
+    let err = s
+        .client
+        .search_pets(pb::SearchPetsReq {
+            types: vec![PetType::PtUnknown.into()],
+            ..Default::default()
+        })
+        .await
+        .expect_err("unknown type filter");
+    assert!(err.message().contains("types[0]"), "{}", err.message());
+    s.stop().await;
+}
+
+async fn every_validation_rule_names_field_and_pet_and_stores_nothing(backend: &str) {
+    let mut s = start(backend).await;
+    let with_id = pb::Pet {
+        id: "preset".into(),
+        ..thor()
+    };
+    let cases: Vec<(pb::Pet, &str)> = vec![
+        (with_id, "pets[1].id"),
+        (pet("", PetType::PtCanine, date(2021, 4, 1)), "pets[1].name"),
+        (
+            pet(" \t ", PetType::PtCanine, date(2021, 4, 1)),
+            "pets[1].name",
+        ),
+        (
+            pet(&"x".repeat(129), PetType::PtCanine, date(2021, 4, 1)),
+            "pets[1].name",
+        ),
+        (
+            pet("Nemo", PetType::PtUnknown, date(2021, 4, 1)),
+            "pets[1].type",
+        ),
+        (
+            pet("Nemo", PetType::PtCanine, date(2021, 13, 1)),
+            "pets[1].birthday",
+        ),
+        (
+            pet("Nemo", PetType::PtCanine, date(2021, 2, 31)),
+            "pets[1].birthday",
+        ),
+        (pet("Nemo", PetType::PtCanine, None), "pets[1].birthday"),
+        (
+            pb::Pet {
+                idempotency_key: "k".repeat(129),
+                ..thor()
+            },
+            "pets[1].idempotency_key",
+        ),
+    ];
+    for (bad, field) in cases {
+        // A valid pet first: the whole batch must be refused.
+        let err = add_rejected(&mut s.client, vec![tron(), bad.clone()]).await;
+        assert_eq!(err.code(), Code::InvalidArgument, "{field}");
+        assert!(
+            err.message().starts_with(field),
+            "{field}: {}",
+            err.message()
+        );
+        assert!(err.message().contains("pet #1"), "{}", err.message());
+    }
+    assert!(all(&mut s.client).await.is_empty(), "nothing may be stored");
+
+    // Update: missing ID, and a batch with one invalid pet changes nothing.
+    let ids = add(&mut s.client, vec![thor()]).await;
+    let err = s
+        .client
+        .update_pets(pb::UpdatePetsReq { pets: vec![tron()] })
+        .await
+        .expect_err("missing id");
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().starts_with("pets[0].id"), "{}", err.message());
+    let mut renamed = thor();
+    renamed.id = ids[0].clone();
+    renamed.name = "Renamed".into();
+    let mut invalid = renamed.clone();
+    invalid.r#type = PetType::PtUnknown.into();
+    let err = s
+        .client
+        .update_pets(pb::UpdatePetsReq {
+            pets: vec![renamed, invalid],
+        })
+        .await
+        .expect_err("invalid pet in batch");
+    assert!(
+        err.message().starts_with("pets[1].type"),
+        "{}",
+        err.message()
+    );
+    assert_eq!(all(&mut s.client).await[0].name, "Thor");
+
+    // Batches over the documented size.
+    let err = add_rejected(&mut s.client, vec![thor(); 1001]).await;
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().starts_with("pets:"), "{}", err.message());
+    let err = s
+        .client
+        .delete_pets(pb::DeletePetsReq {
+            ids: vec!["x".into(); 1001],
+        })
+        .await
+        .expect_err("too many ids");
+    assert!(err.message().starts_with("ids:"), "{}", err.message());
+    assert_eq!(all(&mut s.client).await.len(), 1);
+    s.stop().await;
+}
+
+async fn idempotency_keys_deduplicate_and_are_findable(backend: &str) {
+    let mut s = start(backend).await;
+    let keyed = |key: &str| pb::Pet {
+        idempotency_key: key.into(),
+        ..thor()
+    };
+    let first = add(&mut s.client, vec![keyed("uid-1")]).await;
+    let again = add(
+        &mut s.client,
+        vec![keyed("uid-1"), keyed("uid-2"), keyed("uid-2")],
+    )
+    .await;
+    assert_eq!(again[0], first[0], "same key, same record");
+    assert_eq!(again[1], again[2], "a key repeated within one batch");
+    assert_eq!(all(&mut s.client).await.len(), 2);
+
+    let got = s
+        .client
+        .get_pets(pb::GetPetsReq {
+            ids: vec![first[0].clone(), "missing-id".into()],
+            idempotency_keys: vec!["uid-2".into(), "uid-1".into(), "missing-key".into()],
+        })
+        .await
+        .expect("get")
+        .into_inner();
+    let got_ids: Vec<_> = got.pets.iter().map(|p| p.id.as_str()).collect();
+    assert_eq!(got_ids, [first[0].as_str(), again[1].as_str()]);
+    assert_eq!(got.pets[0].idempotency_key, "uid-1");
+    assert_eq!(got.missing_ids, ["missing-id"]);
+    assert_eq!(got.missing_idempotency_keys, ["missing-key"]);
+
+    // Deleting a record frees its key: the next create makes a new record.
+    s.client
+        .delete_pets(pb::DeletePetsReq {
+            ids: vec![first[0].clone()],
+        })
+        .await
+        .expect("delete");
+    let recreated = add(&mut s.client, vec![keyed("uid-1")]).await;
+    assert_ne!(recreated[0], first[0]);
+    s.stop().await;
+}
+
+async fn concurrent_adds_get_unique_ids_and_all_are_found(backend: &str) {
+    let s = start(backend).await;
+    let mut tasks = Vec::new();
+    for task in 0..32 {
+        let mut client = PetStoreClient::new(s.channel.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut ids = Vec::new();
+            for n in 0..20 {
+                let name = format!("pet-{task}-{n}");
+                ids.extend(
+                    add(
+                        &mut client,
+                        vec![pet(&name, PetType::PtBird, date(2020, 1, 1))],
+                    )
+                    .await,
+                );
+            }
+            ids
+        }));
+    }
+    let mut ids = std::collections::HashSet::new();
+    for task in tasks {
+        for id in task.await.expect("task") {
+            assert!(ids.insert(id), "duplicate id");
+        }
+    }
+    assert_eq!(ids.len(), 640);
+    let mut client = PetStoreClient::new(s.channel.clone());
+    let found = client
+        .get_pets(pb::GetPetsReq {
+            ids: ids.iter().take(1000).cloned().collect(),
+            idempotency_keys: vec![],
+        })
+        .await
+        .expect("get")
+        .into_inner();
+    assert_eq!(found.pets.len(), 640);
+    assert!(found.missing_ids.is_empty());
+    s.stop().await;
+}
+
+async fn oversized_message_is_rejected_cleanly(backend: &str) {
+    let mut s = start(backend).await;
+    let huge = pb::DeletePetsReq {
+        ids: vec!["x".repeat(8 * 1024 * 1024)],
+    };
+    let err = s.client.delete_pets(huge).await.expect_err("too large");
+    assert_eq!(err.code(), Code::OutOfRange, "{err:?}");
+    // The server is still healthy afterwards.
+    assert!(all(&mut s.client).await.is_empty());
+    s.stop().await;
+}
+
+macro_rules! suite {
+    ($($case:ident),* $(,)?) => {
+        mod memory {
+            $( #[tokio::test] async fn $case() { super::$case("memory").await } )*
+        }
+        mod durable {
+            $( #[tokio::test] async fn $case() { super::$case("durable").await } )*
+        }
+    };
+}
+
+suite!(
+    add_returns_ids_in_request_order,
+    update_replaces_fields_and_unknown_id_changes_nothing,
+    delete_is_idempotent,
+    search_filters_narrow_and_range_is_half_open,
+    every_validation_rule_names_field_and_pet_and_stores_nothing,
+    idempotency_keys_deduplicate_and_are_findable,
+    concurrent_adds_get_unique_ids_and_all_are_found,
+    oversized_message_is_rejected_cleanly,
+);
+
+// ---- durable-only ----------------------------------------------------------
+
+#[tokio::test]
+async fn durable_store_keeps_pets_and_keys_across_reopen() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("pets.redb");
+    let storage = StorageConfig::Durable { path: path.clone() }
+        .open()
+        .expect("open");
+    let mut s = start_with(storage, tempfile::tempdir().expect("tempdir")).await;
+    let ids = add(
+        &mut s.client,
+        vec![pb::Pet {
+            idempotency_key: "uid-1".into(),
+            ..thor()
+        }],
+    )
+    .await;
+    s.stop().await;
+
+    let storage = StorageConfig::Durable { path }.open().expect("reopen");
+    let mut s = start_with(storage, dir).await;
+    let again = add(
+        &mut s.client,
+        vec![pb::Pet {
+            idempotency_key: "uid-1".into(),
+            ..thor()
+        }],
+    )
+    .await;
+    assert_eq!(again, ids);
+    assert_eq!(all(&mut s.client).await.len(), 1);
+    s.stop().await;
+}
