@@ -1,1 +1,309 @@
-fn main() {}
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{ArgAction, Parser, ValueEnum};
+use kube::api::{Api, ListParams};
+use kube::runtime::events::{Recorder, Reporter};
+use petstore_operator::controller::{self, Context, Fault, Settings};
+use petstore_operator::crd::Pet;
+use petstore_operator::leader::Leadership;
+use petstore_operator::metrics::{self, Metrics};
+use petstore_operator::store::grpc::GrpcPetStore;
+use tokio::sync::watch;
+
+/// Kubernetes operator that keeps each Pet resource in the gRPC pet store.
+///
+/// Every flag can also be set through the environment variable shown.
+/// Durations take a unit: 500ms, 30s, 5m, 1h.
+#[derive(Parser, Debug)]
+#[command(version)]
+struct Args {
+    /// Pet store address, host:port or http://host:port.
+    #[arg(
+        long,
+        env = "PETSTORE_ADDR",
+        default_value = "petstore-service.petstore.svc.cluster.local:6742"
+    )]
+    petstore_addr: String,
+
+    /// Timeout for each pet store call (and for connecting).
+    #[arg(long, env = "PETSTORE_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    store_timeout: Duration,
+
+    /// How often an in-sync Pet is re-checked against the store, so records
+    /// changed or lost out of band are put back.
+    #[arg(long, env = "POLL_INTERVAL", default_value = "5m", value_parser = parse_duration)]
+    poll_interval: Duration,
+
+    /// Random spread applied to the poll interval, as a fraction (0.1 = ±10%).
+    #[arg(long, env = "POLL_JITTER", default_value_t = 0.1)]
+    poll_jitter: f64,
+
+    /// Pets reconciled concurrently.
+    #[arg(long, env = "CONCURRENCY", default_value_t = 16)]
+    concurrency: u16,
+
+    /// First retry delay after a failure; it doubles per consecutive failure.
+    #[arg(long, env = "BACKOFF_BASE", default_value = "1s", value_parser = parse_duration)]
+    backoff_base: Duration,
+
+    /// Longest retry delay after repeated failures.
+    #[arg(long, env = "BACKOFF_MAX", default_value = "5m", value_parser = parse_duration)]
+    backoff_max: Duration,
+
+    /// Address for /metrics, /healthz and /readyz.
+    #[arg(long, env = "METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    metrics_addr: SocketAddr,
+
+    /// Elect a leader through a Lease so only one replica reconciles.
+    /// Turn off for a single local process.
+    #[arg(long, env = "LEADER_ELECTION", default_value_t = true, action = ArgAction::Set)]
+    leader_election: bool,
+
+    /// Namespace of the leader Lease (in a pod: its own namespace).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    lease_namespace: String,
+
+    /// Name of the leader Lease.
+    #[arg(long, env = "LEASE_NAME", default_value = "petstore-operator")]
+    lease_name: String,
+
+    /// Lease duration: how long a dead leader blocks a standby.
+    #[arg(long, env = "LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
+    lease_duration: Duration,
+
+    /// This replica's identity in the Lease and in Events (in a pod: its name).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+
+    /// Log format. The level comes from RUST_LOG (default `info`).
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+
+    /// Fault injection for crash tests; never set in production.
+    #[arg(long, env = "PETSTORE_OPERATOR_FAULT", value_enum, hide = true)]
+    fault: Option<FaultArg>,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum FaultArg {
+    HangAfterCreate,
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration such as 500ms, 30s, 5m or 1h"))?;
+    let seconds = match unit {
+        "ms" => value / 1000.0,
+        "s" | "" => value,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        _ => {
+            return Err(format!(
+                "unknown unit {unit:?} in {text:?}: use ms, s, m or h"
+            ));
+        }
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
+}
+
+fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// A shutdown flag set by SIGTERM or Ctrl-C, that many tasks can wait on.
+fn shutdown_flag() -> watch::Receiver<bool> {
+    let (set, flag) = watch::channel(false);
+    tokio::spawn(async move {
+        let terminate = async {
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(mut signal) => {
+                    signal.recv().await;
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, "cannot listen for SIGTERM");
+                    std::future::pending::<()>().await;
+                }
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            () = terminate => {}
+        }
+        tracing::info!("shutdown requested");
+        let _ = set.send(true);
+    });
+    flag
+}
+
+async fn wait_for(mut flag: watch::Receiver<bool>) {
+    let _ = flag.wait_for(|set| *set).await;
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    init_tracing(args.log_format);
+    match run(args).await {
+        Ok(code) => code,
+        Err(message) => {
+            tracing::error!("{message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<ExitCode, String> {
+    let identity = args.identity.clone().unwrap_or_else(|| {
+        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "local".into());
+        format!("{host}-{}", std::process::id())
+    });
+    let shutdown = shutdown_flag();
+    let metrics = Arc::new(Metrics::default());
+
+    let client = kube::Client::try_default()
+        .await
+        .map_err(|e| format!("cannot build a Kubernetes client (check KUBECONFIG): {e}"))?;
+    let pets: Api<Pet> = Api::all(client.clone());
+    pets.list_metadata(&ListParams::default().limit(1))
+        .await
+        .map_err(|e| {
+            format!("cannot list Pets; is the CRD installed (kubectl apply -f config/crd/) and may this account list pets? {e}")
+        })?;
+
+    let metrics_server = tokio::spawn(metrics::serve(
+        args.metrics_addr,
+        Arc::clone(&metrics),
+        wait_for(shutdown.clone()),
+    ));
+    metrics.set_ready();
+
+    let store = GrpcPetStore::connect_lazy(
+        &args.petstore_addr,
+        args.store_timeout,
+        Arc::clone(&metrics),
+    )
+    .map_err(|e| e.to_string())?;
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "petstore-operator".into(),
+            instance: Some(identity.clone()),
+        },
+    );
+    let settings = Settings {
+        poll_interval: args.poll_interval,
+        poll_jitter: args.poll_jitter,
+        backoff_base: args.backoff_base,
+        backoff_max: args.backoff_max,
+        concurrency: args.concurrency,
+        fault: args
+            .fault
+            .map(|FaultArg::HangAfterCreate| Fault::HangAfterCreate),
+    };
+    tracing::info!(store = %args.petstore_addr, ?settings, %identity, "starting");
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        Arc::new(store),
+        recorder,
+        Arc::clone(&metrics),
+        settings,
+    ));
+
+    let mut exit = ExitCode::SUCCESS;
+    if args.leader_election {
+        let mut leadership = Leadership::start(
+            client,
+            &args.lease_namespace,
+            &args.lease_name,
+            &identity,
+            args.lease_duration,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        tracing::info!(lease = %args.lease_name, namespace = %args.lease_namespace, "waiting for leadership");
+        let acquired = tokio::select! {
+            acquired = leadership.acquired() => acquired,
+            () = wait_for(shutdown.clone()) => false,
+        };
+        if acquired {
+            tracing::info!("became leader; reconciling");
+            metrics.set_leader(true);
+            let (lost_tx, lost_rx) = watch::channel(false);
+            let stop = {
+                let shutdown = shutdown.clone();
+                async move {
+                    tokio::select! {
+                        () = wait_for(shutdown) => {}
+                        () = wait_for(lost_rx) => {}
+                    }
+                }
+            };
+            let watcher = tokio::spawn(async move {
+                leadership.lost().await;
+                let _ = lost_tx.send(true);
+            });
+            controller::run(ctx, stop).await;
+            if !*shutdown.borrow() {
+                // Another replica may already be reconciling: stop at once
+                // and let Kubernetes restart us as a standby.
+                tracing::error!("lost leadership; exiting");
+                exit = ExitCode::FAILURE;
+            }
+            watcher.abort();
+            metrics.set_leader(false);
+        }
+    } else {
+        controller::run(ctx, wait_for(shutdown.clone())).await;
+    }
+
+    match metrics_server.await {
+        Ok(Ok(())) => {}
+        Ok(Err(err)) => tracing::warn!(error = %err, "metrics server failed"),
+        Err(err) => tracing::warn!(error = %err, "metrics server task failed"),
+    }
+    tracing::info!("stopped");
+    Ok(exit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_take_units() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("1.5h"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
+        assert!(parse_duration("5 parsecs").is_err());
+        assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn cli_is_well_formed() {
+        use clap::CommandFactory;
+        Args::command().debug_assert();
+    }
+}

@@ -1,0 +1,179 @@
+//! The `Pet` custom resource, `petstore.example.com/v1alpha1`. The CRD YAML in
+//! `config/crd/` is generated from these types by the `crdgen` binary.
+
+// Each printcolumn(...) repeats `type_ = "string"`, which this lint mistakes
+// for a duplicated attribute.
+#![allow(clippy::duplicated_attributes)]
+
+use chrono::{DateTime, FixedOffset, NaiveDate, Utc};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Finalizer that keeps a Pet until its store record is deleted.
+pub const FINALIZER: &str = "pet.petstore.example.com";
+/// Annotation: `Orphan` releases the Pet on deletion without deleting its record.
+pub const DELETION_POLICY_ANNOTATION: &str = "petstore.example.com/deletion-policy";
+/// Annotation: `"true"` stops reconciliation of the Pet (including deletion).
+pub const PAUSED_ANNOTATION: &str = "petstore.example.com/paused";
+/// Longest pet name; the store enforces the same limit.
+pub const MAX_NAME_CHARS: usize = 128;
+
+/// The desired state of a pet in the pet store.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "petstore.example.com",
+    version = "v1alpha1",
+    kind = "Pet",
+    plural = "pets",
+    namespaced,
+    doc = "A pet kept in the pet store. The operator creates a store record for it, keeps that record in line with spec, writes the record's ID to status.id, and deletes the record when the Pet is deleted (unless the annotation petstore.example.com/deletion-policy is Orphan).",
+    status = "PetStatus",
+    derive = "PartialEq",
+    shortname = "pt",
+    category = "petstore",
+    printcolumn(
+        name = "Pet Name",
+        type_ = "string",
+        json_path = ".spec.name",
+        description = "The pet's name in the store"
+    ),
+    printcolumn(name = "Type", type_ = "string", json_path = ".spec.type"),
+    printcolumn(name = "Birthday", type_ = "string", json_path = ".spec.birthday"),
+    printcolumn(
+        name = "Store ID",
+        type_ = "string",
+        json_path = ".status.id",
+        description = "ID of the pet's record in the store"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Reason",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].reason",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+pub struct PetSpec {
+    /// The pet's name, as stored in the pet store: 1 to 128 characters, not
+    /// only whitespace. Renaming a Pet renames its existing store record.
+    #[schemars(length(min = 1, max = 128), regex(pattern = r"\S"))]
+    pub name: String,
+
+    /// The kind of animal: one of dog, cat, bird or reptile.
+    #[serde(rename = "type")]
+    pub kind: PetKind,
+
+    /// The pet's date of birth, as an RFC 3339 timestamp such as
+    /// 2021-04-01T00:00:00Z. Only the calendar date, as written, is stored.
+    pub birthday: DateTime<FixedOffset>,
+}
+
+/// The kind of animal.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum PetKind {
+    Dog,
+    Cat,
+    Bird,
+    Reptile,
+}
+
+impl PetSpec {
+    /// The calendar date of birth as the user wrote it, in the timestamp's own
+    /// offset, so `2021-04-01T00:00:00+02:00` is 1 April, not 31 March.
+    pub fn birth_date(&self) -> NaiveDate {
+        self.birthday.date_naive()
+    }
+}
+
+/// What the operator last observed and did.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PetStatus {
+    /// ID of this Pet's record in the pet store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+
+    /// The metadata.generation that the conditions describe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// Current state: `Ready` (the record matches the spec) and `Synced`
+    /// (the last reconciliation succeeded), with a reason and message.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}
+
+/// A Kubernetes-style condition.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    /// Condition type: `Ready` or `Synced`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    /// One-word, CamelCase cause, such as `StoreUnavailable`.
+    pub reason: String,
+    /// Human-readable detail.
+    #[serde(default)]
+    pub message: String,
+    /// When `status` last changed.
+    pub last_transition_time: DateTime<Utc>,
+    /// The metadata.generation this condition was set for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+impl Pet {
+    pub fn is_paused(&self) -> bool {
+        self.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(PAUSED_ANNOTATION))
+            .is_some_and(|v| v.eq_ignore_ascii_case("true"))
+    }
+
+    pub fn orphans_on_delete(&self) -> bool {
+        self.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(DELETION_POLICY_ANNOTATION))
+            .is_some_and(|v| v.eq_ignore_ascii_case("orphan"))
+    }
+
+    pub fn status_id(&self) -> Option<&str> {
+        self.status
+            .as_ref()
+            .and_then(|s| s.id.as_deref())
+            .filter(|id| !id.is_empty())
+    }
+
+    pub fn condition(&self, type_: &str) -> Option<&Condition> {
+        self.status
+            .as_ref()?
+            .conditions
+            .iter()
+            .find(|c| c.type_ == type_)
+    }
+}
+
+/// The CRD as YAML, exactly as written to `config/crd/`.
+pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
+    use kube::CustomResourceExt;
+    let body = serde_yaml::to_string(&Pet::crd())?;
+    Ok(format!(
+        "# Generated by `cargo run -p petstore-operator --bin crdgen`; do not edit.\n{body}"
+    ))
+}

@@ -1,0 +1,182 @@
+//! Prometheus metrics and the HTTP endpoints `/metrics`, `/healthz` and
+//! `/readyz`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ErrorLabels {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StoreCallLabels {
+    method: &'static str,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ActionLabels {
+    action: &'static str,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+pub struct Metrics {
+    registry: Registry,
+    reconciles: Counter,
+    reconcile_errors: Family<ErrorLabels, Counter>,
+    reconcile_duration: Histogram,
+    store_calls: HistogramFamily<StoreCallLabels>,
+    store_actions: Family<ActionLabels, Counter>,
+    leader: Gauge,
+    ready: AtomicBool,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("petstore_operator");
+        let reconciles = Counter::default();
+        let reconcile_errors = Family::<ErrorLabels, Counter>::default();
+        let reconcile_duration = Histogram::new(exponential_buckets(0.001, 2.0, 14));
+        let store_calls: HistogramFamily<StoreCallLabels> =
+            Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.0005, 2.0, 14)));
+        let store_actions = Family::<ActionLabels, Counter>::default();
+        let leader = Gauge::default();
+        registry.register("reconciles", "Reconciliations started", reconciles.clone());
+        registry.register(
+            "reconcile_errors",
+            "Reconciliations that failed, by reason",
+            reconcile_errors.clone(),
+        );
+        registry.register(
+            "reconcile_duration_seconds",
+            "Time spent in one reconciliation",
+            reconcile_duration.clone(),
+        );
+        registry.register(
+            "store_call_duration_seconds",
+            "Latency of pet store RPCs, by method and outcome",
+            store_calls.clone(),
+        );
+        registry.register(
+            "store_actions",
+            "Store changes made by the reconciler: create, recreate, update, delete",
+            store_actions.clone(),
+        );
+        registry.register(
+            "leader",
+            "1 while this replica holds the leader lease",
+            leader.clone(),
+        );
+        Self {
+            registry,
+            reconciles,
+            reconcile_errors,
+            reconcile_duration,
+            store_calls,
+            store_actions,
+            leader,
+            ready: AtomicBool::new(false),
+        }
+    }
+}
+
+impl Metrics {
+    pub fn reconcile_started(&self) {
+        self.reconciles.inc();
+    }
+
+    pub fn reconcile_finished(&self, took: Duration) {
+        self.reconcile_duration.observe(took.as_secs_f64());
+    }
+
+    pub fn reconcile_failed(&self, reason: &'static str) {
+        self.reconcile_errors
+            .get_or_create(&ErrorLabels { reason })
+            .inc();
+    }
+
+    pub fn observe_store_call(&self, method: &'static str, outcome: &'static str, took: Duration) {
+        self.store_calls
+            .get_or_create(&StoreCallLabels { method, outcome })
+            .observe(took.as_secs_f64());
+    }
+
+    pub fn store_action(&self, action: &'static str) {
+        self.store_actions
+            .get_or_create(&ActionLabels { action })
+            .inc();
+    }
+
+    pub fn set_leader(&self, leader: bool) {
+        self.leader.set(i64::from(leader));
+    }
+
+    /// Ready once the Kubernetes client works; standby replicas are ready too,
+    /// so a rollout does not wait for leadership.
+    pub fn set_ready(&self) {
+        self.ready.store(true, Ordering::Relaxed);
+    }
+
+    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}
+
+async fn metrics(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
+    match metrics.encode() {
+        Ok(body) => (
+            StatusCode::OK,
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            body,
+        )
+            .into_response(),
+        Err(err) => (StatusCode::INTERNAL_SERVER_ERROR, err.to_string()).into_response(),
+    }
+}
+
+async fn readyz(State(metrics): State<Arc<Metrics>>) -> StatusCode {
+    if metrics.ready.load(Ordering::Relaxed) {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    }
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` until `shutdown` resolves.
+pub async fn serve(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let app = Router::new()
+        .route("/metrics", get(self::metrics))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .with_state(metrics);
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    tracing::info!(addr = %listener.local_addr()?, "serving metrics and health");
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+}

@@ -1,0 +1,184 @@
+//! [`PetStore`] over the gRPC pet store: one long-lived, lazily connected
+//! channel shared by every reconcile, with a timeout on every call.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use petstore_proto::PetStoreClient;
+use petstore_proto::petstore as pb;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Status};
+
+use super::mapping::{from_proto, to_proto};
+use super::{PetData, PetStore, Record, StoreError};
+use crate::metrics::Metrics;
+
+#[derive(Clone)]
+pub struct GrpcPetStore {
+    client: PetStoreClient<Channel>,
+    metrics: Arc<Metrics>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("invalid pet store address {address:?}: {source}")]
+pub struct InvalidAddress {
+    address: String,
+    #[source]
+    source: tonic::transport::Error,
+}
+
+impl GrpcPetStore {
+    /// `address` is `host:port` or a URL such as `http://host:port`. Nothing
+    /// is dialled until the first call, so the operator starts even while
+    /// the store is down.
+    pub fn connect_lazy(
+        address: &str,
+        call_timeout: Duration,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, InvalidAddress> {
+        let url = if address.contains("://") {
+            address.to_owned()
+        } else {
+            format!("http://{address}")
+        };
+        let endpoint = Endpoint::from_shared(url).map_err(|source| InvalidAddress {
+            address: address.to_owned(),
+            source,
+        })?;
+        let channel = endpoint
+            .connect_timeout(call_timeout)
+            .timeout(call_timeout)
+            .tcp_keepalive(Some(Duration::from_secs(30)))
+            .http2_keep_alive_interval(Duration::from_secs(30))
+            .keep_alive_while_idle(true)
+            .connect_lazy();
+        Ok(Self {
+            client: PetStoreClient::new(channel),
+            metrics,
+        })
+    }
+
+    /// Runs one RPC, recording its latency and outcome.
+    async fn call<T, F>(&self, method: &'static str, rpc: F) -> Result<T, Status>
+    where
+        F: AsyncFnOnce(PetStoreClient<Channel>) -> Result<tonic::Response<T>, Status>,
+    {
+        let started = Instant::now();
+        let result = rpc(self.client.clone()).await;
+        let outcome = match &result {
+            Ok(_) => "ok",
+            Err(status) => code_label(status.code()),
+        };
+        self.metrics
+            .observe_store_call(method, outcome, started.elapsed());
+        result.map(tonic::Response::into_inner)
+    }
+
+    fn single(method: &'static str, pets: Vec<pb::Pet>) -> Result<Option<Record>, StoreError> {
+        match pets.into_iter().next() {
+            None => Ok(None),
+            Some(pet) => from_proto(&pet).map(Some).ok_or(StoreError::Failed {
+                operation: method,
+                message: format!("store returned an invalid pet {:?}", pet.id),
+            }),
+        }
+    }
+}
+
+fn code_label(code: Code) -> &'static str {
+    match code {
+        Code::Unavailable => "unavailable",
+        Code::DeadlineExceeded => "deadline_exceeded",
+        Code::InvalidArgument => "invalid_argument",
+        Code::NotFound => "not_found",
+        _ => "error",
+    }
+}
+
+fn classify(operation: &'static str) -> impl FnOnce(Status) -> StoreError {
+    move |status| classify_status(operation, &status)
+}
+
+fn classify_status(operation: &'static str, status: &Status) -> StoreError {
+    let message = status.message().to_owned();
+    match status.code() {
+        Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => {
+            StoreError::Rejected { operation, message }
+        }
+        // Transport failures surface as Unknown with a "transport error" message.
+        Code::Unavailable
+        | Code::DeadlineExceeded
+        | Code::Cancelled
+        | Code::ResourceExhausted
+        | Code::Aborted
+        | Code::Unknown => StoreError::Unavailable { operation, message },
+        _ => StoreError::Failed { operation, message },
+    }
+}
+
+#[tonic::async_trait]
+impl PetStore for GrpcPetStore {
+    async fn observe(&self, id: &str) -> Result<Option<Record>, StoreError> {
+        let request = pb::GetPetsReq {
+            ids: vec![id.to_owned()],
+            idempotency_keys: vec![],
+        };
+        let resp = self
+            .call("GetPets", async |mut c| c.get_pets(request).await)
+            .await
+            .map_err(classify("observe"))?;
+        Self::single("observe", resp.pets)
+    }
+
+    async fn find_by_key(&self, key: &str) -> Result<Option<Record>, StoreError> {
+        let request = pb::GetPetsReq {
+            ids: vec![],
+            idempotency_keys: vec![key.to_owned()],
+        };
+        let resp = self
+            .call("GetPets", async |mut c| c.get_pets(request).await)
+            .await
+            .map_err(classify("find by key"))?;
+        Self::single("find by key", resp.pets)
+    }
+
+    async fn create(&self, key: &str, pet: &PetData) -> Result<String, StoreError> {
+        let request = pb::AddPetsReq {
+            pets: vec![to_proto("", key, pet)],
+        };
+        let resp = self
+            .call("AddPets", async |mut c| c.add_pets(request).await)
+            .await
+            .map_err(classify("create"))?;
+        resp.ids.into_iter().next().ok_or(StoreError::Failed {
+            operation: "create",
+            message: "store returned no ID".into(),
+        })
+    }
+
+    async fn update(&self, id: &str, pet: &PetData) -> Result<(), StoreError> {
+        let request = pb::UpdatePetsReq {
+            pets: vec![to_proto(id, "", pet)],
+        };
+        match self
+            .call("UpdatePets", async |mut c| c.update_pets(request).await)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(status) if status.code() == Code::NotFound => {
+                Err(StoreError::NotFound { id: id.to_owned() })
+            }
+            Err(status) => Err(classify_status("update", &status)),
+        }
+    }
+
+    async fn delete(&self, id: &str) -> Result<(), StoreError> {
+        let request = pb::DeletePetsReq {
+            ids: vec![id.to_owned()],
+        };
+        self.call("DeletePets", async |mut c| c.delete_pets(request).await)
+            .await
+            .map(drop)
+            .map_err(classify("delete"))
+    }
+}

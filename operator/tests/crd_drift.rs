@@ -1,0 +1,55 @@
+//! Fails when config/crd/ no longer matches the Rust types. Regenerate with
+//! `cargo run -p petstore-operator --bin crdgen -- config/crd/petstore.example.com_pets.yaml`.
+
+#[test]
+fn committed_crd_matches_the_rust_types() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../config/crd/petstore.example.com_pets.yaml"
+    );
+    let committed = std::fs::read_to_string(path).expect("read the committed CRD");
+    let generated = petstore_operator::crd::crd_yaml().expect("generate the CRD");
+    assert!(
+        committed == generated,
+        "config/crd is out of date; run: cargo run -p petstore-operator --bin crdgen -- config/crd/petstore.example.com_pets.yaml"
+    );
+}
+
+#[test]
+fn crd_has_the_promised_shape() {
+    let crd: serde_json::Value =
+        serde_yaml::from_str(&petstore_operator::crd::crd_yaml().expect("CRD")).expect("yaml");
+    let version = &crd["spec"]["versions"][0];
+    assert_eq!(crd["spec"]["group"], "petstore.example.com");
+    assert_eq!(version["name"], "v1alpha1");
+    assert_eq!(crd["spec"]["scope"], "Namespaced");
+    assert!(version["subresources"]["status"].is_object());
+    let spec = &version["schema"]["openAPIV3Schema"]["properties"]["spec"];
+    for field in ["name", "type", "birthday"] {
+        assert!(
+            spec["properties"][field]["description"].is_string(),
+            "{field} has a description"
+        );
+        assert!(
+            spec["required"]
+                .as_array()
+                .expect("required")
+                .contains(&field.into()),
+            "{field} is required"
+        );
+    }
+    assert_eq!(spec["properties"]["birthday"]["format"], "date-time");
+    assert_eq!(spec["properties"]["name"]["maxLength"], 128);
+    let columns: Vec<_> = version["additionalPrinterColumns"]
+        .as_array()
+        .expect("columns")
+        .iter()
+        .map(|c| c["name"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    for column in ["Pet Name", "Type", "Birthday", "Store ID", "Ready", "Age"] {
+        assert!(
+            columns.contains(&column.to_owned()),
+            "{column} in {columns:?}"
+        );
+    }
+}
