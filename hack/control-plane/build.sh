@@ -31,6 +31,13 @@ build kube-apiserver -ldflags "-s -w \
   -X k8s.io/component-base/version.gitMajor=1 \
   -X k8s.io/component-base/version.gitMinor=$minor" \
   k8s.io/kubernetes/cmd/kube-apiserver
+# Only its namespace controller is run: without it a deleted namespace would
+# never empty, so namespace deletion could not be tested.
+build kube-controller-manager -ldflags "-s -w \
+  -X k8s.io/component-base/version.gitVersion=$KUBE_VERSION \
+  -X k8s.io/component-base/version.gitMajor=1 \
+  -X k8s.io/component-base/version.gitMinor=$minor" \
+  k8s.io/kubernetes/cmd/kube-controller-manager
 build etcd -ldflags "-s -w" go.etcd.io/etcd/server/v3
 
 if [[ ! -x "$bin_dir/grpcurl" ]]; then

@@ -1,0 +1,78 @@
+//! Docker-free local environment: a real control plane on 127.0.0.1, the
+//! durable pet store and the operator, with the CRD and samples applied.
+//! Runs until Ctrl-C, then stops everything and removes its files.
+//!
+//!     cargo run -p testenv --bin petstore-dev
+
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use testenv::{Env, Storage, repo_root};
+
+/// Set by SIGINT or SIGTERM.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn request_stop(_: libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+fn main() -> ExitCode {
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic, which is signal-safe.
+        let previous =
+            unsafe { libc::signal(signal, request_stop as *const () as libc::sighandler_t) };
+        if previous == libc::SIG_ERR {
+            eprintln!(
+                "petstore-dev: cannot handle signals: {}",
+                std::io::Error::last_os_error()
+            );
+            return ExitCode::FAILURE;
+        }
+    }
+    match run(&STOP) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("petstore-dev: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(stop: &AtomicBool) -> testenv::Result<()> {
+    eprintln!(
+        "starting etcd, kube-apiserver and the namespace controller (the first run builds them)..."
+    );
+    let env = Env::start(Storage::Durable)?;
+    let operator = env.start_operator("petstore-operator-dev")?;
+    let samples = repo_root().join("config/samples");
+    env.cp
+        .kubectl(&["apply", "-k", &samples.to_string_lossy()])?;
+    for name in ["pet-sample1", "pet-sample2"] {
+        env.wait_ready("default", name, Duration::from_secs(60))?;
+    }
+    let dir = env.cp.dir().display().to_string();
+    println!(
+        "
+The pet store operator is running against a local control plane.
+
+  export KUBECONFIG={kubeconfig}
+  kubectl get pets
+  grpcurl -plaintext {store} petstore.PetStore/SearchPets
+
+grpcurl is at {grpcurl}.
+Logs: {dir}/*.log   (operator: {dir}/petstore-operator-dev.log)
+
+Press Ctrl-C to stop and clean up.",
+        kubeconfig = env.cp.kubeconfig.display(),
+        store = env.store.addr,
+        grpcurl = testenv::Tools::get()?.bin("grpcurl").display(),
+    );
+    while !stop.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!("stopping...");
+    drop(operator);
+    drop(env);
+    Ok(())
+}

@@ -1,0 +1,119 @@
+//! A whole installation on the local control plane: the CRD and the shipped
+//! RBAC applied, the pet store running, and operators that authenticate as
+//! the shipped ServiceAccount (so every test also proves RBAC suffices).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::{
+    ControlPlane, Operator, OperatorOptions, PetStoreServer, Result, Storage, repo_root, wait_for,
+};
+
+pub const OPERATOR_NAMESPACE: &str = "petstore-system";
+pub const OPERATOR_ACCOUNT: &str = "petstore-operator";
+
+pub struct Env {
+    pub store: PetStoreServer,
+    /// Kubeconfig holding a token of the operator's ServiceAccount.
+    pub operator_kubeconfig: PathBuf,
+    pub cp: ControlPlane,
+}
+
+impl Env {
+    pub fn start(storage: Storage) -> Result<Self> {
+        let cp = ControlPlane::start()?;
+        let config = repo_root().join("config");
+        cp.kubectl(&[
+            "apply",
+            "-f",
+            &config
+                .join("crd/petstore.example.com_pets.yaml")
+                .to_string_lossy(),
+        ])?;
+        cp.kubectl(&["create", "namespace", OPERATOR_NAMESPACE])?;
+        cp.kubectl(&["apply", "-k", &config.join("rbac").to_string_lossy()])?;
+        cp.kubectl(&[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/pets.petstore.example.com",
+        ])?;
+        let operator_kubeconfig =
+            cp.service_account_kubeconfig(OPERATOR_NAMESPACE, OPERATOR_ACCOUNT)?;
+        let store = PetStoreServer::start(cp.dir(), storage)?;
+        Ok(Self {
+            store,
+            operator_kubeconfig,
+            cp,
+        })
+    }
+
+    pub fn operator_options(&self, identity: &str) -> OperatorOptions {
+        OperatorOptions {
+            kubeconfig: self.operator_kubeconfig.clone(),
+            store_addr: self.store.addr.clone(),
+            leader_election: true,
+            lease_namespace: OPERATOR_NAMESPACE.into(),
+            identity: identity.into(),
+            poll_interval: "2s",
+            backoff_max: "2s",
+            fault: None,
+        }
+    }
+
+    pub fn start_operator(&self, identity: &str) -> Result<Operator> {
+        self.start_operator_with(&self.operator_options(identity))
+    }
+
+    pub fn start_operator_with(&self, options: &OperatorOptions) -> Result<Operator> {
+        Operator::start(
+            options,
+            &self.cp.dir().join(format!("{}.log", options.identity)),
+        )
+    }
+
+    /// `kubectl get pet <name> -n <namespace> -o json`.
+    pub fn pet(&self, namespace: &str, name: &str) -> Result<Value> {
+        let out = self
+            .cp
+            .kubectl(&["get", "pet", name, "-n", namespace, "-o", "json"])?;
+        serde_json::from_str(&out).map_err(|e| crate::Error::Command {
+            command: "kubectl get pet".into(),
+            status: "unparsable".into(),
+            stderr: e.to_string(),
+        })
+    }
+
+    /// Waits until the Pet is Ready=True for its current generation and
+    /// returns its status.id.
+    pub fn wait_ready(&self, namespace: &str, name: &str, timeout: Duration) -> Result<String> {
+        wait_for(timeout, &format!("Pet {namespace}/{name} Ready"), || {
+            let pet = self.pet(namespace, name).ok()?;
+            is_ready(&pet).then(|| pet["status"]["id"].as_str().map(str::to_owned))?
+        })
+    }
+
+    /// The store's pets, sorted by name.
+    pub fn store_pets(&self) -> Result<Vec<Value>> {
+        let mut pets = self.store.all_pets()?;
+        pets.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+        Ok(pets)
+    }
+}
+
+/// Ready=True, for the Pet's current generation, with an ID in status.
+pub fn is_ready(pet: &Value) -> bool {
+    let generation = &pet["metadata"]["generation"];
+    pet["status"]["id"].is_string()
+        && condition(pet, "Ready")
+            .is_some_and(|c| c["status"] == "True" && c["observedGeneration"] == *generation)
+}
+
+pub fn condition<'a>(pet: &'a Value, type_: &str) -> Option<&'a Value> {
+    pet["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+}

@@ -1,0 +1,197 @@
+//! The project's own binaries, run as processes: the pet store and the
+//! operator.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::{Error, Process, Result, Tools, cargo_bin, free_port, run, wait_for};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Storage {
+    Durable,
+    Memory,
+}
+
+pub struct PetStoreServer {
+    process: Process,
+    pub addr: String,
+    storage: Storage,
+    data_file: PathBuf,
+    log: PathBuf,
+}
+
+impl PetStoreServer {
+    /// Starts the store on a free port, keeping its data (if durable) and
+    /// log in `dir`.
+    pub fn start(dir: &Path, storage: Storage) -> Result<Self> {
+        let addr = format!("127.0.0.1:{}", free_port()?);
+        let data_file = dir.join("petstore.redb");
+        let log = dir.join("petstore.log");
+        let process = Self::spawn(&addr, storage, &data_file, &log)?;
+        let server = Self {
+            process,
+            addr,
+            storage,
+            data_file,
+            log,
+        };
+        server.wait_serving()?;
+        Ok(server)
+    }
+
+    fn spawn(addr: &str, storage: Storage, data_file: &Path, log: &Path) -> Result<Process> {
+        let mut command = Command::new(cargo_bin("petstore-server"));
+        command
+            .args(["--listen", addr, "--storage"])
+            .arg(match storage {
+                Storage::Durable => "durable",
+                Storage::Memory => "memory",
+            })
+            .arg("--data-file")
+            .arg(data_file);
+        Process::spawn("petstore-server", command, log)
+    }
+
+    fn wait_serving(&self) -> Result<()> {
+        wait_for(Duration::from_secs(30), "pet store health SERVING", || {
+            self.grpcurl("grpc.health.v1.Health/Check", "{}")
+                .ok()
+                .filter(|out| out.first().is_some_and(|v| v["status"] == "SERVING"))
+                .map(drop)
+        })
+    }
+
+    /// SIGKILL the store (like `kill -9`).
+    pub fn kill(&mut self) {
+        self.process.kill();
+    }
+
+    /// Starts the store again on the same address, with `storage`.
+    pub fn restart(&mut self, storage: Storage) -> Result<()> {
+        self.process.kill();
+        self.storage = storage;
+        self.process = Self::spawn(&self.addr, storage, &self.data_file, &self.log)?;
+        self.wait_serving()
+    }
+
+    pub fn storage(&self) -> Storage {
+        self.storage
+    }
+
+    /// `grpcurl -plaintext <addr> <method>` with `data` as the request.
+    /// Returns every message the call printed.
+    pub fn grpcurl(&self, method: &str, data: &str) -> Result<Vec<Value>> {
+        grpcurl(&self.addr, method, data)
+    }
+
+    /// Every pet in the store, via SearchPets with an empty filter.
+    pub fn all_pets(&self) -> Result<Vec<Value>> {
+        self.grpcurl("petstore.PetStore/SearchPets", "{}")
+    }
+
+    pub fn process(&self) -> &Process {
+        &self.process
+    }
+}
+
+/// `grpcurl -plaintext -d <data> <addr> <method>`, parsed as a stream of JSON
+/// messages.
+pub fn grpcurl(addr: &str, method: &str, data: &str) -> Result<Vec<Value>> {
+    let out = run(Command::new(Tools::get()?.bin("grpcurl")).args([
+        "-plaintext",
+        "-max-time",
+        "10",
+        "-d",
+        data,
+        addr,
+        method,
+    ]))?;
+    serde_json::Deserializer::from_str(&out)
+        .into_iter::<Value>()
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| Error::Command {
+            command: format!("grpcurl {method}"),
+            status: "unparsable output".into(),
+            stderr: format!("{e}: {out}"),
+        })
+}
+
+#[derive(Clone, Debug)]
+pub struct OperatorOptions {
+    /// Kubeconfig the operator authenticates with.
+    pub kubeconfig: PathBuf,
+    pub store_addr: String,
+    pub leader_election: bool,
+    pub lease_namespace: String,
+    pub identity: String,
+    pub poll_interval: &'static str,
+    pub backoff_max: &'static str,
+    pub fault: Option<&'static str>,
+}
+
+pub struct Operator {
+    process: Process,
+    pub metrics_addr: String,
+}
+
+impl Operator {
+    pub fn start(options: &OperatorOptions, log: &Path) -> Result<Self> {
+        let metrics_addr = format!("127.0.0.1:{}", free_port()?);
+        let mut command = Command::new(cargo_bin("petstore-operator"));
+        command
+            .env("KUBECONFIG", &options.kubeconfig)
+            .env("RUST_LOG", "info,petstore_operator=debug")
+            .args(["--petstore-addr", &options.store_addr])
+            .args(["--metrics-addr", &metrics_addr])
+            .args(["--poll-interval", options.poll_interval])
+            .args([
+                "--backoff-base",
+                "200ms",
+                "--backoff-max",
+                options.backoff_max,
+            ])
+            .args(["--store-timeout", "2s"])
+            .args(["--lease-namespace", &options.lease_namespace])
+            .args(["--lease-duration", "4s"])
+            .args(["--identity", &options.identity])
+            .arg(format!("--leader-election={}", options.leader_election));
+        if let Some(fault) = options.fault {
+            command.args(["--fault", fault]);
+        }
+        let process = Process::spawn(&options.identity, command, log)?;
+        Ok(Self {
+            process,
+            metrics_addr,
+        })
+    }
+
+    pub fn process(&mut self) -> &mut Process {
+        &mut self.process
+    }
+
+    pub fn kill(&mut self) {
+        self.process.kill();
+    }
+
+    pub fn log_contains(&self, needle: &str) -> bool {
+        self.process.log_contains(needle)
+    }
+
+    /// GET /metrics as text.
+    pub fn metrics(&self) -> Result<String> {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(&self.metrics_addr)
+            .map_err(crate::io("connecting to the metrics port"))?;
+        stream
+            .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+            .map_err(crate::io("requesting metrics"))?;
+        let mut response = String::new();
+        stream
+            .read_to_string(&mut response)
+            .map_err(crate::io("reading metrics"))?;
+        Ok(response)
+    }
+}

@@ -1,0 +1,143 @@
+//! Scenarios 1-3: apply the samples, rename Thor, delete the Pets (and the
+//! Orphan policy), all through kubectl and grpcurl as a user would.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use testenv::env::condition;
+use testenv::{Env, Storage, repo_root, wait_for};
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+fn names(pets: &[Value]) -> Vec<&str> {
+    pets.iter().filter_map(|p| p["name"].as_str()).collect()
+}
+
+#[test]
+fn apply_rename_delete_and_orphan() -> testenv::Result<()> {
+    let env = Env::start(Storage::Durable)?;
+    let operator = env.start_operator("operator-a")?;
+    let samples = repo_root().join("config/samples");
+
+    // 1. Apply: both Pets get an ID and Ready=True; the store holds them.
+    env.cp
+        .kubectl(&["apply", "-k", &samples.to_string_lossy()])?;
+    let thor_id = env.wait_ready("default", "pet-sample1", TIMEOUT)?;
+    let tron_id = env.wait_ready("default", "pet-sample2", TIMEOUT)?;
+    let pets = env.store_pets()?;
+    assert_eq!(names(&pets), ["Thor", "Tron"]);
+    assert_eq!(pets[0]["id"], thor_id.as_str());
+    assert_eq!(pets[0]["type"], "PTCanine");
+    assert_eq!(
+        pets[0]["birthday"],
+        serde_json::json!({"year": 2021, "month": 4, "day": 1})
+    );
+    assert_eq!(pets[1]["id"], tron_id.as_str());
+    assert_eq!(pets[1]["type"], "PTFeline");
+
+    let table = env.cp.kubectl(&["get", "pets"])?;
+    for column in [
+        "NAME", "PET NAME", "TYPE", "BIRTHDAY", "STORE ID", "READY", "AGE",
+    ] {
+        assert!(table.contains(column), "column {column} in:\n{table}");
+    }
+    assert!(
+        table.contains(&thor_id) && table.contains("Thor") && table.contains("True"),
+        "{table}"
+    );
+    // The short name and the category read the same way.
+    assert!(env.cp.kubectl(&["get", "pt"])?.contains("pet-sample2"));
+    assert!(
+        env.cp
+            .kubectl(&["get", "petstore"])?
+            .contains("pet-sample2")
+    );
+
+    let pet = env.pet("default", "pet-sample1")?;
+    assert_eq!(pet["metadata"]["finalizers"][0], "pet.petstore.example.com");
+    assert_eq!(
+        condition(&pet, "Synced").expect("Synced")["reason"],
+        "ReconcileSuccess"
+    );
+
+    // Events reached the API (the shipped RBAC allows them), and the Lease is
+    // held by this operator.
+    let events = env.cp.kubectl(&[
+        "get",
+        "events.events.k8s.io",
+        "-n",
+        "default",
+        "-o",
+        "jsonpath={range .items[*]}{.reason}/{.regarding.name}{\"\\n\"}{end}",
+    ])?;
+    assert!(events.contains("Created/pet-sample1"), "{events}");
+    let holder = env.cp.kubectl(&[
+        "get",
+        "lease",
+        "petstore-operator",
+        "-n",
+        "petstore-system",
+        "-o",
+        "jsonpath={.spec.holderIdentity}",
+    ])?;
+    assert_eq!(holder, "operator-a");
+
+    // 2. Rename: the same record carries the new name; still 2 records.
+    env.cp.kubectl(&[
+        "patch",
+        "pet",
+        "pet-sample1",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"name":"Thorbert"}}"#,
+    ])?;
+    wait_for(TIMEOUT, "Thorbert in the store", || {
+        let pets = env.store_pets().ok()?;
+        pets.iter()
+            .any(|p| p["name"] == "Thorbert" && p["id"] == thor_id.as_str())
+            .then_some(())
+    })?;
+    assert_eq!(env.wait_ready("default", "pet-sample1", TIMEOUT)?, thor_id);
+    assert_eq!(names(&env.store_pets()?), ["Thorbert", "Tron"]);
+
+    // 3. Delete: the record goes, the finalizer is released, the object is gone.
+    env.cp.kubectl(&[
+        "delete",
+        "pet",
+        "pet-sample1",
+        "--wait=true",
+        "--timeout=60s",
+    ])?;
+    assert_eq!(names(&env.store_pets()?), ["Tron"]);
+    assert!(env.cp.kubectl(&["get", "pet", "pet-sample1"]).is_err());
+
+    // Orphan: the Pet goes, its record stays.
+    env.cp.kubectl(&[
+        "annotate",
+        "pet",
+        "pet-sample2",
+        "petstore.example.com/deletion-policy=Orphan",
+    ])?;
+    env.cp.kubectl(&[
+        "delete",
+        "pet",
+        "pet-sample2",
+        "--wait=true",
+        "--timeout=60s",
+    ])?;
+    let left = env.store_pets()?;
+    assert_eq!(names(&left), ["Tron"]);
+    assert_eq!(left[0]["id"], tron_id.as_str());
+
+    // The operator counted what it did.
+    let metrics = operator.metrics()?;
+    assert!(
+        metrics.contains("petstore_operator_store_actions_total{action=\"create\"} 2"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("petstore_operator_store_actions_total{action=\"delete\"} 1"),
+        "{metrics}"
+    );
+    Ok(())
+}
