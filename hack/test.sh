@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The project's one test command: builds everything it needs (the local
+# control plane is built once and cached outside the clone), then runs the
+# unit tests and the end-to-end tests against a real kube-apiserver.
+#
+#   hack/test.sh
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+phase_names=()
+phase_seconds=()
+phase() { # name, command...
+  local name=$1; shift
+  local start=$SECONDS
+  printf '\n==> %s\n' "$name"
+  "$@"
+  phase_names+=("$name")
+  phase_seconds+=($((SECONDS - start)))
+}
+summary() {
+  printf '\n==> phase durations\n'
+  for i in "${!phase_names[@]}"; do
+    printf '  %-40s %5ss\n' "${phase_names[$i]}" "${phase_seconds[$i]}"
+  done
+  printf '  %-40s %5ss\n' "total" "$SECONDS"
+}
+trap summary EXIT
+
+check_prerequisites() {
+  local missing=()
+  for tool in go cargo openssl; do
+    command -v "$tool" >/dev/null || missing+=("$tool")
+  done
+  if ((${#missing[@]})); then
+    echo "missing tools: ${missing[*]}" >&2
+    exit 1
+  fi
+}
+
+phase "prerequisites" check_prerequisites
+phase "control plane (cached build)" bash hack/control-plane/build.sh
+phase "cargo build" cargo build --locked --workspace --all-targets
+# Both suites run together: unit tests with fakes and a mock API server, and
+# tests/testenv's end-to-end scenarios with the real binaries.
+phase "cargo test" cargo test --locked --workspace

@@ -1,0 +1,169 @@
+//! The shipped config/ against the real API server: server-side validation of
+//! every manifest, and least privilege for the operator's ServiceAccount.
+
+use std::process::Command;
+
+use testenv::{ControlPlane, Tools, repo_root};
+
+const SA: &str = "system:serviceaccount:petstore-system:petstore-operator";
+
+/// `kubectl auth can-i VERB RESOURCE --as=<operator SA> [-n NS | -A]`.
+fn can_i(cp: &ControlPlane, verb: &str, resource: &str, namespace: Option<&str>) -> bool {
+    let mut command = Command::new(Tools::get().expect("tools").kubectl());
+    command
+        .arg(format!("--kubeconfig={}", cp.kubeconfig.display()))
+        .args(["auth", "can-i", verb, resource, &format!("--as={SA}")]);
+    match namespace {
+        Some(ns) => command.args(["-n", ns]),
+        None => command.arg("-A"),
+    };
+    let out = command.output().expect("run kubectl auth can-i");
+    // can-i prints yes/no and exits 1 for "no"; anything else is a failure.
+    match String::from_utf8_lossy(&out.stdout).trim() {
+        "yes" => true,
+        "no" => false,
+        other => panic!(
+            "kubectl auth can-i {verb} {resource}: {other:?} {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    }
+}
+
+#[test]
+fn config_default_passes_server_side_validation_and_installs() -> testenv::Result<()> {
+    let cp = ControlPlane::start()?;
+    let config = repo_root().join("config");
+    let default = config.join("default");
+    // A dry run creates nothing, so namespaced objects need their namespaces.
+    cp.kubectl(&[
+        "apply",
+        "-f",
+        &config.join("operator/namespace.yaml").to_string_lossy(),
+        "-f",
+        &config.join("petstore/namespace.yaml").to_string_lossy(),
+    ])?;
+    let dry = cp.kubectl(&[
+        "apply",
+        "-k",
+        &default.to_string_lossy(),
+        "--dry-run=server",
+    ])?;
+    for object in [
+        "customresourcedefinition.apiextensions.k8s.io/pets.petstore.example.com",
+        "serviceaccount/petstore-operator",
+        "role.rbac.authorization.k8s.io/petstore-operator-leader-election",
+        "clusterrole.rbac.authorization.k8s.io/petstore-operator",
+        "rolebinding.rbac.authorization.k8s.io/petstore-operator-leader-election",
+        "clusterrolebinding.rbac.authorization.k8s.io/petstore-operator",
+        "service/petstore-service",
+        "service/petstore-operator-metrics",
+        "persistentvolumeclaim/petstore-data",
+        "deployment.apps/petstore",
+        "deployment.apps/petstore-operator",
+    ] {
+        assert!(
+            dry.contains(&format!("{object} created (server dry run)")),
+            "{object}:\n{dry}"
+        );
+    }
+
+    // Install for real and read back what the API server stored.
+    cp.kubectl(&["apply", "-k", &default.to_string_lossy()])?;
+    let port = cp.kubectl(&[
+        "get",
+        "service",
+        "petstore-service",
+        "-n",
+        "petstore",
+        "-o",
+        "jsonpath={.spec.ports[0].name}:{.spec.ports[0].port}",
+    ])?;
+    assert_eq!(port, "grpc:6742");
+    let probe = cp.kubectl(&[
+        "get",
+        "deployment",
+        "petstore",
+        "-n",
+        "petstore",
+        "-o",
+        "jsonpath={.spec.template.spec.containers[0].readinessProbe.grpc.port}",
+    ])?;
+    assert_eq!(probe, "6742");
+    let security = cp.kubectl(&[
+        "get", "deployment", "petstore-operator", "-n", "petstore-system", "-o",
+        "jsonpath={.spec.replicas}/{.spec.template.spec.securityContext.runAsNonRoot}/{.spec.template.spec.containers[0].securityContext.readOnlyRootFilesystem}/{.spec.template.spec.containers[0].securityContext.capabilities.drop[0]}/{.spec.template.spec.securityContext.seccompProfile.type}",
+    ])?;
+    assert_eq!(security, "2/true/true/ALL/RuntimeDefault");
+    // Both namespaces enforce the restricted Pod Security Standard, so the
+    // API server would refuse pods that broke it.
+    let enforce = cp.kubectl(&[
+        "get",
+        "namespace",
+        "petstore",
+        "-o",
+        "jsonpath={.metadata.labels.pod-security\\.kubernetes\\.io/enforce}",
+    ])?;
+    assert_eq!(enforce, "restricted");
+    Ok(())
+}
+
+#[test]
+fn operator_service_account_has_least_privilege() -> testenv::Result<()> {
+    let cp = ControlPlane::start()?;
+    let config = repo_root().join("config");
+    cp.kubectl(&[
+        "apply",
+        "-f",
+        &config
+            .join("crd/petstore.example.com_pets.yaml")
+            .to_string_lossy(),
+    ])?;
+    cp.kubectl(&["create", "namespace", "petstore-system"])?;
+    cp.kubectl(&["apply", "-k", &config.join("rbac").to_string_lossy()])?;
+
+    // What it needs.
+    for (verb, resource) in [
+        ("get", "pets.petstore.example.com"),
+        ("list", "pets.petstore.example.com"),
+        ("watch", "pets.petstore.example.com"),
+        ("patch", "pets.petstore.example.com"),
+        ("patch", "pets.petstore.example.com/status"),
+        ("update", "pets.petstore.example.com/finalizers"),
+        ("create", "events.events.k8s.io"),
+    ] {
+        assert!(can_i(&cp, verb, resource, None), "needs {verb} {resource}");
+    }
+    assert!(can_i(
+        &cp,
+        "update",
+        "leases.coordination.k8s.io",
+        Some("petstore-system")
+    ));
+
+    // What it must not have.
+    for (verb, resource) in [
+        ("get", "secrets"),
+        ("list", "secrets"),
+        ("delete", "pets.petstore.example.com"),
+        ("create", "pets.petstore.example.com"),
+        ("deletecollection", "pets.petstore.example.com"),
+        ("get", "pods"),
+        ("list", "pods"),
+        ("create", "pods"),
+        ("delete", "pods"),
+        ("create", "pods/exec"),
+        ("create", "configmaps"),
+        ("create", "deployments.apps"),
+        ("escalate", "clusterroles.rbac.authorization.k8s.io"),
+    ] {
+        assert!(
+            !can_i(&cp, verb, resource, None),
+            "must not {verb} {resource}"
+        );
+    }
+    assert!(
+        !can_i(&cp, "update", "leases.coordination.k8s.io", Some("default")),
+        "Leases only in its own namespace"
+    );
+    Ok(())
+}

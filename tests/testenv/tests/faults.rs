@@ -1,0 +1,223 @@
+//! Scenarios 4, 5, 7 and 9: store restarts, an operator killed at the worst
+//! moment, an unreachable store, and leader election.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use testenv::env::condition;
+use testenv::{Env, Storage, repo_root, wait_for};
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+fn apply_samples(env: &Env) -> testenv::Result<(String, String)> {
+    let samples = repo_root().join("config/samples");
+    env.cp
+        .kubectl(&["apply", "-k", &samples.to_string_lossy()])?;
+    Ok((
+        env.wait_ready("default", "pet-sample1", TIMEOUT)?,
+        env.wait_ready("default", "pet-sample2", TIMEOUT)?,
+    ))
+}
+
+fn ids(pets: &[Value]) -> Vec<String> {
+    let mut ids: Vec<String> = pets
+        .iter()
+        .filter_map(|p| p["id"].as_str().map(str::to_owned))
+        .collect();
+    ids.sort();
+    ids
+}
+
+fn event_reasons(env: &Env) -> testenv::Result<String> {
+    env.cp.kubectl(&[
+        "get",
+        "events.events.k8s.io",
+        "-A",
+        "-o",
+        "jsonpath={range .items[*]}{.reason}/{.regarding.name}{\"\\n\"}{end}",
+    ])
+}
+
+#[test]
+fn memory_store_restart_recreates_every_pet_with_new_ids() -> testenv::Result<()> {
+    let mut env = Env::start(Storage::Memory)?;
+    let _operator = env.start_operator("operator")?;
+    let (thor, tron) = apply_samples(&env)?;
+
+    env.store.restart(Storage::Memory)?;
+    assert!(
+        env.store_pets()?.is_empty(),
+        "memory storage lost everything"
+    );
+
+    // The drift poll notices and recreates both, recording the new IDs.
+    let (new_thor, new_tron) = wait_for(TIMEOUT, "new IDs in status", || {
+        let a = env.pet("default", "pet-sample1").ok()?;
+        let b = env.pet("default", "pet-sample2").ok()?;
+        let a = a["status"]["id"].as_str()?.to_owned();
+        let b = b["status"]["id"].as_str()?.to_owned();
+        (a != thor && b != tron).then_some((a, b))
+    })?;
+    env.wait_ready("default", "pet-sample1", TIMEOUT)?;
+    env.wait_ready("default", "pet-sample2", TIMEOUT)?;
+    let mut expected = vec![new_thor, new_tron];
+    expected.sort();
+    assert_eq!(ids(&env.store_pets()?), expected);
+    let events = event_reasons(&env)?;
+    assert!(events.contains("Recreated/pet-sample1"), "{events}");
+    assert!(events.contains("Recreated/pet-sample2"), "{events}");
+    Ok(())
+}
+
+#[test]
+fn durable_store_restart_changes_nothing() -> testenv::Result<()> {
+    let mut env = Env::start(Storage::Durable)?;
+    let operator = env.start_operator("operator")?;
+    let (thor, tron) = apply_samples(&env)?;
+    let before = env.store_pets()?;
+
+    env.store.kill();
+    env.store.restart(Storage::Durable)?;
+    // Several poll intervals (2s each) pass over the restarted store.
+    std::thread::sleep(Duration::from_secs(7));
+    assert_eq!(env.store_pets()?, before);
+    assert_eq!(env.wait_ready("default", "pet-sample1", TIMEOUT)?, thor);
+    assert_eq!(env.wait_ready("default", "pet-sample2", TIMEOUT)?, tron);
+    assert!(!event_reasons(&env)?.contains("Recreated"));
+    let metrics = operator.metrics()?;
+    assert!(!metrics.contains("action=\"recreate\""), "{metrics}");
+    assert!(
+        !metrics.contains("action=\"update\""),
+        "no store writes: {metrics}"
+    );
+    Ok(())
+}
+
+#[test]
+fn operator_killed_between_create_and_status_leaves_no_duplicate() -> testenv::Result<()> {
+    let env = Env::start(Storage::Durable)?;
+    let mut options = env.operator_options("doomed");
+    options.fault = Some("hang-after-create");
+    let mut doomed = env.start_operator_with(&options)?;
+
+    let samples = repo_root().join("config/samples/pet-sample1.yaml");
+    env.cp
+        .kubectl(&["apply", "-f", &samples.to_string_lossy()])?;
+    wait_for(TIMEOUT, "the operator to create and hang", || {
+        doomed
+            .log_contains("fault injection: hanging after create")
+            .then_some(())
+    })?;
+    let created = env.store_pets()?;
+    assert_eq!(created.len(), 1, "the record exists");
+    let pet = env.pet("default", "pet-sample1")?;
+    assert!(
+        pet["status"]["id"].is_null(),
+        "but its ID never reached status"
+    );
+
+    doomed.kill(); // kill -9
+    let _successor = env.start_operator("successor")?;
+    let id = env.wait_ready("default", "pet-sample1", TIMEOUT)?;
+    let after = env.store_pets()?;
+    assert_eq!(after.len(), 1, "no duplicate: {after:?}");
+    assert_eq!(after[0]["id"], id.as_str(), "the first record was adopted");
+    assert_eq!(created[0]["id"], id.as_str());
+    assert!(event_reasons(&env)?.contains("Adopted/pet-sample1"));
+    Ok(())
+}
+
+#[test]
+fn unreachable_store_is_reported_then_converges() -> testenv::Result<()> {
+    let mut env = Env::start(Storage::Durable)?;
+    let _operator = env.start_operator("operator")?;
+    env.store.kill();
+
+    let samples = repo_root().join("config/samples");
+    env.cp
+        .kubectl(&["apply", "-k", &samples.to_string_lossy()])?;
+    for name in ["pet-sample1", "pet-sample2"] {
+        let pet = wait_for(TIMEOUT, "StoreUnavailable conditions", || {
+            let pet = env.pet("default", name).ok()?;
+            let ready = condition(&pet, "Ready")?;
+            let synced = condition(&pet, "Synced")?;
+            (ready["status"] == "False"
+                && ready["reason"] == "StoreUnavailable"
+                && synced["status"] == "False"
+                && synced["reason"] == "StoreUnavailable")
+                .then_some(pet)
+        })?;
+        let message = condition(&pet, "Ready").expect("Ready")["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        assert!(message.contains("cannot reach the pet store"), "{message}");
+    }
+    assert!(event_reasons(&env)?.contains("StoreUnavailable/pet-sample1"));
+
+    env.store.restart(Storage::Durable)?;
+    let thor = env.wait_ready("default", "pet-sample1", TIMEOUT)?;
+    let tron = env.wait_ready("default", "pet-sample2", TIMEOUT)?;
+    let mut expected = vec![thor, tron];
+    expected.sort();
+    assert_eq!(ids(&env.store_pets()?), expected);
+    Ok(())
+}
+
+#[test]
+fn only_the_leader_reconciles_and_killing_it_hands_over() -> testenv::Result<()> {
+    let env = Env::start(Storage::Durable)?;
+    let mut first = env.start_operator("replica-1")?;
+    wait_for(TIMEOUT, "replica-1 to lead", || {
+        first.log_contains("became leader").then_some(())
+    })?;
+    let second = env.start_operator("replica-2")?;
+    wait_for(TIMEOUT, "replica-2 to stand by", || {
+        second.log_contains("waiting for leadership").then_some(())
+    })?;
+    apply_samples(&env)?;
+
+    let holder = |env: &Env| {
+        env.cp.kubectl(&[
+            "get",
+            "lease",
+            "petstore-operator",
+            "-n",
+            "petstore-system",
+            "-o",
+            "jsonpath={.spec.holderIdentity}",
+        ])
+    };
+    assert_eq!(holder(&env)?, "replica-1");
+    assert!(!second.log_contains("became leader"));
+    let standby = second.metrics()?;
+    assert!(
+        standby.contains("petstore_operator_reconciles_total 0"),
+        "{standby}"
+    );
+    assert!(standby.contains("petstore_operator_leader 0"), "{standby}");
+    assert!(first.metrics()?.contains("petstore_operator_leader 1"));
+
+    first.kill(); // kill -9: no graceful release, the lease must expire
+    wait_for(TIMEOUT, "replica-2 to take over", || {
+        second.log_contains("became leader").then_some(())
+    })?;
+    assert_eq!(holder(&env)?, "replica-2");
+    env.cp.kubectl(&[
+        "patch",
+        "pet",
+        "pet-sample2",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"name":"Tronald"}}"#,
+    ])?;
+    wait_for(TIMEOUT, "the new leader to apply the rename", || {
+        env.store_pets()
+            .ok()?
+            .iter()
+            .any(|p| p["name"] == "Tronald")
+            .then_some(())
+    })?;
+    assert_eq!(env.store_pets()?.len(), 2);
+    Ok(())
+}

@@ -1,0 +1,128 @@
+//! Scenarios 6 and 8: the API server rejects bad Pets with messages that name
+//! the field, and deleting a namespace full of Pets completes.
+
+use std::time::Duration;
+
+use testenv::{Env, Storage, wait_for};
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+fn pet_yaml(name: &str, spec: &str) -> String {
+    format!(
+        "apiVersion: petstore.example.com/v1alpha1\nkind: Pet\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n{spec}"
+    )
+}
+
+#[test]
+fn invalid_pets_are_rejected_with_the_field_named_and_reach_nothing() -> testenv::Result<()> {
+    let env = Env::start(Storage::Durable)?;
+    let _operator = env.start_operator("operator")?;
+    let long_name = "x".repeat(129);
+    let cases: Vec<(&str, String, &[&str])> = vec![
+        (
+            "fish",
+            "  name: Nemo\n  type: fish\n  birthday: 2021-04-01T00:00:00Z\n".into(),
+            &["spec.type", "Unsupported value: \"fish\"", "\"dog\""],
+        ),
+        (
+            "empty-name",
+            "  name: \"\"\n  type: dog\n  birthday: 2021-04-01T00:00:00Z\n".into(),
+            &["spec.name"],
+        ),
+        (
+            "blank-name",
+            "  name: \"   \"\n  type: dog\n  birthday: 2021-04-01T00:00:00Z\n".into(),
+            &["spec.name"],
+        ),
+        (
+            "long-name",
+            format!("  name: {long_name}\n  type: dog\n  birthday: 2021-04-01T00:00:00Z\n"),
+            &["spec.name", "128"],
+        ),
+        (
+            "no-birthday",
+            "  name: Thor\n  type: dog\n".into(),
+            &["spec.birthday", "Required value"],
+        ),
+        (
+            "bad-birthday",
+            "  name: Thor\n  type: dog\n  birthday: next tuesday\n".into(),
+            &["spec.birthday", "date-time"],
+        ),
+        (
+            "no-type",
+            "  name: Thor\n  birthday: 2021-04-01T00:00:00Z\n".into(),
+            &["spec.type", "Required value"],
+        ),
+        (
+            "typed-name",
+            "  name: 42\n  type: dog\n  birthday: 2021-04-01T00:00:00Z\n".into(),
+            &["spec.name", "string"],
+        ),
+        (
+            "unknown-field",
+            "  name: Thor\n  type: dog\n  birthday: 2021-04-01T00:00:00Z\n  colour: brown\n".into(),
+            &["colour"],
+        ),
+    ];
+    for (name, spec, expected) in cases {
+        let err = match env.cp.apply(&pet_yaml(name, &spec)) {
+            Ok(out) => panic!("{name}: accepted ({out})"),
+            Err(err) => err.to_string(),
+        };
+        for fragment in expected {
+            assert!(err.contains(fragment), "{name}: {fragment:?} not in {err}");
+        }
+        assert!(
+            env.cp.kubectl(&["get", "pet", name]).is_err(),
+            "{name} stored"
+        );
+    }
+    // A valid Pet still works, so the rejections were about the input.
+    env.cp.apply(&pet_yaml(
+        "valid",
+        "  name: Thor\n  type: dog\n  birthday: 2021-04-01T00:00:00Z\n",
+    ))?;
+    env.wait_ready("default", "valid", TIMEOUT)?;
+    let pets = env.store_pets()?;
+    assert_eq!(pets.len(), 1, "only the valid Pet reached the store");
+    Ok(())
+}
+
+#[test]
+fn deleting_a_namespace_full_of_pets_completes_and_empties_the_store() -> testenv::Result<()> {
+    let env = Env::start(Storage::Durable)?;
+    let _operator = env.start_operator("operator")?;
+    env.cp.kubectl(&["create", "namespace", "zoo"])?;
+    let mut yaml = String::new();
+    for n in 0..5 {
+        yaml.push_str(&format!(
+            "---\napiVersion: petstore.example.com/v1alpha1\nkind: Pet\nmetadata:\n  name: pet-{n}\n  namespace: zoo\nspec:\n  name: Animal {n}\n  type: bird\n  birthday: 2020-01-0{}T00:00:00Z\n",
+            n + 1
+        ));
+    }
+    env.cp.apply(&yaml)?;
+    for n in 0..5 {
+        env.wait_ready("zoo", &format!("pet-{n}"), TIMEOUT)?;
+    }
+    // One Pet outside the namespace must survive.
+    env.cp.apply(&pet_yaml(
+        "bystander",
+        "  name: Rex\n  type: reptile\n  birthday: 2019-05-05T00:00:00Z\n",
+    ))?;
+    env.wait_ready("default", "bystander", TIMEOUT)?;
+    assert_eq!(env.store_pets()?.len(), 6);
+
+    env.cp
+        .kubectl(&["delete", "namespace", "zoo", "--wait=true", "--timeout=90s"])?;
+    wait_for(TIMEOUT, "namespace zoo to disappear", || {
+        env.cp
+            .kubectl(&["get", "namespace", "zoo"])
+            .is_err()
+            .then_some(())
+    })?;
+    let left = env.store_pets()?;
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert_eq!(left[0]["name"], "Rex");
+    Ok(())
+}
