@@ -39,6 +39,7 @@ check_prerequisites() {
 
 phase "prerequisites" check_prerequisites
 phase "control plane (cached build)" bash hack/control-plane/build.sh
+phase "static checks (Dockerfile, Tiltfile)" bash hack/static-checks.sh
 phase "cargo build" cargo build --locked --workspace --all-targets
 # Both suites run together: unit tests with fakes and a mock API server, and
 # tests/testenv's end-to-end scenarios with the real binaries.

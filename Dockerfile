@@ -1,0 +1,49 @@
+# syntax=docker/dockerfile:1.7
+# One Dockerfile, two images:
+#   docker build --target petstore-server   -t petstore-server .
+#   docker build --target petstore-operator -t petstore-operator .
+# Both binaries come from one cargo build, so the dependency layer and the
+# cache mounts are shared, and a rebuild compiles only what changed.
+
+ARG RUST_VERSION=1.95
+
+FROM rust:${RUST_VERSION}-slim-bookworm AS build
+WORKDIR /src
+# Manifests first: this layer (and cargo's fetch) stays cached until a
+# Cargo.toml or Cargo.lock changes.
+COPY Cargo.toml Cargo.lock build.rs ./
+COPY operator/Cargo.toml operator/
+COPY petstore-server/Cargo.toml petstore-server/
+COPY tests/testenv/Cargo.toml tests/testenv/
+RUN mkdir -p src operator/src/bin petstore-server/src tests/testenv/src/bin \
+ && touch src/lib.rs operator/src/lib.rs petstore-server/src/lib.rs tests/testenv/src/lib.rs \
+ && echo 'fn main() {}' > operator/src/main.rs \
+ && echo 'fn main() {}' > operator/src/bin/crdgen.rs \
+ && echo 'fn main() {}' > petstore-server/src/main.rs \
+ && echo 'fn main() {}' > tests/testenv/src/bin/petstore-dev.rs
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    cargo fetch --locked
+COPY proto proto
+COPY src src
+COPY operator operator
+COPY petstore-server petstore-server
+# The registry and target caches persist across builds (BuildKit), so an
+# edit recompiles only the crates it touches.
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --locked --release -p petstore-server -p petstore-operator --bins \
+ && mkdir -p /out \
+ && cp target/release/petstore-server target/release/petstore-operator /out/
+
+# distroless/cc has glibc and libgcc and nothing else; :nonroot runs as 65532.
+FROM gcr.io/distroless/cc-debian12:nonroot AS petstore-server
+COPY --from=build /out/petstore-server /usr/local/bin/petstore-server
+USER 65532:65532
+EXPOSE 6742
+ENTRYPOINT ["/usr/local/bin/petstore-server"]
+
+FROM gcr.io/distroless/cc-debian12:nonroot AS petstore-operator
+COPY --from=build /out/petstore-operator /usr/local/bin/petstore-operator
+USER 65532:65532
+EXPOSE 8080
+ENTRYPOINT ["/usr/local/bin/petstore-operator"]
