@@ -1,4 +1,5 @@
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,7 +11,7 @@ use petstore_operator::controller::{self, Context, Fault, Settings};
 use petstore_operator::crd::Pet;
 use petstore_operator::leader::Leadership;
 use petstore_operator::metrics::{self, Metrics};
-use petstore_operator::store::grpc::GrpcPetStore;
+use petstore_operator::store::grpc::{GrpcPetStore, TlsFiles};
 use tokio::sync::watch;
 
 /// Kubernetes operator that keeps each Pet resource in the gRPC pet store.
@@ -27,6 +28,23 @@ struct Args {
         default_value = "petstore-service.petstore.svc.cluster.local:6742"
     )]
     petstore_addr: String,
+
+    /// Use TLS to the store, trusting this CA (PEM) for its certificate.
+    #[arg(long, env = "PETSTORE_CA_FILE")]
+    petstore_ca_file: Option<PathBuf>,
+
+    /// Client certificate (PEM) for mutual TLS with the store. Needs
+    /// --petstore-key-file.
+    #[arg(long, env = "PETSTORE_CERT_FILE", requires = "petstore_key_file")]
+    petstore_cert_file: Option<PathBuf>,
+
+    /// Private key (PEM) for --petstore-cert-file.
+    #[arg(long, env = "PETSTORE_KEY_FILE", requires = "petstore_cert_file")]
+    petstore_key_file: Option<PathBuf>,
+
+    /// Name to verify in the store's certificate, if not the address's host.
+    #[arg(long, env = "PETSTORE_TLS_SERVER_NAME")]
+    petstore_tls_server_name: Option<String>,
 
     /// Timeout for each pet store call (and for connecting).
     #[arg(long, env = "PETSTORE_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
@@ -198,9 +216,19 @@ async fn run(args: Args) -> Result<ExitCode, String> {
     ));
     metrics.set_ready();
 
+    let tls =
+        (args.petstore_ca_file.is_some() || args.petstore_cert_file.is_some()).then(|| TlsFiles {
+            ca: args.petstore_ca_file.clone(),
+            client_cert_and_key: args
+                .petstore_cert_file
+                .clone()
+                .zip(args.petstore_key_file.clone()),
+            server_name: args.petstore_tls_server_name.clone(),
+        });
     let store = GrpcPetStore::connect_lazy(
         &args.petstore_addr,
         args.store_timeout,
+        tls.as_ref(),
         Arc::clone(&metrics),
     )
     .map_err(|e| e.to_string())?;
@@ -221,7 +249,7 @@ async fn run(args: Args) -> Result<ExitCode, String> {
             .fault
             .map(|FaultArg::HangAfterCreate| Fault::HangAfterCreate),
     };
-    tracing::info!(store = %args.petstore_addr, ?settings, %identity, "starting");
+    tracing::info!(store = %args.petstore_addr, tls = tls.is_some(), ?settings, %identity, "starting");
     let ctx = Arc::new(Context::new(
         client.clone(),
         Arc::new(store),

@@ -3,6 +3,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, ValueEnum};
+use petstore_server::server::{ServeOptions, TlsFiles};
 use petstore_server::storage::StorageConfig;
 
 /// gRPC pet store: add, update, delete, search and look up pets.
@@ -24,6 +25,18 @@ struct Args {
     /// File that holds the durable store; created if missing.
     #[arg(long, env = "PETSTORE_DATA_FILE", default_value = "petstore.redb")]
     data_file: PathBuf,
+
+    /// Serve TLS with this certificate (PEM). Needs --tls-key.
+    #[arg(long, env = "PETSTORE_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+
+    /// Private key (PEM) for --tls-cert.
+    #[arg(long, env = "PETSTORE_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+
+    /// Require client certificates signed by this CA (PEM): mutual TLS.
+    #[arg(long, env = "PETSTORE_TLS_CLIENT_CA", requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
 
     /// Log format. The level comes from RUST_LOG (default `info`).
     #[arg(long, env = "PETSTORE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
@@ -97,7 +110,14 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match petstore_server::server::serve(listener, storage, shutdown_signal()).await {
+    let options = ServeOptions {
+        tls: args.tls_cert.zip(args.tls_key).map(|(cert, key)| TlsFiles {
+            cert,
+            key,
+            client_ca: args.tls_client_ca,
+        }),
+    };
+    match petstore_server::server::serve(listener, storage, options, shutdown_signal()).await {
         Ok(()) => {
             tracing::info!("stopped");
             ExitCode::SUCCESS

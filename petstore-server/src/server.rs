@@ -1,13 +1,14 @@
 //! Assembles the gRPC server: the pet store, health, reflection and limits.
 
 use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use petstore_proto::PetStoreServer;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
-use tonic::transport::Server;
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
 use crate::model::MAX_MESSAGE_BYTES;
 use crate::service::PetStoreService;
@@ -15,6 +16,41 @@ use crate::storage::Storage;
 
 /// Concurrent requests served per HTTP/2 connection; further streams queue.
 pub const MAX_CONCURRENT_STREAMS_PER_CONNECTION: u32 = 256;
+/// A request (including a whole search stream) taking longer is cancelled.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Serving certificate and key (PEM), and optionally a CA whose client
+/// certificates are then required (mutual TLS).
+#[derive(Clone, Debug)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_ca: Option<PathBuf>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct ServeOptions {
+    /// Plaintext when `None`, the default for local development.
+    pub tls: Option<TlsFiles>,
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, ServeError> {
+    std::fs::read(path).map_err(|source| ServeError::ReadTlsFile {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+impl TlsFiles {
+    fn config(&self) -> Result<ServerTlsConfig, ServeError> {
+        let identity = Identity::from_pem(read(&self.cert)?, read(&self.key)?);
+        let mut config = ServerTlsConfig::new().identity(identity);
+        if let Some(ca) = &self.client_ca {
+            config = config.client_ca_root(Certificate::from_pem(read(ca)?));
+        }
+        Ok(config)
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -22,6 +58,12 @@ pub enum ServeError {
     Reflection(#[from] tonic_reflection::server::Error),
     #[error("serving gRPC: {0}")]
     Transport(#[from] tonic::transport::Error),
+    #[error("reading {path}: {source}")]
+    ReadTlsFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Serves on `listener` until `shutdown` resolves, then reports NOT_SERVING,
@@ -29,8 +71,13 @@ pub enum ServeError {
 pub async fn serve(
     listener: TcpListener,
     storage: Arc<dyn Storage>,
+    options: ServeOptions,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
+    let mut builder = Server::builder();
+    if let Some(tls) = &options.tls {
+        builder = builder.tls_config(tls.config()?)?;
+    }
     let (health, health_service) = tonic_health::server::health_reporter();
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(petstore_proto::FILE_DESCRIPTOR_SET)
@@ -66,9 +113,18 @@ pub async fn serve(
     };
 
     if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, "pet store listening");
+        let tls = match &options.tls {
+            None => "off",
+            Some(TlsFiles {
+                client_ca: None, ..
+            }) => "tls",
+            Some(_) => "mutual-tls",
+        };
+        tracing::info!(%addr, tls, "pet store listening");
     }
-    Server::builder()
+    builder
+        .concurrency_limit_per_connection(MAX_CONCURRENT_STREAMS_PER_CONNECTION as usize)
+        .timeout(REQUEST_TIMEOUT)
         .max_concurrent_streams(MAX_CONCURRENT_STREAMS_PER_CONNECTION)
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))

@@ -34,7 +34,7 @@ async fn start_with(storage: Arc<dyn Storage>, dir: tempfile::TempDir) -> Runnin
     let addr = listener.local_addr().expect("addr");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(async move {
-        petstore_server::server::serve(listener, storage, async {
+        petstore_server::server::serve(listener, storage, Default::default(), async {
             let _ = stopped.await;
         })
         .await

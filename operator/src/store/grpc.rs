@@ -1,12 +1,13 @@
 //! [`PetStore`] over the gRPC pet store: one long-lived, lazily connected
 //! channel shared by every reconcile, with a timeout on every call.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use petstore_proto::PetStoreClient;
 use petstore_proto::petstore as pb;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Code, Status};
 
 use super::mapping::{from_proto, to_proto};
@@ -20,31 +21,82 @@ pub struct GrpcPetStore {
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("invalid pet store address {address:?}: {source}")]
-pub struct InvalidAddress {
-    address: String,
-    #[source]
-    source: tonic::transport::Error,
+pub enum ConnectError {
+    #[error("invalid pet store address {address:?}: {source}")]
+    Address {
+        address: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    #[error("reading {path}: {source}")]
+    ReadTlsFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("TLS settings for the pet store: {0}")]
+    Tls(#[source] tonic::transport::Error),
+}
+
+/// TLS towards the store: the CA that signed its certificate, and for mutual
+/// TLS this client's certificate and key (all PEM, e.g. from a Secret that
+/// cert-manager fills).
+#[derive(Clone, Debug, Default)]
+pub struct TlsFiles {
+    pub ca: Option<PathBuf>,
+    pub client_cert_and_key: Option<(PathBuf, PathBuf)>,
+    /// Name to verify in the store's certificate, if not the address's host.
+    pub server_name: Option<String>,
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, ConnectError> {
+    std::fs::read(path).map_err(|source| ConnectError::ReadTlsFile {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+impl TlsFiles {
+    fn config(&self) -> Result<ClientTlsConfig, ConnectError> {
+        let mut config = ClientTlsConfig::new();
+        if let Some(ca) = &self.ca {
+            config = config.ca_certificate(Certificate::from_pem(read(ca)?));
+        }
+        if let Some((cert, key)) = &self.client_cert_and_key {
+            config = config.identity(Identity::from_pem(read(cert)?, read(key)?));
+        }
+        if let Some(name) = &self.server_name {
+            config = config.domain_name(name.clone());
+        }
+        Ok(config)
+    }
 }
 
 impl GrpcPetStore {
-    /// `address` is `host:port` or a URL such as `http://host:port`. Nothing
-    /// is dialled until the first call, so the operator starts even while
-    /// the store is down.
+    /// `address` is `host:port` or a URL such as `http://host:port`. With
+    /// `tls`, the channel uses TLS (`https`). Nothing is dialled until the
+    /// first call, so the operator starts even while the store is down.
     pub fn connect_lazy(
         address: &str,
         call_timeout: Duration,
+        tls: Option<&TlsFiles>,
         metrics: Arc<Metrics>,
-    ) -> Result<Self, InvalidAddress> {
-        let url = if address.contains("://") {
-            address.to_owned()
-        } else {
-            format!("http://{address}")
+    ) -> Result<Self, ConnectError> {
+        let url = match (address.split_once("://"), tls) {
+            (Some(("http", rest)), Some(_)) => format!("https://{rest}"),
+            (Some(_), _) => address.to_owned(),
+            (None, Some(_)) => format!("https://{address}"),
+            (None, None) => format!("http://{address}"),
         };
-        let endpoint = Endpoint::from_shared(url).map_err(|source| InvalidAddress {
+        let mut endpoint = Endpoint::from_shared(url).map_err(|source| ConnectError::Address {
             address: address.to_owned(),
             source,
         })?;
+        if let Some(tls) = tls {
+            endpoint = endpoint
+                .tls_config(tls.config()?)
+                .map_err(ConnectError::Tls)?;
+        }
         let channel = endpoint
             .connect_timeout(call_timeout)
             .timeout(call_timeout)

@@ -57,6 +57,42 @@ fn signed(dir: &Path, name: &str, subject: &str, extensions: &str) -> Result<()>
 }
 
 impl Pki {
+    /// A server certificate for 127.0.0.1 and localhost, signed by the CA.
+    pub fn issue_server(&self, name: &str) -> Result<(PathBuf, PathBuf)> {
+        let dir = self.dir();
+        signed(
+            dir,
+            name,
+            &format!("/CN={name}"),
+            "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n\
+             extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,DNS:localhost\n",
+        )?;
+        Ok((
+            dir.join(format!("{name}.crt")),
+            dir.join(format!("{name}.key")),
+        ))
+    }
+
+    /// A client certificate, signed by the CA.
+    pub fn issue_client(&self, name: &str) -> Result<(PathBuf, PathBuf)> {
+        let dir = self.dir();
+        signed(
+            dir,
+            name,
+            &format!("/CN={name}"),
+            "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n\
+             extendedKeyUsage=clientAuth\n",
+        )?;
+        Ok((
+            dir.join(format!("{name}.crt")),
+            dir.join(format!("{name}.key")),
+        ))
+    }
+
+    fn dir(&self) -> &Path {
+        self.ca_cert.parent().unwrap_or(Path::new("."))
+    }
+
     pub fn create(dir: &Path) -> Result<Self> {
         openssl(dir, &["genrsa", "-out", "ca.key", "2048"])?;
         openssl(

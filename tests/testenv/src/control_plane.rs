@@ -147,6 +147,11 @@ impl ControlPlane {
         Ok(plane)
     }
 
+    /// The test CA, which can also issue certificates for the pet store.
+    pub fn pki(&self) -> &Pki {
+        &self.pki
+    }
+
     pub fn dir(&self) -> &Path {
         self.dir.path()
     }

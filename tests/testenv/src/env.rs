@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::petstore::StoreTls;
 use crate::{
     ControlPlane, Operator, OperatorOptions, PetStoreServer, Result, Storage, repo_root, wait_for,
 };
@@ -18,11 +19,18 @@ pub struct Env {
     pub store: PetStoreServer,
     /// Kubeconfig holding a token of the operator's ServiceAccount.
     pub operator_kubeconfig: PathBuf,
+    pub tls: Option<StoreTls>,
     pub cp: ControlPlane,
 }
 
 impl Env {
     pub fn start(storage: Storage) -> Result<Self> {
+        Self::start_with(storage, false)
+    }
+
+    /// With `mutual_tls`, the store serves TLS and requires a client
+    /// certificate; [`Env::operator_options`] then carries the flags.
+    pub fn start_with(storage: Storage, mutual_tls: bool) -> Result<Self> {
         let cp = ControlPlane::start()?;
         let config = repo_root().join("config");
         cp.kubectl(&[
@@ -42,10 +50,24 @@ impl Env {
         ])?;
         let operator_kubeconfig =
             cp.service_account_kubeconfig(OPERATOR_NAMESPACE, OPERATOR_ACCOUNT)?;
-        let store = PetStoreServer::start(cp.dir(), storage)?;
+        let tls = if mutual_tls {
+            let (cert, key) = cp.pki().issue_server("petstore")?;
+            let (client_cert, client_key) = cp.pki().issue_client("petstore-operator")?;
+            Some(StoreTls {
+                ca: cp.pki().ca_cert.clone(),
+                cert,
+                key,
+                client_cert,
+                client_key,
+            })
+        } else {
+            None
+        };
+        let store = PetStoreServer::start_with(cp.dir(), storage, tls.clone())?;
         Ok(Self {
             store,
             operator_kubeconfig,
+            tls,
             cp,
         })
     }
@@ -60,6 +82,20 @@ impl Env {
             poll_interval: "2s",
             backoff_max: "2s",
             fault: None,
+            extra_args: self
+                .tls
+                .iter()
+                .flat_map(|tls| {
+                    [
+                        "--petstore-ca-file".into(),
+                        tls.ca.clone().into_os_string(),
+                        "--petstore-cert-file".into(),
+                        tls.client_cert.clone().into_os_string(),
+                        "--petstore-key-file".into(),
+                        tls.client_key.clone().into_os_string(),
+                    ]
+                })
+                .collect(),
         }
     }
 

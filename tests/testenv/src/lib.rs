@@ -7,7 +7,7 @@
 //! and is started with PR_SET_PDEATHSIG so it also dies if the harness is
 //! killed outright.
 
-mod certs;
+pub mod certs;
 mod process;
 
 use std::path::{Path, PathBuf};

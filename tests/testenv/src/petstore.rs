@@ -15,34 +15,59 @@ pub enum Storage {
     Memory,
 }
 
+/// TLS for the store: its serving certificate, the CA that clients must
+/// present certificates from (mutual TLS), and a client certificate that
+/// grpcurl uses.
+#[derive(Clone, Debug)]
+pub struct StoreTls {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
+}
+
 pub struct PetStoreServer {
     process: Process,
     pub addr: String,
     storage: Storage,
     data_file: PathBuf,
     log: PathBuf,
+    tls: Option<StoreTls>,
 }
 
 impl PetStoreServer {
     /// Starts the store on a free port, keeping its data (if durable) and
     /// log in `dir`.
     pub fn start(dir: &Path, storage: Storage) -> Result<Self> {
+        Self::start_with(dir, storage, None)
+    }
+
+    /// Like [`PetStoreServer::start`], serving mutual TLS when `tls` is set.
+    pub fn start_with(dir: &Path, storage: Storage, tls: Option<StoreTls>) -> Result<Self> {
         let addr = format!("127.0.0.1:{}", free_port()?);
         let data_file = dir.join("petstore.redb");
         let log = dir.join("petstore.log");
-        let process = Self::spawn(&addr, storage, &data_file, &log)?;
+        let process = Self::spawn(&addr, storage, &data_file, &log, tls.as_ref())?;
         let server = Self {
             process,
             addr,
             storage,
             data_file,
             log,
+            tls,
         };
         server.wait_serving()?;
         Ok(server)
     }
 
-    fn spawn(addr: &str, storage: Storage, data_file: &Path, log: &Path) -> Result<Process> {
+    fn spawn(
+        addr: &str,
+        storage: Storage,
+        data_file: &Path,
+        log: &Path,
+        tls: Option<&StoreTls>,
+    ) -> Result<Process> {
         let mut command = Command::new(cargo_bin("petstore-server"));
         command
             .args(["--listen", addr, "--storage"])
@@ -52,6 +77,15 @@ impl PetStoreServer {
             })
             .arg("--data-file")
             .arg(data_file);
+        if let Some(tls) = tls {
+            command
+                .arg("--tls-cert")
+                .arg(&tls.cert)
+                .arg("--tls-key")
+                .arg(&tls.key)
+                .arg("--tls-client-ca")
+                .arg(&tls.ca);
+        }
         Process::spawn("petstore-server", command, log)
     }
 
@@ -73,7 +107,13 @@ impl PetStoreServer {
     pub fn restart(&mut self, storage: Storage) -> Result<()> {
         self.process.kill();
         self.storage = storage;
-        self.process = Self::spawn(&self.addr, storage, &self.data_file, &self.log)?;
+        self.process = Self::spawn(
+            &self.addr,
+            storage,
+            &self.data_file,
+            &self.log,
+            self.tls.as_ref(),
+        )?;
         self.wait_serving()
     }
 
@@ -84,7 +124,22 @@ impl PetStoreServer {
     /// `grpcurl -plaintext <addr> <method>` with `data` as the request.
     /// Returns every message the call printed.
     pub fn grpcurl(&self, method: &str, data: &str) -> Result<Vec<Value>> {
-        grpcurl(&self.addr, method, data)
+        match &self.tls {
+            None => grpcurl(&self.addr, method, data),
+            Some(tls) => grpcurl_with(
+                &[
+                    "-cacert".as_ref(),
+                    tls.ca.as_os_str(),
+                    "-cert".as_ref(),
+                    tls.client_cert.as_os_str(),
+                    "-key".as_ref(),
+                    tls.client_key.as_os_str(),
+                ],
+                &self.addr,
+                method,
+                data,
+            ),
+        }
     }
 
     /// Every pet in the store, via SearchPets with an empty filter.
@@ -100,15 +155,19 @@ impl PetStoreServer {
 /// `grpcurl -plaintext -d <data> <addr> <method>`, parsed as a stream of JSON
 /// messages.
 pub fn grpcurl(addr: &str, method: &str, data: &str) -> Result<Vec<Value>> {
-    let out = run(Command::new(Tools::get()?.bin("grpcurl")).args([
-        "-plaintext",
-        "-max-time",
-        "10",
-        "-d",
-        data,
-        addr,
-        method,
-    ]))?;
+    grpcurl_with(&["-plaintext".as_ref()], addr, method, data)
+}
+
+/// grpcurl with connection flags such as `-plaintext` or `-cacert FILE`.
+pub fn grpcurl_with(
+    flags: &[&std::ffi::OsStr],
+    addr: &str,
+    method: &str,
+    data: &str,
+) -> Result<Vec<Value>> {
+    let out = run(Command::new(Tools::get()?.bin("grpcurl"))
+        .args(flags)
+        .args(["-max-time", "10", "-d", data, addr, method]))?;
     serde_json::Deserializer::from_str(&out)
         .into_iter::<Value>()
         .collect::<std::result::Result<Vec<_>, _>>()
@@ -130,6 +189,8 @@ pub struct OperatorOptions {
     pub poll_interval: &'static str,
     pub backoff_max: &'static str,
     pub fault: Option<&'static str>,
+    /// Further flags, such as the TLS ones.
+    pub extra_args: Vec<std::ffi::OsString>,
 }
 
 pub struct Operator {
@@ -158,6 +219,7 @@ impl Operator {
             .args(["--lease-duration", "4s"])
             .args(["--identity", &options.identity])
             .arg(format!("--leader-election={}", options.leader_election));
+        command.args(&options.extra_args);
         if let Some(fault) = options.fault {
             command.args(["--fault", fault]);
         }

@@ -165,5 +165,22 @@ fn operator_service_account_has_least_privilege() -> testenv::Result<()> {
         !can_i(&cp, "update", "leases.coordination.k8s.io", Some("default")),
         "Leases only in its own namespace"
     );
+
+    // And with the account's own token, not just impersonation.
+    let token = cp.service_account_kubeconfig("petstore-system", "petstore-operator")?;
+    cp.kubectl(&[
+        "apply",
+        "-f",
+        &config.join("samples/pet-sample1.yaml").to_string_lossy(),
+    ])?;
+    for args in [
+        &["get", "secrets", "-A"][..],
+        &["get", "pods", "-A"][..],
+        &["delete", "pet", "pet-sample1", "-n", "default"][..],
+    ] {
+        let err = cp.kubectl_as(&token, args).expect_err("forbidden");
+        assert!(err.to_string().contains("forbidden"), "{args:?}: {err}");
+    }
+    assert!(cp.kubectl_as(&token, &["get", "pets", "-A"]).is_ok());
     Ok(())
 }

@@ -60,6 +60,21 @@ fn invalid_pets_are_rejected_with_the_field_named_and_reach_nothing() -> testenv
             &["spec.name", "string"],
         ),
         (
+            "date-only-birthday",
+            "  name: Thor\n  type: dog\n  birthday: 2021-04-01\n".into(),
+            &["spec.birthday", "date-time"],
+        ),
+        (
+            "capital-type",
+            "  name: Thor\n  type: Dog\n  birthday: 2021-04-01T00:00:00Z\n".into(),
+            &["spec.type", "Unsupported value: \"Dog\""],
+        ),
+        (
+            "typed-type",
+            "  name: Thor\n  type: [dog]\n  birthday: 2021-04-01T00:00:00Z\n".into(),
+            &["spec.type", "string"],
+        ),
+        (
             "unknown-field",
             "  name: Thor\n  type: dog\n  birthday: 2021-04-01T00:00:00Z\n  colour: brown\n".into(),
             &["colour"],
@@ -78,6 +93,26 @@ fn invalid_pets_are_rejected_with_the_field_named_and_reach_nothing() -> testenv
             "{name} stored"
         );
     }
+    // A Pet without any spec.
+    let err = env
+        .cp
+        .apply("apiVersion: petstore.example.com/v1alpha1\nkind: Pet\nmetadata:\n  name: no-spec\n")
+        .expect_err("no spec");
+    assert!(err.to_string().contains("spec: Required value"), "{err}");
+
+    // Without strict field validation, unknown fields are pruned, never stored.
+    env.cp.kubectl_stdin(
+        &["apply", "--validate=false", "-f", "-"],
+        &pet_yaml(
+            "pruned",
+            "  name: Thor\n  type: dog\n  birthday: 2021-04-01T00:00:00Z\n  colour: brown\n",
+        ),
+    )?;
+    let stored = env.pet("default", "pruned")?;
+    assert!(stored["spec"].get("colour").is_none(), "{stored}");
+    env.cp
+        .kubectl(&["delete", "pet", "pruned", "--wait=true", "--timeout=60s"])?;
+
     // A valid Pet still works, so the rejections were about the input.
     env.cp.apply(&pet_yaml(
         "valid",
