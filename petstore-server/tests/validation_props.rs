@@ -82,11 +82,11 @@ proptest! {
 
     #[test]
     fn arbitrary_bytes_never_panic_and_never_yield_an_invalid_pet(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
-        if let Ok(req) = pb::AddPetsReq::decode(bytes.as_slice()) {
-            if let Ok(pets) = validate::add_request(&req) {
-                prop_assert_eq!(pets.len(), req.pets.len());
-                prop_assert!(req.pets.iter().all(valid_pet));
-            }
+        if let Ok(req) = pb::AddPetsReq::decode(bytes.as_slice())
+            && let Ok(pets) = validate::add_request(&req)
+        {
+            prop_assert_eq!(pets.len(), req.pets.len());
+            prop_assert!(req.pets.iter().all(valid_pet));
         }
         if let Ok(req) = pb::UpdatePetsReq::decode(bytes.as_slice()) {
             let _ = validate::update_request(&req);
