@@ -158,5 +158,6 @@ pub mod petstore;
 
 pub use control_plane::ControlPlane;
 pub use petstore::{Operator, OperatorOptions, PetStoreServer, Storage};
+pub mod chaos;
 pub mod env;
 pub use env::Env;

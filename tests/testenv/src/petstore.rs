@@ -117,6 +117,15 @@ impl PetStoreServer {
         self.wait_serving()
     }
 
+    /// Restarts with `storage` and an empty data file, like a new volume.
+    pub fn restart_fresh(&mut self, storage: Storage) -> Result<()> {
+        self.process.kill();
+        if self.data_file.exists() {
+            std::fs::remove_file(&self.data_file).map_err(crate::io("removing the data file"))?;
+        }
+        self.restart(storage)
+    }
+
     pub fn storage(&self) -> Storage {
         self.storage
     }

@@ -1,0 +1,527 @@
+//! A seeded chaos soak: mixed Pet operations across namespaces while faults
+//! hit the operator and the store, then a check that the system converged
+//! to exactly one correct record per live Pet and nothing else.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::env::is_ready;
+use crate::{Env, Operator, Result, Storage};
+
+#[derive(Clone, Debug)]
+pub struct SoakConfig {
+    pub seed: u64,
+    pub operations: usize,
+    pub initial_pets: usize,
+    pub namespaces: usize,
+    pub faults: usize,
+    pub converge_timeout: Duration,
+}
+
+impl SoakConfig {
+    /// Reads CHAOS_SEED, CHAOS_OPS, CHAOS_PETS, CHAOS_NAMESPACES and
+    /// CHAOS_FAULTS, falling back to `default` for any that is unset.
+    pub fn from_env(default: SoakConfig) -> SoakConfig {
+        let get = |name: &str, fallback: u64| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(fallback)
+        };
+        SoakConfig {
+            seed: get("CHAOS_SEED", default.seed),
+            operations: get("CHAOS_OPS", default.operations as u64) as usize,
+            initial_pets: get("CHAOS_PETS", default.initial_pets as u64) as usize,
+            namespaces: get("CHAOS_NAMESPACES", default.namespaces as u64) as usize,
+            faults: get("CHAOS_FAULTS", default.faults as u64) as usize,
+            converge_timeout: default.converge_timeout,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct SoakReport {
+    pub operations: BTreeMap<&'static str, usize>,
+    /// Operations the API server refused (e.g. a Pet already gone).
+    pub refused: usize,
+    pub faults: BTreeMap<&'static str, usize>,
+    pub live_pets: usize,
+    pub records: usize,
+    pub orphaned_records_kept: usize,
+    pub converged_after: Duration,
+    pub total: Duration,
+}
+
+impl std::fmt::Display for SoakReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ops: usize = self.operations.values().sum();
+        let faults: usize = self.faults.values().sum();
+        writeln!(
+            f,
+            "operations: {ops} {:?} (refused by the API: {})",
+            self.operations, self.refused
+        )?;
+        writeln!(f, "faults: {faults} {:?}", self.faults)?;
+        writeln!(
+            f,
+            "converged {:.1}s after the last fault: {} live Pets, {} records ({} kept by Orphan), total {:.1}s",
+            self.converged_after.as_secs_f64(),
+            self.live_pets,
+            self.records,
+            self.orphaned_records_kept,
+            self.total.as_secs_f64()
+        )
+    }
+}
+
+const KINDS: [&str; 4] = ["dog", "cat", "bird", "reptile"];
+
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    KillOperator,
+    KillStore,
+    MemoryRestart,
+    StoreOutage,
+    SecondReplica,
+}
+
+impl Fault {
+    const ALL: [Fault; 5] = [
+        Fault::KillOperator,
+        Fault::KillStore,
+        Fault::MemoryRestart,
+        Fault::StoreOutage,
+        Fault::SecondReplica,
+    ];
+    fn name(self) -> &'static str {
+        match self {
+            Fault::KillOperator => "kill -9 operator",
+            Fault::KillStore => "kill -9 store",
+            Fault::MemoryRestart => "store restart in memory mode",
+            Fault::StoreOutage => "store unreachable",
+            Fault::SecondReplica => "second replica racing",
+        }
+    }
+}
+
+struct Soak<'a> {
+    env: &'a mut Env,
+    config: SoakConfig,
+    rng: fastrand::Rng,
+    operators: Vec<Operator>,
+    started_operators: usize,
+    next_pet: usize,
+    /// Pets believed to exist, as (namespace, name).
+    pets: Vec<(String, String)>,
+    /// UIDs of Pets deleted with the Orphan policy: their records may stay.
+    orphaned: HashSet<String>,
+    report: SoakReport,
+}
+
+fn pet_yaml(namespace: &str, name: &str, pet_name: &str, kind: &str, day: usize) -> String {
+    format!(
+        "---\napiVersion: petstore.example.com/v1alpha1\nkind: Pet\nmetadata:\n  name: {name}\n  namespace: {namespace}\nspec:\n  name: {pet_name}\n  type: {kind}\n  birthday: 2020-01-{:02}T00:00:00Z\n",
+        day % 28 + 1
+    )
+}
+
+impl Soak<'_> {
+    fn start_operator(&mut self) -> Result<()> {
+        self.started_operators += 1;
+        let identity = format!("chaos-operator-{}", self.started_operators);
+        self.operators.push(self.env.start_operator(&identity)?);
+        Ok(())
+    }
+
+    fn count(&mut self, operation: &'static str, result: Result<String>) {
+        *self.report.operations.entry(operation).or_default() += 1;
+        if result.is_err() {
+            self.report.refused += 1;
+        }
+    }
+
+    fn random_pet(&mut self) -> Option<(String, String)> {
+        if self.pets.is_empty() {
+            return None;
+        }
+        let index = self.rng.usize(..self.pets.len());
+        Some(self.pets[index].clone())
+    }
+
+    /// Makes sure the namespace exists (it may have been deleted); false if
+    /// it is still terminating.
+    fn ensure_namespace(&self, namespace: &str) -> bool {
+        if self
+            .env
+            .cp
+            .kubectl(&["get", "namespace", namespace])
+            .is_ok()
+        {
+            let phase = self
+                .env
+                .cp
+                .kubectl(&[
+                    "get",
+                    "namespace",
+                    namespace,
+                    "-o",
+                    "jsonpath={.status.phase}",
+                ])
+                .unwrap_or_default();
+            return phase == "Active";
+        }
+        self.env
+            .cp
+            .kubectl(&["create", "namespace", namespace])
+            .is_ok()
+    }
+
+    fn create(&mut self, count: usize) {
+        let namespace = format!("chaos-{}", self.rng.usize(..self.config.namespaces));
+        self.create_in(&namespace, count);
+    }
+
+    fn create_in(&mut self, namespace: &str, count: usize) {
+        let namespace = namespace.to_owned();
+        if !self.ensure_namespace(&namespace) {
+            self.count(
+                "create",
+                Err(crate::Error::Timeout(Duration::ZERO, "terminating".into())),
+            );
+            return;
+        }
+        let mut yaml = String::new();
+        let mut names = Vec::new();
+        for _ in 0..count {
+            self.next_pet += 1;
+            let name = format!("pet-{}", self.next_pet);
+            let kind = KINDS[self.rng.usize(..KINDS.len())];
+            yaml.push_str(&pet_yaml(
+                &namespace,
+                &name,
+                &format!("Pet {}", self.next_pet),
+                kind,
+                self.next_pet,
+            ));
+            names.push(name);
+        }
+        let result = self.env.cp.apply(&yaml);
+        if result.is_ok() {
+            self.pets
+                .extend(names.into_iter().map(|n| (namespace.clone(), n)));
+        }
+        self.count("create", result);
+    }
+
+    fn operation(&mut self) {
+        let roll = self.rng.u32(..100);
+        let Some((namespace, name)) = self.random_pet() else {
+            self.create(1);
+            return;
+        };
+        match roll {
+            0..32 => self.create(1),
+            32..57 => {
+                let patch = format!(
+                    r#"{{"spec":{{"name":"Renamed {}"}}}}"#,
+                    self.rng.u32(..1_000_000)
+                );
+                let result = self.env.cp.kubectl(&[
+                    "patch",
+                    "pet",
+                    &name,
+                    "-n",
+                    &namespace,
+                    "--type=merge",
+                    "-p",
+                    &patch,
+                ]);
+                self.count("rename", result);
+            }
+            57..72 => {
+                let kind = KINDS[self.rng.usize(..KINDS.len())];
+                let patch = format!(r#"{{"spec":{{"type":"{kind}"}}}}"#);
+                let result = self.env.cp.kubectl(&[
+                    "patch",
+                    "pet",
+                    &name,
+                    "-n",
+                    &namespace,
+                    "--type=merge",
+                    "-p",
+                    &patch,
+                ]);
+                self.count("type change", result);
+            }
+            72..85 => {
+                let result = self.env.cp.kubectl(&[
+                    "delete",
+                    "pet",
+                    &name,
+                    "-n",
+                    &namespace,
+                    "--wait=false",
+                ]);
+                self.pets.retain(|p| p.1 != name);
+                self.count("delete", result);
+            }
+            85..99 => {
+                let uid = self
+                    .env
+                    .cp
+                    .kubectl(&[
+                        "get",
+                        "pet",
+                        &name,
+                        "-n",
+                        &namespace,
+                        "-o",
+                        "jsonpath={.metadata.uid}",
+                    ])
+                    .unwrap_or_default();
+                let result = self
+                    .env
+                    .cp
+                    .kubectl(&[
+                        "annotate",
+                        "pet",
+                        &name,
+                        "-n",
+                        &namespace,
+                        "petstore.example.com/deletion-policy=Orphan",
+                    ])
+                    .and_then(|_| {
+                        self.env.cp.kubectl(&[
+                            "delete",
+                            "pet",
+                            &name,
+                            "-n",
+                            &namespace,
+                            "--wait=false",
+                        ])
+                    });
+                if result.is_ok() && !uid.is_empty() {
+                    self.orphaned.insert(uid);
+                }
+                self.pets.retain(|p| p.1 != name);
+                self.count("orphan delete", result);
+            }
+            _ => {
+                let result =
+                    self.env
+                        .cp
+                        .kubectl(&["delete", "namespace", &namespace, "--wait=false"]);
+                self.pets.retain(|p| p.0 != namespace);
+                self.count("namespace delete", result);
+            }
+        }
+    }
+
+    fn fault(&mut self, fault: Fault) -> Result<()> {
+        *self.report.faults.entry(fault.name()).or_default() += 1;
+        match fault {
+            Fault::KillOperator => {
+                if !self.operators.is_empty() {
+                    let index = self.rng.usize(..self.operators.len());
+                    self.operators.remove(index).kill();
+                }
+                // Kubernetes would restart it.
+                self.start_operator()?;
+            }
+            Fault::SecondReplica => {
+                if self.operators.len() >= 2 {
+                    self.operators.remove(0).kill();
+                }
+                self.start_operator()?;
+            }
+            Fault::KillStore => {
+                // Durable mode: data survives. Coming back from memory mode,
+                // start from an empty file, as a fresh volume would.
+                if self.env.store.storage() == Storage::Memory {
+                    self.env.store.restart_fresh(Storage::Durable)?;
+                } else {
+                    self.env.store.kill();
+                    self.env.store.restart(Storage::Durable)?;
+                }
+            }
+            Fault::MemoryRestart => self.env.store.restart_fresh(Storage::Memory)?,
+            Fault::StoreOutage => {
+                self.env.store.kill();
+                std::thread::sleep(Duration::from_millis(3000 + self.rng.u64(..3000)));
+                let storage = self.env.store.storage();
+                self.env.store.restart(storage)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `None` once everything is converged, else what is still wrong.
+    fn violations(&self) -> Option<String> {
+        let pets: Value = match self.env.cp.kubectl(&["get", "pets", "-A", "-o", "json"]) {
+            Ok(out) => serde_json::from_str(&out).ok()?,
+            Err(err) => return Some(format!("listing pets: {err}")),
+        };
+        let records = match self.env.store.all_pets() {
+            Ok(records) => records,
+            Err(err) => return Some(format!("listing records: {err}")),
+        };
+        let mut problems = Vec::new();
+        let terminating = self
+            .env
+            .cp
+            .kubectl(&[
+                "get",
+                "namespaces",
+                "-o",
+                "jsonpath={.items[?(@.status.phase==\"Terminating\")].metadata.name}",
+            ])
+            .unwrap_or_default();
+        if !terminating.trim().is_empty() {
+            problems.push(format!("namespaces still terminating: {terminating}"));
+        }
+        let mut by_key: HashMap<&str, Vec<&Value>> = HashMap::new();
+        for record in &records {
+            by_key
+                .entry(record["idempotencyKey"].as_str().unwrap_or_default())
+                .or_default()
+                .push(record);
+        }
+        let mut live = HashSet::new();
+        for pet in pets["items"].as_array().into_iter().flatten() {
+            let name = format!(
+                "{}/{}",
+                pet["metadata"]["namespace"].as_str().unwrap_or_default(),
+                pet["metadata"]["name"].as_str().unwrap_or_default()
+            );
+            let uid = pet["metadata"]["uid"].as_str().unwrap_or_default();
+            live.insert(uid.to_owned());
+            if pet["metadata"]["deletionTimestamp"].is_string() {
+                problems.push(format!(
+                    "{name}: still deleting (finalizers {})",
+                    pet["metadata"]["finalizers"]
+                ));
+                continue;
+            }
+            if !is_ready(pet) {
+                problems.push(format!(
+                    "{name}: not Ready for its generation: {}",
+                    pet["status"]
+                ));
+                continue;
+            }
+            let mine = by_key.get(uid).cloned().unwrap_or_default();
+            if mine.len() != 1 {
+                problems.push(format!("{name}: {} records instead of 1", mine.len()));
+                continue;
+            }
+            let record = mine[0];
+            let expected_type = match pet["spec"]["type"].as_str().unwrap_or_default() {
+                "dog" => "PTCanine",
+                "cat" => "PTFeline",
+                "bird" => "PTBird",
+                _ => "PTReptile",
+            };
+            if record["id"] != pet["status"]["id"]
+                || record["name"] != pet["spec"]["name"]
+                || record["type"] != expected_type
+            {
+                problems.push(format!(
+                    "{name}: record {record} does not match {} / {}",
+                    pet["spec"], pet["status"]
+                ));
+            }
+        }
+        for record in &records {
+            let key = record["idempotencyKey"].as_str().unwrap_or_default();
+            if !live.contains(key) && !self.orphaned.contains(key) {
+                problems.push(format!("leaked record {record}"));
+            }
+        }
+        if problems.is_empty() {
+            None
+        } else {
+            problems.truncate(10);
+            Some(problems.join("\n"))
+        }
+    }
+}
+
+/// Runs the soak on a fresh environment and returns its report, or an error
+/// describing the invariant violations left after `converge_timeout`.
+pub fn run_soak(config: SoakConfig) -> Result<SoakReport> {
+    let started = Instant::now();
+    let mut env = Env::start(Storage::Durable)?;
+    let mut soak = Soak {
+        env: &mut env,
+        rng: fastrand::Rng::with_seed(config.seed),
+        config: config.clone(),
+        operators: Vec::new(),
+        started_operators: 0,
+        next_pet: 0,
+        pets: Vec::new(),
+        orphaned: HashSet::new(),
+        report: SoakReport::default(),
+    };
+    soak.start_operator()?;
+    for n in 0..config.namespaces {
+        soak.env
+            .cp
+            .kubectl(&["create", "namespace", &format!("chaos-{n}")])?;
+    }
+    // Initial population, spread over the namespaces, 25 per kubectl call.
+    for n in 0..config.initial_pets.div_ceil(25) {
+        let batch = (config.initial_pets - n * 25).min(25);
+        soak.create_in(&format!("chaos-{}", n % config.namespaces.max(1)), batch);
+    }
+
+    // Faults at seeded random moments, every kind at least once when there
+    // are enough of them.
+    let mut kinds: Vec<Fault> = (0..config.faults)
+        .map(|i| Fault::ALL[i % Fault::ALL.len()])
+        .collect();
+    soak.rng.shuffle(&mut kinds);
+    let mut moments: Vec<usize> = (0..config.faults)
+        .map(|_| soak.rng.usize(..config.operations.max(1)))
+        .collect();
+    moments.sort_unstable();
+    let mut faults = kinds.into_iter().zip(moments).peekable();
+    for op in 0..config.operations {
+        while let Some((fault, _)) = faults.next_if(|(_, at)| *at == op) {
+            soak.fault(fault)?;
+        }
+        soak.operation();
+    }
+    for (fault, _) in faults {
+        soak.fault(fault)?;
+    }
+
+    // Faults stop; the system must converge.
+    let quiet = Instant::now();
+    while let Some(last) = soak.violations() {
+        if quiet.elapsed() > config.converge_timeout {
+            return Err(crate::Error::Timeout(
+                config.converge_timeout,
+                format!("convergence; still wrong:\n{last}\n{}", soak.report),
+            ));
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    soak.report.converged_after = quiet.elapsed();
+    let records = soak.env.store.all_pets()?;
+    soak.report.records = records.len();
+    soak.report.orphaned_records_kept = records
+        .iter()
+        .filter(|r| {
+            soak.orphaned
+                .contains(r["idempotencyKey"].as_str().unwrap_or_default())
+        })
+        .count();
+    let pets: Value =
+        serde_json::from_str(&soak.env.cp.kubectl(&["get", "pets", "-A", "-o", "json"])?)
+            .unwrap_or_default();
+    soak.report.live_pets = pets["items"].as_array().map_or(0, Vec::len);
+    soak.report.total = started.elapsed();
+    Ok(std::mem::take(&mut soak.report))
+}
