@@ -5,12 +5,14 @@
 //! - [`status`]: the pure status and condition rules.
 //! - [`store`]: the external-client contract and its gRPC implementation.
 //! - [`controller`]: the Kubernetes glue: watch, finalizer, status, events.
+//! - [`events`]: the background Event queue.
 //! - [`leader`]: Lease-based leader election.
 //! - [`metrics`]: Prometheus metrics and health endpoints.
 
 pub mod controller;
 pub mod crd;
 pub mod decision;
+pub mod events;
 pub mod leader;
 pub mod metrics;
 pub mod status;
@@ -25,6 +27,13 @@ pub enum Error {
 
     #[error("writing the status of Pet {name}: {source}")]
     WriteStatus {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+
+    #[error("adding the finalizer to Pet {name}: {source}")]
+    AddFinalizer {
         name: String,
         #[source]
         source: kube::Error,
@@ -46,6 +55,7 @@ impl Error {
             Error::Store(StoreError::NotFound { .. }) => "store_not_found",
             Error::Store(StoreError::Failed { .. }) => "store_failed",
             Error::WriteStatus { .. } => "status_write",
+            Error::AddFinalizer { .. } => "add_finalizer",
             Error::MalformedPet(_) => "malformed_pet",
             Error::Finalizer(inner) => match inner.as_ref() {
                 kube::runtime::finalizer::Error::ApplyFailed(e)

@@ -9,6 +9,7 @@ use kube::api::{Api, ListParams};
 use kube::runtime::events::{Recorder, Reporter};
 use petstore_operator::controller::{self, Context, Fault, Settings};
 use petstore_operator::crd::Pet;
+use petstore_operator::events::EventQueue;
 use petstore_operator::leader::Leadership;
 use petstore_operator::metrics::{self, Metrics};
 use petstore_operator::store::grpc::{GrpcPetStore, TlsFiles};
@@ -178,7 +179,10 @@ async fn wait_for(mut flag: watch::Receiver<bool>) {
     let _ = flag.wait_for(|set| *set).await;
 }
 
-#[tokio::main]
+// One thread: the operator waits on I/O almost all the time, and a single
+// scheduler avoids cross-thread wake-ups that cost more CPU than they save
+// (measured in BENCHMARKS.md).
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let args = Args::parse();
     init_tracing(args.log_format);
@@ -250,10 +254,11 @@ async fn run(args: Args) -> Result<ExitCode, String> {
             .map(|FaultArg::HangAfterCreate| Fault::HangAfterCreate),
     };
     tracing::info!(store = %args.petstore_addr, tls = tls.is_some(), ?settings, %identity, "starting");
+    let events = EventQueue::start(recorder, Arc::clone(&metrics));
     let ctx = Arc::new(Context::new(
         client.clone(),
         Arc::new(store),
-        recorder,
+        events.clone(),
         Arc::clone(&metrics),
         settings,
     ));
@@ -305,6 +310,13 @@ async fn run(args: Args) -> Result<ExitCode, String> {
         controller::run(ctx, wait_for(shutdown.clone())).await;
     }
 
+    // Give queued Events a moment to reach the API before exiting.
+    if tokio::time::timeout(Duration::from_secs(2), events.flush())
+        .await
+        .is_err()
+    {
+        tracing::warn!(pending = events.pending(), "exiting with Events unwritten");
+    }
     match metrics_server.await {
         Ok(Ok(())) => {}
         Ok(Err(err)) => tracing::warn!(error = %err, "metrics server failed"),

@@ -44,6 +44,8 @@ pub struct Metrics {
     store_calls: HistogramFamily<StoreCallLabels>,
     store_actions: Family<ActionLabels, Counter>,
     leader: Gauge,
+    events_dropped: Counter,
+    events_pending: Gauge,
     ready: AtomicBool,
 }
 
@@ -57,6 +59,18 @@ impl Default for Metrics {
             Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.0005, 2.0, 14)));
         let store_actions = Family::<ActionLabels, Counter>::default();
         let leader = Gauge::default();
+        let events_dropped = Counter::default();
+        let events_pending = Gauge::default();
+        registry.register(
+            "events_pending",
+            "Events queued and not yet written",
+            events_pending.clone(),
+        );
+        registry.register(
+            "events_dropped",
+            "Events dropped because the Event queue was full",
+            events_dropped.clone(),
+        );
         registry.register("reconciles", "Reconciliations started", reconciles.clone());
         registry.register(
             "reconcile_errors",
@@ -91,6 +105,8 @@ impl Default for Metrics {
             store_calls,
             store_actions,
             leader,
+            events_dropped,
+            events_pending,
             ready: AtomicBool::new(false),
         }
     }
@@ -121,6 +137,18 @@ impl Metrics {
         self.store_actions
             .get_or_create(&ActionLabels { action })
             .inc();
+    }
+
+    pub fn event_queued(&self) {
+        self.events_pending.inc();
+    }
+
+    pub fn event_written(&self) {
+        self.events_pending.dec();
+    }
+
+    pub fn event_dropped(&self) {
+        self.events_dropped.inc();
     }
 
     pub fn set_leader(&self, leader: bool) {

@@ -16,7 +16,7 @@ use chrono::Utc;
 use futures::StreamExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{self, Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{Event, EventType};
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
@@ -26,6 +26,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use crate::Error;
 use crate::crd::{FINALIZER, Pet};
 use crate::decision::{Observed, Plan, decide};
+use crate::events::EventQueue;
 use crate::metrics::Metrics;
 use crate::status::{self, Outcome, next_status};
 use crate::store::{PetData, PetStore, StoreError};
@@ -74,29 +75,55 @@ impl Default for Settings {
 pub struct Context {
     pub client: Client,
     pub store: Arc<dyn PetStore>,
-    pub recorder: Recorder,
+    pub events: EventQueue,
     pub metrics: Arc<Metrics>,
     pub settings: Settings,
     /// Consecutive failures per Pet, for exponential backoff.
     failures: Mutex<HashMap<ObjectRef<Pet>, u32>>,
+    /// When each Pet's record was last found in sync, and for which
+    /// generation: lets the reconcile triggered by our own status write skip
+    /// a store read that cannot tell anything new.
+    last_sync: Mutex<HashMap<ObjectRef<Pet>, LastSync>>,
 }
+
+/// The generation found in sync, and when.
+type LastSync = (Option<i64>, Instant);
 
 impl Context {
     pub fn new(
         client: Client,
         store: Arc<dyn PetStore>,
-        recorder: Recorder,
+        events: EventQueue,
         metrics: Arc<Metrics>,
         settings: Settings,
     ) -> Self {
         Self {
             client,
             store,
-            recorder,
+            events,
             metrics,
             settings,
             failures: Mutex::default(),
+            last_sync: Mutex::default(),
         }
+    }
+
+    fn last_sync(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectRef<Pet>, LastSync>> {
+        self.last_sync
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// If this generation was synced, and its status written, less than half
+    /// a poll interval ago, the time left until the next poll. The watch
+    /// cache may not show that status write yet; the write succeeded, so
+    /// its event is on the way, and syncing again from the stale copy would
+    /// only repeat the write.
+    fn recently_synced(&self, pet: &Pet) -> Option<Duration> {
+        let (generation, at) = *self.last_sync().get(&ObjectRef::from(pet))?;
+        let age = at.elapsed();
+        (generation == pet.metadata.generation && age < self.settings.poll_interval / 2)
+            .then(|| self.settings.poll_interval.saturating_sub(age))
     }
 
     fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectRef<Pet>, u32>> {
@@ -110,7 +137,8 @@ impl Context {
         self.settings.poll_interval.mul_f64(factor)
     }
 
-    async fn publish(&self, pet: &Pet, type_: EventType, reason: &str, note: String) {
+    /// Queues an Event; it is written in the background (best effort).
+    fn publish(&self, pet: &Pet, type_: EventType, reason: &str, note: String) {
         let event = Event {
             type_,
             reason: reason.to_owned(),
@@ -118,11 +146,7 @@ impl Context {
             action: "Reconcile".into(),
             secondary: None,
         };
-        // Events are best effort: in a terminating namespace they are refused,
-        // and that must not block deletion.
-        if let Err(err) = self.recorder.publish(&event, &pet.object_ref(&())).await {
-            debug!(error = %err, reason, "could not publish event");
-        }
+        self.events.publish(event, pet.object_ref(&()));
     }
 
     /// Writes the status for `outcome` if it differs from what the Pet shows.
@@ -197,8 +221,7 @@ impl Context {
             .map(|c| c.reason.clone())
             .unwrap_or_default();
         if reason != previous {
-            self.publish(pet, EventType::Warning, &reason, error.to_string())
-                .await;
+            self.publish(pet, EventType::Warning, &reason, error.to_string());
         }
         outcome
     }
@@ -254,6 +277,18 @@ async fn reconcile_pet(pet: Arc<Pet>, ctx: &Context) -> Result<Action, Error> {
         return Ok(Action::await_change());
     }
 
+    // Persist the finalizer first, and carry on with the object the API
+    // server returned instead of waiting for its watch event: one round trip
+    // less per new Pet. kube's finalizer helper then only sees Pets that
+    // have it, and runs Apply or Cleanup.
+    let pet = if pet.meta().deletion_timestamp.is_none()
+        && !pet.finalizers().iter().any(|f| f == FINALIZER)
+    {
+        Arc::new(add_finalizer(&api, &pet).await?)
+    } else {
+        pet
+    };
+
     finalizer(&api, FINALIZER, pet, |event| async {
         match event {
             FinalizerEvent::Apply(pet) => apply(&api, &pet, ctx).await,
@@ -264,18 +299,54 @@ async fn reconcile_pet(pet: Arc<Pet>, ctx: &Context) -> Result<Action, Error> {
     .map_err(|e| Error::Finalizer(Box::new(e)))
 }
 
+/// Adds our finalizer. The resourceVersion precondition makes the API server
+/// refuse (409) if anyone changed the Pet since we read it, so no other
+/// finalizer is ever overwritten.
+async fn add_finalizer(api: &Api<Pet>, pet: &Pet) -> Result<Pet, Error> {
+    let mut finalizers = pet.finalizers().to_vec();
+    finalizers.push(FINALIZER.to_owned());
+    let patch = serde_json::json!({
+        "metadata": {
+            "finalizers": finalizers,
+            "resourceVersion": pet.resource_version(),
+        }
+    });
+    api.patch(
+        &pet.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await
+    .map_err(|source| Error::AddFinalizer {
+        name: pet.name_any(),
+        source,
+    })
+}
+
 async fn apply(api: &Api<Pet>, pet: &Pet, ctx: &Context) -> Result<Action, Error> {
     // A rejected spec stays rejected until it changes (a new generation).
     if status::rejected_this_generation(pet.status.as_ref(), pet.metadata.generation) {
         return Ok(Action::await_change());
     }
+    if let Some(next_poll) = ctx.recently_synced(pet) {
+        return Ok(Action::requeue(next_poll));
+    }
     match sync(pet, ctx).await {
-        Ok(id) => {
+        Ok((id, notice)) => {
             ctx.write_outcome(api, pet, Some(&id), &Outcome::Synced)
                 .await?;
+            ctx.last_sync().insert(
+                ObjectRef::from(pet),
+                (pet.metadata.generation, Instant::now()),
+            );
+            // After the status write, so Ready is never held up by an Event.
+            if let Some(Notice(type_, reason, note)) = notice {
+                ctx.publish(pet, type_, reason, note);
+            }
             Ok(Action::requeue(ctx.poll_delay()))
         }
         Err(error) => {
+            ctx.last_sync().remove(&ObjectRef::from(pet));
             let outcome = ctx.report_failure(api, pet, &error).await;
             if matches!(outcome, Outcome::InvalidSpec(_)) {
                 info!(error = %error, "spec rejected by the store; waiting for a change");
@@ -286,8 +357,12 @@ async fn apply(api: &Api<Pet>, pet: &Pet, ctx: &Context) -> Result<Action, Error
     }
 }
 
-/// Brings the store in line with the Pet and returns the record's ID.
-async fn sync(pet: &Pet, ctx: &Context) -> Result<String, Error> {
+/// An Event to publish once the status is written.
+struct Notice(EventType, &'static str, String);
+
+/// Brings the store in line with the Pet and returns the record's ID, and
+/// what to tell the user about it.
+async fn sync(pet: &Pet, ctx: &Context) -> Result<(String, Option<Notice>), Error> {
     let uid = pet
         .uid()
         .ok_or_else(|| Error::MalformedPet(pet.name_any()))?;
@@ -303,60 +378,36 @@ async fn sync(pet: &Pet, ctx: &Context) -> Result<String, Error> {
     };
     let plan = decide(&desired, observed);
     debug!(?plan, "decided");
-    match plan {
-        Plan::InSync { id } => Ok(id),
+    Ok(match plan {
+        Plan::InSync { id } => (id, None),
         Plan::Update { id } => {
             ctx.store.update(&id, &desired).await?;
             ctx.metrics.store_action("update");
-            ctx.publish(
-                pet,
-                EventType::Normal,
-                "Updated",
-                format!("updated store record {id} to match the spec"),
-            )
-            .await;
-            Ok(id)
+            let note = format!("updated store record {id} to match the spec");
+            (id, Some(Notice(EventType::Normal, "Updated", note)))
         }
         Plan::Adopt { id, update } => {
             if update {
                 ctx.store.update(&id, &desired).await?;
                 ctx.metrics.store_action("update");
             }
-            ctx.publish(
-                pet,
-                EventType::Normal,
-                "Adopted",
-                format!("found store record {id} by this Pet's UID and recorded its ID"),
-            )
-            .await;
-            Ok(id)
+            let note = format!("found store record {id} by this Pet's UID and recorded its ID");
+            (id, Some(Notice(EventType::Normal, "Adopted", note)))
         }
         Plan::Create => {
             let id = create(pet, ctx, &uid, &desired).await?;
             ctx.metrics.store_action("create");
-            ctx.publish(
-                pet,
-                EventType::Normal,
-                "Created",
-                format!("created store record {id}"),
-            )
-            .await;
-            Ok(id)
+            let note = format!("created store record {id}");
+            (id, Some(Notice(EventType::Normal, "Created", note)))
         }
         Plan::Recreate { lost_id } => {
             let id = create(pet, ctx, &uid, &desired).await?;
             ctx.metrics.store_action("recreate");
             warn!(%lost_id, %id, "store record was missing; recreated it");
-            ctx.publish(
-                pet,
-                EventType::Warning,
-                "Recreated",
-                format!("store record {lost_id} was missing; created {id} in its place"),
-            )
-            .await;
-            Ok(id)
+            let note = format!("store record {lost_id} was missing; created {id} in its place");
+            (id, Some(Notice(EventType::Warning, "Recreated", note)))
         }
-    }
+    })
 }
 
 async fn create(pet: &Pet, ctx: &Context, uid: &str, desired: &PetData) -> Result<String, Error> {
@@ -370,6 +421,7 @@ async fn create(pet: &Pet, ctx: &Context, uid: &str, desired: &PetData) -> Resul
 }
 
 async fn cleanup(api: &Api<Pet>, pet: &Pet, ctx: &Context) -> Result<Action, Error> {
+    ctx.last_sync().remove(&ObjectRef::from(pet));
     if pet.orphans_on_delete() {
         let id = pet.status_id().unwrap_or("(none)");
         ctx.publish(
@@ -377,8 +429,7 @@ async fn cleanup(api: &Api<Pet>, pet: &Pet, ctx: &Context) -> Result<Action, Err
             EventType::Normal,
             "Orphaned",
             format!("deletion-policy is Orphan: kept store record {id}"),
-        )
-        .await;
+        );
         return Ok(Action::await_change());
     }
     let result = async {
@@ -406,7 +457,7 @@ async fn cleanup(api: &Api<Pet>, pet: &Pet, ctx: &Context) -> Result<Action, Err
                 Some(id) => format!("deleted store record {id}"),
                 None => "no store record existed".into(),
             };
-            ctx.publish(pet, EventType::Normal, "Deleted", note).await;
+            ctx.publish(pet, EventType::Normal, "Deleted", note);
             Ok(Action::await_change())
         }
         Err(error) => {

@@ -36,6 +36,10 @@ struct MockApi {
 
 impl MockApi {
     fn start(&self, pet: Value) -> Client {
+        // What the API server returns for a metadata patch: the Pet with our
+        // finalizer added.
+        let mut with_finalizer = pet.clone();
+        with_finalizer["metadata"]["finalizers"] = json!([FINALIZER]);
         let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let api = self.clone();
         tokio::spawn(async move {
@@ -73,6 +77,9 @@ impl MockApi {
                         (code, status)
                     }
                     None if path.contains("/events") => (201, body),
+                    None if method == Method::PATCH && !path.ends_with("/status") => {
+                        (200, with_finalizer.clone())
+                    }
                     None => (200, pet.clone()),
                 };
                 let response = Response::builder()
@@ -172,11 +179,12 @@ fn harness(pet: Value) -> Harness {
             instance: None,
         },
     );
+    let metrics = Arc::new(Metrics::default());
     let ctx = Arc::new(Context::new(
         client,
         store.clone(),
-        recorder,
-        Arc::new(Metrics::default()),
+        crate::events::EventQueue::start(recorder, Arc::clone(&metrics)),
+        metrics,
         Settings::default(),
     ));
     let pet = Arc::new(serde_json::from_value(pet).expect("valid pet"));
@@ -189,8 +197,11 @@ fn harness(pet: Value) -> Harness {
 }
 
 impl Harness {
+    /// One reconcile, then the Event queue drained so assertions see them.
     async fn reconcile(&self) -> Result<Action, Error> {
-        reconcile(Arc::clone(&self.pet), Arc::clone(&self.ctx)).await
+        let result = reconcile(Arc::clone(&self.pet), Arc::clone(&self.ctx)).await;
+        self.ctx.events.flush().await;
+        result
     }
 }
 
@@ -207,15 +218,30 @@ fn ready(status: &Value) -> (String, String) {
 
 #[tokio::test]
 async fn finalizer_is_persisted_before_anything_reaches_the_store() {
+    // If the finalizer cannot be written, nothing is created.
     let h = harness(pet_json(false, None, json!({}), false));
-    let action = h.reconcile().await.expect("reconcile");
-    assert_eq!(action, Action::await_change());
-    assert_eq!(h.api.writes(), [format!("PATCH {PETS}")]);
-    let patch = &h.api.calls.lock().expect("calls")[0].body;
-    assert!(patch.to_string().contains(FINALIZER), "{patch}");
+    h.api.fail_next(Method::PATCH, PETS, 500);
+    let err = h.reconcile().await.expect_err("finalizer write failed");
+    assert_eq!(err.metric_label(), "add_finalizer");
     assert!(
         h.store.calls().is_empty(),
-        "no store call before the finalizer"
+        "no store call without the finalizer"
+    );
+
+    // Once it is written (with a resourceVersion precondition), the same
+    // reconcile goes on to create.
+    let h = harness(pet_json(false, None, json!({}), false));
+    h.reconcile().await.expect("reconcile");
+    assert_eq!(
+        h.api.writes(),
+        [format!("PATCH {PETS}"), format!("PATCH {PETS}/status")]
+    );
+    let patch = &h.api.calls.lock().expect("calls")[0].body;
+    assert_eq!(patch["metadata"]["finalizers"], json!([FINALIZER]));
+    assert_eq!(patch["metadata"]["resourceVersion"], "1");
+    assert_eq!(
+        h.store.calls(),
+        [format!("find_by_key:{UID}"), format!("create:{UID}")]
     );
 }
 
@@ -466,4 +492,33 @@ async fn a_vanished_record_is_recreated_with_a_warning() {
     );
     assert_eq!(h.api.status_patches()[0]["id"], "id-1");
     assert!(h.api.event_reasons().contains(&"Recreated".to_owned()));
+}
+
+#[tokio::test]
+async fn the_reconcile_after_our_own_status_write_skips_the_store() {
+    let h = harness(pet_json(true, None, json!({}), false));
+    h.reconcile().await.expect("create");
+    let synced = h.api.status_patches().pop().expect("status");
+    let calls_after_create = h.store.calls().len();
+
+    // The watch event of that status write triggers another reconcile.
+    let updated: Pet =
+        serde_json::from_value(pet_json(true, Some(synced), json!({}), false)).expect("pet");
+    let action = reconcile(Arc::new(updated.clone()), Arc::clone(&h.ctx))
+        .await
+        .expect("reconcile");
+    assert_eq!(h.store.calls().len(), calls_after_create, "no store call");
+    assert_eq!(h.api.status_patches().len(), 1, "no API write");
+    assert!(
+        action != Action::await_change(),
+        "the drift poll stays scheduled"
+    );
+
+    // A new generation is synced at once.
+    let mut edited = updated;
+    edited.metadata.generation = Some(2);
+    reconcile(Arc::new(edited), Arc::clone(&h.ctx))
+        .await
+        .expect("reconcile");
+    assert!(h.store.calls().len() > calls_after_create);
 }

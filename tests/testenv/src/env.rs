@@ -82,6 +82,7 @@ impl Env {
             poll_interval: "2s",
             backoff_max: "2s",
             fault: None,
+            log_filter: "info,petstore_operator=debug",
             extra_args: self
                 .tls
                 .iter()

@@ -158,6 +158,7 @@ pub mod petstore;
 
 pub use control_plane::ControlPlane;
 pub use petstore::{Operator, OperatorOptions, PetStoreServer, Storage};
+pub mod bench;
 pub mod chaos;
 pub mod env;
 pub use env::Env;

@@ -198,6 +198,8 @@ pub struct OperatorOptions {
     pub poll_interval: &'static str,
     pub backoff_max: &'static str,
     pub fault: Option<&'static str>,
+    /// RUST_LOG for the operator.
+    pub log_filter: &'static str,
     /// Further flags, such as the TLS ones.
     pub extra_args: Vec<std::ffi::OsString>,
 }
@@ -213,7 +215,7 @@ impl Operator {
         let mut command = Command::new(cargo_bin("petstore-operator"));
         command
             .env("KUBECONFIG", &options.kubeconfig)
-            .env("RUST_LOG", "info,petstore_operator=debug")
+            .env("RUST_LOG", options.log_filter)
             .args(["--petstore-addr", &options.store_addr])
             .args(["--metrics-addr", &metrics_addr])
             .args(["--poll-interval", options.poll_interval])

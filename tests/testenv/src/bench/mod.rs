@@ -1,0 +1,350 @@
+//! Benchmarks: operator convergence against the floor this control plane
+//! allows, and pet store throughput and latency. `petstore-bench` runs them
+//! and writes BENCHMARKS.md; a smoke test runs them tiny.
+
+pub mod apimetrics;
+pub mod convergence;
+pub mod procstat;
+pub mod store_load;
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use convergence::{ConvergenceConfig, ConvergenceResult};
+use store_load::{DurabilityCheck, LoadResult};
+
+use crate::{Result, Storage, Tools, run};
+
+#[derive(Clone, Debug)]
+pub struct BenchConfig {
+    pub sizes: Vec<usize>,
+    pub concurrency: usize,
+    pub poll_interval: Duration,
+    pub store_concurrencies: Vec<usize>,
+    pub store_cell: Duration,
+    pub search_records: u64,
+}
+
+impl BenchConfig {
+    pub fn full() -> Self {
+        Self {
+            sizes: vec![100, 1000, 5000],
+            concurrency: 16,
+            poll_interval: Duration::from_secs(10),
+            store_concurrencies: vec![1, 16, 64],
+            store_cell: Duration::from_secs(3),
+            search_records: 10_000,
+        }
+    }
+
+    /// Small enough for the test command; checks that the code works.
+    pub fn smoke() -> Self {
+        Self {
+            sizes: vec![5],
+            concurrency: 4,
+            poll_interval: Duration::from_secs(2),
+            store_concurrencies: vec![2],
+            store_cell: Duration::from_millis(300),
+            search_records: 200,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct BenchResults {
+    pub convergence: Vec<ConvergenceResult>,
+    pub store: Vec<LoadResult>,
+    pub durability: Option<DurabilityCheck>,
+}
+
+pub fn run_all(config: &BenchConfig, progress: impl Fn(&str)) -> Result<BenchResults> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(crate::io("starting a tokio runtime"))?;
+    let mut results = BenchResults::default();
+    for &pets in &config.sizes {
+        let c = ConvergenceConfig {
+            pets,
+            concurrency: config.concurrency,
+            poll_interval: config.poll_interval,
+        };
+        progress(&format!("floor, N = {pets}"));
+        let (floor, floor_requests) = convergence::measure_floor(&rt, &c)?;
+        progress(&format!("operator, N = {pets}"));
+        let mut result = convergence::measure_operator(&rt, &c)?;
+        result.floor = floor;
+        result.floor_api_requests = floor_requests;
+        progress(&format!(
+            "N = {pets}: operator {:.2}s, floor {:.2}s",
+            result.converge.as_secs_f64(),
+            floor.as_secs_f64()
+        ));
+        results.convergence.push(result);
+    }
+    for backend in [Storage::Durable, Storage::Memory] {
+        progress(&format!("store, {backend:?}"));
+        let dir = tempfile::tempdir().map_err(crate::io("creating a directory"))?;
+        let (cells, durability) = store_load::measure_backend(
+            &rt,
+            dir.path(),
+            backend,
+            &config.store_concurrencies,
+            config.store_cell,
+            config.search_records,
+        )?;
+        results.store.extend(cells);
+        if durability.is_some() {
+            results.durability = durability;
+        }
+    }
+    Ok(results)
+}
+
+fn first_line(command: &mut Command) -> String {
+    run(command)
+        .map(|out| out.lines().next().unwrap_or_default().trim().to_owned())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// The machine, versions and date, for the report.
+pub fn environment() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned())
+        })
+        .unwrap_or_else(|| "unknown".into());
+    let memory = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .next()
+                .map(|l| l.split_whitespace().nth(1).unwrap_or("0").to_owned())
+        })
+        .and_then(|kib| kib.parse::<u64>().ok())
+        .map(|kib| format!("{:.1} GiB", kib as f64 / 1024.0 / 1024.0))
+        .unwrap_or_default();
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let tools = Tools::get().ok();
+    let version = |bin: &str, arg: &str| {
+        tools
+            .map(|t| first_line(Command::new(t.bin(bin)).arg(arg)))
+            .unwrap_or_default()
+    };
+    format!(
+        "- Date: {date}\n- Machine: {cpu}, {cores} cores, {memory}, {kernel}\n- {rustc}\n- kube-apiserver {apiserver}, {etcd}\n- Build: release (`cargo build --release`)\n",
+        date = first_line(Command::new("date").arg("-u").arg("+%Y-%m-%d %H:%M UTC")),
+        kernel = first_line(Command::new("uname").arg("-sr")),
+        rustc = first_line(Command::new("rustc").arg("--version")),
+        apiserver = version("kube-apiserver", "--version"),
+        etcd = version("etcd", "--version"),
+    )
+}
+
+fn requests(counts: &apimetrics::RequestCounts) -> String {
+    counts
+        .iter()
+        .map(|((resource, verb), n)| format!("{verb} {resource}: {n}"))
+        .collect::<Vec<_>>()
+        .join("<br>")
+}
+
+fn ms(d: Duration) -> String {
+    let ms = d.as_secs_f64() * 1000.0;
+    if ms < 10.0 {
+        format!("{ms:.2}")
+    } else {
+        format!("{ms:.0}")
+    }
+}
+
+pub fn markdown(results: &BenchResults, environment: &str, plot: Option<&str>) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "# Benchmarks\n");
+    let _ = writeln!(
+        out,
+        "Reproduce with `hack/bench.sh` (writes this file and `docs/convergence.svg`).\n"
+    );
+    let _ = writeln!(out, "{environment}");
+    let _ = writeln!(out, "## Operator convergence\n");
+    let _ = writeln!(
+        out,
+        "N Pets created in one namespace at client concurrency 16 on the local control plane (etcd + kube-apiserver on the same machine), durable store. Times run from the first create until a watch has seen every Pet with `status.id` and `Ready=True` for its generation. The floor is a baseline client that makes only the finalizer patch and the status patch per Pet, at the same concurrency, with no store.\n"
+    );
+    let _ = writeln!(
+        out,
+        "Events are written from a background queue (as client-go does), so they may trail Ready; *events written* is when the last one of the convergence reached the API server.\n"
+    );
+    let _ = writeln!(
+        out,
+        "| N | operator | floor | operator ÷ floor | events written | rename storm | delete all | operator peak RSS | operator CPU | store peak RSS |"
+    );
+    let _ = writeln!(out, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for r in &results.convergence {
+        let _ = writeln!(
+            out,
+            "| {} | {:.2} s | {:.2} s | **{:.2}** | {:.2} s | {:.2} s | {:.2} s | {:.1} MiB | {:.1} s | {:.1} MiB |",
+            r.pets,
+            r.converge.as_secs_f64(),
+            r.floor.as_secs_f64(),
+            r.converge.as_secs_f64() / r.floor.as_secs_f64().max(1e-9),
+            r.events_written.as_secs_f64(),
+            r.rename.as_secs_f64(),
+            r.delete.as_secs_f64(),
+            r.operator_peak_rss_kib as f64 / 1024.0,
+            r.operator_cpu_seconds,
+            r.store_peak_rss_kib as f64 / 1024.0,
+        );
+    }
+    if let Some(plot) = plot {
+        let _ = writeln!(
+            out,
+            "\n![Convergence time against N, operator and floor]({plot})\n"
+        );
+    }
+    let _ = writeln!(out, "\n### What it cost (during convergence)\n");
+    let _ = writeln!(
+        out,
+        "API requests are the API server's own `apiserver_request_total`, minus the benchmark's N creates. Store RPCs are counted by the operator.\n"
+    );
+    let _ = writeln!(
+        out,
+        "| N | operator API requests | per Pet | floor API requests | store RPCs |"
+    );
+    let _ = writeln!(out, "|---:|---|---:|---|---|");
+    for r in &results.convergence {
+        let total: u64 = r.api_requests.values().sum();
+        let calls = r
+            .store_calls
+            .iter()
+            .map(|(m, n)| format!("{m}: {n}"))
+            .collect::<Vec<_>>()
+            .join("<br>");
+        let _ = writeln!(
+            out,
+            "| {} | {} | {:.2} | {} | {} |",
+            r.pets,
+            requests(&r.api_requests),
+            total as f64 / r.pets as f64,
+            requests(&r.floor_api_requests),
+            calls
+        );
+    }
+    let _ = writeln!(out, "\n### Steady state\n");
+    let _ = writeln!(
+        out,
+        "| N | window (2 × poll interval) | API writes | store writes |"
+    );
+    let _ = writeln!(out, "|---:|---:|---:|---:|");
+    for r in &results.convergence {
+        let _ = writeln!(
+            out,
+            "| {} | {} s | {} | {} |",
+            r.pets,
+            r.steady_window.as_secs(),
+            r.steady_api_writes,
+            r.steady_store_writes
+        );
+    }
+    let _ = writeln!(out, "\n## Pet store\n");
+    let _ = writeln!(
+        out,
+        "A Rust tonic client on loopback, several HTTP/2 connections, each cell run for a fixed time. Get and search run against exactly the stated number of records.\n"
+    );
+    let _ = writeln!(
+        out,
+        "| backend | operation | concurrency | calls/s | pets/s | p50 ms | p99 ms |"
+    );
+    let _ = writeln!(out, "|---|---|---:|---:|---:|---:|---:|");
+    for r in &results.store {
+        let _ = writeln!(
+            out,
+            "| {:?} | {} | {} | {:.0} | {:.0} | {} | {} |",
+            r.backend,
+            r.operation,
+            r.concurrency,
+            r.calls_per_second(),
+            r.pets_per_second(),
+            ms(r.p50),
+            ms(r.p99)
+        );
+    }
+    if let Some(d) = &results.durability {
+        let _ = writeln!(
+            out,
+            "\nDurability: after the durable AddPets cells the store was killed with `kill -9` and restarted: {} of {} acknowledged pets were there.",
+            d.found_after_kill, d.acknowledged
+        );
+    }
+    out
+}
+
+/// Convergence time against N, operator and floor, as SVG.
+pub fn plot(results: &BenchResults, path: &Path) -> Result<()> {
+    use plotters::prelude::*;
+    let draw = || -> std::result::Result<(), Box<dyn std::error::Error>> {
+        let max_n = results
+            .convergence
+            .iter()
+            .map(|r| r.pets)
+            .max()
+            .unwrap_or(1) as f64;
+        let max_t = results
+            .convergence
+            .iter()
+            .map(|r| r.converge.max(r.floor).as_secs_f64())
+            .fold(0.0, f64::max)
+            * 1.15;
+        let root = SVGBackend::new(path, (720, 420)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption("Time to converge N Pets", ("sans-serif", 20))
+            .margin(16)
+            .x_label_area_size(40)
+            .y_label_area_size(56)
+            .build_cartesian_2d(0.0..max_n * 1.05, 0.0..max_t.max(0.1))?;
+        chart
+            .configure_mesh()
+            .x_desc("Pets (N)")
+            .y_desc("seconds")
+            .draw()?;
+        let series = |f: fn(&ConvergenceResult) -> Duration| {
+            results
+                .convergence
+                .iter()
+                .map(move |r| (r.pets as f64, f(r).as_secs_f64()))
+                .collect::<Vec<_>>()
+        };
+        let operator = series(|r| r.converge);
+        let floor = series(|r| r.floor);
+        chart
+            .draw_series(LineSeries::new(operator.clone(), RED.stroke_width(2)))?
+            .label("operator")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED.stroke_width(2)));
+        chart.draw_series(operator.iter().map(|&p| Circle::new(p, 4, RED.filled())))?;
+        chart
+            .draw_series(LineSeries::new(floor.clone(), BLUE.stroke_width(2)))?
+            .label("floor (finalizer + status patch only)")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE.stroke_width(2)));
+        chart.draw_series(floor.iter().map(|&p| Circle::new(p, 4, BLUE.filled())))?;
+        chart
+            .configure_series_labels()
+            .border_style(BLACK)
+            .background_style(WHITE.mix(0.9))
+            .position(SeriesLabelPosition::UpperLeft)
+            .draw()?;
+        root.present()?;
+        Ok(())
+    };
+    draw().map_err(|e| crate::Error::Command {
+        command: "plot".into(),
+        status: "error".into(),
+        stderr: e.to_string(),
+    })
+}

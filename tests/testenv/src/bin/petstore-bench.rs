@@ -1,0 +1,67 @@
+//! Runs the benchmarks and writes BENCHMARKS.md and docs/convergence.svg.
+//! Use hack/bench.sh, which builds the release binaries first.
+//!
+//!     petstore-bench [--smoke] [--out BENCHMARKS.md] [--sizes 100,1000,5000]
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use testenv::bench::{self, BenchConfig};
+
+fn main() -> ExitCode {
+    let mut config = BenchConfig::full();
+    let mut out = testenv::repo_root().join("BENCHMARKS.md");
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--smoke" => config = BenchConfig::smoke(),
+            "--out" => match args.next() {
+                Some(path) => out = PathBuf::from(path),
+                None => return usage("--out needs a path"),
+            },
+            "--sizes" => {
+                let sizes: Result<Vec<usize>, _> = args
+                    .next()
+                    .unwrap_or_default()
+                    .split(',')
+                    .map(str::parse)
+                    .collect();
+                match sizes {
+                    Ok(sizes) if !sizes.is_empty() => config.sizes = sizes,
+                    _ => return usage("--sizes needs numbers such as 100,1000,5000"),
+                }
+            }
+            other => return usage(&format!("unknown argument {other:?}")),
+        }
+    }
+    let results = match bench::run_all(&config, |step| eprintln!("[bench] {step}")) {
+        Ok(results) => results,
+        Err(err) => {
+            eprintln!("petstore-bench: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let svg = out
+        .parent()
+        .unwrap_or(std::path::Path::new("."))
+        .join("docs/convergence.svg");
+    let plot = std::fs::create_dir_all(svg.parent().unwrap_or(std::path::Path::new(".")))
+        .ok()
+        .and_then(|()| bench::plot(&results, &svg).ok())
+        .map(|()| "docs/convergence.svg");
+    let report = bench::markdown(&results, &bench::environment(), plot);
+    if let Err(err) = std::fs::write(&out, &report) {
+        eprintln!("petstore-bench: writing {}: {err}", out.display());
+        return ExitCode::FAILURE;
+    }
+    println!("{report}");
+    eprintln!("wrote {}", out.display());
+    ExitCode::SUCCESS
+}
+
+fn usage(problem: &str) -> ExitCode {
+    eprintln!(
+        "petstore-bench: {problem}\nusage: petstore-bench [--smoke] [--out FILE] [--sizes N,N,...]"
+    );
+    ExitCode::FAILURE
+}
