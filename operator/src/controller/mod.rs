@@ -18,8 +18,8 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
-use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use tracing::{Instrument, debug, info, info_span, warn};
 
@@ -230,8 +230,19 @@ impl Context {
 /// Runs the controller until `shutdown` resolves.
 pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + Sync + 'static) {
     let pets: Api<Pet> = Api::all(ctx.client.clone());
+    let (reader, writer) = reflector::store();
+    let stream = watcher(pets, watcher::Config::default())
+        .default_backoff()
+        // The cache holds every Pet. managedFields and kubectl's copy of the
+        // last applied object are most of each one, and nothing reads them.
+        .modify(|pet| {
+            pet.managed_fields_mut().clear();
+            pet.annotations_mut().remove(LAST_APPLIED_ANNOTATION);
+        })
+        .reflect(writer)
+        .applied_objects();
     let config = controller::Config::default().concurrency(ctx.settings.concurrency);
-    Controller::new(pets, watcher::Config::default())
+    Controller::for_stream(stream, reader)
         .with_config(config)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
@@ -243,6 +254,8 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
         })
         .await;
 }
+
+const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 pub async fn reconcile(pet: Arc<Pet>, ctx: Arc<Context>) -> Result<Action, Error> {
     let span = info_span!(

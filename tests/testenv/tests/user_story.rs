@@ -16,7 +16,7 @@ fn names(pets: &[Value]) -> Vec<&str> {
 #[test]
 fn apply_rename_delete_and_orphan() -> testenv::Result<()> {
     let env = Env::start(Storage::Durable)?;
-    let operator = env.start_operator("operator-a")?;
+    let mut operator = env.start_operator("operator-a")?;
     let samples = repo_root().join("config/samples");
 
     // 1. Apply: both Pets get an ID and Ready=True; the store holds them.
@@ -100,6 +100,24 @@ fn apply_rename_delete_and_orphan() -> testenv::Result<()> {
     assert_eq!(env.wait_ready("default", "pet-sample1", TIMEOUT)?, thor_id);
     assert_eq!(names(&env.store_pets()?), ["Thorbert", "Tron"]);
 
+    // Drift: a change made behind the operator's back is put back by the
+    // next poll, on the same record.
+    env.store.grpcurl(
+        "petstore.PetStore/UpdatePets",
+        &format!(
+            r#"{{"pets":[{{"id":"{thor_id}","name":"Changed behind its back","type":"PTBird","birthday":{{"year":2000,"month":1,"day":1}}}}]}}"#
+        ),
+    )?;
+    wait_for(TIMEOUT, "the drift to be put back", || {
+        let pets = env.store_pets().ok()?;
+        pets.iter()
+            .any(|p| {
+                p["id"] == thor_id.as_str() && p["name"] == "Thorbert" && p["type"] == "PTCanine"
+            })
+            .then_some(())
+    })?;
+    assert_eq!(env.store_pets()?.len(), 2);
+
     // 3. Delete: the record goes, the finalizer is released, the object is gone.
     env.cp.kubectl(&[
         "delete",
@@ -138,6 +156,17 @@ fn apply_rename_delete_and_orphan() -> testenv::Result<()> {
     assert!(
         metrics.contains("petstore_operator_store_actions_total{action=\"delete\"} 1"),
         "{metrics}"
+    );
+    // The rename and the drift repair.
+    assert!(
+        metrics.contains("petstore_operator_store_actions_total{action=\"update\"} 2"),
+        "{metrics}"
+    );
+
+    // SIGTERM: a graceful stop, exit status 0.
+    assert!(
+        operator.process().terminate(Duration::from_secs(10)),
+        "graceful exit on SIGTERM"
     );
     Ok(())
 }

@@ -85,7 +85,12 @@ pub fn run_all(config: &BenchConfig, progress: impl Fn(&str)) -> Result<BenchRes
         ));
         results.convergence.push(result);
     }
-    for backend in [Storage::Durable, Storage::Memory] {
+    let backends = if config.store_concurrencies.is_empty() {
+        vec![]
+    } else {
+        vec![Storage::Durable, Storage::Memory]
+    };
+    for backend in backends {
         progress(&format!("store, {backend:?}"));
         let dir = tempfile::tempdir().map_err(crate::io("creating a directory"))?;
         let (cells, durability) = store_load::measure_backend(

@@ -15,6 +15,7 @@ fn main() -> ExitCode {
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--smoke" => config = BenchConfig::smoke(),
+            "--skip-store" => config.store_concurrencies.clear(),
             "--out" => match args.next() {
                 Some(path) => out = PathBuf::from(path),
                 None => return usage("--out needs a path"),
@@ -61,7 +62,7 @@ fn main() -> ExitCode {
 
 fn usage(problem: &str) -> ExitCode {
     eprintln!(
-        "petstore-bench: {problem}\nusage: petstore-bench [--smoke] [--out FILE] [--sizes N,N,...]"
+        "petstore-bench: {problem}\nusage: petstore-bench [--smoke] [--skip-store] [--out FILE] [--sizes N,N,...]"
     );
     ExitCode::FAILURE
 }
