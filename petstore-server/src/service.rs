@@ -108,8 +108,16 @@ impl PetStore for PetStoreService {
         validate::ids("ids", &ids)?;
         validate::ids("idempotency_keys", &idempotency_keys)?;
 
-        let by_id = self.storage.get(ids.clone()).await?;
-        let by_key = self.storage.get_by_keys(idempotency_keys.clone()).await?;
+        let by_id = if ids.is_empty() {
+            Vec::new()
+        } else {
+            self.storage.get(ids.clone()).await?
+        };
+        let by_key = if idempotency_keys.is_empty() {
+            Vec::new()
+        } else {
+            self.storage.get_by_keys(idempotency_keys.clone()).await?
+        };
 
         let mut response = pb::GetPetsResp::default();
         let mut seen = std::collections::HashSet::new();

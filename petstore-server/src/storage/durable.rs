@@ -250,6 +250,24 @@ fn read_by_ids(db: &Database, ids: &[String]) -> Result<Vec<Option<PetRecord>>, 
         .collect()
 }
 
+fn read_by_keys(db: &Database, keys: &[String]) -> Result<Vec<Option<PetRecord>>, StorageError> {
+    let engine = |e: redb::Error| StorageError::engine("reading", e);
+    let txn = db.begin_read().map_err(|e| engine(e.into()))?;
+    let ids_by_key = txn.open_table(IDS_BY_KEY).map_err(|e| engine(e.into()))?;
+    let pets = txn.open_table(PETS).map_err(|e| engine(e.into()))?;
+    keys.iter()
+        .map(|key| {
+            let Some(id) = ids_by_key.get(key.as_str()).map_err(|e| engine(e.into()))? else {
+                return Ok(None);
+            };
+            pets.get(id.value())
+                .map_err(|e| engine(e.into()))?
+                .map(|stored| decode(stored.value()))
+                .transpose()
+        })
+        .collect()
+}
+
 #[tonic::async_trait]
 impl Storage for DurableStorage {
     async fn add(&self, pets: Vec<NewPet>) -> Result<Vec<String>, StorageError> {
@@ -264,30 +282,14 @@ impl Storage for DurableStorage {
         self.write(WriteOp::Delete(ids)).await.map(drop)
     }
 
+    // Point lookups run inline: a read transaction over cached pages takes
+    // microseconds, less than the hop to a blocking thread would.
     async fn get(&self, ids: Vec<String>) -> Result<Vec<Option<PetRecord>>, StorageError> {
-        self.read(move |db| read_by_ids(db, &ids)).await
+        read_by_ids(&self.db, &ids)
     }
 
     async fn get_by_keys(&self, keys: Vec<String>) -> Result<Vec<Option<PetRecord>>, StorageError> {
-        self.read(move |db| {
-            let engine = |e: redb::Error| StorageError::engine("reading", e);
-            let txn = db.begin_read().map_err(|e| engine(e.into()))?;
-            let ids_by_key = txn.open_table(IDS_BY_KEY).map_err(|e| engine(e.into()))?;
-            let pets = txn.open_table(PETS).map_err(|e| engine(e.into()))?;
-            keys.iter()
-                .map(|key| {
-                    let Some(id) = ids_by_key.get(key.as_str()).map_err(|e| engine(e.into()))?
-                    else {
-                        return Ok(None);
-                    };
-                    pets.get(id.value())
-                        .map_err(|e| engine(e.into()))?
-                        .map(|stored| decode(stored.value()))
-                        .transpose()
-                })
-                .collect()
-        })
-        .await
+        read_by_keys(&self.db, &keys)
     }
 
     async fn search(&self, filter: SearchFilter) -> Result<Vec<PetRecord>, StorageError> {
