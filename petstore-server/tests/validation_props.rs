@@ -25,9 +25,7 @@ fn valid_fields(pet: &pb::Pet) -> bool {
 }
 
 fn valid_new_pet(pet: &pb::Pet) -> bool {
-    pet.id.is_empty()
-        && valid_fields(pet)
-        && pet.idempotency_key.chars().count() <= MAX_KEY_CHARS
+    pet.id.is_empty() && valid_fields(pet) && pet.idempotency_key.chars().count() <= MAX_KEY_CHARS
 }
 
 fn arb_date() -> impl Strategy<Value = Option<Date>> {

@@ -162,7 +162,8 @@ impl Context {
         // The generation acted upon, even if a re-read shows a newer one.
         let generation = pet.metadata.generation;
         let mut current = pet.status.clone();
-        for attempt in 1..=STATUS_WRITE_ATTEMPTS {
+        let mut attempt = 1;
+        loop {
             let next = next_status(current.as_ref(), generation, id, outcome, Utc::now());
             if current.as_ref() == Some(&next) {
                 return Ok(());
@@ -177,6 +178,7 @@ impl Context {
                     if status.is_conflict() && attempt < STATUS_WRITE_ATTEMPTS =>
                 {
                     debug!(attempt, "status write conflicted; re-reading the Pet");
+                    attempt += 1;
                     current = api
                         .get_status(&name)
                         .await
@@ -189,7 +191,6 @@ impl Context {
                 Err(source) => return Err(Error::WriteStatus { name, source }),
             }
         }
-        unreachable!("the last attempt always returns")
     }
 
     fn fail_outcome(error: &Error) -> Outcome {
