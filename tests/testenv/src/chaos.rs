@@ -66,7 +66,7 @@ impl std::fmt::Display for SoakReport {
         writeln!(f, "faults: {faults} {:?}", self.faults)?;
         writeln!(
             f,
-            "converged {:.1}s after the last fault: {} live Pets, {} records ({} kept by Orphan), total {:.1}s",
+            "converged {:.1}s after operations and faults stopped: {} live Pets, {} records ({} kept by Orphan), total {:.1}s",
             self.converged_after.as_secs_f64(),
             self.live_pets,
             self.records,

@@ -32,22 +32,7 @@ impl Env {
     /// certificate; [`Env::operator_options`] then carries the flags.
     pub fn start_with(storage: Storage, mutual_tls: bool) -> Result<Self> {
         let cp = ControlPlane::start()?;
-        let config = repo_root().join("config");
-        cp.kubectl(&[
-            "apply",
-            "-f",
-            &config
-                .join("crd/petstore.example.com_pets.yaml")
-                .to_string_lossy(),
-        ])?;
-        cp.kubectl(&["create", "namespace", OPERATOR_NAMESPACE])?;
-        cp.kubectl(&["apply", "-k", &config.join("rbac").to_string_lossy()])?;
-        cp.kubectl(&[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/pets.petstore.example.com",
-        ])?;
+        install_crd_and_rbac(&cp)?;
         let operator_kubeconfig =
             cp.service_account_kubeconfig(OPERATOR_NAMESPACE, OPERATOR_ACCOUNT)?;
         let tls = if mutual_tls {
@@ -138,6 +123,23 @@ impl Env {
         pets.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
         Ok(pets)
     }
+}
+
+/// Applies the generated CRD and the shipped RBAC (creating the operator's
+/// namespace), and waits until the API server serves Pets.
+pub fn install_crd_and_rbac(cp: &ControlPlane) -> Result<()> {
+    let config = repo_root().join("config");
+    let crd = config.join("crd/petstore.example.com_pets.yaml");
+    cp.kubectl(&["apply", "-f", &crd.to_string_lossy()])?;
+    cp.kubectl(&["create", "namespace", OPERATOR_NAMESPACE])?;
+    cp.kubectl(&["apply", "-k", &config.join("rbac").to_string_lossy()])?;
+    cp.kubectl(&[
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/pets.petstore.example.com",
+    ])?;
+    Ok(())
 }
 
 /// Ready=True, for the Pet's current generation, with an ID in status.

@@ -111,15 +111,7 @@ fn config_default_passes_server_side_validation_and_installs() -> testenv::Resul
 fn operator_service_account_has_least_privilege() -> testenv::Result<()> {
     let cp = ControlPlane::start()?;
     let config = repo_root().join("config");
-    cp.kubectl(&[
-        "apply",
-        "-f",
-        &config
-            .join("crd/petstore.example.com_pets.yaml")
-            .to_string_lossy(),
-    ])?;
-    cp.kubectl(&["create", "namespace", "petstore-system"])?;
-    cp.kubectl(&["apply", "-k", &config.join("rbac").to_string_lossy()])?;
+    testenv::env::install_crd_and_rbac(&cp)?;
 
     // What it needs.
     for (verb, resource) in [
