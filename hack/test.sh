@@ -17,12 +17,17 @@ phase() { # name, command...
   phase_names+=("$name")
   phase_seconds+=($((SECONDS - start)))
 }
+test_log=$(mktemp)
 summary() {
   printf '\n==> phase durations\n'
   for i in "${!phase_names[@]}"; do
     printf '  %-40s %5ss\n' "${phase_names[$i]}" "${phase_seconds[$i]}"
   done
   printf '  %-40s %5ss\n' "total" "$SECONDS"
+  # One closing line for every test binary together (cargo ends on doc-tests).
+  awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed/) p += $(i-1); if ($i ~ /^failed/) f += $(i-1) } }
+       END { printf "\ntests: %d passed, %d failed\n", p, f }' "$test_log"
+  rm -f "$test_log"
 }
 trap summary EXIT
 
@@ -43,4 +48,7 @@ phase "static checks (Dockerfile, Tiltfile)" bash hack/static-checks.sh
 phase "cargo build" cargo build --locked --workspace --all-targets
 # Both suites run together: unit tests with fakes and a mock API server, and
 # tests/testenv's end-to-end scenarios with the real binaries.
-phase "cargo test" cargo test --locked --workspace
+run_tests() {
+  cargo test --locked --workspace 2>&1 | tee "$test_log"
+}
+phase "cargo test" run_tests
