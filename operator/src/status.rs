@@ -39,6 +39,11 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// The reason this outcome gives the Synced condition.
+    pub fn synced_reason(&self) -> &'static str {
+        self.conditions().3
+    }
+
     /// (Ready status, Ready reason, Synced status, Synced reason, message)
     fn conditions(
         &self,

@@ -214,15 +214,9 @@ impl Context {
         if let Err(write_error) = self.write_outcome(api, pet, None, &outcome).await {
             debug!(error = %write_error, "could not record the failure in status");
         }
-        let after = next_status(pet.status.as_ref(), None, None, &outcome, Utc::now());
-        let reason = after
-            .conditions
-            .iter()
-            .find(|c| c.type_ == status::SYNCED)
-            .map(|c| c.reason.clone())
-            .unwrap_or_default();
+        let reason = outcome.synced_reason();
         if reason != previous {
-            self.publish(pet, EventType::Warning, &reason, error.to_string());
+            self.publish(pet, EventType::Warning, reason, error.to_string());
         }
         outcome
     }

@@ -59,30 +59,23 @@ fn signed(dir: &Path, name: &str, subject: &str, extensions: &str) -> Result<()>
 impl Pki {
     /// A server certificate for 127.0.0.1 and localhost, signed by the CA.
     pub fn issue_server(&self, name: &str) -> Result<(PathBuf, PathBuf)> {
-        let dir = self.dir();
-        signed(
-            dir,
+        self.issue(
             name,
-            &format!("/CN={name}"),
-            "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n\
-             extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,DNS:localhost\n",
-        )?;
-        Ok((
-            dir.join(format!("{name}.crt")),
-            dir.join(format!("{name}.key")),
-        ))
+            "extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,DNS:localhost\n",
+        )
     }
 
     /// A client certificate, signed by the CA.
     pub fn issue_client(&self, name: &str) -> Result<(PathBuf, PathBuf)> {
+        self.issue(name, "extendedKeyUsage=clientAuth\n")
+    }
+
+    fn issue(&self, name: &str, usage: &str) -> Result<(PathBuf, PathBuf)> {
         let dir = self.dir();
-        signed(
-            dir,
-            name,
-            &format!("/CN={name}"),
-            "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n\
-             extendedKeyUsage=clientAuth\n",
-        )?;
+        let extensions = format!(
+            "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n{usage}"
+        );
+        signed(dir, name, &format!("/CN={name}"), &extensions)?;
         Ok((
             dir.join(format!("{name}.crt")),
             dir.join(format!("{name}.key")),

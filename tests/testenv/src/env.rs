@@ -117,6 +117,19 @@ impl Env {
         })
     }
 
+    /// Who holds the operator's leader Lease.
+    pub fn lease_holder(&self) -> Result<String> {
+        self.cp.kubectl(&[
+            "get",
+            "lease",
+            "petstore-operator",
+            "-n",
+            OPERATOR_NAMESPACE,
+            "-o",
+            "jsonpath={.spec.holderIdentity}",
+        ])
+    }
+
     /// The store's pets, sorted by name.
     pub fn store_pets(&self) -> Result<Vec<Value>> {
         let mut pets = self.store.all_pets()?;

@@ -177,18 +177,7 @@ fn only_the_leader_reconciles_and_killing_it_hands_over() -> testenv::Result<()>
     })?;
     apply_samples(&env)?;
 
-    let holder = |env: &Env| {
-        env.cp.kubectl(&[
-            "get",
-            "lease",
-            "petstore-operator",
-            "-n",
-            "petstore-system",
-            "-o",
-            "jsonpath={.spec.holderIdentity}",
-        ])
-    };
-    assert_eq!(holder(&env)?, "replica-1");
+    assert_eq!(env.lease_holder()?, "replica-1");
     assert!(!second.log_contains("became leader"));
     let standby = second.metrics()?;
     assert!(
@@ -202,7 +191,7 @@ fn only_the_leader_reconciles_and_killing_it_hands_over() -> testenv::Result<()>
     wait_for(TIMEOUT, "replica-2 to take over", || {
         second.log_contains("became leader").then_some(())
     })?;
-    assert_eq!(holder(&env)?, "replica-2");
+    assert_eq!(env.lease_holder()?, "replica-2");
     env.cp.kubectl(&[
         "patch",
         "pet",

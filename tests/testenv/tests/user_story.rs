@@ -71,16 +71,7 @@ fn apply_rename_delete_and_orphan() -> testenv::Result<()> {
         "jsonpath={range .items[*]}{.reason}/{.regarding.name}{\"\\n\"}{end}",
     ])?;
     assert!(events.contains("Created/pet-sample1"), "{events}");
-    let holder = env.cp.kubectl(&[
-        "get",
-        "lease",
-        "petstore-operator",
-        "-n",
-        "petstore-system",
-        "-o",
-        "jsonpath={.spec.holderIdentity}",
-    ])?;
-    assert_eq!(holder, "operator-a");
+    assert_eq!(env.lease_holder()?, "operator-a");
 
     // 2. Rename: the same record carries the new name; still 2 records.
     env.cp.kubectl(&[
