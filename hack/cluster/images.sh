@@ -123,6 +123,12 @@ done
 # The node's images, saved for ctr.
 out="$cache_root/node-images-coredns-$COREDNS_VERSION-lpp-$LOCAL_PATH_PROVISIONER_VERSION-${PAUSE_IMAGE##*:}"
 mkdir -p "$out"
+# FROM scratch plus files needs no BuildKit; the legacy builder works with
+# any client (its deprecation notice is dropped unless the build fails).
+legacy_build() { # tag, context
+  DOCKER_BUILDKIT=0 "$docker" build -q -t "$1" "$2" >"$work/build.log" 2>&1 \
+    || { cat "$work/build.log" >&2; exit 1; }
+}
 scratch_image() { # tag, file in the image, then files to copy (name=source)
   local tag=$1 name=$2; shift 2
   local tar="$out/$name.tar"
@@ -139,7 +145,7 @@ scratch_image() { # tag, file in the image, then files to copy (name=source)
   echo "COPY files/ /" >> "$ctx/Dockerfile"
   entry=${1%%=*}
   echo "ENTRYPOINT [\"$entry\"]" >> "$ctx/Dockerfile"
-  DOCKER_BUILDKIT=0 "$docker" build -q -t "$tag" "$ctx" >/dev/null
+  legacy_build "$tag" "$ctx"
   "$docker" save "$tag" -o "$tar.partial"
   mv "$tar.partial" "$tar"
   rm -rf "$ctx"
@@ -160,7 +166,7 @@ if [[ ! -f "$out/busybox.tar" ]]; then
   cp -L "$busybox" "$ctx/files/bin/busybox"
   for applet in sh mkdir rm rmdir ls chmod cat; do ln -s busybox "$ctx/files/bin/$applet"; done
   printf 'FROM scratch\nCOPY files/ /\nENV PATH=/bin\nENTRYPOINT ["/bin/sh"]\n' > "$ctx/Dockerfile"
-  DOCKER_BUILDKIT=0 "$docker" build -q -t petstore.local/busybox:static "$ctx" >/dev/null
+  legacy_build petstore.local/busybox:static "$ctx"
   "$docker" save petstore.local/busybox:static -o "$out/busybox.tar.partial"
   mv "$out/busybox.tar.partial" "$out/busybox.tar"
 fi

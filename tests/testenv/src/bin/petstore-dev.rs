@@ -3,6 +3,12 @@
 //! Runs until Ctrl-C, then stops everything and removes its files.
 //!
 //!     cargo run -p testenv --bin petstore-dev
+//!
+//! With `--cluster` it brings up the one-node cluster of the Tilt quick start
+//! instead (real node, registry on localhost:5005, context `kind-petstore`;
+//! needs root), for `tilt up` without kind:
+//!
+//!     cargo run -p testenv --bin petstore-dev -- --cluster
 
 use std::path::Path;
 use std::process::{Command, ExitCode};
@@ -31,13 +37,51 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
-    match run(&STOP) {
+    let result = match std::env::args().nth(1).as_deref() {
+        None => run(&STOP),
+        Some("--cluster") => run_cluster(&STOP),
+        Some(other) => {
+            eprintln!("petstore-dev: unknown argument {other:?} (only --cluster)");
+            return ExitCode::FAILURE;
+        }
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("petstore-dev: {err}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// The one-node cluster, until Ctrl-C.
+fn run_cluster(stop: &AtomicBool) -> testenv::Result<()> {
+    eprintln!("starting the one-node cluster (the first run builds and caches its parts)...");
+    let cluster = testenv::cluster::Cluster::start()?;
+    println!(
+        "
+A one-node cluster is running (context kind-petstore, registry on localhost:5005).
+
+  export KUBECONFIG={kubeconfig}
+  export PATH={bin}:$PATH     # tilt and the node's binaries
+  tilt up
+
+Logs: {dir}/*.log
+
+Press Ctrl-C to stop it and remove everything.",
+        kubeconfig = cluster.kubeconfig.display(),
+        bin = cluster.bin_dir.display(),
+        dir = cluster.dir().display(),
+    );
+    while !stop.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!("stopping...");
+    let left = cluster.shutdown();
+    if !left.is_empty() {
+        eprintln!("left behind:\n{}", left.join("\n"));
+    }
+    Ok(())
 }
 
 /// Builds the binaries this command starts (the pet store and the operator)
@@ -59,10 +103,20 @@ fn build_binaries() -> testenv::Result<()> {
     let mut build = Command::new(cargo);
     build
         .current_dir(repo_root())
-        .args(["build", "-p", "petstore-server", "-p", "petstore-operator", "--bins"])
+        .args([
+            "build",
+            "-p",
+            "petstore-server",
+            "-p",
+            "petstore-operator",
+            "--bins",
+        ])
         .arg("--target-dir")
         .arg(target_dir);
-    if profile_dir.file_name().is_some_and(|name| name == "release") {
+    if profile_dir
+        .file_name()
+        .is_some_and(|name| name == "release")
+    {
         build.arg("--release");
     }
     eprintln!("building petstore-server and petstore-operator...");
