@@ -38,7 +38,7 @@ bookworm_tar() {
     mkdir -p "$cache_root/standins"
     log "debootstrapping bookworm (minbase, with: $1)"
     local dir="$work/rootfs-$1"
-    debootstrap --variant=minbase --include="$1" bookworm "$dir" http://deb.debian.org/debian >"$work/debootstrap.log" 2>&1 \
+    debootstrap --variant=minbase --include="$1" bookworm "$dir" >"$work/debootstrap.log" 2>&1 \
       || { tail -20 "$work/debootstrap.log" >&2; exit 1; }
     rm -rf "$dir"/var/cache/apt/archives/*.deb "$dir"/var/lib/apt/lists/*
     tar -C "$dir" -cf "$tar.partial" .
