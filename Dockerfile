@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1.7
 # One Dockerfile, two images:
 #   docker build --target petstore-server   -t petstore-server .
 #   docker build --target petstore-operator -t petstore-operator .

@@ -33,6 +33,7 @@ type checker struct {
 	images    map[string]bool // built by docker_build
 	resources map[string]bool // every Tilt resource name
 	deps      map[string][]string
+	contexts  []string // allow_k8s_contexts
 }
 
 func (c *checker) fail(format string, args ...any) {
@@ -182,8 +183,10 @@ func (c *checker) k8sResource(_ *starlark.Thread, b *starlark.Builtin, args star
 
 func (c *checker) localResource(_ *starlark.Thread, b *starlark.Builtin, args starlark.Tuple, kwargs []starlark.Tuple) (starlark.Value, error) {
 	var name, cmd string
+	var autoInit, allowParallel bool
 	var deps, labels starlark.Value = starlark.NewList(nil), starlark.NewList(nil)
-	if err := starlark.UnpackArgs(b.Name(), args, kwargs, "name", &name, "cmd", &cmd, "deps?", &deps, "labels?", &labels); err != nil {
+	if err := starlark.UnpackArgs(b.Name(), args, kwargs, "name", &name, "cmd", &cmd, "deps?", &deps,
+		"auto_init?", &autoInit, "allow_parallel?", &allowParallel, "labels?", &labels); err != nil {
 		return nil, err
 	}
 	for _, d := range strings_(deps) {
@@ -193,9 +196,47 @@ func (c *checker) localResource(_ *starlark.Thread, b *starlark.Builtin, args st
 	return starlark.None, nil
 }
 
-func noop(_ *starlark.Thread, _ *starlark.Builtin, _ starlark.Tuple, _ []starlark.Tuple) (starlark.Value, error) {
+// allowK8sContexts records the contexts the Tiltfile accepts, to compare with
+// the one ctlptl's cluster yields.
+func (c *checker) allowK8sContexts(_ *starlark.Thread, b *starlark.Builtin, args starlark.Tuple, kwargs []starlark.Tuple) (starlark.Value, error) {
+	var contexts starlark.Value
+	if err := starlark.UnpackArgs(b.Name(), args, kwargs, "contexts", &contexts); err != nil {
+		return nil, err
+	}
+	c.contexts = append(c.contexts, strings_(contexts)...)
 	return starlark.None, nil
 }
+
+// checkContext: a kind cluster that ctlptl names N has the kube context N
+// (ctlptl's names already carry the "kind-" prefix), and Tilt refuses any
+// context it is not allowed.
+func (c *checker) checkContext() {
+	text, err := os.ReadFile(filepath.Join(c.root, "config/ctlptl.yaml"))
+	if err != nil {
+		c.fail("config/ctlptl.yaml: %v", err)
+		return
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(text))
+	for {
+		var doc struct{ Kind, Product, Name string }
+		if err := dec.Decode(&doc); err != nil {
+			break
+		}
+		if doc.Kind != "Cluster" {
+			continue
+		}
+		allowed := false
+		for _, ctx := range c.contexts {
+			allowed = allowed || ctx == doc.Name
+		}
+		if !allowed {
+			c.fail("ctlptl's cluster yields the context %q, which allow_k8s_contexts %v does not name", doc.Name, c.contexts)
+		}
+		return
+	}
+	c.fail("config/ctlptl.yaml has no Cluster")
+}
+
 
 func main() {
 	root, _ := os.Getwd()
@@ -206,7 +247,7 @@ func main() {
 		"k8s_yaml":           starlark.NewBuiltin("k8s_yaml", c.k8sYaml),
 		"k8s_resource":       starlark.NewBuiltin("k8s_resource", c.k8sResource),
 		"local_resource":     starlark.NewBuiltin("local_resource", c.localResource),
-		"allow_k8s_contexts": starlark.NewBuiltin("allow_k8s_contexts", noop),
+		"allow_k8s_contexts": starlark.NewBuiltin("allow_k8s_contexts", c.allowK8sContexts),
 	}
 	thread := &starlark.Thread{Name: "Tiltfile"}
 	if _, err := starlark.ExecFileOptions(&syntax.FileOptions{}, thread, filepath.Join(root, "Tiltfile"), nil, builtins); err != nil {
@@ -235,6 +276,7 @@ func main() {
 			c.fail("docker_build %q is used by no workload", img)
 		}
 	}
+	c.checkContext()
 	for name, deps := range c.deps {
 		for _, d := range deps {
 			if !c.resources[d] {

@@ -160,5 +160,7 @@ pub use control_plane::ControlPlane;
 pub use petstore::{Operator, OperatorOptions, PetStoreServer, Storage};
 pub mod bench;
 pub mod chaos;
+// A real one-node cluster (node, registry, Tilt) for the Tilt quick start.
+pub mod cluster;
 pub mod env;
 pub use env::Env;

@@ -3,8 +3,15 @@
 //! Runs until Ctrl-C, then stops everything and removes its files.
 //!
 //!     cargo run -p testenv --bin petstore-dev
+//!
+//! With `--cluster` it brings up the one-node cluster of the Tilt quick start
+//! instead (real node, registry on localhost:5005, context `kind-petstore`;
+//! needs root), for `tilt up` without kind:
+//!
+//!     cargo run -p testenv --bin petstore-dev -- --cluster
 
-use std::process::ExitCode;
+use std::path::Path;
+use std::process::{Command, ExitCode};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -30,7 +37,15 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
-    match run(&STOP) {
+    let result = match std::env::args().nth(1).as_deref() {
+        None => run(&STOP),
+        Some("--cluster") => run_cluster(&STOP),
+        Some(other) => {
+            eprintln!("petstore-dev: unknown argument {other:?} (only --cluster)");
+            return ExitCode::FAILURE;
+        }
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("petstore-dev: {err}");
@@ -39,7 +54,88 @@ fn main() -> ExitCode {
     }
 }
 
+/// The one-node cluster, until Ctrl-C.
+fn run_cluster(stop: &AtomicBool) -> testenv::Result<()> {
+    eprintln!("starting the one-node cluster (the first run builds and caches its parts)...");
+    let cluster = testenv::cluster::Cluster::start()?;
+    println!(
+        "
+A one-node cluster is running (context kind-petstore, registry on localhost:5005).
+
+  export KUBECONFIG={kubeconfig}
+  export PATH={bin}:$PATH     # tilt and the node's binaries
+  tilt up
+
+Logs: {dir}/*.log
+
+Press Ctrl-C to stop it and remove everything.",
+        kubeconfig = cluster.kubeconfig.display(),
+        bin = cluster.bin_dir.display(),
+        dir = cluster.dir().display(),
+    );
+    while !stop.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!("stopping...");
+    let left = cluster.shutdown();
+    if !left.is_empty() {
+        eprintln!("left behind:\n{}", left.join("\n"));
+    }
+    Ok(())
+}
+
+/// Builds the binaries this command starts (the pet store and the operator)
+/// into the target directory it runs from, with its own profile, so that
+/// `cargo run -p testenv --bin petstore-dev` works from a fresh clone.
+/// `PETSTORE_BIN_DIR` names prebuilt binaries instead.
+fn build_binaries() -> testenv::Result<()> {
+    if std::env::var_os("PETSTORE_BIN_DIR").is_some() {
+        return Ok(());
+    }
+    let exe = std::env::current_exe().map_err(|source| testenv::Error::Io {
+        what: "finding this executable".into(),
+        source,
+    })?;
+    // <target>/<profile>/petstore-dev
+    let profile_dir = exe.parent().unwrap_or(Path::new("."));
+    let target_dir = profile_dir.parent().unwrap_or(Path::new("."));
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut build = Command::new(cargo);
+    build
+        .current_dir(repo_root())
+        .args([
+            "build",
+            "-p",
+            "petstore-server",
+            "-p",
+            "petstore-operator",
+            "--bins",
+        ])
+        .arg("--target-dir")
+        .arg(target_dir);
+    if profile_dir
+        .file_name()
+        .is_some_and(|name| name == "release")
+    {
+        build.arg("--release");
+    }
+    eprintln!("building petstore-server and petstore-operator...");
+    let status = build.status().map_err(|source| testenv::Error::Io {
+        what: format!("running {build:?}"),
+        source,
+    })?;
+    if !status.success() {
+        return Err(testenv::Error::Command {
+            command: format!("{build:?}"),
+            status: status.to_string(),
+            stderr: "see cargo's output above".into(),
+        });
+    }
+    Ok(())
+}
+
 fn run(stop: &AtomicBool) -> testenv::Result<()> {
+    build_binaries()?;
     eprintln!(
         "starting etcd, kube-apiserver and the namespace controller (the first run builds them)..."
     );

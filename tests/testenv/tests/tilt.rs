@@ -1,0 +1,661 @@
+//! The README's Tilt quick start, for real: a one-node cluster with real
+//! pods (tests/testenv/src/cluster), the unmodified Tiltfile under `tilt ci`
+//! and `tilt up`, and the quick start's steps 3-6 through Tilt's
+//! port-forwards with kubectl and grpcurl. Then what only real pods show:
+//! restricted Pod Security, probes, the PVC, in-cluster RBAC, leader
+//! hand-over, a rebuild after an edit, and a clean teardown.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use testenv::cluster::Cluster;
+use testenv::{Tools, free_port, repo_root, wait_for};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+fn elapsed(start: Instant) -> String {
+    format!("{:>6.1}s", start.elapsed().as_secs_f64())
+}
+
+/// Runs a command; returns (success, stdout, stderr).
+fn output(command: &mut Command) -> std::io::Result<(bool, String, String)> {
+    let out = command.stdin(Stdio::null()).output()?;
+    Ok((
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
+}
+
+/// `tilt ci` in `dir`: returns its combined output, or fails with it.
+fn tilt_ci(cluster: &Cluster, dir: &Path) -> Result<String, String> {
+    let port = free_port().map_err(|e| e.to_string())?;
+    let (ok, out, err) = output(
+        cluster
+            .command(cluster.bin_dir.join("tilt"))
+            .current_dir(dir)
+            .args(["ci", "--timeout=25m", "--port", &port.to_string()]),
+    )
+    .map_err(|e| format!("running tilt ci: {e}"))?;
+    let all = format!("{out}{err}");
+    if ok {
+        Ok(all)
+    } else {
+        Err(format!("tilt ci failed:\n{all}"))
+    }
+}
+
+fn grpcurl(args: &[&str]) -> Result<String, String> {
+    let tools = Tools::get().map_err(|e| e.to_string())?;
+    let (ok, out, err) = output(Command::new(tools.bin("grpcurl")).args(args))
+        .map_err(|e| format!("running grpcurl: {e}"))?;
+    if ok {
+        Ok(out)
+    } else {
+        Err(format!("grpcurl {args:?}: {err}"))
+    }
+}
+
+/// README step 4's command, through Tilt's port-forward on localhost:6742.
+fn search(body: Option<&str>) -> Result<String, String> {
+    match body {
+        Some(body) => grpcurl(&[
+            "-plaintext",
+            "-d",
+            body,
+            "localhost:6742",
+            "petstore.PetStore/SearchPets",
+        ]),
+        None => grpcurl(&[
+            "-plaintext",
+            "localhost:6742",
+            "petstore.PetStore/SearchPets",
+        ]),
+    }
+}
+
+/// Each message grpcurl printed (it prints one JSON object per message).
+fn messages(text: &str) -> Vec<Value> {
+    serde_json::Deserializer::from_str(text)
+        .into_iter::<Value>()
+        .filter_map(Result::ok)
+        .collect()
+}
+
+/// (name, id) of every pet a SearchPets stream returned.
+fn pets(text: &str) -> Vec<(String, String)> {
+    messages(text)
+        .iter()
+        .map(|m| {
+            let pet = m.get("pet").unwrap_or(m);
+            (
+                pet["name"].as_str().unwrap_or_default().to_owned(),
+                pet["id"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect()
+}
+
+fn json(cluster: &Cluster, args: &[&str]) -> Result<Value, Box<dyn std::error::Error>> {
+    let mut full = args.to_vec();
+    full.extend(["-o", "json"]);
+    Ok(serde_json::from_str(&cluster.kubectl(&full)?)?)
+}
+
+/// The Pet's store ID once it is Ready for its current generation.
+fn ready_id(cluster: &Cluster, name: &str) -> Option<String> {
+    let pet = json(cluster, &["get", "pet", name]).ok()?;
+    let generation = pet["metadata"]["generation"].as_i64()?;
+    let status = &pet["status"];
+    let ready = status["conditions"].as_array()?.iter().any(|c| {
+        c["type"] == "Ready"
+            && c["status"] == "True"
+            && c["observedGeneration"].as_i64().unwrap_or(generation) == generation
+    });
+    let id = status["id"].as_str()?.to_owned();
+    (ready && status["observedGeneration"].as_i64() == Some(generation) && !id.is_empty())
+        .then_some(id)
+}
+
+/// Pods of a workload, as JSON items.
+fn pods(cluster: &Cluster, namespace: &str, app: &str) -> Vec<Value> {
+    json(
+        cluster,
+        &[
+            "get",
+            "pods",
+            "-n",
+            namespace,
+            "-l",
+            &format!("app.kubernetes.io/name={app}"),
+        ],
+    )
+    .ok()
+    .and_then(|list| list["items"].as_array().cloned())
+    .unwrap_or_default()
+}
+
+fn pod_ready(pod: &Value) -> bool {
+    pod["metadata"]["deletionTimestamp"].is_null()
+        && pod["status"]["conditions"].as_array().is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        })
+}
+
+fn restarts(pod: &Value) -> i64 {
+    pod["status"]["containerStatuses"]
+        .as_array()
+        .map(|cs| cs.iter().filter_map(|c| c["restartCount"].as_i64()).sum())
+        .unwrap_or(0)
+}
+
+fn lease_holder(cluster: &Cluster) -> Option<String> {
+    cluster
+        .kubectl(&[
+            "get",
+            "lease",
+            "-n",
+            "petstore-system",
+            "petstore-operator",
+            "-o",
+            "jsonpath={.spec.holderIdentity}",
+        ])
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+}
+
+/// No restarts in either workload, and no failed liveness probe (a
+/// readiness probe may fail while a container starts; Ready pods show that it
+/// passes now).
+fn assert_pods_healthy(cluster: &Cluster) -> Result<(), Box<dyn std::error::Error>> {
+    for (namespace, app) in [
+        ("petstore", "petstore"),
+        ("petstore-system", "petstore-operator"),
+    ] {
+        let all = pods(cluster, namespace, app);
+        assert!(!all.is_empty(), "no {app} pods");
+        for pod in &all {
+            assert!(pod_ready(pod), "{} is not Ready", pod["metadata"]["name"]);
+            assert_eq!(restarts(pod), 0, "{} restarted", pod["metadata"]["name"]);
+        }
+        let events = json(
+            cluster,
+            &[
+                "get",
+                "events",
+                "-n",
+                namespace,
+                "--field-selector",
+                "reason=Unhealthy",
+            ],
+        )?;
+        for event in events["items"].as_array().into_iter().flatten() {
+            let message = event["message"].as_str().unwrap_or_default();
+            assert!(
+                !message.starts_with("Liveness"),
+                "a liveness probe failed in {namespace}: {message}"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The logs of every operator pod hold no Forbidden.
+fn assert_no_forbidden(cluster: &Cluster) -> Result<(), Box<dyn std::error::Error>> {
+    let logs = cluster.kubectl(&[
+        "logs",
+        "-n",
+        "petstore-system",
+        "-l",
+        "app.kubernetes.io/name=petstore-operator",
+        "--tail=-1",
+        "--prefix",
+    ])?;
+    assert!(!logs.trim().is_empty(), "no operator logs");
+    assert!(
+        !logs.to_lowercase().contains("forbidden"),
+        "the operator was Forbidden:\n{logs}"
+    );
+    Ok(())
+}
+
+/// A plain HTTP/1.1 GET; returns the whole response.
+fn http_get(addr: &str, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    Some(response)
+}
+
+/// A copy of the repository's tracked and untracked (not ignored) files, for
+/// an edit that must never touch the clone itself.
+fn copy_repo(to: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    let root = repo_root();
+    let (ok, files, err) = output(Command::new("git").current_dir(&root).args([
+        "ls-files",
+        "-z",
+        "--cached",
+        "--others",
+        "--exclude-standard",
+    ]))?;
+    if !ok {
+        return Err(format!("git ls-files: {err}").into());
+    }
+    for file in files.split('\0').filter(|f| !f.is_empty()) {
+        let from = root.join(file);
+        if !from.is_file() {
+            continue; // deleted in the work tree
+        }
+        let dest = to.join(file);
+        if let Some(parent) = dest.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::copy(&from, &dest)?;
+    }
+    Ok(())
+}
+
+/// `tilt up` in the background, stopped (by PID) on drop.
+struct TiltUp(Child, PathBuf);
+
+impl Drop for TiltUp {
+    fn drop(&mut self) {
+        if let Ok(pid) = i32::try_from(self.0.id()) {
+            // SAFETY: plain syscall on our own child.
+            unsafe {
+                libc::kill(pid, libc::SIGTERM);
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn tilt_quick_start_on_a_one_node_cluster() -> TestResult {
+    let start = Instant::now();
+    let cluster = Cluster::start()?;
+    eprintln!("[{}] cluster up", elapsed(start));
+    let repo = repo_root().canonicalize()?;
+
+    // 1. tilt ci on the unmodified Tiltfile: every resource healthy.
+    let ci = tilt_ci(&cluster, &repo).map_err(|e| format!("{e}\n{}", cluster.log_tails(20)))?;
+    assert!(
+        ci.contains("SUCCESS. All workloads are healthy."),
+        "tilt ci did not report healthy workloads:\n{ci}"
+    );
+    // Tilt shows the API server's warnings; restricted PSS must raise none.
+    assert!(
+        !ci.contains("PodSecurity") && !ci.contains("would violate"),
+        "Pod Security warnings during tilt ci:\n{ci}"
+    );
+    // Tilt pushed to the registry on localhost:5005 and the node pulled
+    // from it (the images are not in the node's containerd otherwise).
+    for (namespace, deployment) in [
+        ("petstore", "petstore"),
+        ("petstore-system", "petstore-operator"),
+    ] {
+        let image = cluster.kubectl(&[
+            "get",
+            "deployment",
+            "-n",
+            namespace,
+            deployment,
+            "-o",
+            "jsonpath={.spec.template.spec.containers[0].image}",
+        ])?;
+        assert!(
+            image.starts_with("localhost:5005/"),
+            "{deployment} runs {image}, not an image Tilt pushed to localhost:5005"
+        );
+    }
+    eprintln!("[{}] tilt ci: all resources healthy", elapsed(start));
+
+    // tilt up for the port-forwards of steps 3-6 (tilt ci ends with them).
+    let tilt_log = cluster.dir().join("tilt-up.log");
+    let log = std::fs::File::create(&tilt_log)?;
+    let tilt_up = TiltUp(
+        cluster
+            .command(cluster.bin_dir.join("tilt"))
+            .current_dir(&repo)
+            .args(["up", "--stream", "--port", &free_port()?.to_string()])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()?,
+        tilt_log.clone(),
+    );
+    let tilt_log_text = || std::fs::read_to_string(&tilt_up.1).unwrap_or_default();
+    wait_for(
+        Duration::from_secs(600),
+        "Tilt's port-forward to the store",
+        || {
+            grpcurl(&["-plaintext", "localhost:6742", "list"])
+                .ok()
+                .filter(|out| out.contains("petstore.PetStore"))
+        },
+    )
+    .map_err(|e| format!("{e}\n{}", tilt_log_text()))?;
+    wait_for(
+        Duration::from_secs(600),
+        "the operator's /readyz on localhost:8080",
+        || http_get("127.0.0.1:8080", "/readyz").filter(|r| r.starts_with("HTTP/1.1 200")),
+    )
+    .map_err(|e| format!("{e}\n{}", tilt_log_text()))?;
+    eprintln!("[{}] tilt up: port-forwards live", elapsed(start));
+
+    // 2. The quick start, steps 3-6, as written.
+    // Step 3 (and the book's folder form, checked without writing).
+    let samples = repo.join("config/samples");
+    cluster.kubectl(&[
+        "apply",
+        "-f",
+        &samples.to_string_lossy(),
+        "--dry-run=server",
+    ])?;
+    cluster.kubectl(&["apply", "-k", &samples.to_string_lossy()])?;
+    let thor_id = wait_for(
+        Duration::from_secs(120),
+        "Thor Ready with a store ID",
+        || ready_id(&cluster, "pet-sample1"),
+    )?;
+    let tron_id = wait_for(
+        Duration::from_secs(120),
+        "Tron Ready with a store ID",
+        || ready_id(&cluster, "pet-sample2"),
+    )?;
+    let table = cluster.kubectl(&["get", "pets"])?;
+    assert!(
+        table.contains(&thor_id) && table.contains(&tron_id),
+        "{table}"
+    );
+    // Step 4.
+    let found = pets(&search(None)?);
+    assert!(
+        found.contains(&("Thor".to_owned(), thor_id.clone())),
+        "{found:?}"
+    );
+    assert!(
+        found.contains(&("Tron".to_owned(), tron_id.clone())),
+        "{found:?}"
+    );
+    assert_eq!(found.len(), 2, "{found:?}");
+    // Step 5: the rename keeps the ID.
+    cluster.kubectl(&[
+        "patch",
+        "pet",
+        "pet-sample1",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"name":"Thorbert"}}"#,
+    ])?;
+    wait_for(Duration::from_secs(120), "Thorbert in the store", || {
+        let found = pets(&search(Some(r#"{"names":["Thorbert"]}"#)).ok()?);
+        (found == vec![("Thorbert".to_owned(), thor_id.clone())]).then_some(())
+    })?;
+    assert_eq!(
+        ready_id(&cluster, "pet-sample1").as_deref(),
+        Some(thor_id.as_str())
+    );
+    eprintln!("[{}] quick start steps 3-5 passed", elapsed(start));
+
+    // 3. Real pods.
+    // Restricted Pod Security: both namespaces enforce it (so the running
+    // pods were admitted under it), and re-admitting the live Deployments
+    // with `warn` at restricted raises no warning.
+    for namespace in ["petstore", "petstore-system"] {
+        let level = cluster.kubectl(&[
+            "get",
+            "namespace",
+            namespace,
+            "-o",
+            "jsonpath={.metadata.labels.pod-security\\.kubernetes\\.io/enforce}",
+        ])?;
+        assert_eq!(level.trim(), "restricted", "namespace {namespace}");
+        cluster.kubectl(&[
+            "label",
+            "namespace",
+            namespace,
+            "--overwrite",
+            "pod-security.kubernetes.io/warn=restricted",
+        ])?;
+    }
+    for (namespace, deployment) in [
+        ("petstore", "petstore"),
+        ("petstore-system", "petstore-operator"),
+    ] {
+        let live = cluster.dir().join(format!("{deployment}-live.json"));
+        std::fs::write(
+            &live,
+            cluster.kubectl(&[
+                "get",
+                "deployment",
+                "-n",
+                namespace,
+                deployment,
+                "-o",
+                "json",
+            ])?,
+        )?;
+        let kubectl = Tools::get()?.kubectl();
+        let (ok, out, err) = output(cluster.command(&kubectl).args([
+            "replace",
+            "--dry-run=server",
+            "-f",
+            &live.to_string_lossy(),
+        ]))?;
+        assert!(ok, "dry-run replace of {deployment}: {err}");
+        assert!(
+            !err.contains("Warning") && !out.contains("Warning"),
+            "{deployment} is not clean under restricted Pod Security: {err}"
+        );
+        // Probes: a pod turns Ready only when its readiness probe passes
+        // (gRPC health for the store, HTTP /readyz for the operator).
+        let app = deployment;
+        let ready = pods(&cluster, namespace, app);
+        assert!(
+            !ready.is_empty() && ready.iter().all(pod_ready),
+            "{deployment} pods not ready"
+        );
+    }
+
+    // Nothing restarted, no liveness probe failed, and the operator runs
+    // on its ServiceAccount without a single Forbidden.
+    assert_pods_healthy(&cluster)?;
+    let sa = cluster.kubectl(&[
+        "get",
+        "deployment",
+        "-n",
+        "petstore-system",
+        "petstore-operator",
+        "-o",
+        "jsonpath={.spec.template.spec.serviceAccountName}",
+    ])?;
+    assert_eq!(sa.trim(), "petstore-operator");
+    assert_no_forbidden(&cluster)?;
+
+    // The store's PVC is bound (local-path, StorageClass `standard`) and the
+    // records survive the store pod's deletion.
+    let phase = cluster.kubectl(&[
+        "get",
+        "pvc",
+        "-n",
+        "petstore",
+        "petstore-data",
+        "-o",
+        "jsonpath={.status.phase}/{.spec.storageClassName}",
+    ])?;
+    assert_eq!(phase.trim(), "Bound/standard");
+    let old_store = pods(&cluster, "petstore", "petstore");
+    let old_name = old_store
+        .first()
+        .and_then(|p| p["metadata"]["name"].as_str())
+        .ok_or("no store pod")?
+        .to_owned();
+    cluster.kubectl(&["delete", "pod", "-n", "petstore", &old_name, "--wait=true"])?;
+    wait_for(Duration::from_secs(180), "a new store pod, Ready", || {
+        let now = pods(&cluster, "petstore", "petstore");
+        now.iter()
+            .any(|p| p["metadata"]["name"] != old_name.as_str() && pod_ready(p))
+            .then_some(())
+    })?;
+    // Tilt re-establishes its port-forward to the new pod.
+    let found = wait_for(
+        Duration::from_secs(120),
+        "records after the store pod's deletion",
+        || {
+            let found = pets(&search(None).ok()?);
+            (found.len() == 2).then_some(found)
+        },
+    )
+    .map_err(|e| format!("{e}\n{}", tilt_log_text()))?;
+    assert!(
+        found.contains(&("Thorbert".to_owned(), thor_id.clone())),
+        "{found:?}"
+    );
+    assert!(
+        found.contains(&("Tron".to_owned(), tron_id.clone())),
+        "{found:?}"
+    );
+    eprintln!(
+        "[{}] PVC bound; records survived the store pod's deletion",
+        elapsed(start)
+    );
+
+    // Two operator replicas: deleting the leader's pod hands the Lease to
+    // the other, and a Pet created right after still gets its record.
+    wait_for(Duration::from_secs(180), "2 operator pods Ready", || {
+        let ops = pods(&cluster, "petstore-system", "petstore-operator");
+        (ops.iter().filter(|p| pod_ready(p)).count() == 2).then_some(())
+    })?;
+    let leader = wait_for(Duration::from_secs(60), "a Lease holder", || {
+        lease_holder(&cluster)
+    })?;
+    let operators: Vec<String> = pods(&cluster, "petstore-system", "petstore-operator")
+        .iter()
+        .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_owned))
+        .collect();
+    assert!(
+        operators.contains(&leader),
+        "Lease held by {leader}, not one of {operators:?}"
+    );
+    assert_no_forbidden(&cluster)?;
+    cluster.kubectl(&[
+        "delete",
+        "pod",
+        "-n",
+        "petstore-system",
+        &leader,
+        "--wait=false",
+    ])?;
+    cluster.apply(
+        "apiVersion: petstore.example.com/v1alpha1
+kind: Pet
+metadata: {name: after-handover, namespace: default}
+spec: {name: Rex, type: dog, birthday: 2022-02-02T00:00:00Z}
+",
+    )?;
+    let new_leader = wait_for(Duration::from_secs(120), "the Lease handed over", || {
+        // The standby, or the leader's replacement if it is quicker.
+        lease_holder(&cluster).filter(|h| {
+            h != &leader
+                && pods(&cluster, "petstore-system", "petstore-operator")
+                    .iter()
+                    .any(|p| p["metadata"]["name"] == h.as_str())
+        })
+    })?;
+    let rex_id = wait_for(
+        Duration::from_secs(120),
+        "Rex Ready with a store ID",
+        || ready_id(&cluster, "after-handover"),
+    )?;
+    let found = pets(&search(Some(r#"{"names":["Rex"]}"#))?);
+    assert_eq!(found, vec![("Rex".to_owned(), rex_id)]);
+    eprintln!(
+        "[{}] Lease handed over from {leader} to {new_leader}; Rex recorded",
+        elapsed(start)
+    );
+
+    // Every operator replica, on its own ServiceAccount, was never Forbidden
+    // (the old leader's logs included, read before it went).
+    assert_no_forbidden(&cluster)?;
+    for pod in pods(&cluster, "petstore-system", "petstore-operator") {
+        assert_eq!(restarts(&pod), 0, "{} restarted", pod["metadata"]["name"]);
+    }
+
+    // Step 6: deleting the Pets empties the store.
+    cluster.kubectl(&["delete", "pets", "--all", "-A", "--timeout=120s"])?;
+    let left = search(None)?;
+    assert!(left.trim().is_empty(), "the store still holds: {left}");
+    eprintln!(
+        "[{}] quick start step 6 passed; pods proven",
+        elapsed(start)
+    );
+    drop(tilt_up);
+
+    // 4. A one-line edit to the store's source and `tilt ci` again roll out
+    // a new image. The edit is made in a copy of the repository.
+    let copy = tempfile::Builder::new()
+        .prefix("petstore-edit-")
+        .tempdir()?;
+    copy_repo(copy.path())?;
+    let main_rs = copy.path().join("petstore-server/src/main.rs");
+    let source = std::fs::read_to_string(&main_rs)?;
+    // A line that reaches the binary (a comment might not change it).
+    std::fs::write(
+        &main_rs,
+        format!("{source}\n#[used] static TILT_TEST_EDIT: [u8; 11] = *b\"tilt-edit-1\";\n"),
+    )?;
+    let image_of_store = || {
+        cluster.kubectl(&[
+            "get",
+            "deployment",
+            "-n",
+            "petstore",
+            "petstore",
+            "-o",
+            "jsonpath={.spec.template.spec.containers[0].image}",
+        ])
+    };
+    let before = image_of_store()?;
+    let edit_start = Instant::now();
+    let ci = tilt_ci(&cluster, copy.path())?;
+    assert!(ci.contains("SUCCESS. All workloads are healthy."), "{ci}");
+    let after = image_of_store()?;
+    assert_ne!(before, after, "the edit did not change the store's image");
+    let running = pods(&cluster, "petstore", "petstore");
+    assert!(
+        running.iter().any(|p| pod_ready(p)
+            && p["spec"]["containers"][0]["image"].as_str() == Some(after.as_str())),
+        "no Ready store pod runs {after}"
+    );
+    eprintln!(
+        "[{}] edit rolled out {after} (was {before}) in {:.0}s",
+        elapsed(start),
+        edit_start.elapsed().as_secs_f64()
+    );
+
+    // 5. No leftovers.
+    let left = cluster.shutdown();
+    assert!(left.is_empty(), "left after teardown:\n{}", left.join("\n"));
+    eprintln!("[{}] torn down, nothing left", elapsed(start));
+    Ok(())
+}
