@@ -162,3 +162,5 @@ pub mod bench;
 pub mod chaos;
 pub mod env;
 pub use env::Env;
+/// The original store's four RPCs only, for the ownership tests.
+pub mod legacy_store;
