@@ -95,7 +95,9 @@ pub struct PetSpec {
     pub deletion_policy: Option<DeletionPolicy>,
 }
 
-/// What deleting a Pet does to its store record.
+/// What deleting the Pet does to its store record: Delete (the default)
+/// deletes it; Orphan keeps it and clears its owner, so another Pet can adopt
+/// it with the annotation petstore.example.com/external-id.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum DeletionPolicy {
     /// Delete the record.

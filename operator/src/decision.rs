@@ -144,6 +144,25 @@ pub enum Story {
 }
 
 impl Story {
+    /// The Event's action. kube's recorder folds Events with the same reason
+    /// and action into one series that keeps the first note, so stories
+    /// that say different things get different actions: a repeated Event
+    /// never shows a note about something else.
+    pub fn action(&self) -> &'static str {
+        match self {
+            Story::InSync => "Observe",
+            Story::Updated => "Update",
+            Story::Created => "Create",
+            Story::Recreated { .. } => "Recreate",
+            Story::FoundByKey => "AdoptByUid",
+            Story::Adopted => "AdoptNamedRecord",
+            Story::Corrected { foreign: true, .. } => "IgnoreForeignRecord",
+            Story::Corrected { foreign: false, .. } => "ReplaceUnknownId",
+            Story::Deleted { .. } => "Delete",
+            Story::Orphaned { .. } | Story::OrphanedUnkeyed { .. } => "Orphan",
+        }
+    }
+
     /// The Event to publish once the step is done; `id` is the record's ID
     /// (the new one after a create).
     pub fn notice(&self, id: Option<&str>) -> Option<(Reason, String)> {

@@ -189,6 +189,10 @@ impl Context {
 
     /// Queues an Event; it is written in the background (best effort).
     fn publish(&self, pet: &Pet, reason: Reason, note: String) {
+        self.publish_action(pet, reason, "Reconcile", note);
+    }
+
+    fn publish_action(&self, pet: &Pet, reason: Reason, action: &str, note: String) {
         let event = Event {
             type_: if reason.is_warning() {
                 EventType::Warning
@@ -197,7 +201,7 @@ impl Context {
             },
             reason: reason.as_str().to_owned(),
             note: Some(note),
-            action: "Reconcile".into(),
+            action: action.into(),
             secondary: None,
         };
         self.events.publish(event, pet.object_ref(&()));
@@ -471,7 +475,7 @@ async fn run_sync(
         if reason.is_warning() {
             warn!(%reason, "{note}");
         }
-        ctx.publish(pet, reason, note);
+        ctx.publish_action(pet, reason, sync.story.action(), note);
     }
     Ok(Action::requeue(ctx.poll_delay()))
 }
@@ -508,7 +512,7 @@ async fn run_finish(
     // The store change is done, so the Event is true even if removing the
     // finalizer fails and the deletion is retried.
     if let Some((reason, note)) = finish.story.notice(None) {
-        ctx.publish(pet, reason, note);
+        ctx.publish_action(pet, reason, finish.story.action(), note);
     }
     remove_finalizer(api, pet).await?;
     Ok(Action::await_change())

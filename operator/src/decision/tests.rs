@@ -552,6 +552,14 @@ fn events_never_claim_what_did_not_happen() {
     assert!(reason.is_warning());
     assert!(note.contains("nowhere") && note.contains("does not exist"), "{note}");
     assert!(!note.contains("created"), "{note}");
+    // kube's recorder folds Events with one reason and action into a series
+    // that keeps the first note: different stories must not share an action.
+    let foreign = Story::Corrected {
+        stale: "alpha".into(),
+        foreign: true,
+        created: false,
+    };
+    assert_ne!(story.action(), foreign.action());
     // The Orphaned Event names the ID to adopt it with.
     let (_, note) = Story::Orphaned {
         id: Some("r-1".into()),
