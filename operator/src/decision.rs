@@ -70,7 +70,9 @@ pub enum Step {
 pub enum Observation {
     Found(Lookup),
     /// The store does not offer this extension RPC (the original store).
-    StoreLacks { rpc: &'static str },
+    StoreLacks {
+        rpc: &'static str,
+    },
 }
 
 /// The plan for the store.
@@ -121,7 +123,9 @@ pub enum Story {
     Created,
     /// status.id named a record that no longer exists, and the Pet had no
     /// other: a new one was created.
-    Recreated { lost: String },
+    Recreated {
+        lost: String,
+    },
     /// status.id was empty; the record created under the UID was found.
     FoundByKey,
     /// The record named by the external-id annotation is now this Pet's.
@@ -133,9 +137,13 @@ pub enum Story {
         foreign: bool,
         created: bool,
     },
-    Deleted { id: Option<String> },
+    Deleted {
+        id: Option<String>,
+    },
     /// Orphan: `id` was kept and released (its key cleared).
-    Orphaned { id: Option<String> },
+    Orphaned {
+        id: Option<String>,
+    },
     /// Orphan on a store without keys: nothing to release.
     OrphanedUnkeyed {
         status_id: Option<String>,
@@ -261,7 +269,9 @@ pub fn first_step(facts: &Facts) -> Step {
             return Step::Hold {
                 outcome: Outcome::held(
                     Reason::ReconcilePaused,
-                    format!("reconciliation is paused by the annotation {PAUSED_ANNOTATION}=\"true\""),
+                    format!(
+                        "reconciliation is paused by the annotation {PAUSED_ANNOTATION}=\"true\""
+                    ),
                 ),
                 next: Next::AwaitChange,
             };
@@ -368,7 +378,12 @@ pub fn decide(facts: &Facts, observation: Observation) -> Plan {
                 } else {
                     Story::InSync
                 };
-                sync(Target::Existing(mine.id.clone()), false, drift(&mine), story)
+                sync(
+                    Target::Existing(mine.id.clone()),
+                    false,
+                    drift(&mine),
+                    story,
+                )
             }
             (Some(mine), _) => hold(
                 Reason::AdoptionConflict,

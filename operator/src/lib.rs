@@ -86,14 +86,18 @@ mod tests {
 
     #[test]
     fn an_api_error_prints_the_servers_message_once() {
-        let status = kube::core::Status::failure("the object has been modified", "Conflict")
-            .with_code(409);
+        let status =
+            kube::core::Status::failure("the object has been modified", "Conflict").with_code(409);
         let error = Error::WriteStatus {
             name: "thor".into(),
             source: kube::Error::Api(status.boxed()),
         };
         let text = error.to_string();
-        assert_eq!(text.matches("the object has been modified").count(), 1, "{text}");
+        assert_eq!(
+            text.matches("the object has been modified").count(),
+            1,
+            "{text}"
+        );
         assert!(text.contains("Conflict") && text.contains("409"), "{text}");
     }
 }

@@ -145,7 +145,10 @@ pub struct Outcome {
 impl Outcome {
     /// The record matches the spec.
     pub fn synced() -> Self {
-        Self::synced_noting(Reason::ReconcileSuccess, "the store record matches the spec".into())
+        Self::synced_noting(
+            Reason::ReconcileSuccess,
+            "the store record matches the spec".into(),
+        )
     }
 
     /// The record matches the spec, and Synced tells what just happened
@@ -412,11 +415,24 @@ mod tests {
     fn every_reason_has_one_word_and_one_label() {
         use std::collections::HashSet;
         let all = [
-            Reason::Available, Reason::ReconcileSuccess, Reason::Pending, Reason::ReconcilePaused,
-            Reason::InvalidAnnotation, Reason::StoreUnavailable, Reason::InvalidSpec,
-            Reason::StoreLacksExtensions, Reason::RecordOwnedElsewhere, Reason::RecordNotFound,
-            Reason::AdoptionConflict, Reason::ReconcileError, Reason::Created, Reason::Updated,
-            Reason::Adopted, Reason::Recreated, Reason::StatusIdCorrected, Reason::Deleted,
+            Reason::Available,
+            Reason::ReconcileSuccess,
+            Reason::Pending,
+            Reason::ReconcilePaused,
+            Reason::InvalidAnnotation,
+            Reason::StoreUnavailable,
+            Reason::InvalidSpec,
+            Reason::StoreLacksExtensions,
+            Reason::RecordOwnedElsewhere,
+            Reason::RecordNotFound,
+            Reason::AdoptionConflict,
+            Reason::ReconcileError,
+            Reason::Created,
+            Reason::Updated,
+            Reason::Adopted,
+            Reason::Recreated,
+            Reason::StatusIdCorrected,
+            Reason::Deleted,
             Reason::Orphaned,
         ];
         let words: HashSet<_> = all.iter().map(|r| r.as_str()).collect();
@@ -431,7 +447,8 @@ mod tests {
                 .enumerate()
                 .flat_map(|(i, c)| {
                     let sep = (i > 0 && c.is_ascii_uppercase()).then_some('_');
-                    sep.into_iter().chain(std::iter::once(c.to_ascii_lowercase()))
+                    sep.into_iter()
+                        .chain(std::iter::once(c.to_ascii_lowercase()))
                 })
                 .collect();
             assert_eq!(reason.metric_label(), snake);

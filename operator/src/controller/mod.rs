@@ -332,7 +332,9 @@ async fn reconcile_pet(mut pet: Arc<Pet>, ctx: &Context) -> Result<Action, Error
         let facts = ctx.facts(&pet)?;
         match first_step(&facts) {
             Step::Wait(next) => return Ok(ctx.action(next)),
-            Step::Hold { outcome, next } => return hold(&api, &pet, ctx, &facts, outcome, next).await,
+            Step::Hold { outcome, next } => {
+                return hold(&api, &pet, ctx, &facts, outcome, next).await;
+            }
             Step::AddFinalizer => pet = Arc::new(add_finalizer(&api, &pet).await?),
             Step::Observe { id } => return execute(&api, &pet, ctx, &facts, id.as_deref()).await,
         }

@@ -145,9 +145,8 @@ impl ApiServerVerifier {
                     match next {
                         Some(e) if e.method == method && e.path == path => (e.code, e.reply),
                         other => {
-                            let wanted = other.map_or("nothing".into(), |e| {
-                                format!("{} {}", e.method, e.path)
-                            });
+                            let wanted = other
+                                .map_or("nothing".into(), |e| format!("{} {}", e.method, e.path));
                             api.unexpected
                                 .lock()
                                 .expect("unexpected")
@@ -271,7 +270,10 @@ impl Harness {
     /// Events are exactly `reasons`, in order.
     fn verify(&self, reasons: &[&str]) {
         let unexpected = self.api.unexpected.lock().expect("unexpected").clone();
-        assert!(unexpected.is_empty(), "unscripted API calls: {unexpected:?}");
+        assert!(
+            unexpected.is_empty(),
+            "unscripted API calls: {unexpected:?}"
+        );
         let left: Vec<String> = self
             .api
             .script
@@ -317,10 +319,16 @@ async fn finalizer_is_persisted_before_anything_reaches_the_store() {
     // If the finalizer cannot be written, nothing is created.
     let h = harness();
     h.api.expect(Method::PATCH, PETS, 500, failure(500));
-    let err = h.reconcile(&thor()).await.expect_err("finalizer write failed");
+    let err = h
+        .reconcile(&thor())
+        .await
+        .expect_err("finalizer write failed");
     assert_eq!(err.reason(), Reason::ReconcileError);
     assert!(matches!(err, Error::AddFinalizer { .. }), "{err}");
-    assert!(h.store.calls().is_empty(), "no store call without the finalizer");
+    assert!(
+        h.store.calls().is_empty(),
+        "no store call without the finalizer"
+    );
     h.verify(&[]);
 
     // Once it is written (with a resourceVersion precondition), the same
@@ -357,10 +365,13 @@ async fn create_uses_the_uid_and_writes_the_id_at_once() {
 async fn status_conflict_is_retried_without_creating_again() {
     let h = harness();
     let pet = thor().finalizer();
-    h.api.expect(Method::PATCH, &status_path(), 409, failure(409));
+    h.api
+        .expect(Method::PATCH, &status_path(), 409, failure(409));
     h.api.expect(Method::GET, &status_path(), 200, pet.json());
     h.expect_status_write(&pet);
-    h.reconcile(&pet).await.expect("reconcile succeeds after the retry");
+    h.reconcile(&pet)
+        .await
+        .expect("reconcile succeeds after the retry");
     assert_eq!(store_writes(&h.store), [format!("create:{UID}")]);
     assert_eq!(h.api.status_patches()[1]["id"], "id-1");
     h.verify(&["Created"]);
@@ -370,7 +381,8 @@ async fn status_conflict_is_retried_without_creating_again() {
 async fn a_lost_status_write_is_recovered_by_key_not_by_a_second_create() {
     let h = harness();
     let pet = thor().finalizer();
-    h.api.expect(Method::PATCH, &status_path(), 500, failure(500));
+    h.api
+        .expect(Method::PATCH, &status_path(), 500, failure(500));
     // The failure is then shown in status.
     h.expect_status_write(&pet);
     let first = h.reconcile(&pet).await;
@@ -380,7 +392,11 @@ async fn a_lost_status_write_is_recovered_by_key_not_by_a_second_create() {
     // The next reconcile still sees no status.id (the write was lost).
     h.expect_status_write(&pet);
     h.reconcile(&pet).await.expect("second reconcile");
-    assert_eq!(store_writes(&h.store), [format!("create:{UID}")], "never a second create");
+    assert_eq!(
+        store_writes(&h.store),
+        [format!("create:{UID}")],
+        "never a second create"
+    );
     assert_eq!(h.api.status_patches().pop().expect("status")["id"], "id-1");
     h.verify(&["ReconcileError", "Adopted"]);
 }
@@ -394,7 +410,11 @@ async fn steady_state_makes_no_writes() {
         .finalizer()
         .status(serde_json::to_value(synced).expect("json"));
     h.reconcile(&pet).await.expect("reconcile");
-    assert_eq!(h.store.calls(), [format!("observe:{id}:{UID}")], "one read, no store write");
+    assert_eq!(
+        h.store.calls(),
+        [format!("observe:{id}:{UID}")],
+        "one read, no store write"
+    );
     h.verify(&[]);
 }
 
@@ -495,7 +515,10 @@ async fn rejection_is_terminal_until_the_spec_changes() {
     let pet = thor().finalizer();
     h.store.set_reject_creates(true);
     h.expect_status_write(&pet);
-    let action = h.reconcile(&pet).await.expect("terminal errors are not retried");
+    let action = h
+        .reconcile(&pet)
+        .await
+        .expect("terminal errors are not retried");
     assert_eq!(action, Action::await_change());
     let rejected = h.api.status_patches().pop().expect("status");
     assert_eq!(condition(&rejected, "Ready").1, "InvalidSpec");
@@ -527,7 +550,10 @@ async fn deletion_deletes_this_pets_record_then_releases_the_finalizer() {
     h.reconcile(&pet).await.expect("reconcile");
     assert_eq!(store_writes(&h.store), [format!("delete:{id}")]);
     assert!(h.store.records().is_empty());
-    assert_eq!(h.api.metadata_patches()[0]["metadata"]["finalizers"], json!([]));
+    assert_eq!(
+        h.api.metadata_patches()[0]["metadata"]["finalizers"],
+        json!([])
+    );
     h.verify(&["Deleted"]);
 }
 
@@ -572,7 +598,10 @@ async fn orphan_keeps_the_record_and_releases_it_for_adoption() {
         let kept = h.store.record(&id).expect("the record stays");
         assert_eq!(kept.key, "", "released: nobody owns it now");
         let note = h.event_note("Orphaned");
-        assert!(note.contains(&format!("{EXTERNAL_ID_ANNOTATION}: {id}")), "{note}");
+        assert!(
+            note.contains(&format!("{EXTERNAL_ID_ANNOTATION}: {id}")),
+            "{note}"
+        );
         h.verify(&["Orphaned"]);
     }
 }
@@ -591,7 +620,10 @@ async fn a_misspelled_deletion_policy_stops_deletion_and_says_why() {
     assert_eq!(action, Action::await_change());
     assert!(h.store.calls().is_empty(), "nothing deleted, nothing read");
     let (status, reason, message) = condition(&h.api.status_patches()[0], "Synced");
-    assert_eq!((status.as_str(), reason.as_str()), ("False", "InvalidAnnotation"));
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "InvalidAnnotation")
+    );
     assert!(message.contains("\"Orhpan\""), "{message}");
     h.verify(&["InvalidAnnotation"]);
 }
@@ -651,8 +683,14 @@ async fn a_status_id_naming_another_pets_record_is_corrected_and_theirs_untouche
     let status = &h.api.status_patches()[0];
     assert_eq!(status["id"], mine.as_str());
     let (synced, reason, _) = condition(status, "Synced");
-    assert_eq!((synced.as_str(), reason.as_str()), ("True", "StatusIdCorrected"));
-    assert!(h.event_note("StatusIdCorrected").contains("belongs to another owner"));
+    assert_eq!(
+        (synced.as_str(), reason.as_str()),
+        ("True", "StatusIdCorrected")
+    );
+    assert!(
+        h.event_note("StatusIdCorrected")
+            .contains("belongs to another owner")
+    );
     h.verify(&["StatusIdCorrected"]);
 }
 
@@ -663,10 +701,17 @@ async fn a_status_id_naming_nothing_finds_the_pets_own_record_without_claiming_a
     let pet = thor().finalizer().status_id("nowhere");
     h.expect_status_write(&pet);
     h.reconcile(&pet).await.expect("reconcile");
-    assert!(store_writes(&h.store).is_empty(), "no create: {:?}", h.store.calls());
+    assert!(
+        store_writes(&h.store).is_empty(),
+        "no create: {:?}",
+        h.store.calls()
+    );
     assert_eq!(h.api.status_patches()[0]["id"], mine.as_str());
     let note = h.event_note("StatusIdCorrected");
-    assert!(note.contains("does not exist") && !note.contains("created"), "{note}");
+    assert!(
+        note.contains("does not exist") && !note.contains("created"),
+        "{note}"
+    );
     h.verify(&["StatusIdCorrected"]);
 }
 
@@ -680,12 +725,17 @@ async fn an_unowned_record_named_for_adoption_is_claimed_and_kept_in_line() {
             ..thor_data()
         },
     );
-    let pet = thor().annotation(EXTERNAL_ID_ANNOTATION, &loose).finalizer();
+    let pet = thor()
+        .annotation(EXTERNAL_ID_ANNOTATION, &loose)
+        .finalizer();
     h.expect_status_write(&pet);
     h.reconcile(&pet).await.expect("reconcile");
     assert_eq!(
         store_writes(&h.store),
-        [format!("set_key:{loose}:->{UID}"), format!("update:{loose}")]
+        [
+            format!("set_key:{loose}:->{UID}"),
+            format!("update:{loose}")
+        ]
     );
     let record = h.store.record(&loose).expect("record");
     assert_eq!((record.key.as_str(), record.data), (UID, thor_data()));
@@ -697,7 +747,9 @@ async fn an_unowned_record_named_for_adoption_is_claimed_and_kept_in_line() {
 async fn a_record_owned_by_another_pet_is_never_taken() {
     let h = harness();
     let theirs = h.store.insert(OTHER_UID, thor_data());
-    let pet = thor().annotation(EXTERNAL_ID_ANNOTATION, &theirs).finalizer();
+    let pet = thor()
+        .annotation(EXTERNAL_ID_ANNOTATION, &theirs)
+        .finalizer();
     h.expect_status_write(&pet);
     h.reconcile(&pet).await.expect("reconcile");
     assert!(store_writes(&h.store).is_empty(), "{:?}", h.store.calls());
@@ -758,9 +810,14 @@ async fn a_store_without_the_extensions_gets_its_own_reason_and_orphan_still_rel
     // Orphan lets the Pet go.
     let h = harness();
     h.store.set_without_extensions(true);
-    let pet = thor().deletion_policy("Orphan").status_id("old-id").deleting();
+    let pet = thor()
+        .deletion_policy("Orphan")
+        .status_id("old-id")
+        .deleting();
     h.expect_finalizer_write(&pet);
-    h.reconcile(&pet.clone().finalizer()).await.expect("released");
+    h.reconcile(&pet.clone().finalizer())
+        .await
+        .expect("released");
     assert!(h.event_note("Orphaned").contains("old-id"));
     h.verify(&["Orphaned"]);
 }
@@ -778,7 +835,10 @@ async fn the_reconcile_after_our_own_status_write_skips_the_store() {
     let updated = thor().finalizer().status(synced);
     let action = h.reconcile(&updated).await.expect("reconcile");
     assert_eq!(h.store.calls().len(), calls_after_create, "no store call");
-    assert!(action != Action::await_change(), "the drift poll stays scheduled");
+    assert!(
+        action != Action::await_change(),
+        "the drift poll stays scheduled"
+    );
 
     // A Pet re-created under the same name (a new UID) is synced at once.
     let recreated = thor().finalizer().uid("a-new-uid");
@@ -815,7 +875,10 @@ async fn a_misspelled_deletion_policy_on_a_live_pet_is_shown_while_the_record_is
     let status = &h.api.status_patches()[0];
     assert_eq!(condition(status, "Ready").0, "True");
     let (synced, reason, message) = condition(status, "Synced");
-    assert_eq!((synced.as_str(), reason.as_str()), ("False", "InvalidAnnotation"));
+    assert_eq!(
+        (synced.as_str(), reason.as_str()),
+        ("False", "InvalidAnnotation")
+    );
     assert!(message.contains("deleting this Pet will wait"), "{message}");
     h.verify(&["InvalidAnnotation", "Updated"]);
 }

@@ -550,7 +550,10 @@ fn events_never_claim_what_did_not_happen() {
     let (reason, note) = story.notice(Some("a")).expect("an event");
     assert_eq!(reason, Reason::StatusIdCorrected);
     assert!(reason.is_warning());
-    assert!(note.contains("nowhere") && note.contains("does not exist"), "{note}");
+    assert!(
+        note.contains("nowhere") && note.contains("does not exist"),
+        "{note}"
+    );
     assert!(!note.contains("created"), "{note}");
     // kube's recorder folds Events with one reason and action into a series
     // that keeps the first note: different stories must not share an action.

@@ -287,15 +287,10 @@ impl Soak<'_> {
                     self.orphaned.insert(uid);
                 }
                 let result = annotated.and_then(|_| {
-                        self.env.cp.kubectl(&[
-                            "delete",
-                            "pet",
-                            &name,
-                            "-n",
-                            &namespace,
-                            "--wait=false",
-                        ])
-                    });
+                    self.env
+                        .cp
+                        .kubectl(&["delete", "pet", &name, "-n", &namespace, "--wait=false"])
+                });
                 self.pets.retain(|p| p.1 != name);
                 self.count("orphan delete", result);
             }

@@ -33,14 +33,9 @@ fn pet_yaml(name: &str, pet_name: &str, annotations: &[(&str, &str)], extra_spec
 
 /// Every Event as (reason, object, note).
 fn events(env: &Env) -> testenv::Result<Vec<(String, String, String)>> {
-    let out = env.cp.kubectl(&[
-        "get",
-        "events.events.k8s.io",
-        "-n",
-        "default",
-        "-o",
-        "json",
-    ])?;
+    let out = env
+        .cp
+        .kubectl(&["get", "events.events.k8s.io", "-n", "default", "-o", "json"])?;
     let list: Value = serde_json::from_str(&out).unwrap_or_default();
     Ok(list["items"]
         .as_array()
@@ -94,7 +89,8 @@ fn wait_synced_reason(env: &Env, name: &str, reason: &str) -> testenv::Result<St
     wait_for(TIMEOUT, &format!("{name}: Synced reason {reason}"), || {
         let pet = env.pet("default", name).ok()?;
         let synced = condition(&pet, "Synced")?;
-        (synced["reason"] == reason).then(|| synced["message"].as_str().unwrap_or_default().to_owned())
+        (synced["reason"] == reason)
+            .then(|| synced["message"].as_str().unwrap_or_default().to_owned())
     })
 }
 
@@ -125,7 +121,10 @@ fn a_status_id_that_is_not_the_pets_own_is_corrected_and_touches_nothing_foreign
         let note = event_note(&env, "StatusIdCorrected", "beta")?;
         (id == beta.as_str()).then_some(note)
     })?;
-    assert!(note.contains(&alpha) && note.contains("belongs to another owner"), "{note}");
+    assert!(
+        note.contains(&alpha) && note.contains("belongs to another owner"),
+        "{note}"
+    );
     // Several polls (2 s each) pass: alpha's record keeps alpha's name.
     for _ in 0..3 {
         std::thread::sleep(Duration::from_secs(2));
@@ -180,30 +179,36 @@ fn records_are_adopted_explicitly_and_only_one_pet_wins_a_race() -> testenv::Res
 
     // 1. A record made with grpcurl, outside Kubernetes, is adopted.
     let rex = add_pet(&env.store, "Rex")?;
-    env.cp
-        .apply(&pet_yaml("rex", "Rex the Second", &[(EXTERNAL_ID, &rex)], ""))?;
+    env.cp.apply(&pet_yaml(
+        "rex",
+        "Rex the Second",
+        &[(EXTERNAL_ID, &rex)],
+        "",
+    ))?;
     assert_eq!(env.wait_ready("default", "rex", TIMEOUT)?, rex);
     let records = env.store_pets()?;
     assert_eq!(records.len(), 1, "adopted, not duplicated: {records:?}");
-    assert_eq!(records[0]["name"], "Rex the Second", "kept in line with the spec");
+    assert_eq!(
+        records[0]["name"], "Rex the Second",
+        "kept in line with the spec"
+    );
     assert_eq!(records[0]["idempotencyKey"], uid(&env, "rex")?.as_str());
     assert!(event_note(&env, "Adopted", "rex").is_some());
 
     // 2. Orphan deletion keeps and releases the record; the Event names the
     //    ID; the Pet created again adopts the same record.
-    env.cp.apply(&pet_yaml(
-        "tron",
-        "Tron",
-        &[],
-        "  deletionPolicy: Orphan\n",
-    ))?;
+    env.cp
+        .apply(&pet_yaml("tron", "Tron", &[], "  deletionPolicy: Orphan\n"))?;
     let tron = env.wait_ready("default", "tron", TIMEOUT)?;
     env.cp
         .kubectl(&["delete", "pet", "tron", "--wait=true", "--timeout=60s"])?;
     let kept = env.store_pets()?;
     let released = record(&kept, &tron).expect("the record is kept");
     assert!(
-        released["idempotencyKey"].as_str().unwrap_or_default().is_empty(),
+        released["idempotencyKey"]
+            .as_str()
+            .unwrap_or_default()
+            .is_empty(),
         "released: {released}"
     );
     let note = wait_for(TIMEOUT, "the Orphaned Event", || {
@@ -226,8 +231,13 @@ fn records_are_adopted_explicitly_and_only_one_pet_wins_a_race() -> testenv::Res
     let message = wait_synced_reason(&env, "thief", "RecordOwnedElsewhere")?;
     assert!(message.contains("SetIdempotencyKeys"), "{message}");
     assert_eq!(env.store_pets()?.len(), 2);
-    env.cp.kubectl(&["delete", "pet", "thief", "--wait=true", "--timeout=60s"])?;
-    assert_eq!(env.store_pets()?.len(), 2, "deleting the loser deletes nothing");
+    env.cp
+        .kubectl(&["delete", "pet", "thief", "--wait=true", "--timeout=60s"])?;
+    assert_eq!(
+        env.store_pets()?.len(),
+        2,
+        "deleting the loser deletes nothing"
+    );
     assert_eq!(env.wait_ready("default", "rex", TIMEOUT)?, rex);
 
     // 4. Two Pets race for one unowned record: exactly one wins.
@@ -244,7 +254,10 @@ fn records_are_adopted_explicitly_and_only_one_pet_wins_a_race() -> testenv::Res
         let lost = |p: &Value| {
             condition(p, "Synced").is_some_and(|c| c["reason"] == "RecordOwnedElsewhere")
         };
-        match (testenv::env::is_ready(&left), testenv::env::is_ready(&right)) {
+        match (
+            testenv::env::is_ready(&left),
+            testenv::env::is_ready(&right),
+        ) {
             (true, false) if lost(&right) => Some(("left", "right")),
             (false, true) if lost(&left) => Some(("right", "left")),
             _ => None,
@@ -300,7 +313,10 @@ fn a_misspelled_deletion_policy_never_deletes() -> testenv::Result<()> {
     })?;
     assert!(message.contains("Delete or Orphan"), "{message}");
     std::thread::sleep(Duration::from_secs(3));
-    assert!(record(&env.store_pets()?, &id).is_some(), "the record is kept");
+    assert!(
+        record(&env.store_pets()?, &id).is_some(),
+        "the record is kept"
+    );
     assert!(env.pet("default", "typo").is_ok(), "the Pet waits");
 
     // Fixing the annotation lets the deletion finish as the user meant.
