@@ -12,10 +12,16 @@ use serde::{Deserialize, Serialize};
 
 /// Finalizer that keeps a Pet until its store record is deleted.
 pub const FINALIZER: &str = "pet.petstore.example.com";
-/// Annotation: `Orphan` releases the Pet on deletion without deleting its record.
+/// Annotation kept for compatibility with `spec.deletionPolicy`: `Delete` or
+/// `Orphan`. Any other value stops deletion (it never means Delete).
 pub const DELETION_POLICY_ANNOTATION: &str = "petstore.example.com/deletion-policy";
 /// Annotation: `"true"` stops reconciliation of the Pet (including deletion).
+/// Only `"true"` and `"false"` are valid; any other value also pauses.
 pub const PAUSED_ANNOTATION: &str = "petstore.example.com/paused";
+/// Annotation: the ID of an existing store record for this Pet to adopt
+/// (after Crossplane's external-name). Only a record with no owner (an empty
+/// idempotency key) can be adopted.
+pub const EXTERNAL_ID_ANNOTATION: &str = "petstore.example.com/external-id";
 /// Longest pet name; the store enforces the same limit.
 pub const MAX_NAME_CHARS: usize = 128;
 
@@ -27,7 +33,7 @@ pub const MAX_NAME_CHARS: usize = 128;
     kind = "Pet",
     plural = "pets",
     namespaced,
-    doc = "A pet kept in the pet store. The operator creates a store record for it, keeps that record in line with spec, writes the record's ID to status.id, and deletes the record when the Pet is deleted (unless the annotation petstore.example.com/deletion-policy is Orphan).",
+    doc = "A pet kept in the pet store. The operator creates a store record for it (or adopts the unowned record named by the annotation petstore.example.com/external-id), keeps that record in line with spec, writes the record's ID to status.id, and deletes the record when the Pet is deleted (unless spec.deletionPolicy is Orphan, which keeps the record and releases it for adoption).",
     status = "PetStatus",
     derive = "PartialEq",
     shortname = "pt",
@@ -76,6 +82,38 @@ pub struct PetSpec {
     /// The pet's date of birth, as an RFC 3339 timestamp such as
     /// 2021-04-01T00:00:00Z. Only the calendar date, as written, is stored.
     pub birthday: DateTime<FixedOffset>,
+
+    /// What happens to the store record when the Pet is deleted: Delete
+    /// (the default) deletes it; Orphan keeps it and clears its owner, so
+    /// another Pet can adopt it with the annotation
+    /// petstore.example.com/external-id.
+    #[serde(
+        default,
+        rename = "deletionPolicy",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub deletion_policy: Option<DeletionPolicy>,
+}
+
+/// What deleting the Pet does to its store record: Delete (the default)
+/// deletes it; Orphan keeps it and clears its owner, so another Pet can adopt
+/// it with the annotation petstore.example.com/external-id.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum DeletionPolicy {
+    /// Delete the record.
+    Delete,
+    /// Keep the record and release it (clear its idempotency key).
+    Orphan,
+}
+
+/// An annotation's value, parsed. `Invalid` carries the value as written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Setting<T> {
+    Valid(T),
+    Invalid {
+        annotation: &'static str,
+        value: String,
+    },
 }
 
 /// The kind of animal.
@@ -137,20 +175,56 @@ pub struct Condition {
 }
 
 impl Pet {
-    pub fn is_paused(&self) -> bool {
+    fn annotation(&self, key: &str) -> Option<&str> {
         self.metadata
             .annotations
             .as_ref()
-            .and_then(|a| a.get(PAUSED_ANNOTATION))
-            .is_some_and(|v| v.eq_ignore_ascii_case("true"))
+            .and_then(|a| a.get(key))
+            .map(String::as_str)
     }
 
-    pub fn orphans_on_delete(&self) -> bool {
-        self.metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(DELETION_POLICY_ANNOTATION))
-            .is_some_and(|v| v.eq_ignore_ascii_case("orphan"))
+    /// The paused annotation: absent is `false`; only `true` and `false`
+    /// (any case) are valid.
+    pub fn paused(&self) -> Setting<bool> {
+        match self.annotation(PAUSED_ANNOTATION) {
+            None => Setting::Valid(false),
+            Some(v) if v.eq_ignore_ascii_case("true") => Setting::Valid(true),
+            Some(v) if v.eq_ignore_ascii_case("false") => Setting::Valid(false),
+            Some(v) => Setting::Invalid {
+                annotation: PAUSED_ANNOTATION,
+                value: v.to_owned(),
+            },
+        }
+    }
+
+    /// The effective deletion policy. Orphan wins if either the spec or the
+    /// compatibility annotation says so; an annotation value that is neither
+    /// Delete nor Orphan (any case) is invalid, so a typo never deletes.
+    pub fn deletion_policy(&self) -> Setting<DeletionPolicy> {
+        let annotated = match self.annotation(DELETION_POLICY_ANNOTATION) {
+            None => None,
+            Some(v) if v.eq_ignore_ascii_case("orphan") => Some(DeletionPolicy::Orphan),
+            Some(v) if v.eq_ignore_ascii_case("delete") => Some(DeletionPolicy::Delete),
+            Some(v) => {
+                return Setting::Invalid {
+                    annotation: DELETION_POLICY_ANNOTATION,
+                    value: v.to_owned(),
+                };
+            }
+        };
+        let orphan = [annotated, self.spec.deletion_policy].contains(&Some(DeletionPolicy::Orphan));
+        Setting::Valid(if orphan {
+            DeletionPolicy::Orphan
+        } else {
+            DeletionPolicy::Delete
+        })
+    }
+
+    /// The record ID named for adoption, if any (blank counts as none).
+    pub fn external_id(&self) -> Option<&str> {
+        self.annotation(EXTERNAL_ID_ANNOTATION)
+            .map(str::trim)
+            .filter(|id| !id.is_empty())
     }
 
     pub fn status_id(&self) -> Option<&str> {

@@ -1,164 +1,526 @@
-//! The pure decision step: from what the Pet wants and what the store holds,
-//! pick the next action. No I/O, so every branch is unit-tested directly.
+//! The pure decision step: the whole reconcile policy, with no I/O. The
+//! controller gathers [`Facts`] about a Pet, asks [`first_step`] whether the
+//! store needs to be read at all, reads it if so, and asks [`decide`] for a
+//! [`Plan`]; then it only executes the plan and records the outcome. Every
+//! branch is covered by the table tests below.
+//!
+//! Ownership: a record is this Pet's only if its idempotency key is the
+//! Pet's UID. Creating sets that key; adopting a record named by the
+//! external-id annotation sets it by compare-and-set from empty, so a record
+//! owned by anyone else is never taken, and of two Pets racing for one
+//! record exactly one wins. No plan ever updates or deletes a record whose
+//! key is not the Pet's UID, whatever `status.id` says.
 
-use crate::store::{PetData, Record};
+use std::time::Duration;
 
-/// What reconciliation observed in the store.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Observed {
-    /// `status.id` was set; the record under that ID, if it still exists.
-    ById { id: String, record: Option<Record> },
-    /// `status.id` was empty; the record created with the Pet's UID as its
-    /// idempotency key, if any.
-    ByKey { record: Option<Record> },
+use crate::crd::{
+    DELETION_POLICY_ANNOTATION, DeletionPolicy, EXTERNAL_ID_ANNOTATION, PAUSED_ANNOTATION, Setting,
+};
+use crate::status::{Outcome, Reason};
+use crate::store::{Lookup, PetData, Record};
+
+/// What the controller knows about a Pet before any store call.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Facts {
+    pub uid: String,
+    pub desired: PetData,
+    pub deleting: bool,
+    pub has_finalizer: bool,
+    pub paused: Setting<bool>,
+    pub deletion_policy: Setting<DeletionPolicy>,
+    /// The record ID named by the external-id annotation, for adoption.
+    pub external_id: Option<String>,
+    pub status_id: Option<String>,
+    /// The Pet already shows that the store rejected this generation.
+    pub rejected_this_generation: bool,
+    /// This generation was synced a moment ago: the time left until its
+    /// next poll.
+    pub recently_synced: Option<Duration>,
 }
 
-/// The next action against the store.
+/// When to look at the Pet again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// Only when the Pet changes.
+    AwaitChange,
+    /// At the next drift poll.
+    Poll,
+    /// After this long.
+    After(Duration),
+    /// With backoff, counted as a failure.
+    Retry,
+}
+
+/// What to do before reading the store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Nothing to do and nothing to write.
+    Wait(Next),
+    /// Touch nothing in the store; show `outcome` in the conditions.
+    Hold { outcome: Outcome, next: Next },
+    /// Persist the finalizer, then take the first step again.
+    AddFinalizer,
+    /// Read the store: the record with ID `id` (if any) and the record keyed
+    /// by the Pet's UID, then [`decide`].
+    Observe { id: Option<String> },
+}
+
+/// What reading the store found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Observation {
+    Found(Lookup),
+    /// The store does not offer this extension RPC (the original store).
+    StoreLacks {
+        rpc: &'static str,
+    },
+}
+
+/// The plan for the store.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Plan {
-    /// Nothing exists yet: create a record keyed by the Pet's UID.
-    Create,
-    /// `status.id` names a record that is gone (out-of-band delete, or a
-    /// store that lost its data): create it again.
-    Recreate { lost_id: String },
-    /// The ID never reached status (a crash or failed status write after the
-    /// create), but the record exists: record its ID instead of creating a
-    /// duplicate, and update it if it drifted meanwhile.
-    Adopt { id: String, update: bool },
-    /// The record exists and differs from the spec.
-    Update { id: String },
-    /// The record matches the spec: no store write.
-    InSync { id: String },
+    /// Touch nothing in the store; show `outcome` in the conditions.
+    Hold { outcome: Outcome, next: Next },
+    /// Bring the record in line, then record its ID in status.
+    Sync(Sync),
+    /// Deletion: these store changes, then release the finalizer.
+    Finish(Finish),
 }
 
-pub fn decide(desired: &PetData, observed: Observed) -> Plan {
-    match observed {
-        Observed::ById { id, record: None } => Plan::Recreate { lost_id: id },
-        Observed::ById {
-            id,
-            record: Some(record),
-        } => {
-            if record.data == *desired {
-                Plan::InSync { id }
-            } else {
-                Plan::Update { id }
-            }
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sync {
+    pub target: Target,
+    /// Take ownership first: set the record's key from empty to the UID,
+    /// by compare-and-set.
+    pub claim: bool,
+    /// Write the spec to the record.
+    pub update: bool,
+    pub story: Story,
+    /// A problem to show in Synced although the record is in line.
+    pub warning: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// This record, which is (or is being claimed as) this Pet's.
+    Existing(String),
+    /// A new record keyed by the Pet's UID.
+    Create,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Finish {
+    /// Orphan: clear this record's key (UID -> empty) so it can be adopted.
+    pub release: Option<String>,
+    pub delete: Option<String>,
+    pub story: Story,
+}
+
+/// What happened, for the Event and (sometimes) the conditions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Story {
+    InSync,
+    Updated,
+    Created,
+    /// status.id named a record that no longer exists, and the Pet had no
+    /// other: a new one was created.
+    Recreated {
+        lost: String,
+    },
+    /// status.id was empty; the record created under the UID was found.
+    FoundByKey,
+    /// The record named by the external-id annotation is now this Pet's.
+    Adopted,
+    /// status.id named a record that is not this Pet's (`foreign`) or that
+    /// does not exist; the Pet's own record was found by UID or created.
+    Corrected {
+        stale: String,
+        foreign: bool,
+        created: bool,
+    },
+    Deleted {
+        id: Option<String>,
+    },
+    /// Orphan: `id` was kept and released (its key cleared).
+    Orphaned {
+        id: Option<String>,
+    },
+    /// Orphan on a store without keys: nothing to release.
+    OrphanedUnkeyed {
+        status_id: Option<String>,
+        rpc: &'static str,
+    },
+}
+
+impl Story {
+    /// The Event's action. kube's recorder folds Events with the same reason
+    /// and action into one series that keeps the first note, so stories
+    /// that say different things get different actions: a repeated Event
+    /// never shows a note about something else.
+    pub fn action(&self) -> &'static str {
+        match self {
+            Story::InSync => "Observe",
+            Story::Updated => "Update",
+            Story::Created => "Create",
+            Story::Recreated { .. } => "Recreate",
+            Story::FoundByKey => "AdoptByUid",
+            Story::Adopted => "AdoptNamedRecord",
+            Story::Corrected { foreign: true, .. } => "IgnoreForeignRecord",
+            Story::Corrected { foreign: false, .. } => "ReplaceUnknownId",
+            Story::Deleted { .. } => "Delete",
+            Story::Orphaned { .. } | Story::OrphanedUnkeyed { .. } => "Orphan",
         }
-        Observed::ByKey { record: None } => Plan::Create,
-        Observed::ByKey {
-            record: Some(record),
-        } => Plan::Adopt {
-            update: record.data != *desired,
-            id: record.id,
+    }
+
+    /// The Event to publish once the step is done; `id` is the record's ID
+    /// (the new one after a create).
+    pub fn notice(&self, id: Option<&str>) -> Option<(Reason, String)> {
+        let id = id.unwrap_or("(none)");
+        Some(match self {
+            Story::InSync => return None,
+            Story::Updated => (
+                Reason::Updated,
+                format!("updated store record {id} to match the spec"),
+            ),
+            Story::Created => (Reason::Created, format!("created store record {id}")),
+            Story::Recreated { lost } => (
+                Reason::Recreated,
+                format!("store record {lost} was missing; created {id} in its place"),
+            ),
+            Story::FoundByKey => (
+                Reason::Adopted,
+                format!("found store record {id} by this Pet's UID and recorded its ID"),
+            ),
+            Story::Adopted => (
+                Reason::Adopted,
+                format!(
+                    "took ownership of store record {id}, named by the annotation {EXTERNAL_ID_ANNOTATION}"
+                ),
+            ),
+            Story::Corrected {
+                stale,
+                foreign,
+                created,
+            } => {
+                let what = if *foreign {
+                    "which belongs to another owner; left it untouched"
+                } else {
+                    "which does not exist"
+                };
+                let then = if *created {
+                    format!("created {id} for this Pet")
+                } else {
+                    format!("recorded this Pet's own record {id}, found by its UID")
+                };
+                (
+                    Reason::StatusIdCorrected,
+                    format!("status.id named store record {stale}, {what}; {then}"),
+                )
+            }
+            Story::Deleted { id: Some(id) } => {
+                (Reason::Deleted, format!("deleted store record {id}"))
+            }
+            Story::Deleted { id: None } => (
+                Reason::Deleted,
+                "no store record belonged to this Pet; nothing to delete".into(),
+            ),
+            Story::Orphaned { id: Some(id) } => (
+                Reason::Orphaned,
+                format!(
+                    "deletion policy is Orphan: kept store record {id} and released it; a new Pet can adopt it with the annotation {EXTERNAL_ID_ANNOTATION}: {id}"
+                ),
+            ),
+            Story::Orphaned { id: None } => (
+                Reason::Orphaned,
+                "deletion policy is Orphan, and no store record belongs to this Pet any more; nothing to release".into(),
+            ),
+            Story::OrphanedUnkeyed { status_id, rpc } => (
+                Reason::Orphaned,
+                format!(
+                    "deletion policy is Orphan: kept store record {}; the store does not implement {rpc}, so its ownership was not cleared",
+                    status_id.as_deref().unwrap_or("(none)")
+                ),
+            ),
+        })
+    }
+}
+
+impl Sync {
+    /// The conditions once the record is in line; `id` is its ID.
+    pub fn outcome(&self, id: &str) -> Outcome {
+        if let Some(warning) = &self.warning {
+            return Outcome::synced_but(Reason::InvalidAnnotation, warning.clone());
+        }
+        match (&self.story, self.story.notice(Some(id))) {
+            (Story::Corrected { .. }, Some((reason, note))) => Outcome::synced_noting(reason, note),
+            _ => Outcome::synced(),
+        }
+    }
+}
+
+fn invalid(annotation: &str, value: &str, allowed: &str, effect: &str) -> String {
+    format!("the annotation {annotation} is {value:?}, which is not {allowed}; {effect}")
+}
+
+/// Before any store call: paused, finalizer, deletion policy, and the
+/// reconciles that need no store read.
+pub fn first_step(facts: &Facts) -> Step {
+    match &facts.paused {
+        Setting::Valid(true) => {
+            return Step::Hold {
+                outcome: Outcome::held(
+                    Reason::ReconcilePaused,
+                    format!(
+                        "reconciliation is paused by the annotation {PAUSED_ANNOTATION}=\"true\""
+                    ),
+                ),
+                next: Next::AwaitChange,
+            };
+        }
+        Setting::Invalid { annotation, value } => {
+            return Step::Hold {
+                outcome: Outcome::held(
+                    Reason::InvalidAnnotation,
+                    invalid(
+                        annotation,
+                        value,
+                        "\"true\" or \"false\"",
+                        "treated as paused: nothing is reconciled (deletion included) until it is fixed",
+                    ),
+                ),
+                next: Next::AwaitChange,
+            };
+        }
+        Setting::Valid(false) => {}
+    }
+    if facts.deleting {
+        if !facts.has_finalizer {
+            return Step::Wait(Next::AwaitChange);
+        }
+        if let Setting::Invalid { annotation, value } = &facts.deletion_policy {
+            return Step::Hold {
+                outcome: Outcome::held(
+                    Reason::InvalidAnnotation,
+                    invalid(
+                        annotation,
+                        value,
+                        "Delete or Orphan",
+                        "deletion waits, and the store record is kept, until it is fixed",
+                    ),
+                ),
+                next: Next::AwaitChange,
+            };
+        }
+        // Ownership is by key alone; status.id is read only to name an
+        // already released record in the Orphaned Event.
+        return Step::Observe {
+            id: facts.status_id.clone(),
+        };
+    }
+    if !facts.has_finalizer {
+        return Step::AddFinalizer;
+    }
+    if facts.rejected_this_generation {
+        return Step::Wait(Next::AwaitChange);
+    }
+    if let Some(left) = facts.recently_synced {
+        return Step::Wait(Next::After(left));
+    }
+    Step::Observe {
+        id: facts
+            .external_id
+            .clone()
+            .or_else(|| facts.status_id.clone()),
+    }
+}
+
+/// After reading the store: what to do with it.
+pub fn decide(facts: &Facts, observation: Observation) -> Plan {
+    let lookup = match observation {
+        Observation::Found(lookup) => lookup,
+        Observation::StoreLacks { rpc } => return lacks_extensions(facts, rpc),
+    };
+    if facts.deleting {
+        return finish(facts, lookup);
+    }
+    let mine = lookup.by_key.filter(|r| r.key == facts.uid);
+    let named = lookup.by_id;
+    let drift = |r: &Record| r.data != facts.desired;
+    let warning = match &facts.deletion_policy {
+        Setting::Invalid { annotation, value } => Some(invalid(
+            annotation,
+            value,
+            "Delete or Orphan",
+            "the record is in line with the spec, but deleting this Pet will wait until the annotation is fixed",
+        )),
+        Setting::Valid(_) => None,
+    };
+    let sync = |target, claim, update, story| {
+        Plan::Sync(Sync {
+            target,
+            claim,
+            update,
+            story,
+            warning: warning.clone(),
+        })
+    };
+    let hold = |reason, message| Plan::Hold {
+        outcome: Outcome::failed(reason, message),
+        next: Next::Poll,
+    };
+
+    if let Some(external) = &facts.external_id {
+        return match (mine, named) {
+            (Some(mine), _) if mine.id == *external => {
+                let story = if facts.status_id.as_deref() != Some(external) {
+                    Story::Adopted
+                } else if drift(&mine) {
+                    Story::Updated
+                } else {
+                    Story::InSync
+                };
+                sync(
+                    Target::Existing(mine.id.clone()),
+                    false,
+                    drift(&mine),
+                    story,
+                )
+            }
+            (Some(mine), _) => hold(
+                Reason::AdoptionConflict,
+                format!(
+                    "the annotation {EXTERNAL_ID_ANNOTATION} names store record {external}, but this Pet already owns record {}; a Pet owns one record. Remove the annotation, or release record {} first",
+                    mine.id, mine.id
+                ),
+            ),
+            (None, None) => hold(
+                Reason::RecordNotFound,
+                format!(
+                    "the annotation {EXTERNAL_ID_ANNOTATION} names store record {external}, which does not exist; nothing was created. Fix or remove the annotation"
+                ),
+            ),
+            (None, Some(record)) if record.key.is_empty() => sync(
+                Target::Existing(record.id.clone()),
+                true,
+                drift(&record),
+                Story::Adopted,
+            ),
+            (None, Some(record)) => hold(
+                Reason::RecordOwnedElsewhere,
+                format!(
+                    "store record {external}, named by the annotation {EXTERNAL_ID_ANNOTATION}, is owned by {:?} (its idempotency key), not by this Pet; it was not touched. If nothing owns it any more, release it with SetIdempotencyKeys (expected_key {:?}, new_key \"\")",
+                    record.key, record.key
+                ),
+            ),
+        };
+    }
+
+    match (facts.status_id.as_deref(), named, mine) {
+        (Some(id), Some(named), _) if named.key == facts.uid => {
+            let update = drift(&named);
+            let story = if update {
+                Story::Updated
+            } else {
+                Story::InSync
+            };
+            sync(Target::Existing(id.to_owned()), false, update, story)
+        }
+        (Some(stale), named, Some(mine)) => sync(
+            Target::Existing(mine.id.clone()),
+            false,
+            drift(&mine),
+            Story::Corrected {
+                stale: stale.to_owned(),
+                foreign: named.is_some(),
+                created: false,
+            },
+        ),
+        (Some(stale), Some(_), None) => sync(
+            Target::Create,
+            false,
+            false,
+            Story::Corrected {
+                stale: stale.to_owned(),
+                foreign: true,
+                created: true,
+            },
+        ),
+        (Some(lost), None, None) => sync(
+            Target::Create,
+            false,
+            false,
+            Story::Recreated {
+                lost: lost.to_owned(),
+            },
+        ),
+        (None, _, Some(mine)) => sync(
+            Target::Existing(mine.id.clone()),
+            false,
+            drift(&mine),
+            Story::FoundByKey,
+        ),
+        (None, _, None) => sync(Target::Create, false, false, Story::Created),
+    }
+}
+
+fn finish(facts: &Facts, lookup: Lookup) -> Plan {
+    let mine = lookup.by_key.filter(|r| r.key == facts.uid).map(|r| r.id);
+    Plan::Finish(match facts.deletion_policy {
+        Setting::Valid(DeletionPolicy::Orphan) => Finish {
+            release: mine.clone(),
+            delete: None,
+            // A retry after the release (the finalizer removal failed) still
+            // names the released record, so the user can adopt it.
+            story: Story::Orphaned {
+                id: mine.or(lookup
+                    .by_id
+                    .filter(|r| r.key.is_empty() && facts.status_id.as_ref() == Some(&r.id))
+                    .map(|r| r.id)),
+            },
         },
+        // first_step never observes for deletion with an invalid policy;
+        // should it happen, keeping the record is the safe side.
+        Setting::Invalid { .. } => Finish {
+            release: None,
+            delete: None,
+            story: Story::Orphaned { id: None },
+        },
+        Setting::Valid(DeletionPolicy::Delete) => Finish {
+            release: None,
+            delete: mine.clone(),
+            story: Story::Deleted { id: mine },
+        },
+    })
+}
+
+fn lacks_extensions(facts: &Facts, rpc: &'static str) -> Plan {
+    if facts.deleting && facts.deletion_policy == Setting::Valid(DeletionPolicy::Orphan) {
+        // The original store keeps no keys: there is no ownership to clear.
+        return Plan::Finish(Finish {
+            release: None,
+            delete: None,
+            story: Story::OrphanedUnkeyed {
+                status_id: facts.status_id.clone(),
+                rpc,
+            },
+        });
+    }
+    let hint = if facts.deleting {
+        format!(
+            " To let this Pet go and keep its record, set spec.deletionPolicy: Orphan (or the annotation {DELETION_POLICY_ANNOTATION}: Orphan)."
+        )
+    } else {
+        String::new()
+    };
+    Plan::Hold {
+        outcome: Outcome::failed(
+            Reason::StoreLacksExtensions,
+            format!(
+                "the pet store does not implement {rpc}, an extension RPC this operator needs (GetPets, SetIdempotencyKeys and AddPets with idempotency_key); point --petstore-addr at this project's petstore-server.{hint}"
+            ),
+        ),
+        next: Next::Retry,
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use chrono::NaiveDate;
-
-    use super::*;
-    use crate::crd::PetKind;
-
-    fn thor() -> PetData {
-        PetData {
-            name: "Thor".into(),
-            kind: PetKind::Dog,
-            birthday: NaiveDate::from_ymd_opt(2021, 4, 1).expect("date"),
-        }
-    }
-
-    fn record(id: &str, data: PetData) -> Option<Record> {
-        Some(Record {
-            id: id.into(),
-            data,
-        })
-    }
-
-    #[test]
-    fn nothing_recorded_and_nothing_found_creates() {
-        assert_eq!(
-            decide(&thor(), Observed::ByKey { record: None }),
-            Plan::Create
-        );
-    }
-
-    #[test]
-    fn recorded_id_that_vanished_recreates() {
-        let observed = Observed::ById {
-            id: "gone".into(),
-            record: None,
-        };
-        assert_eq!(
-            decide(&thor(), observed),
-            Plan::Recreate {
-                lost_id: "gone".into()
-            }
-        );
-    }
-
-    #[test]
-    fn matching_record_needs_no_write() {
-        let observed = Observed::ById {
-            id: "a".into(),
-            record: record("a", thor()),
-        };
-        assert_eq!(decide(&thor(), observed), Plan::InSync { id: "a".into() });
-    }
-
-    #[test]
-    fn any_differing_field_updates_the_same_id() {
-        let renamed = PetData {
-            name: "Thorbert".into(),
-            ..thor()
-        };
-        let retyped = PetData {
-            kind: PetKind::Cat,
-            ..thor()
-        };
-        let reborn = PetData {
-            birthday: NaiveDate::from_ymd_opt(2021, 4, 2).expect("date"),
-            ..thor()
-        };
-        for desired in [renamed, retyped, reborn] {
-            let observed = Observed::ById {
-                id: "a".into(),
-                record: record("a", thor()),
-            };
-            assert_eq!(decide(&desired, observed), Plan::Update { id: "a".into() });
-        }
-    }
-
-    #[test]
-    fn lost_id_is_adopted_not_duplicated() {
-        let observed = Observed::ByKey {
-            record: record("a", thor()),
-        };
-        assert_eq!(
-            decide(&thor(), observed),
-            Plan::Adopt {
-                id: "a".into(),
-                update: false
-            }
-        );
-    }
-
-    #[test]
-    fn adopted_record_that_drifted_is_also_updated() {
-        let observed = Observed::ByKey {
-            record: record("a", thor()),
-        };
-        let renamed = PetData {
-            name: "Thorbert".into(),
-            ..thor()
-        };
-        assert_eq!(
-            decide(&renamed, observed),
-            Plan::Adopt {
-                id: "a".into(),
-                update: true
-            }
-        );
-    }
-}
+mod tests;

@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod status;
 pub mod store;
 
+use status::Reason;
 use store::StoreError;
 
 #[derive(Debug, thiserror::Error)]
@@ -25,15 +26,22 @@ pub enum Error {
     #[error(transparent)]
     Store(#[from] StoreError),
 
-    #[error("writing the status of Pet {name}: {source}")]
+    #[error("writing the status of Pet {name}: {}", api_message(.source))]
     WriteStatus {
         name: String,
         #[source]
         source: kube::Error,
     },
 
-    #[error("adding the finalizer to Pet {name}: {source}")]
+    #[error("adding the finalizer to Pet {name}: {}", api_message(.source))]
     AddFinalizer {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+
+    #[error("removing the finalizer from Pet {name}: {}", api_message(.source))]
+    RemoveFinalizer {
         name: String,
         #[source]
         source: kube::Error,
@@ -42,28 +50,54 @@ pub enum Error {
     #[error("Pet {0} has no namespace or UID")]
     MalformedPet(String),
 
-    #[error("finalizer: {0}")]
-    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
+    /// The decision step held the Pet with this reason and will retry.
+    #[error("{1}")]
+    Held(Reason, String),
+}
+
+/// A kube error's text with the API server's message once: kube's own
+/// Display prints the Status twice (as text, then as debug).
+fn api_message(error: &kube::Error) -> String {
+    match error {
+        kube::Error::Api(status) => format!(
+            "{} ({}, HTTP {})",
+            status.message, status.reason, status.code
+        ),
+        other => other.to_string(),
+    }
 }
 
 impl Error {
-    /// A short, bounded label for the errors metric.
-    pub fn metric_label(&self) -> &'static str {
+    /// The reason for conditions, the Warning Event and the errors metric.
+    pub fn reason(&self) -> Reason {
         match self {
-            Error::Store(StoreError::Unavailable { .. }) => "store_unavailable",
-            Error::Store(StoreError::Rejected { .. }) => "store_rejected",
-            Error::Store(StoreError::NotFound { .. }) => "store_not_found",
-            Error::Store(StoreError::Failed { .. }) => "store_failed",
-            Error::WriteStatus { .. } => "status_write",
-            Error::AddFinalizer { .. } => "add_finalizer",
-            Error::MalformedPet(_) => "malformed_pet",
-            Error::Finalizer(inner) => match inner.as_ref() {
-                kube::runtime::finalizer::Error::ApplyFailed(e)
-                | kube::runtime::finalizer::Error::CleanupFailed(e) => e.metric_label(),
-                kube::runtime::finalizer::Error::AddFinalizer(_) => "add_finalizer",
-                kube::runtime::finalizer::Error::RemoveFinalizer(_) => "remove_finalizer",
-                _ => "finalizer",
-            },
+            Error::Store(StoreError::Unavailable { .. }) => Reason::StoreUnavailable,
+            Error::Store(StoreError::Rejected { .. }) => Reason::InvalidSpec,
+            Error::Store(StoreError::Unimplemented { .. }) => Reason::StoreLacksExtensions,
+            Error::Held(reason, _) => *reason,
+            _ => Reason::ReconcileError,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_api_error_prints_the_servers_message_once() {
+        let status =
+            kube::core::Status::failure("the object has been modified", "Conflict").with_code(409);
+        let error = Error::WriteStatus {
+            name: "thor".into(),
+            source: kube::Error::Api(status.boxed()),
+        };
+        let text = error.to_string();
+        assert_eq!(
+            text.matches("the object has been modified").count(),
+            1,
+            "{text}"
+        );
+        assert!(text.contains("Conflict") && text.contains("409"), "{text}");
     }
 }

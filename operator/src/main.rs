@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::{ArgAction, Parser, ValueEnum};
 use kube::api::{Api, ListParams};
 use kube::runtime::events::{Recorder, Reporter};
-use petstore_operator::controller::{self, Context, Fault, Settings};
+use petstore_operator::controller::{self, Context, Settings};
 use petstore_operator::crd::Pet;
 use petstore_operator::events::EventQueue;
 use petstore_operator::leader::Leadership;
@@ -47,9 +47,10 @@ struct Args {
     #[arg(long, env = "PETSTORE_TLS_SERVER_NAME")]
     petstore_tls_server_name: Option<String>,
 
-    /// Timeout for each pet store call (and for connecting).
-    #[arg(long, env = "PETSTORE_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
-    store_timeout: Duration,
+    /// Timeout for each pet store call (and for connecting). The old
+    /// spelling --store-timeout is still accepted.
+    #[arg(long, env = "PETSTORE_TIMEOUT", alias = "store-timeout", default_value = "5s", value_parser = parse_duration)]
+    petstore_timeout: Duration,
 
     /// How often an in-sync Pet is re-checked against the store, so records
     /// changed or lost out of band are put back.
@@ -101,8 +102,10 @@ struct Args {
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
 
-    /// Fault injection for crash tests; never set in production.
-    #[arg(long, env = "PETSTORE_OPERATOR_FAULT", value_enum, hide = true)]
+    /// Fault injection for crash tests (built only with the
+    /// `fault-injection` feature).
+    #[cfg(feature = "fault-injection")]
+    #[arg(long, env = "PETSTORE_OPERATOR_FAULT", value_enum)]
     fault: Option<FaultArg>,
 }
 
@@ -112,6 +115,7 @@ enum LogFormat {
     Json,
 }
 
+#[cfg(feature = "fault-injection")]
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum FaultArg {
     HangAfterCreate,
@@ -231,7 +235,7 @@ async fn run(args: Args) -> Result<ExitCode, String> {
         });
     let store = GrpcPetStore::connect_lazy(
         &args.petstore_addr,
-        args.store_timeout,
+        args.petstore_timeout,
         tls.as_ref(),
         Arc::clone(&metrics),
     )
@@ -249,9 +253,10 @@ async fn run(args: Args) -> Result<ExitCode, String> {
         backoff_base: args.backoff_base,
         backoff_max: args.backoff_max,
         concurrency: args.concurrency,
+        #[cfg(feature = "fault-injection")]
         fault: args
             .fault
-            .map(|FaultArg::HangAfterCreate| Fault::HangAfterCreate),
+            .map(|FaultArg::HangAfterCreate| controller::Fault::HangAfterCreate),
     };
     tracing::info!(store = %args.petstore_addr, tls = tls.is_some(), ?settings, %identity, "starting");
     let events = EventQueue::start(recorder, Arc::clone(&metrics));
@@ -339,6 +344,27 @@ mod tests {
         assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
         assert!(parse_duration("5 parsecs").is_err());
         assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn the_store_timeout_flag_matches_its_variable_and_keeps_its_old_name() {
+        let args = Args::try_parse_from(["petstore-operator", "--petstore-timeout", "7s"])
+            .expect("new name");
+        assert_eq!(args.petstore_timeout, Duration::from_secs(7));
+        let args =
+            Args::try_parse_from(["petstore-operator", "--store-timeout", "3s"]).expect("old name");
+        assert_eq!(args.petstore_timeout, Duration::from_secs(3));
+    }
+
+    #[cfg(not(feature = "fault-injection"))]
+    #[test]
+    fn a_default_build_has_no_fault_flag() {
+        use clap::CommandFactory;
+        let help = Args::command().render_long_help().to_string();
+        assert!(!help.contains("--fault") && !help.contains("FAULT"), "{help}");
+        assert!(
+            Args::try_parse_from(["petstore-operator", "--fault", "hang-after-create"]).is_err()
+        );
     }
 
     #[test]

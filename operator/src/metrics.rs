@@ -89,7 +89,7 @@ impl Default for Metrics {
         );
         registry.register(
             "store_actions",
-            "Store changes made by the reconciler: create, recreate, update, delete",
+            "Store changes made by the reconciler: create, recreate, update, claim (adoption), release (Orphan), delete",
             store_actions.clone(),
         );
         registry.register(

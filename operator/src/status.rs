@@ -4,94 +4,214 @@
 
 use chrono::{DateTime, Utc};
 
-use crate::crd::{Condition, PAUSED_ANNOTATION, PetStatus};
+use crate::crd::{Condition, PetStatus};
 
 pub const READY: &str = "Ready";
 pub const SYNCED: &str = "Synced";
 
-/// Condition reasons. Each tells the user what to do next; the README lists
-/// them all.
-pub mod reason {
+/// Every reason the operator gives, in a condition, an Event or the
+/// `reconcile_errors_total{reason}` metric: one type, so the three can
+/// never disagree. The README lists them all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reason {
     /// Ready=True: the store record matches the spec.
-    pub const AVAILABLE: &str = "Available";
+    Available,
     /// Synced=True: the last reconciliation succeeded.
-    pub const RECONCILE_SUCCESS: &str = "ReconcileSuccess";
-    /// The pet store cannot be reached; the operator retries with backoff.
-    pub const STORE_UNAVAILABLE: &str = "StoreUnavailable";
-    /// The store rejected the spec; fix the spec to retry.
-    pub const INVALID_SPEC: &str = "InvalidSpec";
-    /// Another error; the operator retries with backoff.
-    pub const RECONCILE_ERROR: &str = "ReconcileError";
-    /// The paused annotation is set; nothing is reconciled.
-    pub const RECONCILE_PAUSED: &str = "ReconcilePaused";
+    ReconcileSuccess,
     /// Ready is not known yet (paused before the first reconcile).
-    pub const PENDING: &str = "Pending";
+    Pending,
+    /// The paused annotation is "true"; nothing is reconciled.
+    ReconcilePaused,
+    /// An annotation has a value the operator does not know; it does
+    /// whatever is safe (paused: touch nothing; deletion policy: never delete).
+    InvalidAnnotation,
+    /// The pet store cannot be reached; retried with backoff.
+    StoreUnavailable,
+    /// The store rejected the spec; fix the spec to retry.
+    InvalidSpec,
+    /// The store lacks the extension RPCs (GetPets, SetIdempotencyKeys)
+    /// that the operator needs.
+    StoreLacksExtensions,
+    /// The record named for adoption belongs to someone else.
+    RecordOwnedElsewhere,
+    /// The record named for adoption does not exist.
+    RecordNotFound,
+    /// The Pet already owns a record other than the one named for adoption.
+    AdoptionConflict,
+    /// Another error; retried with backoff.
+    ReconcileError,
+    /// Event: a record was created for the Pet.
+    Created,
+    /// Event: the record was changed to match the spec.
+    Updated,
+    /// Event: the Pet took a record as its own (found by UID, or named for
+    /// adoption).
+    Adopted,
+    /// Event: the record named by status.id had vanished; a new one was made.
+    Recreated,
+    /// Event: status.id named a record that is not this Pet's; corrected.
+    StatusIdCorrected,
+    /// Event: the record was deleted with the Pet.
+    Deleted,
+    /// Event: the Pet was deleted and its record kept and released.
+    Orphaned,
 }
 
-/// How a reconcile ended, as far as the user should know.
+impl Reason {
+    /// The CamelCase word used in conditions and Events.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Reason::Available => "Available",
+            Reason::ReconcileSuccess => "ReconcileSuccess",
+            Reason::Pending => "Pending",
+            Reason::ReconcilePaused => "ReconcilePaused",
+            Reason::InvalidAnnotation => "InvalidAnnotation",
+            Reason::StoreUnavailable => "StoreUnavailable",
+            Reason::InvalidSpec => "InvalidSpec",
+            Reason::StoreLacksExtensions => "StoreLacksExtensions",
+            Reason::RecordOwnedElsewhere => "RecordOwnedElsewhere",
+            Reason::RecordNotFound => "RecordNotFound",
+            Reason::AdoptionConflict => "AdoptionConflict",
+            Reason::ReconcileError => "ReconcileError",
+            Reason::Created => "Created",
+            Reason::Updated => "Updated",
+            Reason::Adopted => "Adopted",
+            Reason::Recreated => "Recreated",
+            Reason::StatusIdCorrected => "StatusIdCorrected",
+            Reason::Deleted => "Deleted",
+            Reason::Orphaned => "Orphaned",
+        }
+    }
+
+    /// The snake_case label of the errors metric.
+    pub const fn metric_label(self) -> &'static str {
+        match self {
+            Reason::Available => "available",
+            Reason::ReconcileSuccess => "reconcile_success",
+            Reason::Pending => "pending",
+            Reason::ReconcilePaused => "reconcile_paused",
+            Reason::InvalidAnnotation => "invalid_annotation",
+            Reason::StoreUnavailable => "store_unavailable",
+            Reason::InvalidSpec => "invalid_spec",
+            Reason::StoreLacksExtensions => "store_lacks_extensions",
+            Reason::RecordOwnedElsewhere => "record_owned_elsewhere",
+            Reason::RecordNotFound => "record_not_found",
+            Reason::AdoptionConflict => "adoption_conflict",
+            Reason::ReconcileError => "reconcile_error",
+            Reason::Created => "created",
+            Reason::Updated => "updated",
+            Reason::Adopted => "adopted",
+            Reason::Recreated => "recreated",
+            Reason::StatusIdCorrected => "status_id_corrected",
+            Reason::Deleted => "deleted",
+            Reason::Orphaned => "orphaned",
+        }
+    }
+
+    /// Whether an Event with this reason is a Warning.
+    pub const fn is_warning(self) -> bool {
+        !matches!(
+            self,
+            Reason::Available
+                | Reason::ReconcileSuccess
+                | Reason::Pending
+                | Reason::ReconcilePaused
+                | Reason::Created
+                | Reason::Updated
+                | Reason::Adopted
+                | Reason::Deleted
+                | Reason::Orphaned
+        )
+    }
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How a reconcile ended, as far as the user should know: the conditions to
+/// show and one message for both.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    Synced,
-    StoreUnavailable(String),
-    InvalidSpec(String),
-    Failed(String),
-    Paused,
+pub struct Outcome {
+    /// Ready's status and reason; `None` leaves Ready as it is (the record
+    /// was not looked at).
+    ready: Option<(bool, Reason)>,
+    synced: (bool, Reason),
+    pub message: String,
 }
 
 impl Outcome {
-    /// The reason this outcome gives the Synced condition.
-    pub fn synced_reason(&self) -> &'static str {
-        self.conditions().3
+    /// The record matches the spec.
+    pub fn synced() -> Self {
+        Self::synced_noting(
+            Reason::ReconcileSuccess,
+            "the store record matches the spec".into(),
+        )
     }
 
-    /// (Ready status, Ready reason, Synced status, Synced reason, message)
-    fn conditions(
-        &self,
-    ) -> (
-        Option<&'static str>,
-        &'static str,
-        &'static str,
-        &'static str,
-        String,
-    ) {
-        match self {
-            Outcome::Synced => (
-                Some("True"),
-                reason::AVAILABLE,
-                "True",
-                reason::RECONCILE_SUCCESS,
-                "the store record matches the spec".into(),
-            ),
-            Outcome::StoreUnavailable(message) => (
-                Some("False"),
-                reason::STORE_UNAVAILABLE,
-                "False",
-                reason::STORE_UNAVAILABLE,
-                format!("cannot reach the pet store, retrying with backoff: {message}"),
-            ),
-            Outcome::InvalidSpec(message) => (
-                Some("False"),
-                reason::INVALID_SPEC,
-                "False",
-                reason::INVALID_SPEC,
-                format!("the pet store rejected this spec; edit the Pet to retry: {message}"),
-            ),
-            Outcome::Failed(message) => (
-                Some("False"),
-                reason::RECONCILE_ERROR,
-                "False",
-                reason::RECONCILE_ERROR,
-                format!("retrying with backoff: {message}"),
-            ),
-            // Paused leaves Ready as it was: the record is untouched.
-            Outcome::Paused => (
-                None,
-                reason::PENDING,
-                "False",
-                reason::RECONCILE_PAUSED,
-                format!("reconciliation is paused by the annotation {PAUSED_ANNOTATION}=\"true\""),
-            ),
+    /// The record matches the spec, and Synced tells what just happened
+    /// (such as a corrected status.id) until the next reconcile.
+    pub fn synced_noting(reason: Reason, message: String) -> Self {
+        Self {
+            ready: Some((true, Reason::Available)),
+            synced: (true, reason),
+            message,
         }
+    }
+
+    /// The record matches the spec, but something needs the user's
+    /// attention (Synced=False with `reason`).
+    pub fn synced_but(reason: Reason, message: String) -> Self {
+        Self {
+            ready: Some((true, Reason::Available)),
+            synced: (false, reason),
+            message,
+        }
+    }
+
+    /// The record could not be brought in line: Ready and Synced False.
+    pub fn failed(reason: Reason, message: String) -> Self {
+        Self {
+            ready: Some((false, reason)),
+            synced: (false, reason),
+            message,
+        }
+    }
+
+    /// Hands off (paused, or an annotation that must be fixed first): Ready
+    /// keeps its value and the generation is not marked observed.
+    pub fn held(reason: Reason, message: String) -> Self {
+        Self {
+            ready: None,
+            synced: (false, reason),
+            message,
+        }
+    }
+
+    /// A failure from the store or the API server, by its reason.
+    pub fn from_error(reason: Reason, error: &str) -> Self {
+        let message = match reason {
+            Reason::StoreUnavailable => {
+                format!("cannot reach the pet store, retrying with backoff: {error}")
+            }
+            Reason::InvalidSpec => {
+                format!("the pet store rejected this spec; edit the Pet to retry: {error}")
+            }
+            Reason::StoreLacksExtensions => error.to_owned(),
+            _ => format!("retrying with backoff: {error}"),
+        };
+        Self::failed(reason, message)
+    }
+
+    /// The reason this outcome gives the Synced condition.
+    pub fn synced_reason(&self) -> Reason {
+        self.synced.1
+    }
+
+    fn observes_generation(&self) -> bool {
+        self.ready.is_some()
     }
 }
 
@@ -140,14 +260,14 @@ pub fn next_status(
     if let Some(id) = id {
         status.id = Some(id.to_owned());
     }
-    let (ready, ready_reason, synced, synced_reason, message) = outcome.conditions();
-    match ready {
-        Some(ready) => set_condition(
+    let status_word = |ok: bool| if ok { "True" } else { "False" };
+    match outcome.ready {
+        Some((ready, reason)) => set_condition(
             &mut status.conditions,
             READY,
-            ready,
-            ready_reason,
-            &message,
+            status_word(ready),
+            reason.as_str(),
+            &outcome.message,
             generation,
             now,
         ),
@@ -155,25 +275,26 @@ pub fn next_status(
             &mut status.conditions,
             READY,
             "Unknown",
-            ready_reason,
+            Reason::Pending.as_str(),
             "not reconciled yet",
             generation,
             now,
         ),
         None => {}
     }
+    let (synced, synced_reason) = outcome.synced;
     set_condition(
         &mut status.conditions,
         SYNCED,
-        synced,
-        synced_reason,
-        &message,
+        status_word(synced),
+        synced_reason.as_str(),
+        &outcome.message,
         generation,
         now,
     );
     // Keep a stable order so equal statuses compare equal.
     status.conditions.sort_by(|a, b| a.type_.cmp(&b.type_));
-    if *outcome != Outcome::Paused {
+    if outcome.observes_generation() {
         status.observed_generation = generation;
     }
     status
@@ -185,7 +306,7 @@ pub fn rejected_this_generation(status: Option<&PetStatus>, generation: Option<i
     status.is_some_and(|s| {
         s.conditions.iter().any(|c| {
             c.type_ == SYNCED
-                && c.reason == reason::INVALID_SPEC
+                && c.reason == Reason::InvalidSpec.as_str()
                 && c.observed_generation == generation
         })
     })
@@ -196,6 +317,7 @@ mod tests {
     use chrono::TimeZone;
 
     use super::*;
+    use crate::crd::PAUSED_ANNOTATION;
 
     fn at(seconds: i64) -> DateTime<Utc> {
         Utc.timestamp_opt(1_700_000_000 + seconds, 0)
@@ -213,7 +335,7 @@ mod tests {
 
     #[test]
     fn synced_sets_id_generation_and_both_conditions_true() {
-        let s = next_status(None, Some(3), Some("id-1"), &Outcome::Synced, at(0));
+        let s = next_status(None, Some(3), Some("id-1"), &Outcome::synced(), at(0));
         assert_eq!(s.id.as_deref(), Some("id-1"));
         assert_eq!(s.observed_generation, Some(3));
         let ready = condition(&s, READY);
@@ -227,12 +349,12 @@ mod tests {
 
     #[test]
     fn unchanged_outcome_gives_an_identical_status() {
-        let first = next_status(None, Some(1), Some("id-1"), &Outcome::Synced, at(0));
+        let first = next_status(None, Some(1), Some("id-1"), &Outcome::synced(), at(0));
         let again = next_status(
             Some(&first),
             Some(1),
             Some("id-1"),
-            &Outcome::Synced,
+            &Outcome::synced(),
             at(60),
         );
         assert_eq!(first, again, "no API write in steady state");
@@ -240,12 +362,12 @@ mod tests {
 
     #[test]
     fn transition_time_moves_only_when_status_flips() {
-        let ok = next_status(None, Some(1), Some("id-1"), &Outcome::Synced, at(0));
+        let ok = next_status(None, Some(1), Some("id-1"), &Outcome::synced(), at(0));
         let down = next_status(
             Some(&ok),
             Some(1),
             None,
-            &Outcome::StoreUnavailable("connection refused".into()),
+            &Outcome::from_error(Reason::StoreUnavailable, "connection refused"),
             at(10),
         );
         let ready = condition(&down, READY);
@@ -259,7 +381,7 @@ mod tests {
             Some(&down),
             Some(1),
             None,
-            &Outcome::Failed("boom".into()),
+            &Outcome::from_error(Reason::ReconcileError, "boom"),
             at(20),
         );
         assert_eq!(condition(&still_down, READY).last_transition_time, at(10));
@@ -272,20 +394,73 @@ mod tests {
             None,
             Some(2),
             None,
-            &Outcome::InvalidSpec("pets[0].name: too long".into()),
+            &Outcome::from_error(Reason::InvalidSpec, "pets[0].name: too long"),
             at(0),
         );
         assert_eq!(condition(&s, SYNCED).reason, "InvalidSpec");
         assert!(rejected_this_generation(Some(&s), Some(2)));
         assert!(!rejected_this_generation(Some(&s), Some(3)));
-        let ok = next_status(Some(&s), Some(3), Some("id"), &Outcome::Synced, at(1));
+        let ok = next_status(Some(&s), Some(3), Some("id"), &Outcome::synced(), at(1));
         assert!(!rejected_this_generation(Some(&ok), Some(3)));
+    }
+
+    fn paused_outcome() -> Outcome {
+        Outcome::held(
+            Reason::ReconcilePaused,
+            format!("reconciliation is paused by the annotation {PAUSED_ANNOTATION}=\"true\""),
+        )
+    }
+
+    #[test]
+    fn every_reason_has_one_word_and_one_label() {
+        use std::collections::HashSet;
+        let all = [
+            Reason::Available,
+            Reason::ReconcileSuccess,
+            Reason::Pending,
+            Reason::ReconcilePaused,
+            Reason::InvalidAnnotation,
+            Reason::StoreUnavailable,
+            Reason::InvalidSpec,
+            Reason::StoreLacksExtensions,
+            Reason::RecordOwnedElsewhere,
+            Reason::RecordNotFound,
+            Reason::AdoptionConflict,
+            Reason::ReconcileError,
+            Reason::Created,
+            Reason::Updated,
+            Reason::Adopted,
+            Reason::Recreated,
+            Reason::StatusIdCorrected,
+            Reason::Deleted,
+            Reason::Orphaned,
+        ];
+        let words: HashSet<_> = all.iter().map(|r| r.as_str()).collect();
+        let labels: HashSet<_> = all.iter().map(|r| r.metric_label()).collect();
+        assert_eq!(words.len(), all.len());
+        assert_eq!(labels.len(), all.len());
+        for reason in all {
+            // The label is the word in snake_case: the two cannot drift apart.
+            let snake: String = reason
+                .as_str()
+                .chars()
+                .enumerate()
+                .flat_map(|(i, c)| {
+                    let sep = (i > 0 && c.is_ascii_uppercase()).then_some('_');
+                    sep.into_iter()
+                        .chain(std::iter::once(c.to_ascii_lowercase()))
+                })
+                .collect();
+            assert_eq!(reason.metric_label(), snake);
+        }
+        assert!(Reason::StoreLacksExtensions.is_warning());
+        assert!(!Reason::Orphaned.is_warning());
     }
 
     #[test]
     fn paused_keeps_ready_and_says_why_in_synced() {
-        let ok = next_status(None, Some(1), Some("id-1"), &Outcome::Synced, at(0));
-        let paused = next_status(Some(&ok), Some(2), None, &Outcome::Paused, at(5));
+        let ok = next_status(None, Some(1), Some("id-1"), &Outcome::synced(), at(0));
+        let paused = next_status(Some(&ok), Some(2), None, &paused_outcome(), at(5));
         assert_eq!(condition(&paused, READY).status, "True");
         let synced = condition(&paused, SYNCED);
         assert_eq!(
@@ -299,7 +474,7 @@ mod tests {
             "paused observes nothing new"
         );
 
-        let fresh = next_status(None, Some(1), None, &Outcome::Paused, at(0));
+        let fresh = next_status(None, Some(1), None, &paused_outcome(), at(0));
         assert_eq!(condition(&fresh, READY).status, "Unknown");
     }
 }

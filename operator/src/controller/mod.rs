@@ -1,12 +1,16 @@
-//! The Kubernetes glue: watches Pets, holds the finalizer, runs the decision
-//! step against the store, writes status and publishes Events.
+//! The Kubernetes glue: watches Pets, gathers the facts about each one,
+//! asks the pure decision step ([`crate::decision`]) what to do, executes
+//! that plan against the store and the API server, and records the outcome
+//! (status, Events, metrics). No policy lives here.
 //!
 //! Ordering that makes a crash at any point safe:
 //! 1. the finalizer is persisted before anything exists in the store;
 //! 2. creates carry the Pet's UID as idempotency key, so a create repeated
 //!    after a crash returns the first record instead of a duplicate;
 //! 3. the ID is written to status straight after the create; if that write is
-//!    lost, the next reconcile finds the record by key and adopts it.
+//!    lost, the next reconcile finds the record by key and adopts it;
+//! 4. adoption and Orphan release change the record's key by compare-and-set,
+//!    so whatever step a crash interrupts, the record has exactly one owner.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -17,25 +21,35 @@ use futures::StreamExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::{Event, EventType};
-use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
-use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::reflector;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::Error;
 use crate::crd::{FINALIZER, Pet};
-use crate::decision::{Observed, Plan, decide};
+// `Sync` would shadow the marker trait.
+use crate::decision::{
+    Facts, Finish, Next, Observation, Plan, Step, Story, Sync as SyncPlan, Target, decide,
+    first_step,
+};
 use crate::events::EventQueue;
 use crate::metrics::Metrics;
-use crate::status::{self, Outcome, next_status};
+use crate::status::{self, Outcome, Reason, next_status};
 use crate::store::{PetData, PetStore, StoreError};
 
 /// Status writes retried after a 409 before giving up (and retrying the
 /// whole reconcile with backoff, which never creates again: see step 3).
 const STATUS_WRITE_ATTEMPTS: u32 = 5;
 
-/// Test-only faults, to prove crash safety end to end.
+/// Observations per reconcile: a record that vanishes before an update, or
+/// whose key changes before a compare-and-set, is observed again at once
+/// rather than after a backoff.
+const OBSERVE_ATTEMPTS: u32 = 3;
+
+/// Faults for crash tests; compiled only with the `fault-injection` feature,
+/// so the release binary has no such flag.
+#[cfg(feature = "fault-injection")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fault {
     /// After a successful create, hang before the ID reaches status, so a
@@ -56,6 +70,7 @@ pub struct Settings {
     pub backoff_max: Duration,
     /// Pets reconciled at once.
     pub concurrency: u16,
+    #[cfg(feature = "fault-injection")]
     pub fault: Option<Fault>,
 }
 
@@ -67,6 +82,7 @@ impl Default for Settings {
             backoff_base: Duration::from_secs(1),
             backoff_max: Duration::from_secs(300),
             concurrency: 16,
+            #[cfg(feature = "fault-injection")]
             fault: None,
         }
     }
@@ -78,16 +94,21 @@ pub struct Context {
     pub events: EventQueue,
     pub metrics: Arc<Metrics>,
     pub settings: Settings,
-    /// Consecutive failures per Pet, for exponential backoff.
-    failures: Mutex<HashMap<ObjectRef<Pet>, u32>>,
-    /// When each Pet's record was last found in sync, and for which
+    /// Consecutive failures per Pet UID, for exponential backoff. Keyed by
+    /// UID, so a Pet deleted and created again under its name starts clean.
+    failures: Mutex<HashMap<String, u32>>,
+    /// When each Pet (by UID) was last found in sync, and for which
     /// generation: lets the reconcile triggered by our own status write skip
     /// a store read that cannot tell anything new.
-    last_sync: Mutex<HashMap<ObjectRef<Pet>, LastSync>>,
+    last_sync: Mutex<HashMap<String, LastSync>>,
 }
 
 /// The generation found in sync, and when.
 type LastSync = (Option<i64>, Instant);
+
+fn uid_of(pet: &Pet) -> Result<String, Error> {
+    pet.uid().ok_or_else(|| Error::MalformedPet(pet.name_any()))
+}
 
 impl Context {
     pub fn new(
@@ -108,7 +129,7 @@ impl Context {
         }
     }
 
-    fn last_sync(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectRef<Pet>, LastSync>> {
+    fn last_sync(&self) -> std::sync::MutexGuard<'_, HashMap<String, LastSync>> {
         self.last_sync
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -119,14 +140,14 @@ impl Context {
     /// cache may not show that status write yet; the write succeeded, so
     /// its event is on the way, and syncing again from the stale copy would
     /// only repeat the write.
-    fn recently_synced(&self, pet: &Pet) -> Option<Duration> {
-        let (generation, at) = *self.last_sync().get(&ObjectRef::from(pet))?;
+    fn recently_synced(&self, uid: &str, generation: Option<i64>) -> Option<Duration> {
+        let (synced_generation, at) = *self.last_sync().get(uid)?;
         let age = at.elapsed();
-        (generation == pet.metadata.generation && age < self.settings.poll_interval / 2)
+        (synced_generation == generation && age < self.settings.poll_interval / 2)
             .then(|| self.settings.poll_interval.saturating_sub(age))
     }
 
-    fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectRef<Pet>, u32>> {
+    fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
         // The map only holds counters; a panic elsewhere cannot corrupt it.
         self.failures.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -137,13 +158,50 @@ impl Context {
         self.settings.poll_interval.mul_f64(factor)
     }
 
+    /// Everything the decision step needs to know about the Pet.
+    fn facts(&self, pet: &Pet) -> Result<Facts, Error> {
+        let uid = uid_of(pet)?;
+        Ok(Facts {
+            recently_synced: self.recently_synced(&uid, pet.metadata.generation),
+            uid,
+            desired: PetData::from(&pet.spec),
+            deleting: pet.meta().deletion_timestamp.is_some(),
+            has_finalizer: pet.finalizers().iter().any(|f| f == FINALIZER),
+            paused: pet.paused(),
+            deletion_policy: pet.deletion_policy(),
+            external_id: pet.external_id().map(str::to_owned),
+            status_id: pet.status_id().map(str::to_owned),
+            rejected_this_generation: status::rejected_this_generation(
+                pet.status.as_ref(),
+                pet.metadata.generation,
+            ),
+        })
+    }
+
+    /// The controller action for `next`; `Retry` is handled by the caller.
+    fn action(&self, next: Next) -> Action {
+        match next {
+            Next::AwaitChange => Action::await_change(),
+            Next::Poll | Next::Retry => Action::requeue(self.poll_delay()),
+            Next::After(delay) => Action::requeue(delay),
+        }
+    }
+
     /// Queues an Event; it is written in the background (best effort).
-    fn publish(&self, pet: &Pet, type_: EventType, reason: &str, note: String) {
+    fn publish(&self, pet: &Pet, reason: Reason, note: String) {
+        self.publish_action(pet, reason, "Reconcile", note);
+    }
+
+    fn publish_action(&self, pet: &Pet, reason: Reason, action: &str, note: String) {
         let event = Event {
-            type_,
-            reason: reason.to_owned(),
+            type_: if reason.is_warning() {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: reason.as_str().to_owned(),
             note: Some(note),
-            action: "Reconcile".into(),
+            action: action.into(),
             secondary: None,
         };
         self.events.publish(event, pet.object_ref(&()));
@@ -193,32 +251,20 @@ impl Context {
         }
     }
 
-    fn fail_outcome(error: &Error) -> Outcome {
-        match error {
-            Error::Store(StoreError::Unavailable { message, .. }) => {
-                Outcome::StoreUnavailable(message.clone())
-            }
-            Error::Store(e @ StoreError::Rejected { .. }) => Outcome::InvalidSpec(e.to_string()),
-            other => Outcome::Failed(other.to_string()),
-        }
-    }
-
-    /// Records a failure on the Pet: conditions always, an Event only when
-    /// the reason changes, so a long outage does not flood the API.
-    async fn report_failure(&self, api: &Api<Pet>, pet: &Pet, error: &Error) -> Outcome {
-        let outcome = Self::fail_outcome(error);
+    /// Shows a problem on the Pet: conditions always, a Warning Event only
+    /// when the reason changes, so a long outage does not flood the API.
+    async fn report(&self, api: &Api<Pet>, pet: &Pet, outcome: &Outcome) {
         let previous = pet
             .condition(status::SYNCED)
             .map(|c| c.reason.clone())
             .unwrap_or_default();
-        if let Err(write_error) = self.write_outcome(api, pet, None, &outcome).await {
-            debug!(error = %write_error, "could not record the failure in status");
+        if let Err(write_error) = self.write_outcome(api, pet, None, outcome).await {
+            debug!(error = %write_error, "could not record the outcome in status");
         }
         let reason = outcome.synced_reason();
-        if reason != previous {
-            self.publish(pet, EventType::Warning, reason, error.to_string());
+        if reason.is_warning() && reason.as_str() != previous {
+            self.publish(pet, reason, outcome.message.clone());
         }
-        outcome
     }
 }
 
@@ -263,8 +309,10 @@ pub async fn reconcile(pet: Arc<Pet>, ctx: Arc<Context>) -> Result<Action, Error
         let started = Instant::now();
         let result = reconcile_pet(Arc::clone(&pet), &ctx).await;
         ctx.metrics.reconcile_finished(started.elapsed());
-        if result.is_ok() {
-            ctx.failures().remove(&ObjectRef::from(&*pet));
+        if result.is_ok()
+            && let Some(uid) = pet.uid()
+        {
+            ctx.failures().remove(&uid);
         }
         result
     }
@@ -272,39 +320,204 @@ pub async fn reconcile(pet: Arc<Pet>, ctx: Arc<Context>) -> Result<Action, Error
     .await
 }
 
-async fn reconcile_pet(pet: Arc<Pet>, ctx: &Context) -> Result<Action, Error> {
+async fn reconcile_pet(mut pet: Arc<Pet>, ctx: &Context) -> Result<Action, Error> {
     let namespace = pet
         .namespace()
         .ok_or_else(|| Error::MalformedPet(pet.name_any()))?;
     let api: Api<Pet> = Api::namespaced(ctx.client.clone(), &namespace);
+    // Twice at most: once more after adding the finalizer, carrying on with
+    // the object the API server returned instead of waiting for its watch
+    // event (one round trip less per new Pet).
+    for _ in 0..2 {
+        let facts = ctx.facts(&pet)?;
+        match first_step(&facts) {
+            Step::Wait(next) => return Ok(ctx.action(next)),
+            Step::Hold { outcome, next } => {
+                return hold(&api, &pet, ctx, &facts, outcome, next).await;
+            }
+            Step::AddFinalizer => pet = Arc::new(add_finalizer(&api, &pet).await?),
+            Step::Observe { id } => return execute(&api, &pet, ctx, &facts, id.as_deref()).await,
+        }
+    }
+    Err(Error::MalformedPet(pet.name_any()))
+}
 
-    // Paused means hands off entirely, deletion included.
-    if pet.is_paused() {
-        ctx.write_outcome(&api, &pet, None, &Outcome::Paused)
-            .await?;
+/// Touches nothing in the store; shows why.
+async fn hold(
+    api: &Api<Pet>,
+    pet: &Pet,
+    ctx: &Context,
+    facts: &Facts,
+    outcome: Outcome,
+    next: Next,
+) -> Result<Action, Error> {
+    ctx.last_sync().remove(&facts.uid);
+    ctx.report(api, pet, &outcome).await;
+    let reason = outcome.synced_reason();
+    if reason.is_warning() {
+        info!(%reason, message = %outcome.message, "holding: nothing touched in the store");
+    }
+    match next {
+        // Counted as a failure, with backoff.
+        Next::Retry => Err(Error::Held(reason, outcome.message)),
+        next => {
+            if reason.is_warning() {
+                ctx.metrics.reconcile_failed(reason.metric_label());
+            }
+            Ok(ctx.action(next))
+        }
+    }
+}
+
+/// Observes the store, decides, and runs the plan. A record that vanished
+/// or changed owner meanwhile is observed again at once.
+async fn execute(
+    api: &Api<Pet>,
+    pet: &Pet,
+    ctx: &Context,
+    facts: &Facts,
+    id: Option<&str>,
+) -> Result<Action, Error> {
+    let mut attempt = 1;
+    loop {
+        let result = match ctx.store.observe(id, &facts.uid).await {
+            Err(StoreError::Unimplemented { rpc }) => Ok(Observation::StoreLacks { rpc }),
+            other => other.map(Observation::Found),
+        };
+        let result = match result {
+            Ok(observation) => {
+                let plan = decide(facts, observation);
+                debug!(?plan, "decided");
+                match plan {
+                    Plan::Hold { outcome, next } => {
+                        return hold(api, pet, ctx, facts, outcome, next).await;
+                    }
+                    Plan::Sync(sync) => run_sync(api, pet, ctx, facts, &sync).await,
+                    Plan::Finish(finish) => run_finish(api, pet, ctx, facts, &finish).await,
+                }
+            }
+            Err(error) => Err(Error::Store(error)),
+        };
+        match result {
+            Err(Error::Store(
+                ref error @ (StoreError::NotFound { .. } | StoreError::KeyConflict { .. }),
+            )) if attempt < OBSERVE_ATTEMPTS => {
+                info!(%error, "the record changed since it was observed; observing again");
+                attempt += 1;
+            }
+            Err(error) => return fail(api, pet, ctx, facts, error).await,
+            Ok(action) => return Ok(action),
+        }
+    }
+}
+
+/// Shows a failure; a spec the store rejected waits for a change, anything
+/// else is retried with backoff.
+async fn fail(
+    api: &Api<Pet>,
+    pet: &Pet,
+    ctx: &Context,
+    facts: &Facts,
+    error: Error,
+) -> Result<Action, Error> {
+    ctx.last_sync().remove(&facts.uid);
+    let reason = error.reason();
+    ctx.report(api, pet, &Outcome::from_error(reason, &error.to_string()))
+        .await;
+    if reason == Reason::InvalidSpec {
+        info!(%error, "spec rejected by the store; waiting for a change");
+        ctx.metrics.reconcile_failed(reason.metric_label());
         return Ok(Action::await_change());
     }
+    Err(error)
+}
 
-    // Persist the finalizer first, and carry on with the object the API
-    // server returned instead of waiting for its watch event: one round trip
-    // less per new Pet. kube's finalizer helper then only sees Pets that
-    // have it, and runs Apply or Cleanup.
-    let pet = if pet.meta().deletion_timestamp.is_none()
-        && !pet.finalizers().iter().any(|f| f == FINALIZER)
-    {
-        Arc::new(add_finalizer(&api, &pet).await?)
-    } else {
-        pet
-    };
-
-    finalizer(&api, FINALIZER, pet, |event| async {
-        match event {
-            FinalizerEvent::Apply(pet) => apply(&api, &pet, ctx).await,
-            FinalizerEvent::Cleanup(pet) => cleanup(&api, &pet, ctx).await,
+/// Brings the store in line with the Pet, then records the ID and outcome.
+async fn run_sync(
+    api: &Api<Pet>,
+    pet: &Pet,
+    ctx: &Context,
+    facts: &Facts,
+    sync: &SyncPlan,
+) -> Result<Action, Error> {
+    let id = match &sync.target {
+        Target::Existing(id) => {
+            if sync.claim {
+                ctx.store.set_key(id, "", &facts.uid).await?;
+                ctx.metrics.store_action("claim");
+                info!(%id, "took ownership of the store record");
+            }
+            if sync.update {
+                ctx.store.update(id, &facts.desired).await?;
+                ctx.metrics.store_action("update");
+            }
+            id.clone()
         }
-    })
-    .await
-    .map_err(|e| Error::Finalizer(Box::new(e)))
+        Target::Create => {
+            let id = create(pet, ctx, facts).await?;
+            let recreated = matches!(sync.story, Story::Recreated { .. });
+            ctx.metrics
+                .store_action(if recreated { "recreate" } else { "create" });
+            id
+        }
+    };
+    let outcome = sync.outcome(&id);
+    ctx.write_outcome(api, pet, Some(&id), &outcome).await?;
+    // A problem shown although the record is in line (a misspelled
+    // annotation) gets its Warning once, like any failure.
+    let previous = pet.condition(status::SYNCED).map(|c| c.reason.as_str());
+    let reason = outcome.synced_reason();
+    if sync.warning.is_some() && previous != Some(reason.as_str()) {
+        ctx.publish(pet, reason, outcome.message.clone());
+    }
+    ctx.last_sync()
+        .insert(facts.uid.clone(), (pet.metadata.generation, Instant::now()));
+    // After the status write, so Ready is never held up by an Event.
+    if let Some((reason, note)) = sync.story.notice(Some(&id)) {
+        if reason.is_warning() {
+            warn!(%reason, "{note}");
+        }
+        ctx.publish_action(pet, reason, sync.story.action(), note);
+    }
+    Ok(Action::requeue(ctx.poll_delay()))
+}
+
+async fn create(pet: &Pet, ctx: &Context, facts: &Facts) -> Result<String, Error> {
+    let id = ctx.store.create(&facts.uid, &facts.desired).await?;
+    info!(%id, "created store record");
+    #[cfg(feature = "fault-injection")]
+    if ctx.settings.fault == Some(Fault::HangAfterCreate) {
+        warn!(%id, pet = %pet.name_any(), "fault injection: hanging after create, before the ID reaches status");
+        std::future::pending::<()>().await;
+    }
+    let _ = pet;
+    Ok(id)
+}
+
+/// Deletion: deletes or releases the record, then the finalizer.
+async fn run_finish(
+    api: &Api<Pet>,
+    pet: &Pet,
+    ctx: &Context,
+    facts: &Facts,
+    finish: &Finish,
+) -> Result<Action, Error> {
+    if let Some(id) = &finish.release {
+        ctx.store.set_key(id, &facts.uid, "").await?;
+        ctx.metrics.store_action("release");
+    }
+    if let Some(id) = &finish.delete {
+        ctx.store.delete(id).await?;
+        ctx.metrics.store_action("delete");
+    }
+    ctx.last_sync().remove(&facts.uid);
+    // The store change is done, so the Event is true even if removing the
+    // finalizer fails and the deletion is retried.
+    if let Some((reason, note)) = finish.story.notice(None) {
+        ctx.publish_action(pet, reason, finish.story.action(), note);
+    }
+    remove_finalizer(api, pet).await?;
+    Ok(Action::await_change())
 }
 
 /// Adds our finalizer. The resourceVersion precondition makes the API server
@@ -313,6 +526,35 @@ async fn reconcile_pet(pet: Arc<Pet>, ctx: &Context) -> Result<Action, Error> {
 async fn add_finalizer(api: &Api<Pet>, pet: &Pet) -> Result<Pet, Error> {
     let mut finalizers = pet.finalizers().to_vec();
     finalizers.push(FINALIZER.to_owned());
+    patch_finalizers(api, pet, finalizers)
+        .await
+        .map_err(|source| Error::AddFinalizer {
+            name: pet.name_any(),
+            source,
+        })
+}
+
+/// Removes our finalizer, with the same precondition.
+async fn remove_finalizer(api: &Api<Pet>, pet: &Pet) -> Result<Pet, Error> {
+    let finalizers = pet
+        .finalizers()
+        .iter()
+        .filter(|f| *f != FINALIZER)
+        .cloned()
+        .collect();
+    patch_finalizers(api, pet, finalizers)
+        .await
+        .map_err(|source| Error::RemoveFinalizer {
+            name: pet.name_any(),
+            source,
+        })
+}
+
+async fn patch_finalizers(
+    api: &Api<Pet>,
+    pet: &Pet,
+    finalizers: Vec<String>,
+) -> Result<Pet, kube::Error> {
     let patch = serde_json::json!({
         "metadata": {
             "finalizers": finalizers,
@@ -325,154 +567,6 @@ async fn add_finalizer(api: &Api<Pet>, pet: &Pet) -> Result<Pet, Error> {
         &Patch::Merge(&patch),
     )
     .await
-    .map_err(|source| Error::AddFinalizer {
-        name: pet.name_any(),
-        source,
-    })
-}
-
-async fn apply(api: &Api<Pet>, pet: &Pet, ctx: &Context) -> Result<Action, Error> {
-    // A rejected spec stays rejected until it changes (a new generation).
-    if status::rejected_this_generation(pet.status.as_ref(), pet.metadata.generation) {
-        return Ok(Action::await_change());
-    }
-    if let Some(next_poll) = ctx.recently_synced(pet) {
-        return Ok(Action::requeue(next_poll));
-    }
-    match sync(pet, ctx).await {
-        Ok((id, notice)) => {
-            ctx.write_outcome(api, pet, Some(&id), &Outcome::Synced)
-                .await?;
-            ctx.last_sync().insert(
-                ObjectRef::from(pet),
-                (pet.metadata.generation, Instant::now()),
-            );
-            // After the status write, so Ready is never held up by an Event.
-            if let Some(Notice(type_, reason, note)) = notice {
-                ctx.publish(pet, type_, reason, note);
-            }
-            Ok(Action::requeue(ctx.poll_delay()))
-        }
-        Err(error) => {
-            ctx.last_sync().remove(&ObjectRef::from(pet));
-            let outcome = ctx.report_failure(api, pet, &error).await;
-            if matches!(outcome, Outcome::InvalidSpec(_)) {
-                info!(error = %error, "spec rejected by the store; waiting for a change");
-                return Ok(Action::await_change());
-            }
-            Err(error)
-        }
-    }
-}
-
-/// An Event to publish once the status is written.
-struct Notice(EventType, &'static str, String);
-
-/// Brings the store in line with the Pet and returns the record's ID, and
-/// what to tell the user about it.
-async fn sync(pet: &Pet, ctx: &Context) -> Result<(String, Option<Notice>), Error> {
-    let uid = pet
-        .uid()
-        .ok_or_else(|| Error::MalformedPet(pet.name_any()))?;
-    let desired = PetData::from(&pet.spec);
-    let observed = match pet.status_id() {
-        Some(id) => Observed::ById {
-            id: id.to_owned(),
-            record: ctx.store.observe(id).await?,
-        },
-        None => Observed::ByKey {
-            record: ctx.store.find_by_key(&uid).await?,
-        },
-    };
-    let plan = decide(&desired, observed);
-    debug!(?plan, "decided");
-    Ok(match plan {
-        Plan::InSync { id } => (id, None),
-        Plan::Update { id } => {
-            ctx.store.update(&id, &desired).await?;
-            ctx.metrics.store_action("update");
-            let note = format!("updated store record {id} to match the spec");
-            (id, Some(Notice(EventType::Normal, "Updated", note)))
-        }
-        Plan::Adopt { id, update } => {
-            if update {
-                ctx.store.update(&id, &desired).await?;
-                ctx.metrics.store_action("update");
-            }
-            let note = format!("found store record {id} by this Pet's UID and recorded its ID");
-            (id, Some(Notice(EventType::Normal, "Adopted", note)))
-        }
-        Plan::Create => {
-            let id = create(pet, ctx, &uid, &desired).await?;
-            ctx.metrics.store_action("create");
-            let note = format!("created store record {id}");
-            (id, Some(Notice(EventType::Normal, "Created", note)))
-        }
-        Plan::Recreate { lost_id } => {
-            let id = create(pet, ctx, &uid, &desired).await?;
-            ctx.metrics.store_action("recreate");
-            warn!(%lost_id, %id, "store record was missing; recreated it");
-            let note = format!("store record {lost_id} was missing; created {id} in its place");
-            (id, Some(Notice(EventType::Warning, "Recreated", note)))
-        }
-    })
-}
-
-async fn create(pet: &Pet, ctx: &Context, uid: &str, desired: &PetData) -> Result<String, Error> {
-    let id = ctx.store.create(uid, desired).await?;
-    info!(%id, "created store record");
-    if ctx.settings.fault == Some(Fault::HangAfterCreate) {
-        warn!(%id, pet = %pet.name_any(), "fault injection: hanging after create, before the ID reaches status");
-        std::future::pending::<()>().await;
-    }
-    Ok(id)
-}
-
-async fn cleanup(api: &Api<Pet>, pet: &Pet, ctx: &Context) -> Result<Action, Error> {
-    ctx.last_sync().remove(&ObjectRef::from(pet));
-    if pet.orphans_on_delete() {
-        let id = pet.status_id().unwrap_or("(none)");
-        ctx.publish(
-            pet,
-            EventType::Normal,
-            "Orphaned",
-            format!("deletion-policy is Orphan: kept store record {id}"),
-        );
-        return Ok(Action::await_change());
-    }
-    let result = async {
-        // If the ID never reached status, the record may still exist under
-        // the Pet's UID: find it, so deleting the Pet leaks nothing.
-        let id = match pet.status_id() {
-            Some(id) => Some(id.to_owned()),
-            None => {
-                let uid = pet
-                    .uid()
-                    .ok_or_else(|| Error::MalformedPet(pet.name_any()))?;
-                ctx.store.find_by_key(&uid).await?.map(|record| record.id)
-            }
-        };
-        if let Some(id) = &id {
-            ctx.store.delete(id).await?;
-            ctx.metrics.store_action("delete");
-        }
-        Ok::<_, Error>(id)
-    }
-    .await;
-    match result {
-        Ok(id) => {
-            let note = match id {
-                Some(id) => format!("deleted store record {id}"),
-                None => "no store record existed".into(),
-            };
-            ctx.publish(pet, EventType::Normal, "Deleted", note);
-            Ok(Action::await_change())
-        }
-        Err(error) => {
-            ctx.report_failure(api, pet, &error).await;
-            Err(error)
-        }
-    }
 }
 
 /// Exponential backoff per Pet: base * 2^(failures-1), capped, with jitter.
@@ -487,10 +581,10 @@ pub fn backoff(settings: &Settings, failures: u32) -> Duration {
 }
 
 pub fn error_policy(pet: Arc<Pet>, error: &Error, ctx: Arc<Context>) -> Action {
-    ctx.metrics.reconcile_failed(error.metric_label());
+    ctx.metrics.reconcile_failed(error.reason().metric_label());
     let failures = {
         let mut failures = ctx.failures();
-        let count = failures.entry(ObjectRef::from(&*pet)).or_insert(0);
+        let count = failures.entry(pet.uid().unwrap_or_default()).or_insert(0);
         *count = count.saturating_add(1);
         *count
     };

@@ -1,5 +1,7 @@
-//! The reconcile path against a mock API server (tower-test) and a fake store:
-//! ordering, status writes, conflict retry, crash recovery and deletion.
+//! The reconcile path against a strict mock API server and a fake store.
+//! Like controller-rs's `ApiServerVerifier`, the mock answers only the calls
+//! a test scripted, in order; any other call fails the test, and so does a
+//! scripted call that never came or an Event the test did not name.
 
 use std::collections::VecDeque;
 use std::pin::pin;
@@ -13,11 +15,82 @@ use kube::runtime::events::{Recorder, Reporter};
 use serde_json::{Value, json};
 
 use super::*;
-use crate::crd::{DELETION_POLICY_ANNOTATION, PAUSED_ANNOTATION, PetKind};
+use crate::crd::{DELETION_POLICY_ANNOTATION, EXTERNAL_ID_ANNOTATION, PAUSED_ANNOTATION, PetKind};
 use crate::store::fake::FakeStore;
 
 const UID: &str = "8d3c7c51-uid";
+const OTHER_UID: &str = "0f1e2d3c-other";
 const PETS: &str = "/apis/petstore.example.com/v1alpha1/namespaces/default/pets/thor";
+
+fn status_path() -> String {
+    format!("{PETS}/status")
+}
+
+/// A Pet as the API server would return it, built by name rather than by
+/// positional flags.
+#[derive(Clone)]
+struct PetBuilder(Value);
+
+fn thor() -> PetBuilder {
+    PetBuilder(json!({
+        "apiVersion": "petstore.example.com/v1alpha1",
+        "kind": "Pet",
+        "metadata": {
+            "name": "thor", "namespace": "default", "uid": UID, "generation": 1,
+            "resourceVersion": "1",
+        },
+        "spec": {"name": "Thor", "type": "dog", "birthday": "2021-04-01T00:00:00Z"},
+    }))
+}
+
+impl PetBuilder {
+    fn finalizer(mut self) -> Self {
+        self.0["metadata"]["finalizers"] = json!([FINALIZER]);
+        self
+    }
+    fn uid(mut self, uid: &str) -> Self {
+        self.0["metadata"]["uid"] = json!(uid);
+        self
+    }
+    fn generation(mut self, generation: i64) -> Self {
+        self.0["metadata"]["generation"] = json!(generation);
+        self
+    }
+    fn annotation(mut self, key: &str, value: &str) -> Self {
+        self.0["metadata"]["annotations"][key] = json!(value);
+        self
+    }
+    fn deletion_policy(mut self, policy: &str) -> Self {
+        self.0["spec"]["deletionPolicy"] = json!(policy);
+        self
+    }
+    fn deleting(mut self) -> Self {
+        self.0["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+        self
+    }
+    fn status_id(mut self, id: &str) -> Self {
+        self.0["status"]["id"] = json!(id);
+        self
+    }
+    fn status(mut self, status: Value) -> Self {
+        self.0["status"] = status;
+        self
+    }
+    fn json(&self) -> Value {
+        self.0.clone()
+    }
+    fn pet(&self) -> Pet {
+        serde_json::from_value(self.0.clone()).expect("valid pet")
+    }
+}
+
+fn thor_data() -> PetData {
+    PetData {
+        name: "Thor".into(),
+        kind: PetKind::Dog,
+        birthday: NaiveDate::from_ymd_opt(2021, 4, 1).expect("date"),
+    }
+}
 
 #[derive(Clone, Debug)]
 struct Call {
@@ -26,20 +99,24 @@ struct Call {
     body: Value,
 }
 
-/// A scripted API server: answers every request sensibly, except those
-/// matched by a queued failure, and records them all.
-#[derive(Clone, Default)]
-struct MockApi {
-    calls: Arc<Mutex<Vec<Call>>>,
-    failures: Arc<Mutex<VecDeque<(Method, String, u16)>>>,
+/// One scripted call: what must come, and the answer.
+struct Expected {
+    method: Method,
+    path: String,
+    code: u16,
+    reply: Value,
 }
 
-impl MockApi {
-    fn start(&self, pet: Value) -> Client {
-        // What the API server returns for a metadata patch: the Pet with our
-        // finalizer added.
-        let mut with_finalizer = pet.clone();
-        with_finalizer["metadata"]["finalizers"] = json!([FINALIZER]);
+/// The strict mock API server.
+#[derive(Clone, Default)]
+struct ApiServerVerifier {
+    script: Arc<Mutex<VecDeque<Expected>>>,
+    calls: Arc<Mutex<Vec<Call>>>,
+    unexpected: Arc<Mutex<Vec<String>>>,
+}
+
+impl ApiServerVerifier {
+    fn start(&self) -> Client {
         let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let api = self.clone();
         tokio::spawn(async move {
@@ -52,35 +129,31 @@ impl MockApi {
                     .collect_bytes()
                     .await
                     .expect("request body");
-                let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+                let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
                 api.calls.lock().expect("calls").push(Call {
                     method: method.clone(),
                     path: path.clone(),
                     body: body.clone(),
                 });
-                let failure = {
-                    let mut failures = api.failures.lock().expect("failures");
-                    match failures.front() {
-                        Some((m, p, _)) if *m == method && *p == path => failures.pop_front(),
-                        _ => None,
+                // Events are written by a background queue, so their order
+                // against other calls is not fixed; they are checked as a
+                // list by `verify`.
+                let (code, reply) = if path.contains("/events") {
+                    (201, body)
+                } else {
+                    let next = api.script.lock().expect("script").pop_front();
+                    match next {
+                        Some(e) if e.method == method && e.path == path => (e.code, e.reply),
+                        other => {
+                            let wanted = other
+                                .map_or("nothing".into(), |e| format!("{} {}", e.method, e.path));
+                            api.unexpected
+                                .lock()
+                                .expect("unexpected")
+                                .push(format!("{method} {path} (expected {wanted})"));
+                            (500, failure(500))
+                        }
                     }
-                };
-                let (code, reply) = match failure {
-                    Some((_, _, code)) => {
-                        let reason = if code == 409 {
-                            "Conflict"
-                        } else {
-                            "InternalError"
-                        };
-                        let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                                            "message": "scripted failure", "reason": reason, "code": code});
-                        (code, status)
-                    }
-                    None if path.contains("/events") => (201, body),
-                    None if method == Method::PATCH && !path.ends_with("/status") => {
-                        (200, with_finalizer.clone())
-                    }
-                    None => (200, pet.clone()),
                 };
                 let response = Response::builder()
                     .status(code)
@@ -92,86 +165,69 @@ impl MockApi {
         Client::new(service, "default")
     }
 
-    fn fail_next(&self, method: Method, path: &str, code: u16) {
-        self.failures
-            .lock()
-            .expect("failures")
-            .push_back((method, path.to_owned(), code));
+    fn expect(&self, method: Method, path: &str, code: u16, reply: Value) {
+        self.script.lock().expect("script").push_back(Expected {
+            method,
+            path: path.to_owned(),
+            code,
+            reply,
+        });
     }
 
-    /// Calls other than Event publication, as "METHOD path".
-    fn writes(&self) -> Vec<String> {
+    fn calls(&self, filter: impl Fn(&Call) -> bool) -> Vec<Call> {
         self.calls
             .lock()
             .expect("calls")
             .iter()
-            .filter(|c| !c.path.contains("/events"))
-            .map(|c| format!("{} {}", c.method, c.path))
+            .filter(|c| filter(c))
+            .cloned()
             .collect()
     }
 
     fn status_patches(&self) -> Vec<Value> {
-        self.calls
-            .lock()
-            .expect("calls")
-            .iter()
-            .filter(|c| c.method == Method::PATCH && c.path.ends_with("/status"))
+        self.calls(|c| c.method == Method::PATCH && c.path.ends_with("/status"))
+            .into_iter()
             .map(|c| c.body["status"].clone())
             .collect()
     }
 
-    fn event_reasons(&self) -> Vec<String> {
-        self.calls
-            .lock()
-            .expect("calls")
-            .iter()
-            .filter(|c| c.path.contains("/events"))
-            .map(|c| c.body["reason"].as_str().unwrap_or_default().to_owned())
+    fn metadata_patches(&self) -> Vec<Value> {
+        self.calls(|c| c.method == Method::PATCH && c.path == PETS)
+            .into_iter()
+            .map(|c| c.body)
+            .collect()
+    }
+
+    fn events(&self) -> Vec<(String, String, String)> {
+        self.calls(|c| c.path.contains("/events"))
+            .into_iter()
+            .map(|c| {
+                let text = |k: &str| c.body[k].as_str().unwrap_or_default().to_owned();
+                (text("reason"), text("type"), text("note"))
+            })
             .collect()
     }
 }
 
-fn pet_json(finalizer: bool, status: Option<Value>, annotations: Value, deleting: bool) -> Value {
-    let mut pet = json!({
-        "apiVersion": "petstore.example.com/v1alpha1",
-        "kind": "Pet",
-        "metadata": {
-            "name": "thor", "namespace": "default", "uid": UID, "generation": 1,
-            "resourceVersion": "1", "annotations": annotations,
-        },
-        "spec": {"name": "Thor", "type": "dog", "birthday": "2021-04-01T00:00:00Z"},
-    });
-    if finalizer {
-        pet["metadata"]["finalizers"] = json!([FINALIZER]);
-    }
-    if deleting {
-        pet["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
-    }
-    if let Some(status) = status {
-        pet["status"] = status;
-    }
-    pet
-}
-
-fn thor_data() -> PetData {
-    PetData {
-        name: "Thor".into(),
-        kind: PetKind::Dog,
-        birthday: NaiveDate::from_ymd_opt(2021, 4, 1).expect("date"),
-    }
+fn failure(code: u16) -> Value {
+    let reason = if code == 409 {
+        "Conflict"
+    } else {
+        "InternalError"
+    };
+    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+           "message": "scripted failure", "reason": reason, "code": code})
 }
 
 struct Harness {
-    api: MockApi,
+    api: ApiServerVerifier,
     store: Arc<FakeStore>,
     ctx: Arc<Context>,
-    pet: Arc<Pet>,
 }
 
-fn harness(pet: Value) -> Harness {
-    let api = MockApi::default();
-    let client = api.start(pet.clone());
-    let store = Arc::new(FakeStore::default());
+fn harness() -> Harness {
+    let api = ApiServerVerifier::default();
+    let client = api.start();
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
@@ -180,6 +236,7 @@ fn harness(pet: Value) -> Harness {
         },
     );
     let metrics = Arc::new(Metrics::default());
+    let store = Arc::new(FakeStore::default());
     let ctx = Arc::new(Context::new(
         client,
         store.clone(),
@@ -187,338 +244,641 @@ fn harness(pet: Value) -> Harness {
         metrics,
         Settings::default(),
     ));
-    let pet = Arc::new(serde_json::from_value(pet).expect("valid pet"));
-    Harness {
-        api,
-        store,
-        ctx,
-        pet,
-    }
+    Harness { api, store, ctx }
 }
 
 impl Harness {
+    /// The API server accepts a status write.
+    fn expect_status_write(&self, pet: &PetBuilder) {
+        self.api
+            .expect(Method::PATCH, &status_path(), 200, pet.json());
+    }
+
+    /// The API server accepts a finalizer change and returns `after`.
+    fn expect_finalizer_write(&self, after: &PetBuilder) {
+        self.api.expect(Method::PATCH, PETS, 200, after.json());
+    }
+
     /// One reconcile, then the Event queue drained so assertions see them.
-    async fn reconcile(&self) -> Result<Action, Error> {
-        let result = reconcile(Arc::clone(&self.pet), Arc::clone(&self.ctx)).await;
+    async fn reconcile(&self, pet: &PetBuilder) -> Result<Action, Error> {
+        let result = reconcile(Arc::new(pet.pet()), Arc::clone(&self.ctx)).await;
         self.ctx.events.flush().await;
         result
     }
+
+    /// Fails unless every scripted call came, nothing else did, and the
+    /// Events are exactly `reasons`, in order.
+    fn verify(&self, reasons: &[&str]) {
+        let unexpected = self.api.unexpected.lock().expect("unexpected").clone();
+        assert!(
+            unexpected.is_empty(),
+            "unscripted API calls: {unexpected:?}"
+        );
+        let left: Vec<String> = self
+            .api
+            .script
+            .lock()
+            .expect("script")
+            .iter()
+            .map(|e| format!("{} {}", e.method, e.path))
+            .collect();
+        assert!(left.is_empty(), "scripted API calls never made: {left:?}");
+        let events: Vec<String> = self.api.events().into_iter().map(|e| e.0).collect();
+        assert_eq!(events, reasons, "Events: {:?}", self.api.events());
+    }
+
+    fn event_note(&self, reason: &str) -> String {
+        self.api
+            .events()
+            .into_iter()
+            .find(|e| e.0 == reason)
+            .map(|e| e.2)
+            .unwrap_or_default()
+    }
 }
 
-fn ready(status: &Value) -> (String, String) {
-    let ready = status["conditions"]
+fn condition(status: &Value, type_: &str) -> (String, String, String) {
+    let c = status["conditions"]
         .as_array()
-        .and_then(|c| c.iter().find(|c| c["type"] == "Ready"))
-        .expect("Ready condition");
-    (
-        ready["status"].as_str().unwrap_or_default().to_owned(),
-        ready["reason"].as_str().unwrap_or_default().to_owned(),
-    )
+        .and_then(|c| c.iter().find(|c| c["type"] == type_))
+        .unwrap_or_else(|| panic!("{type_} condition in {status}"));
+    let text = |k: &str| c[k].as_str().unwrap_or_default().to_owned();
+    (text("status"), text("reason"), text("message"))
+}
+
+fn store_writes(store: &FakeStore) -> Vec<String> {
+    store
+        .calls()
+        .into_iter()
+        .filter(|c| !c.starts_with("observe"))
+        .collect()
 }
 
 #[tokio::test]
 async fn finalizer_is_persisted_before_anything_reaches_the_store() {
     // If the finalizer cannot be written, nothing is created.
-    let h = harness(pet_json(false, None, json!({}), false));
-    h.api.fail_next(Method::PATCH, PETS, 500);
-    let err = h.reconcile().await.expect_err("finalizer write failed");
-    assert_eq!(err.metric_label(), "add_finalizer");
+    let h = harness();
+    h.api.expect(Method::PATCH, PETS, 500, failure(500));
+    let err = h
+        .reconcile(&thor())
+        .await
+        .expect_err("finalizer write failed");
+    assert_eq!(err.reason(), Reason::ReconcileError);
+    assert!(matches!(err, Error::AddFinalizer { .. }), "{err}");
     assert!(
         h.store.calls().is_empty(),
         "no store call without the finalizer"
     );
+    h.verify(&[]);
 
     // Once it is written (with a resourceVersion precondition), the same
     // reconcile goes on to create.
-    let h = harness(pet_json(false, None, json!({}), false));
-    h.reconcile().await.expect("reconcile");
-    assert_eq!(
-        h.api.writes(),
-        [format!("PATCH {PETS}"), format!("PATCH {PETS}/status")]
-    );
-    let patch = &h.api.calls.lock().expect("calls")[0].body;
+    let h = harness();
+    h.expect_finalizer_write(&thor().finalizer());
+    h.expect_status_write(&thor().finalizer());
+    h.reconcile(&thor()).await.expect("reconcile");
+    let patch = &h.api.metadata_patches()[0];
     assert_eq!(patch["metadata"]["finalizers"], json!([FINALIZER]));
     assert_eq!(patch["metadata"]["resourceVersion"], "1");
     assert_eq!(
         h.store.calls(),
-        [format!("find_by_key:{UID}"), format!("create:{UID}")]
+        [format!("observe:-:{UID}"), format!("create:{UID}")]
     );
+    h.verify(&["Created"]);
 }
 
 #[tokio::test]
 async fn create_uses_the_uid_and_writes_the_id_at_once() {
-    let h = harness(pet_json(true, None, json!({}), false));
-    h.reconcile().await.expect("reconcile");
-    assert_eq!(
-        h.store.calls(),
-        [format!("find_by_key:{UID}"), format!("create:{UID}")]
-    );
+    let h = harness();
+    let pet = thor().finalizer();
+    h.expect_status_write(&pet);
+    h.reconcile(&pet).await.expect("reconcile");
+    assert_eq!(store_writes(&h.store), [format!("create:{UID}")]);
     let patches = h.api.status_patches();
-    assert_eq!(patches.len(), 1);
     assert_eq!(patches[0]["id"], "id-1");
     assert_eq!(patches[0]["observedGeneration"], 1);
-    assert_eq!(ready(&patches[0]), ("True".into(), "Available".into()));
-    assert!(h.api.event_reasons().contains(&"Created".to_owned()));
+    assert_eq!(condition(&patches[0], "Ready").1, "Available");
+    h.verify(&["Created"]);
 }
 
 #[tokio::test]
 async fn status_conflict_is_retried_without_creating_again() {
-    let h = harness(pet_json(true, None, json!({}), false));
+    let h = harness();
+    let pet = thor().finalizer();
     h.api
-        .fail_next(Method::PATCH, &format!("{PETS}/status"), 409);
-    h.reconcile()
+        .expect(Method::PATCH, &status_path(), 409, failure(409));
+    h.api.expect(Method::GET, &status_path(), 200, pet.json());
+    h.expect_status_write(&pet);
+    h.reconcile(&pet)
         .await
         .expect("reconcile succeeds after the retry");
-    assert_eq!(
-        h.api.writes(),
-        [
-            format!("PATCH {PETS}/status"),
-            format!("GET {PETS}/status"),
-            format!("PATCH {PETS}/status"),
-        ]
-    );
-    let creates = h
-        .store
-        .calls()
-        .iter()
-        .filter(|c| c.starts_with("create"))
-        .count();
-    assert_eq!(creates, 1);
+    assert_eq!(store_writes(&h.store), [format!("create:{UID}")]);
     assert_eq!(h.api.status_patches()[1]["id"], "id-1");
+    h.verify(&["Created"]);
 }
 
 #[tokio::test]
 async fn a_lost_status_write_is_recovered_by_key_not_by_a_second_create() {
-    let h = harness(pet_json(true, None, json!({}), false));
+    let h = harness();
+    let pet = thor().finalizer();
     h.api
-        .fail_next(Method::PATCH, &format!("{PETS}/status"), 500);
-    let first = h.reconcile().await;
-    assert!(
-        first.is_err(),
-        "the failed status write surfaces: {:?} {:?}",
-        first,
-        h.api.writes()
-    );
+        .expect(Method::PATCH, &status_path(), 500, failure(500));
+    // The failure is then shown in status.
+    h.expect_status_write(&pet);
+    let first = h.reconcile(&pet).await;
+    assert!(matches!(first, Err(Error::WriteStatus { .. })), "{first:?}");
     assert_eq!(h.store.records().len(), 1);
 
     // The next reconcile still sees no status.id (the write was lost).
-    h.reconcile().await.expect("second reconcile");
-    let creates = h
-        .store
-        .calls()
-        .iter()
-        .filter(|c| c.starts_with("create"))
-        .count();
+    h.expect_status_write(&pet);
+    h.reconcile(&pet).await.expect("second reconcile");
     assert_eq!(
-        creates, 1,
-        "never create again because a status write failed"
+        store_writes(&h.store),
+        [format!("create:{UID}")],
+        "never a second create"
     );
-    assert_eq!(h.store.records().len(), 1);
-    let last = h.api.status_patches().pop().expect("a status write");
-    assert_eq!(last["id"], "id-1");
-    assert!(h.api.event_reasons().contains(&"Adopted".to_owned()));
+    assert_eq!(h.api.status_patches().pop().expect("status")["id"], "id-1");
+    h.verify(&["ReconcileError", "Adopted"]);
 }
 
 #[tokio::test]
 async fn steady_state_makes_no_writes() {
-    let h0 = harness(pet_json(true, None, json!({}), false));
-    h0.reconcile().await.expect("first reconcile");
-    let synced = h0.api.status_patches().pop().expect("status");
-
-    let h = harness(pet_json(true, Some(synced), json!({}), false));
-    h.store.insert(UID, thor_data());
-    h.reconcile().await.expect("reconcile");
+    let h = harness();
+    let id = h.store.insert(UID, thor_data());
+    let synced = next_status(None, Some(1), Some(&id), &Outcome::synced(), Utc::now());
+    let pet = thor()
+        .finalizer()
+        .status(serde_json::to_value(synced).expect("json"));
+    h.reconcile(&pet).await.expect("reconcile");
     assert_eq!(
         h.store.calls(),
-        ["observe:id-1"],
+        [format!("observe:{id}:{UID}")],
         "one read, no store write"
     );
-    assert!(
-        h.api.writes().is_empty(),
-        "no API write: {:?}",
-        h.api.writes()
-    );
-    assert!(h.api.event_reasons().is_empty());
+    h.verify(&[]);
 }
 
 #[tokio::test]
 async fn drift_is_put_back_on_the_same_id() {
-    let h0 = harness(pet_json(true, None, json!({}), false));
-    h0.reconcile().await.expect("first reconcile");
-    let synced = h0.api.status_patches().pop().expect("status");
-
-    let h = harness(pet_json(true, Some(synced), json!({}), false));
-    h.store.insert(
+    let h = harness();
+    let id = h.store.insert(
         UID,
         PetData {
             name: "Changed out of band".into(),
             ..thor_data()
         },
     );
-    h.reconcile().await.expect("reconcile");
-    assert_eq!(h.store.calls(), ["observe:id-1", "update:id-1"]);
+    let pet = thor().finalizer().status_id(&id);
+    h.expect_status_write(&pet);
+    h.reconcile(&pet).await.expect("reconcile");
+    assert_eq!(store_writes(&h.store), [format!("update:{id}")]);
     assert_eq!(h.store.records()[0].data, thor_data());
+    h.verify(&["Updated"]);
+}
+
+#[tokio::test]
+async fn an_update_whose_record_vanished_recreates_at_once() {
+    let h = harness();
+    let id = h.store.insert(
+        UID,
+        PetData {
+            name: "Changed out of band".into(),
+            ..thor_data()
+        },
+    );
+    h.store.vanish_before_next_update();
+    let pet = thor().finalizer().status_id(&id);
+    h.expect_status_write(&pet);
+    h.reconcile(&pet)
+        .await
+        .expect("NOT_FOUND is handled in the same reconcile, not after a backoff");
+    assert_eq!(
+        store_writes(&h.store),
+        [format!("update:{id}"), format!("create:{UID}")]
+    );
+    assert_eq!(h.api.status_patches()[0]["id"], "id-2");
+    h.verify(&["Recreated"]);
 }
 
 #[tokio::test]
 async fn unreachable_store_sets_conditions_and_backs_off() {
-    let h = harness(pet_json(true, None, json!({}), false));
+    let h = harness();
+    let pet = thor().finalizer();
     h.store.set_unavailable(true);
-    let err = h.reconcile().await.expect_err("store down");
-    assert_eq!(err.metric_label(), "store_unavailable");
+    h.expect_status_write(&pet);
+    let err = h.reconcile(&pet).await.expect_err("store down");
+    assert_eq!(err.reason(), Reason::StoreUnavailable);
     let patch = h.api.status_patches().pop().expect("status");
-    assert_eq!(ready(&patch), ("False".into(), "StoreUnavailable".into()));
-    assert!(
-        h.api
-            .event_reasons()
-            .contains(&"StoreUnavailable".to_owned())
-    );
+    assert_eq!(condition(&patch, "Ready").1, "StoreUnavailable");
+    h.verify(&["StoreUnavailable"]);
 
-    let first = error_policy(Arc::clone(&h.pet), &err, Arc::clone(&h.ctx));
+    let pet = Arc::new(pet.pet());
+    let first = error_policy(Arc::clone(&pet), &err, Arc::clone(&h.ctx));
     let mut last = first.clone();
     for _ in 0..12 {
-        last = error_policy(Arc::clone(&h.pet), &err, Arc::clone(&h.ctx));
+        last = error_policy(Arc::clone(&pet), &err, Arc::clone(&h.ctx));
     }
-    let delay = |a: &Action| format!("{a:?}");
-    assert_ne!(delay(&first), delay(&last));
+    assert_ne!(format!("{first:?}"), format!("{last:?}"));
     // Capped at backoff_max (+10% jitter).
     assert!(backoff(&h.ctx.settings, 30) <= Duration::from_secs(330));
     assert!(backoff(&h.ctx.settings, 1) < Duration::from_secs(2));
     assert!(backoff(&h.ctx.settings, 4) >= Duration::from_secs(8));
+    let metrics = h.ctx.metrics.encode().expect("metrics");
+    assert!(
+        metrics.contains("reconcile_errors_total{reason=\"store_unavailable\"} 13"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn failure_counts_are_per_uid_so_a_recreated_pet_starts_clean() {
+    let h = harness();
+    let old = Arc::new(thor().finalizer().pet());
+    let err = Error::Store(StoreError::Unavailable {
+        operation: "observe",
+        message: "down".into(),
+    });
+    for _ in 0..10 {
+        error_policy(Arc::clone(&old), &err, Arc::clone(&h.ctx));
+    }
+    // Same name and namespace, new UID: its own count starts at one.
+    let new = Arc::new(thor().finalizer().uid("a-new-uid").pet());
+    error_policy(new, &err, Arc::clone(&h.ctx));
+    assert_eq!(h.ctx.failures().get(UID), Some(&10));
+    assert_eq!(h.ctx.failures().get("a-new-uid"), Some(&1));
+    h.verify(&[]);
 }
 
 #[tokio::test]
 async fn rejection_is_terminal_until_the_spec_changes() {
-    let h = harness(pet_json(true, None, json!({}), false));
+    let h = harness();
+    let pet = thor().finalizer();
     h.store.set_reject_creates(true);
+    h.expect_status_write(&pet);
     let action = h
-        .reconcile()
+        .reconcile(&pet)
         .await
         .expect("terminal errors are not retried");
     assert_eq!(action, Action::await_change());
     let rejected = h.api.status_patches().pop().expect("status");
-    assert_eq!(ready(&rejected), ("False".into(), "InvalidSpec".into()));
+    assert_eq!(condition(&rejected, "Ready").1, "InvalidSpec");
+    h.verify(&["InvalidSpec"]);
 
     // Same generation, rejection already shown: no store call at all.
-    let h2 = harness(pet_json(true, Some(rejected.clone()), json!({}), false));
-    h2.reconcile().await.expect("reconcile");
+    let h2 = harness();
+    h2.reconcile(&thor().finalizer().status(rejected.clone()))
+        .await
+        .expect("reconcile");
     assert!(h2.store.calls().is_empty());
+    h2.verify(&[]);
 
     // A new generation is tried again.
-    let mut edited = pet_json(true, Some(rejected), json!({}), false);
-    edited["metadata"]["generation"] = json!(2);
-    let h3 = harness(edited);
-    h3.reconcile().await.expect("reconcile");
-    assert!(!h3.store.calls().is_empty());
+    let h3 = harness();
+    let edited = thor().finalizer().status(rejected).generation(2);
+    h3.expect_status_write(&edited);
+    h3.reconcile(&edited).await.expect("reconcile");
+    assert_eq!(store_writes(&h3.store), [format!("create:{UID}")]);
+    h3.verify(&["Created"]);
 }
 
 #[tokio::test]
-async fn deletion_deletes_the_record_then_releases_the_finalizer() {
-    let status = json!({"id": "id-1"});
-    let h = harness(pet_json(true, Some(status), json!({}), true));
-    h.store.insert(UID, thor_data());
-    h.reconcile().await.expect("reconcile");
-    assert_eq!(h.store.calls(), ["delete:id-1"]);
+async fn deletion_deletes_this_pets_record_then_releases_the_finalizer() {
+    let h = harness();
+    let id = h.store.insert(UID, thor_data());
+    let pet = thor().finalizer().status_id(&id).deleting();
+    h.expect_finalizer_write(&thor().status_id(&id).deleting());
+    h.reconcile(&pet).await.expect("reconcile");
+    assert_eq!(store_writes(&h.store), [format!("delete:{id}")]);
     assert!(h.store.records().is_empty());
-    assert_eq!(h.api.writes(), [format!("PATCH {PETS}")]);
-    assert!(h.api.event_reasons().contains(&"Deleted".to_owned()));
+    assert_eq!(
+        h.api.metadata_patches()[0]["metadata"]["finalizers"],
+        json!([])
+    );
+    h.verify(&["Deleted"]);
 }
 
 #[tokio::test]
 async fn deletion_without_a_recorded_id_still_finds_the_record() {
-    let h = harness(pet_json(true, None, json!({}), true));
+    let h = harness();
     h.store.insert(UID, thor_data());
-    h.reconcile().await.expect("reconcile");
-    assert_eq!(
-        h.store.calls(),
-        [format!("find_by_key:{UID}"), "delete:id-1".into()]
-    );
+    let pet = thor().finalizer().deleting();
+    h.expect_finalizer_write(&thor().deleting());
+    h.reconcile(&pet).await.expect("reconcile");
+    assert_eq!(store_writes(&h.store), ["delete:id-1"]);
     assert!(h.store.records().is_empty(), "nothing leaks");
+    h.verify(&["Deleted"]);
 }
 
 #[tokio::test]
-async fn orphan_policy_keeps_the_record() {
-    let annotations = json!({ DELETION_POLICY_ANNOTATION: "Orphan" });
-    let h = harness(pet_json(
-        true,
-        Some(json!({"id": "id-1"})),
-        annotations,
-        true,
-    ));
-    h.store.insert(UID, thor_data());
-    h.reconcile().await.expect("reconcile");
-    assert!(h.store.calls().is_empty());
-    assert_eq!(h.store.records().len(), 1);
+async fn deletion_never_deletes_a_record_status_id_wrongly_names() {
+    let h = harness();
+    let alpha = h.store.insert(OTHER_UID, thor_data());
+    let pet = thor().finalizer().status_id(&alpha).deleting();
+    h.expect_finalizer_write(&thor().status_id(&alpha).deleting());
+    h.reconcile(&pet).await.expect("reconcile");
+    assert!(store_writes(&h.store).is_empty(), "{:?}", h.store.calls());
+    assert_eq!(h.store.records().len(), 1, "alpha's record is untouched");
+    assert!(h.event_note("Deleted").contains("nothing to delete"));
+    h.verify(&["Deleted"]);
+}
+
+#[tokio::test]
+async fn orphan_keeps_the_record_and_releases_it_for_adoption() {
+    for pet in [
+        thor().annotation(DELETION_POLICY_ANNOTATION, "Orphan"),
+        thor().deletion_policy("Orphan"),
+    ] {
+        let h = harness();
+        let id = h.store.insert(UID, thor_data());
+        h.expect_finalizer_write(&pet.clone().status_id(&id).deleting());
+        h.reconcile(&pet.finalizer().status_id(&id).deleting())
+            .await
+            .expect("reconcile");
+        assert_eq!(store_writes(&h.store), [format!("set_key:{id}:{UID}->")]);
+        let kept = h.store.record(&id).expect("the record stays");
+        assert_eq!(kept.key, "", "released: nobody owns it now");
+        let note = h.event_note("Orphaned");
+        assert!(
+            note.contains(&format!("{EXTERNAL_ID_ANNOTATION}: {id}")),
+            "{note}"
+        );
+        h.verify(&["Orphaned"]);
+    }
+}
+
+#[tokio::test]
+async fn a_misspelled_deletion_policy_stops_deletion_and_says_why() {
+    let h = harness();
+    let id = h.store.insert(UID, thor_data());
+    let pet = thor()
+        .annotation(DELETION_POLICY_ANNOTATION, "Orhpan")
+        .finalizer()
+        .status_id(&id)
+        .deleting();
+    h.expect_status_write(&pet);
+    let action = h.reconcile(&pet).await.expect("reconcile");
+    assert_eq!(action, Action::await_change());
+    assert!(h.store.calls().is_empty(), "nothing deleted, nothing read");
+    let (status, reason, message) = condition(&h.api.status_patches()[0], "Synced");
     assert_eq!(
-        h.api.writes(),
-        [format!("PATCH {PETS}")],
-        "finalizer released"
+        (status.as_str(), reason.as_str()),
+        ("False", "InvalidAnnotation")
     );
-    assert!(h.api.event_reasons().contains(&"Orphaned".to_owned()));
+    assert!(message.contains("\"Orhpan\""), "{message}");
+    h.verify(&["InvalidAnnotation"]);
 }
 
 #[tokio::test]
 async fn paused_touches_nothing_and_says_so() {
-    let annotations = json!({ PAUSED_ANNOTATION: "true" });
-    let h = harness(pet_json(true, None, annotations, true));
-    h.store.insert(UID, thor_data());
-    let action = h.reconcile().await.expect("reconcile");
-    assert_eq!(action, Action::await_change());
-    assert!(h.store.calls().is_empty());
-    assert_eq!(
-        h.api.writes(),
-        [format!("PATCH {PETS}/status")],
-        "no finalizer removal"
-    );
-    let synced = h.api.status_patches()[0]["conditions"]
-        .as_array()
-        .and_then(|c| c.iter().find(|c| c["type"] == "Synced").cloned())
-        .expect("Synced");
-    assert_eq!(synced["reason"], "ReconcilePaused");
+    for value in ["true", "yes"] {
+        let h = harness();
+        h.store.insert(UID, thor_data());
+        let pet = thor()
+            .annotation(PAUSED_ANNOTATION, value)
+            .finalizer()
+            .deleting();
+        h.expect_status_write(&pet);
+        let action = h.reconcile(&pet).await.expect("reconcile");
+        assert_eq!(action, Action::await_change());
+        assert!(h.store.calls().is_empty());
+        let (_, reason, message) = condition(&h.api.status_patches()[0], "Synced");
+        if value == "true" {
+            assert_eq!(reason, "ReconcilePaused");
+            h.verify(&[]);
+        } else {
+            assert_eq!(reason, "InvalidAnnotation");
+            assert!(message.contains("treated as paused"), "{message}");
+            h.verify(&["InvalidAnnotation"]);
+        }
+    }
 }
 
 #[tokio::test]
 async fn a_vanished_record_is_recreated_with_a_warning() {
-    let h = harness(pet_json(
-        true,
-        Some(json!({"id": "lost-id"})),
-        json!({}),
-        false,
-    ));
-    h.reconcile().await.expect("reconcile");
-    assert_eq!(
-        h.store.calls(),
-        ["observe:lost-id".to_owned(), format!("create:{UID}")]
-    );
+    let h = harness();
+    let pet = thor().finalizer().status_id("lost-id");
+    h.expect_status_write(&pet);
+    h.reconcile(&pet).await.expect("reconcile");
+    assert_eq!(store_writes(&h.store), [format!("create:{UID}")]);
     assert_eq!(h.api.status_patches()[0]["id"], "id-1");
-    assert!(h.api.event_reasons().contains(&"Recreated".to_owned()));
+    h.verify(&["Recreated"]);
+}
+
+#[tokio::test]
+async fn a_status_id_naming_another_pets_record_is_corrected_and_theirs_untouched() {
+    let h = harness();
+    let alpha = h.store.insert(
+        OTHER_UID,
+        PetData {
+            name: "Alpha".into(),
+            ..thor_data()
+        },
+    );
+    let mine = h.store.insert(UID, thor_data());
+    let pet = thor().finalizer().status_id(&alpha);
+    h.expect_status_write(&pet);
+    h.reconcile(&pet).await.expect("reconcile");
+    assert!(store_writes(&h.store).is_empty(), "{:?}", h.store.calls());
+    assert_eq!(h.store.record(&alpha).expect("alpha").data.name, "Alpha");
+    let status = &h.api.status_patches()[0];
+    assert_eq!(status["id"], mine.as_str());
+    let (synced, reason, _) = condition(status, "Synced");
+    assert_eq!(
+        (synced.as_str(), reason.as_str()),
+        ("True", "StatusIdCorrected")
+    );
+    assert!(
+        h.event_note("StatusIdCorrected")
+            .contains("belongs to another owner")
+    );
+    h.verify(&["StatusIdCorrected"]);
+}
+
+#[tokio::test]
+async fn a_status_id_naming_nothing_finds_the_pets_own_record_without_claiming_a_create() {
+    let h = harness();
+    let mine = h.store.insert(UID, thor_data());
+    let pet = thor().finalizer().status_id("nowhere");
+    h.expect_status_write(&pet);
+    h.reconcile(&pet).await.expect("reconcile");
+    assert!(
+        store_writes(&h.store).is_empty(),
+        "no create: {:?}",
+        h.store.calls()
+    );
+    assert_eq!(h.api.status_patches()[0]["id"], mine.as_str());
+    let note = h.event_note("StatusIdCorrected");
+    assert!(
+        note.contains("does not exist") && !note.contains("created"),
+        "{note}"
+    );
+    h.verify(&["StatusIdCorrected"]);
+}
+
+#[tokio::test]
+async fn an_unowned_record_named_for_adoption_is_claimed_and_kept_in_line() {
+    let h = harness();
+    let loose = h.store.insert(
+        "",
+        PetData {
+            name: "Made with grpcurl".into(),
+            ..thor_data()
+        },
+    );
+    let pet = thor()
+        .annotation(EXTERNAL_ID_ANNOTATION, &loose)
+        .finalizer();
+    h.expect_status_write(&pet);
+    h.reconcile(&pet).await.expect("reconcile");
+    assert_eq!(
+        store_writes(&h.store),
+        [
+            format!("set_key:{loose}:->{UID}"),
+            format!("update:{loose}")
+        ]
+    );
+    let record = h.store.record(&loose).expect("record");
+    assert_eq!((record.key.as_str(), record.data), (UID, thor_data()));
+    assert_eq!(h.api.status_patches()[0]["id"], loose.as_str());
+    h.verify(&["Adopted"]);
+}
+
+#[tokio::test]
+async fn a_record_owned_by_another_pet_is_never_taken() {
+    let h = harness();
+    let theirs = h.store.insert(OTHER_UID, thor_data());
+    let pet = thor()
+        .annotation(EXTERNAL_ID_ANNOTATION, &theirs)
+        .finalizer();
+    h.expect_status_write(&pet);
+    h.reconcile(&pet).await.expect("reconcile");
+    assert!(store_writes(&h.store).is_empty(), "{:?}", h.store.calls());
+    assert_eq!(h.store.record(&theirs).expect("record").key, OTHER_UID);
+    let status = &h.api.status_patches()[0];
+    assert_eq!(condition(status, "Ready").1, "RecordOwnedElsewhere");
+    assert!(status["id"].is_null(), "no ID claimed: {status}");
+    h.verify(&["RecordOwnedElsewhere"]);
+}
+
+#[tokio::test]
+async fn losing_an_adoption_race_touches_nothing() {
+    let h = harness();
+    let loose = h.store.insert("", thor_data());
+    // Between our observation and our compare-and-set, another Pet wins.
+    h.store.rekey_before_next_set_key(OTHER_UID);
+    let pet = thor()
+        .annotation(EXTERNAL_ID_ANNOTATION, &loose)
+        .finalizer();
+    h.expect_status_write(&pet);
+    h.reconcile(&pet).await.expect("reconcile");
+    assert_eq!(
+        store_writes(&h.store),
+        [format!("set_key:{loose}:->{UID}")],
+        "the failed claim only, no update"
+    );
+    assert_eq!(h.store.record(&loose).expect("record").key, OTHER_UID);
+    assert_eq!(
+        condition(&h.api.status_patches()[0], "Synced").1,
+        "RecordOwnedElsewhere"
+    );
+    h.verify(&["RecordOwnedElsewhere"]);
+}
+
+#[tokio::test]
+async fn a_store_without_the_extensions_gets_its_own_reason_and_orphan_still_releases() {
+    let h = harness();
+    h.store.set_without_extensions(true);
+    let pet = thor().finalizer();
+    h.expect_status_write(&pet);
+    let err = h.reconcile(&pet).await.expect_err("retried with backoff");
+    assert_eq!(err.reason(), Reason::StoreLacksExtensions);
+    let (_, reason, message) = condition(&h.api.status_patches()[0], "Ready");
+    assert_eq!(reason, "StoreLacksExtensions");
+    assert!(message.contains("petstore.PetStore/GetPets"), "{message}");
+    h.verify(&["StoreLacksExtensions"]);
+
+    // Deleting with Delete waits and says how to let go: Orphan.
+    let h = harness();
+    h.store.set_without_extensions(true);
+    let pet = thor().finalizer().status_id("old-id").deleting();
+    h.expect_status_write(&pet);
+    h.reconcile(&pet).await.expect_err("deletion waits");
+    let (_, _, message) = condition(&h.api.status_patches()[0], "Synced");
+    assert!(message.contains("Orphan"), "{message}");
+    h.verify(&["StoreLacksExtensions"]);
+
+    // Orphan lets the Pet go.
+    let h = harness();
+    h.store.set_without_extensions(true);
+    let pet = thor()
+        .deletion_policy("Orphan")
+        .status_id("old-id")
+        .deleting();
+    h.expect_finalizer_write(&pet);
+    h.reconcile(&pet.clone().finalizer())
+        .await
+        .expect("released");
+    assert!(h.event_note("Orphaned").contains("old-id"));
+    h.verify(&["Orphaned"]);
 }
 
 #[tokio::test]
 async fn the_reconcile_after_our_own_status_write_skips_the_store() {
-    let h = harness(pet_json(true, None, json!({}), false));
-    h.reconcile().await.expect("create");
+    let h = harness();
+    let pet = thor().finalizer();
+    h.expect_status_write(&pet);
+    h.reconcile(&pet).await.expect("create");
     let synced = h.api.status_patches().pop().expect("status");
     let calls_after_create = h.store.calls().len();
 
     // The watch event of that status write triggers another reconcile.
-    let updated: Pet =
-        serde_json::from_value(pet_json(true, Some(synced), json!({}), false)).expect("pet");
-    let action = reconcile(Arc::new(updated.clone()), Arc::clone(&h.ctx))
-        .await
-        .expect("reconcile");
+    let updated = thor().finalizer().status(synced);
+    let action = h.reconcile(&updated).await.expect("reconcile");
     assert_eq!(h.store.calls().len(), calls_after_create, "no store call");
-    assert_eq!(h.api.status_patches().len(), 1, "no API write");
     assert!(
         action != Action::await_change(),
         "the drift poll stays scheduled"
     );
 
-    // A new generation is synced at once.
-    let mut edited = updated;
-    edited.metadata.generation = Some(2);
-    reconcile(Arc::new(edited), Arc::clone(&h.ctx))
-        .await
-        .expect("reconcile");
+    // A Pet re-created under the same name (a new UID) is synced at once.
+    let recreated = thor().finalizer().uid("a-new-uid");
+    h.expect_status_write(&recreated);
+    h.reconcile(&recreated).await.expect("reconcile");
     assert!(h.store.calls().len() > calls_after_create);
+    let calls_now = h.store.calls().len();
+
+    // So is a new generation.
+    let edited = updated.generation(2);
+    h.expect_status_write(&edited);
+    h.reconcile(&edited).await.expect("reconcile");
+    assert!(h.store.calls().len() > calls_now);
+    h.verify(&["Created", "Created"]);
+}
+
+#[tokio::test]
+async fn a_misspelled_deletion_policy_on_a_live_pet_is_shown_while_the_record_is_kept_in_line() {
+    let h = harness();
+    let id = h.store.insert(
+        UID,
+        PetData {
+            name: "Drifted".into(),
+            ..thor_data()
+        },
+    );
+    let pet = thor()
+        .annotation(DELETION_POLICY_ANNOTATION, "Orhpan")
+        .finalizer()
+        .status_id(&id);
+    h.expect_status_write(&pet);
+    h.reconcile(&pet).await.expect("reconcile");
+    assert_eq!(store_writes(&h.store), [format!("update:{id}")]);
+    let status = &h.api.status_patches()[0];
+    assert_eq!(condition(status, "Ready").0, "True");
+    let (synced, reason, message) = condition(status, "Synced");
+    assert_eq!(
+        (synced.as_str(), reason.as_str()),
+        ("False", "InvalidAnnotation")
+    );
+    assert!(message.contains("deleting this Pet will wait"), "{message}");
+    h.verify(&["InvalidAnnotation", "Updated"]);
 }

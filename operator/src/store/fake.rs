@@ -1,10 +1,11 @@
 //! An in-process [`PetStore`] for unit tests: records every call, and can be
-//! told to fail.
+//! told to fail. Keys behave as in the real store: unique, and changed only
+//! by compare-and-set.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use super::{PetData, PetStore, Record, StoreError};
+use super::{Lookup, PetData, PetStore, Record, StoreError};
 
 #[derive(Default)]
 pub struct FakeStore {
@@ -13,11 +14,35 @@ pub struct FakeStore {
 
 #[derive(Default)]
 struct State {
-    records: HashMap<String, (String, PetData)>,
+    /// id -> (key, data)
+    records: BTreeMap<String, (String, PetData)>,
     calls: Vec<String>,
     next_id: u32,
     unavailable: bool,
     reject_creates: bool,
+    /// Emulates the original store: no GetPets, no SetIdempotencyKeys.
+    without_extensions: bool,
+    /// Races: the next update finds its record deleted by someone else.
+    vanish_before_update: bool,
+    /// Races: before the next key change, this key is set on its record.
+    rekey_before_set_key: Option<String>,
+}
+
+impl State {
+    fn record(&self, id: &str) -> Option<Record> {
+        self.records.get(id).map(|(key, data)| Record {
+            id: id.to_owned(),
+            key: key.clone(),
+            data: data.clone(),
+        })
+    }
+
+    fn id_of_key(&self, key: &str) -> Option<String> {
+        (!key.is_empty())
+            .then(|| self.records.iter().find(|(_, (k, _))| k == key))
+            .flatten()
+            .map(|(id, _)| id.clone())
+    }
 }
 
 impl FakeStore {
@@ -31,19 +56,19 @@ impl FakeStore {
     }
 
     pub fn records(&self) -> Vec<Record> {
-        let mut records: Vec<_> = self
-            .state()
+        let state = self.state();
+        state
             .records
-            .iter()
-            .map(|(id, (_, data))| Record {
-                id: id.clone(),
-                data: data.clone(),
-            })
-            .collect();
-        records.sort_by(|a, b| a.id.cmp(&b.id));
-        records
+            .keys()
+            .filter_map(|id| state.record(id))
+            .collect()
     }
 
+    pub fn record(&self, id: &str) -> Option<Record> {
+        self.state().record(id)
+    }
+
+    /// Adds a record with this key (empty: unowned) and returns its ID.
     pub fn insert(&self, key: &str, data: PetData) -> String {
         let mut state = self.state();
         state.next_id += 1;
@@ -52,12 +77,34 @@ impl FakeStore {
         id
     }
 
+    /// Changes a record's key behind the operator's back (another writer).
+    pub fn rekey(&self, id: &str, key: &str) {
+        if let Some((k, _)) = self.state().records.get_mut(id) {
+            *k = key.to_owned();
+        }
+    }
+
     pub fn set_unavailable(&self, unavailable: bool) {
         self.state().unavailable = unavailable;
     }
 
     pub fn set_reject_creates(&self, reject: bool) {
         self.state().reject_creates = reject;
+    }
+
+    /// The next update's record is deleted just before it (by someone else).
+    pub fn vanish_before_next_update(&self) {
+        self.state().vanish_before_update = true;
+    }
+
+    /// Just before the next key change, someone else sets `key` on its
+    /// record (another Pet winning a race).
+    pub fn rekey_before_next_set_key(&self, key: &str) {
+        self.state().rekey_before_set_key = Some(key.to_owned());
+    }
+
+    pub fn set_without_extensions(&self, without: bool) {
+        self.state().without_extensions = without;
     }
 
     fn enter(&self, call: String) -> Result<std::sync::MutexGuard<'_, State>, StoreError> {
@@ -75,24 +122,17 @@ impl FakeStore {
 
 #[tonic::async_trait]
 impl PetStore for FakeStore {
-    async fn observe(&self, id: &str) -> Result<Option<Record>, StoreError> {
-        let state = self.enter(format!("observe:{id}"))?;
-        Ok(state.records.get(id).map(|(_, data)| Record {
-            id: id.to_owned(),
-            data: data.clone(),
-        }))
-    }
-
-    async fn find_by_key(&self, key: &str) -> Result<Option<Record>, StoreError> {
-        let state = self.enter(format!("find_by_key:{key}"))?;
-        Ok(state
-            .records
-            .iter()
-            .find(|(_, (k, _))| k == key)
-            .map(|(id, (_, data))| Record {
-                id: id.clone(),
-                data: data.clone(),
-            }))
+    async fn observe(&self, id: Option<&str>, key: &str) -> Result<Lookup, StoreError> {
+        let state = self.enter(format!("observe:{}:{key}", id.unwrap_or("-")))?;
+        if state.without_extensions {
+            return Err(StoreError::Unimplemented {
+                rpc: "petstore.PetStore/GetPets",
+            });
+        }
+        Ok(Lookup {
+            by_id: id.and_then(|id| state.record(id)),
+            by_key: state.id_of_key(key).and_then(|id| state.record(&id)),
+        })
     }
 
     async fn create(&self, key: &str, pet: &PetData) -> Result<String, StoreError> {
@@ -103,8 +143,8 @@ impl PetStore for FakeStore {
                 message: "pets[0].name: rejected by the fake".into(),
             });
         }
-        if let Some((id, _)) = state.records.iter().find(|(_, (k, _))| k == key) {
-            return Ok(id.clone());
+        if let Some(id) = state.id_of_key(key) {
+            return Ok(id);
         }
         state.next_id += 1;
         let id = format!("id-{}", state.next_id);
@@ -116,6 +156,9 @@ impl PetStore for FakeStore {
 
     async fn update(&self, id: &str, pet: &PetData) -> Result<(), StoreError> {
         let mut state = self.enter(format!("update:{id}"))?;
+        if std::mem::take(&mut state.vanish_before_update) {
+            state.records.remove(id);
+        }
         match state.records.get_mut(id) {
             Some((_, data)) => {
                 *data = pet.clone();
@@ -128,6 +171,38 @@ impl PetStore for FakeStore {
     async fn delete(&self, id: &str) -> Result<(), StoreError> {
         let mut state = self.enter(format!("delete:{id}"))?;
         state.records.remove(id);
+        Ok(())
+    }
+
+    async fn set_key(&self, id: &str, expected: &str, new: &str) -> Result<(), StoreError> {
+        let mut state = self.enter(format!("set_key:{id}:{expected}->{new}"))?;
+        if state.without_extensions {
+            return Err(StoreError::Unimplemented {
+                rpc: "petstore.PetStore/SetIdempotencyKeys",
+            });
+        }
+        if let Some(key) = state.rekey_before_set_key.take()
+            && let Some((k, _)) = state.records.get_mut(id)
+        {
+            *k = key;
+        }
+        let conflict = |message: String| StoreError::KeyConflict {
+            id: id.to_owned(),
+            message,
+        };
+        let current = match state.records.get(id) {
+            Some((key, _)) => key.clone(),
+            None => return Err(StoreError::NotFound { id: id.to_owned() }),
+        };
+        if current != expected {
+            return Err(conflict(format!("key is {current:?}, not {expected:?}")));
+        }
+        if state.id_of_key(new).is_some_and(|owner| owner != id) {
+            return Err(conflict(format!("key {new:?} belongs to another pet")));
+        }
+        if let Some((key, _)) = state.records.get_mut(id) {
+            *key = new.to_owned();
+        }
         Ok(())
     }
 }

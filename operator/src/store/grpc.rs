@@ -11,7 +11,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 use tonic::{Code, Status};
 
 use super::mapping::{from_proto, to_proto};
-use super::{PetData, PetStore, Record, StoreError};
+use super::{Lookup, PetData, PetStore, Record, StoreError};
 use crate::metrics::Metrics;
 
 #[derive(Clone)]
@@ -126,14 +126,11 @@ impl GrpcPetStore {
         result.map(tonic::Response::into_inner)
     }
 
-    fn single(method: &'static str, pets: Vec<pb::Pet>) -> Result<Option<Record>, StoreError> {
-        match pets.into_iter().next() {
-            None => Ok(None),
-            Some(pet) => from_proto(&pet).map(Some).ok_or(StoreError::Failed {
-                operation: method,
-                message: format!("store returned an invalid pet {:?}", pet.id),
-            }),
-        }
+    fn record(operation: &'static str, pet: &pb::Pet) -> Result<Record, StoreError> {
+        from_proto(pet).ok_or_else(|| StoreError::Failed {
+            operation,
+            message: format!("store returned an invalid pet {:?}", pet.id),
+        })
     }
 }
 
@@ -143,6 +140,9 @@ fn code_label(code: Code) -> &'static str {
         Code::DeadlineExceeded => "deadline_exceeded",
         Code::InvalidArgument => "invalid_argument",
         Code::NotFound => "not_found",
+        Code::FailedPrecondition => "failed_precondition",
+        Code::AlreadyExists => "already_exists",
+        Code::Unimplemented => "unimplemented",
         _ => "error",
     }
 }
@@ -154,6 +154,9 @@ fn classify(operation: &'static str) -> impl FnOnce(Status) -> StoreError {
 fn classify_status(operation: &'static str, status: &Status) -> StoreError {
     let message = status.message().to_owned();
     match status.code() {
+        Code::Unimplemented => StoreError::Unimplemented {
+            rpc: rpc_name(operation),
+        },
         Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => {
             StoreError::Rejected { operation, message }
         }
@@ -168,30 +171,41 @@ fn classify_status(operation: &'static str, status: &Status) -> StoreError {
     }
 }
 
+/// The RPC behind each operation, for the message about a store that lacks
+/// the extensions.
+fn rpc_name(operation: &'static str) -> &'static str {
+    match operation {
+        "observe" => "petstore.PetStore/GetPets",
+        "set key" => "petstore.PetStore/SetIdempotencyKeys",
+        "create" => "petstore.PetStore/AddPets",
+        "update" => "petstore.PetStore/UpdatePets",
+        "delete" => "petstore.PetStore/DeletePets",
+        other => other,
+    }
+}
+
 #[tonic::async_trait]
 impl PetStore for GrpcPetStore {
-    async fn observe(&self, id: &str) -> Result<Option<Record>, StoreError> {
+    async fn observe(&self, id: Option<&str>, key: &str) -> Result<Lookup, StoreError> {
         let request = pb::GetPetsReq {
-            ids: vec![id.to_owned()],
-            idempotency_keys: vec![],
-        };
-        let resp = self
-            .call("GetPets", async |mut c| c.get_pets(request).await)
-            .await
-            .map_err(classify("observe"))?;
-        Self::single("observe", resp.pets)
-    }
-
-    async fn find_by_key(&self, key: &str) -> Result<Option<Record>, StoreError> {
-        let request = pb::GetPetsReq {
-            ids: vec![],
+            ids: id.into_iter().map(str::to_owned).collect(),
             idempotency_keys: vec![key.to_owned()],
         };
         let resp = self
             .call("GetPets", async |mut c| c.get_pets(request).await)
             .await
-            .map_err(classify("find by key"))?;
-        Self::single("find by key", resp.pets)
+            .map_err(classify("observe"))?;
+        // A record found both ways is returned once; match each by field.
+        let mut lookup = Lookup::default();
+        for pet in &resp.pets {
+            if id == Some(pet.id.as_str()) {
+                lookup.by_id = Some(Self::record("observe", pet)?);
+            }
+            if pet.idempotency_key == key {
+                lookup.by_key = Some(Self::record("observe", pet)?);
+            }
+        }
+        Ok(lookup)
     }
 
     async fn create(&self, key: &str, pet: &PetData) -> Result<String, StoreError> {
@@ -232,5 +246,31 @@ impl PetStore for GrpcPetStore {
             .await
             .map(drop)
             .map_err(classify("delete"))
+    }
+
+    async fn set_key(&self, id: &str, expected: &str, new: &str) -> Result<(), StoreError> {
+        let request = pb::SetIdempotencyKeysReq {
+            changes: vec![pb::KeyChange {
+                id: id.to_owned(),
+                expected_key: expected.to_owned(),
+                new_key: new.to_owned(),
+            }],
+        };
+        match self
+            .call("SetIdempotencyKeys", async |mut c| {
+                c.set_idempotency_keys(request).await
+            })
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(status) => Err(match status.code() {
+                Code::NotFound => StoreError::NotFound { id: id.to_owned() },
+                Code::FailedPrecondition | Code::AlreadyExists => StoreError::KeyConflict {
+                    id: id.to_owned(),
+                    message: status.message().to_owned(),
+                },
+                _ => classify_status("set key", &status),
+            }),
+        }
     }
 }

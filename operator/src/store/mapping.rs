@@ -57,6 +57,8 @@ pub fn to_proto(id: &str, key: &str, pet: &PetData) -> pb::Pet {
 pub fn from_proto(pet: &pb::Pet) -> Option<Record> {
     Some(Record {
         id: pet.id.clone(),
+        // Ownership is decided by the key, so it must never be dropped here.
+        key: pet.idempotency_key.clone(),
         data: PetData {
             name: pet.name.clone(),
             kind: pet_kind(pet.r#type)?,
@@ -118,6 +120,7 @@ mod tests {
         assert_eq!(proto.idempotency_key, "uid-1");
         let record = from_proto(&proto).expect("valid record");
         assert_eq!(record.id, "id-1");
+        assert_eq!(record.key, "uid-1", "the owner's key is kept");
         assert_eq!(record.data, data);
     }
 

@@ -1,6 +1,6 @@
 //! The external-client contract the reconciler depends on, after Crossplane's
-//! managed-resource clients: observe by ID, find by idempotency key, create,
-//! update, delete. [`grpc::GrpcPetStore`] is the real one; tests use a fake.
+//! managed-resource clients: observe by ID and by idempotency key, create,
+//! update, delete, and change a record's key (ownership) atomically. [`grpc::GrpcPetStore`] is the real one; tests use a fake.
 
 pub mod grpc;
 pub mod mapping;
@@ -34,7 +34,18 @@ impl From<&PetSpec> for PetData {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Record {
     pub id: String,
+    /// Its idempotency key: the UID of the Pet that owns it, or empty for a
+    /// record nobody owns (made outside Kubernetes, or released by Orphan).
+    pub key: String,
     pub data: PetData,
+}
+
+/// One observation: the record with the asked ID and the record with the
+/// asked key (the same record when the Pet's ID is right).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Lookup {
+    pub by_id: Option<Record>,
+    pub by_key: Option<Record>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +66,17 @@ pub enum StoreError {
     /// The record to update does not exist (deleted meanwhile).
     #[error("pet store has no record {id:?}")]
     NotFound { id: String },
+    /// A key change lost a race: the record's key is no longer what was
+    /// observed, or the new key already belongs to another record.
+    #[error("pet store refused to change the key of record {id:?}: {message}")]
+    KeyConflict { id: String, message: String },
+    /// The store does not offer an extension RPC the operator needs (the
+    /// original pet store has only AddPets, UpdatePets, DeletePets and
+    /// SearchPets).
+    #[error(
+        "the pet store does not implement {rpc}, an extension this operator needs (GetPets, SetIdempotencyKeys and AddPets with idempotency_key); run this project's petstore-server"
+    )]
+    Unimplemented { rpc: &'static str },
     /// Any other failure; treated as transient.
     #[error("pet store failed during {operation}: {message}")]
     Failed {
@@ -74,10 +96,9 @@ impl StoreError {
 /// idempotent, so a retry after a crash or timeout is always safe.
 #[tonic::async_trait]
 pub trait PetStore: Send + Sync + 'static {
-    /// The record with this ID, or `None` if it does not exist.
-    async fn observe(&self, id: &str) -> Result<Option<Record>, StoreError>;
-    /// The record created with this idempotency key, if any.
-    async fn find_by_key(&self, key: &str) -> Result<Option<Record>, StoreError>;
+    /// In one read: the record with ID `id` (if asked) and the record whose
+    /// idempotency key is `key`.
+    async fn observe(&self, id: Option<&str>, key: &str) -> Result<Lookup, StoreError>;
     /// Creates a record, or returns the ID of the one already created with
     /// this key.
     async fn create(&self, key: &str, pet: &PetData) -> Result<String, StoreError>;
@@ -85,4 +106,8 @@ pub trait PetStore: Send + Sync + 'static {
     async fn update(&self, id: &str, pet: &PetData) -> Result<(), StoreError>;
     /// Deletes the record; a missing record counts as deleted.
     async fn delete(&self, id: &str) -> Result<(), StoreError>;
+    /// Sets the record's key to `new` only if it is still `expected` (empty
+    /// for none): [`StoreError::KeyConflict`] otherwise. Setting the key it
+    /// already has succeeds.
+    async fn set_key(&self, id: &str, expected: &str, new: &str) -> Result<(), StoreError>;
 }

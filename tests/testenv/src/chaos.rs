@@ -273,30 +273,24 @@ impl Soak<'_> {
                         "jsonpath={.metadata.uid}",
                     ])
                     .unwrap_or_default();
-                let result = self
-                    .env
-                    .cp
-                    .kubectl(&[
-                        "annotate",
-                        "pet",
-                        &name,
-                        "-n",
-                        &namespace,
-                        "petstore.example.com/deletion-policy=Orphan",
-                    ])
-                    .and_then(|_| {
-                        self.env.cp.kubectl(&[
-                            "delete",
-                            "pet",
-                            &name,
-                            "-n",
-                            &namespace,
-                            "--wait=false",
-                        ])
-                    });
-                if result.is_ok() && !uid.is_empty() {
+                let annotated = self.env.cp.kubectl(&[
+                    "annotate",
+                    "pet",
+                    &name,
+                    "-n",
+                    &namespace,
+                    "petstore.example.com/deletion-policy=Orphan",
+                ]);
+                // Annotated, the Pet releases its record whenever it goes
+                // (even with its namespace, should the delete below fail).
+                if annotated.is_ok() && !uid.is_empty() {
                     self.orphaned.insert(uid);
                 }
+                let result = annotated.and_then(|_| {
+                    self.env
+                        .cp
+                        .kubectl(&["delete", "pet", &name, "-n", &namespace, "--wait=false"])
+                });
                 self.pets.retain(|p| p.1 != name);
                 self.count("orphan delete", result);
             }
@@ -425,11 +419,22 @@ impl Soak<'_> {
                 ));
             }
         }
+        // An Orphan deletion releases the record (clears its key), and only
+        // that makes a keyless record here: at most one per Orphan deletion.
+        let mut released = 0;
         for record in &records {
             let key = record["idempotencyKey"].as_str().unwrap_or_default();
-            if !live.contains(key) && !self.orphaned.contains(key) {
+            if key.is_empty() {
+                released += 1;
+            } else if !live.contains(key) {
                 problems.push(format!("leaked record {record}"));
             }
+        }
+        if released > self.orphaned.len() {
+            problems.push(format!(
+                "{released} released records, but only {} Orphan deletions",
+                self.orphaned.len()
+            ));
         }
         if problems.is_empty() {
             None
@@ -505,10 +510,7 @@ pub fn run_soak(config: SoakConfig) -> Result<SoakReport> {
     soak.report.records = records.len();
     soak.report.orphaned_records_kept = records
         .iter()
-        .filter(|r| {
-            soak.orphaned
-                .contains(r["idempotencyKey"].as_str().unwrap_or_default())
-        })
+        .filter(|r| r["idempotencyKey"].as_str().unwrap_or_default().is_empty())
         .count();
     let pets: Value =
         serde_json::from_str(&soak.env.cp.kubectl(&["get", "pets", "-A", "-o", "json"])?)

@@ -164,3 +164,5 @@ pub mod chaos;
 pub mod cluster;
 pub mod env;
 pub use env::Env;
+/// The original store's four RPCs only, for the ownership tests.
+pub mod legacy_store;

@@ -225,7 +225,7 @@ impl Operator {
                 "--backoff-max",
                 options.backoff_max,
             ])
-            .args(["--store-timeout", "2s"])
+            .args(["--petstore-timeout", "2s"])
             .args(["--lease-namespace", &options.lease_namespace])
             .args(["--lease-duration", "4s"])
             .args(["--identity", &options.identity])

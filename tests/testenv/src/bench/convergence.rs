@@ -171,6 +171,7 @@ fn pet(i: usize) -> Pet {
             name: format!("Pet {i}"),
             kind: kinds[i % kinds.len()],
             birthday,
+            deletion_policy: None,
         },
     )
 }

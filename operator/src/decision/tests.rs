@@ -1,0 +1,577 @@
+//! The policy as two tables, in the style of Crossplane's reconciler tests:
+//! each case has a name, the facts, what the store shows, and the one
+//! expected step or plan.
+
+use chrono::NaiveDate;
+
+use super::*;
+use crate::crd::PetKind;
+
+const UID: &str = "uid-thor";
+const OTHER_UID: &str = "uid-loki";
+
+fn thor() -> PetData {
+    PetData {
+        name: "Thor".into(),
+        kind: PetKind::Dog,
+        birthday: NaiveDate::from_ymd_opt(2021, 4, 1).expect("date"),
+    }
+}
+
+fn renamed() -> PetData {
+    PetData {
+        name: "Thorbert".into(),
+        ..thor()
+    }
+}
+
+/// A live Pet with its finalizer, nothing else set.
+fn facts() -> Facts {
+    Facts {
+        uid: UID.into(),
+        desired: thor(),
+        deleting: false,
+        has_finalizer: true,
+        paused: Setting::Valid(false),
+        deletion_policy: Setting::Valid(DeletionPolicy::Delete),
+        external_id: None,
+        status_id: None,
+        rejected_this_generation: false,
+        recently_synced: None,
+    }
+}
+
+impl Facts {
+    fn status_id(mut self, id: &str) -> Self {
+        self.status_id = Some(id.into());
+        self
+    }
+    fn external_id(mut self, id: &str) -> Self {
+        self.external_id = Some(id.into());
+        self
+    }
+    fn deleting(mut self) -> Self {
+        self.deleting = true;
+        self
+    }
+    fn without_finalizer(mut self) -> Self {
+        self.has_finalizer = false;
+        self
+    }
+    fn paused(mut self, paused: Setting<bool>) -> Self {
+        self.paused = paused;
+        self
+    }
+    fn orphan(mut self) -> Self {
+        self.deletion_policy = Setting::Valid(DeletionPolicy::Orphan);
+        self
+    }
+    fn policy_typo(mut self) -> Self {
+        self.deletion_policy = invalid_policy();
+        self
+    }
+    fn rejected(mut self) -> Self {
+        self.rejected_this_generation = true;
+        self
+    }
+    fn synced_ago(mut self, left: Duration) -> Self {
+        self.recently_synced = Some(left);
+        self
+    }
+    fn wanting(mut self, desired: PetData) -> Self {
+        self.desired = desired;
+        self
+    }
+}
+
+fn invalid_policy() -> Setting<DeletionPolicy> {
+    Setting::Invalid {
+        annotation: DELETION_POLICY_ANNOTATION,
+        value: "Orhpan".into(),
+    }
+}
+
+fn record(id: &str, key: &str, data: PetData) -> Record {
+    Record {
+        id: id.into(),
+        key: key.into(),
+        data,
+    }
+}
+
+fn found(by_id: Option<Record>, by_key: Option<Record>) -> Observation {
+    Observation::Found(Lookup { by_id, by_key })
+}
+
+fn mine(id: &str) -> Option<Record> {
+    Some(record(id, UID, thor()))
+}
+
+fn sync(target: Target, claim: bool, update: bool, story: Story) -> Plan {
+    Plan::Sync(Sync {
+        target,
+        claim,
+        update,
+        story,
+        warning: None,
+    })
+}
+
+fn existing(id: &str) -> Target {
+    Target::Existing(id.into())
+}
+
+/// The reason a plan or step would show in Synced, if it holds.
+fn held_reason(plan: &Plan) -> Option<Reason> {
+    match plan {
+        Plan::Hold { outcome, .. } => Some(outcome.synced_reason()),
+        _ => None,
+    }
+}
+
+#[test]
+fn first_step_table() {
+    let paused_typo = Setting::Invalid {
+        annotation: PAUSED_ANNOTATION,
+        value: "yes".into(),
+    };
+    let cases: Vec<(&str, Facts, Result<Step, Reason>)> = vec![
+        (
+            "a new Pet gets its finalizer before anything else",
+            facts().without_finalizer(),
+            Ok(Step::AddFinalizer),
+        ),
+        (
+            "a Pet without status.id is looked up by UID only",
+            facts(),
+            Ok(Step::Observe { id: None }),
+        ),
+        (
+            "a Pet with status.id is looked up by that ID and by UID",
+            facts().status_id("a"),
+            Ok(Step::Observe {
+                id: Some("a".into()),
+            }),
+        ),
+        (
+            "the external-id annotation is what is looked up, not status.id",
+            facts().status_id("a").external_id("x"),
+            Ok(Step::Observe {
+                id: Some("x".into()),
+            }),
+        ),
+        (
+            "paused touches nothing, not even a new Pet's finalizer",
+            facts().without_finalizer().paused(Setting::Valid(true)),
+            Err(Reason::ReconcilePaused),
+        ),
+        (
+            "paused holds deletion too",
+            facts().deleting().paused(Setting::Valid(true)),
+            Err(Reason::ReconcilePaused),
+        ),
+        (
+            "an unknown paused value is treated as paused and said so",
+            facts().deleting().paused(paused_typo),
+            Err(Reason::InvalidAnnotation),
+        ),
+        (
+            "paused=false reconciles",
+            facts().status_id("a").paused(Setting::Valid(false)),
+            Ok(Step::Observe {
+                id: Some("a".into()),
+            }),
+        ),
+        (
+            "a rejected generation waits for a change without a store call",
+            facts().status_id("a").rejected(),
+            Ok(Step::Wait(Next::AwaitChange)),
+        ),
+        (
+            "a generation synced a moment ago waits for its poll",
+            facts().status_id("a").synced_ago(Duration::from_secs(9)),
+            Ok(Step::Wait(Next::After(Duration::from_secs(9)))),
+        ),
+        (
+            "deleting a Pet without our finalizer is none of our business",
+            facts().deleting().without_finalizer(),
+            Ok(Step::Wait(Next::AwaitChange)),
+        ),
+        (
+            "deletion reads status.id's record too (decide trusts only the key)",
+            facts().deleting().status_id("a"),
+            Ok(Step::Observe {
+                id: Some("a".into()),
+            }),
+        ),
+        (
+            "deletion goes ahead even if the spec was rejected",
+            facts().deleting().rejected(),
+            Ok(Step::Observe { id: None }),
+        ),
+        (
+            "a misspelled deletion policy stops deletion and says why",
+            facts().deleting().status_id("a").policy_typo(),
+            Err(Reason::InvalidAnnotation),
+        ),
+        (
+            "a misspelled deletion policy does not stop a live Pet's sync",
+            facts().status_id("a").policy_typo(),
+            Ok(Step::Observe {
+                id: Some("a".into()),
+            }),
+        ),
+    ];
+    for (name, facts, expected) in cases {
+        let step = first_step(&facts);
+        match (&step, expected) {
+            (
+                Step::Hold {
+                    outcome,
+                    next: Next::AwaitChange,
+                },
+                Err(reason),
+            ) => {
+                assert_eq!(outcome.synced_reason(), reason, "{name}");
+                // A hold leaves Ready alone and never claims progress.
+                let status =
+                    crate::status::next_status(None, Some(1), None, outcome, chrono::Utc::now());
+                assert_eq!(status.observed_generation, None, "{name}");
+            }
+            (step, Ok(expected)) => assert_eq!(*step, expected, "{name}"),
+            (step, Err(reason)) => panic!("{name}: expected a hold with {reason}, got {step:?}"),
+        }
+    }
+}
+
+#[test]
+fn decide_table() {
+    let cases: Vec<(&str, Facts, Observation, Result<Plan, Reason>)> = vec![
+        // Plain lifecycle.
+        (
+            "nothing recorded and nothing found: create under the UID",
+            facts(),
+            found(None, None),
+            Ok(sync(Target::Create, false, false, Story::Created)),
+        ),
+        (
+            "the ID never reached status: adopt the record found by UID",
+            facts(),
+            found(None, mine("a")),
+            Ok(sync(existing("a"), false, false, Story::FoundByKey)),
+        ),
+        (
+            "found by UID and drifted: adopt and update",
+            facts().wanting(renamed()),
+            found(None, mine("a")),
+            Ok(sync(existing("a"), false, true, Story::FoundByKey)),
+        ),
+        (
+            "this Pet's record matches: no write",
+            facts().status_id("a"),
+            found(mine("a"), mine("a")),
+            Ok(sync(existing("a"), false, false, Story::InSync)),
+        ),
+        (
+            "this Pet's record drifted: update the same ID",
+            facts().status_id("a").wanting(renamed()),
+            found(mine("a"), mine("a")),
+            Ok(sync(existing("a"), false, true, Story::Updated)),
+        ),
+        (
+            "status.id names a vanished record and there is no other: recreate",
+            facts().status_id("gone"),
+            found(None, None),
+            Ok(sync(
+                Target::Create,
+                false,
+                false,
+                Story::Recreated {
+                    lost: "gone".into(),
+                },
+            )),
+        ),
+        // Ownership.
+        (
+            "status.id names another Pet's record: use our own, touch theirs never",
+            facts().status_id("alpha"),
+            found(Some(record("alpha", OTHER_UID, thor())), mine("beta")),
+            Ok(sync(
+                existing("beta"),
+                false,
+                false,
+                Story::Corrected {
+                    stale: "alpha".into(),
+                    foreign: true,
+                    created: false,
+                },
+            )),
+        ),
+        (
+            "status.id names another Pet's record and ours drifted: update ours only",
+            facts().status_id("alpha").wanting(renamed()),
+            found(Some(record("alpha", OTHER_UID, thor())), mine("beta")),
+            Ok(sync(
+                existing("beta"),
+                false,
+                true,
+                Story::Corrected {
+                    stale: "alpha".into(),
+                    foreign: true,
+                    created: false,
+                },
+            )),
+        ),
+        (
+            "status.id names an unowned record: it is not ours without adoption",
+            facts().status_id("loose"),
+            found(Some(record("loose", "", thor())), None),
+            Ok(sync(
+                Target::Create,
+                false,
+                false,
+                Story::Corrected {
+                    stale: "loose".into(),
+                    foreign: true,
+                    created: true,
+                },
+            )),
+        ),
+        (
+            "status.id names no record but ours exists: correct, do not claim a recreate",
+            facts().status_id("nowhere"),
+            found(None, mine("a")),
+            Ok(sync(
+                existing("a"),
+                false,
+                false,
+                Story::Corrected {
+                    stale: "nowhere".into(),
+                    foreign: false,
+                    created: false,
+                },
+            )),
+        ),
+        // Explicit adoption.
+        (
+            "an unowned record named for adoption is claimed and kept in line",
+            facts().external_id("x").wanting(renamed()),
+            found(Some(record("x", "", thor())), None),
+            Ok(sync(existing("x"), true, true, Story::Adopted)),
+        ),
+        (
+            "an adoption claimed before a crash is finished without claiming again",
+            facts().external_id("x"),
+            found(mine("x"), mine("x")),
+            Ok(sync(existing("x"), false, false, Story::Adopted)),
+        ),
+        (
+            "an adopted record in status is simply kept in sync",
+            facts().external_id("x").status_id("x"),
+            found(mine("x"), mine("x")),
+            Ok(sync(existing("x"), false, false, Story::InSync)),
+        ),
+        (
+            "a record owned by another Pet is never taken",
+            facts().external_id("x"),
+            found(Some(record("x", OTHER_UID, thor())), None),
+            Err(Reason::RecordOwnedElsewhere),
+        ),
+        (
+            "a named record that does not exist: nothing is created",
+            facts().external_id("x"),
+            found(None, None),
+            Err(Reason::RecordNotFound),
+        ),
+        (
+            "a Pet that already owns a record cannot adopt a second one",
+            facts().external_id("x").status_id("a"),
+            found(Some(record("x", "", thor())), mine("a")),
+            Err(Reason::AdoptionConflict),
+        ),
+        // Deletion.
+        (
+            "delete: this Pet's record, found by UID",
+            facts().deleting().status_id("a"),
+            found(None, mine("a")),
+            Ok(Plan::Finish(Finish {
+                release: None,
+                delete: Some("a".into()),
+                story: Story::Deleted {
+                    id: Some("a".into()),
+                },
+            })),
+        ),
+        (
+            "delete: no record of ours, whatever status.id says: delete nothing",
+            facts().deleting().status_id("alpha"),
+            found(None, None),
+            Ok(Plan::Finish(Finish {
+                release: None,
+                delete: None,
+                story: Story::Deleted { id: None },
+            })),
+        ),
+        (
+            "orphan: keep the record and release it for adoption",
+            facts().deleting().orphan().status_id("a"),
+            found(None, mine("a")),
+            Ok(Plan::Finish(Finish {
+                release: Some("a".into()),
+                delete: None,
+                story: Story::Orphaned {
+                    id: Some("a".into()),
+                },
+            })),
+        ),
+        (
+            "orphan retried after the release: nothing to release, the Event still names it",
+            facts().deleting().orphan().status_id("a"),
+            found(Some(record("a", "", thor())), None),
+            Ok(Plan::Finish(Finish {
+                release: None,
+                delete: None,
+                story: Story::Orphaned {
+                    id: Some("a".into()),
+                },
+            })),
+        ),
+        (
+            "orphan with status.id naming another's record: release and name nothing",
+            facts().deleting().orphan().status_id("alpha"),
+            found(Some(record("alpha", OTHER_UID, thor())), None),
+            Ok(Plan::Finish(Finish {
+                release: None,
+                delete: None,
+                story: Story::Orphaned { id: None },
+            })),
+        ),
+        (
+            "delete with status.id naming another Pet's record: delete nothing",
+            facts().deleting().status_id("alpha"),
+            found(Some(record("alpha", OTHER_UID, thor())), None),
+            Ok(Plan::Finish(Finish {
+                release: None,
+                delete: None,
+                story: Story::Deleted { id: None },
+            })),
+        ),
+        // A store without the extension RPCs.
+        (
+            "without GetPets a live Pet says the store lacks extensions",
+            facts().status_id("a"),
+            Observation::StoreLacks {
+                rpc: "petstore.PetStore/GetPets",
+            },
+            Err(Reason::StoreLacksExtensions),
+        ),
+        (
+            "without GetPets deletion cannot find the record, and says so",
+            facts().deleting(),
+            Observation::StoreLacks {
+                rpc: "petstore.PetStore/GetPets",
+            },
+            Err(Reason::StoreLacksExtensions),
+        ),
+        (
+            "without GetPets an Orphan deletion still releases the Pet",
+            facts().deleting().orphan().status_id("a"),
+            Observation::StoreLacks {
+                rpc: "petstore.PetStore/GetPets",
+            },
+            Ok(Plan::Finish(Finish {
+                release: None,
+                delete: None,
+                story: Story::OrphanedUnkeyed {
+                    status_id: Some("a".into()),
+                    rpc: "petstore.PetStore/GetPets",
+                },
+            })),
+        ),
+    ];
+    for (name, facts, observation, expected) in cases {
+        let foreign: Vec<Record> = match &observation {
+            Observation::Found(lookup) => [&lookup.by_id, &lookup.by_key]
+                .into_iter()
+                .flatten()
+                .filter(|r| r.key != facts.uid)
+                .cloned()
+                .collect(),
+            Observation::StoreLacks { .. } => Vec::new(),
+        };
+        let plan = decide(&facts, observation);
+        match expected {
+            Ok(expected) => assert_eq!(plan, expected, "{name}"),
+            Err(reason) => assert_eq!(held_reason(&plan), Some(reason), "{name}: {plan:?}"),
+        }
+        // Whatever the case, no plan writes to a record that is not this
+        // Pet's, except to claim an unowned one by compare-and-set.
+        for record in &foreign {
+            let touched = match &plan {
+                Plan::Sync(Sync {
+                    target: Target::Existing(id),
+                    claim,
+                    ..
+                }) => id == &record.id && !(*claim && record.key.is_empty()),
+                Plan::Finish(finish) => {
+                    finish.delete.as_ref() == Some(&record.id)
+                        || finish.release.as_ref() == Some(&record.id)
+                }
+                _ => false,
+            };
+            assert!(!touched, "{name}: touches {record:?}");
+        }
+    }
+}
+
+#[test]
+fn a_misspelled_policy_is_shown_while_the_record_is_kept_in_line() {
+    let plan = decide(
+        &facts().status_id("a").policy_typo(),
+        found(mine("a"), mine("a")),
+    );
+    let Plan::Sync(sync) = plan else {
+        panic!("expected a sync, got {plan:?}")
+    };
+    let outcome = sync.outcome("a");
+    assert_eq!(outcome.synced_reason(), Reason::InvalidAnnotation);
+    assert!(outcome.message.contains("Orhpan"), "{}", outcome.message);
+}
+
+#[test]
+fn events_never_claim_what_did_not_happen() {
+    // status.id named nothing, and the Pet's record was found by key: the
+    // Event says so and does not claim a create.
+    let story = Story::Corrected {
+        stale: "nowhere".into(),
+        foreign: false,
+        created: false,
+    };
+    let (reason, note) = story.notice(Some("a")).expect("an event");
+    assert_eq!(reason, Reason::StatusIdCorrected);
+    assert!(reason.is_warning());
+    assert!(
+        note.contains("nowhere") && note.contains("does not exist"),
+        "{note}"
+    );
+    assert!(!note.contains("created"), "{note}");
+    // kube's recorder folds Events with one reason and action into a series
+    // that keeps the first note: different stories must not share an action.
+    let foreign = Story::Corrected {
+        stale: "alpha".into(),
+        foreign: true,
+        created: false,
+    };
+    assert_ne!(story.action(), foreign.action());
+    // The Orphaned Event names the ID to adopt it with.
+    let (_, note) = Story::Orphaned {
+        id: Some("r-1".into()),
+    }
+    .notice(None)
+    .expect("an event");
+    assert!(
+        note.contains(&format!("{EXTERNAL_ID_ANNOTATION}: r-1")),
+        "{note}"
+    );
+    assert_eq!(Story::InSync.notice(Some("a")), None);
+}

@@ -1,0 +1,377 @@
+//! A record belongs to one Pet: a wrong status.id is corrected without
+//! touching anyone else's record; records are adopted explicitly (made with
+//! grpcurl, or kept by an Orphan deletion), and of two Pets racing for one
+//! record exactly one wins; a misspelled deletion policy never deletes; and a
+//! store without the extension RPCs is named as such. All through kubectl
+//! and grpcurl, as a user would.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use testenv::env::condition;
+use testenv::legacy_store::LegacyStore;
+use testenv::{Env, Storage, wait_for};
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+const EXTERNAL_ID: &str = "petstore.example.com/external-id";
+
+fn pet_yaml(name: &str, pet_name: &str, annotations: &[(&str, &str)], extra_spec: &str) -> String {
+    let mut yaml = format!(
+        "apiVersion: petstore.example.com/v1alpha1\nkind: Pet\nmetadata:\n  name: {name}\n  namespace: default\n"
+    );
+    if !annotations.is_empty() {
+        yaml.push_str("  annotations:\n");
+        for (key, value) in annotations {
+            yaml.push_str(&format!("    {key}: \"{value}\"\n"));
+        }
+    }
+    yaml.push_str(&format!(
+        "spec:\n  name: {pet_name}\n  type: dog\n  birthday: 2021-04-01T00:00:00Z\n{extra_spec}"
+    ));
+    yaml
+}
+
+/// Every Event as (reason, object, note).
+fn events(env: &Env) -> testenv::Result<Vec<(String, String, String)>> {
+    let out = env
+        .cp
+        .kubectl(&["get", "events.events.k8s.io", "-n", "default", "-o", "json"])?;
+    let list: Value = serde_json::from_str(&out).unwrap_or_default();
+    Ok(list["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| {
+            let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+            (
+                text(&e["reason"]),
+                text(&e["regarding"]["name"]),
+                text(&e["note"]),
+            )
+        })
+        .collect())
+}
+
+fn event_note(env: &Env, reason: &str, pet: &str) -> Option<String> {
+    events(env)
+        .ok()?
+        .into_iter()
+        .find(|e| e.0 == reason && e.1 == pet)
+        .map(|e| e.2)
+}
+
+fn record<'a>(records: &'a [Value], id: &str) -> Option<&'a Value> {
+    records.iter().find(|r| r["id"] == id)
+}
+
+fn uid(env: &Env, name: &str) -> testenv::Result<String> {
+    Ok(env.pet("default", name)?["metadata"]["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned())
+}
+
+fn set_status_id(env: &Env, name: &str, id: &str) -> testenv::Result<String> {
+    env.cp.kubectl(&[
+        "patch",
+        "pet",
+        name,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &format!(r#"{{"status":{{"id":"{id}"}}}}"#),
+    ])
+}
+
+/// Waits until the Pet's Synced condition has this reason; returns its
+/// message.
+fn wait_synced_reason(env: &Env, name: &str, reason: &str) -> testenv::Result<String> {
+    wait_for(TIMEOUT, &format!("{name}: Synced reason {reason}"), || {
+        let pet = env.pet("default", name).ok()?;
+        let synced = condition(&pet, "Synced")?;
+        (synced["reason"] == reason)
+            .then(|| synced["message"].as_str().unwrap_or_default().to_owned())
+    })
+}
+
+fn add_pet(store: &testenv::PetStoreServer, name: &str) -> testenv::Result<String> {
+    let out = store.grpcurl(
+        "petstore.PetStore/AddPets",
+        &format!(
+            r#"{{"pets":[{{"name":"{name}","type":"PTFeline","birthday":{{"year":2019,"month":5,"day":6}}}}]}}"#
+        ),
+    )?;
+    Ok(out[0]["ids"][0].as_str().unwrap_or_default().to_owned())
+}
+
+#[test]
+fn a_status_id_that_is_not_the_pets_own_is_corrected_and_touches_nothing_foreign()
+-> testenv::Result<()> {
+    let env = Env::start(Storage::Durable)?;
+    let operator = env.start_operator("operator")?;
+    env.cp.apply(&pet_yaml("alpha", "Alpha", &[], ""))?;
+    env.cp.apply(&pet_yaml("beta", "Beta", &[], ""))?;
+    let alpha = env.wait_ready("default", "alpha", TIMEOUT)?;
+    let beta = env.wait_ready("default", "beta", TIMEOUT)?;
+
+    // beta's status.id is set to alpha's record, as a restore tool could.
+    set_status_id(&env, "beta", &alpha)?;
+    let note = wait_for(TIMEOUT, "beta's status.id corrected", || {
+        let id = env.pet("default", "beta").ok()?["status"]["id"].clone();
+        let note = event_note(&env, "StatusIdCorrected", "beta")?;
+        (id == beta.as_str()).then_some(note)
+    })?;
+    assert!(
+        note.contains(&alpha) && note.contains("belongs to another owner"),
+        "{note}"
+    );
+    // Several polls (2 s each) pass: alpha's record keeps alpha's name.
+    for _ in 0..3 {
+        std::thread::sleep(Duration::from_secs(2));
+        let records = env.store_pets()?;
+        assert_eq!(records.len(), 2, "nothing leaked: {records:?}");
+        assert_eq!(record(&records, &alpha).expect("alpha")["name"], "Alpha");
+        assert_eq!(record(&records, &beta).expect("beta")["name"], "Beta");
+    }
+
+    // An ID that names no record: beta finds its own record again by UID,
+    // and the Event does not claim a create.
+    set_status_id(&env, "beta", "00000000-0000-4000-8000-000000000000")?;
+    wait_for(TIMEOUT, "the unknown ID corrected", || {
+        let id = env.pet("default", "beta").ok()?["status"]["id"].clone();
+        let notes: Vec<String> = events(&env)
+            .ok()?
+            .into_iter()
+            .filter(|e| e.0 == "StatusIdCorrected" && e.1 == "beta")
+            .map(|e| e.2)
+            .collect();
+        (id == beta.as_str() && notes.iter().any(|n| n.contains("does not exist"))).then_some(())
+    })?;
+    assert_eq!(env.store_pets()?.len(), 2);
+    assert!(
+        !events(&env)?.iter().any(|e| e.0 == "Recreated"),
+        "nothing was recreated"
+    );
+
+    // Deleting beta (with status.id pointing at alpha's record once more)
+    // deletes only beta's own record.
+    set_status_id(&env, "beta", &alpha)?;
+    env.cp
+        .kubectl(&["delete", "pet", "beta", "--wait=true", "--timeout=60s"])?;
+    let records = env.store_pets()?;
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0]["id"], alpha.as_str());
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(env.wait_ready("default", "alpha", TIMEOUT)?, alpha);
+    assert!(!events(&env)?.iter().any(|e| e.0 == "Recreated"));
+    let metrics = operator.metrics()?;
+    assert!(
+        metrics.contains("petstore_operator_store_actions_total{action=\"create\"} 2"),
+        "{metrics}"
+    );
+    Ok(())
+}
+
+#[test]
+fn records_are_adopted_explicitly_and_only_one_pet_wins_a_race() -> testenv::Result<()> {
+    let env = Env::start(Storage::Durable)?;
+    let _operator = env.start_operator("operator")?;
+
+    // 1. A record made with grpcurl, outside Kubernetes, is adopted.
+    let rex = add_pet(&env.store, "Rex")?;
+    env.cp.apply(&pet_yaml(
+        "rex",
+        "Rex the Second",
+        &[(EXTERNAL_ID, &rex)],
+        "",
+    ))?;
+    assert_eq!(env.wait_ready("default", "rex", TIMEOUT)?, rex);
+    let records = env.store_pets()?;
+    assert_eq!(records.len(), 1, "adopted, not duplicated: {records:?}");
+    assert_eq!(
+        records[0]["name"], "Rex the Second",
+        "kept in line with the spec"
+    );
+    assert_eq!(records[0]["idempotencyKey"], uid(&env, "rex")?.as_str());
+    assert!(event_note(&env, "Adopted", "rex").is_some());
+
+    // 2. Orphan deletion keeps and releases the record; the Event names the
+    //    ID; the Pet created again adopts the same record.
+    env.cp
+        .apply(&pet_yaml("tron", "Tron", &[], "  deletionPolicy: Orphan\n"))?;
+    let tron = env.wait_ready("default", "tron", TIMEOUT)?;
+    env.cp
+        .kubectl(&["delete", "pet", "tron", "--wait=true", "--timeout=60s"])?;
+    let kept = env.store_pets()?;
+    let released = record(&kept, &tron).expect("the record is kept");
+    assert!(
+        released["idempotencyKey"]
+            .as_str()
+            .unwrap_or_default()
+            .is_empty(),
+        "released: {released}"
+    );
+    let note = wait_for(TIMEOUT, "the Orphaned Event", || {
+        event_note(&env, "Orphaned", "tron")
+    })?;
+    assert!(note.contains(&format!("{EXTERNAL_ID}: {tron}")), "{note}");
+    env.cp
+        .apply(&pet_yaml("tron", "Tron", &[(EXTERNAL_ID, &tron)], ""))?;
+    assert_eq!(env.wait_ready("default", "tron", TIMEOUT)?, tron);
+    let records = env.store_pets()?;
+    assert_eq!(records.len(), 2, "no second Tron: {records:?}");
+    assert_eq!(
+        record(&records, &tron).expect("tron")["idempotencyKey"],
+        uid(&env, "tron")?.as_str()
+    );
+
+    // 3. A record owned by a live Pet is never taken.
+    env.cp
+        .apply(&pet_yaml("thief", "Thief", &[(EXTERNAL_ID, &rex)], ""))?;
+    let message = wait_synced_reason(&env, "thief", "RecordOwnedElsewhere")?;
+    assert!(message.contains("SetIdempotencyKeys"), "{message}");
+    assert_eq!(env.store_pets()?.len(), 2);
+    env.cp
+        .kubectl(&["delete", "pet", "thief", "--wait=true", "--timeout=60s"])?;
+    assert_eq!(
+        env.store_pets()?.len(),
+        2,
+        "deleting the loser deletes nothing"
+    );
+    assert_eq!(env.wait_ready("default", "rex", TIMEOUT)?, rex);
+
+    // 4. Two Pets race for one unowned record: exactly one wins.
+    let prize = add_pet(&env.store, "Prize")?;
+    let both = format!(
+        "{}---\n{}",
+        pet_yaml("left", "Left", &[(EXTERNAL_ID, &prize)], ""),
+        pet_yaml("right", "Right", &[(EXTERNAL_ID, &prize)], "")
+    );
+    env.cp.apply(&both)?;
+    let (winner, loser) = wait_for(TIMEOUT, "one winner, one loser", || {
+        let left = env.pet("default", "left").ok()?;
+        let right = env.pet("default", "right").ok()?;
+        let lost = |p: &Value| {
+            condition(p, "Synced").is_some_and(|c| c["reason"] == "RecordOwnedElsewhere")
+        };
+        match (
+            testenv::env::is_ready(&left),
+            testenv::env::is_ready(&right),
+        ) {
+            (true, false) if lost(&right) => Some(("left", "right")),
+            (false, true) if lost(&left) => Some(("right", "left")),
+            _ => None,
+        }
+    })?;
+    // It stays that way over several polls.
+    for _ in 0..3 {
+        std::thread::sleep(Duration::from_secs(2));
+        let records = env.store_pets()?;
+        assert_eq!(records.len(), 3, "{records:?}");
+        let prize_record = record(&records, &prize).expect("prize");
+        assert_eq!(prize_record["idempotencyKey"], uid(&env, winner)?.as_str());
+        let loser_pet = env.pet("default", loser)?;
+        assert!(loser_pet["status"]["id"].is_null(), "{loser_pet}");
+    }
+    Ok(())
+}
+
+#[test]
+fn a_misspelled_deletion_policy_never_deletes() -> testenv::Result<()> {
+    let env = Env::start(Storage::Durable)?;
+    let _operator = env.start_operator("operator")?;
+
+    // The spec field is an enum the API server checks.
+    let refused = env
+        .cp
+        .apply(&pet_yaml("typo", "Typo", &[], "  deletionPolicy: Orhpan\n"))
+        .expect_err("refused");
+    let text = refused.to_string();
+    assert!(
+        text.contains("spec.deletionPolicy") && text.contains("Unsupported value: \"Orhpan\""),
+        "{text}"
+    );
+
+    // The compatibility annotation cannot be checked by the API server: the
+    // operator keeps the record in line, says so, and never deletes it.
+    env.cp.apply(&pet_yaml(
+        "typo",
+        "Typo",
+        &[("petstore.example.com/deletion-policy", "Orhpan")],
+        "",
+    ))?;
+    let id = env.wait_ready("default", "typo", TIMEOUT)?;
+    let message = wait_synced_reason(&env, "typo", "InvalidAnnotation")?;
+    assert!(message.contains("\"Orhpan\""), "{message}");
+    env.cp.kubectl(&["delete", "pet", "typo", "--wait=false"])?;
+    let message = wait_for(TIMEOUT, "deletion to be held", || {
+        let pet = env.pet("default", "typo").ok()?;
+        let synced = condition(&pet, "Synced")?;
+        let message = synced["message"].as_str()?;
+        (pet["metadata"]["deletionTimestamp"].is_string() && message.contains("deletion waits"))
+            .then(|| message.to_owned())
+    })?;
+    assert!(message.contains("Delete or Orphan"), "{message}");
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        record(&env.store_pets()?, &id).is_some(),
+        "the record is kept"
+    );
+    assert!(env.pet("default", "typo").is_ok(), "the Pet waits");
+
+    // Fixing the annotation lets the deletion finish as the user meant.
+    env.cp.kubectl(&[
+        "annotate",
+        "pet",
+        "typo",
+        "--overwrite",
+        "petstore.example.com/deletion-policy=Orphan",
+    ])?;
+    wait_for(TIMEOUT, "the Pet to go", || {
+        env.pet("default", "typo").is_err().then_some(())
+    })?;
+    assert!(record(&env.store_pets()?, &id).is_some(), "Orphan kept it");
+    Ok(())
+}
+
+#[test]
+fn a_store_without_the_extensions_is_named_and_orphan_lets_go() -> testenv::Result<()> {
+    let env = Env::start(Storage::Durable)?;
+    let legacy = LegacyStore::start()?;
+    let mut options = env.operator_options("operator");
+    options.store_addr = legacy.addr.clone();
+    let _operator = env.start_operator_with(&options)?;
+
+    env.cp.apply(&pet_yaml("old", "Old", &[], ""))?;
+    let message = wait_synced_reason(&env, "old", "StoreLacksExtensions")?;
+    assert!(
+        message.contains("petstore.PetStore/GetPets") && message.contains("extension"),
+        "{message}"
+    );
+    let pet = env.pet("default", "old")?;
+    assert_eq!(
+        condition(&pet, "Ready").expect("Ready")["reason"],
+        "StoreLacksExtensions"
+    );
+    assert!(event_note(&env, "StoreLacksExtensions", "old").is_some());
+    assert!(legacy.ids().is_empty(), "nothing created without keys");
+
+    // Deleting waits, and says how to let the Pet go.
+    env.cp.kubectl(&["delete", "pet", "old", "--wait=false"])?;
+    wait_for(TIMEOUT, "the Orphan hint", || {
+        let pet = env.pet("default", "old").ok()?;
+        let message = condition(&pet, "Synced")?["message"].as_str()?.to_owned();
+        (pet["metadata"]["deletionTimestamp"].is_string() && message.contains("Orphan"))
+            .then_some(())
+    })?;
+    env.cp.kubectl(&[
+        "annotate",
+        "pet",
+        "old",
+        "petstore.example.com/deletion-policy=Orphan",
+    ])?;
+    wait_for(TIMEOUT, "the Pet to go", || {
+        env.pet("default", "old").is_err().then_some(())
+    })?;
+    Ok(())
+}
