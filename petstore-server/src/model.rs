@@ -51,6 +51,15 @@ pub struct PetUpdate {
     pub fields: PetFields,
 }
 
+/// A conditional change of one pet's idempotency key: it applies only if the
+/// stored key is still `expected_key`. An empty key means "no key".
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyChange {
+    pub id: String,
+    pub expected_key: String,
+    pub new_key: String,
+}
+
 /// A search: every non-empty criterion narrows the result.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SearchFilter {

@@ -27,6 +27,17 @@ impl From<StorageError> for Status {
             StorageError::NotFound { index, id } => {
                 Status::not_found(format!("pets[{index}].id: no pet with ID {id:?}"))
             }
+            StorageError::KeyMismatch {
+                index,
+                id,
+                expected,
+                actual,
+            } => Status::failed_precondition(format!(
+                "changes[{index}].expected_key: pet {id:?} has key {actual:?}, not {expected:?}"
+            )),
+            StorageError::KeyTaken { index, key } => Status::already_exists(format!(
+                "changes[{index}].new_key: key {key:?} already belongs to another pet"
+            )),
             other => {
                 tracing::error!(error = %other, "storage failure");
                 Status::unavailable(other.to_string())
@@ -95,6 +106,26 @@ impl PetStore for PetStoreService {
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),
         )))
+    }
+
+    async fn set_idempotency_keys(
+        &self,
+        request: Request<pb::SetIdempotencyKeysReq>,
+    ) -> Result<Response<pb::SetIdempotencyKeysResp>, Status> {
+        let changes = validate::set_keys_request(request.get_ref())?;
+        let count = changes.len();
+        self.storage
+            .set_keys(changes)
+            .await
+            .map_err(|err| match err {
+                // The generic mapping names `pets[i]`; this request's field is `changes`.
+                StorageError::NotFound { index, id } => {
+                    Status::not_found(format!("changes[{index}].id: no pet with ID {id:?}"))
+                }
+                other => other.into(),
+            })?;
+        tracing::debug!(count, "changed idempotency keys");
+        Ok(Response::new(pb::SetIdempotencyKeysResp {}))
     }
 
     async fn get_pets(

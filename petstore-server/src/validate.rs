@@ -7,7 +7,7 @@ use petstore_proto::petstore::{self as pb, PetType};
 use tonic::Status;
 
 use crate::model::{
-    MAX_BATCH, MAX_KEY_CHARS, MAX_NAME_CHARS, NewPet, PetFields, PetRecord, PetUpdate,
+    KeyChange, MAX_BATCH, MAX_KEY_CHARS, MAX_NAME_CHARS, NewPet, PetFields, PetRecord, PetUpdate,
     SearchFilter, Species,
 };
 
@@ -171,6 +171,55 @@ pub fn update_request(req: &pb::UpdatePetsReq) -> Result<Vec<PetUpdate>, Status>
             Ok(PetUpdate {
                 id: pet.id.clone(),
                 fields: pet_fields(index, pet)?,
+            })
+        })
+        .collect()
+}
+
+/// Validates SetIdempotencyKeys: IDs required, keys within the limit, and no
+/// pet or new key named twice (the outcome would depend on order).
+pub fn set_keys_request(req: &pb::SetIdempotencyKeysReq) -> Result<Vec<KeyChange>, Status> {
+    check_batch_size("changes", req.changes.len())?;
+    let mut ids = std::collections::HashSet::new();
+    let mut new_keys = std::collections::HashSet::new();
+    req.changes
+        .iter()
+        .enumerate()
+        .map(|(index, change)| {
+            let at = |field: &str| At {
+                path: format!("changes[{index}].{field}"),
+                pet: None,
+            };
+            if change.id.trim().is_empty() {
+                return Err(at("id").invalid("is required"));
+            }
+            if !ids.insert(change.id.as_str()) {
+                return Err(at("id").invalid(format!(
+                    "pet {:?} appears more than once in this request",
+                    change.id
+                )));
+            }
+            for (field, key) in [
+                ("expected_key", &change.expected_key),
+                ("new_key", &change.new_key),
+            ] {
+                let chars = key.chars().count();
+                if chars > MAX_KEY_CHARS {
+                    return Err(at(field).invalid(format!(
+                        "must be at most {MAX_KEY_CHARS} characters, got {chars}"
+                    )));
+                }
+            }
+            if !change.new_key.is_empty() && !new_keys.insert(change.new_key.as_str()) {
+                return Err(at("new_key").invalid(format!(
+                    "key {:?} is given to more than one pet in this request",
+                    change.new_key
+                )));
+            }
+            Ok(KeyChange {
+                id: change.id.clone(),
+                expected_key: change.expected_key.clone(),
+                new_key: change.new_key.clone(),
             })
         })
         .collect()

@@ -461,6 +461,200 @@ async fn oversized_message_is_rejected_cleanly(backend: &str) {
     s.stop().await;
 }
 
+fn change(id: &str, expected_key: &str, new_key: &str) -> pb::KeyChange {
+    pb::KeyChange {
+        id: id.into(),
+        expected_key: expected_key.into(),
+        new_key: new_key.into(),
+    }
+}
+
+async fn set_keys(
+    client: &mut PetStoreClient<Channel>,
+    changes: Vec<pb::KeyChange>,
+) -> Result<(), tonic::Status> {
+    client
+        .set_idempotency_keys(pb::SetIdempotencyKeysReq { changes })
+        .await
+        .map(drop)
+}
+
+/// The key each ID holds now, read back through GetPets.
+async fn keys_of(client: &mut PetStoreClient<Channel>, ids: &[String]) -> Vec<String> {
+    let found = client
+        .get_pets(pb::GetPetsReq {
+            ids: ids.to_vec(),
+            idempotency_keys: vec![],
+        })
+        .await
+        .expect("get")
+        .into_inner();
+    assert!(found.missing_ids.is_empty(), "{:?}", found.missing_ids);
+    found.pets.into_iter().map(|p| p.idempotency_key).collect()
+}
+
+async fn key_changes_are_compare_and_set(backend: &str) {
+    let mut s = start(backend).await;
+    let keyed = |key: &str| pb::Pet {
+        idempotency_key: key.into(),
+        ..thor()
+    };
+    let ids = add(&mut s.client, vec![thor(), keyed("uid-b")]).await;
+    let (free, owned) = (ids[0].clone(), ids[1].clone());
+
+    // Claiming an unkeyed pet succeeds once; the same claim again is a no-op
+    // success only with the new key as the expected one.
+    set_keys(&mut s.client, vec![change(&free, "", "uid-a")])
+        .await
+        .expect("claim");
+    let lost = set_keys(&mut s.client, vec![change(&free, "", "uid-c")])
+        .await
+        .expect_err("a second claim with a stale expected key");
+    assert_eq!(lost.code(), Code::FailedPrecondition, "{lost:?}");
+    assert!(
+        lost.message().starts_with("changes[0].expected_key:") && lost.message().contains("uid-a"),
+        "{}",
+        lost.message()
+    );
+    set_keys(&mut s.client, vec![change(&free, "uid-a", "uid-a")])
+        .await
+        .expect("setting the key it has");
+
+    // The key now finds the pet, and AddPets with it creates nothing.
+    assert_eq!(
+        add(&mut s.client, vec![keyed("uid-a")]).await,
+        [free.clone()]
+    );
+
+    // A key may move between pets in one batch: released by one, taken by
+    // the other.
+    set_keys(
+        &mut s.client,
+        vec![change(&free, "uid-a", ""), change(&owned, "uid-b", "uid-a")],
+    )
+    .await
+    .expect("a key released and taken in one batch");
+    assert_eq!(keys_of(&mut s.client, &ids).await, ["", "uid-a"]);
+    set_keys(
+        &mut s.client,
+        vec![change(&free, "", "uid-x"), change(&owned, "uid-a", "uid-b")],
+    )
+    .await
+    .expect("two independent changes");
+    set_keys(
+        &mut s.client,
+        vec![
+            change(&free, "uid-x", "uid-y"),
+            change(&owned, "uid-b", "uid-x"),
+        ],
+    )
+    .await
+    .expect("a swap through a released key");
+    assert_eq!(keys_of(&mut s.client, &ids).await, ["uid-y", "uid-x"]);
+
+    let err = set_keys(
+        &mut s.client,
+        vec![
+            change(&free, "uid-y", ""),
+            change(&owned, "uid-x", "uid-z"),
+            change(&free, "", ""),
+        ],
+    )
+    .await
+    .expect_err("the same pet twice");
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(
+        err.message().starts_with("changes[2].id:"),
+        "{}",
+        err.message()
+    );
+    // A key another pet holds is refused, and the batch changes nothing.
+    add(&mut s.client, vec![keyed("uid-held")]).await;
+    let err = set_keys(
+        &mut s.client,
+        vec![
+            change(&free, "uid-y", "uid-q"),
+            change(&owned, "uid-x", "uid-held"),
+        ],
+    )
+    .await
+    .expect_err("a key held by another pet");
+    assert_eq!(err.code(), Code::AlreadyExists, "{err:?}");
+    assert!(
+        err.message().starts_with("changes[1].new_key:"),
+        "{}",
+        err.message()
+    );
+    assert_eq!(keys_of(&mut s.client, &ids).await, ["uid-y", "uid-x"]);
+
+    // An unknown ID is NOT_FOUND and the rest of the batch is not applied.
+    let err = set_keys(
+        &mut s.client,
+        vec![change(&free, "uid-y", ""), change("no-such-id", "", "k")],
+    )
+    .await
+    .expect_err("unknown id");
+    assert_eq!(err.code(), Code::NotFound, "{err:?}");
+    assert!(
+        err.message().starts_with("changes[1].id:"),
+        "{}",
+        err.message()
+    );
+    assert_eq!(keys_of(&mut s.client, &ids).await, ["uid-y", "uid-x"]);
+
+    // Released keys no longer find anything; a released pet is claimable.
+    set_keys(&mut s.client, vec![change(&free, "uid-y", "")])
+        .await
+        .expect("release");
+    let found = s
+        .client
+        .get_pets(pb::GetPetsReq {
+            ids: vec![],
+            idempotency_keys: vec!["uid-y".into(), "uid-a".into()],
+        })
+        .await
+        .expect("get")
+        .into_inner();
+    assert!(found.pets.is_empty(), "{:?}", found.pets);
+    let err = set_keys(&mut s.client, vec![change(&free, "", &"k".repeat(129))])
+        .await
+        .expect_err("key too long");
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(
+        err.message().starts_with("changes[0].new_key:"),
+        "{}",
+        err.message()
+    );
+    s.stop().await;
+}
+
+/// Many clients race to claim one unkeyed pet: exactly one wins.
+async fn racing_claims_have_one_winner(backend: &str) {
+    let mut s = start(backend).await;
+    let id = add(&mut s.client, vec![thor()]).await.remove(0);
+    let mut tasks = Vec::new();
+    for n in 0..16 {
+        let mut client = PetStoreClient::new(s.channel.clone());
+        let id = id.clone();
+        tasks.push(tokio::spawn(async move {
+            let key = format!("uid-{n}");
+            set_keys(&mut client, vec![change(&id, "", &key)])
+                .await
+                .map(|()| key)
+        }));
+    }
+    let mut winners = Vec::new();
+    for task in tasks {
+        match task.await.expect("task") {
+            Ok(key) => winners.push(key),
+            Err(status) => assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}"),
+        }
+    }
+    assert_eq!(winners.len(), 1, "{winners:?}");
+    assert_eq!(keys_of(&mut s.client, &[id]).await, winners);
+    s.stop().await;
+}
+
 macro_rules! suite {
     ($($case:ident),* $(,)?) => {
         mod memory {
@@ -481,6 +675,8 @@ suite!(
     idempotency_keys_deduplicate_and_are_findable,
     concurrent_adds_get_unique_ids_and_all_are_found,
     oversized_message_is_rejected_cleanly,
+    key_changes_are_compare_and_set,
+    racing_claims_have_one_winner,
 );
 
 // ---- durable-only ----------------------------------------------------------
@@ -503,8 +699,10 @@ async fn durable_store_keeps_pets_and_keys_across_reopen() {
     .await;
     s.stop().await;
 
-    let storage = StorageConfig::Durable { path }.open().expect("reopen");
-    let mut s = start_with(storage, dir).await;
+    let storage = StorageConfig::Durable { path: path.clone() }
+        .open()
+        .expect("reopen");
+    let mut s = start_with(storage, tempfile::tempdir().expect("tempdir")).await;
     let again = add(
         &mut s.client,
         vec![pb::Pet {
@@ -515,5 +713,28 @@ async fn durable_store_keeps_pets_and_keys_across_reopen() {
     .await;
     assert_eq!(again, ids);
     assert_eq!(all(&mut s.client).await.len(), 1);
+    // A changed key is durable too.
+    set_keys(&mut s.client, vec![change(&ids[0], "uid-1", "uid-2")])
+        .await
+        .expect("change key");
     s.stop().await;
+
+    let storage = StorageConfig::Durable { path }
+        .open()
+        .expect("reopen again");
+    let mut s = start_with(storage, tempfile::tempdir().expect("tempdir")).await;
+    assert_eq!(keys_of(&mut s.client, &ids).await, ["uid-2"]);
+    assert_eq!(
+        add(
+            &mut s.client,
+            vec![pb::Pet {
+                idempotency_key: "uid-2".into(),
+                ..thor()
+            }]
+        )
+        .await,
+        ids
+    );
+    s.stop().await;
+    drop(dir);
 }

@@ -15,8 +15,8 @@ use prost::Message;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 use tokio::sync::oneshot;
 
-use super::{Storage, StorageError, new_id};
-use crate::model::{NewPet, PetRecord, PetUpdate, SearchFilter};
+use super::{Storage, StorageError, check_key_changes, new_id};
+use crate::model::{KeyChange, NewPet, PetRecord, PetUpdate, SearchFilter};
 use crate::validate;
 
 /// Pet ID -> protobuf-encoded `petstore.Pet` (including its idempotency key).
@@ -50,6 +50,7 @@ enum WriteOp {
     Add(Vec<NewPet>),
     Update(Vec<PetUpdate>),
     Delete(Vec<String>),
+    SetKeys(Vec<KeyChange>),
 }
 
 struct Job {
@@ -217,6 +218,48 @@ fn apply(txn: &WriteTransaction, op: &WriteOp) -> Result<Applied, StorageError> 
             }
             Ok(Ok(Vec::new()))
         }
+        WriteOp::SetKeys(changes) => {
+            let mut records = Vec::with_capacity(changes.len());
+            let refusal = check_key_changes(
+                changes,
+                |id| {
+                    let Some(stored) = pets.get(id).map_err(|e| engine(e.into()))? else {
+                        return Ok(None);
+                    };
+                    let record = decode(stored.value())?;
+                    let key = record.idempotency_key.clone().unwrap_or_default();
+                    records.push(record);
+                    Ok(Some(key))
+                },
+                |key| {
+                    Ok(keys
+                        .get(key)
+                        .map_err(|e| engine(e.into()))?
+                        .map(|id| id.value().to_owned()))
+                },
+            )?;
+            if let Some(refusal) = refusal {
+                return Ok(Err(refusal));
+            }
+            // Release every old key first, so keys can move between pets
+            // within one batch.
+            for change in changes.iter() {
+                if !change.expected_key.is_empty() {
+                    keys.remove(change.expected_key.as_str())
+                        .map_err(|e| engine(e.into()))?;
+                }
+            }
+            for (change, mut record) in changes.iter().zip(records) {
+                if !change.new_key.is_empty() {
+                    keys.insert(change.new_key.as_str(), change.id.as_str())
+                        .map_err(|e| engine(e.into()))?;
+                }
+                record.idempotency_key = Some(change.new_key.clone()).filter(|k| !k.is_empty());
+                pets.insert(record.id.as_str(), encode(&record).as_slice())
+                    .map_err(|e| engine(e.into()))?;
+            }
+            Ok(Ok(Vec::new()))
+        }
     }
 }
 
@@ -280,6 +323,10 @@ impl Storage for DurableStorage {
 
     async fn delete(&self, ids: Vec<String>) -> Result<(), StorageError> {
         self.write(WriteOp::Delete(ids)).await.map(drop)
+    }
+
+    async fn set_keys(&self, changes: Vec<KeyChange>) -> Result<(), StorageError> {
+        self.write(WriteOp::SetKeys(changes)).await.map(drop)
     }
 
     // Point lookups run inline: a read transaction over cached pages takes

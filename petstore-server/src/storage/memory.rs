@@ -3,8 +3,8 @@
 use std::collections::HashMap;
 use std::sync::{PoisonError, RwLock};
 
-use super::{Storage, StorageError, new_id};
-use crate::model::{NewPet, PetRecord, PetUpdate, SearchFilter};
+use super::{Storage, StorageError, check_key_changes, new_id};
+use crate::model::{KeyChange, NewPet, PetRecord, PetUpdate, SearchFilter};
 
 #[derive(Default)]
 pub struct MemoryStorage {
@@ -106,6 +106,41 @@ impl Storage for MemoryStorage {
                     .cloned()
             })
             .collect())
+    }
+
+    async fn set_keys(&self, changes: Vec<KeyChange>) -> Result<(), StorageError> {
+        let mut inner = self.write();
+        let refusal = check_key_changes(
+            &changes,
+            |id| {
+                Ok(inner
+                    .pets
+                    .get(id)
+                    .map(|p| p.idempotency_key.clone().unwrap_or_default()))
+            },
+            |key| Ok(inner.ids_by_key.get(key).cloned()),
+        )?;
+        if let Some(refusal) = refusal {
+            return Err(refusal);
+        }
+        // Release every old key first, so keys can move between pets within
+        // one batch.
+        for change in &changes {
+            if !change.expected_key.is_empty() {
+                inner.ids_by_key.remove(&change.expected_key);
+            }
+        }
+        for change in changes {
+            if !change.new_key.is_empty() {
+                inner
+                    .ids_by_key
+                    .insert(change.new_key.clone(), change.id.clone());
+            }
+            if let Some(record) = inner.pets.get_mut(&change.id) {
+                record.idempotency_key = Some(change.new_key).filter(|key| !key.is_empty());
+            }
+        }
+        Ok(())
     }
 
     async fn search(&self, filter: SearchFilter) -> Result<Vec<PetRecord>, StorageError> {

@@ -10,13 +10,26 @@ use std::sync::Arc;
 pub use durable::DurableStorage;
 pub use memory::MemoryStorage;
 
-use crate::model::{NewPet, PetRecord, PetUpdate, SearchFilter};
+use crate::model::{KeyChange, NewPet, PetRecord, PetUpdate, SearchFilter};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
     /// An update named a pet that does not exist; nothing was changed.
     #[error("no pet with ID {id:?}")]
     NotFound { index: usize, id: String },
+    /// A key change found another key than the caller expected; nothing was
+    /// changed.
+    #[error("pet {id:?} has key {actual:?}, not the expected {expected:?}")]
+    KeyMismatch {
+        index: usize,
+        id: String,
+        expected: String,
+        actual: String,
+    },
+    /// A key change would give a key that another pet already holds; nothing
+    /// was changed.
+    #[error("key {key:?} already belongs to another pet")]
+    KeyTaken { index: usize, key: String },
     #[error("storage engine failed while {action}: {source}")]
     Engine {
         action: &'static str,
@@ -55,6 +68,9 @@ pub trait Storage: Send + Sync + 'static {
     async fn get(&self, ids: Vec<String>) -> Result<Vec<Option<PetRecord>>, StorageError>;
     /// Looks pets up by idempotency key; `None` where a key is unknown.
     async fn get_by_keys(&self, keys: Vec<String>) -> Result<Vec<Option<PetRecord>>, StorageError>;
+    /// Changes pets' idempotency keys, each only if its current key (empty for
+    /// none) equals `expected_key`. All or nothing.
+    async fn set_keys(&self, changes: Vec<KeyChange>) -> Result<(), StorageError>;
     /// Every pet that matches the filter.
     async fn search(&self, filter: SearchFilter) -> Result<Vec<PetRecord>, StorageError>;
 }
@@ -73,6 +89,53 @@ impl StorageConfig {
             Self::Durable { path } => Arc::new(DurableStorage::open(path)?),
         })
     }
+}
+
+/// Decides a batch of key changes against the current keys, the same way for
+/// every backend: `current_key(id)` is `None` for an unknown pet and
+/// `Some("")` for a pet without a key; `holder(key)` is the pet that holds a
+/// key. Returns the error that refuses the whole batch, if any. The request
+/// was validated, so IDs and non-empty new keys are unique within it.
+pub(crate) fn check_key_changes(
+    changes: &[KeyChange],
+    mut current_key: impl FnMut(&str) -> Result<Option<String>, StorageError>,
+    mut holder: impl FnMut(&str) -> Result<Option<String>, StorageError>,
+) -> Result<Option<StorageError>, StorageError> {
+    for (index, change) in changes.iter().enumerate() {
+        let Some(actual) = current_key(&change.id)? else {
+            return Ok(Some(StorageError::NotFound {
+                index,
+                id: change.id.clone(),
+            }));
+        };
+        if actual != change.expected_key {
+            return Ok(Some(StorageError::KeyMismatch {
+                index,
+                id: change.id.clone(),
+                expected: change.expected_key.clone(),
+                actual,
+            }));
+        }
+    }
+    for (index, change) in changes.iter().enumerate() {
+        if change.new_key.is_empty() {
+            continue;
+        }
+        // A key held by a pet that gives it up in this same batch is free.
+        let Some(holder) = holder(&change.new_key)? else {
+            continue;
+        };
+        let released = changes
+            .iter()
+            .any(|other| other.id == holder && other.new_key != change.new_key);
+        if holder != change.id && !released {
+            return Ok(Some(StorageError::KeyTaken {
+                index,
+                key: change.new_key.clone(),
+            }));
+        }
+    }
+    Ok(None)
 }
 
 fn new_id() -> String {
