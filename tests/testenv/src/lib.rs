@@ -155,10 +155,12 @@ pub fn run(command: &mut Command) -> Result<String> {
 
 pub mod control_plane;
 pub mod petstore;
+pub mod postgres;
 
 pub use control_plane::ControlPlane;
-pub use petstore::{Operator, OperatorOptions, PetStoreServer, Storage};
+pub use petstore::{Operator, OperatorOptions, PetStoreServer, PostgresTarget, Storage};
 pub mod bench;
 pub mod chaos;
 pub mod env;
+pub mod forwarder;
 pub use env::Env;
