@@ -15,7 +15,7 @@ use std::time::Duration;
 use convergence::{ConvergenceConfig, ConvergenceResult};
 use store_load::{DurabilityCheck, GhzResult, LoadResult, ScaleResult, StoreSetup};
 
-use crate::{Result, Storage, Tools, run};
+use crate::{Result, Tools, run};
 
 #[derive(Clone, Debug)]
 pub struct BenchConfig {
