@@ -144,7 +144,7 @@ async fn main() -> ExitCode {
             path: args.data_file.clone(),
         },
         StorageKind::Postgres => match postgres_config(&args) {
-            Ok(config) => StorageConfig::Postgres(config),
+            Ok(config) => StorageConfig::Postgres(Box::new(config)),
             Err(err) => {
                 tracing::error!(error = %err, "invalid PostgreSQL settings");
                 return ExitCode::FAILURE;

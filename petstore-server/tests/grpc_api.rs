@@ -76,11 +76,11 @@ async fn open(backend: &str, dir: &tempfile::TempDir) -> Arc<dyn Storage> {
         "durable" => StorageConfig::Durable {
             path: dir.path().join("pets.redb"),
         },
-        "postgres" => StorageConfig::Postgres(
+        "postgres" => StorageConfig::Postgres(Box::new(
             tokio::task::spawn_blocking(postgres_config)
                 .await
                 .expect("postgres config"),
-        ),
+        )),
         other => panic!("unknown backend {other}"),
     };
     config.open().await.expect("open storage")
@@ -544,7 +544,7 @@ async fn key_changes_are_compare_and_set(backend: &str) {
     // The key now finds the pet, and AddPets with it creates nothing.
     assert_eq!(
         add(&mut s.client, vec![keyed("uid-a")]).await,
-        [free.clone()]
+        std::slice::from_ref(&free)
     );
 
     // A key may move between pets in one batch: released by one, taken by

@@ -151,7 +151,7 @@ pub(crate) fn names_from<'a>(
 pub enum StorageConfig {
     Memory,
     Durable { path: PathBuf },
-    Postgres(PostgresConfig),
+    Postgres(Box<PostgresConfig>),
 }
 
 impl StorageConfig {

@@ -81,7 +81,6 @@ impl PostgresStorage {
             NoTls,
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
-                ..ManagerConfig::default()
             },
         );
         let pool = Pool::builder(manager)
