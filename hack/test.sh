@@ -36,6 +36,10 @@ check_prerequisites() {
   for tool in go cargo openssl; do
     command -v "$tool" >/dev/null || missing+=("$tool")
   done
+  # The conformance suite and an end-to-end test run a real PostgreSQL.
+  if [[ -z "${PETSTORE_POSTGRES_BIN:-}" ]] && ! compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null; then
+    missing+=("PostgreSQL server binaries (Debian: apt-get install postgresql; or set PETSTORE_POSTGRES_BIN)")
+  fi
   if ((${#missing[@]})); then
     echo "missing tools: ${missing[*]}" >&2
     exit 1

@@ -45,6 +45,15 @@ if [[ ! -x "$bin_dir/grpcurl" ]]; then
   GOBIN="$bin_dir" CGO_ENABLED=0 go install "github.com/fullstorydev/grpcurl/cmd/grpcurl@$GRPCURL_VERSION"
 fi
 
+if [[ ! -x "$bin_dir/ghz-$GHZ_VERSION" ]]; then
+  log "installing ghz $GHZ_VERSION"
+  tmp=$(mktemp -d)
+  GOBIN="$tmp" CGO_ENABLED=0 go install "github.com/bojand/ghz/cmd/ghz@$GHZ_VERSION"
+  mv "$tmp/ghz" "$bin_dir/ghz-$GHZ_VERSION"
+  rmdir "$tmp"
+fi
+ln -sfn "ghz-$GHZ_VERSION" "$bin_dir/ghz"
+
 # kubectl supports one minor of skew against the API server; build a matching
 # one only when the machine's kubectl is further away (or missing).
 kubectl_ok() {

@@ -2,9 +2,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
 use petstore_server::server::{ServeOptions, TlsFiles};
-use petstore_server::storage::StorageConfig;
+use petstore_server::storage::{PostgresConfig, StorageConfig};
 
 /// gRPC pet store: add, update, delete, search and look up pets.
 ///
@@ -17,14 +18,34 @@ struct Args {
     #[arg(long, env = "PETSTORE_LISTEN", default_value = "0.0.0.0:6742")]
     listen: SocketAddr,
 
-    /// Where pets are kept: `durable` (a crash-safe file) or `memory`
-    /// (lost on restart).
+    /// Where pets are kept: `durable` (a crash-safe file), `memory` (lost on
+    /// restart) or `postgres` (a PostgreSQL database that any number of
+    /// replicas can share).
     #[arg(long, env = "PETSTORE_STORAGE", value_enum, default_value_t = StorageKind::Durable)]
     storage: StorageKind,
 
     /// File that holds the durable store; created if missing.
     #[arg(long, env = "PETSTORE_DATA_FILE", default_value = "petstore.redb")]
     data_file: PathBuf,
+
+    /// PostgreSQL connection URL for `--storage postgres`, e.g.
+    /// `postgres://petstore@db:5432/petstore`. Put the password in
+    /// --postgres-password-file, not here.
+    #[arg(
+        long,
+        env = "PETSTORE_POSTGRES_URL",
+        required_if_eq("storage", "postgres")
+    )]
+    postgres_url: Option<String>,
+
+    /// File holding the database password (e.g. a mounted Secret); a
+    /// trailing newline is ignored.
+    #[arg(long, env = "PETSTORE_POSTGRES_PASSWORD_FILE")]
+    postgres_password_file: Option<PathBuf>,
+
+    /// Database connections kept by this replica.
+    #[arg(long, env = "PETSTORE_POSTGRES_POOL_SIZE", default_value_t = 16)]
+    postgres_pool_size: usize,
 
     /// Serve TLS with this certificate (PEM). Needs --tls-key.
     #[arg(long, env = "PETSTORE_TLS_CERT", requires = "tls_key")]
@@ -47,6 +68,7 @@ struct Args {
 enum StorageKind {
     Durable,
     Memory,
+    Postgres,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -83,6 +105,34 @@ async fn shutdown_signal() {
     }
 }
 
+fn postgres_config(args: &Args) -> anyhow::Result<PostgresConfig> {
+    let url = args
+        .postgres_url
+        .as_deref()
+        .context("--postgres-url (PETSTORE_POSTGRES_URL) is required")?;
+    // The parser's message never repeats the URL, so a password in it
+    // stays out of the log.
+    let mut config: tokio_postgres::Config = url.parse().context("parsing --postgres-url")?;
+    if config.get_password().is_some() {
+        tracing::warn!(
+            "the PostgreSQL URL carries a password; prefer --postgres-password-file, as a URL flag is visible to every local user"
+        );
+    }
+    if let Some(path) = &args.postgres_password_file {
+        let password = std::fs::read_to_string(path)
+            .with_context(|| format!("reading the password file {}", path.display()))?;
+        config.password(password.trim_end_matches(['\r', '\n']));
+    }
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(std::time::Duration::from_secs(5));
+    }
+    Ok(PostgresConfig {
+        config,
+        pool_size: args.postgres_pool_size,
+        connect_timeout: std::time::Duration::from_secs(60),
+    })
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
@@ -93,15 +143,24 @@ async fn main() -> ExitCode {
         StorageKind::Durable => StorageConfig::Durable {
             path: args.data_file.clone(),
         },
+        StorageKind::Postgres => match postgres_config(&args) {
+            Ok(config) => StorageConfig::Postgres(Box::new(config)),
+            Err(err) => {
+                tracing::error!(error = %err, "invalid PostgreSQL settings");
+                return ExitCode::FAILURE;
+            }
+        },
     };
-    let storage = match config.open() {
+    let opening = std::time::Instant::now();
+    let storage = match config.open().await {
         Ok(storage) => storage,
         Err(err) => {
             tracing::error!(error = %err, ?config, "cannot open storage");
             return ExitCode::FAILURE;
         }
     };
-    tracing::info!(?config, "storage open");
+    let open_ms = opening.elapsed().as_secs_f64() * 1000.0;
+    tracing::info!(?config, open_ms, "storage open");
 
     let listener = match tokio::net::TcpListener::bind(args.listen).await {
         Ok(listener) => listener,

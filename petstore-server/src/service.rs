@@ -8,7 +8,7 @@ use petstore_proto::PetStore;
 use petstore_proto::petstore as pb;
 use tonic::{Request, Response, Status};
 
-use crate::storage::{Storage, StorageError};
+use crate::storage::{SearchPage, Storage, StorageError};
 use crate::validate;
 
 pub struct PetStoreService {
@@ -46,8 +46,11 @@ impl From<StorageError> for Status {
     }
 }
 
-/// Pets buffered ahead of a slow search client; bounds memory per stream.
+/// Pets buffered ahead of a slow search client; with the page size, bounds
+/// memory per stream whatever the store holds.
 const SEARCH_CHANNEL_DEPTH: usize = 64;
+/// Records a search reads from storage at a time.
+pub const SEARCH_PAGE: usize = 256;
 
 #[tonic::async_trait]
 impl PetStore for PetStoreService {
@@ -92,16 +95,33 @@ impl PetStore for PetStoreService {
         request: Request<pb::SearchPetsReq>,
     ) -> Result<Response<Self::SearchPetsStream>, Status> {
         let filter = validate::search_request(request.get_ref())?;
-        let found = self.storage.search(filter).await?;
-        tracing::debug!(count = found.len(), "search");
+        // The first page is read before answering, so a failing store is a
+        // status rather than a broken stream.
+        let first = self.storage.search_page(&filter, None, SEARCH_PAGE).await?;
+        let storage = Arc::clone(&self.storage);
         let (tx, rx) = tokio::sync::mpsc::channel(SEARCH_CHANNEL_DEPTH);
         tokio::spawn(async move {
-            for record in found {
-                // The client hung up: stop producing.
-                if tx.send(Ok(validate::to_proto(&record))).await.is_err() {
-                    break;
+            let mut page = first;
+            let mut count = 0usize;
+            loop {
+                let SearchPage { pets, next } = page;
+                for record in pets {
+                    // The client hung up: stop reading.
+                    if tx.send(Ok(validate::to_proto(&record))).await.is_err() {
+                        return;
+                    }
+                    count += 1;
                 }
+                let Some(after) = next else { break };
+                page = match storage.search_page(&filter, Some(after), SEARCH_PAGE).await {
+                    Ok(page) => page,
+                    Err(err) => {
+                        let _ = tx.send(Err(Status::from(err))).await;
+                        return;
+                    }
+                };
             }
+            tracing::debug!(count, "search");
         });
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),

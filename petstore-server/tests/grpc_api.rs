@@ -6,7 +6,8 @@ use std::sync::Arc;
 use petstore_proto::PetStoreClient;
 use petstore_proto::google::r#type::Date;
 use petstore_proto::petstore::{self as pb, PetType};
-use petstore_server::storage::{Storage, StorageConfig};
+use petstore_server::model::{PetFields, SearchFilter, Species};
+use petstore_server::storage::{PostgresConfig, Storage, StorageConfig, search_all};
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -54,20 +55,40 @@ async fn start_with(storage: Arc<dyn Storage>, dir: tempfile::TempDir) -> Runnin
     }
 }
 
-fn open(backend: &str, dir: &tempfile::TempDir) -> Arc<dyn Storage> {
+/// A fresh, empty database on the PostgreSQL server this test binary
+/// started (a real one, on 127.0.0.1; see testenv::postgres).
+fn postgres_config() -> PostgresConfig {
+    let server = testenv::postgres::shared().expect("start PostgreSQL");
+    let url = server.new_database("conformance").expect("create database");
+    let mut config: tokio_postgres::Config = url.parse().expect("url");
+    let password = std::fs::read_to_string(&server.password_file).expect("password");
+    config.password(password.trim_end());
+    PostgresConfig {
+        config,
+        pool_size: 4,
+        connect_timeout: std::time::Duration::from_secs(10),
+    }
+}
+
+async fn open(backend: &str, dir: &tempfile::TempDir) -> Arc<dyn Storage> {
     let config = match backend {
         "memory" => StorageConfig::Memory,
         "durable" => StorageConfig::Durable {
             path: dir.path().join("pets.redb"),
         },
+        "postgres" => StorageConfig::Postgres(Box::new(
+            tokio::task::spawn_blocking(postgres_config)
+                .await
+                .expect("postgres config"),
+        )),
         other => panic!("unknown backend {other}"),
     };
-    config.open().expect("open storage")
+    config.open().await.expect("open storage")
 }
 
 async fn start(backend: &str) -> Running {
     let dir = tempfile::tempdir().expect("tempdir");
-    let storage = open(backend, &dir);
+    let storage = open(backend, &dir).await;
     start_with(storage, dir).await
 }
 
@@ -523,7 +544,7 @@ async fn key_changes_are_compare_and_set(backend: &str) {
     // The key now finds the pet, and AddPets with it creates nothing.
     assert_eq!(
         add(&mut s.client, vec![keyed("uid-a")]).await,
-        [free.clone()]
+        std::slice::from_ref(&free)
     );
 
     // A key may move between pets in one batch: released by one, taken by
@@ -655,6 +676,152 @@ async fn racing_claims_have_one_winner(backend: &str) {
     s.stop().await;
 }
 
+/// Every filter shape (names through the name index, species, dates, and
+/// combinations), at page sizes small enough that pages split runs of one
+/// name, must return exactly what a full scan filtered by
+/// `SearchFilter::matches` returns; and renames and deletes must move the
+/// index with the data.
+async fn search_equals_a_full_scan_page_by_page(backend: &str) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let storage = open(backend, &dir).await;
+    let names = ["Ada", "Bo", "Cy", "Dee", "Bo ", "bo", "Zoë"];
+    let species = [
+        Species::Canine,
+        Species::Feline,
+        Species::Bird,
+        Species::Reptile,
+    ];
+    let day = |n: u32| chrono::NaiveDate::from_ymd_opt(2020, 1 + n % 12, 1 + n % 28).expect("date");
+    let pets = (0..240u32)
+        .map(|n| petstore_server::model::NewPet {
+            fields: PetFields {
+                name: names[(n as usize * 7 + n as usize / 5) % names.len()].into(),
+                species: species[n as usize % 4],
+                birthday: day(n),
+            },
+            idempotency_key: None,
+        })
+        .collect();
+    let ids = storage.add(pets).await.expect("add");
+    // Renames and deletes after the fact: the index must follow them.
+    let renamed: Vec<_> = ids
+        .iter()
+        .step_by(9)
+        .map(|id| petstore_server::model::PetUpdate {
+            id: id.clone(),
+            fields: PetFields {
+                name: "Renamed".into(),
+                species: Species::Bird,
+                birthday: day(3),
+            },
+        })
+        .collect();
+    storage.update(renamed).await.expect("rename");
+    storage
+        .delete(ids.iter().skip(4).step_by(11).cloned().collect())
+        .await
+        .expect("delete");
+
+    let everything = search_all(&*storage, &SearchFilter::default(), 1000)
+        .await
+        .expect("full scan");
+    assert_eq!(everything.len(), 240 - 22);
+    let mut seen = std::collections::HashSet::new();
+    assert!(
+        everything.iter().all(|p| seen.insert(p.id.clone())),
+        "no duplicates"
+    );
+
+    let filters = vec![
+        SearchFilter::default(),
+        SearchFilter {
+            names: vec!["Bo".into()],
+            ..Default::default()
+        },
+        SearchFilter {
+            names: vec!["Renamed".into(), "Ada".into(), "Ada".into()],
+            ..Default::default()
+        },
+        SearchFilter {
+            names: vec!["Zoë".into(), "nobody".into()],
+            species: vec![Species::Feline],
+            ..Default::default()
+        },
+        SearchFilter {
+            species: vec![Species::Bird, Species::Reptile],
+            ..Default::default()
+        },
+        SearchFilter {
+            born_on_or_after: Some(day(3)),
+            born_before: Some(day(7)),
+            ..Default::default()
+        },
+        SearchFilter {
+            names: vec!["Cy".into(), "Dee".into(), "bo".into()],
+            species: vec![Species::Canine, Species::Bird],
+            born_on_or_after: Some(day(2)),
+            ..Default::default()
+        },
+        SearchFilter {
+            names: vec!["nobody".into()],
+            ..Default::default()
+        },
+    ];
+    for filter in &filters {
+        let mut expected: Vec<_> = everything
+            .iter()
+            .filter(|p| filter.matches(&p.fields))
+            .map(|p| p.id.clone())
+            .collect();
+        expected.sort();
+        for page in [1, 3, 7, 64, 1000] {
+            let mut got: Vec<_> = search_all(&*storage, filter, page)
+                .await
+                .expect("search")
+                .into_iter()
+                .map(|p| p.id)
+                .collect();
+            got.sort();
+            assert_eq!(got, expected, "filter {filter:?}, page size {page}");
+        }
+    }
+}
+
+/// The gRPC stream reads storage page by page; more records than a page
+/// must all arrive, once each.
+async fn search_streams_more_than_a_page(backend: &str) {
+    let mut s = start(backend).await;
+    let total = petstore_server::service::SEARCH_PAGE * 2 + 17;
+    let mut added = std::collections::HashSet::new();
+    for chunk in 0..total.div_ceil(500) {
+        let pets = (chunk * 500..(chunk * 500 + 500).min(total))
+            .map(|n| {
+                pet(
+                    if n % 2 == 0 { "Even" } else { "Odd" },
+                    PetType::PtBird,
+                    date(2020, 1, 1),
+                )
+            })
+            .collect();
+        added.extend(add(&mut s.client, pets).await);
+    }
+    let streamed = all(&mut s.client).await;
+    let ids: std::collections::HashSet<_> = streamed.iter().map(|p| p.id.clone()).collect();
+    assert_eq!(streamed.len(), total);
+    assert_eq!(ids, added);
+    let evens = search(
+        &mut s.client,
+        pb::SearchPetsReq {
+            names: vec!["Even".into()],
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_eq!(evens.len(), total.div_ceil(2));
+    assert!(evens.iter().all(|p| p.name == "Even"));
+    s.stop().await;
+}
+
 macro_rules! suite {
     ($($case:ident),* $(,)?) => {
         mod memory {
@@ -662,6 +829,9 @@ macro_rules! suite {
         }
         mod durable {
             $( #[tokio::test] async fn $case() { super::$case("durable").await } )*
+        }
+        mod postgres {
+            $( #[tokio::test] async fn $case() { super::$case("postgres").await } )*
         }
     };
 }
@@ -677,6 +847,8 @@ suite!(
     oversized_message_is_rejected_cleanly,
     key_changes_are_compare_and_set,
     racing_claims_have_one_winner,
+    search_equals_a_full_scan_page_by_page,
+    search_streams_more_than_a_page,
 );
 
 // ---- durable-only ----------------------------------------------------------
@@ -687,6 +859,7 @@ async fn durable_store_keeps_pets_and_keys_across_reopen() {
     let path = dir.path().join("pets.redb");
     let storage = StorageConfig::Durable { path: path.clone() }
         .open()
+        .await
         .expect("open");
     let mut s = start_with(storage, tempfile::tempdir().expect("tempdir")).await;
     let ids = add(
@@ -701,6 +874,7 @@ async fn durable_store_keeps_pets_and_keys_across_reopen() {
 
     let storage = StorageConfig::Durable { path: path.clone() }
         .open()
+        .await
         .expect("reopen");
     let mut s = start_with(storage, tempfile::tempdir().expect("tempdir")).await;
     let again = add(
@@ -721,6 +895,7 @@ async fn durable_store_keeps_pets_and_keys_across_reopen() {
 
     let storage = StorageConfig::Durable { path }
         .open()
+        .await
         .expect("reopen again");
     let mut s = start_with(storage, tempfile::tempdir().expect("tempdir")).await;
     assert_eq!(keys_of(&mut s.client, &ids).await, ["uid-2"]);

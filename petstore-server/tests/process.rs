@@ -110,6 +110,23 @@ async fn acknowledged_writes_survive_kill_9_and_keys_still_deduplicate() {
 
     let (_server, channel) = spawn(&data).await;
     assert_eq!(count(&channel).await, 50, "every acknowledged pet survives");
+    // The name index was committed with the pets it indexes.
+    let mut by_name = PetStoreClient::new(channel.clone())
+        .search_pets(pb::SearchPetsReq {
+            names: vec!["pet-7".into(), "pet-49".into()],
+            ..Default::default()
+        })
+        .await
+        .expect("search by name")
+        .into_inner();
+    let mut found = Vec::new();
+    while let Some(pet) = by_name.message().await.expect("stream") {
+        found.push(pet.id);
+    }
+    found.sort();
+    let mut expected = vec![ids[7].clone(), ids[49].clone()];
+    expected.sort();
+    assert_eq!(found, expected, "the name index survived kill -9");
     let again = PetStoreClient::new(channel.clone())
         .add_pets(pb::AddPetsReq {
             pets: vec![keyed("pet-7", "uid-7")],

@@ -15,7 +15,7 @@ use prost::Message;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 use tokio::sync::oneshot;
 
-use super::{Storage, StorageError, check_key_changes, new_id};
+use super::{Cursor, SearchPage, Storage, StorageError, check_key_changes, names_from, new_id};
 use crate::model::{KeyChange, NewPet, PetRecord, PetUpdate, SearchFilter};
 use crate::validate;
 
@@ -23,6 +23,13 @@ use crate::validate;
 const PETS: TableDefinition<&str, &[u8]> = TableDefinition::new("pets");
 /// Idempotency key -> pet ID.
 const IDS_BY_KEY: TableDefinition<&str, &str> = TableDefinition::new("ids_by_key");
+/// (name, pet ID): the name index. Written in the same transaction as the
+/// pet, so it holds exactly the committed pets, after a `kill -9` too.
+const PETS_BY_NAME: TableDefinition<(&str, &str), ()> = TableDefinition::new("pets_by_name");
+/// "schema" -> version, so a file written before an index existed gets it
+/// built once, at open.
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+const SCHEMA_VERSION: u64 = 2;
 
 /// Most queued requests folded into one transaction.
 const MAX_GROUP: usize = 512;
@@ -61,16 +68,7 @@ struct Job {
 impl DurableStorage {
     pub fn open(path: &Path) -> Result<Self, StorageError> {
         let db = Database::create(path).map_err(|e| StorageError::engine("opening the file", e))?;
-        // Create the tables up front so readers never see them missing.
-        let txn = db
-            .begin_write()
-            .map_err(|e| StorageError::engine("initialising tables", e))?;
-        txn.open_table(PETS)
-            .map_err(|e| StorageError::engine("initialising tables", e))?;
-        txn.open_table(IDS_BY_KEY)
-            .map_err(|e| StorageError::engine("initialising tables", e))?;
-        txn.commit()
-            .map_err(|e| StorageError::engine("initialising tables", e))?;
+        migrate(&db)?;
 
         let db = Arc::new(db);
         let (writer, jobs) = mpsc::channel();
@@ -105,6 +103,40 @@ impl DurableStorage {
             .await
             .map_err(|e| StorageError::engine("running a read", e))?
     }
+}
+
+/// Creates the tables up front (so readers never see them missing) and
+/// builds the name index for a file from before it existed, all in one
+/// transaction: a crash midway leaves the old file, and the next open
+/// builds it again.
+fn migrate(db: &Database) -> Result<(), StorageError> {
+    let init = |e: redb::Error| StorageError::engine("initialising tables", e);
+    let txn = db.begin_write().map_err(|e| init(e.into()))?;
+    {
+        let pets = txn.open_table(PETS).map_err(|e| init(e.into()))?;
+        txn.open_table(IDS_BY_KEY).map_err(|e| init(e.into()))?;
+        let mut by_name = txn.open_table(PETS_BY_NAME).map_err(|e| init(e.into()))?;
+        let mut meta = txn.open_table(META).map_err(|e| init(e.into()))?;
+        let version = meta
+            .get("schema")
+            .map_err(|e| init(e.into()))?
+            .map_or(1, |v| v.value());
+        if version < SCHEMA_VERSION {
+            let mut indexed = 0u64;
+            for entry in pets.iter().map_err(|e| init(e.into()))? {
+                let (_, stored) = entry.map_err(|e| init(e.into()))?;
+                let record = decode(stored.value())?;
+                by_name
+                    .insert((record.fields.name.as_str(), record.id.as_str()), ())
+                    .map_err(|e| init(e.into()))?;
+                indexed += 1;
+            }
+            meta.insert("schema", SCHEMA_VERSION)
+                .map_err(|e| init(e.into()))?;
+            tracing::info!(indexed, "built the name index");
+        }
+    }
+    txn.commit().map_err(|e| init(e.into()))
 }
 
 fn write_loop(db: &Database, jobs: &mpsc::Receiver<Job>) {
@@ -161,6 +193,7 @@ fn apply(txn: &WriteTransaction, op: &WriteOp) -> Result<Applied, StorageError> 
     let engine = |e: redb::Error| StorageError::engine("writing", e);
     let mut pets = txn.open_table(PETS).map_err(|e| engine(e.into()))?;
     let mut keys = txn.open_table(IDS_BY_KEY).map_err(|e| engine(e.into()))?;
+    let mut by_name = txn.open_table(PETS_BY_NAME).map_err(|e| engine(e.into()))?;
     match op {
         WriteOp::Add(new_pets) => {
             let mut ids = Vec::with_capacity(new_pets.len());
@@ -182,6 +215,9 @@ fn apply(txn: &WriteTransaction, op: &WriteOp) -> Result<Applied, StorageError> 
                     keys.insert(key.as_str(), record.id.as_str())
                         .map_err(|e| engine(e.into()))?;
                 }
+                by_name
+                    .insert((record.fields.name.as_str(), record.id.as_str()), ())
+                    .map_err(|e| engine(e.into()))?;
                 ids.push(record.id);
             }
             Ok(Ok(ids))
@@ -198,22 +234,34 @@ fn apply(txn: &WriteTransaction, op: &WriteOp) -> Result<Applied, StorageError> 
                     }));
                 };
                 let mut record = decode(stored.value())?;
-                record.fields = update.fields.clone();
-                records.push(record);
+                let old_name = std::mem::replace(&mut record.fields, update.fields.clone()).name;
+                records.push((old_name, record));
             }
-            for record in records {
+            for (old_name, record) in records {
                 pets.insert(record.id.as_str(), encode(&record).as_slice())
                     .map_err(|e| engine(e.into()))?;
+                if old_name != record.fields.name {
+                    by_name
+                        .remove((old_name.as_str(), record.id.as_str()))
+                        .map_err(|e| engine(e.into()))?;
+                    by_name
+                        .insert((record.fields.name.as_str(), record.id.as_str()), ())
+                        .map_err(|e| engine(e.into()))?;
+                }
             }
             Ok(Ok(Vec::new()))
         }
         WriteOp::Delete(ids) => {
             for id in ids {
                 let removed = pets.remove(id.as_str()).map_err(|e| engine(e.into()))?;
-                if let Some(stored) = removed
-                    && let Some(key) = decode(stored.value())?.idempotency_key
-                {
-                    keys.remove(key.as_str()).map_err(|e| engine(e.into()))?;
+                if let Some(stored) = removed {
+                    let record = decode(stored.value())?;
+                    if let Some(key) = &record.idempotency_key {
+                        keys.remove(key.as_str()).map_err(|e| engine(e.into()))?;
+                    }
+                    by_name
+                        .remove((record.fields.name.as_str(), id.as_str()))
+                        .map_err(|e| engine(e.into()))?;
                 }
             }
             Ok(Ok(Vec::new()))
@@ -339,21 +387,85 @@ impl Storage for DurableStorage {
         read_by_keys(&self.db, &keys)
     }
 
-    async fn search(&self, filter: SearchFilter) -> Result<Vec<PetRecord>, StorageError> {
-        self.read(move |db| {
-            let engine = |e: redb::Error| StorageError::engine("searching", e);
-            let txn = db.begin_read().map_err(|e| engine(e.into()))?;
-            let pets = txn.open_table(PETS).map_err(|e| engine(e.into()))?;
-            let mut found = Vec::new();
-            for entry in pets.iter().map_err(|e| engine(e.into()))? {
-                let (_, stored) = entry.map_err(|e| engine(e.into()))?;
-                let record = decode(stored.value())?;
-                if filter.matches(&record.fields) {
-                    found.push(record);
-                }
-            }
-            Ok(found)
-        })
-        .await
+    async fn search_page(
+        &self,
+        filter: &SearchFilter,
+        after: Option<Cursor>,
+        limit: usize,
+    ) -> Result<SearchPage, StorageError> {
+        let filter = filter.clone();
+        self.read(move |db| search_page(db, &filter, after.as_ref(), limit.max(1)))
+            .await
     }
+}
+
+fn search_page(
+    db: &Database,
+    filter: &SearchFilter,
+    after: Option<&Cursor>,
+    limit: usize,
+) -> Result<SearchPage, StorageError> {
+    let engine = |e: redb::Error| StorageError::engine("searching", e);
+    let txn = db.begin_read().map_err(|e| engine(e.into()))?;
+    let pets = txn.open_table(PETS).map_err(|e| engine(e.into()))?;
+    let mut page = SearchPage::default();
+    let mut scanned = 0;
+    let mut last: Option<Cursor> = None;
+    if filter.names.is_empty() {
+        let start = match after {
+            Some(c) => std::ops::Bound::Excluded(c.id.as_str()),
+            None => std::ops::Bound::Unbounded,
+        };
+        let range = pets
+            .range::<&str>((start, std::ops::Bound::Unbounded))
+            .map_err(|e| engine(e.into()))?;
+        for entry in range {
+            if scanned == limit {
+                page.next = last;
+                return Ok(page);
+            }
+            scanned += 1;
+            let (_, stored) = entry.map_err(|e| engine(e.into()))?;
+            let record = decode(stored.value())?;
+            last = Some(Cursor::after(&record, false));
+            if filter.matches(&record.fields) {
+                page.pets.push(record);
+            }
+        }
+        return Ok(page);
+    }
+    let by_name = txn.open_table(PETS_BY_NAME).map_err(|e| engine(e.into()))?;
+    for name in names_from(filter, after) {
+        let start = match after {
+            Some(c) if c.name == name => std::ops::Bound::Excluded((name, c.id.as_str())),
+            _ => std::ops::Bound::Included((name, "")),
+        };
+        let range = by_name
+            .range::<(&str, &str)>((start, std::ops::Bound::Unbounded))
+            .map_err(|e| engine(e.into()))?;
+        for entry in range {
+            let (key, _) = entry.map_err(|e| engine(e.into()))?;
+            let (entry_name, id) = key.value();
+            if entry_name != name {
+                break;
+            }
+            if scanned == limit {
+                page.next = last;
+                return Ok(page);
+            }
+            scanned += 1;
+            last = Some(Cursor {
+                name: name.to_owned(),
+                id: id.to_owned(),
+            });
+            let Some(stored) = pets.get(id).map_err(|e| engine(e.into()))? else {
+                continue;
+            };
+            let record = decode(stored.value())?;
+            if filter.matches(&record.fields) {
+                page.pets.push(record);
+            }
+        }
+    }
+    Ok(page)
 }

@@ -1,9 +1,10 @@
 //! In-memory backend: fast and volatile. Everything is lost on restart.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ops::Bound;
 use std::sync::{PoisonError, RwLock};
 
-use super::{Storage, StorageError, check_key_changes, new_id};
+use super::{Cursor, SearchPage, Storage, StorageError, check_key_changes, names_from, new_id};
 use crate::model::{KeyChange, NewPet, PetRecord, PetUpdate, SearchFilter};
 
 #[derive(Default)]
@@ -13,8 +14,11 @@ pub struct MemoryStorage {
 
 #[derive(Default)]
 struct Inner {
-    pets: HashMap<String, PetRecord>,
+    /// Ordered by ID so a search can resume after the last ID it returned.
+    pets: BTreeMap<String, PetRecord>,
     ids_by_key: HashMap<String, String>,
+    /// (name, ID) of every pet: the name index.
+    by_name: BTreeSet<(String, String)>,
 }
 
 impl MemoryStorage {
@@ -46,6 +50,7 @@ impl Storage for MemoryStorage {
             if let Some(key) = &pet.idempotency_key {
                 inner.ids_by_key.insert(key.clone(), id.clone());
             }
+            inner.by_name.insert((pet.fields.name.clone(), id.clone()));
             inner.pets.insert(
                 id.clone(),
                 PetRecord {
@@ -71,8 +76,16 @@ impl Storage for MemoryStorage {
                 id: missing.id.clone(),
             });
         }
+        let inner = &mut *inner;
         for update in pets {
             if let Some(record) = inner.pets.get_mut(&update.id) {
+                if record.fields.name != update.fields.name {
+                    let old = (std::mem::take(&mut record.fields.name), update.id.clone());
+                    inner.by_name.remove(&old);
+                    inner
+                        .by_name
+                        .insert((update.fields.name.clone(), update.id.clone()));
+                }
                 record.fields = update.fields;
             }
         }
@@ -82,8 +95,11 @@ impl Storage for MemoryStorage {
     async fn delete(&self, ids: Vec<String>) -> Result<(), StorageError> {
         let mut inner = self.write();
         for id in ids {
-            if let Some(key) = inner.pets.remove(&id).and_then(|r| r.idempotency_key) {
-                inner.ids_by_key.remove(&key);
+            if let Some(record) = inner.pets.remove(&id) {
+                if let Some(key) = &record.idempotency_key {
+                    inner.ids_by_key.remove(key);
+                }
+                inner.by_name.remove(&(record.fields.name, id));
             }
         }
         Ok(())
@@ -143,13 +159,63 @@ impl Storage for MemoryStorage {
         Ok(())
     }
 
-    async fn search(&self, filter: SearchFilter) -> Result<Vec<PetRecord>, StorageError> {
+    async fn search_page(
+        &self,
+        filter: &SearchFilter,
+        after: Option<Cursor>,
+        limit: usize,
+    ) -> Result<SearchPage, StorageError> {
         let inner = self.read();
-        Ok(inner
-            .pets
-            .values()
-            .filter(|p| filter.matches(&p.fields))
-            .cloned()
-            .collect())
+        let limit = limit.max(1);
+        let mut page = SearchPage::default();
+        let mut scanned = 0;
+        let by_name = !filter.names.is_empty();
+        let mut last = None;
+        if by_name {
+            for name in names_from(filter, after.as_ref()) {
+                let start = match &after {
+                    Some(c) if c.name == name => Bound::Excluded((name.to_owned(), c.id.clone())),
+                    _ => Bound::Included((name.to_owned(), String::new())),
+                };
+                let same_name = inner
+                    .by_name
+                    .range((start, Bound::Unbounded))
+                    .take_while(|(n, _)| n == name);
+                for (_, id) in same_name {
+                    if scanned == limit {
+                        page.next = last;
+                        return Ok(page);
+                    }
+                    scanned += 1;
+                    last = Some(Cursor {
+                        name: name.to_owned(),
+                        id: id.clone(),
+                    });
+                    let Some(record) = inner.pets.get(id) else {
+                        continue;
+                    };
+                    if filter.matches(&record.fields) {
+                        page.pets.push(record.clone());
+                    }
+                }
+            }
+        } else {
+            let start = match &after {
+                Some(c) => Bound::Excluded(c.id.clone()),
+                None => Bound::Unbounded,
+            };
+            for (_, record) in inner.pets.range((start, Bound::Unbounded)) {
+                if scanned == limit {
+                    page.next = last;
+                    return Ok(page);
+                }
+                scanned += 1;
+                last = Some(Cursor::after(record, false));
+                if filter.matches(&record.fields) {
+                    page.pets.push(record.clone());
+                }
+            }
+        }
+        Ok(page)
     }
 }

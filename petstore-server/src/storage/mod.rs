@@ -3,12 +3,14 @@
 
 mod durable;
 mod memory;
+mod postgres;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 pub use durable::DurableStorage;
 pub use memory::MemoryStorage;
+pub use postgres::{PostgresConfig, PostgresStorage};
 
 use crate::model::{KeyChange, NewPet, PetRecord, PetUpdate, SearchFilter};
 
@@ -71,8 +73,77 @@ pub trait Storage: Send + Sync + 'static {
     /// Changes pets' idempotency keys, each only if its current key (empty for
     /// none) equals `expected_key`. All or nothing.
     async fn set_keys(&self, changes: Vec<KeyChange>) -> Result<(), StorageError>;
-    /// Every pet that matches the filter.
-    async fn search(&self, filter: SearchFilter) -> Result<Vec<PetRecord>, StorageError>;
+    /// One page of a search: scans at most `limit` records after `after`
+    /// and returns those that match, so a page costs bounded time and memory
+    /// whatever the store holds. A name filter walks the name index (cost in
+    /// proportion to the answer); other filters walk every record in ID
+    /// order. `next` is `None` when the search is complete.
+    async fn search_page(
+        &self,
+        filter: &SearchFilter,
+        after: Option<Cursor>,
+        limit: usize,
+    ) -> Result<SearchPage, StorageError>;
+}
+
+/// Where a paged search resumes: after this record in the order the search
+/// walks (by name then ID with a name filter, else by ID).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Cursor {
+    /// The last record's name; empty for a walk in ID order.
+    pub name: String,
+    pub id: String,
+}
+
+impl Cursor {
+    pub(crate) fn after(record: &PetRecord, by_name: bool) -> Self {
+        Self {
+            name: if by_name {
+                record.fields.name.clone()
+            } else {
+                String::new()
+            },
+            id: record.id.clone(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct SearchPage {
+    pub pets: Vec<PetRecord>,
+    pub next: Option<Cursor>,
+}
+
+/// Every match, page by page: for tests and small stores. The gRPC layer
+/// streams pages instead.
+pub async fn search_all(
+    storage: &dyn Storage,
+    filter: &SearchFilter,
+    page: usize,
+) -> Result<Vec<PetRecord>, StorageError> {
+    let mut found = Vec::new();
+    let mut after = None;
+    loop {
+        let SearchPage { pets, next } = storage.search_page(filter, after, page).await?;
+        found.extend(pets);
+        match next {
+            Some(cursor) => after = Some(cursor),
+            None => return Ok(found),
+        }
+    }
+}
+
+/// The distinct names of a name search, in index order, from the cursor's
+/// name on.
+pub(crate) fn names_from<'a>(
+    filter: &'a SearchFilter,
+    after: Option<&Cursor>,
+) -> impl Iterator<Item = &'a str> {
+    let names: std::collections::BTreeSet<&str> = filter.names.iter().map(String::as_str).collect();
+    let start = after.map(|c| c.name.clone()).unwrap_or_default();
+    names
+        .into_iter()
+        .filter(move |name| *name >= start.as_str())
 }
 
 /// Which backend to open.
@@ -80,13 +151,15 @@ pub trait Storage: Send + Sync + 'static {
 pub enum StorageConfig {
     Memory,
     Durable { path: PathBuf },
+    Postgres(Box<PostgresConfig>),
 }
 
 impl StorageConfig {
-    pub fn open(&self) -> Result<Arc<dyn Storage>, StorageError> {
+    pub async fn open(&self) -> Result<Arc<dyn Storage>, StorageError> {
         Ok(match self {
             Self::Memory => Arc::new(MemoryStorage::default()),
             Self::Durable { path } => Arc::new(DurableStorage::open(path)?),
+            Self::Postgres(config) => Arc::new(PostgresStorage::open(config).await?),
         })
     }
 }

@@ -155,14 +155,16 @@ pub fn run(command: &mut Command) -> Result<String> {
 
 pub mod control_plane;
 pub mod petstore;
+pub mod postgres;
 
 pub use control_plane::ControlPlane;
-pub use petstore::{Operator, OperatorOptions, PetStoreServer, Storage};
+pub use petstore::{Operator, OperatorOptions, PetStoreServer, PostgresTarget, Storage};
 pub mod bench;
 pub mod chaos;
 // A real one-node cluster (node, registry, Tilt) for the Tilt quick start.
 pub mod cluster;
 pub mod env;
+pub mod forwarder;
 pub use env::Env;
 /// The original store's four RPCs only, for the ownership tests.
 pub mod legacy_store;

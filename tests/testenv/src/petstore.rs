@@ -13,6 +13,15 @@ use crate::{Error, Process, Result, Tools, cargo_bin, free_port, run, wait_for};
 pub enum Storage {
     Durable,
     Memory,
+    /// PostgreSQL; the server is started with [`PetStoreServer::spawn_postgres`].
+    Postgres,
+}
+
+/// Where a `--storage postgres` store finds its database.
+#[derive(Clone, Debug)]
+pub struct PostgresTarget {
+    pub url: String,
+    pub password_file: PathBuf,
 }
 
 /// TLS for the store: its serving certificate, the CA that clients must
@@ -34,9 +43,36 @@ pub struct PetStoreServer {
     data_file: PathBuf,
     log: PathBuf,
     tls: Option<StoreTls>,
+    postgres: Option<PostgresTarget>,
 }
 
 impl PetStoreServer {
+    /// Starts a `--storage postgres` replica named `name` on a free port
+    /// without waiting for it (so several can start together); call
+    /// [`PetStoreServer::wait_serving`].
+    pub fn spawn_postgres(dir: &Path, name: &str, target: PostgresTarget) -> Result<Self> {
+        let addr = format!("127.0.0.1:{}", free_port()?);
+        let data_file = dir.join(format!("{name}.unused"));
+        let log = dir.join(format!("{name}.log"));
+        let process = Self::spawn_with(
+            &addr,
+            Storage::Postgres,
+            &data_file,
+            &log,
+            None,
+            Some(&target),
+        )?;
+        Ok(Self {
+            process,
+            addr,
+            storage: Storage::Postgres,
+            data_file,
+            log,
+            tls: None,
+            postgres: Some(target),
+        })
+    }
+
     /// Starts the store on a free port, keeping its data (if durable) and
     /// log in `dir`.
     pub fn start(dir: &Path, storage: Storage) -> Result<Self> {
@@ -56,6 +92,7 @@ impl PetStoreServer {
             data_file,
             log,
             tls,
+            postgres: None,
         };
         server.wait_serving()?;
         Ok(server)
@@ -68,15 +105,33 @@ impl PetStoreServer {
         log: &Path,
         tls: Option<&StoreTls>,
     ) -> Result<Process> {
+        Self::spawn_with(addr, storage, data_file, log, tls, None)
+    }
+
+    fn spawn_with(
+        addr: &str,
+        storage: Storage,
+        data_file: &Path,
+        log: &Path,
+        tls: Option<&StoreTls>,
+        postgres: Option<&PostgresTarget>,
+    ) -> Result<Process> {
         let mut command = Command::new(cargo_bin("petstore-server"));
         command
             .args(["--listen", addr, "--storage"])
             .arg(match storage {
                 Storage::Durable => "durable",
                 Storage::Memory => "memory",
+                Storage::Postgres => "postgres",
             })
             .arg("--data-file")
             .arg(data_file);
+        if let Some(target) = postgres {
+            // The password comes from a file, never the command line.
+            command
+                .env("PETSTORE_POSTGRES_URL", &target.url)
+                .env("PETSTORE_POSTGRES_PASSWORD_FILE", &target.password_file);
+        }
         if let Some(tls) = tls {
             command
                 .arg("--tls-cert")
@@ -89,7 +144,7 @@ impl PetStoreServer {
         Process::spawn("petstore-server", command, log)
     }
 
-    fn wait_serving(&self) -> Result<()> {
+    pub fn wait_serving(&self) -> Result<()> {
         wait_for(Duration::from_secs(30), "pet store health SERVING", || {
             self.grpcurl("grpc.health.v1.Health/Check", "{}")
                 .ok()
@@ -107,12 +162,13 @@ impl PetStoreServer {
     pub fn restart(&mut self, storage: Storage) -> Result<()> {
         self.process.kill();
         self.storage = storage;
-        self.process = Self::spawn(
+        self.process = Self::spawn_with(
             &self.addr,
             storage,
             &self.data_file,
             &self.log,
             self.tls.as_ref(),
+            self.postgres.as_ref(),
         )?;
         self.wait_serving()
     }

@@ -31,12 +31,26 @@ fn benchmarks_run_end_to_end() -> testenv::Result<()> {
         );
         assert!(r.operator_peak_rss_kib > 0 && r.store_peak_rss_kib > 0);
     }
-    // 2 backends x 4 operations x each concurrency.
-    assert_eq!(
-        results.store.len(),
-        2 * 4 * config.store_concurrencies.len()
-    );
+    // Each backend x 4 operations x each concurrency, for the Rust client;
+    // x 3 operations for ghz, every ghz call answered OK.
+    let cells = config.store_setups.len() * config.store_concurrencies.len();
+    assert_eq!(results.store.len(), 4 * cells);
     assert!(results.store.iter().all(|r| r.calls > 0));
+    assert_eq!(results.ghz.len(), 3 * cells);
+    assert!(
+        results.ghz.iter().all(|r| r.calls > 0 && r.errors == 0),
+        "{:?}",
+        results.ghz
+    );
+    // The large-store run, tiny: every pet streamed, name search found one.
+    assert_eq!(results.scale.len(), 2);
+    for r in &results.scale {
+        assert_eq!(Some(r.streamed), config.scale_records, "{r:?}");
+    }
+    assert!(
+        results.scale.iter().any(|r| r.open.is_some()),
+        "durable open time logged"
+    );
     let durability = results
         .durability
         .as_ref()
@@ -60,6 +74,9 @@ fn benchmarks_run_end_to_end() -> testenv::Result<()> {
         "## Operator convergence",
         "### Steady state",
         "## Pet store",
+        "### ghz",
+        "### Goals",
+        "### A large store",
         "Durability:",
     ] {
         assert!(report.contains(heading), "{heading}");

@@ -13,9 +13,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use convergence::{ConvergenceConfig, ConvergenceResult};
-use store_load::{DurabilityCheck, LoadResult};
+use store_load::{DurabilityCheck, GhzResult, LoadResult, ScaleResult, StoreSetup};
 
-use crate::{Result, Storage, Tools, run};
+use crate::{Result, Tools, run};
 
 #[derive(Clone, Debug)]
 pub struct BenchConfig {
@@ -25,6 +25,11 @@ pub struct BenchConfig {
     pub store_concurrencies: Vec<usize>,
     pub store_cell: Duration,
     pub search_records: u64,
+    /// Backends the store part measures.
+    pub store_setups: Vec<StoreSetup>,
+    /// Pets in the large-store run (search by name, full stream, open time);
+    /// none skips it.
+    pub scale_records: Option<u64>,
 }
 
 impl BenchConfig {
@@ -36,6 +41,13 @@ impl BenchConfig {
             store_concurrencies: vec![1, 16, 64],
             store_cell: Duration::from_secs(3),
             search_records: 10_000,
+            store_setups: vec![
+                StoreSetup::Durable,
+                StoreSetup::Memory,
+                StoreSetup::Postgres { replicas: 1 },
+                StoreSetup::Postgres { replicas: 2 },
+            ],
+            scale_records: Some(1_000_000),
         }
     }
 
@@ -48,6 +60,12 @@ impl BenchConfig {
             store_concurrencies: vec![2],
             store_cell: Duration::from_millis(300),
             search_records: 200,
+            store_setups: vec![
+                StoreSetup::Durable,
+                StoreSetup::Memory,
+                StoreSetup::Postgres { replicas: 2 },
+            ],
+            scale_records: Some(2_000),
         }
     }
 }
@@ -57,6 +75,8 @@ pub struct BenchResults {
     pub convergence: Vec<ConvergenceResult>,
     pub store: Vec<LoadResult>,
     pub durability: Option<DurabilityCheck>,
+    pub ghz: Vec<GhzResult>,
+    pub scale: Vec<ScaleResult>,
 }
 
 pub fn run_all(config: &BenchConfig, progress: impl Fn(&str)) -> Result<BenchResults> {
@@ -85,25 +105,41 @@ pub fn run_all(config: &BenchConfig, progress: impl Fn(&str)) -> Result<BenchRes
         ));
         results.convergence.push(result);
     }
-    let backends = if config.store_concurrencies.is_empty() {
+    let setups = if config.store_concurrencies.is_empty() {
         vec![]
     } else {
-        vec![Storage::Durable, Storage::Memory]
+        config.store_setups.clone()
     };
-    for backend in backends {
-        progress(&format!("store, {backend:?}"));
+    for setup in setups {
+        progress(&format!("store, {}", setup.label()));
         let dir = tempfile::tempdir().map_err(crate::io("creating a directory"))?;
-        let (cells, durability) = store_load::measure_backend(
+        let (cells, durability, ghz) = store_load::measure_backend(
             &rt,
             dir.path(),
-            backend,
+            setup,
             &config.store_concurrencies,
             config.store_cell,
             config.search_records,
         )?;
         results.store.extend(cells);
+        results.ghz.extend(ghz);
         if durability.is_some() {
             results.durability = durability;
+        }
+    }
+    if let Some(records) = config
+        .scale_records
+        .filter(|_| !config.store_concurrencies.is_empty())
+    {
+        for setup in [StoreSetup::Memory, StoreSetup::Durable] {
+            let dir = tempfile::tempdir().map_err(crate::io("creating a directory"))?;
+            results.scale.push(store_load::measure_scale(
+                &rt,
+                dir.path(),
+                setup,
+                records,
+                &|step| progress(step),
+            )?);
         }
     }
     Ok(results)
@@ -257,10 +293,141 @@ pub fn markdown(results: &BenchResults, environment: &str, plot: Option<&str>) -
             r.steady_store_writes
         );
     }
+    out.push_str(&store_markdown(results));
+    out
+}
+
+/// The pet store's part of BENCHMARKS.md, from "## Pet store" to the end.
+pub fn store_markdown(results: &BenchResults) -> String {
+    let mut out = String::new();
     let _ = writeln!(out, "\n## Pet store\n");
     let _ = writeln!(
         out,
-        "A Rust tonic client on loopback, several HTTP/2 connections, each cell run for a fixed time. Get and search run against exactly the stated number of records.\n"
+        "Reproduce with `hack/bench.sh --store-only` (this section only). Both clients and the store share the machine's cores, so these are the store *and* its load generator on 2 cores; compare rows run back to back rather than across runs. PostgreSQL is a local server (Debian's 15, fsync on) on the same machine; with 2 replicas both store processes share one database.\n"
+    );
+    let _ = writeln!(out, "### ghz (grpc-go client)\n");
+    let _ = writeln!(
+        out,
+        "[ghz](https://ghz.sh) drives the store as Go clients do (grpcurl, the book's CLI and operator). Each cell runs for a fixed time: `ghz --insecure --call petstore.PetStore/<RPC> -d '<request>' -c <concurrency> --connections <replicas> -z <time> <addr>`, against a store that holds the records loaded for the Rust get and search cells plus what earlier AddPets cells added. GetPets reads one fixed ID; SearchPets names one pet. With 2 replicas, ghz goes through a round-robin TCP forwarder on 127.0.0.1 (standing in for a Service) with one connection per replica, so the extra hop is in those figures.\n"
+    );
+    let _ = writeln!(
+        out,
+        "| backend | operation | concurrency | calls/s | p50 ms | p99 ms | errors |"
+    );
+    let _ = writeln!(out, "|---|---|---:|---:|---:|---:|---:|");
+    for r in &results.ghz {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {:.0} | {} | {} | {} |",
+            r.backend,
+            r.operation,
+            r.concurrency,
+            r.calls_per_second,
+            ms3(r.p50),
+            ms3(r.p99),
+            r.errors
+        );
+    }
+    let ghz_cell = |backend: &str, operation: &str, c: usize| {
+        results.ghz.iter().find(|r| {
+            r.backend == backend && r.operation.starts_with(operation) && r.concurrency == c
+        })
+    };
+    let mut goals: Vec<(String, String, String, bool)> = Vec::new();
+    for backend in ["Memory", "Durable"] {
+        for operation in ["AddPets", "GetPets"] {
+            if let Some(r) = ghz_cell(backend, operation, 1) {
+                goals.push((
+                    format!("{backend}: {operation} p50 at concurrency 1"),
+                    "≤ 0.2 ms".into(),
+                    format!("{} ms", ms3(r.p50)),
+                    r.p50 <= Duration::from_micros(200),
+                ));
+            }
+        }
+    }
+    for (backend, operation, goal) in [
+        ("Memory", "AddPets", 15_000.0),
+        ("Durable", "AddPets", 8_000.0),
+        ("Durable", "GetPets", 30_000.0),
+    ] {
+        if let Some(r) = ghz_cell(backend, operation, 64) {
+            goals.push((
+                format!("{backend}: {operation} at concurrency 64"),
+                format!("≥ {goal:.0} calls/s"),
+                format!("{:.0} calls/s", r.calls_per_second),
+                r.calls_per_second >= goal,
+            ));
+        }
+    }
+    for r in &results.scale {
+        goals.push((
+            format!("{}: search by name at {} pets, p50", r.backend, r.records),
+            "≤ 1 ms".into(),
+            format!("{} ms", ms3(r.name_p50)),
+            r.name_p50 <= Duration::from_millis(1),
+        ));
+        goals.push((
+            format!(
+                "{}: RSS growth during a full stream of {} pets",
+                r.backend, r.records
+            ),
+            "≤ 64 MiB".into(),
+            format!("{:.1} MiB", r.rss_growth_kib as f64 / 1024.0),
+            r.rss_growth_kib <= 64 * 1024,
+        ));
+    }
+    if !goals.is_empty() {
+        let _ = writeln!(out, "\n### Goals\n");
+        let _ = writeln!(out, "| measurement | goal | measured | met |");
+        let _ = writeln!(out, "|---|---|---:|---|");
+        for (what, goal, got, met) in goals {
+            let _ = writeln!(
+                out,
+                "| {what} | {goal} | {got} | {} |",
+                if met { "yes" } else { "**no**" }
+            );
+        }
+    }
+    if !results.scale.is_empty() {
+        let _ = writeln!(out, "\n### A large store\n");
+        let _ = writeln!(
+            out,
+            "Pets loaded 1000 per call by 4 clients. Name searches: one name per call at concurrency 1 (Rust client), each finding exactly one pet through the name index. The full stream is one SearchPets with no filter, read by one client; RSS is the server's, sampled every 10 ms. The durable store was killed with `kill -9` after loading, and its open time is what it logged on restart.\n"
+        );
+        let _ = writeln!(
+            out,
+            "| backend | pets | load | name search p50 | p99 | full stream | pets streamed | RSS before | RSS growth during stream | open after kill -9 | file |"
+        );
+        let _ = writeln!(
+            out,
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        );
+        for r in &results.scale {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {:.1} s | {} ms | {} ms | {:.1} s | {} | {:.1} MiB | {:.1} MiB | {} | {} |",
+                r.backend,
+                r.records,
+                r.load_seconds,
+                ms3(r.name_p50),
+                ms3(r.name_p99),
+                r.stream_seconds,
+                r.streamed,
+                r.rss_before_kib as f64 / 1024.0,
+                r.rss_growth_kib as f64 / 1024.0,
+                r.open.map_or("-".into(), |d| format!("{} ms", ms3(d))),
+                r.file_bytes.map_or("-".into(), |b| format!(
+                    "{:.0} MiB",
+                    b as f64 / 1024.0 / 1024.0
+                )),
+            );
+        }
+    }
+    let _ = writeln!(out, "\n### Rust client (tonic)\n");
+    let _ = writeln!(
+        out,
+        "A Rust tonic client on loopback, several HTTP/2 connections (spread over the replicas directly, as client-side round-robin would), each cell run for a fixed time. Get and search run against exactly the stated number of records.\n"
     );
     let _ = writeln!(
         out,
@@ -270,7 +437,7 @@ pub fn markdown(results: &BenchResults, environment: &str, plot: Option<&str>) -
     for r in &results.store {
         let _ = writeln!(
             out,
-            "| {:?} | {} | {} | {:.0} | {:.0} | {} | {} |",
+            "| {} | {} | {} | {:.0} | {:.0} | {} | {} |",
             r.backend,
             r.operation,
             r.concurrency,
@@ -288,6 +455,16 @@ pub fn markdown(results: &BenchResults, environment: &str, plot: Option<&str>) -
         );
     }
     out
+}
+
+/// Milliseconds with three decimals below 1 ms, where the goals are.
+fn ms3(d: Duration) -> String {
+    let ms = d.as_secs_f64() * 1000.0;
+    if ms < 1.0 {
+        format!("{ms:.3}")
+    } else {
+        self::ms(d)
+    }
 }
 
 /// Convergence time against N, operator and floor, as SVG.

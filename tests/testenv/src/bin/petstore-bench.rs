@@ -2,6 +2,7 @@
 //! Use hack/bench.sh, which builds the release binaries first.
 //!
 //!     petstore-bench [--smoke] [--out BENCHMARKS.md] [--sizes 100,1000,5000]
+//!     petstore-bench --store-only [--scale N]   # replaces only the store section
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -11,11 +12,21 @@ use testenv::bench::{self, BenchConfig};
 fn main() -> ExitCode {
     let mut config = BenchConfig::full();
     let mut out = testenv::repo_root().join("BENCHMARKS.md");
+    let mut store_only = false;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--smoke" => config = BenchConfig::smoke(),
             "--skip-store" => config.store_concurrencies.clear(),
+            "--store-only" => {
+                store_only = true;
+                config.sizes.clear();
+            }
+            "--scale" => match args.next().and_then(|n| n.parse().ok()) {
+                Some(0) => config.scale_records = None,
+                Some(n) => config.scale_records = Some(n),
+                None => return usage("--scale needs a number of pets (0 skips)"),
+            },
             "--out" => match args.next() {
                 Some(path) => out = PathBuf::from(path),
                 None => return usage("--out needs a path"),
@@ -42,6 +53,21 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if store_only {
+        // Keep the operator's section as it is; replace the store's.
+        let existing = std::fs::read_to_string(&out).unwrap_or_default();
+        let head = existing
+            .find("\n## Pet store")
+            .map_or(existing.as_str(), |at| &existing[..at]);
+        let report = format!("{}\n{}", head.trim_end(), bench::store_markdown(&results));
+        if let Err(err) = std::fs::write(&out, &report) {
+            eprintln!("petstore-bench: writing {}: {err}", out.display());
+            return ExitCode::FAILURE;
+        }
+        println!("{}", bench::store_markdown(&results));
+        eprintln!("wrote {}", out.display());
+        return ExitCode::SUCCESS;
+    }
     let svg = out
         .parent()
         .unwrap_or(std::path::Path::new("."))
@@ -62,7 +88,7 @@ fn main() -> ExitCode {
 
 fn usage(problem: &str) -> ExitCode {
     eprintln!(
-        "petstore-bench: {problem}\nusage: petstore-bench [--smoke] [--skip-store] [--out FILE] [--sizes N,N,...]"
+        "petstore-bench: {problem}\nusage: petstore-bench [--smoke] [--skip-store | --store-only] [--scale N] [--out FILE] [--sizes N,N,...]"
     );
     ExitCode::FAILURE
 }
