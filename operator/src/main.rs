@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use clap::{ArgAction, Parser, ValueEnum};
 use kube::api::{Api, ListParams};
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use petstore_operator::controller::{self, Context, Fault, Settings};
 use petstore_operator::crd::Pet;
-use petstore_operator::events::EventQueue;
+use petstore_operator::events::{EventQueue, EventWriter};
 use petstore_operator::leader::Leadership;
 use petstore_operator::metrics::{self, Metrics};
 use petstore_operator::store::grpc::{GrpcPetStore, TlsFiles};
@@ -236,7 +236,7 @@ async fn run(args: Args) -> Result<ExitCode, String> {
         Arc::clone(&metrics),
     )
     .map_err(|e| e.to_string())?;
-    let recorder = Recorder::new(
+    let recorder = EventWriter::new(
         client.clone(),
         Reporter {
             controller: "petstore-operator".into(),
