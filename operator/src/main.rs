@@ -56,9 +56,11 @@ struct Args {
     #[arg(long, env = "POLL_INTERVAL", default_value = "5m", value_parser = parse_duration)]
     poll_interval: Duration,
 
-    /// Random spread applied to the poll interval, as a fraction (0.1 = ±10%).
-    #[arg(long, env = "POLL_JITTER", default_value_t = 0.1)]
-    poll_jitter: f64,
+    /// Most drift-poll reads per second the store gets, on average. Polls
+    /// are spread evenly over the interval; with more Pets than the interval
+    /// allows at this rate, the interval stretches. 0 = no bound.
+    #[arg(long, env = "POLL_MAX_RATE", default_value_t = 100.0, value_parser = parse_rate)]
+    poll_max_rate: f64,
 
     /// Pets reconciled concurrently.
     #[arg(long, env = "CONCURRENCY", default_value_t = 16)]
@@ -138,6 +140,15 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
         }
     };
     Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
+}
+
+fn parse_rate(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(rate) if rate.is_finite() && rate >= 0.0 => Ok(rate),
+        _ => Err(format!(
+            "{text:?} is not a rate: give reads per second, such as 100 (0: no bound)"
+        )),
+    }
 }
 
 fn init_tracing(format: LogFormat) {
@@ -245,7 +256,7 @@ async fn run(args: Args) -> Result<ExitCode, String> {
     );
     let settings = Settings {
         poll_interval: args.poll_interval,
-        poll_jitter: args.poll_jitter,
+        poll_max_rate: args.poll_max_rate,
         backoff_base: args.backoff_base,
         backoff_max: args.backoff_max,
         concurrency: args.concurrency,
@@ -339,6 +350,16 @@ mod tests {
         assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
         assert!(parse_duration("5 parsecs").is_err());
         assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn rates_are_non_negative_numbers() {
+        assert_eq!(parse_rate("100"), Ok(100.0));
+        assert_eq!(parse_rate("0"), Ok(0.0));
+        assert_eq!(parse_rate("2.5"), Ok(2.5));
+        assert!(parse_rate("-1").is_err());
+        assert!(parse_rate("fast").is_err());
+        assert!(parse_rate("inf").is_err());
     }
 
     #[test]

@@ -30,6 +30,9 @@ use crate::events::EventQueue;
 use crate::metrics::Metrics;
 use crate::status::{self, Outcome, next_status};
 use crate::store::{PetData, PetStore, StoreError};
+use poll::PollSchedule;
+
+mod poll;
 
 /// Status writes retried after a 409 before giving up (and retrying the
 /// whole reconcile with backoff, which never creates again: see step 3).
@@ -47,9 +50,9 @@ pub enum Fault {
 pub struct Settings {
     /// How often an in-sync Pet is checked against the store for drift.
     pub poll_interval: Duration,
-    /// Fraction of `poll_interval` added or removed at random, so Pets
-    /// created together do not poll together.
-    pub poll_jitter: f64,
+    /// Most drift-poll store reads per second, on average: with more Pets
+    /// than `poll_interval` allows at this rate, the interval stretches.
+    pub poll_max_rate: f64,
     /// First retry delay after a failure; doubles per consecutive failure.
     pub backoff_base: Duration,
     /// Longest retry delay.
@@ -63,7 +66,7 @@ impl Default for Settings {
     fn default() -> Self {
         Self {
             poll_interval: Duration::from_secs(300),
-            poll_jitter: 0.1,
+            poll_max_rate: 100.0,
             backoff_base: Duration::from_secs(1),
             backoff_max: Duration::from_secs(300),
             concurrency: 16,
@@ -78,6 +81,7 @@ pub struct Context {
     pub events: EventQueue,
     pub metrics: Arc<Metrics>,
     pub settings: Settings,
+    poll: PollSchedule,
     /// Consecutive failures per Pet, for exponential backoff.
     failures: Mutex<HashMap<ObjectRef<Pet>, u32>>,
     /// When each Pet's record was last found in sync, and for which
@@ -98,6 +102,7 @@ impl Context {
         settings: Settings,
     ) -> Self {
         Self {
+            poll: PollSchedule::new(settings.poll_interval, settings.poll_max_rate),
             client,
             store,
             events,
@@ -123,7 +128,7 @@ impl Context {
         let (generation, at) = *self.last_sync().get(&ObjectRef::from(pet))?;
         let age = at.elapsed();
         (generation == pet.metadata.generation && age < self.settings.poll_interval / 2)
-            .then(|| self.settings.poll_interval.saturating_sub(age))
+            .then(|| self.poll_delay(pet))
     }
 
     fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectRef<Pet>, u32>> {
@@ -131,10 +136,13 @@ impl Context {
         self.failures.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn poll_delay(&self) -> Duration {
-        let jitter = self.settings.poll_jitter.clamp(0.0, 1.0);
-        let factor = 1.0 + jitter * (fastrand::f64() * 2.0 - 1.0);
-        self.settings.poll_interval.mul_f64(factor)
+    /// Until this Pet's next drift poll: spread by UID and rate-bounded
+    /// (see [`poll`]).
+    fn poll_delay(&self, pet: &Pet) -> Duration {
+        let interval = self.poll.interval();
+        self.metrics.set_poll_interval(interval);
+        self.poll
+            .delay(pet.metadata.uid.as_deref().unwrap_or_default())
     }
 
     /// Queues an Event; it is written in the background (best effort).
@@ -226,6 +234,7 @@ impl Context {
 pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + Sync + 'static) {
     let pets: Api<Pet> = Api::all(ctx.client.clone());
     let (reader, writer) = reflector::store();
+    ctx.poll.track(reader.clone());
     let stream = watcher(pets, watcher::Config::default())
         .default_backoff()
         // The cache holds every Pet. managedFields and kubectl's copy of the
@@ -351,7 +360,7 @@ async fn apply(api: &Api<Pet>, pet: &Pet, ctx: &Context) -> Result<Action, Error
             if let Some(Notice(type_, reason, note)) = notice {
                 ctx.publish(pet, type_, reason, note);
             }
-            Ok(Action::requeue(ctx.poll_delay()))
+            Ok(Action::requeue(ctx.poll_delay(pet)))
         }
         Err(error) => {
             ctx.last_sync().remove(&ObjectRef::from(pet));
