@@ -1,7 +1,7 @@
 //! Runs the benchmarks and writes BENCHMARKS.md and docs/convergence.svg.
 //! Use hack/bench.sh, which builds the release binaries first.
 //!
-//!     petstore-bench [--smoke] [--out BENCHMARKS.md] [--sizes 100,1000,5000]
+//!     petstore-bench [--smoke] [--skip-store] [--poll-max-rate R] [--out BENCHMARKS.md] [--sizes 100,1000,5000,20000]
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -16,6 +16,10 @@ fn main() -> ExitCode {
         match arg.as_str() {
             "--smoke" => config = BenchConfig::smoke(),
             "--skip-store" => config.store_concurrencies.clear(),
+            "--poll-max-rate" => match args.next().and_then(|v| v.parse().ok()) {
+                Some(rate) => config.poll_max_rate = rate,
+                None => return usage("--poll-max-rate needs a number (0: leave the default)"),
+            },
             "--out" => match args.next() {
                 Some(path) => out = PathBuf::from(path),
                 None => return usage("--out needs a path"),
@@ -29,7 +33,7 @@ fn main() -> ExitCode {
                     .collect();
                 match sizes {
                     Ok(sizes) if !sizes.is_empty() => config.sizes = sizes,
-                    _ => return usage("--sizes needs numbers such as 100,1000,5000"),
+                    _ => return usage("--sizes needs numbers such as 1000,5000,20000"),
                 }
             }
             other => return usage(&format!("unknown argument {other:?}")),
@@ -48,7 +52,7 @@ fn main() -> ExitCode {
         .join("docs/convergence.svg");
     let plot = std::fs::create_dir_all(svg.parent().unwrap_or(std::path::Path::new(".")))
         .ok()
-        .and_then(|()| bench::plot(&results, &svg).ok())
+        .and_then(|()| bench::plot(&results.convergence, &svg).ok())
         .map(|()| "docs/convergence.svg");
     let report = bench::markdown(&results, &bench::environment(), plot);
     if let Err(err) = std::fs::write(&out, &report) {
@@ -62,7 +66,7 @@ fn main() -> ExitCode {
 
 fn usage(problem: &str) -> ExitCode {
     eprintln!(
-        "petstore-bench: {problem}\nusage: petstore-bench [--smoke] [--skip-store] [--out FILE] [--sizes N,N,...]"
+        "petstore-bench: {problem}\nusage: petstore-bench [--smoke] [--skip-store] [--poll-max-rate R] [--out FILE] [--sizes N,N,...]"
     );
     ExitCode::FAILURE
 }
