@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use clap::{ArgAction, Parser, ValueEnum};
 use kube::api::{Api, ListParams};
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use petstore_operator::controller::{self, Context, Settings};
 use petstore_operator::crd::Pet;
-use petstore_operator::events::EventQueue;
+use petstore_operator::events::{EventQueue, EventWriter};
 use petstore_operator::leader::Leadership;
 use petstore_operator::metrics::{self, Metrics};
 use petstore_operator::store::grpc::{GrpcPetStore, TlsFiles};
@@ -57,9 +57,11 @@ struct Args {
     #[arg(long, env = "POLL_INTERVAL", default_value = "5m", value_parser = parse_duration)]
     poll_interval: Duration,
 
-    /// Random spread applied to the poll interval, as a fraction (0.1 = ±10%).
-    #[arg(long, env = "POLL_JITTER", default_value_t = 0.1)]
-    poll_jitter: f64,
+    /// Most drift-poll reads per second the store gets, on average. Polls
+    /// are spread evenly over the interval; with more Pets than the interval
+    /// allows at this rate, the interval stretches. 0 = no bound.
+    #[arg(long, env = "POLL_MAX_RATE", default_value_t = 100.0, value_parser = parse_rate)]
+    poll_max_rate: f64,
 
     /// Pets reconciled concurrently.
     #[arg(long, env = "CONCURRENCY", default_value_t = 16)]
@@ -142,6 +144,15 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
         }
     };
     Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
+}
+
+fn parse_rate(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(rate) if rate.is_finite() && rate >= 0.0 => Ok(rate),
+        _ => Err(format!(
+            "{text:?} is not a rate: give reads per second, such as 100 (0: no bound)"
+        )),
+    }
 }
 
 fn init_tracing(format: LogFormat) {
@@ -240,7 +251,7 @@ async fn run(args: Args) -> Result<ExitCode, String> {
         Arc::clone(&metrics),
     )
     .map_err(|e| e.to_string())?;
-    let recorder = Recorder::new(
+    let recorder = EventWriter::new(
         client.clone(),
         Reporter {
             controller: "petstore-operator".into(),
@@ -249,7 +260,7 @@ async fn run(args: Args) -> Result<ExitCode, String> {
     );
     let settings = Settings {
         poll_interval: args.poll_interval,
-        poll_jitter: args.poll_jitter,
+        poll_max_rate: args.poll_max_rate,
         backoff_base: args.backoff_base,
         backoff_max: args.backoff_max,
         concurrency: args.concurrency,
@@ -361,10 +372,23 @@ mod tests {
     fn a_default_build_has_no_fault_flag() {
         use clap::CommandFactory;
         let help = Args::command().render_long_help().to_string();
-        assert!(!help.contains("--fault") && !help.contains("FAULT"), "{help}");
+        assert!(
+            !help.contains("--fault") && !help.contains("FAULT"),
+            "{help}"
+        );
         assert!(
             Args::try_parse_from(["petstore-operator", "--fault", "hang-after-create"]).is_err()
         );
+    }
+
+    #[test]
+    fn rates_are_non_negative_numbers() {
+        assert_eq!(parse_rate("100"), Ok(100.0));
+        assert_eq!(parse_rate("0"), Ok(0.0));
+        assert_eq!(parse_rate("2.5"), Ok(2.5));
+        assert!(parse_rate("-1").is_err());
+        assert!(parse_rate("fast").is_err());
+        assert!(parse_rate("inf").is_err());
     }
 
     #[test]

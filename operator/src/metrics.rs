@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::Router;
@@ -46,6 +46,7 @@ pub struct Metrics {
     leader: Gauge,
     events_dropped: Counter,
     events_pending: Gauge,
+    poll_interval: Gauge<f64, AtomicU64>,
     ready: AtomicBool,
 }
 
@@ -61,6 +62,12 @@ impl Default for Metrics {
         let leader = Gauge::default();
         let events_dropped = Counter::default();
         let events_pending = Gauge::default();
+        let poll_interval = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "poll_interval_seconds",
+            "Drift-poll interval in effect (stretched when the Pets outnumber the poll rate bound)",
+            poll_interval.clone(),
+        );
         registry.register(
             "events_pending",
             "Events queued and not yet written",
@@ -107,6 +114,7 @@ impl Default for Metrics {
             leader,
             events_dropped,
             events_pending,
+            poll_interval,
             ready: AtomicBool::new(false),
         }
     }
@@ -149,6 +157,10 @@ impl Metrics {
 
     pub fn event_dropped(&self) {
         self.events_dropped.inc();
+    }
+
+    pub fn set_poll_interval(&self, interval: Duration) {
+        self.poll_interval.set(interval.as_secs_f64());
     }
 
     pub fn set_leader(&self, leader: bool) {

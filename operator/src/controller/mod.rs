@@ -37,6 +37,9 @@ use crate::events::EventQueue;
 use crate::metrics::Metrics;
 use crate::status::{self, Outcome, Reason, next_status};
 use crate::store::{PetData, PetStore, StoreError};
+use poll::PollSchedule;
+
+mod poll;
 
 /// Status writes retried after a 409 before giving up (and retrying the
 /// whole reconcile with backoff, which never creates again: see step 3).
@@ -61,9 +64,9 @@ pub enum Fault {
 pub struct Settings {
     /// How often an in-sync Pet is checked against the store for drift.
     pub poll_interval: Duration,
-    /// Fraction of `poll_interval` added or removed at random, so Pets
-    /// created together do not poll together.
-    pub poll_jitter: f64,
+    /// Most drift-poll store reads per second, on average: with more Pets
+    /// than `poll_interval` allows at this rate, the interval stretches.
+    pub poll_max_rate: f64,
     /// First retry delay after a failure; doubles per consecutive failure.
     pub backoff_base: Duration,
     /// Longest retry delay.
@@ -78,7 +81,7 @@ impl Default for Settings {
     fn default() -> Self {
         Self {
             poll_interval: Duration::from_secs(300),
-            poll_jitter: 0.1,
+            poll_max_rate: 100.0,
             backoff_base: Duration::from_secs(1),
             backoff_max: Duration::from_secs(300),
             concurrency: 16,
@@ -94,6 +97,7 @@ pub struct Context {
     pub events: EventQueue,
     pub metrics: Arc<Metrics>,
     pub settings: Settings,
+    poll: PollSchedule,
     /// Consecutive failures per Pet UID, for exponential backoff. Keyed by
     /// UID, so a Pet deleted and created again under its name starts clean.
     failures: Mutex<HashMap<String, u32>>,
@@ -119,6 +123,7 @@ impl Context {
         settings: Settings,
     ) -> Self {
         Self {
+            poll: PollSchedule::new(settings.poll_interval, settings.poll_max_rate),
             client,
             store,
             events,
@@ -144,7 +149,7 @@ impl Context {
         let (synced_generation, at) = *self.last_sync().get(uid)?;
         let age = at.elapsed();
         (synced_generation == generation && age < self.settings.poll_interval / 2)
-            .then(|| self.settings.poll_interval.saturating_sub(age))
+            .then(|| self.poll_delay(uid))
     }
 
     fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
@@ -152,10 +157,12 @@ impl Context {
         self.failures.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn poll_delay(&self) -> Duration {
-        let jitter = self.settings.poll_jitter.clamp(0.0, 1.0);
-        let factor = 1.0 + jitter * (fastrand::f64() * 2.0 - 1.0);
-        self.settings.poll_interval.mul_f64(factor)
+    /// Until this Pet's next drift poll: spread by UID and rate-bounded
+    /// (see [`poll`]).
+    fn poll_delay(&self, uid: &str) -> Duration {
+        let interval = self.poll.interval();
+        self.metrics.set_poll_interval(interval);
+        self.poll.delay(uid)
     }
 
     /// Everything the decision step needs to know about the Pet.
@@ -179,10 +186,10 @@ impl Context {
     }
 
     /// The controller action for `next`; `Retry` is handled by the caller.
-    fn action(&self, next: Next) -> Action {
+    fn action(&self, next: Next, uid: &str) -> Action {
         match next {
             Next::AwaitChange => Action::await_change(),
-            Next::Poll | Next::Retry => Action::requeue(self.poll_delay()),
+            Next::Poll | Next::Retry => Action::requeue(self.poll_delay(uid)),
             Next::After(delay) => Action::requeue(delay),
         }
     }
@@ -272,6 +279,7 @@ impl Context {
 pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + Sync + 'static) {
     let pets: Api<Pet> = Api::all(ctx.client.clone());
     let (reader, writer) = reflector::store();
+    ctx.poll.track(reader.clone());
     let stream = watcher(pets, watcher::Config::default())
         .default_backoff()
         // The cache holds every Pet. managedFields and kubectl's copy of the
@@ -331,7 +339,7 @@ async fn reconcile_pet(mut pet: Arc<Pet>, ctx: &Context) -> Result<Action, Error
     for _ in 0..2 {
         let facts = ctx.facts(&pet)?;
         match first_step(&facts) {
-            Step::Wait(next) => return Ok(ctx.action(next)),
+            Step::Wait(next) => return Ok(ctx.action(next, &facts.uid)),
             Step::Hold { outcome, next } => {
                 return hold(&api, &pet, ctx, &facts, outcome, next).await;
             }
@@ -364,7 +372,7 @@ async fn hold(
             if reason.is_warning() {
                 ctx.metrics.reconcile_failed(reason.metric_label());
             }
-            Ok(ctx.action(next))
+            Ok(ctx.action(next, &facts.uid))
         }
     }
 }
@@ -479,7 +487,7 @@ async fn run_sync(
         }
         ctx.publish_action(pet, reason, sync.story.action(), note);
     }
-    Ok(Action::requeue(ctx.poll_delay()))
+    Ok(Action::requeue(ctx.poll_delay(&facts.uid)))
 }
 
 async fn create(pet: &Pet, ctx: &Context, facts: &Facts) -> Result<String, Error> {

@@ -11,15 +11,37 @@ fn benchmarks_run_end_to_end() -> testenv::Result<()> {
 
     assert_eq!(results.convergence.len(), config.sizes.len());
     for r in &results.convergence {
+        let n = r.pets as u64;
         assert!(
             r.api_requests
                 .keys()
                 .any(|(res, verb)| res == "pets/status" && verb == "PATCH"),
             "{r:?}"
         );
+        assert_eq!(
+            r.store_calls.get("AddPets").copied(),
+            Some(n),
+            "one create per Pet: {r:?}"
+        );
+        // Counts, not timings: one read per Pet (a retry may add one), and
+        // the finalizer, the status and one Event per Pet.
         assert!(
-            r.store_calls.get("AddPets").copied().unwrap_or(0) >= r.pets as u64,
-            "{r:?}"
+            r.store_reads >= n && r.reads_per_pet() <= 1.1,
+            "store reads per Pet while converging: {r:?}"
+        );
+        assert!(
+            r.api_writes >= 2 * n && r.writes_per_pet() <= 3.0,
+            "API writes per Pet while converging: {r:?}"
+        );
+        // The restarted operator catches up without writing anything.
+        assert_eq!(r.restart_api_writes, 0, "API writes in the catch-up: {r:?}");
+        assert_eq!(
+            r.restart_store_writes, 0,
+            "store writes in the catch-up: {r:?}"
+        );
+        assert!(
+            r.restart_store_reads >= n,
+            "every Pet re-read on restart: {r:?}"
         );
         assert_eq!(
             r.steady_api_writes, 0,
@@ -29,6 +51,8 @@ fn benchmarks_run_end_to_end() -> testenv::Result<()> {
             r.steady_store_writes, 0,
             "no store writes in steady state: {r:?}"
         );
+        // Two poll intervals: each Pet polled, none written.
+        assert!(r.steady_store_reads >= n, "drift polls ran: {r:?}");
         assert!(r.operator_peak_rss_kib > 0 && r.store_peak_rss_kib > 0);
     }
     // Each backend x 4 operations x each concurrency, for the Rust client;
@@ -63,7 +87,7 @@ fn benchmarks_run_end_to_end() -> testenv::Result<()> {
         source: e,
     })?;
     let svg = dir.path().join("convergence.svg");
-    bench::plot(&results, &svg)?;
+    bench::plot(&results.convergence, &svg)?;
     assert!(
         std::fs::read_to_string(&svg)
             .unwrap_or_default()
@@ -72,6 +96,8 @@ fn benchmarks_run_end_to_end() -> testenv::Result<()> {
     let report = bench::markdown(&results, &bench::environment(), Some("convergence.svg"));
     for heading in [
         "## Operator convergence",
+        "### Goals",
+        "### Restart",
         "### Steady state",
         "## Pet store",
         "### ghz",

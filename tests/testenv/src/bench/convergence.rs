@@ -26,8 +26,16 @@ pub struct ConvergenceConfig {
     /// Client concurrency for creates, renames and deletes, and the
     /// baseline's concurrency (the operator's default is 16 too).
     pub concurrency: usize,
-    /// Drift-poll interval given to the operator.
+    /// Drift-poll interval of the operator restarted after convergence,
+    /// over two of which steady state is watched. The converging operator
+    /// runs with the default interval (5 minutes), as in production, so
+    /// the store reads counted while converging are the reconciles' own.
     pub poll_interval: Duration,
+    /// `--poll-max-rate` of the restarted operator (0: its default).
+    pub poll_max_rate: u32,
+    /// The rename storm and deletion run up to this N (they take as long
+    /// as the convergence each).
+    pub churn_max_pets: usize,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -44,12 +52,51 @@ pub struct ConvergenceResult {
     pub floor_api_requests: RequestCounts,
     /// Operator store RPCs during convergence, by method.
     pub store_calls: BTreeMap<String, u64>,
+    /// Store reads (GetPets) during convergence.
+    pub store_reads: u64,
+    /// Writes to Pets and Events during convergence (leases excluded:
+    /// they follow time, not Pets).
+    pub api_writes: u64,
+    /// Restart after convergence: `kill -9`, then a new process. Until
+    /// every Pet was reconciled once by the new process, from its start.
+    pub restart_catch_up: Duration,
+    /// Of which waiting for the dead replica's Lease.
+    pub restart_lease_wait: Duration,
+    pub restart_api_writes: u64,
+    pub restart_store_writes: u64,
+    pub restart_store_reads: u64,
+    pub restart_peak_rss_kib: u64,
+    /// Steady state on the restarted operator, over two poll intervals.
     pub steady_api_writes: u64,
     pub steady_store_writes: u64,
+    pub steady_store_reads: u64,
+    /// The restarted operator's poll interval in effect.
+    pub poll_interval: Duration,
     pub steady_window: Duration,
     pub operator_peak_rss_kib: u64,
+    /// Resident memory once converged and the Events written.
+    pub operator_rss_kib: u64,
     pub operator_cpu_seconds: f64,
     pub store_peak_rss_kib: u64,
+}
+
+impl ConvergenceResult {
+    pub fn ratio(&self) -> f64 {
+        self.converge.as_secs_f64() / self.floor.as_secs_f64().max(1e-9)
+    }
+
+    pub fn reads_per_pet(&self) -> f64 {
+        self.store_reads as f64 / self.pets.max(1) as f64
+    }
+
+    pub fn writes_per_pet(&self) -> f64 {
+        self.api_writes as f64 / self.pets.max(1) as f64
+    }
+
+    /// Drift-poll reads per second in steady state.
+    pub fn poll_read_rate(&self) -> f64 {
+        self.steady_store_reads as f64 / self.steady_window.as_secs_f64().max(1e-9)
+    }
 }
 
 /// What the watch has seen of each Pet.
@@ -222,6 +269,42 @@ fn diff_calls(
         .collect()
 }
 
+/// Sum of a counter (or histogram `_count`) over all its label sets.
+fn metric_sum(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|line| {
+            line.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter_map(|line| line.rsplit_once(' '))
+        .filter_map(|(_, value)| value.trim().parse::<f64>().ok())
+        .sum()
+}
+
+/// Reconciles the operator has finished.
+fn reconciles_done(metrics: &str) -> u64 {
+    metric_sum(
+        metrics,
+        "petstore_operator_reconcile_duration_seconds_count",
+    ) as u64
+}
+
+fn writes(counts: &RequestCounts) -> u64 {
+    counts
+        .iter()
+        .filter(|((_, verb), _)| WRITE_VERBS.contains(&verb.as_str()))
+        .map(|(_, n)| n)
+        .sum()
+}
+
+fn store_writes(calls: &BTreeMap<String, u64>) -> u64 {
+    ["AddPets", "UpdatePets", "DeletePets"]
+        .iter()
+        .map(|m| calls.get(*m).copied().unwrap_or(0))
+        .sum()
+}
+
 const WRITE_VERBS: [&str; 4] = ["POST", "PATCH", "PUT", "DELETE"];
 const RESOURCES: [&str; 3] = ["pets", "events", "leases"];
 
@@ -232,8 +315,8 @@ pub fn measure_operator(
 ) -> Result<ConvergenceResult> {
     let env = Env::start(Storage::Durable)?;
     let mut options = env.operator_options("bench-operator");
-    options.poll_interval =
-        Box::leak(format!("{}s", config.poll_interval.as_secs()).into_boxed_str());
+    // The default interval: no drift poll falls inside the convergence.
+    options.poll_interval = "5m";
     // Production log level: debug logging would be part of what we measure.
     options.log_filter = "info";
     let mut operator = env.start_operator_with(&options)?;
@@ -294,76 +377,100 @@ pub fn measure_operator(
         }
         api_requests.retain(|_, v| *v > 0);
         let store_calls_converge = diff_calls(&calls_before, &store_calls(&operator.metrics()?));
+        let api_writes = writes(&apimetrics::diff(
+            &api_before,
+            &apimetrics::scrape(&env.cp)?,
+            &["pets", "events"],
+        ))
+        .saturating_sub(n as u64);
+        let first_pid = operator.process().pid().unwrap_or(0);
+        let operator_rss_kib = procstat::rss_kib(first_pid).unwrap_or(0);
+        let operator_peak_rss_kib = procstat::peak_rss_kib(first_pid).unwrap_or(0);
+        let operator_cpu_seconds = procstat::cpu_seconds(first_pid).unwrap_or(0.0);
 
-        // Steady state: two poll intervals with nothing changing.
+        // Restart: kill -9, and a new process (the same Pod name, as when
+        // Kubernetes restarts the container) with a short poll interval, so
+        // that steady state can be watched over two of them afterwards.
+        let restart_before = apimetrics::scrape(&env.cp)?;
+        operator.kill();
+        let mut restarted_options = options.clone();
+        restarted_options.poll_interval =
+            Box::leak(format!("{}ms", config.poll_interval.as_millis()).into_boxed_str());
+        if config.poll_max_rate > 0 {
+            let max_rate = config.poll_max_rate.to_string();
+            restarted_options
+                .extra_args
+                .extend(["--poll-max-rate".into(), max_rate.into()]);
+        }
+        // Both processes log to the same file: count the lines.
+        let log = operator.process().log_path().to_owned();
+        let leader_lines = || {
+            std::fs::read_to_string(&log)
+                .map(|text| text.matches("became leader").count())
+                .unwrap_or(0)
+        };
+        let leaders_before = leader_lines();
+        let started = Instant::now();
+        operator = env.start_operator_with(&restarted_options)?;
+        let expected = (n + WARMUP_PETS) as u64;
+        let deadline = Instant::now() + timeout;
+        let mut restart_lease_wait = None;
+        let calls_at_restart = loop {
+            // Metrics appear once the process is up; counts start at zero.
+            if let Ok(metrics) = operator.metrics() {
+                if restart_lease_wait.is_none() && leader_lines() > leaders_before {
+                    restart_lease_wait = Some(started.elapsed());
+                }
+                if reconciles_done(&metrics) >= expected {
+                    break store_calls(&metrics);
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Timeout(
+                    timeout,
+                    "restarted operator to catch up".into(),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let restart_catch_up = started.elapsed();
+        let restart_api_writes = writes(&apimetrics::diff(
+            &restart_before,
+            &apimetrics::scrape(&env.cp)?,
+            &["pets", "events"],
+        ));
+        let restart_store_writes = store_writes(&calls_at_restart);
+        let restart_store_reads = calls_at_restart.get("GetPets").copied().unwrap_or(0);
+        let restarted_pid = operator.process().pid().unwrap_or(0);
+        let restart_peak_rss_kib = procstat::peak_rss_kib(restarted_pid).unwrap_or(0);
+
+        // Steady state: two poll intervals with nothing changing, once the
+        // first polls after the catch-up (half an interval on) have begun.
+        let poll_interval = Duration::from_secs_f64(metric_sum(
+            &operator.metrics()?,
+            "petstore_operator_poll_interval_seconds",
+        ))
+        .max(config.poll_interval);
+        tokio::time::sleep(poll_interval / 2).await;
         let steady_before = apimetrics::scrape(&env.cp)?;
         let steady_calls_before = store_calls(&operator.metrics()?);
-        let steady_window = config.poll_interval * 2;
+        let steady_window = poll_interval * 2;
         tokio::time::sleep(steady_window).await;
-        let steady = apimetrics::diff(
+        let steady_api_writes = writes(&apimetrics::diff(
             &steady_before,
             &apimetrics::scrape(&env.cp)?,
             &["pets", "events"],
-        );
-        let steady_api_writes = steady
-            .iter()
-            .filter(|((_, verb), _)| WRITE_VERBS.contains(&verb.as_str()))
-            .map(|(_, n)| n)
-            .sum();
+        ));
         let steady_calls = diff_calls(&steady_calls_before, &store_calls(&operator.metrics()?));
-        let steady_store_writes = ["AddPets", "UpdatePets", "DeletePets"]
-            .iter()
-            .map(|m| steady_calls.get(*m).copied().unwrap_or(0))
-            .sum();
+        let steady_store_writes = store_writes(&steady_calls);
+        let steady_store_reads = steady_calls.get("GetPets").copied().unwrap_or(0);
 
-        // Rename storm: every Pet gets a new name.
-        let started = Instant::now();
-        for_each_pet(n, config.concurrency, |i| {
-            let api = api.clone();
-            async move {
-                let patch = json!({"spec": {"name": format!("Renamed {i}")}});
-                api.patch(
-                    &format!("pet-{i}"),
-                    &PatchParams::default(),
-                    &Patch::Merge(&patch),
-                )
-                .await
-                .map(drop)
-            }
-        })
-        .await?;
-        until(&seen, &mut ticks, timeout, "renames applied", |s| {
-            s.ready_at_least(2) == n
-        })
-        .await?;
-        let rename = started.elapsed();
-        let renamed = super::store_load::count_named(&env.store.addr, "Renamed ").await?;
-        if renamed != n {
-            return Err(kube_error(format!("{renamed} of {n} records renamed")));
-        }
+        let (rename, delete) = if n <= config.churn_max_pets {
+            churn(&env, &api, &seen, &mut ticks, config, timeout).await?
+        } else {
+            (Duration::ZERO, Duration::ZERO)
+        };
 
-        // Deletion: every Pet, until all are gone.
-        let started = Instant::now();
-        for_each_pet(n, config.concurrency, |i| {
-            let api = api.clone();
-            async move {
-                api.delete(&format!("pet-{i}"), &DeleteParams::default())
-                    .await
-                    .map(drop)
-            }
-        })
-        .await?;
-        until(&seen, &mut ticks, timeout, "all Pets gone", |s| {
-            s.pets.is_empty()
-        })
-        .await?;
-        let delete = started.elapsed();
-        let left = super::store_load::count_named(&env.store.addr, "Renamed ").await?;
-        if left != 0 {
-            return Err(kube_error(format!("{left} records left after deletion")));
-        }
-
-        let operator_pid = operator.process().pid().unwrap_or(0);
         let store_pid = env.store.process().pid().unwrap_or(0);
         Ok(ConvergenceResult {
             pets: n,
@@ -372,16 +479,84 @@ pub fn measure_operator(
             rename,
             delete,
             api_requests,
+            store_reads: store_calls_converge.get("GetPets").copied().unwrap_or(0),
             store_calls: store_calls_converge,
+            api_writes,
+            restart_catch_up,
+            restart_lease_wait: restart_lease_wait.unwrap_or(restart_catch_up),
+            restart_api_writes,
+            restart_store_writes,
+            restart_store_reads,
+            restart_peak_rss_kib,
             steady_api_writes,
             steady_store_writes,
+            steady_store_reads,
+            poll_interval,
             steady_window,
-            operator_peak_rss_kib: procstat::peak_rss_kib(operator_pid).unwrap_or(0),
-            operator_cpu_seconds: procstat::cpu_seconds(operator_pid).unwrap_or(0.0),
+            operator_peak_rss_kib,
+            operator_rss_kib,
+            operator_cpu_seconds,
             store_peak_rss_kib: procstat::peak_rss_kib(store_pid).unwrap_or(0),
             ..Default::default()
         })
     })
+}
+
+/// Rename storm, then deletion of every Pet; how long each took.
+async fn churn(
+    env: &Env,
+    api: &Api<Pet>,
+    seen: &Mutex<Seen>,
+    ticks: &mut watch::Receiver<u64>,
+    config: &ConvergenceConfig,
+    timeout: Duration,
+) -> Result<(Duration, Duration)> {
+    let n = config.pets;
+    // Rename storm: every Pet gets a new name.
+    let started = Instant::now();
+    for_each_pet(n, config.concurrency, |i| {
+        let api = api.clone();
+        async move {
+            let patch = json!({"spec": {"name": format!("Renamed {i}")}});
+            api.patch(
+                &format!("pet-{i}"),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+            .map(drop)
+        }
+    })
+    .await?;
+    until(seen, ticks, timeout, "renames applied", |s| {
+        s.ready_at_least(2) == n
+    })
+    .await?;
+    let rename = started.elapsed();
+    let renamed = super::store_load::count_named(&env.store.addr, "Renamed ").await?;
+    if renamed != n {
+        return Err(kube_error(format!("{renamed} of {n} records renamed")));
+    }
+
+    // Deletion: every Pet, until all are gone.
+    let started = Instant::now();
+    for_each_pet(n, config.concurrency, |i| {
+        let api = api.clone();
+        async move {
+            api.delete(&format!("pet-{i}"), &DeleteParams::default())
+                .await
+                .map(drop)
+        }
+    })
+    .await?;
+    until(seen, ticks, timeout, "all Pets gone", |s| s.pets.is_empty()).await?;
+    let delete = started.elapsed();
+    let left = super::store_load::count_named(&env.store.addr, "Renamed ").await?;
+    if left != 0 {
+        return Err(kube_error(format!("{left} records left after deletion")));
+    }
+
+    Ok((rename, delete))
 }
 
 /// The floor: the same creates, and a baseline that only adds the finalizer

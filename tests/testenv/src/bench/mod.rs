@@ -5,10 +5,10 @@
 pub mod apimetrics;
 pub mod convergence;
 pub mod procstat;
+pub mod report;
 pub mod store_load;
 
 use std::fmt::Write as _;
-use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -21,7 +21,10 @@ use crate::{Result, Tools, run};
 pub struct BenchConfig {
     pub sizes: Vec<usize>,
     pub concurrency: usize,
+    /// Poll interval of the operator restarted after convergence.
     pub poll_interval: Duration,
+    pub poll_max_rate: u32,
+    pub churn_max_pets: usize,
     pub store_concurrencies: Vec<usize>,
     pub store_cell: Duration,
     pub search_records: u64,
@@ -35,9 +38,11 @@ pub struct BenchConfig {
 impl BenchConfig {
     pub fn full() -> Self {
         Self {
-            sizes: vec![100, 1000, 5000],
+            sizes: vec![100, 1000, 5000, 20_000],
             concurrency: 16,
             poll_interval: Duration::from_secs(10),
+            poll_max_rate: 1000,
+            churn_max_pets: 5000,
             store_concurrencies: vec![1, 16, 64],
             store_cell: Duration::from_secs(3),
             search_records: 10_000,
@@ -54,9 +59,11 @@ impl BenchConfig {
     /// Small enough for the test command; checks that the code works.
     pub fn smoke() -> Self {
         Self {
-            sizes: vec![5],
+            sizes: vec![10],
             concurrency: 4,
             poll_interval: Duration::from_secs(2),
+            poll_max_rate: 100,
+            churn_max_pets: 10,
             store_concurrencies: vec![2],
             store_cell: Duration::from_millis(300),
             search_records: 200,
@@ -73,6 +80,9 @@ impl BenchConfig {
 #[derive(Debug, Default)]
 pub struct BenchResults {
     pub convergence: Vec<ConvergenceResult>,
+    /// /proc/loadavg before the first and after the last operator run.
+    pub load_start: String,
+    pub load_end: String,
     pub store: Vec<LoadResult>,
     pub durability: Option<DurabilityCheck>,
     pub ghz: Vec<GhzResult>,
@@ -85,12 +95,17 @@ pub fn run_all(config: &BenchConfig, progress: impl Fn(&str)) -> Result<BenchRes
         .enable_all()
         .build()
         .map_err(crate::io("starting a tokio runtime"))?;
-    let mut results = BenchResults::default();
+    let mut results = BenchResults {
+        load_start: report::load_average(),
+        ..BenchResults::default()
+    };
     for &pets in &config.sizes {
         let c = ConvergenceConfig {
             pets,
             concurrency: config.concurrency,
             poll_interval: config.poll_interval,
+            poll_max_rate: config.poll_max_rate,
+            churn_max_pets: config.churn_max_pets,
         };
         progress(&format!("floor, N = {pets}"));
         let (floor, floor_requests) = convergence::measure_floor(&rt, &c)?;
@@ -105,6 +120,7 @@ pub fn run_all(config: &BenchConfig, progress: impl Fn(&str)) -> Result<BenchRes
         ));
         results.convergence.push(result);
     }
+    results.load_end = report::load_average();
     let setups = if config.store_concurrencies.is_empty() {
         vec![]
     } else {
@@ -188,14 +204,6 @@ pub fn environment() -> String {
     )
 }
 
-fn requests(counts: &apimetrics::RequestCounts) -> String {
-    counts
-        .iter()
-        .map(|((resource, verb), n)| format!("{verb} {resource}: {n}"))
-        .collect::<Vec<_>>()
-        .join("<br>")
-}
-
 fn ms(d: Duration) -> String {
     let ms = d.as_secs_f64() * 1000.0;
     if ms < 10.0 {
@@ -213,86 +221,12 @@ pub fn markdown(results: &BenchResults, environment: &str, plot: Option<&str>) -
         "Reproduce with `hack/bench.sh` (writes this file and `docs/convergence.svg`).\n"
     );
     let _ = writeln!(out, "{environment}");
-    let _ = writeln!(out, "## Operator convergence\n");
     let _ = writeln!(
         out,
-        "N Pets created in one namespace at client concurrency 16 on the local control plane (etcd + kube-apiserver on the same machine), durable store. Times run from the first create until a watch has seen every Pet with `status.id` and `Ready=True` for its generation. The floor is a baseline client that makes only the finalizer patch and the status patch per Pet, at the same concurrency, with no store.\n"
+        "- Load average (1, 5, 15 min) at the start: {}; at the end of the operator runs: {}\n",
+        results.load_start, results.load_end
     );
-    let _ = writeln!(
-        out,
-        "Events are written from a background queue (as client-go does), so they may trail Ready; *events written* is when the last one of the convergence reached the API server.\n"
-    );
-    let _ = writeln!(
-        out,
-        "| N | operator | floor | operator ÷ floor | events written | rename storm | delete all | operator peak RSS | operator CPU | store peak RSS |"
-    );
-    let _ = writeln!(out, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for r in &results.convergence {
-        let _ = writeln!(
-            out,
-            "| {} | {:.2} s | {:.2} s | **{:.2}** | {:.2} s | {:.2} s | {:.2} s | {:.1} MiB | {:.1} s | {:.1} MiB |",
-            r.pets,
-            r.converge.as_secs_f64(),
-            r.floor.as_secs_f64(),
-            r.converge.as_secs_f64() / r.floor.as_secs_f64().max(1e-9),
-            r.events_written.as_secs_f64(),
-            r.rename.as_secs_f64(),
-            r.delete.as_secs_f64(),
-            r.operator_peak_rss_kib as f64 / 1024.0,
-            r.operator_cpu_seconds,
-            r.store_peak_rss_kib as f64 / 1024.0,
-        );
-    }
-    if let Some(plot) = plot {
-        let _ = writeln!(
-            out,
-            "\n![Convergence time against N, operator and floor]({plot})\n"
-        );
-    }
-    let _ = writeln!(out, "\n### What it cost (during convergence)\n");
-    let _ = writeln!(
-        out,
-        "API requests are the API server's own `apiserver_request_total`, minus the benchmark's N creates. Store RPCs are counted by the operator.\n"
-    );
-    let _ = writeln!(
-        out,
-        "| N | operator API requests | per Pet | floor API requests | store RPCs |"
-    );
-    let _ = writeln!(out, "|---:|---|---:|---|---|");
-    for r in &results.convergence {
-        let total: u64 = r.api_requests.values().sum();
-        let calls = r
-            .store_calls
-            .iter()
-            .map(|(m, n)| format!("{m}: {n}"))
-            .collect::<Vec<_>>()
-            .join("<br>");
-        let _ = writeln!(
-            out,
-            "| {} | {} | {:.2} | {} | {} |",
-            r.pets,
-            requests(&r.api_requests),
-            total as f64 / r.pets as f64,
-            requests(&r.floor_api_requests),
-            calls
-        );
-    }
-    let _ = writeln!(out, "\n### Steady state\n");
-    let _ = writeln!(
-        out,
-        "| N | window (2 × poll interval) | API writes | store writes |"
-    );
-    let _ = writeln!(out, "|---:|---:|---:|---:|");
-    for r in &results.convergence {
-        let _ = writeln!(
-            out,
-            "| {} | {} s | {} | {} |",
-            r.pets,
-            r.steady_window.as_secs(),
-            r.steady_api_writes,
-            r.steady_store_writes
-        );
-    }
+    report::operator(&mut out, &results.convergence, plot);
     out.push_str(&store_markdown(results));
     out
 }
@@ -467,66 +401,4 @@ fn ms3(d: Duration) -> String {
     }
 }
 
-/// Convergence time against N, operator and floor, as SVG.
-pub fn plot(results: &BenchResults, path: &Path) -> Result<()> {
-    use plotters::prelude::*;
-    let draw = || -> std::result::Result<(), Box<dyn std::error::Error>> {
-        let max_n = results
-            .convergence
-            .iter()
-            .map(|r| r.pets)
-            .max()
-            .unwrap_or(1) as f64;
-        let max_t = results
-            .convergence
-            .iter()
-            .map(|r| r.converge.max(r.floor).as_secs_f64())
-            .fold(0.0, f64::max)
-            * 1.15;
-        let root = SVGBackend::new(path, (720, 420)).into_drawing_area();
-        root.fill(&WHITE)?;
-        let mut chart = ChartBuilder::on(&root)
-            .caption("Time to converge N Pets", ("sans-serif", 20))
-            .margin(16)
-            .x_label_area_size(40)
-            .y_label_area_size(56)
-            .build_cartesian_2d(0.0..max_n * 1.05, 0.0..max_t.max(0.1))?;
-        chart
-            .configure_mesh()
-            .x_desc("Pets (N)")
-            .y_desc("seconds")
-            .draw()?;
-        let series = |f: fn(&ConvergenceResult) -> Duration| {
-            results
-                .convergence
-                .iter()
-                .map(move |r| (r.pets as f64, f(r).as_secs_f64()))
-                .collect::<Vec<_>>()
-        };
-        let operator = series(|r| r.converge);
-        let floor = series(|r| r.floor);
-        chart
-            .draw_series(LineSeries::new(operator.clone(), RED.stroke_width(2)))?
-            .label("operator")
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED.stroke_width(2)));
-        chart.draw_series(operator.iter().map(|&p| Circle::new(p, 4, RED.filled())))?;
-        chart
-            .draw_series(LineSeries::new(floor.clone(), BLUE.stroke_width(2)))?
-            .label("floor (finalizer + status patch only)")
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE.stroke_width(2)));
-        chart.draw_series(floor.iter().map(|&p| Circle::new(p, 4, BLUE.filled())))?;
-        chart
-            .configure_series_labels()
-            .border_style(BLACK)
-            .background_style(WHITE.mix(0.9))
-            .position(SeriesLabelPosition::UpperLeft)
-            .draw()?;
-        root.present()?;
-        Ok(())
-    };
-    draw().map_err(|e| crate::Error::Command {
-        command: "plot".into(),
-        status: "error".into(),
-        stderr: e.to_string(),
-    })
-}
+pub use report::plot;

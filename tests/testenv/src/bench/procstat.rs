@@ -1,13 +1,22 @@
 //! Peak RSS and CPU time of a process, from /proc.
 
-/// Peak resident set size (VmHWM) in KiB.
-pub fn peak_rss_kib(pid: u32) -> Option<u64> {
+fn status_kib(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
         .lines()
-        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .find_map(|line| line.strip_prefix(field))
         .and_then(|rest| rest.split_whitespace().next())
         .and_then(|kib| kib.parse().ok())
+}
+
+/// Peak resident set size (VmHWM) in KiB.
+pub fn peak_rss_kib(pid: u32) -> Option<u64> {
+    status_kib(pid, "VmHWM:")
+}
+
+/// Resident set size now (VmRSS) in KiB.
+pub fn rss_kib(pid: u32) -> Option<u64> {
+    status_kib(pid, "VmRSS:")
 }
 
 /// User plus system CPU seconds so far.
@@ -30,6 +39,7 @@ mod tests {
     fn reads_this_process() {
         let pid = std::process::id();
         assert!(super::peak_rss_kib(pid).is_some_and(|k| k > 0));
+        assert!(super::rss_kib(pid).is_some_and(|k| k > 0));
         assert!(super::cpu_seconds(pid).is_some_and(|s| s >= 0.0));
     }
 }

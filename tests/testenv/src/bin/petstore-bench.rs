@@ -1,7 +1,7 @@
 //! Runs the benchmarks and writes BENCHMARKS.md and docs/convergence.svg.
 //! Use hack/bench.sh, which builds the release binaries first.
 //!
-//!     petstore-bench [--smoke] [--out BENCHMARKS.md] [--sizes 100,1000,5000]
+//!     petstore-bench [--smoke] [--skip-store] [--poll-max-rate R] [--out BENCHMARKS.md] [--sizes 100,1000,5000,20000]
 //!     petstore-bench --store-only [--scale N]   # replaces only the store section
 
 use std::path::PathBuf;
@@ -27,6 +27,10 @@ fn main() -> ExitCode {
                 Some(n) => config.scale_records = Some(n),
                 None => return usage("--scale needs a number of pets (0 skips)"),
             },
+            "--poll-max-rate" => match args.next().and_then(|v| v.parse().ok()) {
+                Some(rate) => config.poll_max_rate = rate,
+                None => return usage("--poll-max-rate needs a number (0: leave the default)"),
+            },
             "--out" => match args.next() {
                 Some(path) => out = PathBuf::from(path),
                 None => return usage("--out needs a path"),
@@ -40,7 +44,7 @@ fn main() -> ExitCode {
                     .collect();
                 match sizes {
                     Ok(sizes) if !sizes.is_empty() => config.sizes = sizes,
-                    _ => return usage("--sizes needs numbers such as 100,1000,5000"),
+                    _ => return usage("--sizes needs numbers such as 1000,5000,20000"),
                 }
             }
             other => return usage(&format!("unknown argument {other:?}")),
@@ -74,7 +78,7 @@ fn main() -> ExitCode {
         .join("docs/convergence.svg");
     let plot = std::fs::create_dir_all(svg.parent().unwrap_or(std::path::Path::new(".")))
         .ok()
-        .and_then(|()| bench::plot(&results, &svg).ok())
+        .and_then(|()| bench::plot(&results.convergence, &svg).ok())
         .map(|()| "docs/convergence.svg");
     let report = bench::markdown(&results, &bench::environment(), plot);
     if let Err(err) = std::fs::write(&out, &report) {
@@ -88,7 +92,7 @@ fn main() -> ExitCode {
 
 fn usage(problem: &str) -> ExitCode {
     eprintln!(
-        "petstore-bench: {problem}\nusage: petstore-bench [--smoke] [--skip-store | --store-only] [--scale N] [--out FILE] [--sizes N,N,...]"
+        "petstore-bench: {problem}\nusage: petstore-bench [--smoke] [--skip-store | --store-only] [--scale N] [--poll-max-rate R] [--out FILE] [--sizes N,N,...]"
     );
     ExitCode::FAILURE
 }

@@ -1,0 +1,162 @@
+//! When each in-sync Pet is next read from the store to look for drift.
+//!
+//! Spread: a Pet is polled once per interval at a fixed phase within it,
+//! taken from a hash of its UID. However the Pets were created (20,000 in
+//! two minutes, say) and however often the operator restarted, the polls
+//! fall evenly over the interval, so the store sees a steady N / interval
+//! reads per second instead of the creation burst repeated every interval.
+//!
+//! Bound: when N / interval would exceed `max_rate`, the interval stretches
+//! to N / max_rate, so the drift poll alone never asks the store for more
+//! than `max_rate` reads per second on average, at any N. Bursts are bounded
+//! by the controller's concurrency.
+
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use kube::runtime::reflector::Store;
+
+use crate::crd::Pet;
+
+/// The shortest interval used, whatever the settings say.
+const MIN_INTERVAL: Duration = Duration::from_millis(100);
+
+pub struct PollSchedule {
+    interval: Duration,
+    max_rate: f64,
+    epoch: Instant,
+    /// The watch cache, to count the Pets; unset until the controller runs.
+    pets: OnceLock<Store<Pet>>,
+}
+
+impl PollSchedule {
+    pub fn new(interval: Duration, max_rate: f64) -> Self {
+        Self {
+            interval: interval.max(MIN_INTERVAL),
+            max_rate,
+            epoch: Instant::now(),
+            pets: OnceLock::new(),
+        }
+    }
+
+    /// Counts Pets in this cache from now on (the first call wins).
+    pub fn track(&self, pets: Store<Pet>) {
+        let _ = self.pets.set(pets);
+    }
+
+    fn pet_count(&self) -> usize {
+        self.pets.get().map_or(0, Store::len)
+    }
+
+    /// The configured interval, stretched so that `pets` polls per interval
+    /// stay within `max_rate` per second.
+    pub fn interval_for(&self, pets: usize) -> Duration {
+        if !(self.max_rate.is_finite() && self.max_rate > 0.0) {
+            return self.interval;
+        }
+        let needed =
+            Duration::try_from_secs_f64(pets as f64 / self.max_rate).unwrap_or(Duration::MAX);
+        self.interval.max(needed)
+    }
+
+    /// The interval in effect now.
+    pub fn interval(&self) -> Duration {
+        self.interval_for(self.pet_count())
+    }
+
+    /// How long until the Pet with this UID is next polled: the next time
+    /// at its phase that is at least half an interval away.
+    pub fn delay(&self, uid: &str) -> Duration {
+        self.delay_at(uid, self.interval(), Instant::now())
+    }
+
+    fn delay_at(&self, uid: &str, interval: Duration, now: Instant) -> Duration {
+        let period = interval.as_secs_f64();
+        let phase = phase(uid) * period;
+        let elapsed = now.saturating_duration_since(self.epoch).as_secs_f64();
+        let earliest = elapsed + period / 2.0;
+        let turns = ((earliest - phase) / period).ceil();
+        let at = phase + turns * period;
+        Duration::try_from_secs_f64(at - elapsed).unwrap_or(interval)
+    }
+}
+
+/// A fraction in [0, 1) fixed for each UID.
+fn phase(uid: &str) -> f64 {
+    // DefaultHasher::new() uses fixed keys: the same phase every run.
+    let mut hasher = DefaultHasher::new();
+    uid.hash(&mut hasher);
+    (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn uid(i: usize) -> String {
+        format!("6f1c0a52-0000-4000-8000-{i:012}")
+    }
+
+    #[test]
+    fn next_poll_is_between_half_and_one_and_a_half_intervals_away() {
+        let schedule = PollSchedule::new(Duration::from_secs(300), 100.0);
+        let interval = Duration::from_secs(300);
+        for i in 0..1000 {
+            for offset in [0, 7, 150, 299, 1234] {
+                let now = schedule.epoch + Duration::from_secs(offset);
+                let delay = schedule.delay_at(&uid(i), interval, now);
+                assert!(
+                    delay >= interval / 2 - Duration::from_millis(1),
+                    "{delay:?}"
+                );
+                assert!(
+                    delay <= interval * 3 / 2 + Duration::from_millis(1),
+                    "{delay:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn each_pet_keeps_its_phase() {
+        let schedule = PollSchedule::new(Duration::from_secs(60), 100.0);
+        let interval = Duration::from_secs(60);
+        let first = schedule.epoch + Duration::from_secs(5);
+        let at = first + schedule.delay_at(&uid(7), interval, first);
+        // Polled at its phase, the next poll is exactly one interval later.
+        let next = at + schedule.delay_at(&uid(7), interval, at);
+        let gap = next.duration_since(at).as_secs_f64();
+        assert!((gap - 60.0).abs() < 1e-6, "{gap}");
+    }
+
+    #[test]
+    fn polls_of_pets_created_together_are_spread_evenly() {
+        // 20,000 Pets synced within the same second: their first polls land
+        // in every tenth of the interval, about equally.
+        let schedule = PollSchedule::new(Duration::from_secs(300), 100.0);
+        let interval = Duration::from_secs(300);
+        let now = schedule.epoch;
+        let mut buckets = [0usize; 10];
+        for i in 0..20_000 {
+            let delay = schedule.delay_at(&uid(i), interval, now).as_secs_f64();
+            let slot = ((delay - 150.0) / 30.0).floor().clamp(0.0, 9.0) as usize;
+            buckets[slot] += 1;
+        }
+        for count in buckets {
+            assert!((1800..=2200).contains(&count), "{buckets:?}");
+        }
+    }
+
+    #[test]
+    fn the_interval_stretches_to_bound_the_read_rate() {
+        let schedule = PollSchedule::new(Duration::from_secs(300), 100.0);
+        assert_eq!(schedule.interval_for(0), Duration::from_secs(300));
+        assert_eq!(schedule.interval_for(20_000), Duration::from_secs(300));
+        assert_eq!(schedule.interval_for(60_000), Duration::from_secs(600));
+        // Without a tracked cache the configured interval holds.
+        assert_eq!(schedule.interval(), Duration::from_secs(300));
+        let unbounded = PollSchedule::new(Duration::from_secs(10), 0.0);
+        assert_eq!(unbounded.interval_for(1_000_000), Duration::from_secs(10));
+    }
+}
