@@ -86,37 +86,46 @@ impl Pki {
         self.ca_cert.parent().unwrap_or(Path::new("."))
     }
 
+    /// The envtest control plane's PKI, serving on 127.0.0.1.
     pub fn create(dir: &Path) -> Result<Self> {
+        Self::create_with(
+            dir,
+            "/CN=testenv-ca",
+            "IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc",
+            "/O=system:masters/CN=admin",
+        )
+    }
+
+    /// A CA (subject `ca_subject`), an API server certificate valid for
+    /// `serving_sans` (an openssl subjectAltName list), an admin client
+    /// certificate with `admin_subject`, and the service-account key pair.
+    pub fn create_with(
+        dir: &Path,
+        ca_subject: &str,
+        serving_sans: &str,
+        admin_subject: &str,
+    ) -> Result<Self> {
         openssl(dir, &["genrsa", "-out", "ca.key", "2048"])?;
         openssl(
             dir,
             &[
-                "req",
-                "-x509",
-                "-new",
-                "-key",
-                "ca.key",
-                "-subj",
-                "/CN=testenv-ca",
-                "-days",
-                "2",
-                "-sha256",
-                "-out",
-                "ca.crt",
+                "req", "-x509", "-new", "-key", "ca.key", "-subj", ca_subject, "-days", "2",
+                "-sha256", "-out", "ca.crt",
             ],
         )?;
         signed(
             dir,
             "serving",
             "/CN=kube-apiserver",
-            "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n\
-             extendedKeyUsage=serverAuth\n\
-             subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc\n",
+            &format!(
+                "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n\
+                 extendedKeyUsage=serverAuth\nsubjectAltName={serving_sans}\n"
+            ),
         )?;
         signed(
             dir,
             "admin",
-            "/O=system:masters/CN=admin",
+            admin_subject,
             "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n\
              extendedKeyUsage=clientAuth\n",
         )?;

@@ -291,8 +291,8 @@ impl Cluster {
             ])
             .arg(format!("--advertise-address={NODE_IP}"))
             .arg(format!("--cert-dir={}", root.join("apiserver").display()))
-            .arg(format!("--tls-cert-file={}", p("apiserver.crt")))
-            .arg(format!("--tls-private-key-file={}", p("apiserver.key")))
+            .arg(format!("--tls-cert-file={}", p("serving.crt")))
+            .arg(format!("--tls-private-key-file={}", p("serving.key")))
             .arg(format!("--client-ca-file={}", p("ca.crt")))
             .arg(format!("--kubelet-client-certificate={}", p("admin.crt")))
             .arg(format!("--kubelet-client-key={}", p("admin.key")))
@@ -827,91 +827,20 @@ impl Drop for Cluster {
     }
 }
 
-fn openssl(dir: &Path, args: &[&str]) -> Result<String> {
-    run(Command::new("openssl").current_dir(dir).args(args))
-}
-
-fn signed(dir: &Path, name: &str, subject: &str, extensions: &str) -> Result<()> {
-    write(&dir.join(format!("{name}.ext")), extensions)?;
-    openssl(dir, &["genrsa", "-out", &format!("{name}.key"), "2048"])?;
-    openssl(
-        dir,
-        &[
-            "req",
-            "-new",
-            "-key",
-            &format!("{name}.key"),
-            "-subj",
-            subject,
-            "-out",
-            &format!("{name}.csr"),
-        ],
-    )?;
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            &format!("{name}.csr"),
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "2",
-            "-sha256",
-            "-extfile",
-            &format!("{name}.ext"),
-            "-out",
-            &format!("{name}.crt"),
-        ],
-    )?;
-    Ok(())
-}
-
 /// The cluster's CA, the API server's serving certificate (valid for the
 /// forwarder on 127.0.0.1, the node and the `kubernetes` Service), an admin
 /// client certificate and the service-account signing keys.
 fn make_pki(dir: &Path) -> Result<()> {
-    openssl(dir, &["genrsa", "-out", "ca.key", "2048"])?;
-    openssl(
+    crate::certs::Pki::create_with(
         dir,
-        &[
-            "req",
-            "-x509",
-            "-new",
-            "-key",
-            "ca.key",
-            "-subj",
-            "/CN=kind-petstore-ca",
-            "-days",
-            "2",
-            "-sha256",
-            "-out",
-            "ca.crt",
-        ],
-    )?;
-    signed(
-        dir,
-        "apiserver",
-        "/CN=kube-apiserver",
+        "/CN=kind-petstore-ca",
         &format!(
-            "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n\
-             subjectAltName=IP:127.0.0.1,IP:{NODE_IP},IP:10.96.0.1,DNS:localhost,DNS:kubernetes,\
-             DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\n"
+            "IP:127.0.0.1,IP:{NODE_IP},IP:10.96.0.1,DNS:localhost,DNS:kubernetes,\
+             DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
         ),
-    )?;
-    signed(
-        dir,
-        "admin",
         "/O=system:masters/CN=kubernetes-admin",
-        "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n",
-    )?;
-    openssl(dir, &["genrsa", "-out", "sa.key", "2048"])?;
-    openssl(dir, &["rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub"])?;
-    Ok(())
+    )
+    .map(drop)
 }
 
 fn write_kubeconfig(path: &Path, server: &str, pki: &Path) -> Result<()> {
