@@ -28,6 +28,11 @@ struct Args {
     #[arg(long, env = "PETSTORE_DATA_FILE", default_value = "petstore.redb")]
     data_file: PathBuf,
 
+    /// Memory for the durable store's page cache, in MiB. Reads beyond it
+    /// come from the kernel's page cache.
+    #[arg(long, env = "PETSTORE_DURABLE_CACHE_MIB", default_value_t = 32)]
+    durable_cache_mib: usize,
+
     /// PostgreSQL connection URL for `--storage postgres`, e.g.
     /// `postgres://petstore@db:5432/petstore`. Put the password in
     /// --postgres-password-file, not here.
@@ -142,6 +147,7 @@ async fn main() -> ExitCode {
         StorageKind::Memory => StorageConfig::Memory,
         StorageKind::Durable => StorageConfig::Durable {
             path: args.data_file.clone(),
+            cache_bytes: args.durable_cache_mib.saturating_mul(1024 * 1024),
         },
         StorageKind::Postgres => match postgres_config(&args) {
             Ok(config) => StorageConfig::Postgres(Box::new(config)),

@@ -73,9 +73,7 @@ fn postgres_config() -> PostgresConfig {
 async fn open(backend: &str, dir: &tempfile::TempDir) -> Arc<dyn Storage> {
     let config = match backend {
         "memory" => StorageConfig::Memory,
-        "durable" => StorageConfig::Durable {
-            path: dir.path().join("pets.redb"),
-        },
+        "durable" => StorageConfig::durable(dir.path().join("pets.redb")),
         "postgres" => StorageConfig::Postgres(Box::new(
             tokio::task::spawn_blocking(postgres_config)
                 .await
@@ -857,7 +855,7 @@ suite!(
 async fn durable_store_keeps_pets_and_keys_across_reopen() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("pets.redb");
-    let storage = StorageConfig::Durable { path: path.clone() }
+    let storage = StorageConfig::durable(path.clone())
         .open()
         .await
         .expect("open");
@@ -872,7 +870,7 @@ async fn durable_store_keeps_pets_and_keys_across_reopen() {
     .await;
     s.stop().await;
 
-    let storage = StorageConfig::Durable { path: path.clone() }
+    let storage = StorageConfig::durable(path.clone())
         .open()
         .await
         .expect("reopen");
@@ -893,7 +891,7 @@ async fn durable_store_keeps_pets_and_keys_across_reopen() {
         .expect("change key");
     s.stop().await;
 
-    let storage = StorageConfig::Durable { path }
+    let storage = StorageConfig::durable(path)
         .open()
         .await
         .expect("reopen again");

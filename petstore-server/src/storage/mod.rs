@@ -150,15 +150,25 @@ pub(crate) fn names_from<'a>(
 #[derive(Clone, Debug)]
 pub enum StorageConfig {
     Memory,
-    Durable { path: PathBuf },
+    Durable { path: PathBuf, cache_bytes: usize },
     Postgres(Box<PostgresConfig>),
 }
 
 impl StorageConfig {
+    /// The durable store at `path` with the default page cache.
+    pub fn durable(path: impl Into<PathBuf>) -> Self {
+        Self::Durable {
+            path: path.into(),
+            cache_bytes: durable::DEFAULT_CACHE_BYTES,
+        }
+    }
+
     pub async fn open(&self) -> Result<Arc<dyn Storage>, StorageError> {
         Ok(match self {
             Self::Memory => Arc::new(MemoryStorage::default()),
-            Self::Durable { path } => Arc::new(DurableStorage::open(path)?),
+            Self::Durable { path, cache_bytes } => {
+                Arc::new(DurableStorage::open(path, *cache_bytes)?)
+            }
             Self::Postgres(config) => Arc::new(PostgresStorage::open(config).await?),
         })
     }
