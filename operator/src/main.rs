@@ -270,7 +270,11 @@ async fn run(args: Args) -> Result<ExitCode, String> {
             .map(|FaultArg::HangAfterCreate| controller::Fault::HangAfterCreate),
     };
     tracing::info!(store = %args.petstore_addr, tls = tls.is_some(), ?settings, %identity, "starting");
-    let events = EventQueue::start(recorder, Arc::clone(&metrics));
+    let events = EventQueue::start(
+        recorder,
+        Arc::clone(&metrics),
+        usize::from(args.concurrency),
+    );
     let ctx = Arc::new(Context::new(
         client.clone(),
         Arc::new(store),

@@ -313,6 +313,8 @@ pub async fn reconcile(pet: Arc<Pet>, ctx: Arc<Context>) -> Result<Action, Error
         name = pet.name_any()
     );
     async move {
+        // Queued Events wait while every slot is taken (see crate::events).
+        let _reconciling = ctx.events.reconciling();
         ctx.metrics.reconcile_started();
         let started = Instant::now();
         let result = reconcile_pet(Arc::clone(&pet), &ctx).await;
