@@ -4,7 +4,8 @@
 #
 #   hack/bench.sh                    # N = 100, 1000, 5000, 20000 and the store
 #   hack/bench.sh --sizes 1000,5000  # other sizes
-#   hack/bench.sh --skip-store       # the operator only
+#   hack/bench.sh --skip-store       # the operator only; keeps the store section
+#   hack/bench.sh --store-only       # the store only; keeps the operator section
 #   hack/bench.sh --smoke            # tiny, to check that it works
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

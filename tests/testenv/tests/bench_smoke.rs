@@ -56,11 +56,20 @@ fn benchmarks_run_end_to_end() -> testenv::Result<()> {
         assert!(r.operator_peak_rss_kib > 0 && r.store_peak_rss_kib > 0);
     }
     // Each backend x 4 operations x each concurrency, for the Rust client;
-    // x 3 operations for ghz, every ghz call answered OK.
+    // x 3 operations plus ghz's ceiling (a health check) for ghz, every
+    // ghz call answered OK.
     let cells = config.store_setups.len() * config.store_concurrencies.len();
     assert_eq!(results.store.len(), 4 * cells);
     assert!(results.store.iter().all(|r| r.calls > 0));
-    assert_eq!(results.ghz.len(), 3 * cells);
+    assert_eq!(results.ghz.len(), 4 * cells);
+    assert_eq!(
+        results
+            .ghz
+            .iter()
+            .filter(|r| r.operation == testenv::bench::store_load::CEILING_OPERATION)
+            .count(),
+        cells
+    );
     assert!(
         results.ghz.iter().all(|r| r.calls > 0 && r.errors == 0),
         "{:?}",

@@ -1,7 +1,8 @@
 //! Runs the benchmarks and writes BENCHMARKS.md and docs/convergence.svg.
 //! Use hack/bench.sh, which builds the release binaries first.
 //!
-//!     petstore-bench [--smoke] [--skip-store] [--poll-max-rate R] [--out BENCHMARKS.md] [--sizes 100,1000,5000,20000]
+//!     petstore-bench [--smoke] [--poll-max-rate R] [--out BENCHMARKS.md] [--sizes 100,1000,5000,20000]
+//!     petstore-bench --skip-store [...]         # replaces only the operator section
 //!     petstore-bench --store-only [--scale N]   # replaces only the store section
 
 use std::path::PathBuf;
@@ -13,11 +14,15 @@ fn main() -> ExitCode {
     let mut config = BenchConfig::full();
     let mut out = testenv::repo_root().join("BENCHMARKS.md");
     let mut store_only = false;
+    let mut skip_store = false;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--smoke" => config = BenchConfig::smoke(),
-            "--skip-store" => config.store_concurrencies.clear(),
+            "--skip-store" => {
+                skip_store = true;
+                config.store_concurrencies.clear();
+            }
             "--store-only" => {
                 store_only = true;
                 config.sizes.clear();
@@ -80,7 +85,17 @@ fn main() -> ExitCode {
         .ok()
         .and_then(|()| bench::plot(&results.convergence, &svg).ok())
         .map(|()| "docs/convergence.svg");
-    let report = bench::markdown(&results, &bench::environment(), plot);
+    let mut report = bench::markdown(&results, &bench::environment(), plot);
+    if skip_store {
+        // Keep the store's section as it is; replace the operator's.
+        let existing = std::fs::read_to_string(&out).unwrap_or_default();
+        if let (Some(old), Some(new)) = (
+            existing.find("\n## Pet store"),
+            report.find("\n## Pet store"),
+        ) {
+            report = format!("{}{}", &report[..new], &existing[old..]);
+        }
+    }
     if let Err(err) = std::fs::write(&out, &report) {
         eprintln!("petstore-bench: writing {}: {err}", out.display());
         return ExitCode::FAILURE;
