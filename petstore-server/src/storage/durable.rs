@@ -7,6 +7,7 @@
 //! concurrent callers, while each caller's request still applies all or
 //! nothing.
 
+use std::borrow::Cow;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::mpsc;
@@ -15,7 +16,9 @@ use prost::Message;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 use tokio::sync::oneshot;
 
-use super::{Cursor, SearchPage, Storage, StorageError, check_key_changes, names_from, new_id};
+use super::{
+    Cursor, PageFill, SearchPage, Storage, StorageError, check_key_changes, names_from, new_id,
+};
 use crate::model::{KeyChange, NewPet, PetRecord, PetUpdate, SearchFilter};
 use crate::validate;
 
@@ -416,9 +419,7 @@ fn search_page(
     let engine = |e: redb::Error| StorageError::engine("searching", e);
     let txn = db.begin_read().map_err(|e| engine(e.into()))?;
     let pets = txn.open_table(PETS).map_err(|e| engine(e.into()))?;
-    let mut page = SearchPage::default();
-    let mut scanned = 0;
-    let mut last: Option<Cursor> = None;
+    let mut fill = PageFill::new(filter, limit);
     if filter.names.is_empty() {
         let start = match after {
             Some(c) => std::ops::Bound::Excluded(c.id.as_str()),
@@ -428,19 +429,14 @@ fn search_page(
             .range::<&str>((start, std::ops::Bound::Unbounded))
             .map_err(|e| engine(e.into()))?;
         for entry in range {
-            if scanned == limit {
-                page.next = last;
-                return Ok(page);
+            if fill.is_full() {
+                return Ok(fill.resume_later());
             }
-            scanned += 1;
             let (_, stored) = entry.map_err(|e| engine(e.into()))?;
             let record = decode(stored.value())?;
-            last = Some(Cursor::after(&record, false));
-            if filter.matches(&record.fields) {
-                page.pets.push(record);
-            }
+            fill.scan(Cursor::after(&record, false), Some(Cow::Owned(record)));
         }
-        return Ok(page);
+        return Ok(fill.end());
     }
     let by_name = txn.open_table(PETS_BY_NAME).map_err(|e| engine(e.into()))?;
     for name in names_from(filter, after) {
@@ -457,23 +453,19 @@ fn search_page(
             if entry_name != name {
                 break;
             }
-            if scanned == limit {
-                page.next = last;
-                return Ok(page);
+            if fill.is_full() {
+                return Ok(fill.resume_later());
             }
-            scanned += 1;
-            last = Some(Cursor {
+            let record = match pets.get(id).map_err(|e| engine(e.into()))? {
+                Some(stored) => Some(Cow::Owned(decode(stored.value())?)),
+                None => None,
+            };
+            let cursor = Cursor {
                 name: name.to_owned(),
                 id: id.to_owned(),
-            });
-            let Some(stored) = pets.get(id).map_err(|e| engine(e.into()))? else {
-                continue;
             };
-            let record = decode(stored.value())?;
-            if filter.matches(&record.fields) {
-                page.pets.push(record);
-            }
+            fill.scan(cursor, record);
         }
     }
-    Ok(page)
+    Ok(fill.end())
 }

@@ -1,10 +1,13 @@
 //! In-memory backend: fast and volatile. Everything is lost on restart.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Bound;
 use std::sync::{PoisonError, RwLock};
 
-use super::{Cursor, SearchPage, Storage, StorageError, check_key_changes, names_from, new_id};
+use super::{
+    Cursor, PageFill, SearchPage, Storage, StorageError, check_key_changes, names_from, new_id,
+};
 use crate::model::{KeyChange, NewPet, PetRecord, PetUpdate, SearchFilter};
 
 #[derive(Default)]
@@ -166,56 +169,40 @@ impl Storage for MemoryStorage {
         limit: usize,
     ) -> Result<SearchPage, StorageError> {
         let inner = self.read();
-        let limit = limit.max(1);
-        let mut page = SearchPage::default();
-        let mut scanned = 0;
-        let by_name = !filter.names.is_empty();
-        let mut last = None;
-        if by_name {
-            for name in names_from(filter, after.as_ref()) {
-                let start = match &after {
-                    Some(c) if c.name == name => Bound::Excluded((name.to_owned(), c.id.clone())),
-                    _ => Bound::Included((name.to_owned(), String::new())),
-                };
-                let same_name = inner
-                    .by_name
-                    .range((start, Bound::Unbounded))
-                    .take_while(|(n, _)| n == name);
-                for (_, id) in same_name {
-                    if scanned == limit {
-                        page.next = last;
-                        return Ok(page);
-                    }
-                    scanned += 1;
-                    last = Some(Cursor {
-                        name: name.to_owned(),
-                        id: id.clone(),
-                    });
-                    let Some(record) = inner.pets.get(id) else {
-                        continue;
-                    };
-                    if filter.matches(&record.fields) {
-                        page.pets.push(record.clone());
-                    }
-                }
-            }
-        } else {
+        let mut fill = PageFill::new(filter, limit);
+        if filter.names.is_empty() {
             let start = match &after {
                 Some(c) => Bound::Excluded(c.id.clone()),
                 None => Bound::Unbounded,
             };
             for (_, record) in inner.pets.range((start, Bound::Unbounded)) {
-                if scanned == limit {
-                    page.next = last;
-                    return Ok(page);
+                if fill.is_full() {
+                    return Ok(fill.resume_later());
                 }
-                scanned += 1;
-                last = Some(Cursor::after(record, false));
-                if filter.matches(&record.fields) {
-                    page.pets.push(record.clone());
+                fill.scan(Cursor::after(record, false), Some(Cow::Borrowed(record)));
+            }
+            return Ok(fill.end());
+        }
+        for name in names_from(filter, after.as_ref()) {
+            let start = match &after {
+                Some(c) if c.name == name => Bound::Excluded((name.to_owned(), c.id.clone())),
+                _ => Bound::Included((name.to_owned(), String::new())),
+            };
+            let same_name = inner
+                .by_name
+                .range((start, Bound::Unbounded))
+                .take_while(|(n, _)| n == name);
+            for (_, id) in same_name {
+                if fill.is_full() {
+                    return Ok(fill.resume_later());
                 }
+                let cursor = Cursor {
+                    name: name.to_owned(),
+                    id: id.clone(),
+                };
+                fill.scan(cursor, inner.pets.get(id).map(Cow::Borrowed));
             }
         }
-        Ok(page)
+        Ok(fill.end())
     }
 }

@@ -5,6 +5,7 @@ mod durable;
 mod memory;
 mod postgres;
 
+use std::borrow::Cow;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -112,6 +113,64 @@ impl Cursor {
 pub struct SearchPage {
     pub pets: Vec<PetRecord>,
     pub next: Option<Cursor>,
+}
+
+/// One page being filled from index entries in order, for the backends
+/// that walk their own indexes. A page ends after `limit` entries scanned,
+/// matching or not, so a selective filter still costs bounded work per
+/// call; the next page resumes after the last entry scanned.
+pub(crate) struct PageFill<'f> {
+    filter: &'f SearchFilter,
+    limit: usize,
+    scanned: usize,
+    last: Option<Cursor>,
+    pets: Vec<PetRecord>,
+}
+
+impl<'f> PageFill<'f> {
+    pub(crate) fn new(filter: &'f SearchFilter, limit: usize) -> Self {
+        Self {
+            filter,
+            limit: limit.max(1),
+            scanned: 0,
+            last: None,
+            pets: Vec::new(),
+        }
+    }
+
+    /// `limit` entries are scanned: a caller holding one more ends the page
+    /// with [`Self::resume_later`].
+    pub(crate) fn is_full(&self) -> bool {
+        self.scanned >= self.limit
+    }
+
+    /// Scans the entry at `cursor`. Its record, unless it vanished after
+    /// the index was read, joins the page if it matches the filter.
+    pub(crate) fn scan(&mut self, cursor: Cursor, record: Option<Cow<'_, PetRecord>>) {
+        self.scanned += 1;
+        self.last = Some(cursor);
+        if let Some(record) = record
+            && self.filter.matches(&record.fields)
+        {
+            self.pets.push(record.into_owned());
+        }
+    }
+
+    /// This page, with more entries after it.
+    pub(crate) fn resume_later(self) -> SearchPage {
+        SearchPage {
+            pets: self.pets,
+            next: self.last,
+        }
+    }
+
+    /// The last page.
+    pub(crate) fn end(self) -> SearchPage {
+        SearchPage {
+            pets: self.pets,
+            next: None,
+        }
+    }
 }
 
 /// Every match, page by page: for tests and small stores. The gRPC layer
