@@ -170,11 +170,11 @@ struct Queued {
 const FIELDS: usize = 8;
 
 impl Queued {
-    fn new(event: &Event, regarding: &ObjectReference, at: Timestamp) -> Self {
-        let field = |s: &Option<String>| s.as_deref().unwrap_or_default().to_owned();
-        let parts = [
-            event.reason.clone(),
-            event.action.clone(),
+    fn new<'a>(event: &'a Event, regarding: &'a ObjectReference, at: Timestamp) -> Self {
+        let field = |s: &'a Option<String>| s.as_deref().unwrap_or_default();
+        let parts: [&str; FIELDS] = [
+            &event.reason,
+            &event.action,
             field(&event.note),
             field(&regarding.kind),
             field(&regarding.api_version),
@@ -182,7 +182,7 @@ impl Queued {
             field(&regarding.name),
             field(&regarding.uid),
         ];
-        let mut text = String::with_capacity(parts.iter().map(String::len).sum());
+        let mut text = String::with_capacity(parts.iter().map(|p| p.len()).sum());
         let mut ends = [0u32; FIELDS];
         for (end, part) in ends.iter_mut().zip(&parts) {
             text.push_str(part);
