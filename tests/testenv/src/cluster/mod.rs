@@ -701,41 +701,18 @@ healthzBindAddress: 127.0.0.1:10256
         }
         // Every container task (sandboxes included) of this containerd.
         let sock = self.containerd_sock.to_string_lossy().into_owned();
-        if let Ok(tasks) = sh(
-            "ctr",
-            &["--address", &sock, "-n", "k8s.io", "tasks", "ls", "-q"],
-        ) {
-            for task in tasks.lines().filter(|t| !t.trim().is_empty()) {
-                let _ = sh(
-                    "ctr",
-                    &[
-                        "--address",
-                        &sock,
-                        "-n",
-                        "k8s.io",
-                        "tasks",
-                        "kill",
-                        "-s",
-                        "SIGKILL",
-                        task,
-                    ],
-                );
+        let ctr = |args: &[&str]| {
+            let namespaced = ["--address", sock.as_str(), "-n", "k8s.io"];
+            sh("ctr", &[&namespaced[..], args].concat())
+        };
+        if let Ok(tasks) = ctr(&["tasks", "ls", "-q"]) {
+            let tasks: Vec<&str> = tasks.lines().filter(|t| !t.trim().is_empty()).collect();
+            for task in &tasks {
+                let _ = ctr(&["tasks", "kill", "-s", "SIGKILL", task]);
             }
             std::thread::sleep(Duration::from_millis(500));
-            for task in tasks.lines().filter(|t| !t.trim().is_empty()) {
-                let _ = sh(
-                    "ctr",
-                    &[
-                        "--address",
-                        &sock,
-                        "-n",
-                        "k8s.io",
-                        "tasks",
-                        "delete",
-                        "-f",
-                        task,
-                    ],
-                );
+            for task in &tasks {
+                let _ = ctr(&["tasks", "delete", "-f", task]);
             }
         }
         // Whatever is still in the pods' cgroups.
