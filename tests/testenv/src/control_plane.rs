@@ -156,6 +156,14 @@ impl ControlPlane {
         self.dir.path()
     }
 
+    pub fn apiserver_pid(&self) -> Option<u32> {
+        self.apiserver.pid()
+    }
+
+    pub fn etcd_pid(&self) -> Option<u32> {
+        self.etcd.pid()
+    }
+
     /// `kubectl --kubeconfig=<admin> args...`, returning stdout.
     pub fn kubectl(&self, args: &[&str]) -> Result<String> {
         self.kubectl_as(&self.kubeconfig, args)

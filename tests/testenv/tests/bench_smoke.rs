@@ -54,6 +54,12 @@ fn benchmarks_run_end_to_end() -> testenv::Result<()> {
         // Two poll intervals: each Pet polled, none written.
         assert!(r.steady_store_reads >= n, "drift polls ran: {r:?}");
         assert!(r.operator_peak_rss_kib > 0 && r.store_peak_rss_kib > 0);
+        // CPU is read from /proc for every process of both runs.
+        assert!(
+            r.cpu.api_server > 0.0 && r.floor_cpu.api_server > 0.0,
+            "API server CPU measured in both runs: {r:?}"
+        );
+        assert_eq!(r.floor_cpu.operator, 0.0, "no operator in the floor");
     }
     // Each backend x 4 operations x each concurrency, for the Rust client;
     // x 3 operations plus ghz's ceiling (a health check) for ghz, every
@@ -106,6 +112,8 @@ fn benchmarks_run_end_to_end() -> testenv::Result<()> {
     for heading in [
         "## Operator convergence",
         "### Goals",
+        "### CPU while converging",
+        "authenticates as the operator's ServiceAccount",
         "### Restart",
         "### Steady state",
         "## Pet store",

@@ -12,7 +12,7 @@ use std::fmt::Write as _;
 use std::process::Command;
 use std::time::Duration;
 
-use convergence::{ConvergenceConfig, ConvergenceResult};
+use convergence::{ConvergenceConfig, ConvergenceResult, FloorIdentity};
 use store_load::{DurabilityCheck, GhzResult, LoadResult, ScaleResult, StoreSetup};
 
 use crate::{Result, Tools, run};
@@ -25,6 +25,7 @@ pub struct BenchConfig {
     pub poll_interval: Duration,
     pub poll_max_rate: u32,
     pub churn_max_pets: usize,
+    pub floor_identity: FloorIdentity,
     pub store_concurrencies: Vec<usize>,
     pub store_cell: Duration,
     pub search_records: u64,
@@ -43,6 +44,7 @@ impl BenchConfig {
             poll_interval: Duration::from_secs(10),
             poll_max_rate: 1000,
             churn_max_pets: 5000,
+            floor_identity: FloorIdentity::Operator,
             store_concurrencies: vec![1, 16, 64],
             store_cell: Duration::from_secs(3),
             search_records: 10_000,
@@ -64,6 +66,7 @@ impl BenchConfig {
             poll_interval: Duration::from_secs(2),
             poll_max_rate: 100,
             churn_max_pets: 10,
+            floor_identity: FloorIdentity::Operator,
             store_concurrencies: vec![2],
             store_cell: Duration::from_millis(300),
             search_records: 200,
@@ -109,17 +112,22 @@ pub fn run_all(config: &BenchConfig, progress: impl Fn(&str)) -> Result<BenchRes
             poll_interval: config.poll_interval,
             poll_max_rate: config.poll_max_rate,
             churn_max_pets: config.churn_max_pets,
+            floor_identity: config.floor_identity,
         };
         progress(&format!("floor, N = {pets}"));
-        let (floor, floor_requests) = convergence::measure_floor(&rt, &c)?;
+        let floor = convergence::measure_floor(&rt, &c)?;
         progress(&format!("operator, N = {pets}"));
         let mut result = convergence::measure_operator(&rt, &c)?;
-        result.floor = floor;
-        result.floor_api_requests = floor_requests;
+        result.floor = floor.time;
+        result.floor_api_requests = floor.requests;
+        result.floor_cpu = floor.cpu;
+        result.floor_identity = config.floor_identity;
         progress(&format!(
-            "N = {pets}: operator {:.2}s, floor {:.2}s",
+            "N = {pets}: operator {:.2}s, floor {:.2}s; CPU {:.1}s, floor {:.1}s",
             result.converge.as_secs_f64(),
-            floor.as_secs_f64()
+            result.floor.as_secs_f64(),
+            result.cpu.total(),
+            result.floor_cpu.total(),
         ));
         results.convergence.push(result);
     }

@@ -33,6 +33,35 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
     Some((utime + stime) / ticks)
 }
 
+/// CPU seconds used by each of a set of processes since [`CpuMeter::start`];
+/// a process that is not there (None) used none.
+pub struct CpuMeter {
+    start: Vec<Option<(u32, f64)>>,
+}
+
+impl CpuMeter {
+    pub fn start(pids: &[Option<u32>]) -> Self {
+        Self {
+            start: pids
+                .iter()
+                .map(|pid| pid.map(|pid| (pid, cpu_seconds(pid).unwrap_or(0.0))))
+                .collect(),
+        }
+    }
+
+    /// CPU seconds per process since the start, in the order given.
+    pub fn used(&self) -> Vec<f64> {
+        self.start
+            .iter()
+            .map(|start| {
+                start.map_or(0.0, |(pid, start)| {
+                    (cpu_seconds(pid).unwrap_or(start) - start).max(0.0)
+                })
+            })
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -41,5 +70,19 @@ mod tests {
         assert!(super::peak_rss_kib(pid).is_some_and(|k| k > 0));
         assert!(super::rss_kib(pid).is_some_and(|k| k > 0));
         assert!(super::cpu_seconds(pid).is_some_and(|s| s >= 0.0));
+    }
+
+    #[test]
+    fn a_meter_counts_cpu_used_since_its_start() {
+        let meter = super::CpuMeter::start(&[Some(std::process::id()), None]);
+        // Burn a little CPU (at least one clock tick) in this process.
+        let started = std::time::Instant::now();
+        let mut x = 0u64;
+        while started.elapsed() < std::time::Duration::from_millis(100) {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+        }
+        let used = meter.used();
+        assert!(used[0] > 0.0, "{used:?}");
+        assert_eq!(used[1], 0.0, "an absent process used no CPU");
     }
 }

@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use super::apimetrics::RequestCounts;
-use super::convergence::ConvergenceResult;
+use super::convergence::{ConvergenceResult, FloorIdentity};
 use crate::Result;
 
 /// The goals this benchmark is held to (see BENCHMARKS.md).
@@ -148,12 +148,49 @@ fn goals(out: &mut String, results: &[ConvergenceResult]) {
     let _ = writeln!(out);
 }
 
+/// CPU by process while converging, floor and operator side by side.
+fn cpu(out: &mut String, results: &[ConvergenceResult]) {
+    let _ = writeln!(out, "\n### CPU while converging\n");
+    let _ = writeln!(
+        out,
+        "CPU seconds each process used from the first create until every Pet was Ready (utime + stime from `/proc`). Every process shares the 2 cores, so the time to converge follows the total: CPU the operator and the store use is CPU the API server waits for. *Benchmark* is the process that creates the Pets and watches for Ready; in the floor it also runs the baseline client. *Events while converging* were written before the last Pet was Ready; the rest trail it.\n"
+    );
+    let _ = writeln!(
+        out,
+        "| N | run | API server | etcd | benchmark | operator | store | total | CPU ms per Pet | Events while converging |"
+    );
+    let _ = writeln!(out, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for r in results {
+        for (run, split, events) in [
+            ("floor", &r.floor_cpu, String::new()),
+            ("operator", &r.cpu, r.events_while_converging.to_string()),
+        ] {
+            let _ = writeln!(
+                out,
+                "| {} | {run} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {events} |",
+                r.pets,
+                split.api_server,
+                split.etcd,
+                split.bench,
+                split.operator,
+                split.store,
+                split.total(),
+                split.total() * 1000.0 / r.pets.max(1) as f64,
+            );
+        }
+    }
+}
+
 /// The operator sections of BENCHMARKS.md.
 pub fn operator(out: &mut String, results: &[ConvergenceResult], plot: Option<&str>) {
     let _ = writeln!(out, "## Operator convergence\n");
     let _ = writeln!(
         out,
-        "N Pets created in one namespace at client concurrency 16 on the local control plane (etcd + kube-apiserver on the same machine), durable store. Times run from the first create until a watch has seen every Pet with `status.id` and `Ready=True` for its generation. The floor is a baseline client that makes only the finalizer patch and the status patch per Pet, at the same concurrency, with no store; it runs in the same benchmark, just before the operator at each N, so the ratio compares like with like on a shared machine. The converging operator runs with the default 5-minute poll interval, so no drift poll falls inside the convergence.\n"
+        "N Pets created in one namespace at client concurrency 16 on the local control plane (etcd + kube-apiserver on the same machine), durable store. Times run from the first create until a watch has seen every Pet with `status.id` and `Ready=True` for its generation. The floor is a baseline client that makes only the finalizer patch and the status patch per Pet, at the same concurrency, with no store; it runs in the same benchmark, just before the operator at each N, so the ratio compares like with like on a shared machine. It authenticates as {}, and the operator as its ServiceAccount. The converging operator runs with the default 5-minute poll interval, so no drift poll falls inside the convergence.\n",
+        results
+            .first()
+            .map_or(FloorIdentity::default(), |r| r.floor_identity)
+            .label()
     );
     let _ = writeln!(
         out,
@@ -224,6 +261,7 @@ pub fn operator(out: &mut String, results: &[ConvergenceResult], plot: Option<&s
             calls
         );
     }
+    cpu(out, results);
     let _ = writeln!(out, "\n### Restart\n");
     let _ = writeln!(
         out,

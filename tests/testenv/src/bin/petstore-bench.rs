@@ -2,12 +2,14 @@
 //! Use hack/bench.sh, which builds the release binaries first.
 //!
 //!     petstore-bench [--smoke] [--poll-max-rate R] [--out BENCHMARKS.md] [--sizes 100,1000,5000,20000]
+//!                    [--floor-as operator|admin]    # the floor's identity (default: operator)
 //!     petstore-bench --skip-store [...]         # replaces only the operator section
 //!     petstore-bench --store-only [--scale N]   # replaces only the store section
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use testenv::bench::convergence::FloorIdentity;
 use testenv::bench::{self, BenchConfig};
 
 fn main() -> ExitCode {
@@ -31,6 +33,11 @@ fn main() -> ExitCode {
                 Some(0) => config.scale_records = None,
                 Some(n) => config.scale_records = Some(n),
                 None => return usage("--scale needs a number of pets (0 skips)"),
+            },
+            "--floor-as" => match args.next().as_deref() {
+                Some("operator") => config.floor_identity = FloorIdentity::Operator,
+                Some("admin") => config.floor_identity = FloorIdentity::Admin,
+                _ => return usage("--floor-as needs operator (its ServiceAccount) or admin"),
             },
             "--poll-max-rate" => match args.next().and_then(|v| v.parse().ok()) {
                 Some(rate) => config.poll_max_rate = rate,
@@ -107,7 +114,7 @@ fn main() -> ExitCode {
 
 fn usage(problem: &str) -> ExitCode {
     eprintln!(
-        "petstore-bench: {problem}\nusage: petstore-bench [--smoke] [--skip-store | --store-only] [--scale N] [--poll-max-rate R] [--out FILE] [--sizes N,N,...]"
+        "petstore-bench: {problem}\nusage: petstore-bench [--smoke] [--skip-store | --store-only] [--scale N] [--poll-max-rate R] [--floor-as operator|admin] [--out FILE] [--sizes N,N,...]"
     );
     ExitCode::FAILURE
 }
