@@ -1,11 +1,14 @@
-//! Events are published from a bounded background queue, as client-go's
+//! Events are published from bounded background queues, as client-go's
 //! event broadcaster does: they are best-effort, so a reconcile never waits
-//! for one. While every reconcile slot is busy (a burst of new Pets), queued
-//! Events wait: they would compete with the status writes users wait for on
-//! the same API server, and at 20,000 Pets writing them alongside made
-//! convergence a quarter slower. They are written once the burst ends, or
-//! sooner if the queue fills past half. Each keeps the time it happened.
-//! When the queue is full, new Events are dropped and counted.
+//! for one.
+//!
+//! Warnings are written at once: they tell a person something is wrong.
+//! Normal Events (created, updated, deleted) wait while any Pet is being
+//! reconciled: during a burst of new Pets they would compete with the
+//! status writes users wait for, on the same API server and the same cores.
+//! They are written once the burst ends, or sooner if their queue fills
+//! past half. Each keeps the time it happened. When a queue is full, new
+//! Events are dropped and counted.
 //!
 //! The operator writes through [`EventWriter`], not kube's `Recorder`: the
 //! Recorder keeps every Event it wrote for six minutes (to count repeats
@@ -129,24 +132,20 @@ impl Publish for EventWriter {
     }
 }
 
-/// Events waiting to be written before new ones are dropped: room for a
-/// burst of 20,000 new Pets, at about 250 bytes per queued Event.
+/// Normal Events waiting to be written before new ones are dropped: room
+/// for a burst of 20,000 new Pets, at about 250 bytes per queued Event.
 pub const QUEUE_CAPACITY: usize = 32_768;
 
-/// Events written at once, when they are written. One at a time could not
-/// keep up with a large batch converging.
+/// Warnings waiting to be written. They are not held back, so this only
+/// absorbs a moment when the API server is slow.
+pub const WARNING_QUEUE_CAPACITY: usize = 4_096;
+
+/// Events of each kind written at once. One at a time could not keep up
+/// with a large batch converging.
 pub const CONCURRENT_WRITES: usize = 4;
 
 /// How often a waiting Event checks whether the burst is over.
 const BUSY_RECHECK: Duration = Duration::from_millis(20);
-
-/// Reconciles running now, against the slots the controller has: all slots
-/// busy means a backlog, and Events wait for it.
-#[derive(Clone)]
-struct Load {
-    running: Arc<AtomicUsize>,
-    slots: usize,
-}
 
 /// Counts one reconcile as running until dropped.
 pub struct Reconciling(Arc<AtomicUsize>);
@@ -233,76 +232,108 @@ impl Queued {
 
 #[derive(Clone)]
 pub struct EventQueue {
-    queue: mpsc::Sender<Queued>,
+    normal: mpsc::Sender<Queued>,
+    warnings: mpsc::Sender<Queued>,
     pending: Arc<AtomicUsize>,
     drained: Arc<Notify>,
     metrics: Arc<Metrics>,
-    load: Load,
+    /// Reconciles running now.
+    running: Arc<AtomicUsize>,
+}
+
+/// What the background writers share.
+struct Writer<P> {
+    recorder: P,
+    pending: Arc<AtomicUsize>,
+    drained: Arc<Notify>,
+    metrics: Arc<Metrics>,
+    running: Arc<AtomicUsize>,
+}
+
+impl<P: Publish> Writer<P> {
+    /// While Pets are being reconciled, unless the queues hold more than
+    /// half of the Normal queue's room.
+    async fn wait_for_a_lull(&self) {
+        while self.running.load(Ordering::Acquire) > 0
+            && self.pending.load(Ordering::Acquire) < QUEUE_CAPACITY / 2
+        {
+            tokio::time::sleep(BUSY_RECHECK).await;
+        }
+    }
+
+    async fn write(&self, queued: Queued) {
+        let (event, regarding) = queued.event();
+        // Refused in a terminating namespace, for one; never fatal.
+        if let Err(err) = Publish::publish(&self.recorder, &event, &regarding, queued.at).await {
+            tracing::debug!(error = %err, reason = %event.reason, "could not publish event");
+        }
+        self.metrics.event_written();
+        if self.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.drained.notify_waiters();
+        }
+    }
+}
+
+fn receive(mut queue: mpsc::Receiver<Queued>) -> impl futures::Stream<Item = Queued> {
+    futures::stream::poll_fn(move |cx| queue.poll_recv(cx))
 }
 
 impl EventQueue {
-    /// Starts the background writer on the current Tokio runtime, for a
-    /// controller that runs up to `slots` reconciles at once (0: no limit).
-    pub fn start(recorder: impl Publish, metrics: Arc<Metrics>, slots: usize) -> Self {
-        let (queue, mut events) = mpsc::channel::<Queued>(QUEUE_CAPACITY);
-        let pending = Arc::new(AtomicUsize::new(0));
-        let drained = Arc::new(Notify::new());
-        let load = Load {
+    /// Starts the background writers on the current Tokio runtime.
+    pub fn start(recorder: impl Publish, metrics: Arc<Metrics>) -> Self {
+        let (normal, normal_queue) = mpsc::channel::<Queued>(QUEUE_CAPACITY);
+        let (warnings, warning_queue) = mpsc::channel::<Queued>(WARNING_QUEUE_CAPACITY);
+        let writer = Arc::new(Writer {
+            recorder,
+            pending: Arc::new(AtomicUsize::new(0)),
+            drained: Arc::new(Notify::new()),
+            metrics: Arc::clone(&metrics),
             running: Arc::new(AtomicUsize::new(0)),
-            // 0 is kube's "no limit", which never saturates.
-            slots: if slots == 0 { usize::MAX } else { slots },
-        };
-        let (worker_pending, worker_drained) = (Arc::clone(&pending), Arc::clone(&drained));
-        let (worker_metrics, worker_load) = (Arc::clone(&metrics), load.clone());
-        tokio::spawn(async move {
-            let recorder = &recorder;
-            let (pending, drained, metrics, load) = (
-                &worker_pending,
-                &worker_drained,
-                &worker_metrics,
-                &worker_load,
-            );
-            futures::stream::poll_fn(|cx| events.poll_recv(cx))
-                .for_each_concurrent(CONCURRENT_WRITES, |queued| async move {
-                    while load.running.load(Ordering::Acquire) >= load.slots
-                        && pending.load(Ordering::Acquire) < QUEUE_CAPACITY / 2
-                    {
-                        tokio::time::sleep(BUSY_RECHECK).await;
-                    }
-                    let (event, regarding) = queued.event();
-                    // Refused in a terminating namespace, for one; never fatal.
-                    if let Err(err) =
-                        Publish::publish(recorder, &event, &regarding, queued.at).await
-                    {
-                        tracing::debug!(error = %err, reason = %event.reason, "could not publish event");
-                    }
-                    metrics.event_written();
-                    if pending.fetch_sub(1, Ordering::AcqRel) == 1 {
-                        drained.notify_waiters();
-                    }
-                })
-                .await;
         });
-        Self {
-            queue,
-            pending,
-            drained,
+        let queue = Self {
+            normal,
+            warnings,
+            pending: Arc::clone(&writer.pending),
+            drained: Arc::clone(&writer.drained),
             metrics,
-            load,
-        }
+            running: Arc::clone(&writer.running),
+        };
+        let warning_writer = Arc::clone(&writer);
+        let warnings =
+            receive(warning_queue).for_each_concurrent(CONCURRENT_WRITES, move |queued| {
+                let writer = Arc::clone(&warning_writer);
+                async move { writer.write(queued).await }
+            });
+        let normal = receive(normal_queue).for_each_concurrent(CONCURRENT_WRITES, move |queued| {
+            let writer = Arc::clone(&writer);
+            async move {
+                writer.wait_for_a_lull().await;
+                writer.write(queued).await;
+            }
+        });
+        tokio::spawn(async move {
+            futures::join!(warnings, normal);
+        });
+        queue
     }
 
     /// Marks a reconcile as running until the returned guard is dropped.
     pub fn reconciling(&self) -> Reconciling {
-        self.load.running.fetch_add(1, Ordering::AcqRel);
-        Reconciling(Arc::clone(&self.load.running))
+        self.running.fetch_add(1, Ordering::AcqRel);
+        Reconciling(Arc::clone(&self.running))
     }
 
     pub fn publish(&self, event: Event, regarding: ObjectReference) {
         self.pending.fetch_add(1, Ordering::AcqRel);
         self.metrics.event_queued();
-        let queued = Queued::new(&event, &regarding, Timestamp::now());
-        if self.queue.try_send(queued).is_err() {
+        let queue = match event.type_ {
+            EventType::Warning => &self.warnings,
+            EventType::Normal => &self.normal,
+        };
+        if queue
+            .try_send(Queued::new(&event, &regarding, Timestamp::now()))
+            .is_err()
+        {
             self.pending.fetch_sub(1, Ordering::AcqRel);
             self.metrics.event_written();
             self.metrics.event_dropped();
@@ -392,14 +423,15 @@ mod tests {
         }
     }
 
-    const SLOTS: usize = 2;
+    fn warning(reason: &str) -> Event {
+        Event {
+            type_: EventType::Warning,
+            ..event(reason)
+        }
+    }
 
     fn start(writes: &Arc<GatedWrites>) -> EventQueue {
-        EventQueue::start(
-            Gated(Arc::clone(writes)),
-            Arc::new(Metrics::default()),
-            SLOTS,
-        )
+        EventQueue::start(Gated(Arc::clone(writes)), Arc::new(Metrics::default()))
     }
 
     #[tokio::test]
@@ -432,10 +464,10 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn events_wait_while_every_reconcile_slot_is_busy() {
+    async fn normal_events_wait_while_any_pet_is_being_reconciled() {
         let writes = GatedWrites::closed();
         let queue = start(&writes);
-        let busy: Vec<Reconciling> = (0..SLOTS).map(|_| queue.reconciling()).collect();
+        let busy = queue.reconciling();
         queue.publish(event("Created"), ObjectReference::default());
         tokio::time::sleep(BUSY_RECHECK * 5).await;
         assert_eq!(
@@ -447,7 +479,7 @@ mod tests {
         drop(busy);
         assert!(
             writes.until_in_flight(1).await,
-            "not written once a slot freed"
+            "not written once the reconcile ended"
         );
         writes.gate.add_permits(1);
         tokio::time::timeout(Duration::from_secs(10), queue.flush())
@@ -456,10 +488,41 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn warnings_are_written_at_once_even_behind_waiting_normal_events() {
+        let writes = GatedWrites::closed();
+        let queue = start(&writes);
+        let _busy = queue.reconciling();
+        // More waiting Normal Events than writers: none may block a Warning.
+        for i in 0..CONCURRENT_WRITES * 2 {
+            queue.publish(event(&format!("Created{i}")), ObjectReference::default());
+        }
+        queue.publish(warning("StoreUnavailable"), ObjectReference::default());
+        assert!(
+            writes.until_in_flight(1).await,
+            "the Warning waited for the burst"
+        );
+        tokio::time::sleep(BUSY_RECHECK * 3).await;
+        assert_eq!(
+            writes.in_flight.load(Ordering::Acquire),
+            1,
+            "only the Warning is written while busy"
+        );
+        writes.gate.add_permits(1);
+        let written = tokio::time::timeout(Duration::from_secs(10), async {
+            while writes.written.load(Ordering::Acquire) < 1 {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await;
+        assert!(written.is_ok(), "the Warning was not written");
+        assert_eq!(queue.pending(), CONCURRENT_WRITES * 2);
+    }
+
+    #[tokio::test]
     async fn a_filling_queue_is_written_even_while_busy() {
         let writes = GatedWrites::closed();
         let queue = start(&writes);
-        let busy: Vec<Reconciling> = (0..SLOTS).map(|_| queue.reconciling()).collect();
+        let busy = queue.reconciling();
         let burst = QUEUE_CAPACITY / 2 + CONCURRENT_WRITES;
         for _ in 0..burst {
             queue.publish(event("Created"), ObjectReference::default());

@@ -1,3 +1,4 @@
+use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -158,7 +159,10 @@ fn parse_rate(text: &str) -> Result<f64, String> {
 fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    // Colour only on a terminal: `kubectl logs` and log files get plain text.
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stdout().is_terminal());
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
@@ -270,11 +274,7 @@ async fn run(args: Args) -> Result<ExitCode, String> {
             .map(|FaultArg::HangAfterCreate| controller::Fault::HangAfterCreate),
     };
     tracing::info!(store = %args.petstore_addr, tls = tls.is_some(), ?settings, %identity, "starting");
-    let events = EventQueue::start(
-        recorder,
-        Arc::clone(&metrics),
-        usize::from(args.concurrency),
-    );
+    let events = EventQueue::start(recorder, Arc::clone(&metrics));
     let ctx = Arc::new(Context::new(
         client.clone(),
         Arc::new(store),

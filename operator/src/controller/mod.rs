@@ -24,10 +24,10 @@ use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
-use tracing::{Instrument, debug, info, info_span, warn};
+use tracing::{debug, info, warn};
 
 use crate::Error;
-use crate::crd::{FINALIZER, Pet};
+use crate::crd::{FINALIZER, Pet, PetStatus};
 // `Sync` would shadow the marker trait.
 use crate::decision::{
     Facts, Finish, Next, Observation, Plan, Step, Story, Sync as SyncPlan, Target, decide,
@@ -233,11 +233,7 @@ impl Context {
             if current.as_ref() == Some(&next) {
                 return Ok(());
             }
-            let patch = Patch::Merge(serde_json::json!({ "status": next }));
-            match api
-                .patch_status(&name, &PatchParams::default(), &patch)
-                .await
-            {
+            match patch_status(&self.client, pet, &name, &next).await {
                 Ok(_) => return Ok(()),
                 Err(kube::Error::Api(status))
                     if status.is_conflict() && attempt < STATUS_WRITE_ATTEMPTS =>
@@ -306,28 +302,21 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
 
 const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
+/// Logs need no span of their own here: kube's controller runs each
+/// reconcile inside its `reconciling object` span, which names the Pet.
 pub async fn reconcile(pet: Arc<Pet>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let span = info_span!(
-        "reconcile",
-        namespace = pet.namespace().unwrap_or_default(),
-        name = pet.name_any()
-    );
-    async move {
-        // Queued Events wait while every slot is taken (see crate::events).
-        let _reconciling = ctx.events.reconciling();
-        ctx.metrics.reconcile_started();
-        let started = Instant::now();
-        let result = reconcile_pet(Arc::clone(&pet), &ctx).await;
-        ctx.metrics.reconcile_finished(started.elapsed());
-        if result.is_ok()
-            && let Some(uid) = pet.uid()
-        {
-            ctx.failures().remove(&uid);
-        }
-        result
+    // Queued Events wait while Pets are being reconciled (see crate::events).
+    let _reconciling = ctx.events.reconciling();
+    ctx.metrics.reconcile_started();
+    let started = Instant::now();
+    let result = reconcile_pet(Arc::clone(&pet), &ctx).await;
+    ctx.metrics.reconcile_finished(started.elapsed());
+    if result.is_ok()
+        && let Some(uid) = pet.uid()
+    {
+        ctx.failures().remove(&uid);
     }
-    .instrument(span)
-    .await
+    result
 }
 
 async fn reconcile_pet(mut pet: Arc<Pet>, ctx: &Context) -> Result<Action, Error> {
@@ -558,6 +547,22 @@ async fn remove_finalizer(api: &Api<Pet>, pet: &Pet) -> Result<Pet, Error> {
             name: pet.name_any(),
             source,
         })
+}
+
+/// Merge-patches the Pet's status. The reply (the whole Pet, managedFields
+/// and all) is not decoded: nothing reads it, and the watch brings the same
+/// object to the cache anyway. Errors, a 409 among them, are kube's as usual.
+async fn patch_status(
+    client: &Client,
+    pet: &Pet,
+    name: &str,
+    status: &PetStatus,
+) -> Result<(), kube::Error> {
+    let patch = Patch::Merge(serde_json::json!({ "status": status }));
+    let request = kube::core::Request::new(Pet::url_path(&(), pet.namespace().as_deref()))
+        .patch_subresource("status", name, &PatchParams::default(), &patch)
+        .map_err(kube::Error::BuildRequest)?;
+    client.request_text(request).await.map(drop)
 }
 
 async fn patch_finalizers(

@@ -240,7 +240,7 @@ fn harness() -> Harness {
     let ctx = Arc::new(Context::new(
         client,
         store.clone(),
-        crate::events::EventQueue::start(recorder, Arc::clone(&metrics), 16),
+        crate::events::EventQueue::start(recorder, Arc::clone(&metrics)),
         metrics,
         Settings::default(),
     ));
