@@ -3,11 +3,11 @@
 //! for one.
 //!
 //! Warnings are written at once: they tell a person something is wrong.
-//! Normal Events (created, updated, deleted) wait while any Pet is being
-//! reconciled: during a burst of new Pets they would compete with the
-//! status writes users wait for, on the same API server and the same cores.
-//! They are written once the burst ends, or sooner if their queue fills
-//! past half. Each keeps the time it happened. When a queue is full, new
+//! Normal Events (created, updated, deleted) wait until no Pet has been
+//! reconciled for a moment ([`QUIET`]): during a burst of new Pets they
+//! would compete with the status writes users wait for, on the same API
+//! server and the same cores. They are written once the burst ends, or
+//! sooner if their queue fills past half. Each keeps the time it happened. When a queue is full, new
 //! Events are dropped and counted.
 //!
 //! The operator writes through [`EventWriter`], not kube's `Recorder`: the
@@ -20,8 +20,8 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -132,9 +132,10 @@ impl Publish for EventWriter {
     }
 }
 
-/// Normal Events waiting to be written before new ones are dropped: room
-/// for a burst of 20,000 new Pets, at about 250 bytes per queued Event.
-pub const QUEUE_CAPACITY: usize = 32_768;
+/// Normal Events waiting to be written before new ones are dropped. Half
+/// of it holds a burst of 30,000 new Pets, at about 250 bytes per queued
+/// Event, before any is written during the burst.
+pub const QUEUE_CAPACITY: usize = 65_536;
 
 /// Warnings waiting to be written. They are not held back, so this only
 /// absorbs a moment when the API server is slow.
@@ -147,12 +148,49 @@ pub const CONCURRENT_WRITES: usize = 4;
 /// How often a waiting Event checks whether the burst is over.
 const BUSY_RECHECK: Duration = Duration::from_millis(20);
 
+/// How long no Pet must have been reconciled before Normal Events are
+/// written: gaps between the reconciles of a burst are far shorter, so
+/// Events do not slip into them.
+pub const QUIET: Duration = Duration::from_millis(100);
+
+/// Reconciles running now, and when the last one ended.
+struct Load {
+    running: AtomicUsize,
+    epoch: Instant,
+    /// Milliseconds from `epoch` to the end of the latest reconcile.
+    last_end_ms: AtomicU64,
+}
+
+impl Load {
+    fn new() -> Self {
+        Self {
+            running: AtomicUsize::new(0),
+            epoch: Instant::now(),
+            last_end_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// No reconcile running, and none ended within [`QUIET`].
+    fn is_quiet(&self) -> bool {
+        self.running.load(Ordering::Acquire) == 0
+            && self
+                .now_ms()
+                .saturating_sub(self.last_end_ms.load(Ordering::Acquire))
+                >= QUIET.as_millis() as u64
+    }
+}
+
 /// Counts one reconcile as running until dropped.
-pub struct Reconciling(Arc<AtomicUsize>);
+pub struct Reconciling(Arc<Load>);
 
 impl Drop for Reconciling {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.0.last_end_ms.store(self.0.now_ms(), Ordering::Release);
+        self.0.running.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -237,8 +275,7 @@ pub struct EventQueue {
     pending: Arc<AtomicUsize>,
     drained: Arc<Notify>,
     metrics: Arc<Metrics>,
-    /// Reconciles running now.
-    running: Arc<AtomicUsize>,
+    load: Arc<Load>,
 }
 
 /// What the background writers share.
@@ -247,16 +284,14 @@ struct Writer<P> {
     pending: Arc<AtomicUsize>,
     drained: Arc<Notify>,
     metrics: Arc<Metrics>,
-    running: Arc<AtomicUsize>,
+    load: Arc<Load>,
 }
 
 impl<P: Publish> Writer<P> {
-    /// While Pets are being reconciled, unless the queues hold more than
-    /// half of the Normal queue's room.
+    /// Until no Pet has been reconciled for [`QUIET`], or the queues hold
+    /// more than half of the Normal queue's room.
     async fn wait_for_a_lull(&self) {
-        while self.running.load(Ordering::Acquire) > 0
-            && self.pending.load(Ordering::Acquire) < QUEUE_CAPACITY / 2
-        {
+        while !self.load.is_quiet() && self.pending.load(Ordering::Acquire) < QUEUE_CAPACITY / 2 {
             tokio::time::sleep(BUSY_RECHECK).await;
         }
     }
@@ -288,7 +323,7 @@ impl EventQueue {
             pending: Arc::new(AtomicUsize::new(0)),
             drained: Arc::new(Notify::new()),
             metrics: Arc::clone(&metrics),
-            running: Arc::new(AtomicUsize::new(0)),
+            load: Arc::new(Load::new()),
         });
         let queue = Self {
             normal,
@@ -296,7 +331,7 @@ impl EventQueue {
             pending: Arc::clone(&writer.pending),
             drained: Arc::clone(&writer.drained),
             metrics,
-            running: Arc::clone(&writer.running),
+            load: Arc::clone(&writer.load),
         };
         let warning_writer = Arc::clone(&writer);
         let warnings =
@@ -319,8 +354,8 @@ impl EventQueue {
 
     /// Marks a reconcile as running until the returned guard is dropped.
     pub fn reconciling(&self) -> Reconciling {
-        self.running.fetch_add(1, Ordering::AcqRel);
-        Reconciling(Arc::clone(&self.running))
+        self.load.running.fetch_add(1, Ordering::AcqRel);
+        Reconciling(Arc::clone(&self.load))
     }
 
     pub fn publish(&self, event: Event, regarding: ObjectReference) {
@@ -480,6 +515,32 @@ mod tests {
         assert!(
             writes.until_in_flight(1).await,
             "not written once the reconcile ended"
+        );
+        writes.gate.add_permits(1);
+        tokio::time::timeout(Duration::from_secs(10), queue.flush())
+            .await
+            .expect("written");
+    }
+
+    #[tokio::test]
+    async fn normal_events_wait_for_a_quiet_moment_between_reconciles() {
+        let writes = GatedWrites::closed();
+        let queue = start(&writes);
+        queue.publish(event("Created"), ObjectReference::default());
+        // Reconciles that follow one another closely, as in a burst, with
+        // none running at the moments the writer looks.
+        for _ in 0..10 {
+            drop(queue.reconciling());
+            tokio::time::sleep(QUIET / 4).await;
+            assert_eq!(
+                writes.in_flight.load(Ordering::Acquire),
+                0,
+                "written in a gap of a burst"
+            );
+        }
+        assert!(
+            writes.until_in_flight(1).await,
+            "not written once the burst was over"
         );
         writes.gate.add_permits(1);
         tokio::time::timeout(Duration::from_secs(10), queue.flush())
