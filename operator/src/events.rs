@@ -185,12 +185,13 @@ impl Load {
 }
 
 /// Counts one reconcile as running until dropped.
-pub struct Reconciling(Arc<Load>);
+pub struct Reconciling(Arc<Shared>);
 
 impl Drop for Reconciling {
     fn drop(&mut self) {
-        self.0.last_end_ms.store(self.0.now_ms(), Ordering::Release);
-        self.0.running.fetch_sub(1, Ordering::AcqRel);
+        let load = &self.0.load;
+        load.last_end_ms.store(load.now_ms(), Ordering::Release);
+        load.running.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -272,26 +273,31 @@ impl Queued {
 pub struct EventQueue {
     normal: mpsc::Sender<Queued>,
     warnings: mpsc::Sender<Queued>,
-    pending: Arc<AtomicUsize>,
-    drained: Arc<Notify>,
-    metrics: Arc<Metrics>,
-    load: Arc<Load>,
+    shared: Arc<Shared>,
 }
 
-/// What the background writers share.
+/// What the queue's handles, the background writers and the reconcile
+/// guards share.
+struct Shared {
+    /// Events queued and not yet written, of both kinds.
+    pending: AtomicUsize,
+    drained: Notify,
+    metrics: Arc<Metrics>,
+    load: Load,
+}
+
 struct Writer<P> {
     recorder: P,
-    pending: Arc<AtomicUsize>,
-    drained: Arc<Notify>,
-    metrics: Arc<Metrics>,
-    load: Arc<Load>,
+    shared: Arc<Shared>,
 }
 
 impl<P: Publish> Writer<P> {
     /// Until no Pet has been reconciled for [`QUIET`], or the queues hold
     /// more than half of the Normal queue's room.
     async fn wait_for_a_lull(&self) {
-        while !self.load.is_quiet() && self.pending.load(Ordering::Acquire) < QUEUE_CAPACITY / 2 {
+        let shared = &self.shared;
+        while !shared.load.is_quiet() && shared.pending.load(Ordering::Acquire) < QUEUE_CAPACITY / 2
+        {
             tokio::time::sleep(BUSY_RECHECK).await;
         }
     }
@@ -302,9 +308,9 @@ impl<P: Publish> Writer<P> {
         if let Err(err) = Publish::publish(&self.recorder, &event, &regarding, queued.at).await {
             tracing::debug!(error = %err, reason = %event.reason, "could not publish event");
         }
-        self.metrics.event_written();
-        if self.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.drained.notify_waiters();
+        self.shared.metrics.event_written();
+        if self.shared.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.shared.drained.notify_waiters();
         }
     }
 }
@@ -318,20 +324,20 @@ impl EventQueue {
     pub fn start(recorder: impl Publish, metrics: Arc<Metrics>) -> Self {
         let (normal, normal_queue) = mpsc::channel::<Queued>(QUEUE_CAPACITY);
         let (warnings, warning_queue) = mpsc::channel::<Queued>(WARNING_QUEUE_CAPACITY);
+        let shared = Arc::new(Shared {
+            pending: AtomicUsize::new(0),
+            drained: Notify::new(),
+            metrics,
+            load: Load::new(),
+        });
         let writer = Arc::new(Writer {
             recorder,
-            pending: Arc::new(AtomicUsize::new(0)),
-            drained: Arc::new(Notify::new()),
-            metrics: Arc::clone(&metrics),
-            load: Arc::new(Load::new()),
+            shared: Arc::clone(&shared),
         });
         let queue = Self {
             normal,
             warnings,
-            pending: Arc::clone(&writer.pending),
-            drained: Arc::clone(&writer.drained),
-            metrics,
-            load: Arc::clone(&writer.load),
+            shared,
         };
         let warning_writer = Arc::clone(&writer);
         let warnings =
@@ -354,13 +360,13 @@ impl EventQueue {
 
     /// Marks a reconcile as running until the returned guard is dropped.
     pub fn reconciling(&self) -> Reconciling {
-        self.load.running.fetch_add(1, Ordering::AcqRel);
-        Reconciling(Arc::clone(&self.load))
+        self.shared.load.running.fetch_add(1, Ordering::AcqRel);
+        Reconciling(Arc::clone(&self.shared))
     }
 
     pub fn publish(&self, event: Event, regarding: ObjectReference) {
-        self.pending.fetch_add(1, Ordering::AcqRel);
-        self.metrics.event_queued();
+        self.shared.pending.fetch_add(1, Ordering::AcqRel);
+        self.shared.metrics.event_queued();
         let queue = match event.type_ {
             EventType::Warning => &self.warnings,
             EventType::Normal => &self.normal,
@@ -369,22 +375,22 @@ impl EventQueue {
             .try_send(Queued::new(&event, &regarding, Timestamp::now()))
             .is_err()
         {
-            self.pending.fetch_sub(1, Ordering::AcqRel);
-            self.metrics.event_written();
-            self.metrics.event_dropped();
+            self.shared.pending.fetch_sub(1, Ordering::AcqRel);
+            self.shared.metrics.event_written();
+            self.shared.metrics.event_dropped();
             tracing::debug!("event queue full; dropping an event");
         }
     }
 
     /// Events queued but not yet written.
     pub fn pending(&self) -> usize {
-        self.pending.load(Ordering::Acquire)
+        self.shared.pending.load(Ordering::Acquire)
     }
 
     /// Resolves once every queued Event has been written (or refused).
     pub async fn flush(&self) {
         loop {
-            let drained = self.drained.notified();
+            let drained = self.shared.drained.notified();
             if self.pending() == 0 {
                 return;
             }
@@ -418,13 +424,30 @@ mod tests {
 
         /// Waits (up to 10 s) until `n` writes are in flight.
         async fn until_in_flight(&self, n: usize) -> bool {
+            Self::until(&self.in_flight, n).await
+        }
+
+        /// Waits (up to 10 s) until `n` writes have ended.
+        async fn until_written(&self, n: usize) -> bool {
+            Self::until(&self.written, n).await
+        }
+
+        async fn until(counter: &AtomicUsize, n: usize) -> bool {
             tokio::time::timeout(Duration::from_secs(10), async {
-                while self.in_flight.load(Ordering::Acquire) < n {
+                while counter.load(Ordering::Acquire) < n {
                     tokio::task::yield_now().await;
                 }
             })
             .await
             .is_ok()
+        }
+
+        /// Lets the one waiting write through; the queue must then drain.
+        async fn release_one(&self, queue: &EventQueue) {
+            self.gate.add_permits(1);
+            tokio::time::timeout(Duration::from_secs(10), queue.flush())
+                .await
+                .expect("written");
         }
     }
 
@@ -516,10 +539,7 @@ mod tests {
             writes.until_in_flight(1).await,
             "not written once the reconcile ended"
         );
-        writes.gate.add_permits(1);
-        tokio::time::timeout(Duration::from_secs(10), queue.flush())
-            .await
-            .expect("written");
+        writes.release_one(&queue).await;
     }
 
     #[tokio::test]
@@ -542,10 +562,7 @@ mod tests {
             writes.until_in_flight(1).await,
             "not written once the burst was over"
         );
-        writes.gate.add_permits(1);
-        tokio::time::timeout(Duration::from_secs(10), queue.flush())
-            .await
-            .expect("written");
+        writes.release_one(&queue).await;
     }
 
     #[tokio::test]
@@ -569,13 +586,7 @@ mod tests {
             "only the Warning is written while busy"
         );
         writes.gate.add_permits(1);
-        let written = tokio::time::timeout(Duration::from_secs(10), async {
-            while writes.written.load(Ordering::Acquire) < 1 {
-                tokio::task::yield_now().await;
-            }
-        })
-        .await;
-        assert!(written.is_ok(), "the Warning was not written");
+        assert!(writes.until_written(1).await, "the Warning was not written");
         assert_eq!(queue.pending(), CONCURRENT_WRITES * 2);
     }
 
@@ -594,14 +605,8 @@ mod tests {
         );
         // Written down to half full, and the rest waits for the burst.
         writes.gate.add_permits(burst);
-        let drained_to_half = tokio::time::timeout(Duration::from_secs(10), async {
-            while writes.written.load(Ordering::Acquire) < burst - QUEUE_CAPACITY / 2 {
-                tokio::task::yield_now().await;
-            }
-        })
-        .await;
         assert!(
-            drained_to_half.is_ok(),
+            writes.until_written(burst - QUEUE_CAPACITY / 2).await,
             "the queue was not written down to half"
         );
         assert!(queue.pending() >= QUEUE_CAPACITY / 2 - CONCURRENT_WRITES);

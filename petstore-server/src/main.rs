@@ -152,18 +152,14 @@ fn postgres_config(args: &Args) -> anyhow::Result<PostgresConfig> {
 fn main() -> ExitCode {
     let args = Args::parse();
     init_tracing(args.log_format);
-    let runtime = match args.worker_threads {
-        1 => tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build(),
-        0 => tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build(),
-        n => tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(n)
-            .enable_all()
-            .build(),
+    let mut builder = match args.worker_threads {
+        1 => tokio::runtime::Builder::new_current_thread(),
+        _ => tokio::runtime::Builder::new_multi_thread(),
     };
+    if args.worker_threads > 1 {
+        builder.worker_threads(args.worker_threads);
+    }
+    let runtime = builder.enable_all().build();
     match runtime {
         Ok(runtime) => runtime.block_on(serve(args)),
         Err(err) => {
