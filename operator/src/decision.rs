@@ -1,8 +1,9 @@
 //! The pure decision step: the whole reconcile policy, with no I/O. The
 //! controller gathers [`Facts`] about a Pet, asks [`first_step`] whether the
 //! store needs to be read at all, reads it if so, and asks [`decide`] for a
-//! [`Plan`]; then it only executes the plan and records the outcome. Every
-//! branch is covered by the table tests below.
+//! [`Plan`] (or, after a create that stood in for the read, asks
+//! [`after_create`]); then it only executes the plan and records the outcome.
+//! Every branch is covered by the table tests below.
 //!
 //! Ownership: a record is this Pet's only if its idempotency key is the
 //! Pet's UID. Creating sets that key; adopting a record named by the
@@ -17,7 +18,7 @@ use crate::crd::{
     DELETION_POLICY_ANNOTATION, DeletionPolicy, EXTERNAL_ID_ANNOTATION, PAUSED_ANNOTATION, Setting,
 };
 use crate::status::{Outcome, Reason};
-use crate::store::{Lookup, PetData, Record};
+use crate::store::{Created, Lookup, PetData, Record};
 
 /// What the controller knows about a Pet before any store call.
 #[derive(Clone, Debug, PartialEq)]
@@ -36,6 +37,9 @@ pub struct Facts {
     /// This generation was synced a moment ago: the time left until its
     /// next poll.
     pub recently_synced: Option<Duration>,
+    /// The store's create has been seen to say whether the key already named
+    /// a record, so for a Pet with no known ID the create is the read.
+    pub create_observes: bool,
 }
 
 /// When to look at the Pet again.
@@ -63,6 +67,10 @@ pub enum Step {
     /// Read the store: the record with ID `id` (if any) and the record keyed
     /// by the Pet's UID, then [`decide`].
     Observe { id: Option<String> },
+    /// No ID is known: create a record keyed by the Pet's UID without reading
+    /// first, then [`after_create`]. The create is idempotent by that key,
+    /// and it says whether the key already named a record.
+    Create,
 }
 
 /// What reading the store found.
@@ -105,6 +113,8 @@ pub enum Target {
     Existing(String),
     /// A new record keyed by the Pet's UID.
     Create,
+    /// The record [`Step::Create`] has just created.
+    Created(String),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -325,11 +335,44 @@ pub fn first_step(facts: &Facts) -> Step {
     if let Some(left) = facts.recently_synced {
         return Step::Wait(Next::After(left));
     }
+    if facts.create_observes && facts.external_id.is_none() && facts.status_id.is_none() {
+        return Step::Create;
+    }
     Step::Observe {
         id: facts
             .external_id
             .clone()
             .or_else(|| facts.status_id.clone()),
+    }
+}
+
+/// After [`Step::Create`]: recording the new record, or `None` to read the
+/// store after all, because the key already named a record (left over from
+/// a create whose ID never reached status, and perhaps holding an older
+/// spec) or the store did not say.
+pub fn after_create(facts: &Facts, created: &Created) -> Option<Sync> {
+    match created {
+        Created::New(id) => Some(Sync {
+            target: Target::Created(id.clone()),
+            claim: false,
+            update: false,
+            story: Story::Created,
+            warning: policy_warning(facts),
+        }),
+        Created::Existing(_) | Created::Unknown(_) => None,
+    }
+}
+
+/// Shown in Synced while the record is in line but the policy is misspelled.
+fn policy_warning(facts: &Facts) -> Option<String> {
+    match &facts.deletion_policy {
+        Setting::Invalid { annotation, value } => Some(invalid(
+            annotation,
+            value,
+            "Delete or Orphan",
+            "the record is in line with the spec, but deleting this Pet will wait until the annotation is fixed",
+        )),
+        Setting::Valid(_) => None,
     }
 }
 
@@ -345,15 +388,7 @@ pub fn decide(facts: &Facts, observation: Observation) -> Plan {
     let mine = lookup.by_key.filter(|r| r.key == facts.uid);
     let named = lookup.by_id;
     let drift = |r: &Record| r.data != facts.desired;
-    let warning = match &facts.deletion_policy {
-        Setting::Invalid { annotation, value } => Some(invalid(
-            annotation,
-            value,
-            "Delete or Orphan",
-            "the record is in line with the spec, but deleting this Pet will wait until the annotation is fixed",
-        )),
-        Setting::Valid(_) => None,
-    };
+    let warning = policy_warning(facts);
     let sync = |target, claim, update, story| {
         Plan::Sync(Sync {
             target,

@@ -36,6 +36,25 @@ pub struct NewPet {
     pub idempotency_key: Option<String>,
 }
 
+/// What adding one pet did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Added {
+    pub id: String,
+    /// False when the idempotency key already named the pet `id`, which was
+    /// left as it was.
+    pub created: bool,
+}
+
+impl Added {
+    pub fn new(id: String) -> Self {
+        Self { id, created: true }
+    }
+
+    pub fn existing(id: String) -> Self {
+        Self { id, created: false }
+    }
+}
+
 /// A stored pet.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PetRecord {

@@ -60,9 +60,11 @@ impl PetStore for PetStoreService {
     ) -> Result<Response<pb::AddPetsResp>, Status> {
         let pets = validate::add_request(request.get_ref())?;
         let count = pets.len();
-        let ids = self.storage.add(pets).await?;
+        let added = self.storage.add(pets).await?;
         tracing::debug!(count, "added pets");
-        Ok(Response::new(pb::AddPetsResp { ids }))
+        let created = added.iter().map(|a| a.created).collect();
+        let ids = added.into_iter().map(|a| a.id).collect();
+        Ok(Response::new(pb::AddPetsResp { ids, created }))
     }
 
     async fn update_pets(

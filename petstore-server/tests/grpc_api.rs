@@ -400,6 +400,23 @@ async fn idempotency_keys_deduplicate_and_are_findable(backend: &str) {
     assert_eq!(again[1], again[2], "a key repeated within one batch");
     assert_eq!(all(&mut s.client).await.len(), 2);
 
+    // The reply says which pets this call added: a client that sent a key
+    // learns whether the record was already there (and may hold other data).
+    let renamed = pb::Pet {
+        name: "Someone else".into(),
+        ..keyed("uid-2")
+    };
+    let answer = s
+        .client
+        .add_pets(pb::AddPetsReq {
+            pets: vec![renamed, keyed("uid-3"), keyed("uid-3"), thor()],
+        })
+        .await
+        .expect("add")
+        .into_inner();
+    assert_eq!(answer.ids[0], again[1]);
+    assert_eq!(answer.created, [false, true, false, true]);
+
     let got = s
         .client
         .get_pets(pb::GetPetsReq {
@@ -700,7 +717,13 @@ async fn search_equals_a_full_scan_page_by_page(backend: &str) {
             idempotency_key: None,
         })
         .collect();
-    let ids = storage.add(pets).await.expect("add");
+    let ids: Vec<String> = storage
+        .add(pets)
+        .await
+        .expect("add")
+        .into_iter()
+        .map(|added| added.id)
+        .collect();
     // Renames and deletes after the fact: the index must follow them.
     let renamed: Vec<_> = ids
         .iter()

@@ -13,6 +13,7 @@
 //!    so whatever step a crash interrupts, the record has exactly one owner.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -30,13 +31,13 @@ use crate::Error;
 use crate::crd::{FINALIZER, Pet, PetStatus};
 // `Sync` would shadow the marker trait.
 use crate::decision::{
-    Facts, Finish, Next, Observation, Plan, Step, Story, Sync as SyncPlan, Target, decide,
-    first_step,
+    Facts, Finish, Next, Observation, Plan, Step, Story, Sync as SyncPlan, Target, after_create,
+    decide, first_step,
 };
 use crate::events::EventQueue;
 use crate::metrics::Metrics;
 use crate::status::{self, Outcome, Reason, next_status};
-use crate::store::{PetData, PetStore, StoreError};
+use crate::store::{Created, PetData, PetStore, StoreError};
 use poll::PollSchedule;
 
 mod poll;
@@ -105,6 +106,10 @@ pub struct Context {
     /// generation: lets the reconcile triggered by our own status write skip
     /// a store read that cannot tell anything new.
     last_sync: Mutex<HashMap<String, LastSync>>,
+    /// The last create said whether its key already named a record: until
+    /// one has, every create is read for first (see [`Step::Create`]), so a
+    /// store that ignores keys never gets a create without a read.
+    create_observes: AtomicBool,
 }
 
 /// The generation found in sync, and when.
@@ -131,6 +136,7 @@ impl Context {
             settings,
             failures: Mutex::default(),
             last_sync: Mutex::default(),
+            create_observes: AtomicBool::new(false),
         }
     }
 
@@ -182,6 +188,7 @@ impl Context {
                 pet.status.as_ref(),
                 pet.metadata.generation,
             ),
+            create_observes: self.create_observes.load(Ordering::Relaxed),
         })
     }
 
@@ -336,6 +343,7 @@ async fn reconcile_pet(mut pet: Arc<Pet>, ctx: &Context) -> Result<Action, Error
             }
             Step::AddFinalizer => pet = Arc::new(add_finalizer(&api, &pet).await?),
             Step::Observe { id } => return execute(&api, &pet, ctx, &facts, id.as_deref()).await,
+            Step::Create => return create_first(&api, &pet, ctx, &facts).await,
         }
     }
     Err(Error::MalformedPet(pet.name_any()))
@@ -410,6 +418,36 @@ async fn execute(
     }
 }
 
+/// Creates without reading first ([`Step::Create`]), and reads after all
+/// when the key already named a record.
+async fn create_first(
+    api: &Api<Pet>,
+    pet: &Pet,
+    ctx: &Context,
+    facts: &Facts,
+) -> Result<Action, Error> {
+    let result = match create(pet, ctx, facts).await {
+        Ok(created) => match after_create(facts, &created) {
+            Some(sync) => {
+                ctx.metrics.store_action("create");
+                run_sync(api, pet, ctx, facts, &sync).await
+            }
+            None => {
+                info!(
+                    id = created.id(),
+                    "the Pet's UID already named a store record; reading it"
+                );
+                return execute(api, pet, ctx, facts, None).await;
+            }
+        },
+        Err(error) => Err(error),
+    };
+    match result {
+        Ok(action) => Ok(action),
+        Err(error) => fail(api, pet, ctx, facts, error).await,
+    }
+}
+
 /// Shows a failure; a spec the store rejected waits for a change, anything
 /// else is retried with backoff.
 async fn fail(
@@ -453,12 +491,13 @@ async fn run_sync(
             id.clone()
         }
         Target::Create => {
-            let id = create(pet, ctx, facts).await?;
+            let id = create(pet, ctx, facts).await?.id().to_owned();
             let recreated = matches!(sync.story, Story::Recreated { .. });
             ctx.metrics
                 .store_action(if recreated { "recreate" } else { "create" });
             id
         }
+        Target::Created(id) => id.clone(),
     };
     let outcome = sync.outcome(&id);
     ctx.write_outcome(api, pet, Some(&id), &outcome).await?;
@@ -481,16 +520,24 @@ async fn run_sync(
     Ok(Action::requeue(ctx.poll_delay(&facts.uid)))
 }
 
-async fn create(pet: &Pet, ctx: &Context, facts: &Facts) -> Result<String, Error> {
-    let id = ctx.store.create(&facts.uid, &facts.desired).await?;
-    info!(%id, "created store record");
+async fn create(pet: &Pet, ctx: &Context, facts: &Facts) -> Result<Created, Error> {
+    let created = ctx.store.create(&facts.uid, &facts.desired).await?;
+    ctx.create_observes
+        .store(created.is_known(), Ordering::Relaxed);
+    let id = created.id();
+    match &created {
+        Created::Existing(_) => {
+            info!(%id, "found the store record created earlier with this Pet's UID")
+        }
+        Created::New(_) | Created::Unknown(_) => info!(%id, "created store record"),
+    }
     #[cfg(feature = "fault-injection")]
     if ctx.settings.fault == Some(Fault::HangAfterCreate) {
         warn!(%id, pet = %pet.name_any(), "fault injection: hanging after create, before the ID reaches status");
         std::future::pending::<()>().await;
     }
     let _ = pet;
-    Ok(id)
+    Ok(created)
 }
 
 /// Deletion: deletes or releases the record, then the finalizer.

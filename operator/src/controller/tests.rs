@@ -378,7 +378,7 @@ async fn status_conflict_is_retried_without_creating_again() {
 }
 
 #[tokio::test]
-async fn a_lost_status_write_is_recovered_by_key_not_by_a_second_create() {
+async fn a_lost_status_write_is_recovered_by_key_not_by_a_second_record() {
     let h = harness();
     let pet = thor().finalizer();
     h.api
@@ -389,13 +389,19 @@ async fn a_lost_status_write_is_recovered_by_key_not_by_a_second_create() {
     assert!(matches!(first, Err(Error::WriteStatus { .. })), "{first:?}");
     assert_eq!(h.store.records().len(), 1);
 
-    // The next reconcile still sees no status.id (the write was lost).
+    // The next reconcile still sees no status.id (the write was lost). Its
+    // create, keyed by the UID, finds the first record, which it then reads.
     h.expect_status_write(&pet);
     h.reconcile(&pet).await.expect("second reconcile");
+    assert_eq!(h.store.records().len(), 1, "never a second record");
     assert_eq!(
-        store_writes(&h.store),
-        [format!("create:{UID}")],
-        "never a second create"
+        h.store.calls(),
+        [
+            format!("observe:-:{UID}"),
+            format!("create:{UID}"),
+            format!("create:{UID}"),
+            format!("observe:-:{UID}")
+        ]
     );
     assert_eq!(h.api.status_patches().pop().expect("status")["id"], "id-1");
     h.verify(&["ReconcileError", "Adopted"]);
@@ -881,4 +887,85 @@ async fn a_misspelled_deletion_policy_on_a_live_pet_is_shown_while_the_record_is
     );
     assert!(message.contains("deleting this Pet will wait"), "{message}");
     h.verify(&["InvalidAnnotation", "Updated"]);
+}
+
+/// The harness after one create, from which it has learnt that the store's
+/// create says whether the key already named a record.
+async fn harness_after_a_create() -> Harness {
+    let h = harness();
+    let first = thor().uid("first-uid").finalizer();
+    h.expect_status_write(&first);
+    h.reconcile(&first).await.expect("first create");
+    assert_eq!(
+        h.store.calls(),
+        ["observe:-:first-uid", "create:first-uid"],
+        "the first create is read for first"
+    );
+    h
+}
+
+#[tokio::test]
+async fn once_the_store_says_what_a_create_found_a_new_pet_is_created_without_a_read() {
+    let h = harness_after_a_create().await;
+    let pet = thor().finalizer();
+    h.expect_status_write(&pet);
+    h.reconcile(&pet).await.expect("create");
+    assert_eq!(h.store.calls()[2..], [format!("create:{UID}")]);
+    let status = h.api.status_patches().pop().expect("status");
+    assert_eq!(status["id"], "id-2");
+    assert_eq!(condition(&status, "Ready").1, "Available");
+    let created: Vec<String> = h.api.events().into_iter().map(|e| e.2).collect();
+    assert!(created[1].contains("id-2"), "{created:?}");
+    h.verify(&["Created", "Created"]);
+}
+
+#[tokio::test]
+async fn a_create_that_finds_the_record_of_an_interrupted_create_reads_it_and_brings_it_in_line() {
+    // A create whose ID never reached status left a record under the UID,
+    // with the spec of the time.
+    let h = harness_after_a_create().await;
+    let left = h.store.insert(
+        UID,
+        PetData {
+            name: "Thor, as first written".into(),
+            ..thor_data()
+        },
+    );
+    let pet = thor().finalizer();
+    h.expect_status_write(&pet);
+    h.reconcile(&pet).await.expect("reconcile");
+    assert_eq!(
+        h.store.calls()[2..],
+        [
+            format!("create:{UID}"),
+            format!("observe:-:{UID}"),
+            format!("update:{left}")
+        ]
+    );
+    assert_eq!(h.store.record(&left).expect("record").data, thor_data());
+    assert_eq!(h.store.records().len(), 2, "nothing created twice");
+    assert_eq!(h.api.status_patches()[1]["id"], left.as_str());
+    h.verify(&["Created", "Adopted"]);
+}
+
+#[tokio::test]
+async fn a_store_that_stops_saying_what_a_create_found_is_read_first_again() {
+    // The store is replaced by one that ignores keys (the original store).
+    let h = harness_after_a_create().await;
+    h.store.set_without_extensions(true);
+    let pet = thor().finalizer();
+    h.expect_status_write(&pet);
+    let err = h.reconcile(&pet).await.expect_err("held");
+    assert_eq!(err.reason(), Reason::StoreLacksExtensions);
+    assert_eq!(
+        h.store.calls()[2..],
+        [format!("create:{UID}"), format!("observe:-:{UID}")]
+    );
+
+    // From now on nothing is created before a read, which this store refuses.
+    let other = thor().uid(OTHER_UID).finalizer();
+    h.expect_status_write(&other);
+    h.reconcile(&other).await.expect_err("held");
+    assert_eq!(h.store.calls()[4..], [format!("observe:-:{OTHER_UID}")]);
+    h.verify(&["Created", "StoreLacksExtensions", "StoreLacksExtensions"]);
 }

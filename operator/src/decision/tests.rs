@@ -38,6 +38,7 @@ fn facts() -> Facts {
         status_id: None,
         rejected_this_generation: false,
         recently_synced: None,
+        create_observes: false,
     }
 }
 
@@ -80,6 +81,11 @@ impl Facts {
     }
     fn wanting(mut self, desired: PetData) -> Self {
         self.desired = desired;
+        self
+    }
+    /// The store's create says whether the key already named a record.
+    fn create_observes(mut self) -> Self {
+        self.create_observes = true;
         self
     }
 }
@@ -221,6 +227,40 @@ fn first_step_table() {
                 id: Some("a".into()),
             }),
         ),
+        (
+            "with no ID known, a create that says what it found is the read",
+            facts().create_observes(),
+            Ok(Step::Create),
+        ),
+        (
+            "a store not yet seen to say so is read before any create",
+            facts(),
+            Ok(Step::Observe { id: None }),
+        ),
+        (
+            "a known status.id is read, not created over",
+            facts().create_observes().status_id("a"),
+            Ok(Step::Observe {
+                id: Some("a".into()),
+            }),
+        ),
+        (
+            "a record to adopt is read, never created",
+            facts().create_observes().external_id("x"),
+            Ok(Step::Observe {
+                id: Some("x".into()),
+            }),
+        ),
+        (
+            "deletion reads; it never creates",
+            facts().create_observes().deleting(),
+            Ok(Step::Observe { id: None }),
+        ),
+        (
+            "a rejected spec is not sent again by a create",
+            facts().create_observes().rejected(),
+            Ok(Step::Wait(Next::AwaitChange)),
+        ),
     ];
     for (name, facts, expected) in cases {
         let step = first_step(&facts);
@@ -241,6 +281,57 @@ fn first_step_table() {
             (step, Ok(expected)) => assert_eq!(*step, expected, "{name}"),
             (step, Err(reason)) => panic!("{name}: expected a hold with {reason}, got {step:?}"),
         }
+    }
+}
+
+#[test]
+fn after_create_table() {
+    let policy_warning = Some(invalid(
+        DELETION_POLICY_ANNOTATION,
+        "Orhpan",
+        "Delete or Orphan",
+        "the record is in line with the spec, but deleting this Pet will wait until the annotation is fixed",
+    ));
+    let cases: Vec<(&str, Facts, Created, Option<Sync>)> = vec![
+        (
+            "a new record only needs its ID in status",
+            facts(),
+            Created::New("n".into()),
+            Some(Sync {
+                target: Target::Created("n".into()),
+                claim: false,
+                update: false,
+                story: Story::Created,
+                warning: None,
+            }),
+        ),
+        (
+            "a misspelled policy is still shown after a create",
+            facts().policy_typo(),
+            Created::New("n".into()),
+            Some(Sync {
+                target: Target::Created("n".into()),
+                claim: false,
+                update: false,
+                story: Story::Created,
+                warning: policy_warning,
+            }),
+        ),
+        (
+            "a record the UID already named may hold an older spec: read it",
+            facts(),
+            Created::Existing("e".into()),
+            None,
+        ),
+        (
+            "a store that does not say what it did: read",
+            facts(),
+            Created::Unknown("u".into()),
+            None,
+        ),
+    ];
+    for (name, facts, created, expected) in cases {
+        assert_eq!(after_create(&facts, &created), expected, "{name}");
     }
 }
 

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use super::{Lookup, PetData, PetStore, Record, StoreError};
+use super::{Created, Lookup, PetData, PetStore, Record, StoreError};
 
 #[derive(Default)]
 pub struct FakeStore {
@@ -135,7 +135,7 @@ impl PetStore for FakeStore {
         })
     }
 
-    async fn create(&self, key: &str, pet: &PetData) -> Result<String, StoreError> {
+    async fn create(&self, key: &str, pet: &PetData) -> Result<Created, StoreError> {
         let mut state = self.enter(format!("create:{key}"))?;
         if state.reject_creates {
             return Err(StoreError::Rejected {
@@ -143,15 +143,24 @@ impl PetStore for FakeStore {
                 message: "pets[0].name: rejected by the fake".into(),
             });
         }
+        if state.without_extensions {
+            // The original store drops the key and never says what it did.
+            state.next_id += 1;
+            let id = format!("id-{}", state.next_id);
+            state
+                .records
+                .insert(id.clone(), (String::new(), pet.clone()));
+            return Ok(Created::Unknown(id));
+        }
         if let Some(id) = state.id_of_key(key) {
-            return Ok(id);
+            return Ok(Created::Existing(id));
         }
         state.next_id += 1;
         let id = format!("id-{}", state.next_id);
         state
             .records
             .insert(id.clone(), (key.to_owned(), pet.clone()));
-        Ok(id)
+        Ok(Created::New(id))
     }
 
     async fn update(&self, id: &str, pet: &PetData) -> Result<(), StoreError> {

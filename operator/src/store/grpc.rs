@@ -11,7 +11,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 use tonic::{Code, Status};
 
 use super::mapping::{from_proto, to_proto};
-use super::{Lookup, PetData, PetStore, Record, StoreError};
+use super::{Created, Lookup, PetData, PetStore, Record, StoreError};
 use crate::metrics::Metrics;
 
 #[derive(Clone)]
@@ -208,7 +208,7 @@ impl PetStore for GrpcPetStore {
         Ok(lookup)
     }
 
-    async fn create(&self, key: &str, pet: &PetData) -> Result<String, StoreError> {
+    async fn create(&self, key: &str, pet: &PetData) -> Result<Created, StoreError> {
         let request = pb::AddPetsReq {
             pets: vec![to_proto("", key, pet)],
         };
@@ -216,9 +216,15 @@ impl PetStore for GrpcPetStore {
             .call("AddPets", async |mut c| c.add_pets(request).await)
             .await
             .map_err(classify("create"))?;
-        resp.ids.into_iter().next().ok_or(StoreError::Failed {
+        let id = resp.ids.into_iter().next().ok_or(StoreError::Failed {
             operation: "create",
             message: "store returned no ID".into(),
+        })?;
+        // A store that predates `created` leaves it empty.
+        Ok(match resp.created.first() {
+            Some(true) => Created::New(id),
+            Some(false) => Created::Existing(id),
+            None => Created::Unknown(id),
         })
     }
 

@@ -48,6 +48,31 @@ pub struct Lookup {
     pub by_key: Option<Record>,
 }
 
+/// What a create did, as far as the store says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Created {
+    /// This call created the record.
+    New(String),
+    /// The key already named this record: nothing was created, and its data
+    /// may differ from what was sent.
+    Existing(String),
+    /// The store did not say which (a store that predates the answer).
+    Unknown(String),
+}
+
+impl Created {
+    pub fn id(&self) -> &str {
+        match self {
+            Created::New(id) | Created::Existing(id) | Created::Unknown(id) => id,
+        }
+    }
+
+    /// Whether the store said if the record already existed.
+    pub fn is_known(&self) -> bool {
+        !matches!(self, Created::Unknown(_))
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The store could not be reached or did not answer in time; retry later.
@@ -99,9 +124,9 @@ pub trait PetStore: Send + Sync + 'static {
     /// In one read: the record with ID `id` (if asked) and the record whose
     /// idempotency key is `key`.
     async fn observe(&self, id: Option<&str>, key: &str) -> Result<Lookup, StoreError>;
-    /// Creates a record, or returns the ID of the one already created with
-    /// this key.
-    async fn create(&self, key: &str, pet: &PetData) -> Result<String, StoreError>;
+    /// Creates a record, or returns the one already created with this key,
+    /// saying which if the store tells.
+    async fn create(&self, key: &str, pet: &PetData) -> Result<Created, StoreError>;
     /// Replaces the record's data.
     async fn update(&self, id: &str, pet: &PetData) -> Result<(), StoreError>;
     /// Deletes the record; a missing record counts as deleted.

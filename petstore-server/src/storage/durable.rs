@@ -19,7 +19,7 @@ use tokio::sync::oneshot;
 use super::{
     Cursor, PageFill, SearchPage, Storage, StorageError, check_key_changes, names_from, new_id,
 };
-use crate::model::{KeyChange, NewPet, PetRecord, PetUpdate, SearchFilter};
+use crate::model::{Added, KeyChange, NewPet, PetRecord, PetUpdate, SearchFilter};
 use crate::validate;
 
 /// Pet ID -> protobuf-encoded `petstore.Pet` (including its idempotency key).
@@ -70,7 +70,7 @@ enum WriteOp {
 
 struct Job {
     op: WriteOp,
-    reply: oneshot::Sender<Result<Vec<String>, StorageError>>,
+    reply: oneshot::Sender<Applied>,
 }
 
 impl DurableStorage {
@@ -95,7 +95,7 @@ impl DurableStorage {
         })
     }
 
-    async fn write(&self, op: WriteOp) -> Result<Vec<String>, StorageError> {
+    async fn write(&self, op: WriteOp) -> Applied {
         let (reply, answer) = oneshot::channel();
         self.writer
             .as_ref()
@@ -182,10 +182,7 @@ fn write_loop(db: &Database, jobs: &mpsc::Receiver<Job>) {
 
 /// Applies every op in one transaction. An op that is refused (unknown ID)
 /// writes nothing and gets its own error; an engine failure fails the group.
-fn commit_group(
-    db: &Database,
-    ops: &[&WriteOp],
-) -> Result<Vec<Result<Vec<String>, StorageError>>, StorageError> {
+fn commit_group(db: &Database, ops: &[&WriteOp]) -> Result<Vec<Applied>, StorageError> {
     let txn = db
         .begin_write()
         .map_err(|e| StorageError::engine("starting a write", e))?;
@@ -198,7 +195,9 @@ fn commit_group(
     Ok(results)
 }
 
-type Applied = Result<Vec<String>, StorageError>;
+/// One request's result: for an add, what happened to each pet; empty
+/// for the other writes.
+type Applied = Result<Vec<Added>, StorageError>;
 
 fn apply(txn: &WriteTransaction, op: &WriteOp) -> Result<Applied, StorageError> {
     let engine = |e: redb::Error| StorageError::engine("writing", e);
@@ -212,7 +211,7 @@ fn apply(txn: &WriteTransaction, op: &WriteOp) -> Result<Applied, StorageError> 
                 if let Some(key) = &pet.idempotency_key
                     && let Some(existing) = keys.get(key.as_str()).map_err(|e| engine(e.into()))?
                 {
-                    ids.push(existing.value().to_owned());
+                    ids.push(Added::existing(existing.value().to_owned()));
                     continue;
                 }
                 let record = PetRecord {
@@ -229,7 +228,7 @@ fn apply(txn: &WriteTransaction, op: &WriteOp) -> Result<Applied, StorageError> 
                 by_name
                     .insert((record.fields.name.as_str(), record.id.as_str()), ())
                     .map_err(|e| engine(e.into()))?;
-                ids.push(record.id);
+                ids.push(Added::new(record.id));
             }
             Ok(Ok(ids))
         }
@@ -372,7 +371,7 @@ fn read_by_keys(db: &Database, keys: &[String]) -> Result<Vec<Option<PetRecord>>
 
 #[tonic::async_trait]
 impl Storage for DurableStorage {
-    async fn add(&self, pets: Vec<NewPet>) -> Result<Vec<String>, StorageError> {
+    async fn add(&self, pets: Vec<NewPet>) -> Result<Vec<Added>, StorageError> {
         self.write(WriteOp::Add(pets)).await
     }
 

@@ -8,7 +8,7 @@ use std::sync::{PoisonError, RwLock};
 use super::{
     Cursor, PageFill, SearchPage, Storage, StorageError, check_key_changes, names_from, new_id,
 };
-use crate::model::{KeyChange, NewPet, PetRecord, PetUpdate, SearchFilter};
+use crate::model::{Added, KeyChange, NewPet, PetRecord, PetUpdate, SearchFilter};
 
 #[derive(Default)]
 pub struct MemoryStorage {
@@ -37,7 +37,7 @@ impl MemoryStorage {
 
 #[tonic::async_trait]
 impl Storage for MemoryStorage {
-    async fn add(&self, pets: Vec<NewPet>) -> Result<Vec<String>, StorageError> {
+    async fn add(&self, pets: Vec<NewPet>) -> Result<Vec<Added>, StorageError> {
         let mut inner = self.write();
         let mut ids = Vec::with_capacity(pets.len());
         for pet in pets {
@@ -46,7 +46,7 @@ impl Storage for MemoryStorage {
                 .as_ref()
                 .and_then(|key| inner.ids_by_key.get(key))
             {
-                ids.push(existing.clone());
+                ids.push(Added::existing(existing.clone()));
                 continue;
             }
             let id = new_id();
@@ -62,7 +62,7 @@ impl Storage for MemoryStorage {
                     idempotency_key: pet.idempotency_key,
                 },
             );
-            ids.push(id);
+            ids.push(Added::new(id));
         }
         Ok(ids)
     }

@@ -13,7 +13,7 @@ pub use durable::DurableStorage;
 pub use memory::MemoryStorage;
 pub use postgres::{PostgresConfig, PostgresStorage};
 
-use crate::model::{KeyChange, NewPet, PetRecord, PetUpdate, SearchFilter};
+use crate::model::{Added, KeyChange, NewPet, PetRecord, PetUpdate, SearchFilter};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
@@ -60,8 +60,8 @@ impl StorageError {
 pub trait Storage: Send + Sync + 'static {
     /// Adds pets and returns their IDs in order. A pet whose idempotency key is
     /// already stored (or appears earlier in the same batch) gets the existing
-    /// ID and is not added again.
-    async fn add(&self, pets: Vec<NewPet>) -> Result<Vec<String>, StorageError>;
+    /// ID, marked as not created, and is not added again.
+    async fn add(&self, pets: Vec<NewPet>) -> Result<Vec<Added>, StorageError>;
     /// Replaces the fields of existing pets; fails with `NotFound`, changing
     /// nothing, if any ID is unknown.
     async fn update(&self, pets: Vec<PetUpdate>) -> Result<(), StorageError>;

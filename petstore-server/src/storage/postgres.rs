@@ -14,7 +14,9 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
 
 use super::{Cursor, SearchPage, Storage, StorageError, check_key_changes, new_id};
-use crate::model::{KeyChange, NewPet, PetFields, PetRecord, PetUpdate, SearchFilter, Species};
+use crate::model::{
+    Added, KeyChange, NewPet, PetFields, PetRecord, PetUpdate, SearchFilter, Species,
+};
 use crate::validate;
 
 /// Serialises schema changes between replicas that start together.
@@ -146,7 +148,7 @@ fn record(row: &Row) -> Result<PetRecord, StorageError> {
 
 #[tonic::async_trait]
 impl Storage for PostgresStorage {
-    async fn add(&self, pets: Vec<NewPet>) -> Result<Vec<String>, StorageError> {
+    async fn add(&self, pets: Vec<NewPet>) -> Result<Vec<Added>, StorageError> {
         let mut client = self.pool.get().await.map_err(pool_error)?;
         let insert = client
             .prepare_cached(
@@ -193,7 +195,9 @@ impl Storage for PostgresStorage {
         let mut ids = Vec::with_capacity(pets.len());
         for (row, (_, _, _, _, key)) in inserted.into_iter().zip(&rows) {
             match (row, key) {
-                (Some(row), _) => ids.push(row.try_get(0).map_err(engine("reading an ID"))?),
+                (Some(row), _) => {
+                    ids.push(Added::new(row.try_get(0).map_err(engine("reading an ID"))?))
+                }
                 // The key was taken (by a committed transaction, which the
                 // unique index waited for, or earlier in this batch).
                 (None, Some(key)) => {
@@ -201,7 +205,9 @@ impl Storage for PostgresStorage {
                         .query_one(&by_key, &[key])
                         .await
                         .map_err(engine("looking up a key"))?;
-                    ids.push(row.try_get(0).map_err(engine("reading an ID"))?);
+                    ids.push(Added::existing(
+                        row.try_get(0).map_err(engine("reading an ID"))?,
+                    ));
                 }
                 (None, None) => {
                     return Err(StorageError::engine(

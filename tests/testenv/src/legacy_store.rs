@@ -49,7 +49,11 @@ impl PetStore for Legacy {
             ids.push(pet.id.clone());
             state.1.insert(pet.id.clone(), pet);
         }
-        Ok(Response::new(pb::AddPetsResp { ids }))
+        // Nor field 2 of the response: it never says whether it created.
+        Ok(Response::new(pb::AddPetsResp {
+            ids,
+            created: Vec::new(),
+        }))
     }
 
     async fn update_pets(

@@ -23,10 +23,11 @@ fn benchmarks_run_end_to_end() -> testenv::Result<()> {
             Some(n),
             "one create per Pet: {r:?}"
         );
-        // Counts, not timings: one read per Pet (a retry may add one), and
-        // the finalizer, the status and one Event per Pet.
+        // Counts, not timings: no read per Pet, because the warm-up's
+        // creates showed that a create says what it found (a retry may
+        // read), and the finalizer, the status and one Event per Pet.
         assert!(
-            r.store_reads >= n && r.reads_per_pet() <= 1.1,
+            r.reads_per_pet() <= 0.1,
             "store reads per Pet while converging: {r:?}"
         );
         assert!(
