@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::{Event, EventType};
@@ -171,6 +171,17 @@ impl Context {
         self.poll.delay(uid)
     }
 
+    /// False for the watch events of our own writes, the finalizer and the
+    /// status, to a Pet synced a moment ago: the reconcile would only wait
+    /// for the poll, which the reconcile that wrote them already scheduled.
+    /// Anything else (deletion, pausing, a new generation) still reconciles.
+    fn needs_reconcile(&self, pet: &Pet) -> bool {
+        !matches!(
+            self.facts(pet).map(|facts| first_step(&facts)),
+            Ok(Step::Wait(Next::After(_)))
+        )
+    }
+
     /// Everything the decision step needs to know about the Pet.
     fn facts(&self, pet: &Pet) -> Result<Facts, Error> {
         let uid = uid_of(pet)?;
@@ -292,7 +303,11 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
             pet.annotations_mut().remove(LAST_APPLIED_ANNOTATION);
         })
         .reflect(writer)
-        .applied_objects();
+        .applied_objects()
+        .try_filter({
+            let ctx = Arc::clone(&ctx);
+            move |pet| std::future::ready(ctx.needs_reconcile(pet))
+        });
     let config = controller::Config::default().concurrency(ctx.settings.concurrency);
     Controller::for_stream(stream, reader)
         .with_config(config)

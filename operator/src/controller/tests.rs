@@ -862,6 +862,38 @@ async fn the_reconcile_after_our_own_status_write_skips_the_store() {
 }
 
 #[tokio::test]
+async fn the_watch_events_of_our_own_writes_are_not_reconciled_again() {
+    let h = harness();
+    let pet = thor().finalizer();
+    assert!(h.ctx.needs_reconcile(&pet.pet()), "a new Pet");
+    h.expect_status_write(&pet);
+    h.reconcile(&pet).await.expect("create");
+    let written = pet.clone().status_id("id-1");
+    assert!(
+        !h.ctx.needs_reconcile(&written.pet()),
+        "the event of our own status write"
+    );
+    assert!(
+        h.ctx.needs_reconcile(&written.clone().generation(2).pet()),
+        "a new generation"
+    );
+    assert!(
+        h.ctx.needs_reconcile(&written.clone().deleting().pet()),
+        "deletion"
+    );
+    assert!(
+        h.ctx
+            .needs_reconcile(&written.clone().annotation(PAUSED_ANNOTATION, "true").pet()),
+        "pausing"
+    );
+    assert!(
+        h.ctx.needs_reconcile(&written.clone().uid(OTHER_UID).pet()),
+        "another Pet of the same name"
+    );
+    h.verify(&["Created"]);
+}
+
+#[tokio::test]
 async fn a_misspelled_deletion_policy_on_a_live_pet_is_shown_while_the_record_is_kept_in_line() {
     let h = harness();
     let id = h.store.insert(
