@@ -12,6 +12,14 @@ fn benchmarks_run_end_to_end() -> testenv::Result<()> {
     assert_eq!(results.convergence.len(), config.sizes.len());
     for r in &results.convergence {
         let n = r.pets as u64;
+        assert_eq!(r.pairs.len(), config.pairs, "every pair ran: {r:?}");
+        assert!(
+            r.pairs
+                .iter()
+                .all(|p| p.floor > std::time::Duration::ZERO
+                    && p.operator > std::time::Duration::ZERO),
+            "every pair timed: {r:?}"
+        );
         assert!(
             r.api_requests
                 .keys()

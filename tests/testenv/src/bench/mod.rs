@@ -26,6 +26,9 @@ pub struct BenchConfig {
     pub poll_max_rate: u32,
     pub churn_max_pets: usize,
     pub floor_identity: FloorIdentity,
+    /// Floor-then-operator pairs at each N; operator ÷ floor is the median
+    /// of their ratios.
+    pub pairs: usize,
     pub store_concurrencies: Vec<usize>,
     pub store_cell: Duration,
     pub search_records: u64,
@@ -45,6 +48,7 @@ impl BenchConfig {
             poll_max_rate: 1000,
             churn_max_pets: 5000,
             floor_identity: FloorIdentity::Operator,
+            pairs: 3,
             store_concurrencies: vec![1, 16, 64],
             store_cell: Duration::from_secs(3),
             search_records: 10_000,
@@ -67,6 +71,7 @@ impl BenchConfig {
             poll_max_rate: 100,
             churn_max_pets: 10,
             floor_identity: FloorIdentity::Operator,
+            pairs: 2,
             store_concurrencies: vec![2],
             store_cell: Duration::from_millis(300),
             search_records: 200,
@@ -118,17 +123,39 @@ pub fn run_all(config: &BenchConfig, progress: impl Fn(&str)) -> Result<BenchRes
         let floor = convergence::measure_floor(&rt, &c)?;
         progress(&format!("operator, N = {pets}"));
         let mut result = convergence::measure_operator(&rt, &c)?;
-        result.floor = floor.time;
         result.floor_api_requests = floor.requests;
         result.floor_cpu = floor.cpu;
         result.floor_identity = config.floor_identity;
+        let mut pairs = vec![convergence::Pair {
+            floor: floor.time,
+            operator: result.converge,
+        }];
         progress(&format!(
             "N = {pets}: operator {:.2}s, floor {:.2}s; CPU {:.1}s, floor {:.1}s",
             result.converge.as_secs_f64(),
-            result.floor.as_secs_f64(),
+            floor.time.as_secs_f64(),
             result.cpu.total(),
             result.floor_cpu.total(),
         ));
+        for pair in 2..=config.pairs {
+            progress(&format!("floor and operator, N = {pets}, pair {pair}"));
+            let floor = convergence::measure_floor(&rt, &c)?.time;
+            let operator = convergence::measure_operator_convergence(&rt, &c)?;
+            progress(&format!(
+                "N = {pets}, pair {pair}: operator {:.2}s, floor {:.2}s",
+                operator.as_secs_f64(),
+                floor.as_secs_f64(),
+            ));
+            pairs.push(convergence::Pair { floor, operator });
+        }
+        let median_of = |time: fn(&convergence::Pair) -> Duration| {
+            Duration::from_secs_f64(convergence::median(
+                pairs.iter().map(|p| time(p).as_secs_f64()).collect(),
+            ))
+        };
+        result.converge = median_of(|p| p.operator);
+        result.floor = median_of(|p| p.floor);
+        result.pairs = pairs;
         results.convergence.push(result);
     }
     results.load_end = report::load_average();

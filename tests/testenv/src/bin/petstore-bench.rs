@@ -3,6 +3,7 @@
 //!
 //!     petstore-bench [--smoke] [--poll-max-rate R] [--out BENCHMARKS.md] [--sizes 100,1000,5000,20000]
 //!                    [--floor-as operator|admin]    # the floor's identity (default: operator)
+//!                    [--pairs K]                    # floor-then-operator pairs per N (default: 3)
 //!     petstore-bench --skip-store [...]         # replaces only the operator section
 //!     petstore-bench --store-only [--scale N]   # replaces only the store section
 
@@ -38,6 +39,10 @@ fn main() -> ExitCode {
                 Some("operator") => config.floor_identity = FloorIdentity::Operator,
                 Some("admin") => config.floor_identity = FloorIdentity::Admin,
                 _ => return usage("--floor-as needs operator (its ServiceAccount) or admin"),
+            },
+            "--pairs" => match args.next().and_then(|v| v.parse().ok()) {
+                Some(pairs) if pairs > 0 => config.pairs = pairs,
+                _ => return usage("--pairs needs a number of pairs, at least 1"),
             },
             "--poll-max-rate" => match args.next().and_then(|v| v.parse().ok()) {
                 Some(rate) => config.poll_max_rate = rate,
@@ -114,7 +119,7 @@ fn main() -> ExitCode {
 
 fn usage(problem: &str) -> ExitCode {
     eprintln!(
-        "petstore-bench: {problem}\nusage: petstore-bench [--smoke] [--skip-store | --store-only] [--scale N] [--poll-max-rate R] [--floor-as operator|admin] [--out FILE] [--sizes N,N,...]"
+        "petstore-bench: {problem}\nusage: petstore-bench [--smoke] [--skip-store | --store-only] [--scale N] [--poll-max-rate R] [--floor-as operator|admin] [--pairs K] [--out FILE] [--sizes N,N,...]"
     );
     ExitCode::FAILURE
 }
