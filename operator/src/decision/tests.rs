@@ -148,7 +148,7 @@ fn first_step_table() {
             Ok(Step::AddFinalizer),
         ),
         (
-            "a Pet without status.id is looked up by UID only",
+            "a Pet without status.id, while no create has said what it found, is looked up by UID only",
             facts(),
             Ok(Step::Observe { id: None }),
         ),
@@ -231,11 +231,6 @@ fn first_step_table() {
             "with no ID known, a create that says what it found is the read",
             facts().create_observes(),
             Ok(Step::Create),
-        ),
-        (
-            "a store not yet seen to say so is read before any create",
-            facts(),
-            Ok(Step::Observe { id: None }),
         ),
         (
             "a known status.id is read, not created over",
