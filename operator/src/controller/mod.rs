@@ -441,23 +441,18 @@ async fn create_first(
     ctx: &Context,
     facts: &Facts,
 ) -> Result<Action, Error> {
-    let result = match create(pet, ctx, facts).await {
-        Ok(created) => match after_create(facts, &created) {
-            Some(sync) => {
-                ctx.metrics.store_action("create");
-                run_sync(api, pet, ctx, facts, &sync).await
-            }
-            None => {
-                info!(
-                    id = created.id(),
-                    "the Pet's UID already named a store record; reading it"
-                );
-                return execute(api, pet, ctx, facts, None).await;
-            }
-        },
-        Err(error) => Err(error),
+    let created = match create(pet, ctx, facts).await {
+        Ok(created) => created,
+        Err(error) => return fail(api, pet, ctx, facts, error).await,
     };
-    match result {
+    let Some(sync) = after_create(facts, &created) else {
+        info!(
+            id = created.id(),
+            "the Pet's UID already named a store record; reading it"
+        );
+        return execute(api, pet, ctx, facts, None).await;
+    };
+    match run_sync(api, pet, ctx, facts, &sync).await {
         Ok(action) => Ok(action),
         Err(error) => fail(api, pet, ctx, facts, error).await,
     }
@@ -512,7 +507,10 @@ async fn run_sync(
                 .store_action(if recreated { "recreate" } else { "create" });
             id
         }
-        Target::Created(id) => id.clone(),
+        Target::Created(id) => {
+            ctx.metrics.store_action("create");
+            id.clone()
+        }
     };
     let outcome = sync.outcome(&id);
     ctx.write_outcome(api, pet, Some(&id), &outcome).await?;

@@ -37,6 +37,14 @@ impl State {
         })
     }
 
+    /// Adds a record with this key (empty: unowned) and returns its ID.
+    fn add(&mut self, key: &str, data: PetData) -> String {
+        self.next_id += 1;
+        let id = format!("id-{}", self.next_id);
+        self.records.insert(id.clone(), (key.to_owned(), data));
+        id
+    }
+
     fn id_of_key(&self, key: &str) -> Option<String> {
         (!key.is_empty())
             .then(|| self.records.iter().find(|(_, (k, _))| k == key))
@@ -70,11 +78,7 @@ impl FakeStore {
 
     /// Adds a record with this key (empty: unowned) and returns its ID.
     pub fn insert(&self, key: &str, data: PetData) -> String {
-        let mut state = self.state();
-        state.next_id += 1;
-        let id = format!("id-{}", state.next_id);
-        state.records.insert(id.clone(), (key.to_owned(), data));
-        id
+        self.state().add(key, data)
     }
 
     /// Changes a record's key behind the operator's back (another writer).
@@ -145,22 +149,12 @@ impl PetStore for FakeStore {
         }
         if state.without_extensions {
             // The original store drops the key and never says what it did.
-            state.next_id += 1;
-            let id = format!("id-{}", state.next_id);
-            state
-                .records
-                .insert(id.clone(), (String::new(), pet.clone()));
-            return Ok(Created::Unknown(id));
+            return Ok(Created::Unknown(state.add("", pet.clone())));
         }
         if let Some(id) = state.id_of_key(key) {
             return Ok(Created::Existing(id));
         }
-        state.next_id += 1;
-        let id = format!("id-{}", state.next_id);
-        state
-            .records
-            .insert(id.clone(), (key.to_owned(), pet.clone()));
-        Ok(Created::New(id))
+        Ok(Created::New(state.add(key, pet.clone())))
     }
 
     async fn update(&self, id: &str, pet: &PetData) -> Result<(), StoreError> {
