@@ -13,6 +13,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use convergence::{ConvergenceConfig, ConvergenceResult, FloorIdentity};
+use report::table_head;
 use store_load::{DurabilityCheck, GhzResult, LoadResult, ScaleResult, StoreSetup};
 
 use crate::{Result, Tools, run};
@@ -289,11 +290,19 @@ pub fn store_markdown(results: &BenchResults) -> String {
         out,
         "[ghz](https://ghz.sh) drives the store as Go clients do (grpcurl, the book's CLI and operator). Each cell runs for a fixed time: `ghz --insecure --call petstore.PetStore/<RPC> -d '<request>' -c <concurrency> --connections <replicas> -z <time> <addr>`, against a store that holds the records loaded for the Rust get and search cells plus what earlier AddPets cells added. GetPets reads one fixed ID; SearchPets names one pet. With 2 replicas, ghz goes through a round-robin TCP forwarder on 127.0.0.1 (standing in for a Service) with one connection per replica, so the extra hop is in those figures.\n"
     );
-    let _ = writeln!(
-        out,
-        "| backend | operation | concurrency | calls/s | p50 ms | p99 ms | errors |"
+    table_head(
+        &mut out,
+        &[
+            "backend",
+            "operation",
+            "concurrency",
+            "calls/s",
+            "p50 ms",
+            "p99 ms",
+            "errors",
+        ],
+        "llrrrrr",
     );
-    let _ = writeln!(out, "|---|---|---:|---:|---:|---:|---:|");
     for r in &results.ghz {
         let _ = writeln!(
             out,
@@ -377,11 +386,11 @@ pub fn store_markdown(results: &BenchResults) -> String {
             out,
             "*ghz's ceiling* is the same ghz cell on `grpc.health.v1.Health/Check`, which touches no storage: what ghz itself reaches on these 2 cores.\n"
         );
-        let _ = writeln!(
-            out,
-            "| measurement | goal | measured | met | ghz's ceiling |"
+        table_head(
+            &mut out,
+            &["measurement", "goal", "measured", "met", "ghz's ceiling"],
+            "llrlr",
         );
-        let _ = writeln!(out, "|---|---|---:|---|---:|");
         for (what, goal, got, met, ceiling) in goals {
             let _ = writeln!(
                 out,
@@ -396,13 +405,22 @@ pub fn store_markdown(results: &BenchResults) -> String {
             out,
             "Pets loaded 1000 per call by 4 clients. Name searches: one name per call at concurrency 1 (Rust client), each finding exactly one pet through the name index. The full stream is one SearchPets with no filter, read by one client; RSS is the server's, sampled every 10 ms. The durable store was killed with `kill -9` after loading, and its open time is what it logged on restart.\n"
         );
-        let _ = writeln!(
-            out,
-            "| backend | pets | load | name search p50 | p99 | full stream | pets streamed | RSS before | RSS growth during stream | open after kill -9 | file |"
-        );
-        let _ = writeln!(
-            out,
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        table_head(
+            &mut out,
+            &[
+                "backend",
+                "pets",
+                "load",
+                "name search p50",
+                "p99",
+                "full stream",
+                "pets streamed",
+                "RSS before",
+                "RSS growth during stream",
+                "open after kill -9",
+                "file",
+            ],
+            "lrrrrrrrrrr",
         );
         for r in &results.scale {
             let _ = writeln!(
@@ -430,11 +448,19 @@ pub fn store_markdown(results: &BenchResults) -> String {
         out,
         "A Rust tonic client on loopback, several HTTP/2 connections (spread over the replicas directly, as client-side round-robin would), each cell run for a fixed time. Get and search run against exactly the stated number of records.\n"
     );
-    let _ = writeln!(
-        out,
-        "| backend | operation | concurrency | calls/s | pets/s | p50 ms | p99 ms |"
+    table_head(
+        &mut out,
+        &[
+            "backend",
+            "operation",
+            "concurrency",
+            "calls/s",
+            "pets/s",
+            "p50 ms",
+            "p99 ms",
+        ],
+        "llrrrrr",
     );
-    let _ = writeln!(out, "|---|---|---:|---:|---:|---:|---:|");
     for r in &results.store {
         let _ = writeln!(
             out,

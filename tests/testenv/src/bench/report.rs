@@ -54,14 +54,25 @@ fn requests(counts: &RequestCounts) -> String {
         .join("<br>")
 }
 
+/// A markdown table's header row and alignment row; `align` has one letter
+/// per column, `l` or `r`.
+pub(crate) fn table_head(out: &mut String, columns: &[&str], align: &str) {
+    debug_assert_eq!(columns.len(), align.len(), "one alignment per column");
+    let _ = writeln!(out, "| {} |", columns.join(" | "));
+    let marks: Vec<&str> = align
+        .chars()
+        .map(|a| if a == 'r' { "---:" } else { "---" })
+        .collect();
+    let _ = writeln!(out, "|{}|", marks.join("|"));
+}
+
 fn verdict(met: bool) -> &'static str {
     if met { "met" } else { "**not met**" }
 }
 
 fn goals(out: &mut String, results: &[ConvergenceResult]) {
     let _ = writeln!(out, "### Goals\n");
-    let _ = writeln!(out, "| measurement | goal | measured | |");
-    let _ = writeln!(out, "|---|---|---|---|");
+    table_head(out, &["measurement", "goal", "measured", ""], "llll");
     let mut row = |what: &str, goal: &str, measured: String, met: bool| {
         let _ = writeln!(out, "| {what} | {goal} | {measured} | {} |", verdict(met));
     };
@@ -155,11 +166,22 @@ fn cpu(out: &mut String, results: &[ConvergenceResult]) {
         out,
         "CPU seconds each process used from the first create until every Pet was Ready (utime + stime from `/proc`), in the first pair. Every process shares the 2 cores, so the time to converge follows the total: CPU the operator and the store use is CPU the API server waits for. *Benchmark* is the process that creates the Pets and watches for Ready; in the floor it also runs the baseline client. *Events while converging* were written before the last Pet was Ready; the rest trail it.\n"
     );
-    let _ = writeln!(
+    table_head(
         out,
-        "| N | run | API server | etcd | benchmark | operator | store | total | CPU ms per Pet | Events while converging |"
+        &[
+            "N",
+            "run",
+            "API server",
+            "etcd",
+            "benchmark",
+            "operator",
+            "store",
+            "total",
+            "CPU ms per Pet",
+            "Events while converging",
+        ],
+        "rlrrrrrrrr",
     );
-    let _ = writeln!(out, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in results {
         for (run, split, events) in [
             ("floor", &r.floor_cpu, String::new()),
@@ -198,13 +220,24 @@ pub fn operator(out: &mut String, results: &[ConvergenceResult], plot: Option<&s
         "Events are written from a background queue (as client-go does), so they may trail Ready; *events written* is when the last one of the convergence reached the API server. *RSS converged* is the resident memory once the Events are written; *KiB/Pet* is the growth of peak RSS per Pet added since the previous N. The rename storm and deletion (every Pet renamed, then every Pet deleted, each until the operator has caught up) run up to N = 5,000.\n"
     );
     goals(out, results);
-    let _ = writeln!(
+    table_head(
         out,
-        "| N | operator | floor | operator ÷ floor | each pair | events written | rename storm | delete all | operator peak RSS | RSS converged | KiB/Pet | operator CPU | store peak RSS |"
-    );
-    let _ = writeln!(
-        out,
-        "|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+        &[
+            "N",
+            "operator",
+            "floor",
+            "operator ÷ floor",
+            "each pair",
+            "events written",
+            "rename storm",
+            "delete all",
+            "operator peak RSS",
+            "RSS converged",
+            "KiB/Pet",
+            "operator CPU",
+            "store peak RSS",
+        ],
+        "rrrrlrrrrrrrr",
     );
     for (i, r) in results.iter().enumerate() {
         let marginal = i
@@ -244,11 +277,18 @@ pub fn operator(out: &mut String, results: &[ConvergenceResult], plot: Option<&s
         out,
         "API requests are the API server's own `apiserver_request_total`, minus the benchmark's N creates; *writes per Pet* counts the writes to Pets and Events (Lease renewals follow time, not Pets). Store RPCs are counted by the operator; every read is a `GetPets`.\n"
     );
-    let _ = writeln!(
+    table_head(
         out,
-        "| N | operator API requests | API writes per Pet | store reads per Pet | floor API requests | store RPCs |"
+        &[
+            "N",
+            "operator API requests",
+            "API writes per Pet",
+            "store reads per Pet",
+            "floor API requests",
+            "store RPCs",
+        ],
+        "rlrrll",
     );
-    let _ = writeln!(out, "|---:|---|---:|---:|---|---|");
     for r in results {
         let calls = r
             .store_calls
@@ -273,11 +313,19 @@ pub fn operator(out: &mut String, results: &[ConvergenceResult], plot: Option<&s
         out,
         "Once converged, the operator is killed with `kill -9` and a new process starts under the same name (as when Kubernetes restarts the container). *Caught up* is from its start until it has reconciled every Pet once; it includes waiting for the dead process's Lease. Writes are to Pets and Events; store writes are creates, updates and deletes.\n"
     );
-    let _ = writeln!(
+    table_head(
         out,
-        "| N | caught up | of which Lease wait | API writes | store writes | store reads | new process peak RSS |"
+        &[
+            "N",
+            "caught up",
+            "of which Lease wait",
+            "API writes",
+            "store writes",
+            "store reads",
+            "new process peak RSS",
+        ],
+        "rrrrrrr",
     );
-    let _ = writeln!(out, "|---:|---:|---:|---:|---:|---:|---:|");
     for r in results {
         let _ = writeln!(
             out,
@@ -296,11 +344,19 @@ pub fn operator(out: &mut String, results: &[ConvergenceResult], plot: Option<&s
         out,
         "The restarted operator runs with a short poll interval and `--poll-max-rate`, so that two intervals pass quickly and the bound shows: with more Pets than the interval allows at that rate, the interval in effect stretches to N ÷ rate. Each Pet is polled at a phase of the interval fixed by its UID, so polls are spread evenly whenever the Pets were created. The window starts half an interval after the catch-up, when the first polls begin.\n"
     );
-    let _ = writeln!(
+    table_head(
         out,
-        "| N | poll interval in effect | window | API writes | store writes | store reads | store reads/s |"
+        &[
+            "N",
+            "poll interval in effect",
+            "window",
+            "API writes",
+            "store writes",
+            "store reads",
+            "store reads/s",
+        ],
+        "rrrrrrr",
     );
-    let _ = writeln!(out, "|---:|---:|---:|---:|---:|---:|---:|");
     for r in results {
         let _ = writeln!(
             out,
