@@ -7,8 +7,8 @@
 //! reconciled for a moment ([`QUIET`]): during a burst of new Pets they
 //! would compete with the status writes users wait for, on the same API
 //! server and the same cores. They are written once the burst ends, or
-//! sooner if their queue fills past half. Each keeps the time it happened. When a queue is full, new
-//! Events are dropped and counted.
+//! sooner if their queue fills past half. Each keeps the time it happened.
+//! When a queue is full, new Events are dropped and counted.
 //!
 //! The operator writes through [`EventWriter`], not kube's `Recorder`: the
 //! Recorder keeps every Event it wrote for six minutes (to count repeats

@@ -146,7 +146,11 @@ impl ConvergenceResult {
     /// one pair that a stall slowed down from deciding the figure.
     pub fn ratio(&self) -> f64 {
         if self.pairs.is_empty() {
-            return self.converge.as_secs_f64() / self.floor.as_secs_f64().max(1e-9);
+            let only = Pair {
+                floor: self.floor,
+                operator: self.converge,
+            };
+            return only.ratio();
         }
         median(self.pairs.iter().map(Pair::ratio).collect())
     }
