@@ -8,7 +8,10 @@
 //! - [`events`]: the background Event queue.
 //! - [`leader`]: Lease-based leader election.
 //! - [`metrics`]: Prometheus metrics and health endpoints.
+//! - [`cli`] and [`app`]: the command line, and the wiring of all the above.
 
+pub mod app;
+pub mod cli;
 pub mod controller;
 pub mod crd;
 pub mod decision;
@@ -19,6 +22,18 @@ pub mod status;
 pub mod store;
 
 use status::Reason;
+
+/// Faults for the end-to-end crash tests. The release binary's command line
+/// cannot set one (a test checks that it has no such flag); only the tests'
+/// own operator binary passes one to [`app::run`]. No cargo feature gates
+/// this: a feature turned on by the test crate would be unified into every
+/// workspace build, release binary included.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// After a successful create, hang before the ID reaches status, so a
+    /// test can `kill -9` the operator at the worst moment.
+    HangAfterCreate,
+}
 use store::StoreError;
 
 #[derive(Debug, thiserror::Error)]

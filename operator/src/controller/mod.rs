@@ -27,8 +27,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use tracing::{debug, info, warn};
 
-use crate::Error;
 use crate::crd::{FINALIZER, Pet, PetStatus};
+use crate::{Error, Fault};
 // `Sync` would shadow the marker trait.
 use crate::decision::{
     Facts, Finish, Next, Observation, Plan, Step, Story, Sync as SyncPlan, Target, after_create,
@@ -51,16 +51,6 @@ const STATUS_WRITE_ATTEMPTS: u32 = 5;
 /// rather than after a backoff.
 const OBSERVE_ATTEMPTS: u32 = 3;
 
-/// Faults for crash tests; compiled only with the `fault-injection` feature,
-/// so the release binary has no such flag.
-#[cfg(feature = "fault-injection")]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Fault {
-    /// After a successful create, hang before the ID reaches status, so a
-    /// test can `kill -9` the operator at the worst moment.
-    HangAfterCreate,
-}
-
 #[derive(Clone, Debug)]
 pub struct Settings {
     /// How often an in-sync Pet is checked against the store for drift.
@@ -74,7 +64,7 @@ pub struct Settings {
     pub backoff_max: Duration,
     /// Pets reconciled at once.
     pub concurrency: u16,
-    #[cfg(feature = "fault-injection")]
+    /// A crash-test fault; `None` outside the end-to-end tests.
     pub fault: Option<Fault>,
 }
 
@@ -86,7 +76,6 @@ impl Default for Settings {
             backoff_base: Duration::from_secs(1),
             backoff_max: Duration::from_secs(300),
             concurrency: 16,
-            #[cfg(feature = "fault-injection")]
             fault: None,
         }
     }
@@ -544,12 +533,10 @@ async fn create(pet: &Pet, ctx: &Context, facts: &Facts) -> Result<Created, Erro
         }
         Created::New(_) | Created::Unknown(_) => info!(%id, "created store record"),
     }
-    #[cfg(feature = "fault-injection")]
     if ctx.settings.fault == Some(Fault::HangAfterCreate) {
         warn!(%id, pet = %pet.name_any(), "fault injection: hanging after create, before the ID reaches status");
         std::future::pending::<()>().await;
     }
-    let _ = pet;
     Ok(created)
 }
 

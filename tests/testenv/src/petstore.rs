@@ -268,7 +268,12 @@ pub struct Operator {
 impl Operator {
     pub fn start(options: &OperatorOptions, log: &Path) -> Result<Self> {
         let metrics_addr = format!("127.0.0.1:{}", free_port()?);
-        let mut command = Command::new(cargo_bin("petstore-operator"));
+        // Faults exist only in the tests' own build of the operator.
+        let binary = match options.fault {
+            Some(_) => "petstore-operator-faults",
+            None => "petstore-operator",
+        };
+        let mut command = Command::new(cargo_bin(binary));
         command
             .env("KUBECONFIG", &options.kubeconfig)
             .env("RUST_LOG", options.log_filter)

@@ -1,0 +1,208 @@
+//! The operator's command line: every flag, with the environment variable
+//! that can set it instead. Kept in the library so that a test binary can
+//! add flags of its own around the same [`Args`].
+
+use std::io::IsTerminal;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{ArgAction, Parser, ValueEnum};
+
+/// Kubernetes operator that keeps each Pet resource in the gRPC pet store.
+///
+/// Every flag can also be set through the environment variable shown.
+/// Durations take a unit: 500ms, 30s, 5m, 1h.
+#[derive(Parser, Debug)]
+#[command(version)]
+pub struct Args {
+    /// Pet store address, host:port or http://host:port.
+    #[arg(
+        long,
+        env = "PETSTORE_ADDR",
+        default_value = "petstore-service.petstore.svc.cluster.local:6742"
+    )]
+    pub petstore_addr: String,
+
+    /// Use TLS to the store, trusting this CA (PEM) for its certificate.
+    #[arg(long, env = "PETSTORE_CA_FILE")]
+    pub petstore_ca_file: Option<PathBuf>,
+
+    /// Client certificate (PEM) for mutual TLS with the store. Needs
+    /// --petstore-key-file.
+    #[arg(long, env = "PETSTORE_CERT_FILE", requires = "petstore_key_file")]
+    pub petstore_cert_file: Option<PathBuf>,
+
+    /// Private key (PEM) for --petstore-cert-file.
+    #[arg(long, env = "PETSTORE_KEY_FILE", requires = "petstore_cert_file")]
+    pub petstore_key_file: Option<PathBuf>,
+
+    /// Name to verify in the store's certificate, if not the address's host.
+    #[arg(long, env = "PETSTORE_TLS_SERVER_NAME")]
+    pub petstore_tls_server_name: Option<String>,
+
+    /// Timeout for each pet store call (and for connecting). The old
+    /// spelling --store-timeout is still accepted.
+    #[arg(long, env = "PETSTORE_TIMEOUT", alias = "store-timeout", default_value = "5s", value_parser = parse_duration)]
+    pub petstore_timeout: Duration,
+
+    /// How often an in-sync Pet is re-checked against the store, so records
+    /// changed or lost out of band are put back.
+    #[arg(long, env = "POLL_INTERVAL", default_value = "5m", value_parser = parse_duration)]
+    pub poll_interval: Duration,
+
+    /// Most drift-poll reads per second the store gets, on average. Polls
+    /// are spread evenly over the interval; with more Pets than the interval
+    /// allows at this rate, the interval stretches. 0 = no bound.
+    #[arg(long, env = "POLL_MAX_RATE", default_value_t = 100.0, value_parser = parse_rate)]
+    pub poll_max_rate: f64,
+
+    /// Pets reconciled concurrently.
+    #[arg(long, env = "CONCURRENCY", default_value_t = 16)]
+    pub concurrency: u16,
+
+    /// First retry delay after a failure; it doubles per consecutive failure.
+    #[arg(long, env = "BACKOFF_BASE", default_value = "1s", value_parser = parse_duration)]
+    pub backoff_base: Duration,
+
+    /// Longest retry delay after repeated failures.
+    #[arg(long, env = "BACKOFF_MAX", default_value = "5m", value_parser = parse_duration)]
+    pub backoff_max: Duration,
+
+    /// Address for /metrics, /healthz and /readyz.
+    #[arg(long, env = "METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    pub metrics_addr: SocketAddr,
+
+    /// Elect a leader through a Lease so only one replica reconciles.
+    /// Turn off for a single local process.
+    #[arg(long, env = "LEADER_ELECTION", default_value_t = true, action = ArgAction::Set)]
+    pub leader_election: bool,
+
+    /// Namespace of the leader Lease (in a pod: its own namespace).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    pub lease_namespace: String,
+
+    /// Name of the leader Lease.
+    #[arg(long, env = "LEASE_NAME", default_value = "petstore-operator")]
+    pub lease_name: String,
+
+    /// Lease duration: how long a dead leader blocks a standby.
+    #[arg(long, env = "LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
+    pub lease_duration: Duration,
+
+    /// This replica's identity in the Lease and in Events (in a pod: its name).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+
+    /// Log format. The level comes from RUST_LOG (default `info`).
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration such as 500ms, 30s, 5m or 1h"))?;
+    let seconds = match unit {
+        "ms" => value / 1000.0,
+        "s" | "" => value,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        _ => {
+            return Err(format!(
+                "unknown unit {unit:?} in {text:?}: use ms, s, m or h"
+            ));
+        }
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
+}
+
+pub fn parse_rate(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(rate) if rate.is_finite() && rate >= 0.0 => Ok(rate),
+        _ => Err(format!(
+            "{text:?} is not a rate: give reads per second, such as 100 (0: no bound)"
+        )),
+    }
+}
+
+pub fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colour only on a terminal: `kubectl logs` and log files get plain text.
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stdout().is_terminal());
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_take_units() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("1.5h"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
+        assert!(parse_duration("5 parsecs").is_err());
+        assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn the_store_timeout_flag_matches_its_variable_and_keeps_its_old_name() {
+        let args = Args::try_parse_from(["petstore-operator", "--petstore-timeout", "7s"])
+            .expect("new name");
+        assert_eq!(args.petstore_timeout, Duration::from_secs(7));
+        let args =
+            Args::try_parse_from(["petstore-operator", "--store-timeout", "3s"]).expect("old name");
+        assert_eq!(args.petstore_timeout, Duration::from_secs(3));
+    }
+
+    /// The release binary must not offer fault injection: the faults exist
+    /// only in the end-to-end tests' own binary (see [`crate::Fault`]).
+    #[test]
+    fn a_default_build_has_no_fault_flag() {
+        use clap::CommandFactory;
+        let help = Args::command().render_long_help().to_string();
+        assert!(
+            !help.contains("--fault") && !help.contains("FAULT"),
+            "{help}"
+        );
+        assert!(
+            Args::try_parse_from(["petstore-operator", "--fault", "hang-after-create"]).is_err()
+        );
+    }
+
+    #[test]
+    fn rates_are_non_negative_numbers() {
+        assert_eq!(parse_rate("100"), Ok(100.0));
+        assert_eq!(parse_rate("0"), Ok(0.0));
+        assert_eq!(parse_rate("2.5"), Ok(2.5));
+        assert!(parse_rate("-1").is_err());
+        assert!(parse_rate("fast").is_err());
+        assert!(parse_rate("inf").is_err());
+    }
+
+    #[test]
+    fn cli_is_well_formed() {
+        use clap::CommandFactory;
+        Args::command().debug_assert();
+    }
+}
