@@ -15,6 +15,8 @@ pub mod google {
     }
 }
 
+pub mod convert;
+
 /// Encoded `FileDescriptorSet` of every file in `proto/`, for server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/petstore_descriptor.bin"));

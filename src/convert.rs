@@ -1,0 +1,141 @@
+//! Conversions and limits that both ends of the wire share, so the store's
+//! validation and the operator's client cannot drift apart: the species a
+//! `PetType` names, `google.type.Date` to and from a calendar date, and the
+//! longest name and key the store accepts.
+
+use chrono::{Datelike, NaiveDate};
+
+use crate::google::r#type::Date;
+use crate::petstore::PetType;
+
+/// Longest pet name, in characters (not bytes).
+pub const MAX_NAME_CHARS: usize = 128;
+/// Longest idempotency key, in characters.
+pub const MAX_KEY_CHARS: usize = 128;
+
+/// The species a pet can be: `PetType` without its `PT_UNKNOWN` zero value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Species {
+    Canine,
+    Feline,
+    Bird,
+    Reptile,
+}
+
+impl Species {
+    pub const ALL: [Species; 4] = [
+        Species::Canine,
+        Species::Feline,
+        Species::Bird,
+        Species::Reptile,
+    ];
+
+    /// The species a wire `type` field names; `None` for `PT_UNKNOWN` and
+    /// for numbers the enum does not define.
+    pub fn from_wire(value: i32) -> Option<Species> {
+        match PetType::try_from(value).ok()? {
+            PetType::PtUnknown => None,
+            PetType::PtCanine => Some(Species::Canine),
+            PetType::PtFeline => Some(Species::Feline),
+            PetType::PtBird => Some(Species::Bird),
+            PetType::PtReptile => Some(Species::Reptile),
+        }
+    }
+}
+
+impl From<Species> for PetType {
+    fn from(species: Species) -> PetType {
+        match species {
+            Species::Canine => PetType::PtCanine,
+            Species::Feline => PetType::PtFeline,
+            Species::Bird => PetType::PtBird,
+            Species::Reptile => PetType::PtReptile,
+        }
+    }
+}
+
+impl From<Species> for i32 {
+    fn from(species: Species) -> i32 {
+        PetType::from(species).into()
+    }
+}
+
+/// Why a `google.type.Date` is not a calendar date the store keeps.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DateError {
+    #[error("year {0} is outside 1..=9999")]
+    YearOutOfRange(i32),
+    #[error("{year:04}-{month:02}-{day:02} is not a real date")]
+    NotARealDate { year: i32, month: i32, day: i32 },
+}
+
+impl From<NaiveDate> for Date {
+    fn from(date: NaiveDate) -> Date {
+        Date {
+            year: date.year(),
+            // month() and day() are at most 31, so the casts are lossless.
+            month: date.month() as i32,
+            day: date.day() as i32,
+        }
+    }
+}
+
+impl Date {
+    /// The calendar date, if every part is set and real. Years are 1..=9999,
+    /// as `google.type.Date` defines them; a partial date (a zero part) is
+    /// refused, since a birthday is a whole date.
+    pub fn to_naive(&self) -> Result<NaiveDate, DateError> {
+        if !(1..=9999).contains(&self.year) {
+            return Err(DateError::YearOutOfRange(self.year));
+        }
+        let not_real = || DateError::NotARealDate {
+            year: self.year,
+            month: self.month,
+            day: self.day,
+        };
+        let month = u32::try_from(self.month).map_err(|_| not_real())?;
+        let day = u32::try_from(self.day).map_err(|_| not_real())?;
+        NaiveDate::from_ymd_opt(self.year, month, day).ok_or_else(not_real)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_species_round_trips_through_the_wire() {
+        for species in Species::ALL {
+            assert_eq!(Species::from_wire(i32::from(species)), Some(species));
+        }
+        assert_eq!(Species::from_wire(PetType::PtUnknown.into()), None);
+        assert_eq!(Species::from_wire(99), None);
+    }
+
+    #[test]
+    fn dates_round_trip_and_impossible_ones_are_named() {
+        let day = NaiveDate::from_ymd_opt(2021, 4, 1).expect("a real date");
+        assert_eq!(Date::from(day).to_naive(), Ok(day));
+        let bad = Date {
+            year: 2021,
+            month: 2,
+            day: 30,
+        };
+        assert_eq!(
+            bad.to_naive().unwrap_err().to_string(),
+            "2021-02-30 is not a real date"
+        );
+        let negative = Date {
+            year: 2021,
+            month: -1,
+            day: 1,
+        };
+        assert!(negative.to_naive().is_err());
+        let zero_year = Date {
+            year: 0,
+            month: 1,
+            day: 1,
+        };
+        assert_eq!(zero_year.to_naive(), Err(DateError::YearOutOfRange(0)));
+    }
+}
