@@ -13,13 +13,17 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY operator/Cargo.toml operator/
 COPY petstore-server/Cargo.toml petstore-server/
-COPY tests/testenv/Cargo.toml tests/testenv/
-RUN mkdir -p src operator/src/bin petstore-server/src tests/testenv/src/bin \
- && touch src/lib.rs operator/src/lib.rs petstore-server/src/lib.rs tests/testenv/src/lib.rs \
- && echo 'fn main() {}' > operator/src/main.rs \
- && echo 'fn main() {}' > operator/src/bin/crdgen.rs \
- && echo 'fn main() {}' > petstore-server/src/main.rs \
- && echo 'fn main() {}' > tests/testenv/src/bin/petstore-dev.rs
+# The workspace's other members (test fixtures, end-to-end tests, benchmarks,
+# developer commands) are not in the images, but cargo must load the whole
+# workspace: their manifests come with empty targets.
+COPY tests/fixtures/Cargo.toml tests/fixtures/
+COPY tests/e2e/Cargo.toml tests/e2e/
+COPY benches/Cargo.toml benches/
+COPY xtask/Cargo.toml xtask/
+RUN mkdir -p src operator/src petstore-server/src tests/fixtures/src tests/e2e/bin benches/src xtask/src \
+ && touch src/lib.rs operator/src/lib.rs petstore-server/src/lib.rs tests/fixtures/src/lib.rs benches/src/lib.rs tests/e2e/main.rs \
+ && for main in operator/src/main.rs petstore-server/src/main.rs tests/e2e/bin/petstore-operator-faults.rs \
+                benches/src/main.rs xtask/src/main.rs; do echo 'fn main() {}' > "$main"; done
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     cargo fetch --locked
 COPY proto proto

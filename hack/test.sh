@@ -49,20 +49,20 @@ check_prerequisites() {
 phase "prerequisites" check_prerequisites
 phase "control plane (cached build)" bash hack/control-plane/build.sh
 # kubelet, kube-scheduler, kube-proxy, Tilt, registry, CoreDNS,
-# local-path-provisioner: the one-node cluster of tests/testenv/tests/tilt.rs.
+# local-path-provisioner: the one-node cluster of tests/e2e/tilt.rs.
 phase "one-node cluster and Tilt (cached build)" bash hack/cluster/build.sh
 phase "static checks (Dockerfile, Tiltfile)" bash hack/static-checks.sh
 phase "cargo build" cargo build --locked --workspace --all-targets
 # Both suites run together: unit tests with fakes and a mock API server, and
-# tests/testenv's end-to-end scenarios with the real binaries.
+# tests/e2e's end-to-end stories with the real binaries.
 # The Tilt quick start on the one-node cluster runs in a phase of its own.
 run_tests() {
-  cargo test --locked --workspace -- --skip tilt_quick_start 2>&1 | tee "$test_log"
+  cargo test --locked --workspace -- --skip tilt:: 2>&1 | tee "$test_log"
 }
 phase "cargo test" run_tests
 # Builds both images (BuildKit caches persist in the engine's data root) and
 # runs the README's Tilt quick start against real pods; needs root.
 run_tilt_test() {
-  cargo test --locked -p testenv --test tilt -- --nocapture 2>&1 | tee -a "$test_log"
+  cargo test --locked -p e2e -- tilt:: --nocapture 2>&1 | tee -a "$test_log"
 }
 phase "Tilt quick start on a one-node cluster" run_tilt_test

@@ -1,5 +1,5 @@
 //! Fails when config/crd/ no longer matches the Rust types. Regenerate with
-//! `cargo run -p petstore-operator --bin crdgen -- config/crd/petstore.example.com_pets.yaml`.
+//! `cargo xtask crdgen`.
 
 #[test]
 fn committed_crd_matches_the_rust_types() {
@@ -11,7 +11,7 @@ fn committed_crd_matches_the_rust_types() {
     let generated = petstore_operator::crd::crd_yaml().expect("generate the CRD");
     assert!(
         committed == generated,
-        "config/crd is out of date; run: cargo run -p petstore-operator --bin crdgen -- config/crd/petstore.example.com_pets.yaml"
+        "config/crd is out of date; run: cargo xtask crdgen"
     );
 }
 

@@ -56,9 +56,9 @@ async fn start_with(storage: Arc<dyn Storage>, dir: tempfile::TempDir) -> Runnin
 }
 
 /// A fresh, empty database on the PostgreSQL server this test binary
-/// started (a real one, on 127.0.0.1; see testenv::postgres).
+/// started (a real one, on 127.0.0.1; see fixtures::postgres).
 fn postgres_config() -> PostgresConfig {
-    let server = testenv::postgres::shared().expect("start PostgreSQL");
+    let server = fixtures::postgres::shared().expect("start PostgreSQL");
     let url = server.new_database("conformance").expect("create database");
     let mut config: tokio_postgres::Config = url.parse().expect("url");
     let password = std::fs::read_to_string(&server.password_file).expect("password");

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::env::is_ready;
-use crate::{Env, Operator, Result, Storage};
+use fixtures::env::is_ready;
+use fixtures::{Env, Operator, Result, Storage};
 
 #[derive(Clone, Debug)]
 pub struct SoakConfig {
@@ -188,7 +188,10 @@ impl Soak<'_> {
         if !self.ensure_namespace(&namespace) {
             self.count(
                 "create",
-                Err(crate::Error::Timeout(Duration::ZERO, "terminating".into())),
+                Err(fixtures::Error::Timeout(
+                    Duration::ZERO,
+                    "terminating".into(),
+                )),
             );
             return;
         }
@@ -498,7 +501,7 @@ pub fn run_soak(config: SoakConfig) -> Result<SoakReport> {
     let quiet = Instant::now();
     while let Some(last) = soak.violations() {
         if quiet.elapsed() > config.converge_timeout {
-            return Err(crate::Error::Timeout(
+            return Err(fixtures::Error::Timeout(
                 config.converge_timeout,
                 format!("convergence; still wrong:\n{last}\n{}", soak.report),
             ));
@@ -518,4 +521,30 @@ pub fn run_soak(config: SoakConfig) -> Result<SoakReport> {
     soak.report.live_pets = pets["items"].as_array().map_or(0, Vec::len);
     soak.report.total = started.elapsed();
     Ok(std::mem::take(&mut soak.report))
+}
+
+/// Small and with a fixed seed, so the test command stays quick and
+/// reproducible. A longer run:
+///
+///     CHAOS_SEED=7 CHAOS_OPS=1000 CHAOS_PETS=200 CHAOS_NAMESPACES=5 CHAOS_FAULTS=25 \
+///       cargo test -p e2e -- chaos:: --nocapture
+#[test]
+fn chaos_soak_converges_with_nothing_lost_or_leaked() -> Result<()> {
+    let config = SoakConfig::from_env(SoakConfig {
+        seed: 42,
+        operations: 100,
+        initial_pets: 40,
+        namespaces: 4,
+        faults: 6,
+        converge_timeout: Duration::from_secs(180),
+    });
+    eprintln!("chaos soak: {config:?}");
+    let report = run_soak(config.clone())?;
+    eprintln!("{report}");
+    let operations: usize = report.operations.values().sum();
+    let faults: usize = report.faults.values().sum();
+    assert!(operations >= config.operations, "{report}");
+    assert_eq!(faults, config.faults, "{report}");
+    assert!(report.live_pets > 0, "{report}");
+    Ok(())
 }

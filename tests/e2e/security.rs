@@ -4,11 +4,11 @@
 
 use std::time::Duration;
 
-use testenv::petstore::grpcurl_with;
-use testenv::{Env, Storage, repo_root};
+use fixtures::petstore::grpcurl_with;
+use fixtures::{Env, Storage, repo_root};
 
 #[test]
-fn operator_and_store_speak_mutual_tls_and_strangers_are_refused() -> testenv::Result<()> {
+fn operator_and_store_speak_mutual_tls_and_strangers_are_refused() -> fixtures::Result<()> {
     let env = Env::start_with(Storage::Durable, true)?;
     let _operator = env.start_operator("operator")?;
     let samples = repo_root().join("config/samples");
@@ -43,7 +43,7 @@ fn operator_and_store_speak_mutual_tls_and_strangers_are_refused() -> testenv::R
         .is_err()
     );
     // A client certificate from another CA is refused.
-    let stranger = testenv::certs::Pki::create(&{
+    let stranger = fixtures::certs::Pki::create(&{
         let dir = env.cp.dir().join("stranger");
         std::fs::create_dir_all(&dir).expect("stranger dir");
         dir

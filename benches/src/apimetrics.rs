@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::{ControlPlane, Result};
+use fixtures::{ControlPlane, Result};
 
 /// (resource[/subresource], VERB) -> requests.
 pub type RequestCounts = BTreeMap<(String, String), u64>;

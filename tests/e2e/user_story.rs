@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
+use fixtures::env::condition;
+use fixtures::{Env, Storage, repo_root, wait_for};
 use serde_json::Value;
-use testenv::env::condition;
-use testenv::{Env, Storage, repo_root, wait_for};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -14,7 +14,7 @@ fn names(pets: &[Value]) -> Vec<&str> {
 }
 
 #[test]
-fn apply_rename_delete_and_orphan() -> testenv::Result<()> {
+fn apply_rename_delete_and_orphan() -> fixtures::Result<()> {
     let env = Env::start(Storage::Durable)?;
     let mut operator = env.start_operator("operator-a")?;
     let samples = repo_root().join("config/samples");

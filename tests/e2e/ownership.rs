@@ -7,10 +7,10 @@
 
 use std::time::Duration;
 
+use fixtures::env::condition;
+use fixtures::legacy_store::LegacyStore;
+use fixtures::{Env, Storage, wait_for};
 use serde_json::Value;
-use testenv::env::condition;
-use testenv::legacy_store::LegacyStore;
-use testenv::{Env, Storage, wait_for};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 const EXTERNAL_ID: &str = "petstore.example.com/external-id";
@@ -32,7 +32,7 @@ fn pet_yaml(name: &str, pet_name: &str, annotations: &[(&str, &str)], extra_spec
 }
 
 /// Every Event as (reason, object, note).
-fn events(env: &Env) -> testenv::Result<Vec<(String, String, String)>> {
+fn events(env: &Env) -> fixtures::Result<Vec<(String, String, String)>> {
     let out = env
         .cp
         .kubectl(&["get", "events.events.k8s.io", "-n", "default", "-o", "json"])?;
@@ -64,14 +64,14 @@ fn record<'a>(records: &'a [Value], id: &str) -> Option<&'a Value> {
     records.iter().find(|r| r["id"] == id)
 }
 
-fn uid(env: &Env, name: &str) -> testenv::Result<String> {
+fn uid(env: &Env, name: &str) -> fixtures::Result<String> {
     Ok(env.pet("default", name)?["metadata"]["uid"]
         .as_str()
         .unwrap_or_default()
         .to_owned())
 }
 
-fn set_status_id(env: &Env, name: &str, id: &str) -> testenv::Result<String> {
+fn set_status_id(env: &Env, name: &str, id: &str) -> fixtures::Result<String> {
     env.cp.kubectl(&[
         "patch",
         "pet",
@@ -85,7 +85,7 @@ fn set_status_id(env: &Env, name: &str, id: &str) -> testenv::Result<String> {
 
 /// Waits until the Pet's Synced condition has this reason; returns its
 /// message.
-fn wait_synced_reason(env: &Env, name: &str, reason: &str) -> testenv::Result<String> {
+fn wait_synced_reason(env: &Env, name: &str, reason: &str) -> fixtures::Result<String> {
     wait_for(TIMEOUT, &format!("{name}: Synced reason {reason}"), || {
         let pet = env.pet("default", name).ok()?;
         let synced = condition(&pet, "Synced")?;
@@ -94,7 +94,7 @@ fn wait_synced_reason(env: &Env, name: &str, reason: &str) -> testenv::Result<St
     })
 }
 
-fn add_pet(store: &testenv::PetStoreServer, name: &str) -> testenv::Result<String> {
+fn add_pet(store: &fixtures::PetStoreServer, name: &str) -> fixtures::Result<String> {
     let out = store.grpcurl(
         "petstore.PetStore/AddPets",
         &format!(
@@ -106,7 +106,7 @@ fn add_pet(store: &testenv::PetStoreServer, name: &str) -> testenv::Result<Strin
 
 #[test]
 fn a_status_id_that_is_not_the_pets_own_is_corrected_and_touches_nothing_foreign()
--> testenv::Result<()> {
+-> fixtures::Result<()> {
     let env = Env::start(Storage::Durable)?;
     let operator = env.start_operator("operator")?;
     env.cp.apply(&pet_yaml("alpha", "Alpha", &[], ""))?;
@@ -173,7 +173,7 @@ fn a_status_id_that_is_not_the_pets_own_is_corrected_and_touches_nothing_foreign
 }
 
 #[test]
-fn records_are_adopted_explicitly_and_only_one_pet_wins_a_race() -> testenv::Result<()> {
+fn records_are_adopted_explicitly_and_only_one_pet_wins_a_race() -> fixtures::Result<()> {
     let env = Env::start(Storage::Durable)?;
     let _operator = env.start_operator("operator")?;
 
@@ -255,8 +255,8 @@ fn records_are_adopted_explicitly_and_only_one_pet_wins_a_race() -> testenv::Res
             condition(p, "Synced").is_some_and(|c| c["reason"] == "RecordOwnedElsewhere")
         };
         match (
-            testenv::env::is_ready(&left),
-            testenv::env::is_ready(&right),
+            fixtures::env::is_ready(&left),
+            fixtures::env::is_ready(&right),
         ) {
             (true, false) if lost(&right) => Some(("left", "right")),
             (false, true) if lost(&left) => Some(("right", "left")),
@@ -277,7 +277,7 @@ fn records_are_adopted_explicitly_and_only_one_pet_wins_a_race() -> testenv::Res
 }
 
 #[test]
-fn a_misspelled_deletion_policy_never_deletes() -> testenv::Result<()> {
+fn a_misspelled_deletion_policy_never_deletes() -> fixtures::Result<()> {
     let env = Env::start(Storage::Durable)?;
     let _operator = env.start_operator("operator")?;
 
@@ -335,7 +335,7 @@ fn a_misspelled_deletion_policy_never_deletes() -> testenv::Result<()> {
 }
 
 #[test]
-fn a_store_without_the_extensions_is_named_and_orphan_lets_go() -> testenv::Result<()> {
+fn a_store_without_the_extensions_is_named_and_orphan_lets_go() -> fixtures::Result<()> {
     let env = Env::start(Storage::Durable)?;
     let legacy = LegacyStore::start()?;
     let mut options = env.operator_options("operator");

@@ -3,7 +3,7 @@
 
 use std::process::Command;
 
-use testenv::{ControlPlane, Tools, repo_root};
+use fixtures::{ControlPlane, Tools, repo_root};
 
 const SA: &str = "system:serviceaccount:petstore-system:petstore-operator";
 
@@ -30,7 +30,7 @@ fn can_i(cp: &ControlPlane, verb: &str, resource: &str, namespace: Option<&str>)
 }
 
 #[test]
-fn config_default_passes_server_side_validation_and_installs() -> testenv::Result<()> {
+fn config_default_passes_server_side_validation_and_installs() -> fixtures::Result<()> {
     let cp = ControlPlane::start()?;
     let config = repo_root().join("config");
     let default = config.join("default");
@@ -108,10 +108,10 @@ fn config_default_passes_server_side_validation_and_installs() -> testenv::Resul
 }
 
 #[test]
-fn operator_service_account_has_least_privilege() -> testenv::Result<()> {
+fn operator_service_account_has_least_privilege() -> fixtures::Result<()> {
     let cp = ControlPlane::start()?;
     let config = repo_root().join("config");
-    testenv::env::install_crd_and_rbac(&cp)?;
+    fixtures::env::install_crd_and_rbac(&cp)?;
 
     // What it needs.
     for (verb, resource) in [

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use testenv::{Env, Storage, wait_for};
+use fixtures::{Env, Storage, wait_for};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -14,7 +14,7 @@ fn pet_yaml(name: &str, spec: &str) -> String {
 }
 
 #[test]
-fn invalid_pets_are_rejected_with_the_field_named_and_reach_nothing() -> testenv::Result<()> {
+fn invalid_pets_are_rejected_with_the_field_named_and_reach_nothing() -> fixtures::Result<()> {
     let env = Env::start(Storage::Durable)?;
     let _operator = env.start_operator("operator")?;
     let long_name = "x".repeat(129);
@@ -125,7 +125,7 @@ fn invalid_pets_are_rejected_with_the_field_named_and_reach_nothing() -> testenv
 }
 
 #[test]
-fn deleting_a_namespace_full_of_pets_completes_and_empties_the_store() -> testenv::Result<()> {
+fn deleting_a_namespace_full_of_pets_completes_and_empties_the_store() -> fixtures::Result<()> {
     let env = Env::start(Storage::Durable)?;
     let _operator = env.start_operator("operator")?;
     env.cp.kubectl(&["create", "namespace", "zoo"])?;

@@ -6,12 +6,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use fixtures::env::{OPERATOR_ACCOUNT, OPERATOR_NAMESPACE, install_crd_and_rbac, is_ready};
+use fixtures::forwarder::Forwarder;
+use fixtures::petstore::grpcurl;
+use fixtures::postgres::Postgres;
+use fixtures::{ControlPlane, Env, PetStoreServer, PostgresTarget, wait_for};
 use serde_json::Value;
-use testenv::env::{OPERATOR_ACCOUNT, OPERATOR_NAMESPACE, install_crd_and_rbac, is_ready};
-use testenv::forwarder::Forwarder;
-use testenv::petstore::grpcurl;
-use testenv::postgres::Postgres;
-use testenv::{ControlPlane, Env, PetStoreServer, PostgresTarget, wait_for};
 
 /// Pets per wave; two waves, the second applied right after the kill.
 const WAVE: usize = 100;
@@ -31,11 +31,11 @@ fn burst(range: std::ops::Range<usize>) -> String {
         .join("---\n")
 }
 
-fn pets(env: &Env) -> testenv::Result<Vec<Value>> {
+fn pets(env: &Env) -> fixtures::Result<Vec<Value>> {
     let out = env
         .cp
         .kubectl(&["get", "pets", "-n", "default", "-o", "json"])?;
-    let list: Value = serde_json::from_str(&out).map_err(|e| testenv::Error::Command {
+    let list: Value = serde_json::from_str(&out).map_err(|e| fixtures::Error::Command {
         command: "kubectl get pets".into(),
         status: "unparsable".into(),
         stderr: e.to_string(),
@@ -44,7 +44,7 @@ fn pets(env: &Env) -> testenv::Result<Vec<Value>> {
 }
 
 #[test]
-fn kill_9_of_one_replica_during_a_burst_loses_and_duplicates_nothing() -> testenv::Result<()> {
+fn kill_9_of_one_replica_during_a_burst_loses_and_duplicates_nothing() -> fixtures::Result<()> {
     let cp = ControlPlane::start()?;
     install_crd_and_rbac(&cp)?;
     let operator_kubeconfig =
@@ -121,7 +121,7 @@ fn kill_9_of_one_replica_during_a_burst_loses_and_duplicates_nothing() -> testen
                     .status();
             }
         }
-        let applied = applying.join().map_err(|_| testenv::Error::Command {
+        let applied = applying.join().map_err(|_| fixtures::Error::Command {
             command: "kubectl apply (first wave)".into(),
             status: "panicked".into(),
             stderr: String::new(),
@@ -141,9 +141,9 @@ fn kill_9_of_one_replica_during_a_burst_loses_and_duplicates_nothing() -> testen
     // the victim comes back, as Kubernetes would restart it.
     std::thread::sleep(Duration::from_secs(3));
     if victim == 0 {
-        env.store.restart(testenv::Storage::Postgres)?;
+        env.store.restart(fixtures::Storage::Postgres)?;
     } else {
-        b.restart(testenv::Storage::Postgres)?;
+        b.restart(fixtures::Storage::Postgres)?;
     }
 
     let converged = wait_for(TIMEOUT, "every Pet Ready", || {
@@ -196,10 +196,10 @@ fn kill_9_of_one_replica_during_a_burst_loses_and_duplicates_nothing() -> testen
 /// PodDisruptionBudget, the URL and password from the user's Secret, no
 /// volume claim.
 #[test]
-fn postgres_overlay_installs_two_replicas_with_a_budget() -> testenv::Result<()> {
+fn postgres_overlay_installs_two_replicas_with_a_budget() -> fixtures::Result<()> {
     let cp = ControlPlane::start()?;
-    let overlay = testenv::repo_root().join("config/overlays/postgres");
-    let config = testenv::repo_root().join("config");
+    let overlay = fixtures::repo_root().join("config/overlays/postgres");
+    let config = fixtures::repo_root().join("config");
     cp.kubectl(&[
         "apply",
         "-f",
@@ -232,7 +232,7 @@ fn postgres_overlay_installs_two_replicas_with_a_budget() -> testenv::Result<()>
         "-o",
         "json",
     ])?)
-    .map_err(|e| testenv::Error::Command {
+    .map_err(|e| fixtures::Error::Command {
         command: "kubectl get deployment".into(),
         status: "unparsable".into(),
         stderr: e.to_string(),

@@ -2,10 +2,10 @@
 //! works. It asserts results that are not timings: everything converged,
 //! nothing was written in steady state, and no acknowledged pet was lost.
 
-use testenv::bench::{self, BenchConfig};
+use petstore_bench::{self as bench, BenchConfig};
 
 #[test]
-fn benchmarks_run_end_to_end() -> testenv::Result<()> {
+fn benchmarks_run_end_to_end() -> fixtures::Result<()> {
     let config = BenchConfig::smoke();
     let results = bench::run_all(&config, |step| eprintln!("[bench smoke] {step}"))?;
 
@@ -81,7 +81,7 @@ fn benchmarks_run_end_to_end() -> testenv::Result<()> {
         results
             .ghz
             .iter()
-            .filter(|r| r.operation == testenv::bench::store_load::CEILING_OPERATION)
+            .filter(|r| r.operation == petstore_bench::store_load::CEILING_OPERATION)
             .count(),
         cells
     );
@@ -106,7 +106,7 @@ fn benchmarks_run_end_to_end() -> testenv::Result<()> {
     assert!(durability.acknowledged > 0);
     assert_eq!(durability.found_after_kill, durability.acknowledged);
 
-    let dir = tempfile::tempdir().map_err(|e| testenv::Error::Io {
+    let dir = tempfile::tempdir().map_err(|e| fixtures::Error::Io {
         what: "tempdir".into(),
         source: e,
     })?;

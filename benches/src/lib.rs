@@ -16,7 +16,7 @@ use convergence::{ConvergenceConfig, ConvergenceResult, FloorIdentity};
 use report::table_head;
 use store_load::{DurabilityCheck, GhzResult, LoadResult, ScaleResult, StoreSetup};
 
-use crate::{Result, Tools, run};
+use fixtures::{Result, Tools, run};
 
 #[derive(Clone, Debug)]
 pub struct BenchConfig {
@@ -106,7 +106,7 @@ pub fn run_all(config: &BenchConfig, progress: impl Fn(&str)) -> Result<BenchRes
         .worker_threads(2)
         .enable_all()
         .build()
-        .map_err(crate::io("starting a tokio runtime"))?;
+        .map_err(fixtures::io("starting a tokio runtime"))?;
     let mut results = BenchResults {
         load_start: report::load_average(),
         ..BenchResults::default()
@@ -168,7 +168,7 @@ pub fn run_all(config: &BenchConfig, progress: impl Fn(&str)) -> Result<BenchRes
     results.store_load_start = report::load_average();
     for setup in setups {
         progress(&format!("store, {}", setup.label()));
-        let dir = tempfile::tempdir().map_err(crate::io("creating a directory"))?;
+        let dir = tempfile::tempdir().map_err(fixtures::io("creating a directory"))?;
         let (cells, durability, ghz) = store_load::measure_backend(
             &rt,
             dir.path(),
@@ -188,7 +188,7 @@ pub fn run_all(config: &BenchConfig, progress: impl Fn(&str)) -> Result<BenchRes
         .filter(|_| !config.store_concurrencies.is_empty())
     {
         for setup in [StoreSetup::Memory, StoreSetup::Durable] {
-            let dir = tempfile::tempdir().map_err(crate::io("creating a directory"))?;
+            let dir = tempfile::tempdir().map_err(fixtures::io("creating a directory"))?;
             results.scale.push(store_load::measure_scale(
                 &rt,
                 dir.path(),

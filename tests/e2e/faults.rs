@@ -3,13 +3,13 @@
 
 use std::time::Duration;
 
+use fixtures::env::condition;
+use fixtures::{Env, Storage, repo_root, wait_for};
 use serde_json::Value;
-use testenv::env::condition;
-use testenv::{Env, Storage, repo_root, wait_for};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
-fn apply_samples(env: &Env) -> testenv::Result<(String, String)> {
+fn apply_samples(env: &Env) -> fixtures::Result<(String, String)> {
     let samples = repo_root().join("config/samples");
     env.cp
         .kubectl(&["apply", "-k", &samples.to_string_lossy()])?;
@@ -28,7 +28,7 @@ fn ids(pets: &[Value]) -> Vec<String> {
     ids
 }
 
-fn event_reasons(env: &Env) -> testenv::Result<String> {
+fn event_reasons(env: &Env) -> fixtures::Result<String> {
     env.cp.kubectl(&[
         "get",
         "events.events.k8s.io",
@@ -39,7 +39,7 @@ fn event_reasons(env: &Env) -> testenv::Result<String> {
 }
 
 #[test]
-fn memory_store_restart_recreates_every_pet_with_new_ids() -> testenv::Result<()> {
+fn memory_store_restart_recreates_every_pet_with_new_ids() -> fixtures::Result<()> {
     let mut env = Env::start(Storage::Memory)?;
     let _operator = env.start_operator("operator")?;
     let (thor, tron) = apply_samples(&env)?;
@@ -70,7 +70,7 @@ fn memory_store_restart_recreates_every_pet_with_new_ids() -> testenv::Result<()
 }
 
 #[test]
-fn durable_store_restart_changes_nothing() -> testenv::Result<()> {
+fn durable_store_restart_changes_nothing() -> fixtures::Result<()> {
     let mut env = Env::start(Storage::Durable)?;
     let operator = env.start_operator("operator")?;
     let (thor, tron) = apply_samples(&env)?;
@@ -94,7 +94,7 @@ fn durable_store_restart_changes_nothing() -> testenv::Result<()> {
 }
 
 #[test]
-fn operator_killed_between_create_and_status_leaves_no_duplicate() -> testenv::Result<()> {
+fn operator_killed_between_create_and_status_leaves_no_duplicate() -> fixtures::Result<()> {
     let env = Env::start(Storage::Durable)?;
     let mut options = env.operator_options("doomed");
     options.fault = Some("hang-after-create");
@@ -128,7 +128,7 @@ fn operator_killed_between_create_and_status_leaves_no_duplicate() -> testenv::R
 }
 
 #[test]
-fn unreachable_store_is_reported_then_converges() -> testenv::Result<()> {
+fn unreachable_store_is_reported_then_converges() -> fixtures::Result<()> {
     let mut env = Env::start(Storage::Durable)?;
     let _operator = env.start_operator("operator")?;
     env.store.kill();
@@ -165,7 +165,7 @@ fn unreachable_store_is_reported_then_converges() -> testenv::Result<()> {
 }
 
 #[test]
-fn only_the_leader_reconciles_and_killing_it_hands_over() -> testenv::Result<()> {
+fn only_the_leader_reconciles_and_killing_it_hands_over() -> fixtures::Result<()> {
     let env = Env::start(Storage::Durable)?;
     let mut first = env.start_operator("replica-1")?;
     wait_for(TIMEOUT, "replica-1 to lead", || {

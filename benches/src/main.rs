@@ -10,12 +10,12 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use testenv::bench::convergence::FloorIdentity;
-use testenv::bench::{self, BenchConfig};
+use petstore_bench::convergence::FloorIdentity;
+use petstore_bench::{self as bench, BenchConfig};
 
 fn main() -> ExitCode {
     let mut config = BenchConfig::full();
-    let mut out = testenv::repo_root().join("BENCHMARKS.md");
+    let mut out = fixtures::repo_root().join("BENCHMARKS.md");
     let mut store_only = false;
     let mut skip_store = false;
     let mut args = std::env::args().skip(1);

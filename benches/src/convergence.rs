@@ -14,9 +14,9 @@ use petstore_operator::crd::{FINALIZER, Pet, PetKind, PetSpec};
 use serde_json::json;
 use tokio::sync::watch;
 
-use super::apimetrics::{self, RequestCounts};
-use super::procstat;
-use crate::{Env, Error, Operator, Result, Storage, wait_for};
+use crate::apimetrics::{self, RequestCounts};
+use crate::procstat;
+use fixtures::{Env, Error, Operator, Result, Storage, wait_for};
 
 const NAMESPACE: &str = "bench";
 

@@ -3,9 +3,9 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use super::apimetrics::RequestCounts;
-use super::convergence::{ConvergenceResult, FloorIdentity};
-use crate::Result;
+use crate::apimetrics::RequestCounts;
+use crate::convergence::{ConvergenceResult, FloorIdentity};
+use fixtures::Result;
 
 /// The goals this benchmark is held to (see BENCHMARKS.md).
 pub const GOAL_RATIO: f64 = 1.10;
@@ -388,7 +388,7 @@ type Series<'a> = (Vec<(f64, f64)>, plotters::style::RGBColor, &'a str);
 /// Time, peak RSS and store reads per Pet against N, with the floor, as
 /// three panels of one SVG.
 pub fn plot(results: &[ConvergenceResult], path: &Path) -> Result<()> {
-    draw(results, path).map_err(|e| crate::Error::Command {
+    draw(results, path).map_err(|e| fixtures::Error::Command {
         command: "plot".into(),
         status: "error".into(),
         stderr: e.to_string(),

@@ -1,5 +1,5 @@
 //! The README's Tilt quick start, for real: a one-node cluster with real
-//! pods (tests/testenv/src/cluster), the unmodified Tiltfile under `tilt ci`
+//! pods (tests/fixtures/src/cluster), the unmodified Tiltfile under `tilt ci`
 //! and `tilt up`, and the quick start's steps 3-6 through Tilt's
 //! port-forwards with kubectl and grpcurl. Then what only real pods show:
 //! restricted Pod Security, probes, the PVC, in-cluster RBAC, leader
@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use fixtures::cluster::Cluster;
+use fixtures::{Tools, free_port, repo_root, wait_for};
 use serde_json::Value;
-use testenv::cluster::Cluster;
-use testenv::{Tools, free_port, repo_root, wait_for};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 

@@ -1,63 +1,21 @@
-//! Docker-free local environment: a real control plane on 127.0.0.1, the
-//! durable pet store and the operator, with the CRD and samples applied.
-//! Runs until Ctrl-C, then stops everything and removes its files.
-//!
-//!     cargo run -p testenv --bin petstore-dev
-//!
-//! With `--cluster` it brings up the one-node cluster of the Tilt quick start
-//! instead (real node, registry on localhost:5005, context `kind-petstore`;
-//! needs root), for `tilt up` without kind:
-//!
-//!     cargo run -p testenv --bin petstore-dev -- --cluster
+//! `cargo xtask dev`: a Docker-free local environment (a real control plane
+//! on 127.0.0.1, the durable pet store and the operator, with the CRD and
+//! samples applied). `cargo xtask cluster`: the one-node cluster of the Tilt
+//! quick start (real node, registry on localhost:5005, context
+//! `kind-petstore`; needs root), for `tilt up` without kind. Both run until
+//! Ctrl-C, then stop everything and remove their files.
 
 use std::path::Path;
-use std::process::{Command, ExitCode};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use testenv::{Env, Storage, repo_root};
-
-/// Set by SIGINT or SIGTERM.
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn request_stop(_: libc::c_int) {
-    STOP.store(true, Ordering::SeqCst);
-}
-
-fn main() -> ExitCode {
-    for signal in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: the handler only stores to an atomic, which is signal-safe.
-        let previous =
-            unsafe { libc::signal(signal, request_stop as *const () as libc::sighandler_t) };
-        if previous == libc::SIG_ERR {
-            eprintln!(
-                "petstore-dev: cannot handle signals: {}",
-                std::io::Error::last_os_error()
-            );
-            return ExitCode::FAILURE;
-        }
-    }
-    let result = match std::env::args().nth(1).as_deref() {
-        None => run(&STOP),
-        Some("--cluster") => run_cluster(&STOP),
-        Some(other) => {
-            eprintln!("petstore-dev: unknown argument {other:?} (only --cluster)");
-            return ExitCode::FAILURE;
-        }
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("petstore-dev: {err}");
-            ExitCode::FAILURE
-        }
-    }
-}
+use fixtures::{Env, Storage, repo_root};
 
 /// The one-node cluster, until Ctrl-C.
-fn run_cluster(stop: &AtomicBool) -> testenv::Result<()> {
+pub fn cluster(stop: &AtomicBool) -> fixtures::Result<()> {
     eprintln!("starting the one-node cluster (the first run builds and caches its parts)...");
-    let cluster = testenv::cluster::Cluster::start()?;
+    let cluster = fixtures::cluster::Cluster::start()?;
     println!(
         "
 A one-node cluster is running (context kind-petstore, registry on localhost:5005).
@@ -86,17 +44,17 @@ Press Ctrl-C to stop it and remove everything.",
 
 /// Builds the binaries this command starts (the pet store and the operator)
 /// into the target directory it runs from, with its own profile, so that
-/// `cargo run -p testenv --bin petstore-dev` works from a fresh clone.
+/// `cargo xtask dev` works from a fresh clone.
 /// `PETSTORE_BIN_DIR` names prebuilt binaries instead.
-fn build_binaries() -> testenv::Result<()> {
+fn build_binaries() -> fixtures::Result<()> {
     if std::env::var_os("PETSTORE_BIN_DIR").is_some() {
         return Ok(());
     }
-    let exe = std::env::current_exe().map_err(|source| testenv::Error::Io {
+    let exe = std::env::current_exe().map_err(|source| fixtures::Error::Io {
         what: "finding this executable".into(),
         source,
     })?;
-    // <target>/<profile>/petstore-dev
+    // <target>/<profile>/xtask
     let profile_dir = exe.parent().unwrap_or(Path::new("."));
     let target_dir = profile_dir.parent().unwrap_or(Path::new("."));
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
@@ -120,12 +78,12 @@ fn build_binaries() -> testenv::Result<()> {
         build.arg("--release");
     }
     eprintln!("building petstore-server and petstore-operator...");
-    let status = build.status().map_err(|source| testenv::Error::Io {
+    let status = build.status().map_err(|source| fixtures::Error::Io {
         what: format!("running {build:?}"),
         source,
     })?;
     if !status.success() {
-        return Err(testenv::Error::Command {
+        return Err(fixtures::Error::Command {
             command: format!("{build:?}"),
             status: status.to_string(),
             stderr: "see cargo's output above".into(),
@@ -134,7 +92,7 @@ fn build_binaries() -> testenv::Result<()> {
     Ok(())
 }
 
-fn run(stop: &AtomicBool) -> testenv::Result<()> {
+pub fn dev(stop: &AtomicBool) -> fixtures::Result<()> {
     build_binaries()?;
     eprintln!(
         "starting etcd, kube-apiserver and the namespace controller (the first run builds them)..."
@@ -162,7 +120,7 @@ Logs: {dir}/*.log   (operator: {dir}/petstore-operator-dev.log)
 Press Ctrl-C to stop and clean up.",
         kubeconfig = env.cp.kubeconfig.display(),
         store = env.store.addr,
-        grpcurl = testenv::Tools::get()?.bin("grpcurl").display(),
+        grpcurl = fixtures::Tools::get()?.bin("grpcurl").display(),
     );
     while !stop.load(Ordering::SeqCst) {
         std::thread::sleep(Duration::from_millis(200));

@@ -11,9 +11,9 @@ use petstore_proto::google::r#type::Date;
 use petstore_proto::petstore::{self as pb, PetType};
 use tonic::transport::Channel;
 
-use crate::forwarder::Forwarder;
-use crate::postgres::{Postgres, PostgresOptions};
-use crate::{Error, PetStoreServer, PostgresTarget, Result, Storage, Tools};
+use fixtures::forwarder::Forwarder;
+use fixtures::postgres::{Postgres, PostgresOptions};
+use fixtures::{Error, PetStoreServer, PostgresTarget, Result, Storage, Tools};
 
 /// What serves a benchmark: one store process, or several replicas on one
 /// PostgreSQL database behind a round-robin forwarder (as behind a Service).
@@ -298,7 +298,7 @@ pub fn ghz(
     connections: usize,
     duration: Duration,
 ) -> Result<GhzResult> {
-    let out = crate::run(
+    let out = fixtures::run(
         Command::new(Tools::get()?.bin("ghz"))
             .args(["--insecure", "--call", call, "-d", data])
             .args(["-c", &concurrency.to_string()])

@@ -1,0 +1,18 @@
+//! The end-to-end tests, one module per story. They run the real binaries
+//! (built by cargo into the same target directory) against a real
+//! kube-apiserver and etcd on 127.0.0.1 (see the `fixtures` crate), and
+//! drive them the way users do: `kubectl`, `grpcurl`, `tilt`.
+//!
+//! One story: `cargo test -p e2e -- ownership::`. The Tilt quick start needs
+//! root and runs in a phase of its own in hack/test.sh: `cargo test -p e2e
+//! -- tilt:: --nocapture`.
+
+mod chaos;
+mod deploy;
+mod faults;
+mod kubernetes;
+mod ownership;
+mod postgres_replicas;
+mod security;
+mod tilt;
+mod user_story;

@@ -1,0 +1,87 @@
+//! Developer commands, run as `cargo xtask <command>` (an alias in
+//! .cargo/config.toml), after rust-analyzer's xtask: plain Rust, so they need
+//! no tool beyond cargo and work the same on every machine.
+
+mod crdgen;
+mod dev;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "cargo xtask",
+    about = "Developer commands for petstore-operator"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Run the project without Docker: a local control plane, the durable
+    /// pet store and the operator, with the samples applied. Ctrl-C stops
+    /// and removes everything.
+    Dev,
+    /// Bring up the one-node cluster (node, registry on localhost:5005,
+    /// context kind-petstore) that `tilt up` can use instead of kind.
+    /// Needs root. Ctrl-C stops and removes everything.
+    Cluster,
+    /// Regenerate the Pet CRD from the operator's Rust types.
+    Crdgen {
+        /// Where to write it (`-` for stdout).
+        #[arg(default_value = crdgen::CRD_PATH)]
+        path: PathBuf,
+    },
+}
+
+/// Set by SIGINT or SIGTERM.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn request_stop(_: libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+fn handle_signals() -> std::io::Result<()> {
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic, which is signal-safe.
+        let previous =
+            unsafe { libc::signal(signal, request_stop as *const () as libc::sighandler_t) };
+        if previous == libc::SIG_ERR {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Task::Crdgen { path } => {
+            // Relative paths are the repository's, wherever cargo was run.
+            let path = if path.is_relative() && path != std::path::Path::new("-") {
+                fixtures::repo_root().join(path)
+            } else {
+                path
+            };
+            crdgen::run(&path)
+        }
+        Task::Dev => handle_signals()
+            .map_err(anyhow::Error::from)
+            .and_then(|()| dev::dev(&STOP).map_err(anyhow::Error::from)),
+        Task::Cluster => handle_signals()
+            .map_err(anyhow::Error::from)
+            .and_then(|()| dev::cluster(&STOP).map_err(anyhow::Error::from)),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("xtask: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
