@@ -37,52 +37,10 @@ fn check_batch_size(field: &str, len: usize) -> Result<(), Status> {
     Ok(())
 }
 
-pub fn species(value: i32) -> Option<Species> {
-    match PetType::try_from(value).ok()? {
-        PetType::PtUnknown => None,
-        PetType::PtCanine => Some(Species::Canine),
-        PetType::PtFeline => Some(Species::Feline),
-        PetType::PtBird => Some(Species::Bird),
-        PetType::PtReptile => Some(Species::Reptile),
-    }
-}
-
-pub fn pet_type(species: Species) -> PetType {
-    match species {
-        Species::Canine => PetType::PtCanine,
-        Species::Feline => PetType::PtFeline,
-        Species::Bird => PetType::PtBird,
-        Species::Reptile => PetType::PtReptile,
-    }
-}
-
+/// A required date, named by `at` when it is missing or not a real date.
 fn date(at: &At<'_>, value: Option<&Date>) -> Result<NaiveDate, Status> {
     let value = value.ok_or_else(|| at.invalid("is required"))?;
-    if !(1..=9999).contains(&value.year) {
-        return Err(at.invalid(format!("year {} is outside 1..=9999", value.year)));
-    }
-    let (Ok(month), Ok(day)) = (u32::try_from(value.month), u32::try_from(value.day)) else {
-        return Err(at.invalid(format!(
-            "{}-{}-{} is not a real date",
-            value.year, value.month, value.day
-        )));
-    };
-    NaiveDate::from_ymd_opt(value.year, month, day).ok_or_else(|| {
-        at.invalid(format!(
-            "{:04}-{:02}-{:02} is not a real date",
-            value.year, value.month, value.day
-        ))
-    })
-}
-
-pub fn to_date(date: NaiveDate) -> Date {
-    use chrono::Datelike;
-    Date {
-        year: date.year(),
-        // Both are at most 31, so the casts are lossless.
-        month: date.month() as i32,
-        day: date.day() as i32,
-    }
+    value.to_naive().map_err(|problem| at.invalid(problem))
 }
 
 /// The name, type and birthday of `pets[index]`, validated.
@@ -100,7 +58,7 @@ pub fn pet_fields(index: usize, pet: &pb::Pet) -> Result<PetFields, Status> {
             "must be at most {MAX_NAME_CHARS} characters, got {name_chars}"
         )));
     }
-    let species = species(pet.r#type).ok_or_else(|| {
+    let species = Species::from_wire(pet.r#type).ok_or_else(|| {
         at("type").invalid(format!(
             "must be PTCanine, PTFeline, PTBird or PTReptile, got {}",
             PetType::try_from(pet.r#type)
@@ -237,7 +195,7 @@ pub fn search_request(req: &pb::SearchPetsReq) -> Result<SearchFilter, Status> {
         .iter()
         .enumerate()
         .map(|(index, &value)| {
-            species(value).ok_or_else(|| {
+            Species::from_wire(value).ok_or_else(|| {
                 Status::invalid_argument(format!(
                     "types[{index}]: must be PTCanine, PTFeline, PTBird or PTReptile, got {value}"
                 ))
@@ -271,8 +229,8 @@ pub fn to_proto(record: &PetRecord) -> pb::Pet {
     pb::Pet {
         id: record.id.clone(),
         name: record.fields.name.clone(),
-        r#type: pet_type(record.fields.species).into(),
-        birthday: Some(to_date(record.fields.birthday)),
+        r#type: record.fields.species.into(),
+        birthday: Some(record.fields.birthday.into()),
         idempotency_key: record.idempotency_key.clone().unwrap_or_default(),
     }
 }
@@ -330,8 +288,10 @@ mod tests {
             }),
             ..thor()
         });
-        assert!(msg.starts_with("pets[0].birthday:"), "{msg}");
-        assert!(msg.contains("\"Thor\""), "{msg}");
+        assert_eq!(
+            msg,
+            "pets[0].birthday: 2021-02-31 is not a real date (pet #0 \"Thor\")"
+        );
     }
 
     #[test]

@@ -17,7 +17,6 @@ use super::{Cursor, SearchPage, Storage, StorageError, check_key_changes, new_id
 use crate::model::{
     Added, KeyChange, NewPet, PetFields, PetRecord, PetUpdate, SearchFilter, Species,
 };
-use crate::validate;
 
 /// Serialises schema changes between replicas that start together.
 const MIGRATION_LOCK: i64 = 0x7065_7473_746f_7265; // "petstore"
@@ -125,8 +124,10 @@ impl PostgresStorage {
     }
 }
 
+/// The column holds a species as its `PetType` number (1 to 4).
 fn species_code(species: Species) -> i16 {
-    validate::pet_type(species) as i16
+    // PetType numbers fit in a smallint, so the cast is lossless.
+    i32::from(species) as i16
 }
 
 fn record(row: &Row) -> Result<PetRecord, StorageError> {
@@ -136,7 +137,7 @@ fn record(row: &Row) -> Result<PetRecord, StorageError> {
         id: row.try_get(0).map_err(|e| corrupt(e.to_string()))?,
         fields: PetFields {
             name: row.try_get(1).map_err(|e| corrupt(e.to_string()))?,
-            species: validate::species(i32::from(species))
+            species: Species::from_wire(i32::from(species))
                 .ok_or_else(|| corrupt(format!("unknown species {species}")))?,
             birthday: row
                 .try_get::<_, NaiveDate>(3)
