@@ -934,3 +934,85 @@ async fn durable_store_keeps_pets_and_keys_across_reopen() {
     s.stop().await;
     drop(dir);
 }
+
+/// The durable file's format is the one the store has always written: each
+/// record a `petstore.Pet`. A file from before the name index existed opens
+/// (the index is built), and what the store writes now still decodes as
+/// that message, so an older server can open the file too.
+#[tokio::test]
+async fn durable_files_keep_their_format() {
+    use prost::Message;
+    use redb::{ReadableDatabase, TableDefinition};
+    const PETS: TableDefinition<&str, &[u8]> = TableDefinition::new("pets");
+    const IDS_BY_KEY: TableDefinition<&str, &str> = TableDefinition::new("ids_by_key");
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("pets.redb");
+    let old = pb::Pet {
+        id: "old-id".into(),
+        idempotency_key: "uid-old".into(),
+        ..thor()
+    };
+    {
+        let db = redb::Database::create(&path).expect("create");
+        let txn = db.begin_write().expect("write");
+        {
+            let mut pets = txn.open_table(PETS).expect("pets");
+            pets.insert("old-id", old.encode_to_vec().as_slice())
+                .expect("insert");
+            let mut keys = txn.open_table(IDS_BY_KEY).expect("keys");
+            keys.insert("uid-old", "old-id").expect("insert key");
+        }
+        txn.commit().expect("commit");
+    }
+
+    let storage = StorageConfig::durable(path.clone())
+        .open()
+        .await
+        .expect("open a file without the name index");
+    let by_key = storage
+        .get_by_keys(vec!["uid-old".into()])
+        .await
+        .expect("get by key");
+    let record = by_key[0].clone().expect("the old record");
+    assert_eq!(record.id, "old-id");
+    assert_eq!(record.fields.name, "Thor");
+    assert_eq!(record.fields.species, Species::Canine);
+    let by_name = SearchFilter {
+        names: vec!["Thor".into()],
+        ..Default::default()
+    };
+    let found = search_all(&*storage, &by_name, 10).await.expect("search");
+    assert_eq!(found, [record]);
+
+    let added = storage
+        .add(vec![petstore_server::model::NewPet {
+            fields: PetFields {
+                name: "Tron".into(),
+                species: Species::Feline,
+                birthday: chrono::NaiveDate::from_ymd_opt(2020, 6, 25).expect("date"),
+            },
+            idempotency_key: Some("uid-new".into()),
+        }])
+        .await
+        .expect("add");
+    drop(storage);
+
+    let db = redb::Database::create(&path).expect("reopen the file directly");
+    let txn = db.begin_read().expect("read");
+    let pets = txn.open_table(PETS).expect("pets");
+    let stored = pets
+        .get(added[0].id.as_str())
+        .expect("get")
+        .expect("the new record");
+    let expected = pb::Pet {
+        id: added[0].id.clone(),
+        idempotency_key: "uid-new".into(),
+        ..tron()
+    };
+    assert_eq!(
+        pb::Pet::decode(stored.value()).expect("a petstore.Pet"),
+        expected
+    );
+    assert_eq!(stored.value(), expected.encode_to_vec(), "byte for byte");
+}

@@ -12,17 +12,17 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::mpsc;
 
-use prost::Message;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 use tokio::sync::oneshot;
 
+use super::codec::{decode, encode};
 use super::{
     Cursor, PageFill, SearchPage, Storage, StorageError, check_key_changes, names_from, new_id,
 };
 use crate::model::{Added, KeyChange, NewPet, PetRecord, PetUpdate, SearchFilter};
-use crate::validate;
 
-/// Pet ID -> protobuf-encoded `petstore.Pet` (including its idempotency key).
+/// Pet ID -> the record, encoded by `codec` (a `petstore.Pet`, idempotency
+/// key included).
 const PETS: TableDefinition<&str, &[u8]> = TableDefinition::new("pets");
 /// Idempotency key -> pet ID.
 const IDS_BY_KEY: TableDefinition<&str, &str> = TableDefinition::new("ids_by_key");
@@ -319,22 +319,6 @@ fn apply(txn: &WriteTransaction, op: &WriteOp) -> Result<Applied, StorageError> 
             Ok(Ok(Vec::new()))
         }
     }
-}
-
-fn encode(record: &PetRecord) -> Vec<u8> {
-    validate::to_proto(record).encode_to_vec()
-}
-
-fn decode(bytes: &[u8]) -> Result<PetRecord, StorageError> {
-    let corrupt = |why: String| StorageError::engine("decoding a stored pet", why);
-    let pet = petstore_proto::petstore::Pet::decode(bytes).map_err(|e| corrupt(e.to_string()))?;
-    let fields =
-        validate::pet_fields(0, &pet).map_err(|status| corrupt(status.message().to_owned()))?;
-    Ok(PetRecord {
-        id: pet.id,
-        fields,
-        idempotency_key: Some(pet.idempotency_key).filter(|key| !key.is_empty()),
-    })
 }
 
 fn read_by_ids(db: &Database, ids: &[String]) -> Result<Vec<Option<PetRecord>>, StorageError> {

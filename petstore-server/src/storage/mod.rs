@@ -1,6 +1,7 @@
 //! One storage contract, several engines. The gRPC layer only sees
 //! [`Storage`]; the same conformance tests run against every backend.
 
+mod codec;
 mod durable;
 mod memory;
 mod postgres;

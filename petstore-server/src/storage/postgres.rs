@@ -13,6 +13,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
 
+use super::codec::{self, corrupt};
 use super::{Cursor, SearchPage, Storage, StorageError, check_key_changes, new_id};
 use crate::model::{
     Added, KeyChange, NewPet, PetFields, PetRecord, PetUpdate, SearchFilter, Species,
@@ -124,26 +125,21 @@ impl PostgresStorage {
     }
 }
 
-/// The column holds a species as its `PetType` number (1 to 4).
 fn species_code(species: Species) -> i16 {
-    // PetType numbers fit in a smallint, so the cast is lossless.
-    i32::from(species) as i16
+    // Species codes are 1 to 4, so the cast is lossless.
+    codec::species_code(species) as i16
 }
 
 fn record(row: &Row) -> Result<PetRecord, StorageError> {
-    let corrupt = |why: String| StorageError::engine("decoding a stored pet", why);
-    let species: i16 = row.try_get(2).map_err(|e| corrupt(e.to_string()))?;
+    let species: i16 = row.try_get(2).map_err(corrupt)?;
     Ok(PetRecord {
-        id: row.try_get(0).map_err(|e| corrupt(e.to_string()))?,
+        id: row.try_get(0).map_err(corrupt)?,
         fields: PetFields {
-            name: row.try_get(1).map_err(|e| corrupt(e.to_string()))?,
-            species: Species::from_wire(i32::from(species))
-                .ok_or_else(|| corrupt(format!("unknown species {species}")))?,
-            birthday: row
-                .try_get::<_, NaiveDate>(3)
-                .map_err(|e| corrupt(e.to_string()))?,
+            name: row.try_get(1).map_err(corrupt)?,
+            species: codec::species_from_code(i32::from(species))?,
+            birthday: row.try_get::<_, NaiveDate>(3).map_err(corrupt)?,
         },
-        idempotency_key: row.try_get(4).map_err(|e| corrupt(e.to_string()))?,
+        idempotency_key: row.try_get(4).map_err(corrupt)?,
     })
 }
 
