@@ -6,3 +6,4 @@ pub mod server;
 pub mod service;
 pub mod storage;
 pub mod validate;
+pub mod wire;

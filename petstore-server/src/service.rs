@@ -9,7 +9,7 @@ use petstore_proto::petstore as pb;
 use tonic::{Request, Response, Status};
 
 use crate::storage::{SearchPage, Storage, StorageError};
-use crate::validate;
+use crate::{validate, wire};
 
 pub struct PetStoreService {
     storage: Arc<dyn Storage>,
@@ -109,7 +109,7 @@ impl PetStore for PetStoreService {
                 let SearchPage { pets, next } = page;
                 for record in pets {
                     // The client hung up: stop reading.
-                    if tx.send(Ok(validate::to_proto(&record))).await.is_err() {
+                    if tx.send(Ok(wire::to_proto(&record))).await.is_err() {
                         return;
                     }
                     count += 1;
@@ -177,7 +177,7 @@ impl PetStore for PetStoreService {
         for (id, found) in ids.into_iter().zip(by_id) {
             match found {
                 Some(record) if seen.insert(record.id.clone()) => {
-                    response.pets.push(validate::to_proto(&record))
+                    response.pets.push(wire::to_proto(&record))
                 }
                 Some(_) => {}
                 None => response.missing_ids.push(id),
@@ -186,7 +186,7 @@ impl PetStore for PetStoreService {
         for (key, found) in idempotency_keys.into_iter().zip(by_key) {
             match found {
                 Some(record) if seen.insert(record.id.clone()) => {
-                    response.pets.push(validate::to_proto(&record))
+                    response.pets.push(wire::to_proto(&record))
                 }
                 Some(_) => {}
                 None => response.missing_idempotency_keys.push(key),

@@ -1,5 +1,6 @@
 //! Validation at the edge: turns wire messages into domain values, or into an
-//! `INVALID_ARGUMENT` status that names the field and the pet.
+//! `INVALID_ARGUMENT` status that names the field and the pet. Answers go
+//! the other way through `wire`.
 
 use chrono::NaiveDate;
 use petstore_proto::google::r#type::Date;
@@ -7,7 +8,7 @@ use petstore_proto::petstore::{self as pb, PetType};
 use tonic::Status;
 
 use crate::model::{
-    KeyChange, MAX_BATCH, MAX_KEY_CHARS, MAX_NAME_CHARS, NewPet, PetFields, PetRecord, PetUpdate,
+    KeyChange, MAX_BATCH, MAX_KEY_CHARS, MAX_NAME_CHARS, NewPet, PetFields, PetUpdate,
     SearchFilter, Species,
 };
 
@@ -225,16 +226,6 @@ pub fn search_request(req: &pb::SearchPetsReq) -> Result<SearchFilter, Status> {
     })
 }
 
-pub fn to_proto(record: &PetRecord) -> pb::Pet {
-    pb::Pet {
-        id: record.id.clone(),
-        name: record.fields.name.clone(),
-        r#type: record.fields.species.into(),
-        birthday: Some(record.fields.birthday.into()),
-        idempotency_key: record.idempotency_key.clone().unwrap_or_default(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -341,21 +332,5 @@ mod tests {
             ..thor()
         });
         assert!(msg.contains("at most 128"), "{msg}");
-    }
-
-    #[test]
-    fn round_trip_to_proto_keeps_every_field() {
-        let record = PetRecord {
-            id: "abc".into(),
-            fields: add_request(&pb::AddPetsReq { pets: vec![thor()] }).expect("valid")[0]
-                .fields
-                .clone(),
-            idempotency_key: Some("uid-1".into()),
-        };
-        let proto = to_proto(&record);
-        assert_eq!(proto.id, "abc");
-        assert_eq!(proto.idempotency_key, "uid-1");
-        assert_eq!(proto.birthday, thor().birthday);
-        assert_eq!(proto.r#type, thor().r#type);
     }
 }
