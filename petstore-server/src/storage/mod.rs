@@ -56,6 +56,21 @@ impl StorageError {
     }
 }
 
+/// Names what the store was doing when its engine failed, as
+/// `.or_engine("reading the name index")?`: the action appears in the error.
+pub(crate) trait OrEngine<T> {
+    fn or_engine(self, action: &'static str) -> Result<T, StorageError>;
+}
+
+impl<T, E> OrEngine<T> for Result<T, E>
+where
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    fn or_engine(self, action: &'static str) -> Result<T, StorageError> {
+        self.map_err(|source| StorageError::engine(action, source))
+    }
+}
+
 /// A pet store backend. Every write is atomic: it applies whole or not at all.
 #[tonic::async_trait]
 pub trait Storage: Send + Sync + 'static {

@@ -14,7 +14,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
 
 use super::codec::{self, corrupt};
-use super::{Cursor, SearchPage, Storage, StorageError, check_key_changes, new_id};
+use super::{Cursor, OrEngine, SearchPage, Storage, StorageError, check_key_changes, new_id};
 use crate::model::{
     Added, KeyChange, NewPet, PetFields, PetRecord, PetUpdate, SearchFilter, Species,
 };
@@ -66,14 +66,6 @@ pub struct PostgresStorage {
     pool: Pool,
 }
 
-fn engine(action: &'static str) -> impl Fn(tokio_postgres::Error) -> StorageError {
-    move |e| StorageError::engine(action, e)
-}
-
-fn pool_error(e: deadpool_postgres::PoolError) -> StorageError {
-    StorageError::engine("getting a database connection", e)
-}
-
 impl PostgresStorage {
     /// Connects (retrying while the database is unreachable, up to the
     /// configured time) and brings the schema up to date.
@@ -88,7 +80,7 @@ impl PostgresStorage {
         let pool = Pool::builder(manager)
             .max_size(config.pool_size.max(1))
             .build()
-            .map_err(|e| StorageError::engine("building the connection pool", e))?;
+            .or_engine("building the connection pool")?;
         let storage = Self { pool };
         let deadline = tokio::time::Instant::now() + config.connect_timeout;
         loop {
@@ -103,25 +95,32 @@ impl PostgresStorage {
         }
     }
 
+    async fn client(&self) -> Result<deadpool_postgres::Object, StorageError> {
+        self.pool
+            .get()
+            .await
+            .or_engine("getting a database connection")
+    }
+
     async fn migrate(&self) -> Result<(), StorageError> {
-        let mut client = self.pool.get().await.map_err(pool_error)?;
+        let mut client = self.client().await?;
         let txn = client
             .transaction()
             .await
-            .map_err(engine("starting the migration"))?;
+            .or_engine("starting the migration")?;
         // "already exists, skipping" notices are the normal case.
         txn.batch_execute("SET LOCAL client_min_messages = warning")
             .await
-            .map_err(engine("migrating the schema"))?;
+            .or_engine("migrating the schema")?;
         txn.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
             .await
-            .map_err(engine("taking the migration lock"))?;
+            .or_engine("taking the migration lock")?;
         for step in MIGRATIONS {
             txn.batch_execute(step)
                 .await
-                .map_err(engine("migrating the schema"))?;
+                .or_engine("migrating the schema")?;
         }
-        txn.commit().await.map_err(engine("migrating the schema"))
+        txn.commit().await.or_engine("migrating the schema")
     }
 }
 
@@ -146,7 +145,7 @@ fn record(row: &Row) -> Result<PetRecord, StorageError> {
 #[tonic::async_trait]
 impl Storage for PostgresStorage {
     async fn add(&self, pets: Vec<NewPet>) -> Result<Vec<Added>, StorageError> {
-        let mut client = self.pool.get().await.map_err(pool_error)?;
+        let mut client = self.client().await?;
         let insert = client
             .prepare_cached(
                 "INSERT INTO petstore_pets (id, name, species, birthday, idempotency_key)
@@ -155,15 +154,12 @@ impl Storage for PostgresStorage {
                  RETURNING id",
             )
             .await
-            .map_err(engine("preparing an insert"))?;
+            .or_engine("preparing an insert")?;
         let by_key = client
             .prepare_cached("SELECT id FROM petstore_pets WHERE idempotency_key = $1")
             .await
-            .map_err(engine("preparing a lookup"))?;
-        let txn = client
-            .transaction()
-            .await
-            .map_err(engine("starting an add"))?;
+            .or_engine("preparing a lookup")?;
+        let txn = client.transaction().await.or_engine("starting an add")?;
         let new_ids: Vec<String> = pets.iter().map(|_| new_id()).collect();
         let rows: Vec<(String, String, i16, NaiveDate, Option<String>)> = pets
             .iter()
@@ -188,23 +184,19 @@ impl Storage for PostgresStorage {
             .collect();
         let inserted = try_join_all(params.iter().map(|p| txn.query_opt(&insert, p)))
             .await
-            .map_err(engine("adding pets"))?;
+            .or_engine("adding pets")?;
         let mut ids = Vec::with_capacity(pets.len());
         for (row, (_, _, _, _, key)) in inserted.into_iter().zip(&rows) {
             match (row, key) {
-                (Some(row), _) => {
-                    ids.push(Added::new(row.try_get(0).map_err(engine("reading an ID"))?))
-                }
+                (Some(row), _) => ids.push(Added::new(row.try_get(0).or_engine("reading an ID")?)),
                 // The key was taken (by a committed transaction, which the
                 // unique index waited for, or earlier in this batch).
                 (None, Some(key)) => {
                     let row = txn
                         .query_one(&by_key, &[key])
                         .await
-                        .map_err(engine("looking up a key"))?;
-                    ids.push(Added::existing(
-                        row.try_get(0).map_err(engine("reading an ID"))?,
-                    ));
+                        .or_engine("looking up a key")?;
+                    ids.push(Added::existing(row.try_get(0).or_engine("reading an ID")?));
                 }
                 (None, None) => {
                     return Err(StorageError::engine(
@@ -214,22 +206,19 @@ impl Storage for PostgresStorage {
                 }
             }
         }
-        txn.commit().await.map_err(engine("committing an add"))?;
+        txn.commit().await.or_engine("committing an add")?;
         Ok(ids)
     }
 
     async fn update(&self, pets: Vec<PetUpdate>) -> Result<(), StorageError> {
-        let mut client = self.pool.get().await.map_err(pool_error)?;
+        let mut client = self.client().await?;
         let statement = client
             .prepare_cached(
                 "UPDATE petstore_pets SET name = $2, species = $3, birthday = $4 WHERE id = $1",
             )
             .await
-            .map_err(engine("preparing an update"))?;
-        let txn = client
-            .transaction()
-            .await
-            .map_err(engine("starting an update"))?;
+            .or_engine("preparing an update")?;
+        let txn = client.transaction().await.or_engine("starting an update")?;
         let codes: Vec<i16> = pets
             .iter()
             .map(|p| species_code(p.fields.species))
@@ -248,7 +237,7 @@ impl Storage for PostgresStorage {
             .collect();
         let counts = try_join_all(params.iter().map(|p| txn.execute(&statement, p)))
             .await
-            .map_err(engine("updating pets"))?;
+            .or_engine("updating pets")?;
         if let Some(index) = counts.iter().position(|&n| n == 0) {
             // Dropping the transaction rolls it back: nothing changes.
             return Err(StorageError::NotFound {
@@ -256,20 +245,20 @@ impl Storage for PostgresStorage {
                 id: pets[index].id.clone(),
             });
         }
-        txn.commit().await.map_err(engine("committing an update"))
+        txn.commit().await.or_engine("committing an update")
     }
 
     async fn delete(&self, ids: Vec<String>) -> Result<(), StorageError> {
-        let client = self.pool.get().await.map_err(pool_error)?;
+        let client = self.client().await?;
         let statement = client
             .prepare_cached("DELETE FROM petstore_pets WHERE id = ANY($1)")
             .await
-            .map_err(engine("preparing a delete"))?;
+            .or_engine("preparing a delete")?;
         // One statement is one transaction: all or nothing.
         client
             .execute(&statement, &[&ids])
             .await
-            .map_err(engine("deleting pets"))?;
+            .or_engine("deleting pets")?;
         Ok(())
     }
 
@@ -282,11 +271,11 @@ impl Storage for PostgresStorage {
     }
 
     async fn set_keys(&self, changes: Vec<KeyChange>) -> Result<(), StorageError> {
-        let mut client = self.pool.get().await.map_err(pool_error)?;
+        let mut client = self.client().await?;
         let txn = client
             .transaction()
             .await
-            .map_err(engine("starting a key change"))?;
+            .or_engine("starting a key change")?;
         let ids: Vec<String> = changes.iter().map(|c| c.id.clone()).collect();
         let new_keys: Vec<String> = changes
             .iter()
@@ -301,11 +290,11 @@ impl Storage for PostgresStorage {
                 &[&ids],
             )
             .await
-            .map_err(engine("reading keys"))?;
+            .or_engine("reading keys")?;
         let mut current: HashMap<String, String> = HashMap::with_capacity(rows.len());
         for row in &rows {
-            let id: String = row.try_get(0).map_err(engine("reading keys"))?;
-            let key: Option<String> = row.try_get(1).map_err(engine("reading keys"))?;
+            let id: String = row.try_get(0).or_engine("reading keys")?;
+            let key: Option<String> = row.try_get(1).or_engine("reading keys")?;
             current.insert(id, key.unwrap_or_default());
         }
         let rows = txn
@@ -314,12 +303,12 @@ impl Storage for PostgresStorage {
                 &[&new_keys],
             )
             .await
-            .map_err(engine("reading keys"))?;
+            .or_engine("reading keys")?;
         let mut holders: HashMap<String, String> = HashMap::with_capacity(rows.len());
         for row in &rows {
             holders.insert(
-                row.try_get(0).map_err(engine("reading keys"))?,
-                row.try_get(1).map_err(engine("reading keys"))?,
+                row.try_get(0).or_engine("reading keys")?,
+                row.try_get(1).or_engine("reading keys")?,
             );
         }
         // The same decision as every other backend.
@@ -337,7 +326,7 @@ impl Storage for PostgresStorage {
             &[&ids],
         )
         .await
-        .map_err(engine("changing keys"))?;
+        .or_engine("changing keys")?;
         for (index, change) in changes.iter().enumerate() {
             if change.new_key.is_empty() {
                 continue;
@@ -362,7 +351,7 @@ impl Storage for PostgresStorage {
                 });
             }
         }
-        txn.commit().await.map_err(engine("committing key changes"))
+        txn.commit().await.or_engine("committing key changes")
     }
 
     async fn search_page(
@@ -371,7 +360,7 @@ impl Storage for PostgresStorage {
         after: Option<Cursor>,
         limit: usize,
     ) -> Result<SearchPage, StorageError> {
-        let client = self.pool.get().await.map_err(pool_error)?;
+        let client = self.client().await?;
         let species: Option<Vec<i16>> = (!filter.species.is_empty())
             .then(|| filter.species.iter().map(|s| species_code(*s)).collect());
         let limit = i64::try_from(limit.max(1)).unwrap_or(i64::MAX);
@@ -388,7 +377,7 @@ impl Storage for PostgresStorage {
                      ORDER BY id LIMIT $5"
                 ))
                 .await
-                .map_err(engine("preparing a search"))?;
+                .or_engine("preparing a search")?;
             client
                 .query(
                     &statement,
@@ -412,7 +401,7 @@ impl Storage for PostgresStorage {
                      ORDER BY name, id LIMIT $7"
                 ))
                 .await
-                .map_err(engine("preparing a search"))?;
+                .or_engine("preparing a search")?;
             client
                 .query(
                     &statement,
@@ -428,7 +417,7 @@ impl Storage for PostgresStorage {
                 )
                 .await
         }
-        .map_err(engine("searching"))?;
+        .or_engine("searching")?;
         let pets = rows.iter().map(record).collect::<Result<Vec<_>, _>>()?;
         let next = (pets.len() as i64 == limit)
             .then(|| pets.last())
@@ -444,17 +433,17 @@ impl PostgresStorage {
         column: &'static str,
         values: Vec<String>,
     ) -> Result<Vec<Option<PetRecord>>, StorageError> {
-        let client = self.pool.get().await.map_err(pool_error)?;
+        let client = self.client().await?;
         let statement = client
             .prepare_cached(&format!(
                 "SELECT {COLUMNS} FROM petstore_pets WHERE {column} = ANY($1)"
             ))
             .await
-            .map_err(engine("preparing a lookup"))?;
+            .or_engine("preparing a lookup")?;
         let rows = client
             .query(&statement, &[&values])
             .await
-            .map_err(engine("looking up pets"))?;
+            .or_engine("looking up pets")?;
         let mut found: HashMap<String, PetRecord> = HashMap::with_capacity(rows.len());
         for row in &rows {
             let record = record(row)?;
