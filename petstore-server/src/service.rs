@@ -60,7 +60,7 @@ impl PetStore for PetStoreService {
     ) -> Result<Response<pb::AddPetsResp>, Status> {
         let pets = validate::add_request(request.get_ref())?;
         let count = pets.len();
-        let added = self.storage.add(pets).await?;
+        let added = self.storage.add(&pets).await?;
         tracing::debug!(count, "added pets");
         let created = added.iter().map(|a| a.created).collect();
         let ids = added.into_iter().map(|a| a.id).collect();
@@ -73,7 +73,7 @@ impl PetStore for PetStoreService {
     ) -> Result<Response<pb::UpdatePetsResp>, Status> {
         let updates = validate::update_request(request.get_ref())?;
         let count = updates.len();
-        self.storage.update(updates).await?;
+        self.storage.update(&updates).await?;
         tracing::debug!(count, "updated pets");
         Ok(Response::new(pb::UpdatePetsResp {}))
     }
@@ -85,7 +85,7 @@ impl PetStore for PetStoreService {
         let ids = request.into_inner().ids;
         validate::ids("ids", &ids)?;
         let count = ids.len();
-        self.storage.delete(ids).await?;
+        self.storage.delete(&ids).await?;
         tracing::debug!(count, "deleted pets");
         Ok(Response::new(pb::DeletePetsResp {}))
     }
@@ -137,7 +137,7 @@ impl PetStore for PetStoreService {
         let changes = validate::set_keys_request(request.get_ref())?;
         let count = changes.len();
         self.storage
-            .set_keys(changes)
+            .set_keys(&changes)
             .await
             .map_err(|err| match err {
                 // The generic mapping names `pets[i]`; this request's field is `changes`.
@@ -164,12 +164,12 @@ impl PetStore for PetStoreService {
         let by_id = if ids.is_empty() {
             Vec::new()
         } else {
-            self.storage.get(ids.clone()).await?
+            self.storage.get(&ids).await?
         };
         let by_key = if idempotency_keys.is_empty() {
             Vec::new()
         } else {
-            self.storage.get_by_keys(idempotency_keys.clone()).await?
+            self.storage.get_by_keys(&idempotency_keys).await?
         };
 
         let mut response = pb::GetPetsResp::default();

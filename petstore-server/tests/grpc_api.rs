@@ -707,7 +707,7 @@ async fn search_equals_a_full_scan_page_by_page(backend: &str) {
         Species::Reptile,
     ];
     let day = |n: u32| chrono::NaiveDate::from_ymd_opt(2020, 1 + n % 12, 1 + n % 28).expect("date");
-    let pets = (0..240u32)
+    let pets: Vec<_> = (0..240u32)
         .map(|n| petstore_server::model::NewPet {
             fields: PetFields {
                 name: names[(n as usize * 7 + n as usize / 5) % names.len()].into(),
@@ -718,7 +718,7 @@ async fn search_equals_a_full_scan_page_by_page(backend: &str) {
         })
         .collect();
     let ids: Vec<String> = storage
-        .add(pets)
+        .add(&pets)
         .await
         .expect("add")
         .into_iter()
@@ -737,11 +737,9 @@ async fn search_equals_a_full_scan_page_by_page(backend: &str) {
             },
         })
         .collect();
-    storage.update(renamed).await.expect("rename");
-    storage
-        .delete(ids.iter().skip(4).step_by(11).cloned().collect())
-        .await
-        .expect("delete");
+    storage.update(&renamed).await.expect("rename");
+    let deleted: Vec<_> = ids.iter().skip(4).step_by(11).cloned().collect();
+    storage.delete(&deleted).await.expect("delete");
 
     let everything = search_all(&*storage, &SearchFilter::default(), 1000)
         .await
@@ -971,7 +969,7 @@ async fn durable_files_keep_their_format() {
         .await
         .expect("open a file without the name index");
     let by_key = storage
-        .get_by_keys(vec!["uid-old".into()])
+        .get_by_keys(&["uid-old".to_owned()])
         .await
         .expect("get by key");
     let record = by_key[0].clone().expect("the old record");
@@ -986,7 +984,7 @@ async fn durable_files_keep_their_format() {
     assert_eq!(found, [record]);
 
     let added = storage
-        .add(vec![petstore_server::model::NewPet {
+        .add(&[petstore_server::model::NewPet {
             fields: PetFields {
                 name: "Tron".into(),
                 species: Species::Feline,

@@ -96,6 +96,8 @@ impl DurableStorage {
         })
     }
 
+    /// Hands `op` to the writer thread, which outlives any borrow: the op
+    /// owns a copy of the batch.
     async fn write(&self, op: WriteOp) -> Applied {
         let (reply, answer) = oneshot::channel();
         self.writer
@@ -351,30 +353,32 @@ fn read_by_keys(db: &Database, keys: &[String]) -> Result<Vec<Option<PetRecord>>
 
 #[tonic::async_trait]
 impl Storage for DurableStorage {
-    async fn add(&self, pets: Vec<NewPet>) -> Result<Vec<Added>, StorageError> {
-        self.write(WriteOp::Add(pets)).await
+    async fn add(&self, pets: &[NewPet]) -> Result<Vec<Added>, StorageError> {
+        self.write(WriteOp::Add(pets.to_vec())).await
     }
 
-    async fn update(&self, pets: Vec<PetUpdate>) -> Result<(), StorageError> {
-        self.write(WriteOp::Update(pets)).await.map(drop)
+    async fn update(&self, pets: &[PetUpdate]) -> Result<(), StorageError> {
+        self.write(WriteOp::Update(pets.to_vec())).await.map(drop)
     }
 
-    async fn delete(&self, ids: Vec<String>) -> Result<(), StorageError> {
-        self.write(WriteOp::Delete(ids)).await.map(drop)
+    async fn delete(&self, ids: &[String]) -> Result<(), StorageError> {
+        self.write(WriteOp::Delete(ids.to_vec())).await.map(drop)
     }
 
-    async fn set_keys(&self, changes: Vec<KeyChange>) -> Result<(), StorageError> {
-        self.write(WriteOp::SetKeys(changes)).await.map(drop)
+    async fn set_keys(&self, changes: &[KeyChange]) -> Result<(), StorageError> {
+        self.write(WriteOp::SetKeys(changes.to_vec()))
+            .await
+            .map(drop)
     }
 
     // Point lookups run inline: a read transaction over cached pages takes
     // microseconds, less than the hop to a blocking thread would.
-    async fn get(&self, ids: Vec<String>) -> Result<Vec<Option<PetRecord>>, StorageError> {
-        read_by_ids(&self.db, &ids)
+    async fn get(&self, ids: &[String]) -> Result<Vec<Option<PetRecord>>, StorageError> {
+        read_by_ids(&self.db, ids)
     }
 
-    async fn get_by_keys(&self, keys: Vec<String>) -> Result<Vec<Option<PetRecord>>, StorageError> {
-        read_by_keys(&self.db, &keys)
+    async fn get_by_keys(&self, keys: &[String]) -> Result<Vec<Option<PetRecord>>, StorageError> {
+        read_by_keys(&self.db, keys)
     }
 
     async fn search_page(

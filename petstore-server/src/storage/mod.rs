@@ -72,24 +72,26 @@ where
 }
 
 /// A pet store backend. Every write is atomic: it applies whole or not at all.
+/// Batches are borrowed: the caller keeps its request, and a backend copies
+/// only what it stores.
 #[tonic::async_trait]
 pub trait Storage: Send + Sync + 'static {
     /// Adds pets and returns their IDs in order. A pet whose idempotency key is
     /// already stored (or appears earlier in the same batch) gets the existing
     /// ID, marked as not created, and is not added again.
-    async fn add(&self, pets: Vec<NewPet>) -> Result<Vec<Added>, StorageError>;
+    async fn add(&self, pets: &[NewPet]) -> Result<Vec<Added>, StorageError>;
     /// Replaces the fields of existing pets; fails with `NotFound`, changing
     /// nothing, if any ID is unknown.
-    async fn update(&self, pets: Vec<PetUpdate>) -> Result<(), StorageError>;
+    async fn update(&self, pets: &[PetUpdate]) -> Result<(), StorageError>;
     /// Deletes pets (and their idempotency keys); unknown IDs are ignored.
-    async fn delete(&self, ids: Vec<String>) -> Result<(), StorageError>;
+    async fn delete(&self, ids: &[String]) -> Result<(), StorageError>;
     /// Looks pets up by ID; `None` where an ID is unknown.
-    async fn get(&self, ids: Vec<String>) -> Result<Vec<Option<PetRecord>>, StorageError>;
+    async fn get(&self, ids: &[String]) -> Result<Vec<Option<PetRecord>>, StorageError>;
     /// Looks pets up by idempotency key; `None` where a key is unknown.
-    async fn get_by_keys(&self, keys: Vec<String>) -> Result<Vec<Option<PetRecord>>, StorageError>;
+    async fn get_by_keys(&self, keys: &[String]) -> Result<Vec<Option<PetRecord>>, StorageError>;
     /// Changes pets' idempotency keys, each only if its current key (empty for
     /// none) equals `expected_key`. All or nothing.
-    async fn set_keys(&self, changes: Vec<KeyChange>) -> Result<(), StorageError>;
+    async fn set_keys(&self, changes: &[KeyChange]) -> Result<(), StorageError>;
     /// One page of a search: scans at most `limit` records after `after`
     /// and returns those that match, so a page costs bounded time and memory
     /// whatever the store holds. A name filter walks the name index (cost in

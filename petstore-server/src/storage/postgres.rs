@@ -144,7 +144,7 @@ fn record(row: &Row) -> Result<PetRecord, StorageError> {
 
 #[tonic::async_trait]
 impl Storage for PostgresStorage {
-    async fn add(&self, pets: Vec<NewPet>) -> Result<Vec<Added>, StorageError> {
+    async fn add(&self, pets: &[NewPet]) -> Result<Vec<Added>, StorageError> {
         let mut client = self.client().await?;
         let insert = client
             .prepare_cached(
@@ -210,7 +210,7 @@ impl Storage for PostgresStorage {
         Ok(ids)
     }
 
-    async fn update(&self, pets: Vec<PetUpdate>) -> Result<(), StorageError> {
+    async fn update(&self, pets: &[PetUpdate]) -> Result<(), StorageError> {
         let mut client = self.client().await?;
         let statement = client
             .prepare_cached(
@@ -248,7 +248,7 @@ impl Storage for PostgresStorage {
         txn.commit().await.or_engine("committing an update")
     }
 
-    async fn delete(&self, ids: Vec<String>) -> Result<(), StorageError> {
+    async fn delete(&self, ids: &[String]) -> Result<(), StorageError> {
         let client = self.client().await?;
         let statement = client
             .prepare_cached("DELETE FROM petstore_pets WHERE id = ANY($1)")
@@ -262,15 +262,15 @@ impl Storage for PostgresStorage {
         Ok(())
     }
 
-    async fn get(&self, ids: Vec<String>) -> Result<Vec<Option<PetRecord>>, StorageError> {
+    async fn get(&self, ids: &[String]) -> Result<Vec<Option<PetRecord>>, StorageError> {
         self.lookup("id", ids).await
     }
 
-    async fn get_by_keys(&self, keys: Vec<String>) -> Result<Vec<Option<PetRecord>>, StorageError> {
+    async fn get_by_keys(&self, keys: &[String]) -> Result<Vec<Option<PetRecord>>, StorageError> {
         self.lookup("idempotency_key", keys).await
     }
 
-    async fn set_keys(&self, changes: Vec<KeyChange>) -> Result<(), StorageError> {
+    async fn set_keys(&self, changes: &[KeyChange]) -> Result<(), StorageError> {
         let mut client = self.client().await?;
         let txn = client
             .transaction()
@@ -313,7 +313,7 @@ impl Storage for PostgresStorage {
         }
         // The same decision as every other backend.
         if let Some(refusal) = check_key_changes(
-            &changes,
+            changes,
             |id| Ok(current.get(id).cloned()),
             |key| Ok(holders.get(key).cloned()),
         )? {
@@ -431,7 +431,7 @@ impl PostgresStorage {
     async fn lookup(
         &self,
         column: &'static str,
-        values: Vec<String>,
+        values: &[String],
     ) -> Result<Vec<Option<PetRecord>>, StorageError> {
         let client = self.client().await?;
         let statement = client
