@@ -70,23 +70,33 @@ fn postgres_config() -> PostgresConfig {
     }
 }
 
-async fn open(backend: &str, dir: &tempfile::TempDir) -> Arc<dyn Storage> {
-    let config = match backend {
-        "memory" => StorageConfig::Memory,
-        "durable" => StorageConfig::durable(dir.path().join("pets.redb")),
-        "postgres" => StorageConfig::Postgres(Box::new(
-            tokio::task::spawn_blocking(postgres_config)
-                .await
-                .expect("postgres config"),
-        )),
-        other => panic!("unknown backend {other}"),
-    };
-    config.open().await.expect("open storage")
+/// The storage backends the suite runs against.
+#[derive(Clone, Copy, Debug)]
+enum Backend {
+    Memory,
+    Durable,
+    Postgres,
 }
 
-async fn start(backend: &str) -> Running {
+impl Backend {
+    /// An empty store; the durable one keeps its file in `dir`.
+    async fn open(self, dir: &tempfile::TempDir) -> Arc<dyn Storage> {
+        let config = match self {
+            Backend::Memory => StorageConfig::Memory,
+            Backend::Durable => StorageConfig::durable(dir.path().join("pets.redb")),
+            Backend::Postgres => StorageConfig::Postgres(Box::new(
+                tokio::task::spawn_blocking(postgres_config)
+                    .await
+                    .expect("postgres config"),
+            )),
+        };
+        config.open().await.expect("open storage")
+    }
+}
+
+async fn start(backend: Backend) -> Running {
     let dir = tempfile::tempdir().expect("tempdir");
-    let storage = open(backend, &dir).await;
+    let storage = backend.open(&dir).await;
     start_with(storage, dir).await
 }
 
@@ -143,7 +153,7 @@ async fn add_rejected(client: &mut PetStoreClient<Channel>, pets: Vec<pb::Pet>) 
 
 // ---- the suite -------------------------------------------------------------
 
-async fn add_returns_ids_in_request_order(backend: &str) {
+async fn add_returns_ids_in_request_order(backend: Backend) {
     let mut s = start(backend).await;
     let ids = add(&mut s.client, vec![thor(), tron()]).await;
     assert_eq!(ids.len(), 2);
@@ -157,7 +167,7 @@ async fn add_returns_ids_in_request_order(backend: &str) {
     s.stop().await;
 }
 
-async fn update_replaces_fields_and_unknown_id_changes_nothing(backend: &str) {
+async fn update_replaces_fields_and_unknown_id_changes_nothing(backend: Backend) {
     let mut s = start(backend).await;
     let ids = add(&mut s.client, vec![thor(), tron()]).await;
     let mut thorbert = pet("Thorbert", PetType::PtCanine, date(2021, 4, 2));
@@ -191,7 +201,7 @@ async fn update_replaces_fields_and_unknown_id_changes_nothing(backend: &str) {
     s.stop().await;
 }
 
-async fn delete_is_idempotent(backend: &str) {
+async fn delete_is_idempotent(backend: Backend) {
     let mut s = start(backend).await;
     let ids = add(&mut s.client, vec![thor(), tron()]).await;
     for _ in 0..2 {
@@ -208,7 +218,7 @@ async fn delete_is_idempotent(backend: &str) {
     s.stop().await;
 }
 
-async fn search_filters_narrow_and_range_is_half_open(backend: &str) {
+async fn search_filters_narrow_and_range_is_half_open(backend: Backend) {
     let mut s = start(backend).await;
     add(
         &mut s.client,
@@ -289,7 +299,7 @@ async fn search_filters_narrow_and_range_is_half_open(backend: &str) {
     s.stop().await;
 }
 
-async fn every_validation_rule_names_field_and_pet_and_stores_nothing(backend: &str) {
+async fn every_validation_rule_names_field_and_pet_and_stores_nothing(backend: Backend) {
     let mut s = start(backend).await;
     let with_id = pb::Pet {
         id: "preset".into(),
@@ -384,7 +394,7 @@ async fn every_validation_rule_names_field_and_pet_and_stores_nothing(backend: &
     s.stop().await;
 }
 
-async fn idempotency_keys_deduplicate_and_are_findable(backend: &str) {
+async fn idempotency_keys_deduplicate_and_are_findable(backend: Backend) {
     let mut s = start(backend).await;
     let keyed = |key: &str| pb::Pet {
         idempotency_key: key.into(),
@@ -444,7 +454,7 @@ async fn idempotency_keys_deduplicate_and_are_findable(backend: &str) {
     s.stop().await;
 }
 
-async fn concurrent_adds_get_unique_ids_and_all_are_found(backend: &str) {
+async fn concurrent_adds_get_unique_ids_and_all_are_found(backend: Backend) {
     let s = start(backend).await;
     let mut tasks = Vec::new();
     for task in 0..32 {
@@ -485,7 +495,7 @@ async fn concurrent_adds_get_unique_ids_and_all_are_found(backend: &str) {
     s.stop().await;
 }
 
-async fn oversized_message_is_rejected_cleanly(backend: &str) {
+async fn oversized_message_is_rejected_cleanly(backend: Backend) {
     let mut s = start(backend).await;
     let huge = pb::DeletePetsReq {
         ids: vec!["x".repeat(8 * 1024 * 1024)],
@@ -529,7 +539,7 @@ async fn keys_of(client: &mut PetStoreClient<Channel>, ids: &[String]) -> Vec<St
     found.pets.into_iter().map(|p| p.idempotency_key).collect()
 }
 
-async fn key_changes_are_compare_and_set(backend: &str) {
+async fn key_changes_are_compare_and_set(backend: Backend) {
     let mut s = start(backend).await;
     let keyed = |key: &str| pb::Pet {
         idempotency_key: key.into(),
@@ -665,7 +675,7 @@ async fn key_changes_are_compare_and_set(backend: &str) {
 }
 
 /// Many clients race to claim one unkeyed pet: exactly one wins.
-async fn racing_claims_have_one_winner(backend: &str) {
+async fn racing_claims_have_one_winner(backend: Backend) {
     let mut s = start(backend).await;
     let id = add(&mut s.client, vec![thor()]).await.remove(0);
     let mut tasks = Vec::new();
@@ -696,9 +706,9 @@ async fn racing_claims_have_one_winner(backend: &str) {
 /// name, must return exactly what a full scan filtered by
 /// `SearchFilter::matches` returns; and renames and deletes must move the
 /// index with the data.
-async fn search_equals_a_full_scan_page_by_page(backend: &str) {
+async fn search_equals_a_full_scan_page_by_page(backend: Backend) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let storage = open(backend, &dir).await;
+    let storage = backend.open(&dir).await;
     let names = ["Ada", "Bo", "Cy", "Dee", "Bo ", "bo", "Zoë"];
     let species = [
         Species::Canine,
@@ -808,7 +818,7 @@ async fn search_equals_a_full_scan_page_by_page(backend: &str) {
 
 /// The gRPC stream reads storage page by page; more records than a page
 /// must all arrive, once each.
-async fn search_streams_more_than_a_page(backend: &str) {
+async fn search_streams_more_than_a_page(backend: Backend) {
     let mut s = start(backend).await;
     let total = petstore_server::service::SEARCH_PAGE * 2 + 17;
     let mut added = std::collections::HashSet::new();
@@ -844,13 +854,13 @@ async fn search_streams_more_than_a_page(backend: &str) {
 macro_rules! suite {
     ($($case:ident),* $(,)?) => {
         mod memory {
-            $( #[tokio::test] async fn $case() { super::$case("memory").await } )*
+            $( #[tokio::test] async fn $case() { super::$case(super::Backend::Memory).await } )*
         }
         mod durable {
-            $( #[tokio::test] async fn $case() { super::$case("durable").await } )*
+            $( #[tokio::test] async fn $case() { super::$case(super::Backend::Durable).await } )*
         }
         mod postgres {
-            $( #[tokio::test] async fn $case() { super::$case("postgres").await } )*
+            $( #[tokio::test] async fn $case() { super::$case(super::Backend::Postgres).await } )*
         }
     };
 }
