@@ -49,7 +49,7 @@ impl From<StorageError> for Status {
 /// Pets buffered ahead of a slow search client; with the page size, bounds
 /// memory per stream whatever the store holds.
 const SEARCH_CHANNEL_DEPTH: usize = 64;
-/// Records a search reads from storage at a time.
+/// Entries a search scans per storage call (see `Storage::search_page`).
 pub const SEARCH_PAGE: usize = 256;
 
 #[tonic::async_trait]

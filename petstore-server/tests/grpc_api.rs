@@ -6,8 +6,8 @@ use std::sync::Arc;
 use petstore_proto::PetStoreClient;
 use petstore_proto::google::r#type::Date;
 use petstore_proto::petstore::{self as pb, PetType};
-use petstore_server::model::{PetFields, SearchFilter, Species};
-use petstore_server::storage::{PostgresConfig, Storage, StorageConfig, search_all};
+use petstore_server::model::{NewPet, PetFields, PetRecord, SearchFilter, Species};
+use petstore_server::storage::{Cursor, PostgresConfig, Storage, StorageConfig, search_all};
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -718,7 +718,7 @@ async fn search_equals_a_full_scan_page_by_page(backend: Backend) {
     ];
     let day = |n: u32| chrono::NaiveDate::from_ymd_opt(2020, 1 + n % 12, 1 + n % 28).expect("date");
     let pets: Vec<_> = (0..240u32)
-        .map(|n| petstore_server::model::NewPet {
+        .map(|n| NewPet {
             fields: PetFields {
                 name: names[(n as usize * 7 + n as usize / 5) % names.len()].into(),
                 species: species[n as usize % 4],
@@ -817,17 +817,23 @@ async fn search_equals_a_full_scan_page_by_page(backend: Backend) {
 }
 
 /// The gRPC stream reads storage page by page; more records than a page
-/// must all arrive, once each.
+/// must all arrive, once each, and a selective filter must find exactly its
+/// matches even though most pages then hold none.
 async fn search_streams_more_than_a_page(backend: Backend) {
     let mut s = start(backend).await;
     let total = petstore_server::service::SEARCH_PAGE * 2 + 17;
+    let reptile = |n: usize| n % 100 == 42;
     let mut added = std::collections::HashSet::new();
     for chunk in 0..total.div_ceil(500) {
         let pets = (chunk * 500..(chunk * 500 + 500).min(total))
             .map(|n| {
                 pet(
                     if n % 2 == 0 { "Even" } else { "Odd" },
-                    PetType::PtBird,
+                    if reptile(n) {
+                        PetType::PtReptile
+                    } else {
+                        PetType::PtBird
+                    },
                     date(2020, 1, 1),
                 )
             })
@@ -848,7 +854,157 @@ async fn search_streams_more_than_a_page(backend: Backend) {
     .await;
     assert_eq!(evens.len(), total.div_ceil(2));
     assert!(evens.iter().all(|p| p.name == "Even"));
+
+    let ids_of = |pets: &[pb::Pet]| pets.iter().map(|p| p.id.clone()).collect::<Vec<_>>();
+    let is_reptile = |p: &&pb::Pet| p.r#type == i32::from(PetType::PtReptile);
+    let reptiles: Vec<_> = streamed.iter().filter(is_reptile).cloned().collect();
+    assert_eq!(reptiles.len(), (0..total).filter(|&n| reptile(n)).count());
+    let types = vec![PetType::PtReptile.into()];
+    let found = search(
+        &mut s.client,
+        pb::SearchPetsReq {
+            types: types.clone(),
+            ..Default::default()
+        },
+    )
+    .await;
+    let mut want = ids_of(&reptiles);
+    let mut got = ids_of(&found);
+    want.sort();
+    got.sort();
+    assert_eq!(got, want, "reptiles, walking every record");
+    let even_reptiles: Vec<_> = reptiles.into_iter().filter(|p| p.name == "Even").collect();
+    let found = search(
+        &mut s.client,
+        pb::SearchPetsReq {
+            names: vec!["Even".into()],
+            types,
+            ..Default::default()
+        },
+    )
+    .await;
+    let mut want = ids_of(&even_reptiles);
+    let mut got = ids_of(&found);
+    want.sort();
+    got.sort();
+    assert_eq!(got, want, "reptiles named Even, walking the name index");
     s.stop().await;
+}
+
+/// A page bounds the entries it scans, not the pets it returns (the
+/// contract on `Storage::search_page`): each page covers exactly the next
+/// `limit` entries of the walk (every record by ID, or the name index's
+/// entries by name then ID) and returns the matches among them, so a
+/// selective filter gets empty pages that do not end the search, and only
+/// the page with nothing after it does.
+async fn a_page_scans_limit_entries_whatever_matches(backend: Backend) {
+    const LIMIT: usize = 8;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let storage = backend.open(&dir).await;
+    let born = chrono::NaiveDate::from_ymd_opt(2020, 1, 1).expect("date");
+    let names = ["Ada", "Bo", "Cy"];
+    // 60 pets, 20 of each name, one in twenty a reptile.
+    let pets: Vec<_> = (0..60usize)
+        .map(|n| NewPet {
+            fields: PetFields {
+                name: names[n % 3].into(),
+                species: if n % 20 == 7 {
+                    Species::Reptile
+                } else {
+                    Species::Canine
+                },
+                birthday: born,
+            },
+            idempotency_key: None,
+        })
+        .collect();
+    storage.add(&pets).await.expect("add");
+    let everything = search_all(&*storage, &SearchFilter::default(), 1000)
+        .await
+        .expect("full scan");
+    assert_eq!(everything.len(), pets.len());
+
+    let reptiles = SearchFilter {
+        species: vec![Species::Reptile],
+        ..Default::default()
+    };
+    let nobody = SearchFilter {
+        born_before: Some(born),
+        ..Default::default()
+    };
+    let filters = [
+        reptiles.clone(),
+        nobody.clone(),
+        SearchFilter {
+            names: vec!["Cy".into(), "Bo".into()],
+            ..reptiles
+        },
+        SearchFilter {
+            names: vec!["Ada".into()],
+            ..nobody
+        },
+    ];
+    for filter in &filters {
+        let by_name = !filter.names.is_empty();
+        // The walk the contract describes, from the full scan.
+        let mut walk: Vec<(Cursor, &PetRecord)> = everything
+            .iter()
+            .filter(|p| !by_name || filter.names.contains(&p.fields.name))
+            .map(|p| {
+                let name = if by_name {
+                    p.fields.name.clone()
+                } else {
+                    String::new()
+                };
+                (
+                    Cursor {
+                        name,
+                        id: p.id.clone(),
+                    },
+                    p,
+                )
+            })
+            .collect();
+        walk.sort_by(|(a, _), (b, _)| (&a.name, &a.id).cmp(&(&b.name, &b.id)));
+
+        let pages = walk.len().div_ceil(LIMIT);
+        let mut after = None;
+        let mut empty_yet_not_last = 0;
+        for (number, entries) in walk.chunks(LIMIT).enumerate() {
+            let page = storage
+                .search_page(filter, after, LIMIT)
+                .await
+                .expect("page");
+            let want: Vec<&str> = entries
+                .iter()
+                .filter(|(_, p)| filter.matches(&p.fields))
+                .map(|(_, p)| p.id.as_str())
+                .collect();
+            let got: Vec<&str> = page.pets.iter().map(|p| p.id.as_str()).collect();
+            assert_eq!(
+                got, want,
+                "{filter:?}: page {number}, the matches among its entries"
+            );
+            if number + 1 == pages {
+                assert_eq!(page.next, None, "{filter:?}: the last page ends the search");
+            } else {
+                let last = &entries[LIMIT - 1].0;
+                assert_eq!(
+                    page.next.as_ref(),
+                    Some(last),
+                    "{filter:?}: page {number} stops after {LIMIT} entries"
+                );
+                if page.pets.is_empty() {
+                    empty_yet_not_last += 1;
+                }
+            }
+            after = page.next;
+        }
+        assert!(
+            empty_yet_not_last > 0,
+            "{filter:?}: an empty page must not end the search"
+        );
+    }
 }
 
 macro_rules! suite {
@@ -878,6 +1034,7 @@ suite!(
     racing_claims_have_one_winner,
     search_equals_a_full_scan_page_by_page,
     search_streams_more_than_a_page,
+    a_page_scans_limit_entries_whatever_matches,
 );
 
 // ---- durable-only ----------------------------------------------------------
@@ -994,7 +1151,7 @@ async fn durable_files_keep_their_format() {
     assert_eq!(found, [record]);
 
     let added = storage
-        .add(&[petstore_server::model::NewPet {
+        .add(&[NewPet {
             fields: PetFields {
                 name: "Tron".into(),
                 species: Species::Feline,

@@ -92,11 +92,20 @@ pub trait Storage: Send + Sync + 'static {
     /// Changes pets' idempotency keys, each only if its current key (empty for
     /// none) equals `expected_key`. All or nothing.
     async fn set_keys(&self, changes: &[KeyChange]) -> Result<(), StorageError>;
-    /// One page of a search: scans at most `limit` records after `after`
-    /// and returns those that match, so a page costs bounded time and memory
-    /// whatever the store holds. A name filter walks the name index (cost in
-    /// proportion to the answer); other filters walk every record in ID
-    /// order. `next` is `None` when the search is complete.
+    /// One page of a search. A search walks entries in one order: with
+    /// names in the filter, the name index's entries for those names, by
+    /// name then ID (cost in proportion to the answer); without, every
+    /// record by ID.
+    ///
+    /// A page bounds the entries it scans, not the pets it returns, so that
+    /// every page costs bounded work and memory whatever the filter and
+    /// the store hold. It scans the next `limit` entries (at least one) of
+    /// the walk after `after`, or all that are left if fewer, and returns
+    /// the pets among them that match the filter, in walk order: few or
+    /// none when the filter is selective. `next` is the last entry scanned
+    /// when more entries follow it, to pass as `after` for the next page,
+    /// and `None` when the walk is done. Only `None` ends a search; an empty
+    /// page does not.
     async fn search_page(
         &self,
         filter: &SearchFilter,
@@ -133,10 +142,10 @@ pub struct SearchPage {
     pub next: Option<Cursor>,
 }
 
-/// One page being filled from index entries in order, for the backends
-/// that walk their own indexes. A page ends after `limit` entries scanned,
-/// matching or not, so a selective filter still costs bounded work per
-/// call; the next page resumes after the last entry scanned.
+/// One page being filled from the walk's entries in order. Every backend
+/// feeds its walk through it, so all keep [`Storage::search_page`]'s
+/// contract the same way: `limit` entries scanned, matching or not, and the
+/// next page resumes after the last of them.
 pub(crate) struct PageFill<'f> {
     filter: &'f SearchFilter,
     limit: usize,
