@@ -1,11 +1,10 @@
 //! The gRPC layer: validates each request at the edge, then calls [`Storage`].
 
-use std::pin::Pin;
 use std::sync::Arc;
 
-use futures::Stream;
 use petstore_proto::PetStore;
 use petstore_proto::petstore as pb;
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use crate::storage::{SearchPage, Storage, StorageError};
@@ -90,7 +89,7 @@ impl PetStore for PetStoreService {
         Ok(Response::new(pb::DeletePetsResp {}))
     }
 
-    type SearchPetsStream = Pin<Box<dyn Stream<Item = Result<pb::Pet, Status>> + Send>>;
+    type SearchPetsStream = ReceiverStream<Result<pb::Pet, Status>>;
 
     async fn search_pets(
         &self,
@@ -125,9 +124,7 @@ impl PetStore for PetStoreService {
             }
             tracing::debug!(count, "search");
         });
-        Ok(Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
-        )))
+        Ok(Response::new(ReceiverStream::new(rx)))
     }
 
     async fn set_idempotency_keys(
