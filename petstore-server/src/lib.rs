@@ -1,5 +1,5 @@
-//! The pet store: a tonic gRPC service over a storage trait, with a durable
-//! (redb) and an in-memory backend.
+//! The pet store: a tonic gRPC service over a storage trait, with durable
+//! (redb), in-memory and PostgreSQL backends.
 
 pub mod model;
 pub mod server;

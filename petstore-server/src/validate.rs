@@ -45,7 +45,7 @@ fn date(at: &At<'_>, value: Option<&Date>) -> Result<NaiveDate, Status> {
 }
 
 /// The name, type and birthday of `pets[index]`, validated.
-pub fn pet_fields(index: usize, pet: &pb::Pet) -> Result<PetFields, Status> {
+fn pet_fields(index: usize, pet: &pb::Pet) -> Result<PetFields, Status> {
     let at = |field: &str| At {
         path: format!("pets[{index}].{field}"),
         pet: Some((index, pet.name.as_str())),
