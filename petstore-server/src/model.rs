@@ -3,23 +3,15 @@
 
 use chrono::NaiveDate;
 
-/// Longest accepted pet name, in characters.
-pub const MAX_NAME_CHARS: usize = 128;
-/// Longest accepted idempotency key, in characters.
-pub const MAX_KEY_CHARS: usize = 128;
+// The species (`PetType` without `PTUnknown`, which is never valid) and the
+// longest name and key are shared with the operator's client, so both ends
+// of the wire agree on them.
+pub use petstore_proto::convert::{MAX_KEY_CHARS, MAX_NAME_CHARS, Species};
+
 /// Most pets, IDs or keys accepted in one repeated request field.
 pub const MAX_BATCH: usize = 1000;
 /// Largest gRPC message the server decodes or encodes.
 pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
-
-/// The kind of animal; `PTUnknown` has no counterpart because it is never valid.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Species {
-    Canine,
-    Feline,
-    Bird,
-    Reptile,
-}
 
 /// The mutable part of a pet.
 #[derive(Clone, Debug, PartialEq, Eq)]

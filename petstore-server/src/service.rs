@@ -1,15 +1,14 @@
 //! The gRPC layer: validates each request at the edge, then calls [`Storage`].
 
-use std::pin::Pin;
 use std::sync::Arc;
 
-use futures::Stream;
 use petstore_proto::PetStore;
 use petstore_proto::petstore as pb;
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use crate::storage::{SearchPage, Storage, StorageError};
-use crate::validate;
+use crate::{validate, wire};
 
 pub struct PetStoreService {
     storage: Arc<dyn Storage>,
@@ -49,7 +48,7 @@ impl From<StorageError> for Status {
 /// Pets buffered ahead of a slow search client; with the page size, bounds
 /// memory per stream whatever the store holds.
 const SEARCH_CHANNEL_DEPTH: usize = 64;
-/// Records a search reads from storage at a time.
+/// Entries a search scans per storage call (see `Storage::search_page`).
 pub const SEARCH_PAGE: usize = 256;
 
 #[tonic::async_trait]
@@ -60,7 +59,7 @@ impl PetStore for PetStoreService {
     ) -> Result<Response<pb::AddPetsResp>, Status> {
         let pets = validate::add_request(request.get_ref())?;
         let count = pets.len();
-        let added = self.storage.add(pets).await?;
+        let added = self.storage.add(&pets).await?;
         tracing::debug!(count, "added pets");
         let created = added.iter().map(|a| a.created).collect();
         let ids = added.into_iter().map(|a| a.id).collect();
@@ -73,7 +72,7 @@ impl PetStore for PetStoreService {
     ) -> Result<Response<pb::UpdatePetsResp>, Status> {
         let updates = validate::update_request(request.get_ref())?;
         let count = updates.len();
-        self.storage.update(updates).await?;
+        self.storage.update(&updates).await?;
         tracing::debug!(count, "updated pets");
         Ok(Response::new(pb::UpdatePetsResp {}))
     }
@@ -85,12 +84,12 @@ impl PetStore for PetStoreService {
         let ids = request.into_inner().ids;
         validate::ids("ids", &ids)?;
         let count = ids.len();
-        self.storage.delete(ids).await?;
+        self.storage.delete(&ids).await?;
         tracing::debug!(count, "deleted pets");
         Ok(Response::new(pb::DeletePetsResp {}))
     }
 
-    type SearchPetsStream = Pin<Box<dyn Stream<Item = Result<pb::Pet, Status>> + Send>>;
+    type SearchPetsStream = ReceiverStream<Result<pb::Pet, Status>>;
 
     async fn search_pets(
         &self,
@@ -109,7 +108,7 @@ impl PetStore for PetStoreService {
                 let SearchPage { pets, next } = page;
                 for record in pets {
                     // The client hung up: stop reading.
-                    if tx.send(Ok(validate::to_proto(&record))).await.is_err() {
+                    if tx.send(Ok(wire::to_proto(&record))).await.is_err() {
                         return;
                     }
                     count += 1;
@@ -125,9 +124,7 @@ impl PetStore for PetStoreService {
             }
             tracing::debug!(count, "search");
         });
-        Ok(Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
-        )))
+        Ok(Response::new(ReceiverStream::new(rx)))
     }
 
     async fn set_idempotency_keys(
@@ -137,7 +134,7 @@ impl PetStore for PetStoreService {
         let changes = validate::set_keys_request(request.get_ref())?;
         let count = changes.len();
         self.storage
-            .set_keys(changes)
+            .set_keys(&changes)
             .await
             .map_err(|err| match err {
                 // The generic mapping names `pets[i]`; this request's field is `changes`.
@@ -164,12 +161,12 @@ impl PetStore for PetStoreService {
         let by_id = if ids.is_empty() {
             Vec::new()
         } else {
-            self.storage.get(ids.clone()).await?
+            self.storage.get(&ids).await?
         };
         let by_key = if idempotency_keys.is_empty() {
             Vec::new()
         } else {
-            self.storage.get_by_keys(idempotency_keys.clone()).await?
+            self.storage.get_by_keys(&idempotency_keys).await?
         };
 
         let mut response = pb::GetPetsResp::default();
@@ -177,7 +174,7 @@ impl PetStore for PetStoreService {
         for (id, found) in ids.into_iter().zip(by_id) {
             match found {
                 Some(record) if seen.insert(record.id.clone()) => {
-                    response.pets.push(validate::to_proto(&record))
+                    response.pets.push(wire::to_proto(&record))
                 }
                 Some(_) => {}
                 None => response.missing_ids.push(id),
@@ -186,7 +183,7 @@ impl PetStore for PetStoreService {
         for (key, found) in idempotency_keys.into_iter().zip(by_key) {
             match found {
                 Some(record) if seen.insert(record.id.clone()) => {
-                    response.pets.push(validate::to_proto(&record))
+                    response.pets.push(wire::to_proto(&record))
                 }
                 Some(_) => {}
                 None => response.missing_idempotency_keys.push(key),

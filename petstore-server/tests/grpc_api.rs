@@ -6,8 +6,8 @@ use std::sync::Arc;
 use petstore_proto::PetStoreClient;
 use petstore_proto::google::r#type::Date;
 use petstore_proto::petstore::{self as pb, PetType};
-use petstore_server::model::{PetFields, SearchFilter, Species};
-use petstore_server::storage::{PostgresConfig, Storage, StorageConfig, search_all};
+use petstore_server::model::{NewPet, PetFields, PetRecord, SearchFilter, Species};
+use petstore_server::storage::{Cursor, PostgresConfig, Storage, StorageConfig, search_all};
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -70,23 +70,33 @@ fn postgres_config() -> PostgresConfig {
     }
 }
 
-async fn open(backend: &str, dir: &tempfile::TempDir) -> Arc<dyn Storage> {
-    let config = match backend {
-        "memory" => StorageConfig::Memory,
-        "durable" => StorageConfig::durable(dir.path().join("pets.redb")),
-        "postgres" => StorageConfig::Postgres(Box::new(
-            tokio::task::spawn_blocking(postgres_config)
-                .await
-                .expect("postgres config"),
-        )),
-        other => panic!("unknown backend {other}"),
-    };
-    config.open().await.expect("open storage")
+/// The storage backends the suite runs against.
+#[derive(Clone, Copy, Debug)]
+enum Backend {
+    Memory,
+    Durable,
+    Postgres,
 }
 
-async fn start(backend: &str) -> Running {
+impl Backend {
+    /// An empty store; the durable one keeps its file in `dir`.
+    async fn open(self, dir: &tempfile::TempDir) -> Arc<dyn Storage> {
+        let config = match self {
+            Backend::Memory => StorageConfig::Memory,
+            Backend::Durable => StorageConfig::durable(dir.path().join("pets.redb")),
+            Backend::Postgres => StorageConfig::Postgres(Box::new(
+                tokio::task::spawn_blocking(postgres_config)
+                    .await
+                    .expect("postgres config"),
+            )),
+        };
+        config.open().await.expect("open storage")
+    }
+}
+
+async fn start(backend: Backend) -> Running {
     let dir = tempfile::tempdir().expect("tempdir");
-    let storage = open(backend, &dir).await;
+    let storage = backend.open(&dir).await;
     start_with(storage, dir).await
 }
 
@@ -143,7 +153,7 @@ async fn add_rejected(client: &mut PetStoreClient<Channel>, pets: Vec<pb::Pet>) 
 
 // ---- the suite -------------------------------------------------------------
 
-async fn add_returns_ids_in_request_order(backend: &str) {
+async fn add_returns_ids_in_request_order(backend: Backend) {
     let mut s = start(backend).await;
     let ids = add(&mut s.client, vec![thor(), tron()]).await;
     assert_eq!(ids.len(), 2);
@@ -157,7 +167,7 @@ async fn add_returns_ids_in_request_order(backend: &str) {
     s.stop().await;
 }
 
-async fn update_replaces_fields_and_unknown_id_changes_nothing(backend: &str) {
+async fn update_replaces_fields_and_unknown_id_changes_nothing(backend: Backend) {
     let mut s = start(backend).await;
     let ids = add(&mut s.client, vec![thor(), tron()]).await;
     let mut thorbert = pet("Thorbert", PetType::PtCanine, date(2021, 4, 2));
@@ -191,7 +201,7 @@ async fn update_replaces_fields_and_unknown_id_changes_nothing(backend: &str) {
     s.stop().await;
 }
 
-async fn delete_is_idempotent(backend: &str) {
+async fn delete_is_idempotent(backend: Backend) {
     let mut s = start(backend).await;
     let ids = add(&mut s.client, vec![thor(), tron()]).await;
     for _ in 0..2 {
@@ -208,7 +218,7 @@ async fn delete_is_idempotent(backend: &str) {
     s.stop().await;
 }
 
-async fn search_filters_narrow_and_range_is_half_open(backend: &str) {
+async fn search_filters_narrow_and_range_is_half_open(backend: Backend) {
     let mut s = start(backend).await;
     add(
         &mut s.client,
@@ -289,7 +299,7 @@ async fn search_filters_narrow_and_range_is_half_open(backend: &str) {
     s.stop().await;
 }
 
-async fn every_validation_rule_names_field_and_pet_and_stores_nothing(backend: &str) {
+async fn every_validation_rule_names_field_and_pet_and_stores_nothing(backend: Backend) {
     let mut s = start(backend).await;
     let with_id = pb::Pet {
         id: "preset".into(),
@@ -384,7 +394,7 @@ async fn every_validation_rule_names_field_and_pet_and_stores_nothing(backend: &
     s.stop().await;
 }
 
-async fn idempotency_keys_deduplicate_and_are_findable(backend: &str) {
+async fn idempotency_keys_deduplicate_and_are_findable(backend: Backend) {
     let mut s = start(backend).await;
     let keyed = |key: &str| pb::Pet {
         idempotency_key: key.into(),
@@ -444,7 +454,7 @@ async fn idempotency_keys_deduplicate_and_are_findable(backend: &str) {
     s.stop().await;
 }
 
-async fn concurrent_adds_get_unique_ids_and_all_are_found(backend: &str) {
+async fn concurrent_adds_get_unique_ids_and_all_are_found(backend: Backend) {
     let s = start(backend).await;
     let mut tasks = Vec::new();
     for task in 0..32 {
@@ -485,7 +495,7 @@ async fn concurrent_adds_get_unique_ids_and_all_are_found(backend: &str) {
     s.stop().await;
 }
 
-async fn oversized_message_is_rejected_cleanly(backend: &str) {
+async fn oversized_message_is_rejected_cleanly(backend: Backend) {
     let mut s = start(backend).await;
     let huge = pb::DeletePetsReq {
         ids: vec!["x".repeat(8 * 1024 * 1024)],
@@ -529,7 +539,7 @@ async fn keys_of(client: &mut PetStoreClient<Channel>, ids: &[String]) -> Vec<St
     found.pets.into_iter().map(|p| p.idempotency_key).collect()
 }
 
-async fn key_changes_are_compare_and_set(backend: &str) {
+async fn key_changes_are_compare_and_set(backend: Backend) {
     let mut s = start(backend).await;
     let keyed = |key: &str| pb::Pet {
         idempotency_key: key.into(),
@@ -665,7 +675,7 @@ async fn key_changes_are_compare_and_set(backend: &str) {
 }
 
 /// Many clients race to claim one unkeyed pet: exactly one wins.
-async fn racing_claims_have_one_winner(backend: &str) {
+async fn racing_claims_have_one_winner(backend: Backend) {
     let mut s = start(backend).await;
     let id = add(&mut s.client, vec![thor()]).await.remove(0);
     let mut tasks = Vec::new();
@@ -696,9 +706,9 @@ async fn racing_claims_have_one_winner(backend: &str) {
 /// name, must return exactly what a full scan filtered by
 /// `SearchFilter::matches` returns; and renames and deletes must move the
 /// index with the data.
-async fn search_equals_a_full_scan_page_by_page(backend: &str) {
+async fn search_equals_a_full_scan_page_by_page(backend: Backend) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let storage = open(backend, &dir).await;
+    let storage = backend.open(&dir).await;
     let names = ["Ada", "Bo", "Cy", "Dee", "Bo ", "bo", "Zoë"];
     let species = [
         Species::Canine,
@@ -707,8 +717,8 @@ async fn search_equals_a_full_scan_page_by_page(backend: &str) {
         Species::Reptile,
     ];
     let day = |n: u32| chrono::NaiveDate::from_ymd_opt(2020, 1 + n % 12, 1 + n % 28).expect("date");
-    let pets = (0..240u32)
-        .map(|n| petstore_server::model::NewPet {
+    let pets: Vec<_> = (0..240u32)
+        .map(|n| NewPet {
             fields: PetFields {
                 name: names[(n as usize * 7 + n as usize / 5) % names.len()].into(),
                 species: species[n as usize % 4],
@@ -718,7 +728,7 @@ async fn search_equals_a_full_scan_page_by_page(backend: &str) {
         })
         .collect();
     let ids: Vec<String> = storage
-        .add(pets)
+        .add(&pets)
         .await
         .expect("add")
         .into_iter()
@@ -737,11 +747,9 @@ async fn search_equals_a_full_scan_page_by_page(backend: &str) {
             },
         })
         .collect();
-    storage.update(renamed).await.expect("rename");
-    storage
-        .delete(ids.iter().skip(4).step_by(11).cloned().collect())
-        .await
-        .expect("delete");
+    storage.update(&renamed).await.expect("rename");
+    let deleted: Vec<_> = ids.iter().skip(4).step_by(11).cloned().collect();
+    storage.delete(&deleted).await.expect("delete");
 
     let everything = search_all(&*storage, &SearchFilter::default(), 1000)
         .await
@@ -809,17 +817,23 @@ async fn search_equals_a_full_scan_page_by_page(backend: &str) {
 }
 
 /// The gRPC stream reads storage page by page; more records than a page
-/// must all arrive, once each.
-async fn search_streams_more_than_a_page(backend: &str) {
+/// must all arrive, once each, and a selective filter must find exactly its
+/// matches even though most pages then hold none.
+async fn search_streams_more_than_a_page(backend: Backend) {
     let mut s = start(backend).await;
     let total = petstore_server::service::SEARCH_PAGE * 2 + 17;
+    let reptile = |n: usize| n % 100 == 42;
     let mut added = std::collections::HashSet::new();
     for chunk in 0..total.div_ceil(500) {
         let pets = (chunk * 500..(chunk * 500 + 500).min(total))
             .map(|n| {
                 pet(
                     if n % 2 == 0 { "Even" } else { "Odd" },
-                    PetType::PtBird,
+                    if reptile(n) {
+                        PetType::PtReptile
+                    } else {
+                        PetType::PtBird
+                    },
                     date(2020, 1, 1),
                 )
             })
@@ -840,19 +854,169 @@ async fn search_streams_more_than_a_page(backend: &str) {
     .await;
     assert_eq!(evens.len(), total.div_ceil(2));
     assert!(evens.iter().all(|p| p.name == "Even"));
+
+    let ids_of = |pets: &[pb::Pet]| pets.iter().map(|p| p.id.clone()).collect::<Vec<_>>();
+    let is_reptile = |p: &&pb::Pet| p.r#type == i32::from(PetType::PtReptile);
+    let reptiles: Vec<_> = streamed.iter().filter(is_reptile).cloned().collect();
+    assert_eq!(reptiles.len(), (0..total).filter(|&n| reptile(n)).count());
+    let types = vec![PetType::PtReptile.into()];
+    let found = search(
+        &mut s.client,
+        pb::SearchPetsReq {
+            types: types.clone(),
+            ..Default::default()
+        },
+    )
+    .await;
+    let mut want = ids_of(&reptiles);
+    let mut got = ids_of(&found);
+    want.sort();
+    got.sort();
+    assert_eq!(got, want, "reptiles, walking every record");
+    let even_reptiles: Vec<_> = reptiles.into_iter().filter(|p| p.name == "Even").collect();
+    let found = search(
+        &mut s.client,
+        pb::SearchPetsReq {
+            names: vec!["Even".into()],
+            types,
+            ..Default::default()
+        },
+    )
+    .await;
+    let mut want = ids_of(&even_reptiles);
+    let mut got = ids_of(&found);
+    want.sort();
+    got.sort();
+    assert_eq!(got, want, "reptiles named Even, walking the name index");
     s.stop().await;
+}
+
+/// A page bounds the entries it scans, not the pets it returns (the
+/// contract on `Storage::search_page`): each page covers exactly the next
+/// `limit` entries of the walk (every record by ID, or the name index's
+/// entries by name then ID) and returns the matches among them, so a
+/// selective filter gets empty pages that do not end the search, and only
+/// the page with nothing after it does.
+async fn a_page_scans_limit_entries_whatever_matches(backend: Backend) {
+    const LIMIT: usize = 8;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let storage = backend.open(&dir).await;
+    let born = chrono::NaiveDate::from_ymd_opt(2020, 1, 1).expect("date");
+    let names = ["Ada", "Bo", "Cy"];
+    // 60 pets, 20 of each name, one in twenty a reptile.
+    let pets: Vec<_> = (0..60usize)
+        .map(|n| NewPet {
+            fields: PetFields {
+                name: names[n % 3].into(),
+                species: if n % 20 == 7 {
+                    Species::Reptile
+                } else {
+                    Species::Canine
+                },
+                birthday: born,
+            },
+            idempotency_key: None,
+        })
+        .collect();
+    storage.add(&pets).await.expect("add");
+    let everything = search_all(&*storage, &SearchFilter::default(), 1000)
+        .await
+        .expect("full scan");
+    assert_eq!(everything.len(), pets.len());
+
+    let reptiles = SearchFilter {
+        species: vec![Species::Reptile],
+        ..Default::default()
+    };
+    let nobody = SearchFilter {
+        born_before: Some(born),
+        ..Default::default()
+    };
+    let filters = [
+        reptiles.clone(),
+        nobody.clone(),
+        SearchFilter {
+            names: vec!["Cy".into(), "Bo".into()],
+            ..reptiles
+        },
+        SearchFilter {
+            names: vec!["Ada".into()],
+            ..nobody
+        },
+    ];
+    for filter in &filters {
+        let by_name = !filter.names.is_empty();
+        // The walk the contract describes, from the full scan.
+        let mut walk: Vec<(Cursor, &PetRecord)> = everything
+            .iter()
+            .filter(|p| !by_name || filter.names.contains(&p.fields.name))
+            .map(|p| {
+                let name = if by_name {
+                    p.fields.name.clone()
+                } else {
+                    String::new()
+                };
+                (
+                    Cursor {
+                        name,
+                        id: p.id.clone(),
+                    },
+                    p,
+                )
+            })
+            .collect();
+        walk.sort_by(|(a, _), (b, _)| (&a.name, &a.id).cmp(&(&b.name, &b.id)));
+
+        let pages = walk.len().div_ceil(LIMIT);
+        let mut after = None;
+        let mut empty_yet_not_last = 0;
+        for (number, entries) in walk.chunks(LIMIT).enumerate() {
+            let page = storage
+                .search_page(filter, after, LIMIT)
+                .await
+                .expect("page");
+            let want: Vec<&str> = entries
+                .iter()
+                .filter(|(_, p)| filter.matches(&p.fields))
+                .map(|(_, p)| p.id.as_str())
+                .collect();
+            let got: Vec<&str> = page.pets.iter().map(|p| p.id.as_str()).collect();
+            assert_eq!(
+                got, want,
+                "{filter:?}: page {number}, the matches among its entries"
+            );
+            if number + 1 == pages {
+                assert_eq!(page.next, None, "{filter:?}: the last page ends the search");
+            } else {
+                let last = &entries[LIMIT - 1].0;
+                assert_eq!(
+                    page.next.as_ref(),
+                    Some(last),
+                    "{filter:?}: page {number} stops after {LIMIT} entries"
+                );
+                if page.pets.is_empty() {
+                    empty_yet_not_last += 1;
+                }
+            }
+            after = page.next;
+        }
+        assert!(
+            empty_yet_not_last > 0,
+            "{filter:?}: an empty page must not end the search"
+        );
+    }
 }
 
 macro_rules! suite {
     ($($case:ident),* $(,)?) => {
         mod memory {
-            $( #[tokio::test] async fn $case() { super::$case("memory").await } )*
+            $( #[tokio::test] async fn $case() { super::$case(super::Backend::Memory).await } )*
         }
         mod durable {
-            $( #[tokio::test] async fn $case() { super::$case("durable").await } )*
+            $( #[tokio::test] async fn $case() { super::$case(super::Backend::Durable).await } )*
         }
         mod postgres {
-            $( #[tokio::test] async fn $case() { super::$case("postgres").await } )*
+            $( #[tokio::test] async fn $case() { super::$case(super::Backend::Postgres).await } )*
         }
     };
 }
@@ -870,6 +1034,7 @@ suite!(
     racing_claims_have_one_winner,
     search_equals_a_full_scan_page_by_page,
     search_streams_more_than_a_page,
+    a_page_scans_limit_entries_whatever_matches,
 );
 
 // ---- durable-only ----------------------------------------------------------
@@ -933,4 +1098,86 @@ async fn durable_store_keeps_pets_and_keys_across_reopen() {
     );
     s.stop().await;
     drop(dir);
+}
+
+/// The durable file's format is the one the store has always written: each
+/// record a `petstore.Pet`. A file from before the name index existed opens
+/// (the index is built), and what the store writes now still decodes as
+/// that message, so an older server can open the file too.
+#[tokio::test]
+async fn durable_files_keep_their_format() {
+    use prost::Message;
+    use redb::{ReadableDatabase, TableDefinition};
+    const PETS: TableDefinition<&str, &[u8]> = TableDefinition::new("pets");
+    const IDS_BY_KEY: TableDefinition<&str, &str> = TableDefinition::new("ids_by_key");
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("pets.redb");
+    let old = pb::Pet {
+        id: "old-id".into(),
+        idempotency_key: "uid-old".into(),
+        ..thor()
+    };
+    {
+        let db = redb::Database::create(&path).expect("create");
+        let txn = db.begin_write().expect("write");
+        {
+            let mut pets = txn.open_table(PETS).expect("pets");
+            pets.insert("old-id", old.encode_to_vec().as_slice())
+                .expect("insert");
+            let mut keys = txn.open_table(IDS_BY_KEY).expect("keys");
+            keys.insert("uid-old", "old-id").expect("insert key");
+        }
+        txn.commit().expect("commit");
+    }
+
+    let storage = StorageConfig::durable(path.clone())
+        .open()
+        .await
+        .expect("open a file without the name index");
+    let by_key = storage
+        .get_by_keys(&["uid-old".to_owned()])
+        .await
+        .expect("get by key");
+    let record = by_key[0].clone().expect("the old record");
+    assert_eq!(record.id, "old-id");
+    assert_eq!(record.fields.name, "Thor");
+    assert_eq!(record.fields.species, Species::Canine);
+    let by_name = SearchFilter {
+        names: vec!["Thor".into()],
+        ..Default::default()
+    };
+    let found = search_all(&*storage, &by_name, 10).await.expect("search");
+    assert_eq!(found, [record]);
+
+    let added = storage
+        .add(&[NewPet {
+            fields: PetFields {
+                name: "Tron".into(),
+                species: Species::Feline,
+                birthday: chrono::NaiveDate::from_ymd_opt(2020, 6, 25).expect("date"),
+            },
+            idempotency_key: Some("uid-new".into()),
+        }])
+        .await
+        .expect("add");
+    drop(storage);
+
+    let db = redb::Database::create(&path).expect("reopen the file directly");
+    let txn = db.begin_read().expect("read");
+    let pets = txn.open_table(PETS).expect("pets");
+    let stored = pets
+        .get(added[0].id.as_str())
+        .expect("get")
+        .expect("the new record");
+    let expected = pb::Pet {
+        id: added[0].id.clone(),
+        idempotency_key: "uid-new".into(),
+        ..tron()
+    };
+    assert_eq!(
+        pb::Pet::decode(stored.value()).expect("a petstore.Pet"),
+        expected
+    );
+    assert_eq!(stored.value(), expected.encode_to_vec(), "byte for byte");
 }

@@ -12,17 +12,18 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::mpsc;
 
-use prost::Message;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 use tokio::sync::oneshot;
 
+use super::codec::{decode, encode};
 use super::{
-    Cursor, PageFill, SearchPage, Storage, StorageError, check_key_changes, names_from, new_id,
+    Cursor, OrEngine, PageFill, SearchPage, Storage, StorageError, check_key_changes, names_from,
+    new_id,
 };
 use crate::model::{Added, KeyChange, NewPet, PetRecord, PetUpdate, SearchFilter};
-use crate::validate;
 
-/// Pet ID -> protobuf-encoded `petstore.Pet` (including its idempotency key).
+/// Pet ID -> the record, encoded by `codec` (a `petstore.Pet`, idempotency
+/// key included).
 const PETS: TableDefinition<&str, &[u8]> = TableDefinition::new("pets");
 /// Idempotency key -> pet ID.
 const IDS_BY_KEY: TableDefinition<&str, &str> = TableDefinition::new("ids_by_key");
@@ -78,7 +79,7 @@ impl DurableStorage {
         let db = Database::builder()
             .set_cache_size(cache_bytes)
             .create(path)
-            .map_err(|e| StorageError::engine("opening the file", e))?;
+            .or_engine("opening the file")?;
         migrate(&db)?;
 
         let db = Arc::new(db);
@@ -87,7 +88,7 @@ impl DurableStorage {
         let writer_thread = std::thread::Builder::new()
             .name("petstore-writer".into())
             .spawn(move || write_loop(&writer_db, &jobs))
-            .map_err(|e| StorageError::engine("starting the writer thread", e))?;
+            .or_engine("starting the writer thread")?;
         Ok(Self {
             db,
             writer: Some(writer),
@@ -95,6 +96,8 @@ impl DurableStorage {
         })
     }
 
+    /// Hands `op` to the writer thread, which outlives any borrow: the op
+    /// owns a copy of the batch.
     async fn write(&self, op: WriteOp) -> Applied {
         let (reply, answer) = oneshot::channel();
         self.writer
@@ -112,7 +115,7 @@ impl DurableStorage {
         let db = Arc::clone(&self.db);
         tokio::task::spawn_blocking(move || read(&db))
             .await
-            .map_err(|e| StorageError::engine("running a read", e))?
+            .or_engine("running a read")?
     }
 }
 
@@ -121,33 +124,35 @@ impl DurableStorage {
 /// transaction: a crash midway leaves the old file, and the next open
 /// builds it again.
 fn migrate(db: &Database) -> Result<(), StorageError> {
-    let init = |e: redb::Error| StorageError::engine("initialising tables", e);
-    let txn = db.begin_write().map_err(|e| init(e.into()))?;
+    let txn = db.begin_write().or_engine("initialising tables")?;
     {
-        let pets = txn.open_table(PETS).map_err(|e| init(e.into()))?;
-        txn.open_table(IDS_BY_KEY).map_err(|e| init(e.into()))?;
-        let mut by_name = txn.open_table(PETS_BY_NAME).map_err(|e| init(e.into()))?;
-        let mut meta = txn.open_table(META).map_err(|e| init(e.into()))?;
+        let pets = txn.open_table(PETS).or_engine("initialising tables")?;
+        txn.open_table(IDS_BY_KEY)
+            .or_engine("initialising tables")?;
+        let mut by_name = txn
+            .open_table(PETS_BY_NAME)
+            .or_engine("initialising tables")?;
+        let mut meta = txn.open_table(META).or_engine("initialising tables")?;
         let version = meta
             .get("schema")
-            .map_err(|e| init(e.into()))?
+            .or_engine("initialising tables")?
             .map_or(1, |v| v.value());
         if version < SCHEMA_VERSION {
             let mut indexed = 0u64;
-            for entry in pets.iter().map_err(|e| init(e.into()))? {
-                let (_, stored) = entry.map_err(|e| init(e.into()))?;
+            for entry in pets.iter().or_engine("initialising tables")? {
+                let (_, stored) = entry.or_engine("initialising tables")?;
                 let record = decode(stored.value())?;
                 by_name
                     .insert((record.fields.name.as_str(), record.id.as_str()), ())
-                    .map_err(|e| init(e.into()))?;
+                    .or_engine("initialising tables")?;
                 indexed += 1;
             }
             meta.insert("schema", SCHEMA_VERSION)
-                .map_err(|e| init(e.into()))?;
+                .or_engine("initialising tables")?;
             tracing::info!(indexed, "built the name index");
         }
     }
-    txn.commit().map_err(|e| init(e.into()))
+    txn.commit().or_engine("initialising tables")
 }
 
 fn write_loop(db: &Database, jobs: &mpsc::Receiver<Job>) {
@@ -183,15 +188,12 @@ fn write_loop(db: &Database, jobs: &mpsc::Receiver<Job>) {
 /// Applies every op in one transaction. An op that is refused (unknown ID)
 /// writes nothing and gets its own error; an engine failure fails the group.
 fn commit_group(db: &Database, ops: &[&WriteOp]) -> Result<Vec<Applied>, StorageError> {
-    let txn = db
-        .begin_write()
-        .map_err(|e| StorageError::engine("starting a write", e))?;
+    let txn = db.begin_write().or_engine("starting a write")?;
     let mut results = Vec::with_capacity(ops.len());
     for op in ops {
         results.push(apply(&txn, op)?);
     }
-    txn.commit()
-        .map_err(|e| StorageError::engine("committing", e))?;
+    txn.commit().or_engine("committing")?;
     Ok(results)
 }
 
@@ -200,16 +202,15 @@ fn commit_group(db: &Database, ops: &[&WriteOp]) -> Result<Vec<Applied>, Storage
 type Applied = Result<Vec<Added>, StorageError>;
 
 fn apply(txn: &WriteTransaction, op: &WriteOp) -> Result<Applied, StorageError> {
-    let engine = |e: redb::Error| StorageError::engine("writing", e);
-    let mut pets = txn.open_table(PETS).map_err(|e| engine(e.into()))?;
-    let mut keys = txn.open_table(IDS_BY_KEY).map_err(|e| engine(e.into()))?;
-    let mut by_name = txn.open_table(PETS_BY_NAME).map_err(|e| engine(e.into()))?;
+    let mut pets = txn.open_table(PETS).or_engine("writing")?;
+    let mut keys = txn.open_table(IDS_BY_KEY).or_engine("writing")?;
+    let mut by_name = txn.open_table(PETS_BY_NAME).or_engine("writing")?;
     match op {
         WriteOp::Add(new_pets) => {
             let mut ids = Vec::with_capacity(new_pets.len());
             for pet in new_pets {
                 if let Some(key) = &pet.idempotency_key
-                    && let Some(existing) = keys.get(key.as_str()).map_err(|e| engine(e.into()))?
+                    && let Some(existing) = keys.get(key.as_str()).or_engine("writing")?
                 {
                     ids.push(Added::existing(existing.value().to_owned()));
                     continue;
@@ -220,14 +221,14 @@ fn apply(txn: &WriteTransaction, op: &WriteOp) -> Result<Applied, StorageError> 
                     idempotency_key: pet.idempotency_key.clone(),
                 };
                 pets.insert(record.id.as_str(), encode(&record).as_slice())
-                    .map_err(|e| engine(e.into()))?;
+                    .or_engine("writing")?;
                 if let Some(key) = &record.idempotency_key {
                     keys.insert(key.as_str(), record.id.as_str())
-                        .map_err(|e| engine(e.into()))?;
+                        .or_engine("writing")?;
                 }
                 by_name
                     .insert((record.fields.name.as_str(), record.id.as_str()), ())
-                    .map_err(|e| engine(e.into()))?;
+                    .or_engine("writing")?;
                 ids.push(Added::new(record.id));
             }
             Ok(Ok(ids))
@@ -236,8 +237,7 @@ fn apply(txn: &WriteTransaction, op: &WriteOp) -> Result<Applied, StorageError> 
             // Check every ID before writing any, so a refused request changes nothing.
             let mut records = Vec::with_capacity(updates.len());
             for (index, update) in updates.iter().enumerate() {
-                let Some(stored) = pets.get(update.id.as_str()).map_err(|e| engine(e.into()))?
-                else {
+                let Some(stored) = pets.get(update.id.as_str()).or_engine("writing")? else {
                     return Ok(Err(StorageError::NotFound {
                         index,
                         id: update.id.clone(),
@@ -249,29 +249,29 @@ fn apply(txn: &WriteTransaction, op: &WriteOp) -> Result<Applied, StorageError> 
             }
             for (old_name, record) in records {
                 pets.insert(record.id.as_str(), encode(&record).as_slice())
-                    .map_err(|e| engine(e.into()))?;
+                    .or_engine("writing")?;
                 if old_name != record.fields.name {
                     by_name
                         .remove((old_name.as_str(), record.id.as_str()))
-                        .map_err(|e| engine(e.into()))?;
+                        .or_engine("writing")?;
                     by_name
                         .insert((record.fields.name.as_str(), record.id.as_str()), ())
-                        .map_err(|e| engine(e.into()))?;
+                        .or_engine("writing")?;
                 }
             }
             Ok(Ok(Vec::new()))
         }
         WriteOp::Delete(ids) => {
             for id in ids {
-                let removed = pets.remove(id.as_str()).map_err(|e| engine(e.into()))?;
+                let removed = pets.remove(id.as_str()).or_engine("writing")?;
                 if let Some(stored) = removed {
                     let record = decode(stored.value())?;
                     if let Some(key) = &record.idempotency_key {
-                        keys.remove(key.as_str()).map_err(|e| engine(e.into()))?;
+                        keys.remove(key.as_str()).or_engine("writing")?;
                     }
                     by_name
                         .remove((record.fields.name.as_str(), id.as_str()))
-                        .map_err(|e| engine(e.into()))?;
+                        .or_engine("writing")?;
                 }
             }
             Ok(Ok(Vec::new()))
@@ -281,7 +281,7 @@ fn apply(txn: &WriteTransaction, op: &WriteOp) -> Result<Applied, StorageError> 
             let refusal = check_key_changes(
                 changes,
                 |id| {
-                    let Some(stored) = pets.get(id).map_err(|e| engine(e.into()))? else {
+                    let Some(stored) = pets.get(id).or_engine("writing")? else {
                         return Ok(None);
                     };
                     let record = decode(stored.value())?;
@@ -292,7 +292,7 @@ fn apply(txn: &WriteTransaction, op: &WriteOp) -> Result<Applied, StorageError> 
                 |key| {
                     Ok(keys
                         .get(key)
-                        .map_err(|e| engine(e.into()))?
+                        .or_engine("writing")?
                         .map(|id| id.value().to_owned()))
                 },
             )?;
@@ -304,47 +304,30 @@ fn apply(txn: &WriteTransaction, op: &WriteOp) -> Result<Applied, StorageError> 
             for change in changes.iter() {
                 if !change.expected_key.is_empty() {
                     keys.remove(change.expected_key.as_str())
-                        .map_err(|e| engine(e.into()))?;
+                        .or_engine("writing")?;
                 }
             }
             for (change, mut record) in changes.iter().zip(records) {
                 if !change.new_key.is_empty() {
                     keys.insert(change.new_key.as_str(), change.id.as_str())
-                        .map_err(|e| engine(e.into()))?;
+                        .or_engine("writing")?;
                 }
                 record.idempotency_key = Some(change.new_key.clone()).filter(|k| !k.is_empty());
                 pets.insert(record.id.as_str(), encode(&record).as_slice())
-                    .map_err(|e| engine(e.into()))?;
+                    .or_engine("writing")?;
             }
             Ok(Ok(Vec::new()))
         }
     }
 }
 
-fn encode(record: &PetRecord) -> Vec<u8> {
-    validate::to_proto(record).encode_to_vec()
-}
-
-fn decode(bytes: &[u8]) -> Result<PetRecord, StorageError> {
-    let corrupt = |why: String| StorageError::engine("decoding a stored pet", why);
-    let pet = petstore_proto::petstore::Pet::decode(bytes).map_err(|e| corrupt(e.to_string()))?;
-    let fields =
-        validate::pet_fields(0, &pet).map_err(|status| corrupt(status.message().to_owned()))?;
-    Ok(PetRecord {
-        id: pet.id,
-        fields,
-        idempotency_key: Some(pet.idempotency_key).filter(|key| !key.is_empty()),
-    })
-}
-
 fn read_by_ids(db: &Database, ids: &[String]) -> Result<Vec<Option<PetRecord>>, StorageError> {
-    let engine = |e: redb::Error| StorageError::engine("reading", e);
-    let txn = db.begin_read().map_err(|e| engine(e.into()))?;
-    let pets = txn.open_table(PETS).map_err(|e| engine(e.into()))?;
+    let txn = db.begin_read().or_engine("reading")?;
+    let pets = txn.open_table(PETS).or_engine("reading")?;
     ids.iter()
         .map(|id| {
             pets.get(id.as_str())
-                .map_err(|e| engine(e.into()))?
+                .or_engine("reading")?
                 .map(|stored| decode(stored.value()))
                 .transpose()
         })
@@ -352,17 +335,16 @@ fn read_by_ids(db: &Database, ids: &[String]) -> Result<Vec<Option<PetRecord>>, 
 }
 
 fn read_by_keys(db: &Database, keys: &[String]) -> Result<Vec<Option<PetRecord>>, StorageError> {
-    let engine = |e: redb::Error| StorageError::engine("reading", e);
-    let txn = db.begin_read().map_err(|e| engine(e.into()))?;
-    let ids_by_key = txn.open_table(IDS_BY_KEY).map_err(|e| engine(e.into()))?;
-    let pets = txn.open_table(PETS).map_err(|e| engine(e.into()))?;
+    let txn = db.begin_read().or_engine("reading")?;
+    let ids_by_key = txn.open_table(IDS_BY_KEY).or_engine("reading")?;
+    let pets = txn.open_table(PETS).or_engine("reading")?;
     keys.iter()
         .map(|key| {
-            let Some(id) = ids_by_key.get(key.as_str()).map_err(|e| engine(e.into()))? else {
+            let Some(id) = ids_by_key.get(key.as_str()).or_engine("reading")? else {
                 return Ok(None);
             };
             pets.get(id.value())
-                .map_err(|e| engine(e.into()))?
+                .or_engine("reading")?
                 .map(|stored| decode(stored.value()))
                 .transpose()
         })
@@ -371,30 +353,32 @@ fn read_by_keys(db: &Database, keys: &[String]) -> Result<Vec<Option<PetRecord>>
 
 #[tonic::async_trait]
 impl Storage for DurableStorage {
-    async fn add(&self, pets: Vec<NewPet>) -> Result<Vec<Added>, StorageError> {
-        self.write(WriteOp::Add(pets)).await
+    async fn add(&self, pets: &[NewPet]) -> Result<Vec<Added>, StorageError> {
+        self.write(WriteOp::Add(pets.to_vec())).await
     }
 
-    async fn update(&self, pets: Vec<PetUpdate>) -> Result<(), StorageError> {
-        self.write(WriteOp::Update(pets)).await.map(drop)
+    async fn update(&self, pets: &[PetUpdate]) -> Result<(), StorageError> {
+        self.write(WriteOp::Update(pets.to_vec())).await.map(drop)
     }
 
-    async fn delete(&self, ids: Vec<String>) -> Result<(), StorageError> {
-        self.write(WriteOp::Delete(ids)).await.map(drop)
+    async fn delete(&self, ids: &[String]) -> Result<(), StorageError> {
+        self.write(WriteOp::Delete(ids.to_vec())).await.map(drop)
     }
 
-    async fn set_keys(&self, changes: Vec<KeyChange>) -> Result<(), StorageError> {
-        self.write(WriteOp::SetKeys(changes)).await.map(drop)
+    async fn set_keys(&self, changes: &[KeyChange]) -> Result<(), StorageError> {
+        self.write(WriteOp::SetKeys(changes.to_vec()))
+            .await
+            .map(drop)
     }
 
     // Point lookups run inline: a read transaction over cached pages takes
     // microseconds, less than the hop to a blocking thread would.
-    async fn get(&self, ids: Vec<String>) -> Result<Vec<Option<PetRecord>>, StorageError> {
-        read_by_ids(&self.db, &ids)
+    async fn get(&self, ids: &[String]) -> Result<Vec<Option<PetRecord>>, StorageError> {
+        read_by_ids(&self.db, ids)
     }
 
-    async fn get_by_keys(&self, keys: Vec<String>) -> Result<Vec<Option<PetRecord>>, StorageError> {
-        read_by_keys(&self.db, &keys)
+    async fn get_by_keys(&self, keys: &[String]) -> Result<Vec<Option<PetRecord>>, StorageError> {
+        read_by_keys(&self.db, keys)
     }
 
     async fn search_page(
@@ -415,9 +399,8 @@ fn search_page(
     after: Option<&Cursor>,
     limit: usize,
 ) -> Result<SearchPage, StorageError> {
-    let engine = |e: redb::Error| StorageError::engine("searching", e);
-    let txn = db.begin_read().map_err(|e| engine(e.into()))?;
-    let pets = txn.open_table(PETS).map_err(|e| engine(e.into()))?;
+    let txn = db.begin_read().or_engine("searching")?;
+    let pets = txn.open_table(PETS).or_engine("searching")?;
     let mut fill = PageFill::new(filter, limit);
     if filter.names.is_empty() {
         let start = match after {
@@ -426,18 +409,18 @@ fn search_page(
         };
         let range = pets
             .range::<&str>((start, std::ops::Bound::Unbounded))
-            .map_err(|e| engine(e.into()))?;
+            .or_engine("searching")?;
         for entry in range {
             if fill.is_full() {
                 return Ok(fill.resume_later());
             }
-            let (_, stored) = entry.map_err(|e| engine(e.into()))?;
+            let (_, stored) = entry.or_engine("searching")?;
             let record = decode(stored.value())?;
             fill.scan(Cursor::after(&record, false), Some(Cow::Owned(record)));
         }
         return Ok(fill.end());
     }
-    let by_name = txn.open_table(PETS_BY_NAME).map_err(|e| engine(e.into()))?;
+    let by_name = txn.open_table(PETS_BY_NAME).or_engine("searching")?;
     for name in names_from(filter, after) {
         let start = match after {
             Some(c) if c.name == name => std::ops::Bound::Excluded((name, c.id.as_str())),
@@ -445,9 +428,9 @@ fn search_page(
         };
         let range = by_name
             .range::<(&str, &str)>((start, std::ops::Bound::Unbounded))
-            .map_err(|e| engine(e.into()))?;
+            .or_engine("searching")?;
         for entry in range {
-            let (key, _) = entry.map_err(|e| engine(e.into()))?;
+            let (key, _) = entry.or_engine("searching")?;
             let (entry_name, id) = key.value();
             if entry_name != name {
                 break;
@@ -455,7 +438,7 @@ fn search_page(
             if fill.is_full() {
                 return Ok(fill.resume_later());
             }
-            let record = match pets.get(id).map_err(|e| engine(e.into()))? {
+            let record = match pets.get(id).or_engine("searching")? {
                 Some(stored) => Some(Cow::Owned(decode(stored.value())?)),
                 None => None,
             };

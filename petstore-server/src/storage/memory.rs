@@ -37,7 +37,7 @@ impl MemoryStorage {
 
 #[tonic::async_trait]
 impl Storage for MemoryStorage {
-    async fn add(&self, pets: Vec<NewPet>) -> Result<Vec<Added>, StorageError> {
+    async fn add(&self, pets: &[NewPet]) -> Result<Vec<Added>, StorageError> {
         let mut inner = self.write();
         let mut ids = Vec::with_capacity(pets.len());
         for pet in pets {
@@ -58,8 +58,8 @@ impl Storage for MemoryStorage {
                 id.clone(),
                 PetRecord {
                     id: id.clone(),
-                    fields: pet.fields,
-                    idempotency_key: pet.idempotency_key,
+                    fields: pet.fields.clone(),
+                    idempotency_key: pet.idempotency_key.clone(),
                 },
             );
             ids.push(Added::new(id));
@@ -67,7 +67,7 @@ impl Storage for MemoryStorage {
         Ok(ids)
     }
 
-    async fn update(&self, pets: Vec<PetUpdate>) -> Result<(), StorageError> {
+    async fn update(&self, pets: &[PetUpdate]) -> Result<(), StorageError> {
         let mut inner = self.write();
         if let Some((index, missing)) = pets
             .iter()
@@ -89,31 +89,31 @@ impl Storage for MemoryStorage {
                         .by_name
                         .insert((update.fields.name.clone(), update.id.clone()));
                 }
-                record.fields = update.fields;
+                record.fields = update.fields.clone();
             }
         }
         Ok(())
     }
 
-    async fn delete(&self, ids: Vec<String>) -> Result<(), StorageError> {
+    async fn delete(&self, ids: &[String]) -> Result<(), StorageError> {
         let mut inner = self.write();
         for id in ids {
-            if let Some(record) = inner.pets.remove(&id) {
+            if let Some(record) = inner.pets.remove(id) {
                 if let Some(key) = &record.idempotency_key {
                     inner.ids_by_key.remove(key);
                 }
-                inner.by_name.remove(&(record.fields.name, id));
+                inner.by_name.remove(&(record.fields.name, record.id));
             }
         }
         Ok(())
     }
 
-    async fn get(&self, ids: Vec<String>) -> Result<Vec<Option<PetRecord>>, StorageError> {
+    async fn get(&self, ids: &[String]) -> Result<Vec<Option<PetRecord>>, StorageError> {
         let inner = self.read();
         Ok(ids.iter().map(|id| inner.pets.get(id).cloned()).collect())
     }
 
-    async fn get_by_keys(&self, keys: Vec<String>) -> Result<Vec<Option<PetRecord>>, StorageError> {
+    async fn get_by_keys(&self, keys: &[String]) -> Result<Vec<Option<PetRecord>>, StorageError> {
         let inner = self.read();
         Ok(keys
             .iter()
@@ -127,10 +127,10 @@ impl Storage for MemoryStorage {
             .collect())
     }
 
-    async fn set_keys(&self, changes: Vec<KeyChange>) -> Result<(), StorageError> {
+    async fn set_keys(&self, changes: &[KeyChange]) -> Result<(), StorageError> {
         let mut inner = self.write();
         let refusal = check_key_changes(
-            &changes,
+            changes,
             |id| {
                 Ok(inner
                     .pets
@@ -144,7 +144,7 @@ impl Storage for MemoryStorage {
         }
         // Release every old key first, so keys can move between pets within
         // one batch.
-        for change in &changes {
+        for change in changes {
             if !change.expected_key.is_empty() {
                 inner.ids_by_key.remove(&change.expected_key);
             }
@@ -156,7 +156,7 @@ impl Storage for MemoryStorage {
                     .insert(change.new_key.clone(), change.id.clone());
             }
             if let Some(record) = inner.pets.get_mut(&change.id) {
-                record.idempotency_key = Some(change.new_key).filter(|key| !key.is_empty());
+                record.idempotency_key = Some(change.new_key.clone()).filter(|key| !key.is_empty());
             }
         }
         Ok(())

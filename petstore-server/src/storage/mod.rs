@@ -1,6 +1,7 @@
 //! One storage contract, several engines. The gRPC layer only sees
 //! [`Storage`]; the same conformance tests run against every backend.
 
+mod codec;
 mod durable;
 mod memory;
 mod postgres;
@@ -55,30 +56,56 @@ impl StorageError {
     }
 }
 
+/// Names what the store was doing when its engine failed, as
+/// `.or_engine("reading the name index")?`: the action appears in the error.
+pub(crate) trait OrEngine<T> {
+    fn or_engine(self, action: &'static str) -> Result<T, StorageError>;
+}
+
+impl<T, E> OrEngine<T> for Result<T, E>
+where
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    fn or_engine(self, action: &'static str) -> Result<T, StorageError> {
+        self.map_err(|source| StorageError::engine(action, source))
+    }
+}
+
 /// A pet store backend. Every write is atomic: it applies whole or not at all.
+/// Batches are borrowed: the caller keeps its request, and a backend copies
+/// only what it stores.
 #[tonic::async_trait]
 pub trait Storage: Send + Sync + 'static {
     /// Adds pets and returns their IDs in order. A pet whose idempotency key is
     /// already stored (or appears earlier in the same batch) gets the existing
     /// ID, marked as not created, and is not added again.
-    async fn add(&self, pets: Vec<NewPet>) -> Result<Vec<Added>, StorageError>;
+    async fn add(&self, pets: &[NewPet]) -> Result<Vec<Added>, StorageError>;
     /// Replaces the fields of existing pets; fails with `NotFound`, changing
     /// nothing, if any ID is unknown.
-    async fn update(&self, pets: Vec<PetUpdate>) -> Result<(), StorageError>;
+    async fn update(&self, pets: &[PetUpdate]) -> Result<(), StorageError>;
     /// Deletes pets (and their idempotency keys); unknown IDs are ignored.
-    async fn delete(&self, ids: Vec<String>) -> Result<(), StorageError>;
+    async fn delete(&self, ids: &[String]) -> Result<(), StorageError>;
     /// Looks pets up by ID; `None` where an ID is unknown.
-    async fn get(&self, ids: Vec<String>) -> Result<Vec<Option<PetRecord>>, StorageError>;
+    async fn get(&self, ids: &[String]) -> Result<Vec<Option<PetRecord>>, StorageError>;
     /// Looks pets up by idempotency key; `None` where a key is unknown.
-    async fn get_by_keys(&self, keys: Vec<String>) -> Result<Vec<Option<PetRecord>>, StorageError>;
+    async fn get_by_keys(&self, keys: &[String]) -> Result<Vec<Option<PetRecord>>, StorageError>;
     /// Changes pets' idempotency keys, each only if its current key (empty for
     /// none) equals `expected_key`. All or nothing.
-    async fn set_keys(&self, changes: Vec<KeyChange>) -> Result<(), StorageError>;
-    /// One page of a search: scans at most `limit` records after `after`
-    /// and returns those that match, so a page costs bounded time and memory
-    /// whatever the store holds. A name filter walks the name index (cost in
-    /// proportion to the answer); other filters walk every record in ID
-    /// order. `next` is `None` when the search is complete.
+    async fn set_keys(&self, changes: &[KeyChange]) -> Result<(), StorageError>;
+    /// One page of a search. A search walks entries in one order: with
+    /// names in the filter, the name index's entries for those names, by
+    /// name then ID (cost in proportion to the answer); without, every
+    /// record by ID.
+    ///
+    /// A page bounds the entries it scans, not the pets it returns, so that
+    /// every page costs bounded work and memory whatever the filter and
+    /// the store hold. It scans the next `limit` entries (at least one) of
+    /// the walk after `after`, or all that are left if fewer, and returns
+    /// the pets among them that match the filter, in walk order: few or
+    /// none when the filter is selective. `next` is the last entry scanned
+    /// when more entries follow it, to pass as `after` for the next page,
+    /// and `None` when the walk is done. Only `None` ends a search; an empty
+    /// page does not.
     async fn search_page(
         &self,
         filter: &SearchFilter,
@@ -115,10 +142,10 @@ pub struct SearchPage {
     pub next: Option<Cursor>,
 }
 
-/// One page being filled from index entries in order, for the backends
-/// that walk their own indexes. A page ends after `limit` entries scanned,
-/// matching or not, so a selective filter still costs bounded work per
-/// call; the next page resumes after the last entry scanned.
+/// One page being filled from the walk's entries in order. Every backend
+/// feeds its walk through it, so all keep [`Storage::search_page`]'s
+/// contract the same way: `limit` entries scanned, matching or not, and the
+/// next page resumes after the last of them.
 pub(crate) struct PageFill<'f> {
     filter: &'f SearchFilter,
     limit: usize,

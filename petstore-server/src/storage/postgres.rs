@@ -3,6 +3,7 @@
 //! nothing; a unique constraint on the idempotency key makes concurrent
 //! creates with the same key, from any replicas, produce one record.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -13,11 +14,13 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
 
-use super::{Cursor, SearchPage, Storage, StorageError, check_key_changes, new_id};
+use super::codec::{self, corrupt};
+use super::{
+    Cursor, OrEngine, PageFill, SearchPage, Storage, StorageError, check_key_changes, new_id,
+};
 use crate::model::{
     Added, KeyChange, NewPet, PetFields, PetRecord, PetUpdate, SearchFilter, Species,
 };
-use crate::validate;
 
 /// Serialises schema changes between replicas that start together.
 const MIGRATION_LOCK: i64 = 0x7065_7473_746f_7265; // "petstore"
@@ -66,14 +69,6 @@ pub struct PostgresStorage {
     pool: Pool,
 }
 
-fn engine(action: &'static str) -> impl Fn(tokio_postgres::Error) -> StorageError {
-    move |e| StorageError::engine(action, e)
-}
-
-fn pool_error(e: deadpool_postgres::PoolError) -> StorageError {
-    StorageError::engine("getting a database connection", e)
-}
-
 impl PostgresStorage {
     /// Connects (retrying while the database is unreachable, up to the
     /// configured time) and brings the schema up to date.
@@ -88,7 +83,7 @@ impl PostgresStorage {
         let pool = Pool::builder(manager)
             .max_size(config.pool_size.max(1))
             .build()
-            .map_err(|e| StorageError::engine("building the connection pool", e))?;
+            .or_engine("building the connection pool")?;
         let storage = Self { pool };
         let deadline = tokio::time::Instant::now() + config.connect_timeout;
         loop {
@@ -103,53 +98,57 @@ impl PostgresStorage {
         }
     }
 
+    async fn client(&self) -> Result<deadpool_postgres::Object, StorageError> {
+        self.pool
+            .get()
+            .await
+            .or_engine("getting a database connection")
+    }
+
     async fn migrate(&self) -> Result<(), StorageError> {
-        let mut client = self.pool.get().await.map_err(pool_error)?;
+        let mut client = self.client().await?;
         let txn = client
             .transaction()
             .await
-            .map_err(engine("starting the migration"))?;
+            .or_engine("starting the migration")?;
         // "already exists, skipping" notices are the normal case.
         txn.batch_execute("SET LOCAL client_min_messages = warning")
             .await
-            .map_err(engine("migrating the schema"))?;
+            .or_engine("migrating the schema")?;
         txn.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
             .await
-            .map_err(engine("taking the migration lock"))?;
+            .or_engine("taking the migration lock")?;
         for step in MIGRATIONS {
             txn.batch_execute(step)
                 .await
-                .map_err(engine("migrating the schema"))?;
+                .or_engine("migrating the schema")?;
         }
-        txn.commit().await.map_err(engine("migrating the schema"))
+        txn.commit().await.or_engine("migrating the schema")
     }
 }
 
 fn species_code(species: Species) -> i16 {
-    validate::pet_type(species) as i16
+    // Species codes are 1 to 4, so the cast is lossless.
+    codec::species_code(species) as i16
 }
 
 fn record(row: &Row) -> Result<PetRecord, StorageError> {
-    let corrupt = |why: String| StorageError::engine("decoding a stored pet", why);
-    let species: i16 = row.try_get(2).map_err(|e| corrupt(e.to_string()))?;
+    let species: i16 = row.try_get(2).map_err(corrupt)?;
     Ok(PetRecord {
-        id: row.try_get(0).map_err(|e| corrupt(e.to_string()))?,
+        id: row.try_get(0).map_err(corrupt)?,
         fields: PetFields {
-            name: row.try_get(1).map_err(|e| corrupt(e.to_string()))?,
-            species: validate::species(i32::from(species))
-                .ok_or_else(|| corrupt(format!("unknown species {species}")))?,
-            birthday: row
-                .try_get::<_, NaiveDate>(3)
-                .map_err(|e| corrupt(e.to_string()))?,
+            name: row.try_get(1).map_err(corrupt)?,
+            species: codec::species_from_code(i32::from(species))?,
+            birthday: row.try_get::<_, NaiveDate>(3).map_err(corrupt)?,
         },
-        idempotency_key: row.try_get(4).map_err(|e| corrupt(e.to_string()))?,
+        idempotency_key: row.try_get(4).map_err(corrupt)?,
     })
 }
 
 #[tonic::async_trait]
 impl Storage for PostgresStorage {
-    async fn add(&self, pets: Vec<NewPet>) -> Result<Vec<Added>, StorageError> {
-        let mut client = self.pool.get().await.map_err(pool_error)?;
+    async fn add(&self, pets: &[NewPet]) -> Result<Vec<Added>, StorageError> {
+        let mut client = self.client().await?;
         let insert = client
             .prepare_cached(
                 "INSERT INTO petstore_pets (id, name, species, birthday, idempotency_key)
@@ -158,15 +157,12 @@ impl Storage for PostgresStorage {
                  RETURNING id",
             )
             .await
-            .map_err(engine("preparing an insert"))?;
+            .or_engine("preparing an insert")?;
         let by_key = client
             .prepare_cached("SELECT id FROM petstore_pets WHERE idempotency_key = $1")
             .await
-            .map_err(engine("preparing a lookup"))?;
-        let txn = client
-            .transaction()
-            .await
-            .map_err(engine("starting an add"))?;
+            .or_engine("preparing a lookup")?;
+        let txn = client.transaction().await.or_engine("starting an add")?;
         let new_ids: Vec<String> = pets.iter().map(|_| new_id()).collect();
         let rows: Vec<(String, String, i16, NaiveDate, Option<String>)> = pets
             .iter()
@@ -191,23 +187,19 @@ impl Storage for PostgresStorage {
             .collect();
         let inserted = try_join_all(params.iter().map(|p| txn.query_opt(&insert, p)))
             .await
-            .map_err(engine("adding pets"))?;
+            .or_engine("adding pets")?;
         let mut ids = Vec::with_capacity(pets.len());
         for (row, (_, _, _, _, key)) in inserted.into_iter().zip(&rows) {
             match (row, key) {
-                (Some(row), _) => {
-                    ids.push(Added::new(row.try_get(0).map_err(engine("reading an ID"))?))
-                }
+                (Some(row), _) => ids.push(Added::new(row.try_get(0).or_engine("reading an ID")?)),
                 // The key was taken (by a committed transaction, which the
                 // unique index waited for, or earlier in this batch).
                 (None, Some(key)) => {
                     let row = txn
                         .query_one(&by_key, &[key])
                         .await
-                        .map_err(engine("looking up a key"))?;
-                    ids.push(Added::existing(
-                        row.try_get(0).map_err(engine("reading an ID"))?,
-                    ));
+                        .or_engine("looking up a key")?;
+                    ids.push(Added::existing(row.try_get(0).or_engine("reading an ID")?));
                 }
                 (None, None) => {
                     return Err(StorageError::engine(
@@ -217,22 +209,19 @@ impl Storage for PostgresStorage {
                 }
             }
         }
-        txn.commit().await.map_err(engine("committing an add"))?;
+        txn.commit().await.or_engine("committing an add")?;
         Ok(ids)
     }
 
-    async fn update(&self, pets: Vec<PetUpdate>) -> Result<(), StorageError> {
-        let mut client = self.pool.get().await.map_err(pool_error)?;
+    async fn update(&self, pets: &[PetUpdate]) -> Result<(), StorageError> {
+        let mut client = self.client().await?;
         let statement = client
             .prepare_cached(
                 "UPDATE petstore_pets SET name = $2, species = $3, birthday = $4 WHERE id = $1",
             )
             .await
-            .map_err(engine("preparing an update"))?;
-        let txn = client
-            .transaction()
-            .await
-            .map_err(engine("starting an update"))?;
+            .or_engine("preparing an update")?;
+        let txn = client.transaction().await.or_engine("starting an update")?;
         let codes: Vec<i16> = pets
             .iter()
             .map(|p| species_code(p.fields.species))
@@ -251,7 +240,7 @@ impl Storage for PostgresStorage {
             .collect();
         let counts = try_join_all(params.iter().map(|p| txn.execute(&statement, p)))
             .await
-            .map_err(engine("updating pets"))?;
+            .or_engine("updating pets")?;
         if let Some(index) = counts.iter().position(|&n| n == 0) {
             // Dropping the transaction rolls it back: nothing changes.
             return Err(StorageError::NotFound {
@@ -259,37 +248,37 @@ impl Storage for PostgresStorage {
                 id: pets[index].id.clone(),
             });
         }
-        txn.commit().await.map_err(engine("committing an update"))
+        txn.commit().await.or_engine("committing an update")
     }
 
-    async fn delete(&self, ids: Vec<String>) -> Result<(), StorageError> {
-        let client = self.pool.get().await.map_err(pool_error)?;
+    async fn delete(&self, ids: &[String]) -> Result<(), StorageError> {
+        let client = self.client().await?;
         let statement = client
             .prepare_cached("DELETE FROM petstore_pets WHERE id = ANY($1)")
             .await
-            .map_err(engine("preparing a delete"))?;
+            .or_engine("preparing a delete")?;
         // One statement is one transaction: all or nothing.
         client
             .execute(&statement, &[&ids])
             .await
-            .map_err(engine("deleting pets"))?;
+            .or_engine("deleting pets")?;
         Ok(())
     }
 
-    async fn get(&self, ids: Vec<String>) -> Result<Vec<Option<PetRecord>>, StorageError> {
+    async fn get(&self, ids: &[String]) -> Result<Vec<Option<PetRecord>>, StorageError> {
         self.lookup("id", ids).await
     }
 
-    async fn get_by_keys(&self, keys: Vec<String>) -> Result<Vec<Option<PetRecord>>, StorageError> {
+    async fn get_by_keys(&self, keys: &[String]) -> Result<Vec<Option<PetRecord>>, StorageError> {
         self.lookup("idempotency_key", keys).await
     }
 
-    async fn set_keys(&self, changes: Vec<KeyChange>) -> Result<(), StorageError> {
-        let mut client = self.pool.get().await.map_err(pool_error)?;
+    async fn set_keys(&self, changes: &[KeyChange]) -> Result<(), StorageError> {
+        let mut client = self.client().await?;
         let txn = client
             .transaction()
             .await
-            .map_err(engine("starting a key change"))?;
+            .or_engine("starting a key change")?;
         let ids: Vec<String> = changes.iter().map(|c| c.id.clone()).collect();
         let new_keys: Vec<String> = changes
             .iter()
@@ -304,11 +293,11 @@ impl Storage for PostgresStorage {
                 &[&ids],
             )
             .await
-            .map_err(engine("reading keys"))?;
+            .or_engine("reading keys")?;
         let mut current: HashMap<String, String> = HashMap::with_capacity(rows.len());
         for row in &rows {
-            let id: String = row.try_get(0).map_err(engine("reading keys"))?;
-            let key: Option<String> = row.try_get(1).map_err(engine("reading keys"))?;
+            let id: String = row.try_get(0).or_engine("reading keys")?;
+            let key: Option<String> = row.try_get(1).or_engine("reading keys")?;
             current.insert(id, key.unwrap_or_default());
         }
         let rows = txn
@@ -317,17 +306,17 @@ impl Storage for PostgresStorage {
                 &[&new_keys],
             )
             .await
-            .map_err(engine("reading keys"))?;
+            .or_engine("reading keys")?;
         let mut holders: HashMap<String, String> = HashMap::with_capacity(rows.len());
         for row in &rows {
             holders.insert(
-                row.try_get(0).map_err(engine("reading keys"))?,
-                row.try_get(1).map_err(engine("reading keys"))?,
+                row.try_get(0).or_engine("reading keys")?,
+                row.try_get(1).or_engine("reading keys")?,
             );
         }
         // The same decision as every other backend.
         if let Some(refusal) = check_key_changes(
-            &changes,
+            changes,
             |id| Ok(current.get(id).cloned()),
             |key| Ok(holders.get(key).cloned()),
         )? {
@@ -340,7 +329,7 @@ impl Storage for PostgresStorage {
             &[&ids],
         )
         .await
-        .map_err(engine("changing keys"))?;
+        .or_engine("changing keys")?;
         for (index, change) in changes.iter().enumerate() {
             if change.new_key.is_empty() {
                 continue;
@@ -365,7 +354,7 @@ impl Storage for PostgresStorage {
                 });
             }
         }
-        txn.commit().await.map_err(engine("committing key changes"))
+        txn.commit().await.or_engine("committing key changes")
     }
 
     async fn search_page(
@@ -374,70 +363,45 @@ impl Storage for PostgresStorage {
         after: Option<Cursor>,
         limit: usize,
     ) -> Result<SearchPage, StorageError> {
-        let client = self.pool.get().await.map_err(pool_error)?;
-        let species: Option<Vec<i16>> = (!filter.species.is_empty())
-            .then(|| filter.species.iter().map(|s| species_code(*s)).collect());
-        let limit = i64::try_from(limit.max(1)).unwrap_or(i64::MAX);
+        let client = self.client().await?;
+        let by_name = !filter.names.is_empty();
         let after = after.unwrap_or_default();
-        // The filters, in SQL, mean exactly `SearchFilter::matches`.
-        let rows = if filter.names.is_empty() {
-            let statement = client
-                .prepare_cached(&format!(
-                    "SELECT {COLUMNS} FROM petstore_pets
-                     WHERE id > $1
-                       AND ($2::smallint[] IS NULL OR species = ANY($2))
-                       AND ($3::date IS NULL OR birthday >= $3)
-                       AND ($4::date IS NULL OR birthday < $4)
-                     ORDER BY id LIMIT $5"
-                ))
-                .await
-                .map_err(engine("preparing a search"))?;
-            client
-                .query(
-                    &statement,
-                    &[
-                        &after.id,
-                        &species,
-                        &filter.born_on_or_after,
-                        &filter.born_before,
-                        &limit,
-                    ],
-                )
-                .await
-        } else {
+        // The walk's next `limit` entries and one more, which tells whether
+        // the walk goes on. The filter is applied below, as in the other
+        // backends, not in SQL: a query for a page of matches could scan
+        // the whole table for a selective filter.
+        let fetch = i64::try_from(limit.max(1).saturating_add(1)).unwrap_or(i64::MAX);
+        let rows = if by_name {
             let statement = client
                 .prepare_cached(&format!(
                     "SELECT {COLUMNS} FROM petstore_pets
                      WHERE name = ANY($1) AND (name, id) > ($2, $3)
-                       AND ($4::smallint[] IS NULL OR species = ANY($4))
-                       AND ($5::date IS NULL OR birthday >= $5)
-                       AND ($6::date IS NULL OR birthday < $6)
-                     ORDER BY name, id LIMIT $7"
+                     ORDER BY name, id LIMIT $4"
                 ))
                 .await
-                .map_err(engine("preparing a search"))?;
+                .or_engine("preparing a search")?;
             client
-                .query(
-                    &statement,
-                    &[
-                        &filter.names,
-                        &after.name,
-                        &after.id,
-                        &species,
-                        &filter.born_on_or_after,
-                        &filter.born_before,
-                        &limit,
-                    ],
-                )
+                .query(&statement, &[&filter.names, &after.name, &after.id, &fetch])
                 .await
+        } else {
+            let statement = client
+                .prepare_cached(&format!(
+                    "SELECT {COLUMNS} FROM petstore_pets WHERE id > $1 ORDER BY id LIMIT $2"
+                ))
+                .await
+                .or_engine("preparing a search")?;
+            client.query(&statement, &[&after.id, &fetch]).await
         }
-        .map_err(engine("searching"))?;
-        let pets = rows.iter().map(record).collect::<Result<Vec<_>, _>>()?;
-        let next = (pets.len() as i64 == limit)
-            .then(|| pets.last())
-            .flatten()
-            .map(|last| Cursor::after(last, !filter.names.is_empty()));
-        Ok(SearchPage { pets, next })
+        .or_engine("searching")?;
+        let mut fill = PageFill::new(filter, limit);
+        for row in &rows {
+            if fill.is_full() {
+                return Ok(fill.resume_later());
+            }
+            let record = record(row)?;
+            fill.scan(Cursor::after(&record, by_name), Some(Cow::Owned(record)));
+        }
+        Ok(fill.end())
     }
 }
 
@@ -445,19 +409,19 @@ impl PostgresStorage {
     async fn lookup(
         &self,
         column: &'static str,
-        values: Vec<String>,
+        values: &[String],
     ) -> Result<Vec<Option<PetRecord>>, StorageError> {
-        let client = self.pool.get().await.map_err(pool_error)?;
+        let client = self.client().await?;
         let statement = client
             .prepare_cached(&format!(
                 "SELECT {COLUMNS} FROM petstore_pets WHERE {column} = ANY($1)"
             ))
             .await
-            .map_err(engine("preparing a lookup"))?;
+            .or_engine("preparing a lookup")?;
         let rows = client
             .query(&statement, &[&values])
             .await
-            .map_err(engine("looking up pets"))?;
+            .or_engine("looking up pets")?;
         let mut found: HashMap<String, PetRecord> = HashMap::with_capacity(rows.len());
         for row in &rows {
             let record = record(row)?;

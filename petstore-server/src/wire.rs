@@ -1,0 +1,62 @@
+//! The domain as the wire shows it, for answers. The other direction, with
+//! its checks, is `validate`.
+
+use petstore_proto::petstore as pb;
+
+use crate::model::PetRecord;
+
+pub fn to_proto(record: &PetRecord) -> pb::Pet {
+    pb::Pet {
+        id: record.id.clone(),
+        name: record.fields.name.clone(),
+        r#type: record.fields.species.into(),
+        birthday: Some(record.fields.birthday.into()),
+        idempotency_key: record.idempotency_key.clone().unwrap_or_default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use petstore_proto::google::r#type::Date;
+    use petstore_proto::petstore::PetType;
+
+    use super::*;
+    use crate::validate;
+
+    #[test]
+    fn a_validated_pet_comes_back_as_it_was_sent() {
+        let sent = pb::Pet {
+            id: String::new(),
+            name: "Thor".into(),
+            r#type: PetType::PtCanine.into(),
+            birthday: Some(Date {
+                year: 2021,
+                month: 4,
+                day: 1,
+            }),
+            idempotency_key: "uid-1".into(),
+        };
+        let new = validate::add_request(&pb::AddPetsReq {
+            pets: vec![sent.clone()],
+        })
+        .expect("valid")
+        .remove(0);
+        let record = PetRecord {
+            id: "abc".into(),
+            fields: new.fields,
+            idempotency_key: new.idempotency_key,
+        };
+        assert_eq!(
+            to_proto(&record),
+            pb::Pet {
+                id: "abc".into(),
+                ..sent
+            }
+        );
+        let keyless = PetRecord {
+            idempotency_key: None,
+            ..record
+        };
+        assert_eq!(to_proto(&keyless).idempotency_key, "");
+    }
+}
