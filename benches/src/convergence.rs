@@ -407,6 +407,15 @@ fn metric_sum(metrics: &str, name: &str) -> f64 {
         .sum()
 }
 
+/// Whether this operator process holds the leader Lease: its own gauge, set
+/// when it has acquired the Lease, just before it starts reconciling. The
+/// Lease's holder would not tell a restarted process from the one it
+/// replaces, since both have the same identity (a restarted Pod keeps its
+/// name).
+fn is_leader(metrics: &str) -> bool {
+    metric_sum(metrics, "petstore_operator_leader") == 1.0
+}
+
 /// Reconciles the operator has finished.
 fn reconciles_done(metrics: &str) -> u64 {
     metric_sum(
@@ -463,7 +472,10 @@ fn measure_operator_with(
     options.log_filter = "info";
     let mut operator = env.start_operator_with(&options)?;
     wait_for(Duration::from_secs(60), "leadership", || {
-        operator.log_contains("became leader").then_some(())
+        operator
+            .metrics()
+            .is_ok_and(|m| is_leader(&m))
+            .then_some(())
     })?;
     env.cp.kubectl(&["create", "namespace", NAMESPACE])?;
     let n = config.pets;
@@ -553,14 +565,6 @@ fn measure_operator_with(
                 .extra_args
                 .extend(["--poll-max-rate".into(), max_rate.into()]);
         }
-        // Both processes log to the same file: count the lines.
-        let log = operator.process().log_path().to_owned();
-        let leader_lines = || {
-            std::fs::read_to_string(&log)
-                .map(|text| text.matches("became leader").count())
-                .unwrap_or(0)
-        };
-        let leaders_before = leader_lines();
         let started = Instant::now();
         operator = env.start_operator_with(&restarted_options)?;
         let expected = (n + WARMUP_PETS) as u64;
@@ -569,7 +573,7 @@ fn measure_operator_with(
         let calls_at_restart = loop {
             // Metrics appear once the process is up; counts start at zero.
             if let Ok(metrics) = operator.metrics() {
-                if restart_lease_wait.is_none() && leader_lines() > leaders_before {
+                if restart_lease_wait.is_none() && is_leader(&metrics) {
                     restart_lease_wait = Some(started.elapsed());
                 }
                 if reconciles_done(&metrics) >= expected {
