@@ -285,11 +285,11 @@ async fn until(
         if done(&seen.lock().expect("seen")) {
             return Ok(());
         }
-        if tokio::time::timeout_at(deadline, ticks.changed())
-            .await
-            .is_err()
-        {
-            return Err(Error::Timeout(timeout, what.to_owned()));
+        match tokio::time::timeout_at(deadline, ticks.changed()).await {
+            Ok(Ok(())) => {}
+            // The watch stopped at an error: nothing will change any more.
+            Ok(Err(_)) => return Err(kube_error(format!("the watch ended, waiting for {what}"))),
+            Err(_) => return Err(Error::Timeout(timeout, what.to_owned())),
         }
     }
 }
