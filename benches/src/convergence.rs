@@ -244,53 +244,74 @@ fn ready(pet: &Pet) -> bool {
             .is_some_and(|c| c.status == "True" && c.observed_generation == generation)
 }
 
-/// Watches the bench namespace and publishes every change to `seen`.
-fn track(api: Api<Pet>) -> (Arc<Mutex<Seen>>, watch::Receiver<u64>) {
-    let seen = Arc::new(Mutex::new(Seen::default()));
-    let (tick, ticks) = watch::channel(0u64);
-    let state = Arc::clone(&seen);
-    tokio::spawn(async move {
-        let mut stream = watcher(api, watcher::Config::default()).boxed();
-        while let Ok(Some(event)) = stream.try_next().await {
-            let mut seen = state.lock().expect("seen");
-            match event {
-                watcher::Event::Apply(pet) | watcher::Event::InitApply(pet) => {
-                    let name = pet.metadata.name.clone().unwrap_or_default();
-                    let generation = pet.metadata.generation.unwrap_or(0);
-                    seen.pets.insert(name, (generation, ready(&pet)));
-                }
-                watcher::Event::Delete(pet) => {
-                    seen.pets
-                        .remove(&pet.metadata.name.clone().unwrap_or_default());
-                }
-                watcher::Event::Init | watcher::Event::InitDone => {}
-            }
-            drop(seen);
-            tick.send_modify(|n| *n += 1);
-        }
-    });
-    (seen, ticks)
+/// A watch on one namespace's Pets: what it has seen, and a tick on every
+/// change.
+struct Tracker {
+    seen: Arc<Mutex<Seen>>,
+    ticks: watch::Receiver<u64>,
 }
 
-/// Resolves when `done` holds, re-checked on every watch event.
-async fn until(
-    seen: &Mutex<Seen>,
-    ticks: &mut watch::Receiver<u64>,
-    timeout: Duration,
-    what: &str,
-    done: impl Fn(&Seen) -> bool,
-) -> Result<()> {
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if done(&seen.lock().expect("seen")) {
-            return Ok(());
+impl Tracker {
+    fn start(api: Api<Pet>) -> Self {
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let (tick, ticks) = watch::channel(0u64);
+        let state = Arc::clone(&seen);
+        tokio::spawn(async move {
+            let mut stream = watcher(api, watcher::Config::default()).boxed();
+            while let Ok(Some(event)) = stream.try_next().await {
+                let mut seen = state.lock().expect("seen");
+                match event {
+                    watcher::Event::Apply(pet) | watcher::Event::InitApply(pet) => {
+                        let name = pet.metadata.name.clone().unwrap_or_default();
+                        let generation = pet.metadata.generation.unwrap_or(0);
+                        seen.pets.insert(name, (generation, ready(&pet)));
+                    }
+                    watcher::Event::Delete(pet) => {
+                        seen.pets
+                            .remove(&pet.metadata.name.clone().unwrap_or_default());
+                    }
+                    watcher::Event::Init | watcher::Event::InitDone => {}
+                }
+                drop(seen);
+                tick.send_modify(|n| *n += 1);
+            }
+        });
+        Self { seen, ticks }
+    }
+
+    /// Resolves when `done` holds, re-checked on every watch event.
+    async fn until(
+        &mut self,
+        timeout: Duration,
+        what: &str,
+        done: impl Fn(&Seen) -> bool,
+    ) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if done(&self.seen.lock().expect("seen")) {
+                return Ok(());
+            }
+            match tokio::time::timeout_at(deadline, self.ticks.changed()).await {
+                Ok(Ok(())) => {}
+                // The watch stopped at an error: nothing will change any more.
+                Ok(Err(_)) => {
+                    return Err(kube_error(format!("the watch ended, waiting for {what}")));
+                }
+                Err(_) => return Err(Error::Timeout(timeout, what.to_owned())),
+            }
         }
-        match tokio::time::timeout_at(deadline, ticks.changed()).await {
-            Ok(Ok(())) => {}
-            // The watch stopped at an error: nothing will change any more.
-            Ok(Err(_)) => return Err(kube_error(format!("the watch ended, waiting for {what}"))),
-            Err(_) => return Err(Error::Timeout(timeout, what.to_owned())),
-        }
+    }
+
+    /// Resolves when `n` Pets are Ready for `generation` or a later one.
+    async fn all_ready(
+        &mut self,
+        n: usize,
+        generation: i64,
+        timeout: Duration,
+        what: &str,
+    ) -> Result<()> {
+        self.until(timeout, what, |s| s.ready_at_least(generation) == n)
+            .await
     }
 }
 
@@ -360,6 +381,15 @@ where
         .await
         .map(drop)
         .map_err(kube_error)
+}
+
+/// Creates pet-0 to pet-(n - 1), `concurrency` at a time.
+async fn create_pets(api: &Api<Pet>, n: usize, concurrency: usize) -> Result<()> {
+    for_each_pet(n, concurrency, |i| {
+        let api = api.clone();
+        async move { api.create(&PostParams::default(), &pet(i)).await.map(drop) }
+    })
+    .await
 }
 
 fn store_calls(metrics: &str) -> BTreeMap<String, u64> {
@@ -484,35 +514,21 @@ fn measure_operator_with(
     rt.block_on(async {
         let client = admin_client(&env).await?;
         warm_up(&client, &env).await?;
-        let warm: Api<Pet> = Api::namespaced(client.clone(), "warmup");
-        let (warm_seen, mut warm_ticks) = track(warm);
-        until(
-            &warm_seen,
-            &mut warm_ticks,
-            timeout,
-            "warm-up Pets Ready",
-            |s| s.ready_at_least(1) == WARMUP_PETS,
-        )
-        .await?;
+        Tracker::start(Api::namespaced(client.clone(), "warmup"))
+            .all_ready(WARMUP_PETS, 1, timeout, "warm-up Pets Ready")
+            .await?;
         // The warm-up's Events wait for a quiet moment; they are not part
         // of what is measured.
         events_drained(&operator, timeout).await?;
         let api: Api<Pet> = Api::namespaced(client, NAMESPACE);
-        let (seen, mut ticks) = track(api.clone());
+        let mut tracker = Tracker::start(api.clone());
         let api_before = apimetrics::scrape(&env.cp)?;
         let calls_before = store_calls(&operator.metrics()?);
 
         let cpu = CpuSplit::meter(&env, operator.process().pid());
         let started = Instant::now();
-        for_each_pet(n, config.concurrency, |i| {
-            let api = api.clone();
-            async move { api.create(&PostParams::default(), &pet(i)).await.map(drop) }
-        })
-        .await?;
-        until(&seen, &mut ticks, timeout, "all Pets Ready", |s| {
-            s.ready_at_least(1) == n
-        })
-        .await?;
+        create_pets(&api, n, config.concurrency).await?;
+        tracker.all_ready(n, 1, timeout, "all Pets Ready").await?;
         let converge = started.elapsed();
         let cpu = CpuSplit::read(&cpu);
         if !everything {
@@ -621,7 +637,7 @@ fn measure_operator_with(
         let steady_store_reads = steady_calls.get("GetPets").copied().unwrap_or(0);
 
         let (rename, delete) = if n <= config.churn_max_pets {
-            churn(&env, &api, &seen, &mut ticks, config, timeout).await?
+            churn(&env, &api, &mut tracker, config, timeout).await?
         } else {
             (Duration::ZERO, Duration::ZERO)
         };
@@ -678,8 +694,7 @@ async fn events_drained(operator: &Operator, timeout: Duration) -> Result<()> {
 async fn churn(
     env: &Env,
     api: &Api<Pet>,
-    seen: &Mutex<Seen>,
-    ticks: &mut watch::Receiver<u64>,
+    tracker: &mut Tracker,
     config: &ConvergenceConfig,
     timeout: Duration,
 ) -> Result<(Duration, Duration)> {
@@ -700,10 +715,7 @@ async fn churn(
         }
     })
     .await?;
-    until(seen, ticks, timeout, "renames applied", |s| {
-        s.ready_at_least(2) == n
-    })
-    .await?;
+    tracker.all_ready(n, 2, timeout, "renames applied").await?;
     let rename = started.elapsed();
     let renamed = super::store_load::count_named(&env.store.addr, "Renamed ").await?;
     if renamed != n {
@@ -721,7 +733,9 @@ async fn churn(
         }
     })
     .await?;
-    until(seen, ticks, timeout, "all Pets gone", |s| s.pets.is_empty()).await?;
+    tracker
+        .until(timeout, "all Pets gone", |s| s.pets.is_empty())
+        .await?;
     let delete = started.elapsed();
     let left = super::store_load::count_named(&env.store.addr, "Renamed ").await?;
     if left != 0 {
@@ -742,7 +756,7 @@ pub fn measure_floor(rt: &tokio::runtime::Runtime, config: &ConvergenceConfig) -
         let client = admin_client(&env).await?;
         warm_up(&client, &env).await?;
         let api: Api<Pet> = Api::namespaced(client.clone(), NAMESPACE);
-        let (seen, mut ticks) = track(api.clone());
+        let mut tracker = Tracker::start(api.clone());
         let api_before = apimetrics::scrape(&env.cp)?;
 
         // The baseline "operator": for each new Pet, patch in the finalizer,
@@ -796,19 +810,10 @@ pub fn measure_floor(rt: &tokio::runtime::Runtime, config: &ConvergenceConfig) -
 
         let cpu = CpuSplit::meter(&env, None);
         let started = Instant::now();
-        for_each_pet(n, config.concurrency, |i| {
-            let api = api.clone();
-            async move { api.create(&PostParams::default(), &pet(i)).await.map(drop) }
-        })
-        .await?;
-        until(
-            &seen,
-            &mut ticks,
-            timeout,
-            "baseline: all Pets Ready",
-            |s| s.ready_at_least(1) == n,
-        )
-        .await?;
+        create_pets(&api, n, config.concurrency).await?;
+        tracker
+            .all_ready(n, 1, timeout, "baseline: all Pets Ready")
+            .await?;
         let floor = started.elapsed();
         let cpu = CpuSplit::read(&cpu);
         baseline.abort();
