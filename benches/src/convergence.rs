@@ -16,7 +16,7 @@ use tokio::sync::watch;
 
 use crate::apimetrics::{self, RequestCounts};
 use crate::procstat;
-use fixtures::{Env, Error, Operator, Result, Storage, wait_for};
+use fixtures::{ControlPlane, Env, Error, Operator, Result, Storage, wait_for};
 
 const NAMESPACE: &str = "bench";
 
@@ -392,36 +392,18 @@ async fn create_pets(api: &Api<Pet>, n: usize, concurrency: usize) -> Result<()>
     .await
 }
 
+/// The operator's store RPCs so far, by method.
 fn store_calls(metrics: &str) -> BTreeMap<String, u64> {
     let mut calls = BTreeMap::new();
-    for line in metrics.lines() {
-        let Some(rest) = line.strip_prefix("petstore_operator_store_call_duration_seconds_count{")
-        else {
-            continue;
-        };
-        let Some((labels, value)) = rest.split_once("} ") else {
-            continue;
-        };
-        let method = labels
-            .split(',')
-            .find_map(|l| l.strip_prefix("method=\""))
-            .and_then(|m| m.strip_suffix('"'))
-            .unwrap_or("?");
-        *calls.entry(method.to_owned()).or_default() +=
-            value.trim().parse::<f64>().unwrap_or(0.0) as u64;
+    for (labels, value) in apimetrics::samples(
+        metrics,
+        "petstore_operator_store_call_duration_seconds_count",
+    ) {
+        *calls
+            .entry(apimetrics::label(labels, "method").to_owned())
+            .or_default() += value as u64;
     }
     calls
-}
-
-fn diff_calls(
-    before: &BTreeMap<String, u64>,
-    after: &BTreeMap<String, u64>,
-) -> BTreeMap<String, u64> {
-    after
-        .iter()
-        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0)))
-        .filter(|(_, v)| *v > 0)
-        .collect()
 }
 
 /// Sum of a counter (or histogram `_count`) over all its label sets.
@@ -454,12 +436,33 @@ fn reconciles_done(metrics: &str) -> u64 {
     ) as u64
 }
 
-fn writes(counts: &RequestCounts) -> u64 {
-    counts
+/// Writes to Pets and Events since `before`.
+fn writes_since(cp: &ControlPlane, before: &RequestCounts) -> Result<u64> {
+    let counts = apimetrics::diff(before, &apimetrics::scrape(cp)?, &["pets", "events"]);
+    Ok(counts
         .iter()
         .filter(|((_, verb), _)| WRITE_VERBS.contains(&verb.as_str()))
         .map(|(_, n)| n)
-        .sum()
+        .sum())
+}
+
+/// Requests to Pets, Events and Leases since `before`, less the benchmark's
+/// own `creates` of Pets.
+fn requests_since(
+    cp: &ControlPlane,
+    before: &RequestCounts,
+    creates: usize,
+) -> Result<RequestCounts> {
+    let mut requests = apimetrics::diff(before, &apimetrics::scrape(cp)?, &RESOURCES);
+    if let Some(posts) = requests.get_mut(&("pets".to_owned(), "POST".to_owned())) {
+        *posts = posts.saturating_sub(creates as u64);
+    }
+    requests.retain(|_, n| *n > 0);
+    Ok(requests)
+}
+
+fn store_reads(calls: &BTreeMap<String, u64>) -> u64 {
+    calls.get("GetPets").copied().unwrap_or(0)
 }
 
 fn store_writes(calls: &BTreeMap<String, u64>) -> u64 {
@@ -548,20 +551,11 @@ fn measure_operator_with(
         events_drained(&operator, timeout).await?;
         let events_written = started.elapsed();
 
-        let mut api_requests =
-            apimetrics::diff(&api_before, &apimetrics::scrape(&env.cp)?, &RESOURCES);
         // The bench's own creates are not the operator's.
-        if let Some(posts) = api_requests.get_mut(&("pets".to_owned(), "POST".to_owned())) {
-            *posts -= n as u64;
-        }
-        api_requests.retain(|_, v| *v > 0);
-        let store_calls_converge = diff_calls(&calls_before, &store_calls(&operator.metrics()?));
-        let api_writes = writes(&apimetrics::diff(
-            &api_before,
-            &apimetrics::scrape(&env.cp)?,
-            &["pets", "events"],
-        ))
-        .saturating_sub(n as u64);
+        let api_requests = requests_since(&env.cp, &api_before, n)?;
+        let store_calls_converge =
+            apimetrics::increase(&calls_before, &store_calls(&operator.metrics()?));
+        let api_writes = writes_since(&env.cp, &api_before)?.saturating_sub(n as u64);
         let first_pid = operator.process().pid().unwrap_or(0);
         let operator_rss_kib = procstat::rss_kib(first_pid).unwrap_or(0);
         let operator_peak_rss_kib = procstat::peak_rss_kib(first_pid).unwrap_or(0);
@@ -605,13 +599,9 @@ fn measure_operator_with(
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
         let restart_catch_up = started.elapsed();
-        let restart_api_writes = writes(&apimetrics::diff(
-            &restart_before,
-            &apimetrics::scrape(&env.cp)?,
-            &["pets", "events"],
-        ));
+        let restart_api_writes = writes_since(&env.cp, &restart_before)?;
         let restart_store_writes = store_writes(&calls_at_restart);
-        let restart_store_reads = calls_at_restart.get("GetPets").copied().unwrap_or(0);
+        let restart_store_reads = store_reads(&calls_at_restart);
         let restarted_pid = operator.process().pid().unwrap_or(0);
         let restart_peak_rss_kib = procstat::peak_rss_kib(restarted_pid).unwrap_or(0);
 
@@ -627,14 +617,11 @@ fn measure_operator_with(
         let steady_calls_before = store_calls(&operator.metrics()?);
         let steady_window = poll_interval * 2;
         tokio::time::sleep(steady_window).await;
-        let steady_api_writes = writes(&apimetrics::diff(
-            &steady_before,
-            &apimetrics::scrape(&env.cp)?,
-            &["pets", "events"],
-        ));
-        let steady_calls = diff_calls(&steady_calls_before, &store_calls(&operator.metrics()?));
+        let steady_api_writes = writes_since(&env.cp, &steady_before)?;
+        let steady_calls =
+            apimetrics::increase(&steady_calls_before, &store_calls(&operator.metrics()?));
         let steady_store_writes = store_writes(&steady_calls);
-        let steady_store_reads = steady_calls.get("GetPets").copied().unwrap_or(0);
+        let steady_store_reads = store_reads(&steady_calls);
 
         let (rename, delete) = if n <= config.churn_max_pets {
             churn(&env, &api, &mut tracker, config, timeout).await?
@@ -652,7 +639,7 @@ fn measure_operator_with(
             rename,
             delete,
             api_requests,
-            store_reads: store_calls_converge.get("GetPets").copied().unwrap_or(0),
+            store_reads: store_reads(&store_calls_converge),
             store_calls: store_calls_converge,
             api_writes,
             restart_catch_up,
@@ -817,14 +804,9 @@ pub fn measure_floor(rt: &tokio::runtime::Runtime, config: &ConvergenceConfig) -
         let floor = started.elapsed();
         let cpu = CpuSplit::read(&cpu);
         baseline.abort();
-        let mut requests = apimetrics::diff(&api_before, &apimetrics::scrape(&env.cp)?, &RESOURCES);
-        if let Some(posts) = requests.get_mut(&("pets".to_owned(), "POST".to_owned())) {
-            *posts -= n as u64;
-        }
-        requests.retain(|_, v| *v > 0);
         Ok(Floor {
             time: floor,
-            requests,
+            requests: requests_since(&env.cp, &api_before, n)?,
             cpu,
         })
     })
