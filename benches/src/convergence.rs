@@ -39,6 +39,13 @@ pub struct ConvergenceConfig {
     pub floor_identity: FloorIdentity,
 }
 
+impl ConvergenceConfig {
+    /// The longest any wait on N Pets may take: a minute, plus 200 ms a Pet.
+    fn timeout(&self) -> Duration {
+        Duration::from_secs(60 + self.pets as u64 / 5)
+    }
+}
+
 /// Whose credentials the floor's baseline client uses.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum FloorIdentity {
@@ -512,7 +519,7 @@ fn measure_operator_with(
     })?;
     env.cp.kubectl(&["create", "namespace", NAMESPACE])?;
     let n = config.pets;
-    let timeout = Duration::from_secs(60 + n as u64 / 5);
+    let timeout = config.timeout();
 
     rt.block_on(async {
         let client = admin_client(&env).await?;
@@ -738,7 +745,7 @@ pub fn measure_floor(rt: &tokio::runtime::Runtime, config: &ConvergenceConfig) -
     let env = Env::start(Storage::Durable)?;
     env.cp.kubectl(&["create", "namespace", NAMESPACE])?;
     let n = config.pets;
-    let timeout = Duration::from_secs(60 + n as u64 / 5);
+    let timeout = config.timeout();
     rt.block_on(async {
         let client = admin_client(&env).await?;
         warm_up(&client, &env).await?;
