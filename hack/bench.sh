@@ -7,6 +7,9 @@
 #   hack/bench.sh --skip-store       # the operator only; keeps the store section
 #   hack/bench.sh --store-only       # the store only; keeps the operator section
 #   hack/bench.sh --smoke            # tiny, to check that it works
+#
+# The arguments go to petstore-bench (benches/) unchanged; `--help` lists
+# them all, with their defaults.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash hack/control-plane/build.sh >/dev/null

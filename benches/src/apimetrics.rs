@@ -1,4 +1,5 @@
-//! Counts from the API server's own `apiserver_request_total`.
+//! Counts from the API server's own `apiserver_request_total`, and the
+//! Prometheus text parsing they share with the operator's counters.
 
 use std::collections::BTreeMap;
 
@@ -7,7 +8,8 @@ use fixtures::{ControlPlane, Result};
 /// (resource[/subresource], VERB) -> requests.
 pub type RequestCounts = BTreeMap<(String, String), u64>;
 
-fn label<'a>(labels: &'a str, name: &str) -> &'a str {
+/// The value of one label in `a="x",b="y"`, or "" if it is not there.
+pub fn label<'a>(labels: &'a str, name: &str) -> &'a str {
     labels
         .split(',')
         .find_map(|pair| pair.strip_prefix(&format!("{name}=\"")))
@@ -15,15 +17,18 @@ fn label<'a>(labels: &'a str, name: &str) -> &'a str {
         .unwrap_or("")
 }
 
+/// The labelled samples of one metric in Prometheus text: (labels, value).
+pub fn samples<'a>(text: &'a str, metric: &str) -> impl Iterator<Item = (&'a str, f64)> {
+    let prefix = format!("{metric}{{");
+    text.lines().filter_map(move |line| {
+        let (labels, value) = line.strip_prefix(&prefix)?.split_once("} ")?;
+        Some((labels, value.trim().parse().unwrap_or(0.0)))
+    })
+}
+
 pub fn parse(text: &str) -> RequestCounts {
     let mut counts = RequestCounts::new();
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
-            continue;
-        };
-        let Some((labels, value)) = rest.split_once("} ") else {
-            continue;
-        };
+    for (labels, value) in samples(text, "apiserver_request_total") {
         let resource = label(labels, "resource");
         let subresource = label(labels, "subresource");
         let key = if subresource.is_empty() {
@@ -31,7 +36,6 @@ pub fn parse(text: &str) -> RequestCounts {
         } else {
             format!("{resource}/{subresource}")
         };
-        let value: f64 = value.trim().parse().unwrap_or(0.0);
         *counts
             .entry((key, label(labels, "verb").to_owned()))
             .or_default() += value as u64;
@@ -43,18 +47,32 @@ pub fn scrape(cp: &ControlPlane) -> Result<RequestCounts> {
     Ok(parse(&cp.kubectl(&["get", "--raw", "/metrics"])?))
 }
 
-/// after - before, keeping only the given resources and non-zero entries.
-pub fn diff(before: &RequestCounts, after: &RequestCounts, resources: &[&str]) -> RequestCounts {
+/// after - before for each counter, keeping those that grew.
+pub fn increase<K: Ord + Clone>(
+    before: &BTreeMap<K, u64>,
+    after: &BTreeMap<K, u64>,
+) -> BTreeMap<K, u64> {
     after
         .iter()
-        .filter(|((resource, _), _)| {
-            resources
-                .iter()
-                .any(|r| resource == r || resource.starts_with(&format!("{r}/")))
+        .map(|(key, n)| {
+            (
+                key.clone(),
+                n.saturating_sub(before.get(key).copied().unwrap_or(0)),
+            )
         })
-        .map(|(key, n)| (key.clone(), n - before.get(key).copied().unwrap_or(0)))
         .filter(|(_, n)| *n > 0)
         .collect()
+}
+
+/// after - before, keeping only the given resources and non-zero entries.
+pub fn diff(before: &RequestCounts, after: &RequestCounts, resources: &[&str]) -> RequestCounts {
+    let mut counts = increase(before, after);
+    counts.retain(|(resource, _), _| {
+        resources
+            .iter()
+            .any(|r| resource == r || resource.starts_with(&format!("{r}/")))
+    });
+    counts
 }
 
 #[cfg(test)]
@@ -68,5 +86,15 @@ apiserver_request_total{code="201",component="apiserver",dry_run="",group="petst
         let counts = super::parse(text);
         assert_eq!(counts[&("pets/status".into(), "PATCH".into())], 9);
         assert_eq!(counts[&("pets".into(), "POST".into())], 3);
+    }
+
+    #[test]
+    fn an_increase_keeps_the_counters_that_grew() {
+        let before = [("GetPets", 4), ("AddPets", 2)].into_iter().collect();
+        let after = [("GetPets", 4), ("AddPets", 5), ("UpdatePets", 1)]
+            .into_iter()
+            .collect();
+        let grew: Vec<_> = super::increase(&before, &after).into_iter().collect();
+        assert_eq!(grew, [("AddPets", 3), ("UpdatePets", 1)]);
     }
 }

@@ -16,7 +16,7 @@ use tokio::sync::watch;
 
 use crate::apimetrics::{self, RequestCounts};
 use crate::procstat;
-use fixtures::{Env, Error, Operator, Result, Storage, wait_for};
+use fixtures::{ControlPlane, Env, Error, Operator, Result, Storage, wait_for};
 
 const NAMESPACE: &str = "bench";
 
@@ -37,6 +37,13 @@ pub struct ConvergenceConfig {
     /// as the convergence each).
     pub churn_max_pets: usize,
     pub floor_identity: FloorIdentity,
+}
+
+impl ConvergenceConfig {
+    /// The longest any wait on N Pets may take: a minute, plus 200 ms a Pet.
+    fn timeout(&self) -> Duration {
+        Duration::from_secs(60 + self.pets as u64 / 5)
+    }
 }
 
 /// Whose credentials the floor's baseline client uses.
@@ -244,53 +251,74 @@ fn ready(pet: &Pet) -> bool {
             .is_some_and(|c| c.status == "True" && c.observed_generation == generation)
 }
 
-/// Watches the bench namespace and publishes every change to `seen`.
-fn track(api: Api<Pet>) -> (Arc<Mutex<Seen>>, watch::Receiver<u64>) {
-    let seen = Arc::new(Mutex::new(Seen::default()));
-    let (tick, ticks) = watch::channel(0u64);
-    let state = Arc::clone(&seen);
-    tokio::spawn(async move {
-        let mut stream = watcher(api, watcher::Config::default()).boxed();
-        while let Ok(Some(event)) = stream.try_next().await {
-            let mut seen = state.lock().expect("seen");
-            match event {
-                watcher::Event::Apply(pet) | watcher::Event::InitApply(pet) => {
-                    let name = pet.metadata.name.clone().unwrap_or_default();
-                    let generation = pet.metadata.generation.unwrap_or(0);
-                    seen.pets.insert(name, (generation, ready(&pet)));
-                }
-                watcher::Event::Delete(pet) => {
-                    seen.pets
-                        .remove(&pet.metadata.name.clone().unwrap_or_default());
-                }
-                watcher::Event::Init | watcher::Event::InitDone => {}
-            }
-            drop(seen);
-            tick.send_modify(|n| *n += 1);
-        }
-    });
-    (seen, ticks)
+/// A watch on one namespace's Pets: what it has seen, and a tick on every
+/// change.
+struct Tracker {
+    seen: Arc<Mutex<Seen>>,
+    ticks: watch::Receiver<u64>,
 }
 
-/// Resolves when `done` holds, re-checked on every watch event.
-async fn until(
-    seen: &Mutex<Seen>,
-    ticks: &mut watch::Receiver<u64>,
-    timeout: Duration,
-    what: &str,
-    done: impl Fn(&Seen) -> bool,
-) -> Result<()> {
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if done(&seen.lock().expect("seen")) {
-            return Ok(());
+impl Tracker {
+    fn start(api: Api<Pet>) -> Self {
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let (tick, ticks) = watch::channel(0u64);
+        let state = Arc::clone(&seen);
+        tokio::spawn(async move {
+            let mut stream = watcher(api, watcher::Config::default()).boxed();
+            while let Ok(Some(event)) = stream.try_next().await {
+                let mut seen = state.lock().expect("seen");
+                match event {
+                    watcher::Event::Apply(pet) | watcher::Event::InitApply(pet) => {
+                        let name = pet.metadata.name.clone().unwrap_or_default();
+                        let generation = pet.metadata.generation.unwrap_or(0);
+                        seen.pets.insert(name, (generation, ready(&pet)));
+                    }
+                    watcher::Event::Delete(pet) => {
+                        seen.pets
+                            .remove(&pet.metadata.name.clone().unwrap_or_default());
+                    }
+                    watcher::Event::Init | watcher::Event::InitDone => {}
+                }
+                drop(seen);
+                tick.send_modify(|n| *n += 1);
+            }
+        });
+        Self { seen, ticks }
+    }
+
+    /// Resolves when `done` holds, re-checked on every watch event.
+    async fn until(
+        &mut self,
+        timeout: Duration,
+        what: &str,
+        done: impl Fn(&Seen) -> bool,
+    ) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if done(&self.seen.lock().expect("seen")) {
+                return Ok(());
+            }
+            match tokio::time::timeout_at(deadline, self.ticks.changed()).await {
+                Ok(Ok(())) => {}
+                // The watch stopped at an error: nothing will change any more.
+                Ok(Err(_)) => {
+                    return Err(kube_error(format!("the watch ended, waiting for {what}")));
+                }
+                Err(_) => return Err(Error::Timeout(timeout, what.to_owned())),
+            }
         }
-        if tokio::time::timeout_at(deadline, ticks.changed())
+    }
+
+    /// Resolves when `n` Pets are Ready for `generation` or a later one.
+    async fn all_ready(
+        &mut self,
+        n: usize,
+        generation: i64,
+        timeout: Duration,
+        what: &str,
+    ) -> Result<()> {
+        self.until(timeout, what, |s| s.ready_at_least(generation) == n)
             .await
-            .is_err()
-        {
-            return Err(Error::Timeout(timeout, what.to_owned()));
-        }
     }
 }
 
@@ -362,36 +390,27 @@ where
         .map_err(kube_error)
 }
 
-fn store_calls(metrics: &str) -> BTreeMap<String, u64> {
-    let mut calls = BTreeMap::new();
-    for line in metrics.lines() {
-        let Some(rest) = line.strip_prefix("petstore_operator_store_call_duration_seconds_count{")
-        else {
-            continue;
-        };
-        let Some((labels, value)) = rest.split_once("} ") else {
-            continue;
-        };
-        let method = labels
-            .split(',')
-            .find_map(|l| l.strip_prefix("method=\""))
-            .and_then(|m| m.strip_suffix('"'))
-            .unwrap_or("?");
-        *calls.entry(method.to_owned()).or_default() +=
-            value.trim().parse::<f64>().unwrap_or(0.0) as u64;
-    }
-    calls
+/// Creates pet-0 to pet-(n - 1), `concurrency` at a time.
+async fn create_pets(api: &Api<Pet>, n: usize, concurrency: usize) -> Result<()> {
+    for_each_pet(n, concurrency, |i| {
+        let api = api.clone();
+        async move { api.create(&PostParams::default(), &pet(i)).await.map(drop) }
+    })
+    .await
 }
 
-fn diff_calls(
-    before: &BTreeMap<String, u64>,
-    after: &BTreeMap<String, u64>,
-) -> BTreeMap<String, u64> {
-    after
-        .iter()
-        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0)))
-        .filter(|(_, v)| *v > 0)
-        .collect()
+/// The operator's store RPCs so far, by method.
+fn store_calls(metrics: &str) -> BTreeMap<String, u64> {
+    let mut calls = BTreeMap::new();
+    for (labels, value) in apimetrics::samples(
+        metrics,
+        "petstore_operator_store_call_duration_seconds_count",
+    ) {
+        *calls
+            .entry(apimetrics::label(labels, "method").to_owned())
+            .or_default() += value as u64;
+    }
+    calls
 }
 
 /// Sum of a counter (or histogram `_count`) over all its label sets.
@@ -407,6 +426,15 @@ fn metric_sum(metrics: &str, name: &str) -> f64 {
         .sum()
 }
 
+/// Whether this operator process holds the leader Lease: its own gauge, set
+/// when it has acquired the Lease, just before it starts reconciling. The
+/// Lease's holder would not tell a restarted process from the one it
+/// replaces, since both have the same identity (a restarted Pod keeps its
+/// name).
+fn is_leader(metrics: &str) -> bool {
+    metric_sum(metrics, "petstore_operator_leader") == 1.0
+}
+
 /// Reconciles the operator has finished.
 fn reconciles_done(metrics: &str) -> u64 {
     metric_sum(
@@ -415,12 +443,33 @@ fn reconciles_done(metrics: &str) -> u64 {
     ) as u64
 }
 
-fn writes(counts: &RequestCounts) -> u64 {
-    counts
+/// Writes to Pets and Events since `before`.
+fn writes_since(cp: &ControlPlane, before: &RequestCounts) -> Result<u64> {
+    let counts = apimetrics::diff(before, &apimetrics::scrape(cp)?, &["pets", "events"]);
+    Ok(counts
         .iter()
         .filter(|((_, verb), _)| WRITE_VERBS.contains(&verb.as_str()))
         .map(|(_, n)| n)
-        .sum()
+        .sum())
+}
+
+/// Requests to Pets, Events and Leases since `before`, less the benchmark's
+/// own `creates` of Pets.
+fn requests_since(
+    cp: &ControlPlane,
+    before: &RequestCounts,
+    creates: usize,
+) -> Result<RequestCounts> {
+    let mut requests = apimetrics::diff(before, &apimetrics::scrape(cp)?, &RESOURCES);
+    if let Some(posts) = requests.get_mut(&("pets".to_owned(), "POST".to_owned())) {
+        *posts = posts.saturating_sub(creates as u64);
+    }
+    requests.retain(|_, n| *n > 0);
+    Ok(requests)
+}
+
+fn store_reads(calls: &BTreeMap<String, u64>) -> u64 {
+    calls.get("GetPets").copied().unwrap_or(0)
 }
 
 fn store_writes(calls: &BTreeMap<String, u64>) -> u64 {
@@ -463,44 +512,33 @@ fn measure_operator_with(
     options.log_filter = "info";
     let mut operator = env.start_operator_with(&options)?;
     wait_for(Duration::from_secs(60), "leadership", || {
-        operator.log_contains("became leader").then_some(())
+        operator
+            .metrics()
+            .is_ok_and(|m| is_leader(&m))
+            .then_some(())
     })?;
     env.cp.kubectl(&["create", "namespace", NAMESPACE])?;
     let n = config.pets;
-    let timeout = Duration::from_secs(60 + n as u64 / 5);
+    let timeout = config.timeout();
 
     rt.block_on(async {
         let client = admin_client(&env).await?;
         warm_up(&client, &env).await?;
-        let warm: Api<Pet> = Api::namespaced(client.clone(), "warmup");
-        let (warm_seen, mut warm_ticks) = track(warm);
-        until(
-            &warm_seen,
-            &mut warm_ticks,
-            timeout,
-            "warm-up Pets Ready",
-            |s| s.ready_at_least(1) == WARMUP_PETS,
-        )
-        .await?;
+        Tracker::start(Api::namespaced(client.clone(), "warmup"))
+            .all_ready(WARMUP_PETS, 1, timeout, "warm-up Pets Ready")
+            .await?;
         // The warm-up's Events wait for a quiet moment; they are not part
         // of what is measured.
         events_drained(&operator, timeout).await?;
         let api: Api<Pet> = Api::namespaced(client, NAMESPACE);
-        let (seen, mut ticks) = track(api.clone());
+        let mut tracker = Tracker::start(api.clone());
         let api_before = apimetrics::scrape(&env.cp)?;
         let calls_before = store_calls(&operator.metrics()?);
 
         let cpu = CpuSplit::meter(&env, operator.process().pid());
         let started = Instant::now();
-        for_each_pet(n, config.concurrency, |i| {
-            let api = api.clone();
-            async move { api.create(&PostParams::default(), &pet(i)).await.map(drop) }
-        })
-        .await?;
-        until(&seen, &mut ticks, timeout, "all Pets Ready", |s| {
-            s.ready_at_least(1) == n
-        })
-        .await?;
+        create_pets(&api, n, config.concurrency).await?;
+        tracker.all_ready(n, 1, timeout, "all Pets Ready").await?;
         let converge = started.elapsed();
         let cpu = CpuSplit::read(&cpu);
         if !everything {
@@ -520,20 +558,11 @@ fn measure_operator_with(
         events_drained(&operator, timeout).await?;
         let events_written = started.elapsed();
 
-        let mut api_requests =
-            apimetrics::diff(&api_before, &apimetrics::scrape(&env.cp)?, &RESOURCES);
         // The bench's own creates are not the operator's.
-        if let Some(posts) = api_requests.get_mut(&("pets".to_owned(), "POST".to_owned())) {
-            *posts -= n as u64;
-        }
-        api_requests.retain(|_, v| *v > 0);
-        let store_calls_converge = diff_calls(&calls_before, &store_calls(&operator.metrics()?));
-        let api_writes = writes(&apimetrics::diff(
-            &api_before,
-            &apimetrics::scrape(&env.cp)?,
-            &["pets", "events"],
-        ))
-        .saturating_sub(n as u64);
+        let api_requests = requests_since(&env.cp, &api_before, n)?;
+        let store_calls_converge =
+            apimetrics::increase(&calls_before, &store_calls(&operator.metrics()?));
+        let api_writes = writes_since(&env.cp, &api_before)?.saturating_sub(n as u64);
         let first_pid = operator.process().pid().unwrap_or(0);
         let operator_rss_kib = procstat::rss_kib(first_pid).unwrap_or(0);
         let operator_peak_rss_kib = procstat::peak_rss_kib(first_pid).unwrap_or(0);
@@ -553,14 +582,6 @@ fn measure_operator_with(
                 .extra_args
                 .extend(["--poll-max-rate".into(), max_rate.into()]);
         }
-        // Both processes log to the same file: count the lines.
-        let log = operator.process().log_path().to_owned();
-        let leader_lines = || {
-            std::fs::read_to_string(&log)
-                .map(|text| text.matches("became leader").count())
-                .unwrap_or(0)
-        };
-        let leaders_before = leader_lines();
         let started = Instant::now();
         operator = env.start_operator_with(&restarted_options)?;
         let expected = (n + WARMUP_PETS) as u64;
@@ -569,7 +590,7 @@ fn measure_operator_with(
         let calls_at_restart = loop {
             // Metrics appear once the process is up; counts start at zero.
             if let Ok(metrics) = operator.metrics() {
-                if restart_lease_wait.is_none() && leader_lines() > leaders_before {
+                if restart_lease_wait.is_none() && is_leader(&metrics) {
                     restart_lease_wait = Some(started.elapsed());
                 }
                 if reconciles_done(&metrics) >= expected {
@@ -585,13 +606,9 @@ fn measure_operator_with(
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
         let restart_catch_up = started.elapsed();
-        let restart_api_writes = writes(&apimetrics::diff(
-            &restart_before,
-            &apimetrics::scrape(&env.cp)?,
-            &["pets", "events"],
-        ));
+        let restart_api_writes = writes_since(&env.cp, &restart_before)?;
         let restart_store_writes = store_writes(&calls_at_restart);
-        let restart_store_reads = calls_at_restart.get("GetPets").copied().unwrap_or(0);
+        let restart_store_reads = store_reads(&calls_at_restart);
         let restarted_pid = operator.process().pid().unwrap_or(0);
         let restart_peak_rss_kib = procstat::peak_rss_kib(restarted_pid).unwrap_or(0);
 
@@ -607,17 +624,14 @@ fn measure_operator_with(
         let steady_calls_before = store_calls(&operator.metrics()?);
         let steady_window = poll_interval * 2;
         tokio::time::sleep(steady_window).await;
-        let steady_api_writes = writes(&apimetrics::diff(
-            &steady_before,
-            &apimetrics::scrape(&env.cp)?,
-            &["pets", "events"],
-        ));
-        let steady_calls = diff_calls(&steady_calls_before, &store_calls(&operator.metrics()?));
+        let steady_api_writes = writes_since(&env.cp, &steady_before)?;
+        let steady_calls =
+            apimetrics::increase(&steady_calls_before, &store_calls(&operator.metrics()?));
         let steady_store_writes = store_writes(&steady_calls);
-        let steady_store_reads = steady_calls.get("GetPets").copied().unwrap_or(0);
+        let steady_store_reads = store_reads(&steady_calls);
 
         let (rename, delete) = if n <= config.churn_max_pets {
-            churn(&env, &api, &seen, &mut ticks, config, timeout).await?
+            churn(&env, &api, &mut tracker, config, timeout).await?
         } else {
             (Duration::ZERO, Duration::ZERO)
         };
@@ -632,7 +646,7 @@ fn measure_operator_with(
             rename,
             delete,
             api_requests,
-            store_reads: store_calls_converge.get("GetPets").copied().unwrap_or(0),
+            store_reads: store_reads(&store_calls_converge),
             store_calls: store_calls_converge,
             api_writes,
             restart_catch_up,
@@ -674,8 +688,7 @@ async fn events_drained(operator: &Operator, timeout: Duration) -> Result<()> {
 async fn churn(
     env: &Env,
     api: &Api<Pet>,
-    seen: &Mutex<Seen>,
-    ticks: &mut watch::Receiver<u64>,
+    tracker: &mut Tracker,
     config: &ConvergenceConfig,
     timeout: Duration,
 ) -> Result<(Duration, Duration)> {
@@ -696,10 +709,7 @@ async fn churn(
         }
     })
     .await?;
-    until(seen, ticks, timeout, "renames applied", |s| {
-        s.ready_at_least(2) == n
-    })
-    .await?;
+    tracker.all_ready(n, 2, timeout, "renames applied").await?;
     let rename = started.elapsed();
     let renamed = super::store_load::count_named(&env.store.addr, "Renamed ").await?;
     if renamed != n {
@@ -717,7 +727,9 @@ async fn churn(
         }
     })
     .await?;
-    until(seen, ticks, timeout, "all Pets gone", |s| s.pets.is_empty()).await?;
+    tracker
+        .until(timeout, "all Pets gone", |s| s.pets.is_empty())
+        .await?;
     let delete = started.elapsed();
     let left = super::store_load::count_named(&env.store.addr, "Renamed ").await?;
     if left != 0 {
@@ -733,12 +745,12 @@ pub fn measure_floor(rt: &tokio::runtime::Runtime, config: &ConvergenceConfig) -
     let env = Env::start(Storage::Durable)?;
     env.cp.kubectl(&["create", "namespace", NAMESPACE])?;
     let n = config.pets;
-    let timeout = Duration::from_secs(60 + n as u64 / 5);
+    let timeout = config.timeout();
     rt.block_on(async {
         let client = admin_client(&env).await?;
         warm_up(&client, &env).await?;
         let api: Api<Pet> = Api::namespaced(client.clone(), NAMESPACE);
-        let (seen, mut ticks) = track(api.clone());
+        let mut tracker = Tracker::start(api.clone());
         let api_before = apimetrics::scrape(&env.cp)?;
 
         // The baseline "operator": for each new Pet, patch in the finalizer,
@@ -792,30 +804,16 @@ pub fn measure_floor(rt: &tokio::runtime::Runtime, config: &ConvergenceConfig) -
 
         let cpu = CpuSplit::meter(&env, None);
         let started = Instant::now();
-        for_each_pet(n, config.concurrency, |i| {
-            let api = api.clone();
-            async move { api.create(&PostParams::default(), &pet(i)).await.map(drop) }
-        })
-        .await?;
-        until(
-            &seen,
-            &mut ticks,
-            timeout,
-            "baseline: all Pets Ready",
-            |s| s.ready_at_least(1) == n,
-        )
-        .await?;
+        create_pets(&api, n, config.concurrency).await?;
+        tracker
+            .all_ready(n, 1, timeout, "baseline: all Pets Ready")
+            .await?;
         let floor = started.elapsed();
         let cpu = CpuSplit::read(&cpu);
         baseline.abort();
-        let mut requests = apimetrics::diff(&api_before, &apimetrics::scrape(&env.cp)?, &RESOURCES);
-        if let Some(posts) = requests.get_mut(&("pets".to_owned(), "POST".to_owned())) {
-            *posts -= n as u64;
-        }
-        requests.retain(|_, v| *v > 0);
         Ok(Floor {
             time: floor,
-            requests,
+            requests: requests_since(&env.cp, &api_before, n)?,
             cpu,
         })
     })

@@ -261,6 +261,11 @@ pub fn markdown(results: &BenchResults, environment: &str, plot: Option<&str>) -
         out,
         "Reproduce with `hack/bench.sh` (writes this file and `docs/convergence.svg`).\n"
     );
+    // Everything here is rewritten by the next run: notes belong elsewhere.
+    let _ = writeln!(
+        out,
+        "This file is the benchmark's output only, and the next run rewrites it; notes on a run are written in [docs/performance.md](docs/performance.md).\n"
+    );
     let _ = writeln!(out, "{environment}");
     let _ = writeln!(
         out,
@@ -495,3 +500,24 @@ fn ms3(d: Duration) -> String {
 }
 
 pub use report::plot;
+
+#[cfg(test)]
+mod tests {
+    /// The next run rewrites the report, so it says where notes go and
+    /// holds none.
+    #[test]
+    fn the_report_is_the_benchmarks_own_output() {
+        let report = super::markdown(&super::BenchResults::default(), "- Date: now\n", None);
+        let header: Vec<&str> = report.lines().take(5).collect();
+        assert!(
+            header.iter().any(|line| line.contains(
+                "notes on a run are written in [docs/performance.md](docs/performance.md)"
+            )),
+            "{header:?}"
+        );
+        let lower = report.to_lowercase();
+        for claim in ["by hand", "hand-written", "notes on this run"] {
+            assert!(!lower.contains(claim), "the report says {claim:?}");
+        }
+    }
+}

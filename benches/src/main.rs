@@ -1,125 +1,298 @@
 //! Runs the benchmarks and writes BENCHMARKS.md and docs/convergence.svg.
-//! Use hack/bench.sh, which builds the release binaries first.
-//!
-//!     petstore-bench [--smoke] [--poll-max-rate R] [--out BENCHMARKS.md] [--sizes 100,1000,5000,20000]
-//!                    [--floor-as operator|admin]    # the floor's identity (default: operator)
-//!                    [--pairs K]                    # floor-then-operator pairs per N (default: 3)
-//!     petstore-bench --skip-store [...]         # replaces only the operator section
-//!     petstore-bench --store-only [--scale N]   # replaces only the store section
+//! Use hack/bench.sh, which builds the release binaries first; `--help`
+//! lists the flags.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use clap::{Parser, ValueEnum};
 use petstore_bench::convergence::FloorIdentity;
-use petstore_bench::{self as bench, BenchConfig};
+use petstore_bench::{self as bench, BenchConfig, BenchResults};
 
-fn main() -> ExitCode {
-    let mut config = BenchConfig::full();
-    let mut out = fixtures::repo_root().join("BENCHMARKS.md");
-    let mut store_only = false;
-    let mut skip_store = false;
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--smoke" => config = BenchConfig::smoke(),
-            "--skip-store" => {
-                skip_store = true;
-                config.store_concurrencies.clear();
-            }
-            "--store-only" => {
-                store_only = true;
-                config.sizes.clear();
-            }
-            "--scale" => match args.next().and_then(|n| n.parse().ok()) {
-                Some(0) => config.scale_records = None,
-                Some(n) => config.scale_records = Some(n),
-                None => return usage("--scale needs a number of pets (0 skips)"),
-            },
-            "--floor-as" => match args.next().as_deref() {
-                Some("operator") => config.floor_identity = FloorIdentity::Operator,
-                Some("admin") => config.floor_identity = FloorIdentity::Admin,
-                _ => return usage("--floor-as needs operator (its ServiceAccount) or admin"),
-            },
-            "--pairs" => match args.next().and_then(|v| v.parse().ok()) {
-                Some(pairs) if pairs > 0 => config.pairs = pairs,
-                _ => return usage("--pairs needs a number of pairs, at least 1"),
-            },
-            "--poll-max-rate" => match args.next().and_then(|v| v.parse().ok()) {
-                Some(rate) => config.poll_max_rate = rate,
-                None => return usage("--poll-max-rate needs a number (0: leave the default)"),
-            },
-            "--out" => match args.next() {
-                Some(path) => out = PathBuf::from(path),
-                None => return usage("--out needs a path"),
-            },
-            "--sizes" => {
-                let sizes: Result<Vec<usize>, _> = args
-                    .next()
-                    .unwrap_or_default()
-                    .split(',')
-                    .map(str::parse)
-                    .collect();
-                match sizes {
-                    Ok(sizes) if !sizes.is_empty() => config.sizes = sizes,
-                    _ => return usage("--sizes needs numbers such as 1000,5000,20000"),
-                }
-            }
-            other => return usage(&format!("unknown argument {other:?}")),
+/// Benchmarks the operator's convergence against the floor this control
+/// plane allows, and the pet store's throughput and latency; writes the
+/// report (BENCHMARKS.md) and docs/convergence.svg beside it.
+///
+/// hack/bench.sh builds the release binaries and runs this with its
+/// arguments. A flag left out takes the value of a full run, or of a tiny
+/// one with --smoke.
+#[derive(Debug, Parser)]
+#[command(name = "petstore-bench")]
+struct Args {
+    /// A tiny run, to check that the benchmarks work: the smaller defaults
+    /// below, and short store cells.
+    #[arg(long)]
+    smoke: bool,
+
+    /// Measure only the operator; the report's store section stays as it is.
+    #[arg(long, conflicts_with_all = ["store_only", "scale"])]
+    skip_store: bool,
+
+    /// Measure only the pet store; the report's operator section stays as it
+    /// is.
+    #[arg(long, conflicts_with_all = ["sizes", "pairs", "floor_as", "poll_max_rate"])]
+    store_only: bool,
+
+    /// The numbers of Pets the operator converges, in order
+    /// [default: 100,1000,5000,20000; with --smoke: 10].
+    #[arg(
+        long,
+        value_name = "N,N,...",
+        value_delimiter = ',',
+        value_parser = at_least_one
+    )]
+    sizes: Option<Vec<usize>>,
+
+    /// Floor-then-operator pairs at each N; operator ÷ floor is the median of
+    /// their ratios [default: 3; with --smoke: 2].
+    #[arg(long, value_name = "K", value_parser = at_least_one)]
+    pairs: Option<usize>,
+
+    /// Whose credentials the floor's baseline client uses [default:
+    /// operator].
+    #[arg(long, value_enum, value_name = "WHO")]
+    floor_as: Option<FloorAs>,
+
+    /// The restarted operator's --poll-max-rate, in store reads per second
+    /// (0: the operator's own default) [default: 1000; with --smoke: 100].
+    #[arg(long, value_name = "R", value_parser = whole_number::<u32>)]
+    poll_max_rate: Option<u32>,
+
+    /// Pets in the large store (search by name, a full stream, the durable
+    /// file's open time); 0 skips it [default: 1000000; with --smoke: 2000].
+    #[arg(long, value_name = "N", value_parser = whole_number::<u64>)]
+    scale: Option<u64>,
+
+    /// Where to write the report; the plot goes to docs/convergence.svg in
+    /// the report's folder [default: BENCHMARKS.md at the repository root].
+    #[arg(long, value_name = "PATH")]
+    out: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum FloorAs {
+    /// The operator's ServiceAccount, with its RBAC and API Priority and
+    /// Fairness, as the operator itself runs.
+    Operator,
+    /// The cluster admin (system:masters), which skips both.
+    Admin,
+}
+
+/// A whole number, 0 or more.
+fn whole_number<T: std::str::FromStr>(text: &str) -> Result<T, String> {
+    text.parse().map_err(|_| "expected a whole number".into())
+}
+
+/// A whole number, at least 1.
+fn at_least_one(text: &str) -> Result<usize, String> {
+    match whole_number(text)? {
+        0 => Err("must be at least 1".into()),
+        n => Ok(n),
+    }
+}
+
+impl Args {
+    /// The configuration these flags ask for.
+    fn config(&self) -> BenchConfig {
+        let mut config = if self.smoke {
+            BenchConfig::smoke()
+        } else {
+            BenchConfig::full()
+        };
+        if self.skip_store {
+            config.store_concurrencies.clear();
+        }
+        if self.store_only {
+            config.sizes.clear();
+        }
+        if let Some(sizes) = &self.sizes {
+            config.sizes.clone_from(sizes);
+        }
+        if let Some(pairs) = self.pairs {
+            config.pairs = pairs;
+        }
+        if let Some(floor_as) = self.floor_as {
+            config.floor_identity = match floor_as {
+                FloorAs::Operator => FloorIdentity::Operator,
+                FloorAs::Admin => FloorIdentity::Admin,
+            };
+        }
+        if let Some(rate) = self.poll_max_rate {
+            config.poll_max_rate = rate;
+        }
+        if let Some(records) = self.scale {
+            config.scale_records = (records > 0).then_some(records);
+        }
+        config
+    }
+}
+
+/// Where the store's section of the report starts.
+const STORE_SECTION: &str = "\n## Pet store";
+
+/// The report to write, keeping the section of the existing one that this
+/// run did not measure.
+fn report(args: &Args, results: &BenchResults, out: &Path) -> String {
+    let existing = || std::fs::read_to_string(out).unwrap_or_default();
+    if args.store_only {
+        let existing = existing();
+        let head = existing
+            .find(STORE_SECTION)
+            .map_or(existing.as_str(), |at| &existing[..at]);
+        return format!("{}\n{}", head.trim_end(), bench::store_markdown(results));
+    }
+    let svg = out
+        .parent()
+        .unwrap_or(Path::new("."))
+        .join("docs/convergence.svg");
+    let plot = std::fs::create_dir_all(svg.parent().unwrap_or(Path::new(".")))
+        .ok()
+        .and_then(|()| bench::plot(&results.convergence, &svg).ok())
+        .map(|()| "docs/convergence.svg");
+    let report = bench::markdown(results, &bench::environment(), plot);
+    if args.skip_store {
+        let existing = existing();
+        if let (Some(old), Some(new)) = (existing.find(STORE_SECTION), report.find(STORE_SECTION)) {
+            return format!("{}{}", &report[..new], &existing[old..]);
         }
     }
-    let results = match bench::run_all(&config, |step| eprintln!("[bench] {step}")) {
+    report
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| fixtures::repo_root().join("BENCHMARKS.md"));
+    let results = match bench::run_all(&args.config(), |step| eprintln!("[bench] {step}")) {
         Ok(results) => results,
         Err(err) => {
             eprintln!("petstore-bench: {err}");
             return ExitCode::FAILURE;
         }
     };
-    if store_only {
-        // Keep the operator's section as it is; replace the store's.
-        let existing = std::fs::read_to_string(&out).unwrap_or_default();
-        let head = existing
-            .find("\n## Pet store")
-            .map_or(existing.as_str(), |at| &existing[..at]);
-        let report = format!("{}\n{}", head.trim_end(), bench::store_markdown(&results));
-        if let Err(err) = std::fs::write(&out, &report) {
-            eprintln!("petstore-bench: writing {}: {err}", out.display());
-            return ExitCode::FAILURE;
-        }
-        println!("{}", bench::store_markdown(&results));
-        eprintln!("wrote {}", out.display());
-        return ExitCode::SUCCESS;
-    }
-    let svg = out
-        .parent()
-        .unwrap_or(std::path::Path::new("."))
-        .join("docs/convergence.svg");
-    let plot = std::fs::create_dir_all(svg.parent().unwrap_or(std::path::Path::new(".")))
-        .ok()
-        .and_then(|()| bench::plot(&results.convergence, &svg).ok())
-        .map(|()| "docs/convergence.svg");
-    let mut report = bench::markdown(&results, &bench::environment(), plot);
-    if skip_store {
-        // Keep the store's section as it is; replace the operator's.
-        let existing = std::fs::read_to_string(&out).unwrap_or_default();
-        if let (Some(old), Some(new)) = (
-            existing.find("\n## Pet store"),
-            report.find("\n## Pet store"),
-        ) {
-            report = format!("{}{}", &report[..new], &existing[old..]);
-        }
-    }
+    let report = report(&args, &results, &out);
     if let Err(err) = std::fs::write(&out, &report) {
         eprintln!("petstore-bench: writing {}: {err}", out.display());
         return ExitCode::FAILURE;
     }
-    println!("{report}");
+    if args.store_only {
+        println!("{}", bench::store_markdown(&results));
+    } else {
+        println!("{report}");
+    }
     eprintln!("wrote {}", out.display());
     ExitCode::SUCCESS
 }
 
-fn usage(problem: &str) -> ExitCode {
-    eprintln!(
-        "petstore-bench: {problem}\nusage: petstore-bench [--smoke] [--skip-store | --store-only] [--scale N] [--poll-max-rate R] [--floor-as operator|admin] [--pairs K] [--out FILE] [--sizes N,N,...]"
-    );
-    ExitCode::FAILURE
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn parse(args: &[&str]) -> Result<Args, clap::Error> {
+        Args::try_parse_from(std::iter::once("petstore-bench").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn cli_is_well_formed() {
+        Args::command().debug_assert();
+    }
+
+    #[test]
+    fn flags_override_the_run_they_start_from() {
+        let config = parse(&[
+            "--sizes",
+            "1000,5000",
+            "--pairs",
+            "1",
+            "--floor-as",
+            "admin",
+            "--poll-max-rate",
+            "0",
+            "--smoke",
+        ])
+        .expect("valid flags")
+        .config();
+        assert_eq!(config.sizes, [1000, 5000]);
+        assert_eq!(config.pairs, 1);
+        assert_eq!(config.floor_identity, FloorIdentity::Admin);
+        assert_eq!(config.poll_max_rate, 0);
+        // The rest is the smoke run's, whatever the order of the flags.
+        assert_eq!(config.concurrency, BenchConfig::smoke().concurrency);
+
+        let full = parse(&[]).expect("no flags").config();
+        assert_eq!(full.sizes, BenchConfig::full().sizes);
+        assert_eq!(full.scale_records, BenchConfig::full().scale_records);
+    }
+
+    #[test]
+    fn each_part_can_be_left_out() {
+        let operator = parse(&["--skip-store"]).expect("valid").config();
+        assert!(operator.store_concurrencies.is_empty());
+        assert!(!operator.sizes.is_empty());
+        let store = parse(&["--store-only", "--scale", "0"])
+            .expect("valid")
+            .config();
+        assert!(store.sizes.is_empty());
+        assert!(!store.store_concurrencies.is_empty());
+        assert_eq!(store.scale_records, None, "--scale 0 skips the large store");
+    }
+
+    #[test]
+    fn bad_values_and_conflicts_are_refused() {
+        for args in [
+            &["--pairs", "0"][..],
+            &["--pairs", "three"],
+            &["--sizes", "1000,,5000"],
+            &["--sizes", "1000,0"],
+            &["--floor-as", "root"],
+            &["--poll-max-rate", "-1"],
+            &["--scale", "many"],
+            &["--skip-store", "--store-only"],
+            &["--skip-store", "--scale", "1000"],
+            &["--store-only", "--sizes", "1000"],
+            &["--store-only", "--pairs", "1"],
+            &["--unknown"],
+        ] {
+            assert!(parse(args).is_err(), "{args:?} accepted");
+        }
+    }
+
+    /// The defaults --help states are the configurations'.
+    #[test]
+    fn help_states_the_defaults() {
+        let help = Args::command().render_long_help().to_string();
+        let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
+        let (full, smoke) = (BenchConfig::full(), BenchConfig::smoke());
+        let join = |sizes: &[usize]| {
+            sizes
+                .iter()
+                .map(usize::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        for stated in [
+            format!(
+                "[default: {}; with --smoke: {}]",
+                join(&full.sizes),
+                join(&smoke.sizes)
+            ),
+            format!("[default: {}; with --smoke: {}]", full.pairs, smoke.pairs),
+            format!(
+                "[default: {}; with --smoke: {}]",
+                full.poll_max_rate, smoke.poll_max_rate
+            ),
+            format!(
+                "[default: {}; with --smoke: {}]",
+                full.scale_records.unwrap_or(0),
+                smoke.scale_records.unwrap_or(0)
+            ),
+        ] {
+            assert!(help.contains(&stated), "--help lacks {stated}: {help}");
+        }
+        assert_eq!(full.floor_identity, FloorIdentity::Operator);
+        assert!(help.contains("[default: operator]"), "{help}");
+    }
 }

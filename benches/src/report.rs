@@ -110,20 +110,16 @@ fn goals(out: &mut String, results: &[ConvergenceResult]) {
             kib <= GOAL_KIB_PER_PET,
         );
     }
-    let reads = results
-        .iter()
-        .map(ConvergenceResult::reads_per_pet)
-        .fold(0.0, f64::max);
+    let worst =
+        |per_pet: fn(&ConvergenceResult) -> f64| results.iter().map(per_pet).fold(0.0, f64::max);
+    let reads = worst(ConvergenceResult::reads_per_pet);
     row(
         "store reads per Pet while converging, worst N",
         &format!("≤ {GOAL_READS_PER_PET}"),
         format!("{reads:.3}"),
         reads <= GOAL_READS_PER_PET,
     );
-    let writes = results
-        .iter()
-        .map(ConvergenceResult::writes_per_pet)
-        .fold(0.0, f64::max);
+    let writes = worst(ConvergenceResult::writes_per_pet);
     row(
         "API writes per Pet (Pets and Events), worst N",
         &format!("≤ {GOAL_WRITES_PER_PET:.1}"),

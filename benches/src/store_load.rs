@@ -11,6 +11,7 @@ use petstore_proto::google::r#type::Date;
 use petstore_proto::petstore::{self as pb, PetType};
 use tonic::transport::Channel;
 
+use crate::procstat;
 use fixtures::forwarder::Forwarder;
 use fixtures::postgres::{Postgres, PostgresOptions};
 use fixtures::{Error, PetStoreServer, PostgresTarget, Result, Storage, Tools};
@@ -436,28 +437,21 @@ pub fn measure_backend(
     let addrs: Vec<String> = store.servers.iter().map(|s| s.addr.clone()).collect();
     let mut acknowledged = 0;
     rt.block_on(async {
-        for &c in concurrencies {
-            let chans = channels(&addrs, c).await?;
-            let cell_result = drive(&chans, c, cell, |mut client, n| async move {
-                let resp = client
-                    .add_pets(pb::AddPetsReq { pets: vec![pet(n)] })
-                    .await?;
-                Ok(resp.into_inner().ids.len() as u64)
-            })
-            .await?;
-            acknowledged += cell_result.1;
-            results.push(result(label, "AddPets, 1 pet per call", c, cell_result));
-        }
-        for &c in concurrencies {
-            let chans = channels(&addrs, c).await?;
-            let cell_result = drive(&chans, c, cell, |mut client, n| async move {
-                let pets = (0..100).map(|i| pet(n * 100 + i)).collect();
-                let resp = client.add_pets(pb::AddPetsReq { pets }).await?;
-                Ok(resp.into_inner().ids.len() as u64)
-            })
-            .await?;
-            acknowledged += cell_result.1;
-            results.push(result(label, "AddPets, 100 pets per call", c, cell_result));
+        for (operation, batch) in [
+            ("AddPets, 1 pet per call", 1),
+            ("AddPets, 100 pets per call", 100),
+        ] {
+            for &c in concurrencies {
+                let chans = channels(&addrs, c).await?;
+                let cell_result = drive(&chans, c, cell, move |mut client, n| async move {
+                    let pets = (0..batch).map(|i| pet(n * batch + i)).collect();
+                    let resp = client.add_pets(pb::AddPetsReq { pets }).await?;
+                    Ok(resp.into_inner().ids.len() as u64)
+                })
+                .await?;
+                acknowledged += cell_result.1;
+                results.push(result(label, operation, c, cell_result));
+            }
         }
         Ok::<_, Error>(())
     })?;
@@ -548,15 +542,6 @@ pub struct ScaleResult {
     pub file_bytes: Option<u64>,
 }
 
-fn rss_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|kib| kib.parse().ok())
-}
-
 /// The last `open_ms=` the store logged.
 fn logged_open(server: &PetStoreServer) -> Option<Duration> {
     let raw = std::fs::read_to_string(server.process().log_path()).ok()?;
@@ -644,14 +629,14 @@ pub fn measure_scale(
 
     progress(&format!("{}: streaming every pet", setup.label()));
     let pid = store.servers[0].process().pid().unwrap_or_default();
-    let rss_before_kib = rss_kib(pid).unwrap_or(0);
+    let rss_before_kib = procstat::rss_kib(pid).unwrap_or(0);
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let sampler = {
         let done = std::sync::Arc::clone(&done);
         std::thread::spawn(move || {
             let mut peak = 0;
             while !done.load(std::sync::atomic::Ordering::Relaxed) {
-                peak = peak.max(rss_kib(pid).unwrap_or(0));
+                peak = peak.max(procstat::rss_kib(pid).unwrap_or(0));
                 std::thread::sleep(Duration::from_millis(10));
             }
             peak
