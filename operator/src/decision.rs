@@ -18,7 +18,7 @@ use crate::crd::{
     DELETION_POLICY_ANNOTATION, DeletionPolicy, EXTERNAL_ID_ANNOTATION, PAUSED_ANNOTATION, Setting,
 };
 use crate::status::{Outcome, Reason};
-use crate::store::{Created, Lookup, PetData, Record};
+use crate::store::{Created, Lookup, Operation, PetData, Record};
 
 /// What the controller knows about a Pet before any store call.
 #[derive(Clone, Debug, PartialEq)]
@@ -77,9 +77,10 @@ pub enum Step {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Observation {
     Found(Lookup),
-    /// The store does not offer this extension RPC (the original store).
+    /// The store does not offer the extension RPC behind this operation
+    /// (the original store).
     StoreLacks {
-        rpc: &'static str,
+        missing: Operation,
     },
 }
 
@@ -157,7 +158,7 @@ pub enum Story {
     /// Orphan on a store without keys: nothing to release.
     OrphanedUnkeyed {
         status_id: Option<String>,
-        rpc: &'static str,
+        missing: Operation,
     },
 }
 
@@ -243,11 +244,12 @@ impl Story {
                 Reason::Orphaned,
                 "deletion policy is Orphan, and no store record belongs to this Pet any more; nothing to release".into(),
             ),
-            Story::OrphanedUnkeyed { status_id, rpc } => (
+            Story::OrphanedUnkeyed { status_id, missing } => (
                 Reason::Orphaned,
                 format!(
-                    "deletion policy is Orphan: kept store record {}; the store does not implement {rpc}, so its ownership was not cleared",
-                    status_id.as_deref().unwrap_or("(none)")
+                    "deletion policy is Orphan: kept store record {}; the store does not implement {}, so its ownership was not cleared",
+                    status_id.as_deref().unwrap_or("(none)"),
+                    missing.rpc()
                 ),
             ),
         })
@@ -380,7 +382,7 @@ fn policy_warning(facts: &Facts) -> Option<String> {
 pub fn decide(facts: &Facts, observation: Observation) -> Plan {
     let lookup = match observation {
         Observation::Found(lookup) => lookup,
-        Observation::StoreLacks { rpc } => return lacks_extensions(facts, rpc),
+        Observation::StoreLacks { missing } => return lacks_extensions(facts, missing),
     };
     if facts.deleting {
         return finish(facts, lookup);
@@ -527,7 +529,7 @@ fn finish(facts: &Facts, lookup: Lookup) -> Plan {
     })
 }
 
-fn lacks_extensions(facts: &Facts, rpc: &'static str) -> Plan {
+fn lacks_extensions(facts: &Facts, missing: Operation) -> Plan {
     if facts.deleting && facts.deletion_policy == Setting::Valid(DeletionPolicy::Orphan) {
         // The original store keeps no keys: there is no ownership to clear.
         return Plan::Finish(Finish {
@@ -535,7 +537,7 @@ fn lacks_extensions(facts: &Facts, rpc: &'static str) -> Plan {
             delete: None,
             story: Story::OrphanedUnkeyed {
                 status_id: facts.status_id.clone(),
-                rpc,
+                missing,
             },
         });
     }
@@ -550,7 +552,8 @@ fn lacks_extensions(facts: &Facts, rpc: &'static str) -> Plan {
         outcome: Outcome::failed(
             Reason::StoreLacksExtensions,
             format!(
-                "the pet store does not implement {rpc}, an extension RPC this operator needs (GetPets, SetIdempotencyKeys and AddPets with idempotency_key); point --petstore-addr at this project's petstore-server.{hint}"
+                "the pet store does not implement {}, an extension RPC this operator needs (GetPets, SetIdempotencyKeys and AddPets with idempotency_key); point --petstore-addr at this project's petstore-server.{hint}",
+                missing.rpc()
             ),
         ),
         next: Next::Retry,

@@ -35,7 +35,7 @@ use crate::decision::{
     decide, first_step,
 };
 use crate::events::EventQueue;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, StoreAction};
 use crate::status::{self, Outcome, Reason, next_status};
 use crate::store::{Created, PetData, PetStore, StoreError};
 use poll::PollSchedule;
@@ -373,7 +373,7 @@ async fn hold(
         Next::Retry => Err(Error::Held(reason, outcome.message)),
         next => {
             if reason.is_warning() {
-                ctx.metrics.reconcile_failed(reason.metric_label());
+                ctx.metrics.reconcile_failed(reason);
             }
             Ok(ctx.action(next, &facts.uid))
         }
@@ -392,7 +392,9 @@ async fn execute(
     let mut attempt = 1;
     loop {
         let result = match ctx.store.observe(id, &facts.uid).await {
-            Err(StoreError::Unimplemented { rpc }) => Ok(Observation::StoreLacks { rpc }),
+            Err(StoreError::Unimplemented { operation }) => {
+                Ok(Observation::StoreLacks { missing: operation })
+            }
             other => other.map(Observation::Found),
         };
         let result = match result {
@@ -462,7 +464,7 @@ async fn fail(
         .await;
     if reason == Reason::InvalidSpec {
         info!(%error, "spec rejected by the store; waiting for a change");
-        ctx.metrics.reconcile_failed(reason.metric_label());
+        ctx.metrics.reconcile_failed(reason);
         return Ok(Action::await_change());
     }
     Err(error)
@@ -480,24 +482,27 @@ async fn run_sync(
         Target::Existing(id) => {
             if sync.claim {
                 ctx.store.set_key(id, "", &facts.uid).await?;
-                ctx.metrics.store_action("claim");
+                ctx.metrics.store_action(StoreAction::Claim);
                 info!(%id, "took ownership of the store record");
             }
             if sync.update {
                 ctx.store.update(id, &facts.desired).await?;
-                ctx.metrics.store_action("update");
+                ctx.metrics.store_action(StoreAction::Update);
             }
             id.clone()
         }
         Target::Create => {
             let id = create(pet, ctx, facts).await?.id().to_owned();
             let recreated = matches!(sync.story, Story::Recreated { .. });
-            ctx.metrics
-                .store_action(if recreated { "recreate" } else { "create" });
+            ctx.metrics.store_action(if recreated {
+                StoreAction::Recreate
+            } else {
+                StoreAction::Create
+            });
             id
         }
         Target::Created(id) => {
-            ctx.metrics.store_action("create");
+            ctx.metrics.store_action(StoreAction::Create);
             id.clone()
         }
     };
@@ -550,11 +555,11 @@ async fn run_finish(
 ) -> Result<Action, Error> {
     if let Some(id) = &finish.release {
         ctx.store.set_key(id, &facts.uid, "").await?;
-        ctx.metrics.store_action("release");
+        ctx.metrics.store_action(StoreAction::Release);
     }
     if let Some(id) = &finish.delete {
         ctx.store.delete(id).await?;
-        ctx.metrics.store_action("delete");
+        ctx.metrics.store_action(StoreAction::Delete);
     }
     ctx.last_sync().remove(&facts.uid);
     // The store change is done, so the Event is true even if removing the
@@ -643,7 +648,7 @@ pub fn backoff(settings: &Settings, failures: u32) -> Duration {
 }
 
 pub fn error_policy(pet: Arc<Pet>, error: &Error, ctx: Arc<Context>) -> Action {
-    ctx.metrics.reconcile_failed(error.reason().metric_label());
+    ctx.metrics.reconcile_failed(error.reason());
     let failures = {
         let mut failures = ctx.failures();
         let count = failures.entry(pet.uid().unwrap_or_default()).or_insert(0);

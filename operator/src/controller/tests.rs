@@ -501,7 +501,7 @@ async fn failure_counts_are_per_uid_so_a_recreated_pet_starts_clean() {
     let h = harness();
     let old = Arc::new(thor().finalizer().pet());
     let err = Error::Store(StoreError::Unavailable {
-        operation: "observe",
+        operation: crate::store::Operation::Observe,
         message: "down".into(),
     });
     for _ in 0..10 {

@@ -547,7 +547,7 @@ fn decide_table() {
             "without GetPets a live Pet says the store lacks extensions",
             facts().status_id("a"),
             Observation::StoreLacks {
-                rpc: "petstore.PetStore/GetPets",
+                missing: Operation::Observe,
             },
             Err(Reason::StoreLacksExtensions),
         ),
@@ -555,7 +555,7 @@ fn decide_table() {
             "without GetPets deletion cannot find the record, and says so",
             facts().deleting(),
             Observation::StoreLacks {
-                rpc: "petstore.PetStore/GetPets",
+                missing: Operation::Observe,
             },
             Err(Reason::StoreLacksExtensions),
         ),
@@ -563,14 +563,14 @@ fn decide_table() {
             "without GetPets an Orphan deletion still releases the Pet",
             facts().deleting().orphan().status_id("a"),
             Observation::StoreLacks {
-                rpc: "petstore.PetStore/GetPets",
+                missing: Operation::Observe,
             },
             Ok(Plan::Finish(Finish {
                 release: None,
                 delete: None,
                 story: Story::OrphanedUnkeyed {
                     status_id: Some("a".into()),
-                    rpc: "petstore.PetStore/GetPets",
+                    missing: Operation::Observe,
                 },
             })),
         ),
