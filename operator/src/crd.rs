@@ -165,7 +165,9 @@ pub struct Condition {
     #[serde(rename = "type")]
     pub type_: String,
     /// `True`, `False` or `Unknown`.
-    pub status: String,
+    // A string in the schema, as in every Kubernetes condition.
+    #[schemars(with = "String")]
+    pub status: ConditionStatus,
     /// One-word, CamelCase cause, such as `StoreUnavailable`.
     pub reason: String,
     /// Human-readable detail.
@@ -176,6 +178,44 @@ pub struct Condition {
     /// The metadata.generation this condition was set for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+}
+
+/// A condition's status, written as `True`, `False` or `Unknown`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConditionStatus {
+    True,
+    False,
+    /// Any other value written by someone else also reads as Unknown: one
+    /// odd condition must not make the Pet unreadable to the watch.
+    #[serde(other)]
+    Unknown,
+}
+
+impl ConditionStatus {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ConditionStatus::True => "True",
+            ConditionStatus::False => "False",
+            ConditionStatus::Unknown => "Unknown",
+        }
+    }
+}
+
+impl From<bool> for ConditionStatus {
+    fn from(ok: bool) -> Self {
+        if ok {
+            ConditionStatus::True
+        } else {
+            ConditionStatus::False
+        }
+    }
+}
+
+/// Compares with the word as written, as code reading conditions does.
+impl PartialEq<&str> for ConditionStatus {
+    fn eq(&self, word: &&str) -> bool {
+        self.as_str() == *word
+    }
 }
 
 impl Pet {
