@@ -7,6 +7,8 @@
 
 use chrono::{DateTime, FixedOffset, NaiveDate, Utc};
 use kube::CustomResource;
+/// Longest pet name, in characters; the store enforces the same limit.
+pub use petstore_proto::convert::MAX_NAME_CHARS;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -22,8 +24,6 @@ pub const PAUSED_ANNOTATION: &str = "petstore.example.com/paused";
 /// (after Crossplane's external-name). Only a record with no owner (an empty
 /// idempotency key) can be adopted.
 pub const EXTERNAL_ID_ANNOTATION: &str = "petstore.example.com/external-id";
-/// Longest pet name; the store enforces the same limit.
-pub const MAX_NAME_CHARS: usize = 128;
 
 /// The desired state of a pet in the pet store.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
@@ -72,7 +72,7 @@ pub const MAX_NAME_CHARS: usize = 128;
 pub struct PetSpec {
     /// The pet's name, as stored in the pet store: 1 to 128 characters, not
     /// only whitespace. Renaming a Pet renames its existing store record.
-    #[schemars(length(min = 1, max = 128), regex(pattern = r"\S"))]
+    #[schemars(length(min = 1, max = MAX_NAME_CHARS), regex(pattern = r"\S"))]
     pub name: String,
 
     /// The kind of animal: one of dog, cat, bird or reptile.
