@@ -5,7 +5,7 @@
 //! - [`status`]: the pure status and condition rules.
 //! - [`store`]: the external-client contract and its gRPC implementation.
 //! - [`controller`]: the Kubernetes glue: watch, finalizer, status, events.
-//! - [`events`]: the background Event queue.
+//! - [`events`]: the Event writer and its background queue.
 //! - [`leader`]: Lease-based leader election.
 //! - [`metrics`]: Prometheus metrics and health endpoints.
 //! - [`cli`] and [`app`]: the command line, and the wiring of all the above.

@@ -11,7 +11,7 @@ use chrono::NaiveDate;
 use http::{Method, Request, Response};
 use kube::Client;
 use kube::client::Body;
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use serde_json::{Value, json};
 
 use super::*;
@@ -228,7 +228,8 @@ struct Harness {
 fn harness() -> Harness {
     let api = ApiServerVerifier::default();
     let client = api.start();
-    let recorder = Recorder::new(
+    // The writer production uses: the mock sees its Event POSTs.
+    let writer = crate::events::EventWriter::new(
         client.clone(),
         Reporter {
             controller: "petstore-operator".into(),
@@ -240,7 +241,7 @@ fn harness() -> Harness {
     let ctx = Arc::new(Context::new(
         client,
         store.clone(),
-        crate::events::EventQueue::start(recorder, Arc::clone(&metrics)),
+        crate::events::EventQueue::start(writer, Arc::clone(&metrics)),
         metrics,
         Settings::default(),
     ));
