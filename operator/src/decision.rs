@@ -3,6 +3,10 @@
 //! store needs to be read at all, reads it if so, and asks [`decide`] for a
 //! [`Plan`] (or, after a create that stood in for the read, asks
 //! [`after_create`]); then it only executes the plan and records the outcome.
+//!
+//! A create has two shapes, for its two moments: [`Step::Create`] before
+//! any read (the create is the read), and [`Target::Create`] in a plan made
+//! after one.
 //! Every branch is covered by the table tests below.
 //!
 //! Ownership: a record is this Pet's only if its idempotency key is the
@@ -110,12 +114,11 @@ pub struct Sync {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Target {
-    /// This record, which is (or is being claimed as) this Pet's.
+    /// This record, which is (or is being claimed as, or was just created
+    /// by [`Step::Create`] as) this Pet's.
     Existing(String),
     /// A new record keyed by the Pet's UID.
     Create,
-    /// The record [`Step::Create`] has just created.
-    Created(String),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -355,7 +358,7 @@ pub fn first_step(facts: &Facts) -> Step {
 pub fn after_create(facts: &Facts, created: &Created) -> Option<Sync> {
     match created {
         Created::New(id) => Some(Sync {
-            target: Target::Created(id.clone()),
+            target: Target::Existing(id.clone()),
             claim: false,
             update: false,
             story: Story::Created,

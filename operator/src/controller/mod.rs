@@ -443,6 +443,7 @@ async fn create_first(
         );
         return execute(api, pet, ctx, facts, None).await;
     };
+    ctx.metrics.store_action(StoreAction::Create);
     match run_sync(api, pet, ctx, facts, &sync).await {
         Ok(action) => Ok(action),
         Err(error) => fail(api, pet, ctx, facts, error).await,
@@ -500,10 +501,6 @@ async fn run_sync(
                 StoreAction::Create
             });
             id
-        }
-        Target::Created(id) => {
-            ctx.metrics.store_action(StoreAction::Create);
-            id.clone()
         }
     };
     let outcome = sync.outcome(&id);

@@ -293,7 +293,7 @@ fn after_create_table() {
             facts(),
             Created::New("n".into()),
             Some(Sync {
-                target: Target::Created("n".into()),
+                target: existing("n"),
                 claim: false,
                 update: false,
                 story: Story::Created,
@@ -305,7 +305,7 @@ fn after_create_table() {
             facts().policy_typo(),
             Created::New("n".into()),
             Some(Sync {
-                target: Target::Created("n".into()),
+                target: existing("n"),
                 claim: false,
                 update: false,
                 story: Story::Created,
