@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::State;
@@ -101,6 +101,20 @@ pub struct Metrics {
     ready: AtomicBool,
 }
 
+/// One reconcile in progress; see [`Metrics::reconcile_timer`].
+pub struct ReconcileTimer<'a> {
+    metrics: &'a Metrics,
+    started: Instant,
+}
+
+impl Drop for ReconcileTimer<'_> {
+    fn drop(&mut self) {
+        self.metrics
+            .reconcile_duration
+            .observe(self.started.elapsed().as_secs_f64());
+    }
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("petstore_operator");
@@ -172,12 +186,13 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    pub fn reconcile_started(&self) {
+    /// Counts a reconcile, and observes how long it took when dropped.
+    pub fn reconcile_timer(&self) -> ReconcileTimer<'_> {
         self.reconciles.inc();
-    }
-
-    pub fn reconcile_finished(&self, took: Duration) {
-        self.reconcile_duration.observe(took.as_secs_f64());
+        ReconcileTimer {
+            metrics: self,
+            started: Instant::now(),
+        }
     }
 
     pub fn reconcile_failed(&self, reason: Reason) {

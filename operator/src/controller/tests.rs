@@ -6,16 +6,20 @@
 use std::collections::VecDeque;
 use std::pin::pin;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use chrono::NaiveDate;
+use chrono::{NaiveDate, Utc};
 use http::{Method, Request, Response};
 use kube::Client;
 use kube::client::Body;
 use kube::runtime::events::Reporter;
 use serde_json::{Value, json};
 
+use kube::runtime::watcher;
+
 use super::*;
 use crate::crd::{DELETION_POLICY_ANNOTATION, EXTERNAL_ID_ANNOTATION, PAUSED_ANNOTATION, PetKind};
+use crate::status::{Outcome, Reason, next_status};
 use crate::store::fake::FakeStore;
 
 const UID: &str = "8d3c7c51-uid";
@@ -477,15 +481,18 @@ async fn unreachable_store_sets_conditions_and_backs_off() {
     assert_eq!(err.reason(), Reason::StoreUnavailable);
     let patch = h.api.status_patches().pop().expect("status");
     assert_eq!(condition(&patch, "Ready").1, "StoreUnavailable");
-    h.verify(&["StoreUnavailable"]);
+    let first = error_policy(Arc::new(pet.pet()), &err, Arc::clone(&h.ctx));
 
-    let pet = Arc::new(pet.pet());
-    let first = error_policy(Arc::clone(&pet), &err, Arc::clone(&h.ctx));
+    // The outage goes on. The Pet shows it already, so nothing more is
+    // written, but every failure is counted and the backoff grows.
+    let showing = thor().finalizer().status(patch);
     let mut last = first.clone();
     for _ in 0..12 {
-        last = error_policy(Arc::clone(&pet), &err, Arc::clone(&h.ctx));
+        let err = h.reconcile(&showing).await.expect_err("store down");
+        last = error_policy(Arc::new(showing.pet()), &err, Arc::clone(&h.ctx));
     }
     assert_ne!(format!("{first:?}"), format!("{last:?}"));
+    assert_eq!(h.ctx.memory.failures(UID), 13);
     // Capped at backoff_max (+10% jitter).
     assert!(backoff(&h.ctx.settings, 30) <= Duration::from_secs(330));
     assert!(backoff(&h.ctx.settings, 1) < Duration::from_secs(2));
@@ -495,25 +502,81 @@ async fn unreachable_store_sets_conditions_and_backs_off() {
         metrics.contains("reconcile_errors_total{reason=\"store_unavailable\"} 13"),
         "{metrics}"
     );
+    h.verify(&["StoreUnavailable"]);
+}
+
+/// The status a Pet shows once the store has been found down.
+async fn showing_the_store_down(h: &Harness, pet: &PetBuilder) -> Value {
+    h.store.set_unavailable(true);
+    h.expect_status_write(pet);
+    h.reconcile(pet).await.expect_err("store down");
+    h.api.status_patches().pop().expect("status")
 }
 
 #[tokio::test]
 async fn failure_counts_are_per_uid_so_a_recreated_pet_starts_clean() {
     let h = harness();
-    let old = Arc::new(thor().finalizer().pet());
-    let err = Error::Store(StoreError::Unavailable {
-        operation: crate::store::Operation::Observe,
-        message: "down".into(),
-    });
-    for _ in 0..10 {
-        error_policy(Arc::clone(&old), &err, Arc::clone(&h.ctx));
+    let down = showing_the_store_down(&h, &thor().finalizer()).await;
+    let old = thor().finalizer().status(down.clone());
+    for _ in 1..10 {
+        h.reconcile(&old).await.expect_err("store down");
     }
     // Same name and namespace, new UID: its own count starts at one.
-    let new = Arc::new(thor().finalizer().uid("a-new-uid").pet());
-    error_policy(new, &err, Arc::clone(&h.ctx));
-    assert_eq!(h.ctx.failures().get(UID), Some(&10));
-    assert_eq!(h.ctx.failures().get("a-new-uid"), Some(&1));
-    h.verify(&[]);
+    let new = thor().finalizer().uid("a-new-uid").status(down);
+    let err = h.reconcile(&new).await.expect_err("store down");
+    assert_eq!(h.ctx.memory.failures(UID), 10);
+    assert_eq!(h.ctx.memory.failures("a-new-uid"), 1);
+    // The backoff of a first failure: base (1 s) plus up to 10% jitter.
+    let retry = format!(
+        "{:?}",
+        error_policy(Arc::new(new.pet()), &err, Arc::clone(&h.ctx))
+    );
+    assert!(retry.contains("Some(1."), "{retry}");
+    h.verify(&["StoreUnavailable"]);
+}
+
+#[tokio::test]
+async fn a_pet_that_goes_while_failing_is_forgotten() {
+    // Deleted while the store is down, and then gone without a finish: its
+    // finalizer removed by hand, say. The watch reports it deleted.
+    let h = harness();
+    let pet = thor().finalizer().deleting();
+    showing_the_store_down(&h, &pet).await;
+    assert_eq!(h.ctx.memory.failures(UID), 1);
+    assert_eq!(h.ctx.to_reconcile(watcher::Event::Delete(pet.pet())), None);
+    assert_eq!(h.ctx.memory.len(), 0, "nothing left of the Pet");
+    h.verify(&["StoreUnavailable"]);
+
+    // Or the store comes back and the deletion finishes.
+    let h = harness();
+    let pet = thor().finalizer().deleting();
+    showing_the_store_down(&h, &pet).await;
+    h.store.set_unavailable(false);
+    h.expect_finalizer_write(&thor().deleting());
+    h.reconcile(&pet).await.expect("finished");
+    assert_eq!(h.ctx.memory.len(), 0);
+    h.verify(&["StoreUnavailable", "Deleted"]);
+}
+
+#[tokio::test]
+async fn a_synced_pet_is_remembered_until_it_goes() {
+    let h = harness();
+    let pet = thor().finalizer();
+    h.expect_status_write(&pet);
+    h.reconcile(&pet).await.expect("create");
+    assert!(h.ctx.memory.synced(UID).is_some());
+    // Its namespace deleted, its finalizer stripped: gone without a finish.
+    assert_eq!(h.ctx.to_reconcile(watcher::Event::Delete(pet.pet())), None);
+    assert_eq!(h.ctx.memory.len(), 0);
+
+    // A Pet going without our finalizer has nothing for us to wait for.
+    let h = harness();
+    h.expect_status_write(&pet);
+    h.reconcile(&pet).await.expect("create");
+    let action = h.reconcile(&thor().deleting()).await.expect("reconcile");
+    assert_eq!(action, Action::await_change());
+    assert_eq!(h.ctx.memory.len(), 0);
+    h.verify(&["Created"]);
 }
 
 #[tokio::test]

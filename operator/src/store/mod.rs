@@ -68,6 +68,12 @@ impl Created {
         }
     }
 
+    pub fn into_id(self) -> String {
+        match self {
+            Created::New(id) | Created::Existing(id) | Created::Unknown(id) => id,
+        }
+    }
+
     /// Whether the store said if the record already existed.
     pub fn is_known(&self) -> bool {
         !matches!(self, Created::Unknown(_))
