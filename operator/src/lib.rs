@@ -21,6 +21,9 @@ pub mod metrics;
 pub mod status;
 pub mod store;
 
+#[cfg(test)]
+mod fixtures;
+
 use status::Reason;
 
 /// Faults for the end-to-end crash tests. The release binary's command line

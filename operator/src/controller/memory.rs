@@ -161,14 +161,11 @@ mod tests {
 
     use super::*;
 
+    /// A Pet of its own name and UID.
     fn pet(uid: &str) -> Pet {
-        serde_json::from_value(serde_json::json!({
-            "apiVersion": "petstore.example.com/v1alpha1",
-            "kind": "Pet",
-            "metadata": {"name": format!("pet-{uid}"), "namespace": "default", "uid": uid},
-            "spec": {"name": "Thor", "type": "dog", "birthday": "2021-04-01T00:00:00Z"},
-        }))
-        .expect("a pet")
+        let mut pet = Pet::test().with_uid(uid);
+        pet.metadata.name = Some(format!("pet-{uid}"));
+        pet
     }
 
     #[test]
