@@ -31,6 +31,7 @@ use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::reflector;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
+use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use crate::crd::{FINALIZER, Pet};
@@ -200,8 +201,9 @@ impl Context {
     }
 }
 
-/// Runs the controller until `shutdown` resolves.
-pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + Sync + 'static) {
+/// Runs the controller until `stop` is cancelled, then lets the reconciles
+/// in flight finish.
+pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
     let pets: Api<Pet> = Api::all(ctx.client.clone());
     let (reader, writer) = reflector::store();
     ctx.poll.track(reader.clone());
@@ -222,7 +224,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + 
     let config = controller::Config::default().concurrency(ctx.settings.concurrency);
     Controller::for_stream(stream, reader)
         .with_config(config)
-        .graceful_shutdown_on(shutdown)
+        .graceful_shutdown_on(stop.cancelled_owned())
         .run(reconcile, error_policy, ctx)
         // Failures are already logged (and rate-limited) by the reconcile.
         .for_each(|result| async move {
