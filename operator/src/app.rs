@@ -137,6 +137,10 @@ pub async fn run(args: Args, fault: Option<Fault>) -> Result<ExitCode, String> {
         controller::run(ctx, shutdown.clone()).await;
     }
 
+    // Whatever stopped the controller stops the rest: a replica that lost
+    // the Lease must exit, not go on serving /healthz as a live one.
+    shutdown.cancel();
+
     // Give queued Events a moment to reach the API before exiting.
     if tokio::time::timeout(Duration::from_secs(2), events.flush())
         .await
