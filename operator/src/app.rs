@@ -7,20 +7,21 @@ use std::time::Duration;
 
 use kube::api::{Api, ListParams};
 use kube::runtime::events::Reporter;
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use crate::Fault;
 use crate::cli::Args;
 use crate::controller::{self, Context, Settings};
 use crate::crd::Pet;
 use crate::events::{EventQueue, EventWriter};
-use crate::leader::Leadership;
+use crate::leader::{self, Lease, Reign};
 use crate::metrics::{self, Metrics};
 use crate::store::grpc::{GrpcPetStore, TlsFiles};
 
-/// A shutdown flag set by SIGTERM or Ctrl-C, that many tasks can wait on.
-fn shutdown_flag() -> watch::Receiver<bool> {
-    let (set, flag) = watch::channel(false);
+/// A token cancelled by SIGTERM or Ctrl-C.
+fn shutdown_on_signal() -> CancellationToken {
+    let shutdown = CancellationToken::new();
+    let cancel = shutdown.clone();
     tokio::spawn(async move {
         let terminate = async {
             match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
@@ -38,13 +39,9 @@ fn shutdown_flag() -> watch::Receiver<bool> {
             () = terminate => {}
         }
         tracing::info!("shutdown requested");
-        let _ = set.send(true);
+        cancel.cancel();
     });
-    flag
-}
-
-async fn wait_for(mut flag: watch::Receiver<bool>) {
-    let _ = flag.wait_for(|set| *set).await;
+    shutdown
 }
 
 /// Runs the operator until SIGTERM or Ctrl-C (or, with leader election, until
@@ -56,7 +53,7 @@ pub async fn run(args: Args, fault: Option<Fault>) -> Result<ExitCode, String> {
         let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "local".into());
         format!("{host}-{}", std::process::id())
     });
-    let shutdown = shutdown_flag();
+    let shutdown = shutdown_on_signal();
     let metrics = Arc::new(Metrics::default());
 
     let client = kube::Client::try_default()
@@ -72,7 +69,7 @@ pub async fn run(args: Args, fault: Option<Fault>) -> Result<ExitCode, String> {
     let metrics_server = tokio::spawn(metrics::serve(
         args.metrics_addr,
         Arc::clone(&metrics),
-        wait_for(shutdown.clone()),
+        shutdown.clone().cancelled_owned(),
     ));
     metrics.set_ready();
 
@@ -119,50 +116,30 @@ pub async fn run(args: Args, fault: Option<Fault>) -> Result<ExitCode, String> {
 
     let mut exit = ExitCode::SUCCESS;
     if args.leader_election {
-        let mut leadership = Leadership::start(
-            client,
-            &args.lease_namespace,
-            &args.lease_name,
-            &identity,
-            args.lease_duration,
-        )
+        let lease = Lease {
+            namespace: &args.lease_namespace,
+            name: &args.lease_name,
+            identity: &identity,
+            duration: args.lease_duration,
+        };
+        let reign = leader::run_while_leading(client, lease, &shutdown, &metrics, |stop| {
+            controller::run(ctx, stop)
+        })
         .await
         .map_err(|e| e.to_string())?;
-        tracing::info!(lease = %args.lease_name, namespace = %args.lease_namespace, "waiting for leadership");
-        let acquired = tokio::select! {
-            acquired = leadership.acquired() => acquired,
-            () = wait_for(shutdown.clone()) => false,
-        };
-        if acquired {
-            tracing::info!("became leader; reconciling");
-            metrics.set_leader(true);
-            let (lost_tx, lost_rx) = watch::channel(false);
-            let stop = {
-                let shutdown = shutdown.clone();
-                async move {
-                    tokio::select! {
-                        () = wait_for(shutdown) => {}
-                        () = wait_for(lost_rx) => {}
-                    }
-                }
-            };
-            let watcher = tokio::spawn(async move {
-                leadership.lost().await;
-                let _ = lost_tx.send(true);
-            });
-            controller::run(ctx, stop).await;
-            if !*shutdown.borrow() {
-                // Another replica may already be reconciling: stop at once
-                // and let Kubernetes restart us as a standby.
-                tracing::error!("lost leadership; exiting");
-                exit = ExitCode::FAILURE;
-            }
-            watcher.abort();
-            metrics.set_leader(false);
+        if reign == Reign::Lost {
+            // Another replica may already be reconciling: stop at once and
+            // let Kubernetes restart us as a standby.
+            tracing::error!("lost leadership; exiting");
+            exit = ExitCode::FAILURE;
         }
     } else {
-        controller::run(ctx, wait_for(shutdown.clone())).await;
+        controller::run(ctx, shutdown.clone()).await;
     }
+
+    // Whatever stopped the controller stops the rest: a replica that lost
+    // the Lease must exit, not go on serving /healthz as a live one.
+    shutdown.cancel();
 
     // Give queued Events a moment to reach the API before exiting.
     if tokio::time::timeout(Duration::from_secs(2), events.flush())

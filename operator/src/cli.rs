@@ -8,11 +8,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{ArgAction, Parser, ValueEnum};
+use k8s_openapi::jiff::SignedDuration;
 
 /// Kubernetes operator that keeps each Pet resource in the gRPC pet store.
 ///
 /// Every flag can also be set through the environment variable shown.
-/// Durations take a unit: 500ms, 30s, 5m, 1h.
+/// Durations take units: 500ms, 30s, 5m, 1h, 1h30m.
 #[derive(Parser, Debug)]
 #[command(version)]
 pub struct Args {
@@ -105,27 +106,16 @@ pub enum LogFormat {
     Json,
 }
 
+/// A duration with units, as Kubernetes writes them (`500ms`, `30s`, `5m`,
+/// `1h`, `1.5h`, `1h30m`); jiff's longer forms (`1h 30m`, `2 hours`) and ISO
+/// 8601 (`PT5M`) work too. jiff is what k8s-openapi keeps its times in.
+/// Not kube's own Duration: that one panics on a number too large for a
+/// duration, and reads `-5m` as five minutes.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration such as 500ms, 30s, 5m or 1h"))?;
-    let seconds = match unit {
-        "ms" => value / 1000.0,
-        "s" | "" => value,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        _ => {
-            return Err(format!(
-                "unknown unit {unit:?} in {text:?}: use ms, s, m or h"
-            ));
-        }
-    };
-    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
+    let duration: SignedDuration = text.trim().parse().map_err(|err| {
+        format!("{text:?} is not a duration such as 500ms, 30s, 5m, 1h or 1h30m ({err})")
+    })?;
+    Duration::try_from(duration).map_err(|_| format!("{text:?} is negative"))
 }
 
 pub fn parse_rate(text: &str) -> Result<f64, String> {
@@ -160,9 +150,14 @@ mod tests {
         assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
         assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
         assert_eq!(parse_duration("1.5h"), Ok(Duration::from_secs(5400)));
-        assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration(" 1h 30m "), Ok(Duration::from_secs(5400)));
         assert!(parse_duration("5 parsecs").is_err());
         assert!(parse_duration("soon").is_err());
+        // A number alone is refused: which unit would it be?
+        assert!(parse_duration("7").is_err());
+        assert!(parse_duration("-5m").is_err());
+        assert!(parse_duration("99999999999999999999h").is_err());
     }
 
     #[test]

@@ -3,6 +3,10 @@
 //! store needs to be read at all, reads it if so, and asks [`decide`] for a
 //! [`Plan`] (or, after a create that stood in for the read, asks
 //! [`after_create`]); then it only executes the plan and records the outcome.
+//!
+//! A create has two shapes, for its two moments: [`Step::Create`] before
+//! any read (the create is the read), and [`Target::Create`] in a plan made
+//! after one.
 //! Every branch is covered by the table tests below.
 //!
 //! Ownership: a record is this Pet's only if its idempotency key is the
@@ -18,7 +22,7 @@ use crate::crd::{
     DELETION_POLICY_ANNOTATION, DeletionPolicy, EXTERNAL_ID_ANNOTATION, PAUSED_ANNOTATION, Setting,
 };
 use crate::status::{Outcome, Reason};
-use crate::store::{Created, Lookup, PetData, Record};
+use crate::store::{Created, Lookup, Operation, PetData, Record};
 
 /// What the controller knows about a Pet before any store call.
 #[derive(Clone, Debug, PartialEq)]
@@ -77,9 +81,10 @@ pub enum Step {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Observation {
     Found(Lookup),
-    /// The store does not offer this extension RPC (the original store).
+    /// The store does not offer the extension RPC behind this operation
+    /// (the original store).
     StoreLacks {
-        rpc: &'static str,
+        missing: Operation,
     },
 }
 
@@ -109,12 +114,11 @@ pub struct Sync {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Target {
-    /// This record, which is (or is being claimed as) this Pet's.
+    /// This record, which is (or is being claimed as, or was just created
+    /// by [`Step::Create`] as) this Pet's.
     Existing(String),
     /// A new record keyed by the Pet's UID.
     Create,
-    /// The record [`Step::Create`] has just created.
-    Created(String),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -157,7 +161,7 @@ pub enum Story {
     /// Orphan on a store without keys: nothing to release.
     OrphanedUnkeyed {
         status_id: Option<String>,
-        rpc: &'static str,
+        missing: Operation,
     },
 }
 
@@ -243,11 +247,12 @@ impl Story {
                 Reason::Orphaned,
                 "deletion policy is Orphan, and no store record belongs to this Pet any more; nothing to release".into(),
             ),
-            Story::OrphanedUnkeyed { status_id, rpc } => (
+            Story::OrphanedUnkeyed { status_id, missing } => (
                 Reason::Orphaned,
                 format!(
-                    "deletion policy is Orphan: kept store record {}; the store does not implement {rpc}, so its ownership was not cleared",
-                    status_id.as_deref().unwrap_or("(none)")
+                    "deletion policy is Orphan: kept store record {}; the store does not implement {}, so its ownership was not cleared",
+                    status_id.as_deref().unwrap_or("(none)"),
+                    missing.rpc()
                 ),
             ),
         })
@@ -353,7 +358,7 @@ pub fn first_step(facts: &Facts) -> Step {
 pub fn after_create(facts: &Facts, created: &Created) -> Option<Sync> {
     match created {
         Created::New(id) => Some(Sync {
-            target: Target::Created(id.clone()),
+            target: Target::Existing(id.clone()),
             claim: false,
             update: false,
             story: Story::Created,
@@ -380,7 +385,7 @@ fn policy_warning(facts: &Facts) -> Option<String> {
 pub fn decide(facts: &Facts, observation: Observation) -> Plan {
     let lookup = match observation {
         Observation::Found(lookup) => lookup,
-        Observation::StoreLacks { rpc } => return lacks_extensions(facts, rpc),
+        Observation::StoreLacks { missing } => return lacks_extensions(facts, missing),
     };
     if facts.deleting {
         return finish(facts, lookup);
@@ -527,7 +532,7 @@ fn finish(facts: &Facts, lookup: Lookup) -> Plan {
     })
 }
 
-fn lacks_extensions(facts: &Facts, rpc: &'static str) -> Plan {
+fn lacks_extensions(facts: &Facts, missing: Operation) -> Plan {
     if facts.deleting && facts.deletion_policy == Setting::Valid(DeletionPolicy::Orphan) {
         // The original store keeps no keys: there is no ownership to clear.
         return Plan::Finish(Finish {
@@ -535,7 +540,7 @@ fn lacks_extensions(facts: &Facts, rpc: &'static str) -> Plan {
             delete: None,
             story: Story::OrphanedUnkeyed {
                 status_id: facts.status_id.clone(),
-                rpc,
+                missing,
             },
         });
     }
@@ -550,7 +555,8 @@ fn lacks_extensions(facts: &Facts, rpc: &'static str) -> Plan {
         outcome: Outcome::failed(
             Reason::StoreLacksExtensions,
             format!(
-                "the pet store does not implement {rpc}, an extension RPC this operator needs (GetPets, SetIdempotencyKeys and AddPets with idempotency_key); point --petstore-addr at this project's petstore-server.{hint}"
+                "the pet store does not implement {}, an extension RPC this operator needs (GetPets, SetIdempotencyKeys and AddPets with idempotency_key); point --petstore-addr at this project's petstore-server.{hint}",
+                missing.rpc()
             ),
         ),
         next: Next::Retry,

@@ -17,48 +17,22 @@
 //! a large batch converges, for series our Events rarely form (each reason
 //! is published once per change).
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::Event as K8sEvent;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::{Api, PostParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Reporter};
 use tokio::sync::{Notify, mpsc};
 
 use crate::metrics::Metrics;
-
-type PublishFuture<'a> = Pin<Box<dyn Future<Output = Result<(), kube::Error>> + Send + 'a>>;
-
-/// Something that writes one Event, which happened at `at`, to the API
-/// server.
-pub trait Publish: Send + Sync + 'static {
-    fn publish<'a>(
-        &'a self,
-        event: &'a Event,
-        regarding: &'a ObjectReference,
-        at: Timestamp,
-    ) -> PublishFuture<'a>;
-}
-
-/// kube's Recorder stamps the time it writes.
-impl Publish for Recorder {
-    fn publish<'a>(
-        &'a self,
-        event: &'a Event,
-        regarding: &'a ObjectReference,
-        _at: Timestamp,
-    ) -> PublishFuture<'a> {
-        Box::pin(Recorder::publish(self, event, regarding))
-    }
-}
 
 /// Creates each Event as a new `events.k8s.io/v1` object and keeps nothing.
 pub struct EventWriter {
@@ -112,23 +86,20 @@ impl EventWriter {
             ..K8sEvent::default()
         }
     }
-}
 
-impl Publish for EventWriter {
-    fn publish<'a>(
-        &'a self,
-        event: &'a Event,
-        regarding: &'a ObjectReference,
+    /// Writes one Event, which happened at `at`.
+    pub async fn write(
+        &self,
+        event: &Event,
+        regarding: &ObjectReference,
         at: Timestamp,
-    ) -> PublishFuture<'a> {
-        Box::pin(async move {
-            let object = self.event_object(event, regarding, at);
-            let namespace = regarding.namespace.as_deref().unwrap_or("default");
-            Api::<K8sEvent>::namespaced(self.client.clone(), namespace)
-                .create(&PostParams::default(), &object)
-                .await
-                .map(drop)
-        })
+    ) -> Result<(), kube::Error> {
+        let object = self.event_object(event, regarding, at);
+        let namespace = regarding.namespace.as_deref().unwrap_or("default");
+        Api::<K8sEvent>::namespaced(self.client.clone(), namespace)
+            .create(&PostParams::default(), &object)
+            .await
+            .map(drop)
     }
 }
 
@@ -276,8 +247,8 @@ pub struct EventQueue {
     shared: Arc<Shared>,
 }
 
-/// What the queue's handles, the background writers and the reconcile
-/// guards share.
+/// What the queue's handles, the background task and the reconcile guards
+/// share.
 struct Shared {
     /// Events queued and not yet written, of both kinds.
     pending: AtomicUsize,
@@ -286,42 +257,66 @@ struct Shared {
     load: Load,
 }
 
-struct Writer<P> {
-    recorder: P,
-    shared: Arc<Shared>,
-}
-
-impl<P: Publish> Writer<P> {
-    /// Until no Pet has been reconciled for [`QUIET`], or the queues hold
-    /// more than half of the Normal queue's room.
-    async fn wait_for_a_lull(&self) {
-        let shared = &self.shared;
-        while !shared.load.is_quiet() && shared.pending.load(Ordering::Acquire) < QUEUE_CAPACITY / 2
-        {
-            tokio::time::sleep(BUSY_RECHECK).await;
-        }
+impl Shared {
+    /// Normal Events may be written: no Pet has been reconciled for
+    /// [`QUIET`], or the queues hold more than half of the Normal queue's
+    /// room.
+    fn lull(&self) -> bool {
+        self.load.is_quiet() || self.pending.load(Ordering::Acquire) >= QUEUE_CAPACITY / 2
     }
 
-    async fn write(&self, queued: Queued) {
+    async fn write(&self, writer: &EventWriter, queued: Queued) {
         let (event, regarding) = queued.event();
         // Refused in a terminating namespace, for one; never fatal.
-        if let Err(err) = Publish::publish(&self.recorder, &event, &regarding, queued.at).await {
+        if let Err(err) = writer.write(&event, &regarding, queued.at).await {
             tracing::debug!(error = %err, reason = %event.reason, "could not publish event");
         }
-        self.shared.metrics.event_written();
-        if self.shared.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.shared.drained.notify_waiters();
+        self.metrics.event_written();
+        if self.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.drained.notify_waiters();
         }
     }
 }
 
-fn receive(mut queue: mpsc::Receiver<Queued>) -> impl futures::Stream<Item = Queued> {
-    futures::stream::poll_fn(move |cx| queue.poll_recv(cx))
+/// The background task: writes Warnings as they come and Normal Events in a
+/// lull, up to [`CONCURRENT_WRITES`] of each kind at once. It ends when every
+/// queue handle is gone and the queues are empty.
+async fn write_queued(
+    writer: EventWriter,
+    shared: Arc<Shared>,
+    mut warnings: mpsc::Receiver<Queued>,
+    mut normal: mpsc::Receiver<Queued>,
+) {
+    let write = |queued| shared.write(&writer, queued);
+    let mut warning_writes = FuturesUnordered::new();
+    let mut normal_writes = FuturesUnordered::new();
+    // The next Normal Event, out of its queue and waiting for a lull.
+    let mut next_normal = None;
+    loop {
+        let lull = shared.lull();
+        if lull
+            && normal_writes.len() < CONCURRENT_WRITES
+            && let Some(queued) = next_normal.take()
+        {
+            normal_writes.push(write(queued));
+        }
+        tokio::select! {
+            Some(queued) = warnings.recv(), if warning_writes.len() < CONCURRENT_WRITES => {
+                warning_writes.push(write(queued));
+            }
+            Some(queued) = normal.recv(), if next_normal.is_none() => next_normal = Some(queued),
+            Some(()) = warning_writes.next() => {}
+            Some(()) = normal_writes.next() => {}
+            // Nothing says when a burst ends: look again shortly.
+            () = tokio::time::sleep(BUSY_RECHECK), if next_normal.is_some() && !lull => {}
+            else => break,
+        }
+    }
 }
 
 impl EventQueue {
-    /// Starts the background writers on the current Tokio runtime.
-    pub fn start(recorder: impl Publish, metrics: Arc<Metrics>) -> Self {
+    /// Starts the background writer on the current Tokio runtime.
+    pub fn start(writer: EventWriter, metrics: Arc<Metrics>) -> Self {
         let (normal, normal_queue) = mpsc::channel::<Queued>(QUEUE_CAPACITY);
         let (warnings, warning_queue) = mpsc::channel::<Queued>(WARNING_QUEUE_CAPACITY);
         let shared = Arc::new(Shared {
@@ -330,32 +325,17 @@ impl EventQueue {
             metrics,
             load: Load::new(),
         });
-        let writer = Arc::new(Writer {
-            recorder,
-            shared: Arc::clone(&shared),
-        });
-        let queue = Self {
+        tokio::spawn(write_queued(
+            writer,
+            Arc::clone(&shared),
+            warning_queue,
+            normal_queue,
+        ));
+        Self {
             normal,
             warnings,
             shared,
-        };
-        let warning_writer = Arc::clone(&writer);
-        let warnings =
-            receive(warning_queue).for_each_concurrent(CONCURRENT_WRITES, move |queued| {
-                let writer = Arc::clone(&warning_writer);
-                async move { writer.write(queued).await }
-            });
-        let normal = receive(normal_queue).for_each_concurrent(CONCURRENT_WRITES, move |queued| {
-            let writer = Arc::clone(&writer);
-            async move {
-                writer.wait_for_a_lull().await;
-                writer.write(queued).await;
-            }
-        });
-        tokio::spawn(async move {
-            futures::join!(warnings, normal);
-        });
-        queue
+        }
     }
 
     /// Marks a reconcile as running until the returned guard is dropped.
@@ -403,8 +383,8 @@ impl EventQueue {
 mod tests {
     use super::*;
 
-    /// Holds every write until the test opens the gate, and records how
-    /// many were in flight at once.
+    /// A mock API server that holds every Event write until the test opens
+    /// the gate, and records how many were in flight at once.
     struct GatedWrites {
         in_flight: AtomicUsize,
         most_in_flight: AtomicUsize,
@@ -420,6 +400,36 @@ mod tests {
                 written: AtomicUsize::new(0),
                 gate: tokio::sync::Semaphore::new(0),
             })
+        }
+
+        /// A client of this server: each request waits for the gate, then
+        /// gets its body back, as the API server answers a create.
+        fn client(self: &Arc<Self>) -> Client {
+            let (service, handle) = tower_test::mock::pair::<
+                http::Request<kube::client::Body>,
+                http::Response<kube::client::Body>,
+            >();
+            let server = Arc::clone(self);
+            tokio::spawn(async move {
+                let mut handle = std::pin::pin!(handle);
+                while let Some((request, reply)) = handle.next_request().await {
+                    let server = Arc::clone(&server);
+                    tokio::spawn(async move {
+                        let now = server.in_flight.fetch_add(1, Ordering::AcqRel) + 1;
+                        server.most_in_flight.fetch_max(now, Ordering::AcqRel);
+                        server.gate.acquire().await.expect("gate open").forget();
+                        let body = request.into_body().collect_bytes().await.expect("body");
+                        server.in_flight.fetch_sub(1, Ordering::AcqRel);
+                        server.written.fetch_add(1, Ordering::AcqRel);
+                        let response = http::Response::builder()
+                            .status(201)
+                            .body(kube::client::Body::from(body.to_vec()))
+                            .expect("response");
+                        reply.send_response(response);
+                    });
+                }
+            });
+            Client::new(service, "default")
         }
 
         /// Waits (up to 10 s) until `n` writes are in flight.
@@ -451,23 +461,10 @@ mod tests {
         }
     }
 
-    struct Gated(Arc<GatedWrites>);
-
-    impl Publish for Gated {
-        fn publish<'a>(
-            &'a self,
-            _: &'a Event,
-            _: &'a ObjectReference,
-            _: Timestamp,
-        ) -> PublishFuture<'a> {
-            Box::pin(async move {
-                let now = self.0.in_flight.fetch_add(1, Ordering::AcqRel) + 1;
-                self.0.most_in_flight.fetch_max(now, Ordering::AcqRel);
-                self.0.gate.acquire().await.expect("gate open").forget();
-                self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
-                self.0.written.fetch_add(1, Ordering::AcqRel);
-                Ok(())
-            })
+    fn reporter() -> Reporter {
+        Reporter {
+            controller: "petstore-operator".into(),
+            instance: Some("replica-1".into()),
         }
     }
 
@@ -488,8 +485,12 @@ mod tests {
         }
     }
 
+    /// The queue as production starts it, writing to the gated server.
     fn start(writes: &Arc<GatedWrites>) -> EventQueue {
-        EventQueue::start(Gated(Arc::clone(writes)), Arc::new(Metrics::default()))
+        EventQueue::start(
+            EventWriter::new(writes.client(), reporter()),
+            Arc::new(Metrics::default()),
+        )
     }
 
     #[tokio::test]
@@ -665,20 +666,7 @@ mod tests {
     // A Client needs a runtime to start, though this test sends nothing.
     #[tokio::test]
     async fn writes_what_the_recorder_would_for_a_first_event() {
-        let writer = EventWriter::new(
-            Client::new(
-                tower_test::mock::pair::<
-                    http::Request<kube::client::Body>,
-                    http::Response<kube::client::Body>,
-                >()
-                .0,
-                "default",
-            ),
-            Reporter {
-                controller: "petstore-operator".into(),
-                instance: Some("replica-1".into()),
-            },
-        );
+        let writer = EventWriter::new(GatedWrites::closed().client(), reporter());
         let regarding = ObjectReference {
             name: Some("thor".into()),
             namespace: Some("pets".into()),

@@ -5,7 +5,7 @@
 //! - [`status`]: the pure status and condition rules.
 //! - [`store`]: the external-client contract and its gRPC implementation.
 //! - [`controller`]: the Kubernetes glue: watch, finalizer, status, events.
-//! - [`events`]: the background Event queue.
+//! - [`events`]: the Event writer and its background queue.
 //! - [`leader`]: Lease-based leader election.
 //! - [`metrics`]: Prometheus metrics and health endpoints.
 //! - [`cli`] and [`app`]: the command line, and the wiring of all the above.
@@ -20,6 +20,9 @@ pub mod leader;
 pub mod metrics;
 pub mod status;
 pub mod store;
+
+#[cfg(test)]
+mod fixtures;
 
 use status::Reason;
 

@@ -4,34 +4,85 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::status::Reason;
+use crate::store::Operation;
+
+/// A change the reconciler made in the store: the `action` label of
+/// `store_actions_total`.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum StoreAction {
+    Create,
+    /// A create in place of a record that vanished from the store.
+    Recreate,
+    Update,
+    /// Adoption: the record's key set from empty to the Pet's UID.
+    Claim,
+    /// Orphan: the record's key cleared.
+    Release,
+    Delete,
+}
+
+impl StoreAction {
+    pub const fn label(self) -> &'static str {
+        match self {
+            StoreAction::Create => "create",
+            StoreAction::Recreate => "recreate",
+            StoreAction::Update => "update",
+            StoreAction::Claim => "claim",
+            StoreAction::Release => "release",
+            StoreAction::Delete => "delete",
+        }
+    }
+}
+
+impl EncodeLabelValue for StoreAction {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        std::fmt::Write::write_str(encoder, self.label())
+    }
+}
+
+/// The snake_case reason, as conditions and Events give it in CamelCase.
+impl EncodeLabelValue for Reason {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        std::fmt::Write::write_str(encoder, self.metric_label())
+    }
+}
+
+/// The RPC's method name.
+impl EncodeLabelValue for Operation {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        std::fmt::Write::write_str(encoder, self.method())
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ErrorLabels {
-    reason: &'static str,
+    reason: Reason,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StoreCallLabels {
-    method: &'static str,
+    method: Operation,
     outcome: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ActionLabels {
-    action: &'static str,
+    action: StoreAction,
 }
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
@@ -48,6 +99,20 @@ pub struct Metrics {
     events_pending: Gauge,
     poll_interval: Gauge<f64, AtomicU64>,
     ready: AtomicBool,
+}
+
+/// One reconcile in progress; see [`Metrics::reconcile_timer`].
+pub struct ReconcileTimer<'a> {
+    metrics: &'a Metrics,
+    started: Instant,
+}
+
+impl Drop for ReconcileTimer<'_> {
+    fn drop(&mut self) {
+        self.metrics
+            .reconcile_duration
+            .observe(self.started.elapsed().as_secs_f64());
+    }
 }
 
 impl Default for Metrics {
@@ -121,27 +186,28 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    pub fn reconcile_started(&self) {
+    /// Counts a reconcile, and observes how long it took when dropped.
+    pub fn reconcile_timer(&self) -> ReconcileTimer<'_> {
         self.reconciles.inc();
+        ReconcileTimer {
+            metrics: self,
+            started: Instant::now(),
+        }
     }
 
-    pub fn reconcile_finished(&self, took: Duration) {
-        self.reconcile_duration.observe(took.as_secs_f64());
-    }
-
-    pub fn reconcile_failed(&self, reason: &'static str) {
+    pub fn reconcile_failed(&self, reason: Reason) {
         self.reconcile_errors
             .get_or_create(&ErrorLabels { reason })
             .inc();
     }
 
-    pub fn observe_store_call(&self, method: &'static str, outcome: &'static str, took: Duration) {
+    pub fn observe_store_call(&self, method: Operation, outcome: &'static str, took: Duration) {
         self.store_calls
             .get_or_create(&StoreCallLabels { method, outcome })
             .observe(took.as_secs_f64());
     }
 
-    pub fn store_action(&self, action: &'static str) {
+    pub fn store_action(&self, action: StoreAction) {
         self.store_actions
             .get_or_create(&ActionLabels { action })
             .inc();
@@ -219,4 +285,45 @@ pub async fn serve(
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The end-to-end tests, dashboards and the README name these series.
+    #[test]
+    fn labels_are_the_documented_words() {
+        let metrics = Metrics::default();
+        let actions = [
+            StoreAction::Create,
+            StoreAction::Recreate,
+            StoreAction::Update,
+            StoreAction::Claim,
+            StoreAction::Release,
+            StoreAction::Delete,
+        ];
+        for action in actions {
+            metrics.store_action(action);
+        }
+        metrics.reconcile_failed(Reason::StoreUnavailable);
+        metrics.observe_store_call(Operation::SetKey, "ok", Duration::from_millis(1));
+        let text = metrics.encode().expect("metrics");
+        for action in ["create", "recreate", "update", "claim", "release", "delete"] {
+            let series = format!("petstore_operator_store_actions_total{{action=\"{action}\"}} 1");
+            assert!(text.contains(&series), "{series} in {text}");
+        }
+        assert!(
+            text.contains(
+                "petstore_operator_reconcile_errors_total{reason=\"store_unavailable\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "petstore_operator_store_call_duration_seconds_count{method=\"SetIdempotencyKeys\",outcome=\"ok\"} 1"
+            ),
+            "{text}"
+        );
+    }
 }

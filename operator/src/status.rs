@@ -4,7 +4,7 @@
 
 use chrono::{DateTime, Utc};
 
-use crate::crd::{Condition, PetStatus};
+use crate::crd::{Condition, ConditionStatus, PetStatus};
 
 pub const READY: &str = "Ready";
 pub const SYNCED: &str = "Synced";
@@ -218,7 +218,7 @@ impl Outcome {
 fn set_condition(
     conditions: &mut Vec<Condition>,
     type_: &str,
-    status: &str,
+    status: ConditionStatus,
     reason: &str,
     message: &str,
     generation: Option<i64>,
@@ -228,7 +228,7 @@ fn set_condition(
         Some(existing) => {
             if existing.status != status {
                 existing.last_transition_time = now;
-                existing.status = status.to_owned();
+                existing.status = status;
             }
             existing.reason = reason.to_owned();
             existing.message = message.to_owned();
@@ -236,7 +236,7 @@ fn set_condition(
         }
         None => conditions.push(Condition {
             type_: type_.to_owned(),
-            status: status.to_owned(),
+            status,
             reason: reason.to_owned(),
             message: message.to_owned(),
             last_transition_time: now,
@@ -260,12 +260,11 @@ pub fn next_status(
     if let Some(id) = id {
         status.id = Some(id.to_owned());
     }
-    let status_word = |ok: bool| if ok { "True" } else { "False" };
     match outcome.ready {
         Some((ready, reason)) => set_condition(
             &mut status.conditions,
             READY,
-            status_word(ready),
+            ready.into(),
             reason.as_str(),
             &outcome.message,
             generation,
@@ -274,7 +273,7 @@ pub fn next_status(
         None if !status.conditions.iter().any(|c| c.type_ == READY) => set_condition(
             &mut status.conditions,
             READY,
-            "Unknown",
+            ConditionStatus::Unknown,
             Reason::Pending.as_str(),
             "not reconciled yet",
             generation,
@@ -286,7 +285,7 @@ pub fn next_status(
     set_condition(
         &mut status.conditions,
         SYNCED,
-        status_word(synced),
+        synced.into(),
         synced_reason.as_str(),
         &outcome.message,
         generation,
@@ -340,8 +339,8 @@ mod tests {
         assert_eq!(s.observed_generation, Some(3));
         let ready = condition(&s, READY);
         assert_eq!(
-            (ready.status.as_str(), ready.reason.as_str()),
-            ("True", "Available")
+            (ready.status, ready.reason.as_str()),
+            (ConditionStatus::True, "Available")
         );
         assert_eq!(ready.observed_generation, Some(3));
         assert_eq!(condition(&s, SYNCED).reason, "ReconcileSuccess");
@@ -371,7 +370,7 @@ mod tests {
             at(10),
         );
         let ready = condition(&down, READY);
-        assert_eq!(ready.status, "False");
+        assert_eq!(ready.status, ConditionStatus::False);
         assert_eq!(ready.reason, "StoreUnavailable");
         assert!(ready.message.contains("connection refused"));
         assert_eq!(ready.last_transition_time, at(10));
@@ -461,11 +460,11 @@ mod tests {
     fn paused_keeps_ready_and_says_why_in_synced() {
         let ok = next_status(None, Some(1), Some("id-1"), &Outcome::synced(), at(0));
         let paused = next_status(Some(&ok), Some(2), None, &paused_outcome(), at(5));
-        assert_eq!(condition(&paused, READY).status, "True");
+        assert_eq!(condition(&paused, READY).status, ConditionStatus::True);
         let synced = condition(&paused, SYNCED);
         assert_eq!(
-            (synced.status.as_str(), synced.reason.as_str()),
-            ("False", "ReconcilePaused")
+            (synced.status, synced.reason.as_str()),
+            (ConditionStatus::False, "ReconcilePaused")
         );
         assert!(synced.message.contains(PAUSED_ANNOTATION));
         assert_eq!(
@@ -475,6 +474,27 @@ mod tests {
         );
 
         let fresh = next_status(None, Some(1), None, &paused_outcome(), at(0));
-        assert_eq!(condition(&fresh, READY).status, "Unknown");
+        assert_eq!(condition(&fresh, READY).status, ConditionStatus::Unknown);
+    }
+
+    #[test]
+    fn condition_status_is_written_as_the_kubernetes_word() {
+        let s = next_status(None, Some(1), None, &paused_outcome(), at(0));
+        let json = serde_json::to_value(&s).expect("json");
+        let words: Vec<&str> = json["conditions"]
+            .as_array()
+            .expect("conditions")
+            .iter()
+            .filter_map(|c| c["status"].as_str())
+            .collect();
+        assert_eq!(words, ["Unknown", "False"]);
+        let read = |word: &str| -> ConditionStatus {
+            serde_json::from_value(serde_json::json!(word)).expect("a status")
+        };
+        assert_eq!(read("True"), ConditionStatus::True);
+        assert_eq!(read("False"), ConditionStatus::False);
+        // Written by someone else: read, not refused.
+        assert_eq!(read("Maybe"), ConditionStatus::Unknown);
+        assert!(ConditionStatus::True == "True");
     }
 }

@@ -18,7 +18,7 @@ fn committed_crd_matches_the_rust_types() {
 #[test]
 fn crd_has_the_promised_shape() {
     let crd: serde_json::Value =
-        serde_yaml::from_str(&petstore_operator::crd::crd_yaml().expect("CRD")).expect("yaml");
+        serde_norway::from_str(&petstore_operator::crd::crd_yaml().expect("CRD")).expect("yaml");
     let version = &crd["spec"]["versions"][0];
     assert_eq!(crd["spec"]["group"], "petstore.example.com");
     assert_eq!(version["name"], "v1alpha1");

@@ -6,90 +6,29 @@
 use std::collections::VecDeque;
 use std::pin::pin;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use chrono::NaiveDate;
+use chrono::Utc;
 use http::{Method, Request, Response};
 use kube::Client;
 use kube::client::Body;
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
+use kube::runtime::watcher;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::crd::{DELETION_POLICY_ANNOTATION, EXTERNAL_ID_ANNOTATION, PAUSED_ANNOTATION, PetKind};
+use crate::crd::{
+    DELETION_POLICY_ANNOTATION, DeletionPolicy, EXTERNAL_ID_ANNOTATION, PAUSED_ANNOTATION,
+};
+use crate::fixtures::UID;
+use crate::status::{Outcome, Reason, next_status};
 use crate::store::fake::FakeStore;
 
-const UID: &str = "8d3c7c51-uid";
 const OTHER_UID: &str = "0f1e2d3c-other";
 const PETS: &str = "/apis/petstore.example.com/v1alpha1/namespaces/default/pets/thor";
 
 fn status_path() -> String {
     format!("{PETS}/status")
-}
-
-/// A Pet as the API server would return it, built by name rather than by
-/// positional flags.
-#[derive(Clone)]
-struct PetBuilder(Value);
-
-fn thor() -> PetBuilder {
-    PetBuilder(json!({
-        "apiVersion": "petstore.example.com/v1alpha1",
-        "kind": "Pet",
-        "metadata": {
-            "name": "thor", "namespace": "default", "uid": UID, "generation": 1,
-            "resourceVersion": "1",
-        },
-        "spec": {"name": "Thor", "type": "dog", "birthday": "2021-04-01T00:00:00Z"},
-    }))
-}
-
-impl PetBuilder {
-    fn finalizer(mut self) -> Self {
-        self.0["metadata"]["finalizers"] = json!([FINALIZER]);
-        self
-    }
-    fn uid(mut self, uid: &str) -> Self {
-        self.0["metadata"]["uid"] = json!(uid);
-        self
-    }
-    fn generation(mut self, generation: i64) -> Self {
-        self.0["metadata"]["generation"] = json!(generation);
-        self
-    }
-    fn annotation(mut self, key: &str, value: &str) -> Self {
-        self.0["metadata"]["annotations"][key] = json!(value);
-        self
-    }
-    fn deletion_policy(mut self, policy: &str) -> Self {
-        self.0["spec"]["deletionPolicy"] = json!(policy);
-        self
-    }
-    fn deleting(mut self) -> Self {
-        self.0["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
-        self
-    }
-    fn status_id(mut self, id: &str) -> Self {
-        self.0["status"]["id"] = json!(id);
-        self
-    }
-    fn status(mut self, status: Value) -> Self {
-        self.0["status"] = status;
-        self
-    }
-    fn json(&self) -> Value {
-        self.0.clone()
-    }
-    fn pet(&self) -> Pet {
-        serde_json::from_value(self.0.clone()).expect("valid pet")
-    }
-}
-
-fn thor_data() -> PetData {
-    PetData {
-        name: "Thor".into(),
-        kind: PetKind::Dog,
-        birthday: NaiveDate::from_ymd_opt(2021, 4, 1).expect("date"),
-    }
 }
 
 #[derive(Clone, Debug)]
@@ -198,15 +137,29 @@ impl ApiServerVerifier {
             .collect()
     }
 
-    fn events(&self) -> Vec<(String, String, String)> {
+    fn events(&self) -> Vec<Written> {
         self.calls(|c| c.path.contains("/events"))
             .into_iter()
             .map(|c| {
                 let text = |k: &str| c.body[k].as_str().unwrap_or_default().to_owned();
-                (text("reason"), text("type"), text("note"))
+                Written {
+                    reason: text("reason"),
+                    type_: text("type"),
+                    action: text("action"),
+                    note: text("note"),
+                }
             })
             .collect()
     }
+}
+
+/// An Event as the writer POSTed it.
+#[derive(Debug)]
+struct Written {
+    reason: String,
+    type_: String,
+    action: String,
+    note: String,
 }
 
 fn failure(code: u16) -> Value {
@@ -228,7 +181,8 @@ struct Harness {
 fn harness() -> Harness {
     let api = ApiServerVerifier::default();
     let client = api.start();
-    let recorder = Recorder::new(
+    // The writer production uses: the mock sees its Event POSTs.
+    let writer = crate::events::EventWriter::new(
         client.clone(),
         Reporter {
             controller: "petstore-operator".into(),
@@ -240,7 +194,7 @@ fn harness() -> Harness {
     let ctx = Arc::new(Context::new(
         client,
         store.clone(),
-        crate::events::EventQueue::start(recorder, Arc::clone(&metrics)),
+        crate::events::EventQueue::start(writer, Arc::clone(&metrics)),
         metrics,
         Settings::default(),
     ));
@@ -249,19 +203,19 @@ fn harness() -> Harness {
 
 impl Harness {
     /// The API server accepts a status write.
-    fn expect_status_write(&self, pet: &PetBuilder) {
+    fn expect_status_write(&self, pet: &Pet) {
         self.api
             .expect(Method::PATCH, &status_path(), 200, pet.json());
     }
 
     /// The API server accepts a finalizer change and returns `after`.
-    fn expect_finalizer_write(&self, after: &PetBuilder) {
+    fn expect_finalizer_write(&self, after: &Pet) {
         self.api.expect(Method::PATCH, PETS, 200, after.json());
     }
 
     /// One reconcile, then the Event queue drained so assertions see them.
-    async fn reconcile(&self, pet: &PetBuilder) -> Result<Action, Error> {
-        let result = reconcile(Arc::new(pet.pet()), Arc::clone(&self.ctx)).await;
+    async fn reconcile(&self, pet: &Pet) -> Result<Action, Error> {
+        let result = reconcile(Arc::new(pet.clone()), Arc::clone(&self.ctx)).await;
         self.ctx.events.flush().await;
         result
     }
@@ -283,17 +237,32 @@ impl Harness {
             .map(|e| format!("{} {}", e.method, e.path))
             .collect();
         assert!(left.is_empty(), "scripted API calls never made: {left:?}");
-        let events: Vec<String> = self.api.events().into_iter().map(|e| e.0).collect();
+        let events: Vec<String> = self.api.events().into_iter().map(|e| e.reason).collect();
         assert_eq!(events, reasons, "Events: {:?}", self.api.events());
     }
 
+    /// The first Event with this reason.
+    fn event(&self, reason: &str) -> Written {
+        let events = self.api.events();
+        let found = events.iter().position(|e| e.reason == reason);
+        match found {
+            Some(at) => events.into_iter().nth(at).expect("found"),
+            None => panic!("no {reason} Event in {events:?}"),
+        }
+    }
+
     fn event_note(&self, reason: &str) -> String {
-        self.api
-            .events()
-            .into_iter()
-            .find(|e| e.0 == reason)
-            .map(|e| e.2)
-            .unwrap_or_default()
+        self.event(reason).note
+    }
+
+    /// The first Event with this reason is of this type and action.
+    fn assert_event(&self, reason: &str, type_: &str, action: &str) {
+        let event = self.event(reason);
+        assert_eq!(
+            (event.type_.as_str(), event.action.as_str()),
+            (type_, action),
+            "{event:?}"
+        );
     }
 }
 
@@ -320,7 +289,7 @@ async fn finalizer_is_persisted_before_anything_reaches_the_store() {
     let h = harness();
     h.api.expect(Method::PATCH, PETS, 500, failure(500));
     let err = h
-        .reconcile(&thor())
+        .reconcile(&Pet::test())
         .await
         .expect_err("finalizer write failed");
     assert_eq!(err.reason(), Reason::ReconcileError);
@@ -334,9 +303,9 @@ async fn finalizer_is_persisted_before_anything_reaches_the_store() {
     // Once it is written (with a resourceVersion precondition), the same
     // reconcile goes on to create.
     let h = harness();
-    h.expect_finalizer_write(&thor().finalizer());
-    h.expect_status_write(&thor().finalizer());
-    h.reconcile(&thor()).await.expect("reconcile");
+    h.expect_finalizer_write(&Pet::test().finalized());
+    h.expect_status_write(&Pet::test().finalized());
+    h.reconcile(&Pet::test()).await.expect("reconcile");
     let patch = &h.api.metadata_patches()[0];
     assert_eq!(patch["metadata"]["finalizers"], json!([FINALIZER]));
     assert_eq!(patch["metadata"]["resourceVersion"], "1");
@@ -350,7 +319,7 @@ async fn finalizer_is_persisted_before_anything_reaches_the_store() {
 #[tokio::test]
 async fn create_uses_the_uid_and_writes_the_id_at_once() {
     let h = harness();
-    let pet = thor().finalizer();
+    let pet = Pet::test().finalized();
     h.expect_status_write(&pet);
     h.reconcile(&pet).await.expect("reconcile");
     assert_eq!(store_writes(&h.store), [format!("create:{UID}")]);
@@ -358,13 +327,14 @@ async fn create_uses_the_uid_and_writes_the_id_at_once() {
     assert_eq!(patches[0]["id"], "id-1");
     assert_eq!(patches[0]["observedGeneration"], 1);
     assert_eq!(condition(&patches[0], "Ready").1, "Available");
+    h.assert_event("Created", "Normal", "Create");
     h.verify(&["Created"]);
 }
 
 #[tokio::test]
 async fn status_conflict_is_retried_without_creating_again() {
     let h = harness();
-    let pet = thor().finalizer();
+    let pet = Pet::test().finalized();
     h.api
         .expect(Method::PATCH, &status_path(), 409, failure(409));
     h.api.expect(Method::GET, &status_path(), 200, pet.json());
@@ -380,7 +350,7 @@ async fn status_conflict_is_retried_without_creating_again() {
 #[tokio::test]
 async fn a_lost_status_write_is_recovered_by_key_not_by_a_second_record() {
     let h = harness();
-    let pet = thor().finalizer();
+    let pet = Pet::test().finalized();
     h.api
         .expect(Method::PATCH, &status_path(), 500, failure(500));
     // The failure is then shown in status.
@@ -404,17 +374,19 @@ async fn a_lost_status_write_is_recovered_by_key_not_by_a_second_record() {
         ]
     );
     assert_eq!(h.api.status_patches().pop().expect("status")["id"], "id-1");
+    h.assert_event("ReconcileError", "Warning", "Reconcile");
+    h.assert_event("Adopted", "Normal", "AdoptByUid");
     h.verify(&["ReconcileError", "Adopted"]);
 }
 
 #[tokio::test]
 async fn steady_state_makes_no_writes() {
     let h = harness();
-    let id = h.store.insert(UID, thor_data());
+    let id = h.store.insert(UID, PetData::test());
     let synced = next_status(None, Some(1), Some(&id), &Outcome::synced(), Utc::now());
-    let pet = thor()
-        .finalizer()
-        .status(serde_json::to_value(synced).expect("json"));
+    let pet = Pet::test()
+        .finalized()
+        .with_status(serde_json::to_value(synced).expect("json"));
     h.reconcile(&pet).await.expect("reconcile");
     assert_eq!(
         h.store.calls(),
@@ -427,33 +399,22 @@ async fn steady_state_makes_no_writes() {
 #[tokio::test]
 async fn drift_is_put_back_on_the_same_id() {
     let h = harness();
-    let id = h.store.insert(
-        UID,
-        PetData {
-            name: "Changed out of band".into(),
-            ..thor_data()
-        },
-    );
-    let pet = thor().finalizer().status_id(&id);
+    let id = h.store.insert(UID, PetData::named("Changed out of band"));
+    let pet = Pet::test().finalized().with_status_id(&id);
     h.expect_status_write(&pet);
     h.reconcile(&pet).await.expect("reconcile");
     assert_eq!(store_writes(&h.store), [format!("update:{id}")]);
-    assert_eq!(h.store.records()[0].data, thor_data());
+    assert_eq!(h.store.records()[0].data, PetData::test());
+    h.assert_event("Updated", "Normal", "Update");
     h.verify(&["Updated"]);
 }
 
 #[tokio::test]
 async fn an_update_whose_record_vanished_recreates_at_once() {
     let h = harness();
-    let id = h.store.insert(
-        UID,
-        PetData {
-            name: "Changed out of band".into(),
-            ..thor_data()
-        },
-    );
+    let id = h.store.insert(UID, PetData::named("Changed out of band"));
     h.store.vanish_before_next_update();
-    let pet = thor().finalizer().status_id(&id);
+    let pet = Pet::test().finalized().with_status_id(&id);
     h.expect_status_write(&pet);
     h.reconcile(&pet)
         .await
@@ -463,28 +424,32 @@ async fn an_update_whose_record_vanished_recreates_at_once() {
         [format!("update:{id}"), format!("create:{UID}")]
     );
     assert_eq!(h.api.status_patches()[0]["id"], "id-2");
+    h.assert_event("Recreated", "Warning", "Recreate");
     h.verify(&["Recreated"]);
 }
 
 #[tokio::test]
 async fn unreachable_store_sets_conditions_and_backs_off() {
     let h = harness();
-    let pet = thor().finalizer();
+    let pet = Pet::test().finalized();
     h.store.set_unavailable(true);
     h.expect_status_write(&pet);
     let err = h.reconcile(&pet).await.expect_err("store down");
     assert_eq!(err.reason(), Reason::StoreUnavailable);
     let patch = h.api.status_patches().pop().expect("status");
     assert_eq!(condition(&patch, "Ready").1, "StoreUnavailable");
-    h.verify(&["StoreUnavailable"]);
+    let first = error_policy(Arc::new(pet.clone()), &err, Arc::clone(&h.ctx));
 
-    let pet = Arc::new(pet.pet());
-    let first = error_policy(Arc::clone(&pet), &err, Arc::clone(&h.ctx));
+    // The outage goes on. The Pet shows it already, so nothing more is
+    // written, but every failure is counted and the backoff grows.
+    let showing = Pet::test().finalized().with_status(patch);
     let mut last = first.clone();
     for _ in 0..12 {
-        last = error_policy(Arc::clone(&pet), &err, Arc::clone(&h.ctx));
+        let err = h.reconcile(&showing).await.expect_err("store down");
+        last = error_policy(Arc::new(showing.clone()), &err, Arc::clone(&h.ctx));
     }
     assert_ne!(format!("{first:?}"), format!("{last:?}"));
+    assert_eq!(h.ctx.memory.failures(UID), 13);
     // Capped at backoff_max (+10% jitter).
     assert!(backoff(&h.ctx.settings, 30) <= Duration::from_secs(330));
     assert!(backoff(&h.ctx.settings, 1) < Duration::from_secs(2));
@@ -494,31 +459,100 @@ async fn unreachable_store_sets_conditions_and_backs_off() {
         metrics.contains("reconcile_errors_total{reason=\"store_unavailable\"} 13"),
         "{metrics}"
     );
+    h.assert_event("StoreUnavailable", "Warning", "Reconcile");
+    h.verify(&["StoreUnavailable"]);
+}
+
+/// The status a Pet shows once the store has been found down.
+async fn showing_the_store_down(h: &Harness, pet: &Pet) -> Value {
+    h.store.set_unavailable(true);
+    h.expect_status_write(pet);
+    h.reconcile(pet).await.expect_err("store down");
+    h.api.status_patches().pop().expect("status")
 }
 
 #[tokio::test]
 async fn failure_counts_are_per_uid_so_a_recreated_pet_starts_clean() {
     let h = harness();
-    let old = Arc::new(thor().finalizer().pet());
-    let err = Error::Store(StoreError::Unavailable {
-        operation: "observe",
-        message: "down".into(),
-    });
-    for _ in 0..10 {
-        error_policy(Arc::clone(&old), &err, Arc::clone(&h.ctx));
+    let down = showing_the_store_down(&h, &Pet::test().finalized()).await;
+    let old = Pet::test().finalized().with_status(down.clone());
+    for _ in 1..10 {
+        h.reconcile(&old).await.expect_err("store down");
     }
     // Same name and namespace, new UID: its own count starts at one.
-    let new = Arc::new(thor().finalizer().uid("a-new-uid").pet());
-    error_policy(new, &err, Arc::clone(&h.ctx));
-    assert_eq!(h.ctx.failures().get(UID), Some(&10));
-    assert_eq!(h.ctx.failures().get("a-new-uid"), Some(&1));
-    h.verify(&[]);
+    let new = Pet::test()
+        .finalized()
+        .with_uid("a-new-uid")
+        .with_status(down);
+    let err = h.reconcile(&new).await.expect_err("store down");
+    assert_eq!(h.ctx.memory.failures(UID), 10);
+    assert_eq!(h.ctx.memory.failures("a-new-uid"), 1);
+    // The backoff of a first failure: base (1 s) plus up to 10% jitter.
+    let retry = format!(
+        "{:?}",
+        error_policy(Arc::new(new.clone()), &err, Arc::clone(&h.ctx))
+    );
+    assert!(retry.contains("Some(1."), "{retry}");
+    h.verify(&["StoreUnavailable"]);
+}
+
+#[tokio::test]
+async fn a_pet_that_goes_while_failing_is_forgotten() {
+    // Deleted while the store is down, and then gone without a finish: its
+    // finalizer removed by hand, say. The watch reports it deleted.
+    let h = harness();
+    let pet = Pet::test().finalized().deleted();
+    showing_the_store_down(&h, &pet).await;
+    assert_eq!(h.ctx.memory.failures(UID), 1);
+    assert_eq!(
+        h.ctx.to_reconcile(watcher::Event::Delete(pet.clone())),
+        None
+    );
+    assert_eq!(h.ctx.memory.len(), 0, "nothing left of the Pet");
+    h.verify(&["StoreUnavailable"]);
+
+    // Or the store comes back and the deletion finishes.
+    let h = harness();
+    let pet = Pet::test().finalized().deleted();
+    showing_the_store_down(&h, &pet).await;
+    h.store.set_unavailable(false);
+    h.expect_finalizer_write(&Pet::test().deleted());
+    h.reconcile(&pet).await.expect("finished");
+    assert_eq!(h.ctx.memory.len(), 0);
+    h.verify(&["StoreUnavailable", "Deleted"]);
+}
+
+#[tokio::test]
+async fn a_synced_pet_is_remembered_until_it_goes() {
+    let h = harness();
+    let pet = Pet::test().finalized();
+    h.expect_status_write(&pet);
+    h.reconcile(&pet).await.expect("create");
+    assert!(h.ctx.memory.synced(UID).is_some());
+    // Its namespace deleted, its finalizer stripped: gone without a finish.
+    assert_eq!(
+        h.ctx.to_reconcile(watcher::Event::Delete(pet.clone())),
+        None
+    );
+    assert_eq!(h.ctx.memory.len(), 0);
+
+    // A Pet going without our finalizer has nothing for us to wait for.
+    let h = harness();
+    h.expect_status_write(&pet);
+    h.reconcile(&pet).await.expect("create");
+    let action = h
+        .reconcile(&Pet::test().deleted())
+        .await
+        .expect("reconcile");
+    assert_eq!(action, Action::await_change());
+    assert_eq!(h.ctx.memory.len(), 0);
+    h.verify(&["Created"]);
 }
 
 #[tokio::test]
 async fn rejection_is_terminal_until_the_spec_changes() {
     let h = harness();
-    let pet = thor().finalizer();
+    let pet = Pet::test().finalized();
     h.store.set_reject_creates(true);
     h.expect_status_write(&pet);
     let action = h
@@ -528,11 +562,12 @@ async fn rejection_is_terminal_until_the_spec_changes() {
     assert_eq!(action, Action::await_change());
     let rejected = h.api.status_patches().pop().expect("status");
     assert_eq!(condition(&rejected, "Ready").1, "InvalidSpec");
+    h.assert_event("InvalidSpec", "Warning", "Reconcile");
     h.verify(&["InvalidSpec"]);
 
     // Same generation, rejection already shown: no store call at all.
     let h2 = harness();
-    h2.reconcile(&thor().finalizer().status(rejected.clone()))
+    h2.reconcile(&Pet::test().finalized().with_status(rejected.clone()))
         .await
         .expect("reconcile");
     assert!(h2.store.calls().is_empty());
@@ -540,7 +575,10 @@ async fn rejection_is_terminal_until_the_spec_changes() {
 
     // A new generation is tried again.
     let h3 = harness();
-    let edited = thor().finalizer().status(rejected).generation(2);
+    let edited = Pet::test()
+        .finalized()
+        .with_status(rejected)
+        .with_generation(2);
     h3.expect_status_write(&edited);
     h3.reconcile(&edited).await.expect("reconcile");
     assert_eq!(store_writes(&h3.store), [format!("create:{UID}")]);
@@ -550,9 +588,9 @@ async fn rejection_is_terminal_until_the_spec_changes() {
 #[tokio::test]
 async fn deletion_deletes_this_pets_record_then_releases_the_finalizer() {
     let h = harness();
-    let id = h.store.insert(UID, thor_data());
-    let pet = thor().finalizer().status_id(&id).deleting();
-    h.expect_finalizer_write(&thor().status_id(&id).deleting());
+    let id = h.store.insert(UID, PetData::test());
+    let pet = Pet::test().finalized().with_status_id(&id).deleted();
+    h.expect_finalizer_write(&Pet::test().with_status_id(&id).deleted());
     h.reconcile(&pet).await.expect("reconcile");
     assert_eq!(store_writes(&h.store), [format!("delete:{id}")]);
     assert!(h.store.records().is_empty());
@@ -560,15 +598,16 @@ async fn deletion_deletes_this_pets_record_then_releases_the_finalizer() {
         h.api.metadata_patches()[0]["metadata"]["finalizers"],
         json!([])
     );
+    h.assert_event("Deleted", "Normal", "Delete");
     h.verify(&["Deleted"]);
 }
 
 #[tokio::test]
 async fn deletion_without_a_recorded_id_still_finds_the_record() {
     let h = harness();
-    h.store.insert(UID, thor_data());
-    let pet = thor().finalizer().deleting();
-    h.expect_finalizer_write(&thor().deleting());
+    h.store.insert(UID, PetData::test());
+    let pet = Pet::test().finalized().deleted();
+    h.expect_finalizer_write(&Pet::test().deleted());
     h.reconcile(&pet).await.expect("reconcile");
     assert_eq!(store_writes(&h.store), ["delete:id-1"]);
     assert!(h.store.records().is_empty(), "nothing leaks");
@@ -578,9 +617,9 @@ async fn deletion_without_a_recorded_id_still_finds_the_record() {
 #[tokio::test]
 async fn deletion_never_deletes_a_record_status_id_wrongly_names() {
     let h = harness();
-    let alpha = h.store.insert(OTHER_UID, thor_data());
-    let pet = thor().finalizer().status_id(&alpha).deleting();
-    h.expect_finalizer_write(&thor().status_id(&alpha).deleting());
+    let alpha = h.store.insert(OTHER_UID, PetData::test());
+    let pet = Pet::test().finalized().with_status_id(&alpha).deleted();
+    h.expect_finalizer_write(&Pet::test().with_status_id(&alpha).deleted());
     h.reconcile(&pet).await.expect("reconcile");
     assert!(store_writes(&h.store).is_empty(), "{:?}", h.store.calls());
     assert_eq!(h.store.records().len(), 1, "alpha's record is untouched");
@@ -591,13 +630,13 @@ async fn deletion_never_deletes_a_record_status_id_wrongly_names() {
 #[tokio::test]
 async fn orphan_keeps_the_record_and_releases_it_for_adoption() {
     for pet in [
-        thor().annotation(DELETION_POLICY_ANNOTATION, "Orphan"),
-        thor().deletion_policy("Orphan"),
+        Pet::test().annotated(DELETION_POLICY_ANNOTATION, "Orphan"),
+        Pet::test().with_deletion_policy(DeletionPolicy::Orphan),
     ] {
         let h = harness();
-        let id = h.store.insert(UID, thor_data());
-        h.expect_finalizer_write(&pet.clone().status_id(&id).deleting());
-        h.reconcile(&pet.finalizer().status_id(&id).deleting())
+        let id = h.store.insert(UID, PetData::test());
+        h.expect_finalizer_write(&pet.clone().with_status_id(&id).deleted());
+        h.reconcile(&pet.finalized().with_status_id(&id).deleted())
             .await
             .expect("reconcile");
         assert_eq!(store_writes(&h.store), [format!("set_key:{id}:{UID}->")]);
@@ -608,6 +647,7 @@ async fn orphan_keeps_the_record_and_releases_it_for_adoption() {
             note.contains(&format!("{EXTERNAL_ID_ANNOTATION}: {id}")),
             "{note}"
         );
+        h.assert_event("Orphaned", "Normal", "Orphan");
         h.verify(&["Orphaned"]);
     }
 }
@@ -615,12 +655,12 @@ async fn orphan_keeps_the_record_and_releases_it_for_adoption() {
 #[tokio::test]
 async fn a_misspelled_deletion_policy_stops_deletion_and_says_why() {
     let h = harness();
-    let id = h.store.insert(UID, thor_data());
-    let pet = thor()
-        .annotation(DELETION_POLICY_ANNOTATION, "Orhpan")
-        .finalizer()
-        .status_id(&id)
-        .deleting();
+    let id = h.store.insert(UID, PetData::test());
+    let pet = Pet::test()
+        .annotated(DELETION_POLICY_ANNOTATION, "Orhpan")
+        .finalized()
+        .with_status_id(&id)
+        .deleted();
     h.expect_status_write(&pet);
     let action = h.reconcile(&pet).await.expect("reconcile");
     assert_eq!(action, Action::await_change());
@@ -638,11 +678,11 @@ async fn a_misspelled_deletion_policy_stops_deletion_and_says_why() {
 async fn paused_touches_nothing_and_says_so() {
     for value in ["true", "yes"] {
         let h = harness();
-        h.store.insert(UID, thor_data());
-        let pet = thor()
-            .annotation(PAUSED_ANNOTATION, value)
-            .finalizer()
-            .deleting();
+        h.store.insert(UID, PetData::test());
+        let pet = Pet::test()
+            .annotated(PAUSED_ANNOTATION, value)
+            .finalized()
+            .deleted();
         h.expect_status_write(&pet);
         let action = h.reconcile(&pet).await.expect("reconcile");
         assert_eq!(action, Action::await_change());
@@ -662,7 +702,7 @@ async fn paused_touches_nothing_and_says_so() {
 #[tokio::test]
 async fn a_vanished_record_is_recreated_with_a_warning() {
     let h = harness();
-    let pet = thor().finalizer().status_id("lost-id");
+    let pet = Pet::test().finalized().with_status_id("lost-id");
     h.expect_status_write(&pet);
     h.reconcile(&pet).await.expect("reconcile");
     assert_eq!(store_writes(&h.store), [format!("create:{UID}")]);
@@ -673,15 +713,9 @@ async fn a_vanished_record_is_recreated_with_a_warning() {
 #[tokio::test]
 async fn a_status_id_naming_another_pets_record_is_corrected_and_theirs_untouched() {
     let h = harness();
-    let alpha = h.store.insert(
-        OTHER_UID,
-        PetData {
-            name: "Alpha".into(),
-            ..thor_data()
-        },
-    );
-    let mine = h.store.insert(UID, thor_data());
-    let pet = thor().finalizer().status_id(&alpha);
+    let alpha = h.store.insert(OTHER_UID, PetData::named("Alpha"));
+    let mine = h.store.insert(UID, PetData::test());
+    let pet = Pet::test().finalized().with_status_id(&alpha);
     h.expect_status_write(&pet);
     h.reconcile(&pet).await.expect("reconcile");
     assert!(store_writes(&h.store).is_empty(), "{:?}", h.store.calls());
@@ -697,14 +731,15 @@ async fn a_status_id_naming_another_pets_record_is_corrected_and_theirs_untouche
         h.event_note("StatusIdCorrected")
             .contains("belongs to another owner")
     );
+    h.assert_event("StatusIdCorrected", "Warning", "IgnoreForeignRecord");
     h.verify(&["StatusIdCorrected"]);
 }
 
 #[tokio::test]
 async fn a_status_id_naming_nothing_finds_the_pets_own_record_without_claiming_a_create() {
     let h = harness();
-    let mine = h.store.insert(UID, thor_data());
-    let pet = thor().finalizer().status_id("nowhere");
+    let mine = h.store.insert(UID, PetData::test());
+    let pet = Pet::test().finalized().with_status_id("nowhere");
     h.expect_status_write(&pet);
     h.reconcile(&pet).await.expect("reconcile");
     assert!(
@@ -718,22 +753,17 @@ async fn a_status_id_naming_nothing_finds_the_pets_own_record_without_claiming_a
         note.contains("does not exist") && !note.contains("created"),
         "{note}"
     );
+    h.assert_event("StatusIdCorrected", "Warning", "ReplaceUnknownId");
     h.verify(&["StatusIdCorrected"]);
 }
 
 #[tokio::test]
 async fn an_unowned_record_named_for_adoption_is_claimed_and_kept_in_line() {
     let h = harness();
-    let loose = h.store.insert(
-        "",
-        PetData {
-            name: "Made with grpcurl".into(),
-            ..thor_data()
-        },
-    );
-    let pet = thor()
-        .annotation(EXTERNAL_ID_ANNOTATION, &loose)
-        .finalizer();
+    let loose = h.store.insert("", PetData::named("Made with grpcurl"));
+    let pet = Pet::test()
+        .annotated(EXTERNAL_ID_ANNOTATION, &loose)
+        .finalized();
     h.expect_status_write(&pet);
     h.reconcile(&pet).await.expect("reconcile");
     assert_eq!(
@@ -744,18 +774,19 @@ async fn an_unowned_record_named_for_adoption_is_claimed_and_kept_in_line() {
         ]
     );
     let record = h.store.record(&loose).expect("record");
-    assert_eq!((record.key.as_str(), record.data), (UID, thor_data()));
+    assert_eq!((record.key.as_str(), record.data), (UID, PetData::test()));
     assert_eq!(h.api.status_patches()[0]["id"], loose.as_str());
+    h.assert_event("Adopted", "Normal", "AdoptNamedRecord");
     h.verify(&["Adopted"]);
 }
 
 #[tokio::test]
 async fn a_record_owned_by_another_pet_is_never_taken() {
     let h = harness();
-    let theirs = h.store.insert(OTHER_UID, thor_data());
-    let pet = thor()
-        .annotation(EXTERNAL_ID_ANNOTATION, &theirs)
-        .finalizer();
+    let theirs = h.store.insert(OTHER_UID, PetData::test());
+    let pet = Pet::test()
+        .annotated(EXTERNAL_ID_ANNOTATION, &theirs)
+        .finalized();
     h.expect_status_write(&pet);
     h.reconcile(&pet).await.expect("reconcile");
     assert!(store_writes(&h.store).is_empty(), "{:?}", h.store.calls());
@@ -763,18 +794,19 @@ async fn a_record_owned_by_another_pet_is_never_taken() {
     let status = &h.api.status_patches()[0];
     assert_eq!(condition(status, "Ready").1, "RecordOwnedElsewhere");
     assert!(status["id"].is_null(), "no ID claimed: {status}");
+    h.assert_event("RecordOwnedElsewhere", "Warning", "Reconcile");
     h.verify(&["RecordOwnedElsewhere"]);
 }
 
 #[tokio::test]
 async fn losing_an_adoption_race_touches_nothing() {
     let h = harness();
-    let loose = h.store.insert("", thor_data());
+    let loose = h.store.insert("", PetData::test());
     // Between our observation and our compare-and-set, another Pet wins.
     h.store.rekey_before_next_set_key(OTHER_UID);
-    let pet = thor()
-        .annotation(EXTERNAL_ID_ANNOTATION, &loose)
-        .finalizer();
+    let pet = Pet::test()
+        .annotated(EXTERNAL_ID_ANNOTATION, &loose)
+        .finalized();
     h.expect_status_write(&pet);
     h.reconcile(&pet).await.expect("reconcile");
     assert_eq!(
@@ -794,7 +826,7 @@ async fn losing_an_adoption_race_touches_nothing() {
 async fn a_store_without_the_extensions_gets_its_own_reason_and_orphan_still_releases() {
     let h = harness();
     h.store.set_without_extensions(true);
-    let pet = thor().finalizer();
+    let pet = Pet::test().finalized();
     h.expect_status_write(&pet);
     let err = h.reconcile(&pet).await.expect_err("retried with backoff");
     assert_eq!(err.reason(), Reason::StoreLacksExtensions);
@@ -806,7 +838,7 @@ async fn a_store_without_the_extensions_gets_its_own_reason_and_orphan_still_rel
     // Deleting with Delete waits and says how to let go: Orphan.
     let h = harness();
     h.store.set_without_extensions(true);
-    let pet = thor().finalizer().status_id("old-id").deleting();
+    let pet = Pet::test().finalized().with_status_id("old-id").deleted();
     h.expect_status_write(&pet);
     h.reconcile(&pet).await.expect_err("deletion waits");
     let (_, _, message) = condition(&h.api.status_patches()[0], "Synced");
@@ -816,12 +848,12 @@ async fn a_store_without_the_extensions_gets_its_own_reason_and_orphan_still_rel
     // Orphan lets the Pet go.
     let h = harness();
     h.store.set_without_extensions(true);
-    let pet = thor()
-        .deletion_policy("Orphan")
-        .status_id("old-id")
-        .deleting();
+    let pet = Pet::test()
+        .with_deletion_policy(DeletionPolicy::Orphan)
+        .with_status_id("old-id")
+        .deleted();
     h.expect_finalizer_write(&pet);
-    h.reconcile(&pet.clone().finalizer())
+    h.reconcile(&pet.clone().finalized())
         .await
         .expect("released");
     assert!(h.event_note("Orphaned").contains("old-id"));
@@ -831,14 +863,14 @@ async fn a_store_without_the_extensions_gets_its_own_reason_and_orphan_still_rel
 #[tokio::test]
 async fn the_reconcile_after_our_own_status_write_skips_the_store() {
     let h = harness();
-    let pet = thor().finalizer();
+    let pet = Pet::test().finalized();
     h.expect_status_write(&pet);
     h.reconcile(&pet).await.expect("create");
     let synced = h.api.status_patches().pop().expect("status");
     let calls_after_create = h.store.calls().len();
 
     // The watch event of that status write triggers another reconcile.
-    let updated = thor().finalizer().status(synced);
+    let updated = Pet::test().finalized().with_status(synced);
     let action = h.reconcile(&updated).await.expect("reconcile");
     assert_eq!(h.store.calls().len(), calls_after_create, "no store call");
     assert!(
@@ -847,14 +879,14 @@ async fn the_reconcile_after_our_own_status_write_skips_the_store() {
     );
 
     // A Pet re-created under the same name (a new UID) is synced at once.
-    let recreated = thor().finalizer().uid("a-new-uid");
+    let recreated = Pet::test().finalized().with_uid("a-new-uid");
     h.expect_status_write(&recreated);
     h.reconcile(&recreated).await.expect("reconcile");
     assert!(h.store.calls().len() > calls_after_create);
     let calls_now = h.store.calls().len();
 
     // So is a new generation.
-    let edited = updated.generation(2);
+    let edited = updated.with_generation(2);
     h.expect_status_write(&edited);
     h.reconcile(&edited).await.expect("reconcile");
     assert!(h.store.calls().len() > calls_now);
@@ -864,30 +896,30 @@ async fn the_reconcile_after_our_own_status_write_skips_the_store() {
 #[tokio::test]
 async fn the_watch_events_of_our_own_writes_are_not_reconciled_again() {
     let h = harness();
-    let pet = thor().finalizer();
-    assert!(h.ctx.needs_reconcile(&pet.pet()), "a new Pet");
+    let pet = Pet::test().finalized();
+    assert!(h.ctx.needs_reconcile(&pet), "a new Pet");
     h.expect_status_write(&pet);
     h.reconcile(&pet).await.expect("create");
-    let written = pet.clone().status_id("id-1");
+    let written = pet.clone().with_status_id("id-1");
     assert!(
-        !h.ctx.needs_reconcile(&written.pet()),
+        !h.ctx.needs_reconcile(&written),
         "the event of our own status write"
     );
     assert!(
-        h.ctx.needs_reconcile(&written.clone().generation(2).pet()),
+        h.ctx.needs_reconcile(&written.clone().with_generation(2)),
         "a new generation"
     );
     assert!(
-        h.ctx.needs_reconcile(&written.clone().deleting().pet()),
+        h.ctx.needs_reconcile(&written.clone().deleted()),
         "deletion"
     );
     assert!(
         h.ctx
-            .needs_reconcile(&written.clone().annotation(PAUSED_ANNOTATION, "true").pet()),
+            .needs_reconcile(&written.clone().annotated(PAUSED_ANNOTATION, "true")),
         "pausing"
     );
     assert!(
-        h.ctx.needs_reconcile(&written.clone().uid(OTHER_UID).pet()),
+        h.ctx.needs_reconcile(&written.clone().with_uid(OTHER_UID)),
         "another Pet of the same name"
     );
     h.verify(&["Created"]);
@@ -896,17 +928,11 @@ async fn the_watch_events_of_our_own_writes_are_not_reconciled_again() {
 #[tokio::test]
 async fn a_misspelled_deletion_policy_on_a_live_pet_is_shown_while_the_record_is_kept_in_line() {
     let h = harness();
-    let id = h.store.insert(
-        UID,
-        PetData {
-            name: "Drifted".into(),
-            ..thor_data()
-        },
-    );
-    let pet = thor()
-        .annotation(DELETION_POLICY_ANNOTATION, "Orhpan")
-        .finalizer()
-        .status_id(&id);
+    let id = h.store.insert(UID, PetData::named("Drifted"));
+    let pet = Pet::test()
+        .annotated(DELETION_POLICY_ANNOTATION, "Orhpan")
+        .finalized()
+        .with_status_id(&id);
     h.expect_status_write(&pet);
     h.reconcile(&pet).await.expect("reconcile");
     assert_eq!(store_writes(&h.store), [format!("update:{id}")]);
@@ -925,7 +951,7 @@ async fn a_misspelled_deletion_policy_on_a_live_pet_is_shown_while_the_record_is
 /// create says whether the key already named a record.
 async fn harness_after_a_create() -> Harness {
     let h = harness();
-    let first = thor().uid("first-uid").finalizer();
+    let first = Pet::test().with_uid("first-uid").finalized();
     h.expect_status_write(&first);
     h.reconcile(&first).await.expect("first create");
     assert_eq!(
@@ -939,14 +965,14 @@ async fn harness_after_a_create() -> Harness {
 #[tokio::test]
 async fn once_the_store_says_what_a_create_found_a_new_pet_is_created_without_a_read() {
     let h = harness_after_a_create().await;
-    let pet = thor().finalizer();
+    let pet = Pet::test().finalized();
     h.expect_status_write(&pet);
     h.reconcile(&pet).await.expect("create");
     assert_eq!(h.store.calls()[2..], [format!("create:{UID}")]);
     let status = h.api.status_patches().pop().expect("status");
     assert_eq!(status["id"], "id-2");
     assert_eq!(condition(&status, "Ready").1, "Available");
-    let created: Vec<String> = h.api.events().into_iter().map(|e| e.2).collect();
+    let created: Vec<String> = h.api.events().into_iter().map(|e| e.note).collect();
     assert!(created[1].contains("id-2"), "{created:?}");
     h.verify(&["Created", "Created"]);
 }
@@ -956,14 +982,10 @@ async fn a_create_that_finds_the_record_of_an_interrupted_create_reads_it_and_br
     // A create whose ID never reached status left a record under the UID,
     // with the spec of the time.
     let h = harness_after_a_create().await;
-    let left = h.store.insert(
-        UID,
-        PetData {
-            name: "Thor, as first written".into(),
-            ..thor_data()
-        },
-    );
-    let pet = thor().finalizer();
+    let left = h
+        .store
+        .insert(UID, PetData::named("Thor, as first written"));
+    let pet = Pet::test().finalized();
     h.expect_status_write(&pet);
     h.reconcile(&pet).await.expect("reconcile");
     assert_eq!(
@@ -974,7 +996,7 @@ async fn a_create_that_finds_the_record_of_an_interrupted_create_reads_it_and_br
             format!("update:{left}")
         ]
     );
-    assert_eq!(h.store.record(&left).expect("record").data, thor_data());
+    assert_eq!(h.store.record(&left).expect("record").data, PetData::test());
     assert_eq!(h.store.records().len(), 2, "nothing created twice");
     assert_eq!(h.api.status_patches()[1]["id"], left.as_str());
     h.verify(&["Created", "Adopted"]);
@@ -985,7 +1007,7 @@ async fn a_store_that_stops_saying_what_a_create_found_is_read_first_again() {
     // The store is replaced by one that ignores keys (the original store).
     let h = harness_after_a_create().await;
     h.store.set_without_extensions(true);
-    let pet = thor().finalizer();
+    let pet = Pet::test().finalized();
     h.expect_status_write(&pet);
     let err = h.reconcile(&pet).await.expect_err("held");
     assert_eq!(err.reason(), Reason::StoreLacksExtensions);
@@ -995,7 +1017,7 @@ async fn a_store_that_stops_saying_what_a_create_found_is_read_first_again() {
     );
 
     // From now on nothing is created before a read, which this store refuses.
-    let other = thor().uid(OTHER_UID).finalizer();
+    let other = Pet::test().with_uid(OTHER_UID).finalized();
     h.expect_status_write(&other);
     h.reconcile(&other).await.expect_err("held");
     assert_eq!(h.store.calls()[4..], [format!("observe:-:{OTHER_UID}")]);

@@ -2,34 +2,16 @@
 //! each case has a name, the facts, what the store shows, and the one
 //! expected step or plan.
 
-use chrono::NaiveDate;
-
 use super::*;
-use crate::crd::PetKind;
 
 const UID: &str = "uid-thor";
 const OTHER_UID: &str = "uid-loki";
-
-fn thor() -> PetData {
-    PetData {
-        name: "Thor".into(),
-        kind: PetKind::Dog,
-        birthday: NaiveDate::from_ymd_opt(2021, 4, 1).expect("date"),
-    }
-}
-
-fn renamed() -> PetData {
-    PetData {
-        name: "Thorbert".into(),
-        ..thor()
-    }
-}
 
 /// A live Pet with its finalizer, nothing else set.
 fn facts() -> Facts {
     Facts {
         uid: UID.into(),
-        desired: thor(),
+        desired: PetData::test(),
         deleting: false,
         has_finalizer: true,
         paused: Setting::Valid(false),
@@ -110,7 +92,7 @@ fn found(by_id: Option<Record>, by_key: Option<Record>) -> Observation {
 }
 
 fn mine(id: &str) -> Option<Record> {
-    Some(record(id, UID, thor()))
+    Some(record(id, UID, PetData::test()))
 }
 
 fn sync(target: Target, claim: bool, update: bool, story: Story) -> Plan {
@@ -293,7 +275,7 @@ fn after_create_table() {
             facts(),
             Created::New("n".into()),
             Some(Sync {
-                target: Target::Created("n".into()),
+                target: existing("n"),
                 claim: false,
                 update: false,
                 story: Story::Created,
@@ -305,7 +287,7 @@ fn after_create_table() {
             facts().policy_typo(),
             Created::New("n".into()),
             Some(Sync {
-                target: Target::Created("n".into()),
+                target: existing("n"),
                 claim: false,
                 update: false,
                 story: Story::Created,
@@ -348,7 +330,7 @@ fn decide_table() {
         ),
         (
             "found by UID and drifted: adopt and update",
-            facts().wanting(renamed()),
+            facts().wanting(PetData::named("Thorbert")),
             found(None, mine("a")),
             Ok(sync(existing("a"), false, true, Story::FoundByKey)),
         ),
@@ -360,7 +342,7 @@ fn decide_table() {
         ),
         (
             "this Pet's record drifted: update the same ID",
-            facts().status_id("a").wanting(renamed()),
+            facts().status_id("a").wanting(PetData::named("Thorbert")),
             found(mine("a"), mine("a")),
             Ok(sync(existing("a"), false, true, Story::Updated)),
         ),
@@ -381,7 +363,10 @@ fn decide_table() {
         (
             "status.id names another Pet's record: use our own, touch theirs never",
             facts().status_id("alpha"),
-            found(Some(record("alpha", OTHER_UID, thor())), mine("beta")),
+            found(
+                Some(record("alpha", OTHER_UID, PetData::test())),
+                mine("beta"),
+            ),
             Ok(sync(
                 existing("beta"),
                 false,
@@ -395,8 +380,13 @@ fn decide_table() {
         ),
         (
             "status.id names another Pet's record and ours drifted: update ours only",
-            facts().status_id("alpha").wanting(renamed()),
-            found(Some(record("alpha", OTHER_UID, thor())), mine("beta")),
+            facts()
+                .status_id("alpha")
+                .wanting(PetData::named("Thorbert")),
+            found(
+                Some(record("alpha", OTHER_UID, PetData::test())),
+                mine("beta"),
+            ),
             Ok(sync(
                 existing("beta"),
                 false,
@@ -411,7 +401,7 @@ fn decide_table() {
         (
             "status.id names an unowned record: it is not ours without adoption",
             facts().status_id("loose"),
-            found(Some(record("loose", "", thor())), None),
+            found(Some(record("loose", "", PetData::test())), None),
             Ok(sync(
                 Target::Create,
                 false,
@@ -441,8 +431,8 @@ fn decide_table() {
         // Explicit adoption.
         (
             "an unowned record named for adoption is claimed and kept in line",
-            facts().external_id("x").wanting(renamed()),
-            found(Some(record("x", "", thor())), None),
+            facts().external_id("x").wanting(PetData::named("Thorbert")),
+            found(Some(record("x", "", PetData::test())), None),
             Ok(sync(existing("x"), true, true, Story::Adopted)),
         ),
         (
@@ -460,7 +450,7 @@ fn decide_table() {
         (
             "a record owned by another Pet is never taken",
             facts().external_id("x"),
-            found(Some(record("x", OTHER_UID, thor())), None),
+            found(Some(record("x", OTHER_UID, PetData::test())), None),
             Err(Reason::RecordOwnedElsewhere),
         ),
         (
@@ -472,7 +462,7 @@ fn decide_table() {
         (
             "a Pet that already owns a record cannot adopt a second one",
             facts().external_id("x").status_id("a"),
-            found(Some(record("x", "", thor())), mine("a")),
+            found(Some(record("x", "", PetData::test())), mine("a")),
             Err(Reason::AdoptionConflict),
         ),
         // Deletion.
@@ -513,7 +503,7 @@ fn decide_table() {
         (
             "orphan retried after the release: nothing to release, the Event still names it",
             facts().deleting().orphan().status_id("a"),
-            found(Some(record("a", "", thor())), None),
+            found(Some(record("a", "", PetData::test())), None),
             Ok(Plan::Finish(Finish {
                 release: None,
                 delete: None,
@@ -525,7 +515,7 @@ fn decide_table() {
         (
             "orphan with status.id naming another's record: release and name nothing",
             facts().deleting().orphan().status_id("alpha"),
-            found(Some(record("alpha", OTHER_UID, thor())), None),
+            found(Some(record("alpha", OTHER_UID, PetData::test())), None),
             Ok(Plan::Finish(Finish {
                 release: None,
                 delete: None,
@@ -535,7 +525,7 @@ fn decide_table() {
         (
             "delete with status.id naming another Pet's record: delete nothing",
             facts().deleting().status_id("alpha"),
-            found(Some(record("alpha", OTHER_UID, thor())), None),
+            found(Some(record("alpha", OTHER_UID, PetData::test())), None),
             Ok(Plan::Finish(Finish {
                 release: None,
                 delete: None,
@@ -547,7 +537,7 @@ fn decide_table() {
             "without GetPets a live Pet says the store lacks extensions",
             facts().status_id("a"),
             Observation::StoreLacks {
-                rpc: "petstore.PetStore/GetPets",
+                missing: Operation::Observe,
             },
             Err(Reason::StoreLacksExtensions),
         ),
@@ -555,7 +545,7 @@ fn decide_table() {
             "without GetPets deletion cannot find the record, and says so",
             facts().deleting(),
             Observation::StoreLacks {
-                rpc: "petstore.PetStore/GetPets",
+                missing: Operation::Observe,
             },
             Err(Reason::StoreLacksExtensions),
         ),
@@ -563,14 +553,14 @@ fn decide_table() {
             "without GetPets an Orphan deletion still releases the Pet",
             facts().deleting().orphan().status_id("a"),
             Observation::StoreLacks {
-                rpc: "petstore.PetStore/GetPets",
+                missing: Operation::Observe,
             },
             Ok(Plan::Finish(Finish {
                 release: None,
                 delete: None,
                 story: Story::OrphanedUnkeyed {
                     status_id: Some("a".into()),
-                    rpc: "petstore.PetStore/GetPets",
+                    missing: Operation::Observe,
                 },
             })),
         ),

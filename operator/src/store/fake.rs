@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use super::{Created, Lookup, PetData, PetStore, Record, StoreError};
+use super::{Created, Lookup, Operation, PetData, PetStore, Record, StoreError};
 
 #[derive(Default)]
 pub struct FakeStore {
@@ -81,13 +81,6 @@ impl FakeStore {
         self.state().add(key, data)
     }
 
-    /// Changes a record's key behind the operator's back (another writer).
-    pub fn rekey(&self, id: &str, key: &str) {
-        if let Some((k, _)) = self.state().records.get_mut(id) {
-            *k = key.to_owned();
-        }
-    }
-
     pub fn set_unavailable(&self, unavailable: bool) {
         self.state().unavailable = unavailable;
     }
@@ -111,12 +104,16 @@ impl FakeStore {
         self.state().without_extensions = without;
     }
 
-    fn enter(&self, call: String) -> Result<std::sync::MutexGuard<'_, State>, StoreError> {
+    fn enter(
+        &self,
+        operation: Operation,
+        call: String,
+    ) -> Result<std::sync::MutexGuard<'_, State>, StoreError> {
         let mut state = self.state();
         state.calls.push(call);
         if state.unavailable {
             return Err(StoreError::Unavailable {
-                operation: "fake",
+                operation,
                 message: "connection refused".into(),
             });
         }
@@ -127,10 +124,13 @@ impl FakeStore {
 #[tonic::async_trait]
 impl PetStore for FakeStore {
     async fn observe(&self, id: Option<&str>, key: &str) -> Result<Lookup, StoreError> {
-        let state = self.enter(format!("observe:{}:{key}", id.unwrap_or("-")))?;
+        let state = self.enter(
+            Operation::Observe,
+            format!("observe:{}:{key}", id.unwrap_or("-")),
+        )?;
         if state.without_extensions {
             return Err(StoreError::Unimplemented {
-                rpc: "petstore.PetStore/GetPets",
+                operation: Operation::Observe,
             });
         }
         Ok(Lookup {
@@ -140,10 +140,10 @@ impl PetStore for FakeStore {
     }
 
     async fn create(&self, key: &str, pet: &PetData) -> Result<Created, StoreError> {
-        let mut state = self.enter(format!("create:{key}"))?;
+        let mut state = self.enter(Operation::Create, format!("create:{key}"))?;
         if state.reject_creates {
             return Err(StoreError::Rejected {
-                operation: "create",
+                operation: Operation::Create,
                 message: "pets[0].name: rejected by the fake".into(),
             });
         }
@@ -158,7 +158,7 @@ impl PetStore for FakeStore {
     }
 
     async fn update(&self, id: &str, pet: &PetData) -> Result<(), StoreError> {
-        let mut state = self.enter(format!("update:{id}"))?;
+        let mut state = self.enter(Operation::Update, format!("update:{id}"))?;
         if std::mem::take(&mut state.vanish_before_update) {
             state.records.remove(id);
         }
@@ -172,16 +172,16 @@ impl PetStore for FakeStore {
     }
 
     async fn delete(&self, id: &str) -> Result<(), StoreError> {
-        let mut state = self.enter(format!("delete:{id}"))?;
+        let mut state = self.enter(Operation::Delete, format!("delete:{id}"))?;
         state.records.remove(id);
         Ok(())
     }
 
     async fn set_key(&self, id: &str, expected: &str, new: &str) -> Result<(), StoreError> {
-        let mut state = self.enter(format!("set_key:{id}:{expected}->{new}"))?;
+        let mut state = self.enter(Operation::SetKey, format!("set_key:{id}:{expected}->{new}"))?;
         if state.without_extensions {
             return Err(StoreError::Unimplemented {
-                rpc: "petstore.PetStore/SetIdempotencyKeys",
+                operation: Operation::SetKey,
             });
         }
         if let Some(key) = state.rekey_before_set_key.take()

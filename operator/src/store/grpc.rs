@@ -11,7 +11,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 use tonic::{Code, Status};
 
 use super::mapping::{from_proto, to_proto};
-use super::{Created, Lookup, PetData, PetStore, Record, StoreError};
+use super::{Created, Lookup, Operation, PetData, PetStore, Record, StoreError};
 use crate::metrics::Metrics;
 
 #[derive(Clone)]
@@ -111,7 +111,7 @@ impl GrpcPetStore {
     }
 
     /// Runs one RPC, recording its latency and outcome.
-    async fn call<T, F>(&self, method: &'static str, rpc: F) -> Result<T, Status>
+    async fn call<T, F>(&self, operation: Operation, rpc: F) -> Result<T, Status>
     where
         F: AsyncFnOnce(PetStoreClient<Channel>) -> Result<tonic::Response<T>, Status>,
     {
@@ -122,11 +122,11 @@ impl GrpcPetStore {
             Err(status) => code_label(status.code()),
         };
         self.metrics
-            .observe_store_call(method, outcome, started.elapsed());
+            .observe_store_call(operation, outcome, started.elapsed());
         result.map(tonic::Response::into_inner)
     }
 
-    fn record(operation: &'static str, pet: &pb::Pet) -> Result<Record, StoreError> {
+    fn record(operation: Operation, pet: &pb::Pet) -> Result<Record, StoreError> {
         from_proto(pet).ok_or_else(|| StoreError::Failed {
             operation,
             message: format!("store returned an invalid pet {:?}", pet.id),
@@ -147,16 +147,14 @@ fn code_label(code: Code) -> &'static str {
     }
 }
 
-fn classify(operation: &'static str) -> impl FnOnce(Status) -> StoreError {
+fn classify(operation: Operation) -> impl FnOnce(Status) -> StoreError {
     move |status| classify_status(operation, &status)
 }
 
-fn classify_status(operation: &'static str, status: &Status) -> StoreError {
+fn classify_status(operation: Operation, status: &Status) -> StoreError {
     let message = status.message().to_owned();
     match status.code() {
-        Code::Unimplemented => StoreError::Unimplemented {
-            rpc: rpc_name(operation),
-        },
+        Code::Unimplemented => StoreError::Unimplemented { operation },
         Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => {
             StoreError::Rejected { operation, message }
         }
@@ -171,19 +169,6 @@ fn classify_status(operation: &'static str, status: &Status) -> StoreError {
     }
 }
 
-/// The RPC behind each operation, for the message about a store that lacks
-/// the extensions.
-fn rpc_name(operation: &'static str) -> &'static str {
-    match operation {
-        "observe" => "petstore.PetStore/GetPets",
-        "set key" => "petstore.PetStore/SetIdempotencyKeys",
-        "create" => "petstore.PetStore/AddPets",
-        "update" => "petstore.PetStore/UpdatePets",
-        "delete" => "petstore.PetStore/DeletePets",
-        other => other,
-    }
-}
-
 #[tonic::async_trait]
 impl PetStore for GrpcPetStore {
     async fn observe(&self, id: Option<&str>, key: &str) -> Result<Lookup, StoreError> {
@@ -192,17 +177,17 @@ impl PetStore for GrpcPetStore {
             idempotency_keys: vec![key.to_owned()],
         };
         let resp = self
-            .call("GetPets", async |mut c| c.get_pets(request).await)
+            .call(Operation::Observe, async |mut c| c.get_pets(request).await)
             .await
-            .map_err(classify("observe"))?;
+            .map_err(classify(Operation::Observe))?;
         // A record found both ways is returned once; match each by field.
         let mut lookup = Lookup::default();
         for pet in &resp.pets {
             if id == Some(pet.id.as_str()) {
-                lookup.by_id = Some(Self::record("observe", pet)?);
+                lookup.by_id = Some(Self::record(Operation::Observe, pet)?);
             }
             if pet.idempotency_key == key {
-                lookup.by_key = Some(Self::record("observe", pet)?);
+                lookup.by_key = Some(Self::record(Operation::Observe, pet)?);
             }
         }
         Ok(lookup)
@@ -213,11 +198,11 @@ impl PetStore for GrpcPetStore {
             pets: vec![to_proto("", key, pet)],
         };
         let resp = self
-            .call("AddPets", async |mut c| c.add_pets(request).await)
+            .call(Operation::Create, async |mut c| c.add_pets(request).await)
             .await
-            .map_err(classify("create"))?;
+            .map_err(classify(Operation::Create))?;
         let id = resp.ids.into_iter().next().ok_or(StoreError::Failed {
-            operation: "create",
+            operation: Operation::Create,
             message: "store returned no ID".into(),
         })?;
         // A store that predates `created` leaves it empty.
@@ -233,14 +218,16 @@ impl PetStore for GrpcPetStore {
             pets: vec![to_proto(id, "", pet)],
         };
         match self
-            .call("UpdatePets", async |mut c| c.update_pets(request).await)
+            .call(Operation::Update, async |mut c| {
+                c.update_pets(request).await
+            })
             .await
         {
             Ok(_) => Ok(()),
             Err(status) if status.code() == Code::NotFound => {
                 Err(StoreError::NotFound { id: id.to_owned() })
             }
-            Err(status) => Err(classify_status("update", &status)),
+            Err(status) => Err(classify_status(Operation::Update, &status)),
         }
     }
 
@@ -248,10 +235,12 @@ impl PetStore for GrpcPetStore {
         let request = pb::DeletePetsReq {
             ids: vec![id.to_owned()],
         };
-        self.call("DeletePets", async |mut c| c.delete_pets(request).await)
-            .await
-            .map(drop)
-            .map_err(classify("delete"))
+        self.call(Operation::Delete, async |mut c| {
+            c.delete_pets(request).await
+        })
+        .await
+        .map(drop)
+        .map_err(classify(Operation::Delete))
     }
 
     async fn set_key(&self, id: &str, expected: &str, new: &str) -> Result<(), StoreError> {
@@ -263,7 +252,7 @@ impl PetStore for GrpcPetStore {
             }],
         };
         match self
-            .call("SetIdempotencyKeys", async |mut c| {
+            .call(Operation::SetKey, async |mut c| {
                 c.set_idempotency_keys(request).await
             })
             .await
@@ -275,7 +264,7 @@ impl PetStore for GrpcPetStore {
                     id: id.to_owned(),
                     message: status.message().to_owned(),
                 },
-                _ => classify_status("set key", &status),
+                _ => classify_status(Operation::SetKey, &status),
             }),
         }
     }

@@ -1,54 +1,41 @@
-//! Conversions between the CRD's types and the store's wire types.
+//! Conversions between the CRD's types and the store's wire types. The
+//! species and date rules are the wire contract's own
+//! ([`petstore_proto::convert`]), which the store validates with too.
 
-use chrono::{Datelike, NaiveDate};
-use petstore_proto::google::r#type::Date;
-use petstore_proto::petstore::{self as pb, PetType};
+use petstore_proto::convert::Species;
+use petstore_proto::petstore as pb;
 
 use super::{PetData, Record};
 use crate::crd::PetKind;
 
-pub fn pet_type(kind: PetKind) -> PetType {
-    match kind {
-        PetKind::Dog => PetType::PtCanine,
-        PetKind::Cat => PetType::PtFeline,
-        PetKind::Bird => PetType::PtBird,
-        PetKind::Reptile => PetType::PtReptile,
+impl From<PetKind> for Species {
+    fn from(kind: PetKind) -> Species {
+        match kind {
+            PetKind::Dog => Species::Canine,
+            PetKind::Cat => Species::Feline,
+            PetKind::Bird => Species::Bird,
+            PetKind::Reptile => Species::Reptile,
+        }
     }
 }
 
-pub fn pet_kind(value: i32) -> Option<PetKind> {
-    match PetType::try_from(value).ok()? {
-        PetType::PtUnknown => None,
-        PetType::PtCanine => Some(PetKind::Dog),
-        PetType::PtFeline => Some(PetKind::Cat),
-        PetType::PtBird => Some(PetKind::Bird),
-        PetType::PtReptile => Some(PetKind::Reptile),
+impl From<Species> for PetKind {
+    fn from(species: Species) -> PetKind {
+        match species {
+            Species::Canine => PetKind::Dog,
+            Species::Feline => PetKind::Cat,
+            Species::Bird => PetKind::Bird,
+            Species::Reptile => PetKind::Reptile,
+        }
     }
-}
-
-pub fn to_date(date: NaiveDate) -> Date {
-    Date {
-        year: date.year(),
-        // month() and day() are at most 31, so the casts are lossless.
-        month: date.month() as i32,
-        day: date.day() as i32,
-    }
-}
-
-pub fn from_date(date: &Date) -> Option<NaiveDate> {
-    NaiveDate::from_ymd_opt(
-        date.year,
-        u32::try_from(date.month).ok()?,
-        u32::try_from(date.day).ok()?,
-    )
 }
 
 pub fn to_proto(id: &str, key: &str, pet: &PetData) -> pb::Pet {
     pb::Pet {
         id: id.to_owned(),
         name: pet.name.clone(),
-        r#type: pet_type(pet.kind).into(),
-        birthday: Some(to_date(pet.birthday)),
+        r#type: Species::from(pet.kind).into(),
+        birthday: Some(pet.birthday.into()),
         idempotency_key: key.to_owned(),
     }
 }
@@ -61,14 +48,18 @@ pub fn from_proto(pet: &pb::Pet) -> Option<Record> {
         key: pet.idempotency_key.clone(),
         data: PetData {
             name: pet.name.clone(),
-            kind: pet_kind(pet.r#type)?,
-            birthday: from_date(pet.birthday.as_ref()?)?,
+            kind: Species::from_wire(pet.r#type)?.into(),
+            birthday: pet.birthday.as_ref()?.to_naive().ok()?,
         },
     })
 }
 
 #[cfg(test)]
 mod tests {
+    use chrono::NaiveDate;
+    use petstore_proto::google::r#type::Date;
+    use petstore_proto::petstore::PetType;
+
     use super::*;
     use crate::crd::PetSpec;
 
@@ -81,11 +72,21 @@ mod tests {
             (PetKind::Reptile, "PTReptile"),
         ];
         for (kind, wire) in expected {
-            assert_eq!(pet_type(kind).as_str_name(), wire);
-            assert_eq!(pet_kind(pet_type(kind).into()), Some(kind));
+            assert_eq!(PetType::from(Species::from(kind)).as_str_name(), wire);
+            assert_eq!(PetKind::from(Species::from(kind)), kind);
         }
-        assert_eq!(pet_kind(PetType::PtUnknown.into()), None);
-        assert_eq!(pet_kind(99), None);
+        let data = PetData {
+            name: "x".into(),
+            kind: PetKind::Bird,
+            birthday: NaiveDate::from_ymd_opt(2020, 1, 1).expect("date"),
+        };
+        for unknown in [PetType::PtUnknown.into(), 99] {
+            let proto = pb::Pet {
+                r#type: unknown,
+                ..to_proto("id", "", &data)
+            };
+            assert!(from_proto(&proto).is_none(), "type {unknown}");
+        }
     }
 
     #[test]
@@ -96,7 +97,7 @@ mod tests {
             }))
             .expect("valid spec")
         };
-        let date = |s: &str| to_date(PetData::from(&spec(s)).birthday);
+        let date = |s: &str| Date::from(PetData::from(&spec(s)).birthday);
         let april_first = Date {
             year: 2021,
             month: 4,

@@ -1,6 +1,7 @@
 //! The external-client contract the reconciler depends on, after Crossplane's
 //! managed-resource clients: observe by ID and by idempotency key, create,
-//! update, delete, and change a record's key (ownership) atomically. [`grpc::GrpcPetStore`] is the real one; tests use a fake.
+//! update, delete, and change a record's key (ownership) atomically.
+//! [`grpc::GrpcPetStore`] is the real one; tests use a fake.
 
 pub mod grpc;
 pub mod mapping;
@@ -67,9 +68,66 @@ impl Created {
         }
     }
 
+    pub fn into_id(self) -> String {
+        match self {
+            Created::New(id) | Created::Existing(id) | Created::Unknown(id) => id,
+        }
+    }
+
     /// Whether the store said if the record already existed.
     pub fn is_known(&self) -> bool {
         !matches!(self, Created::Unknown(_))
+    }
+}
+
+/// One of the store operations below, as errors and metrics name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Operation {
+    Observe,
+    Create,
+    Update,
+    Delete,
+    SetKey,
+}
+
+impl Operation {
+    /// The word in error messages.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Operation::Observe => "observe",
+            Operation::Create => "create",
+            Operation::Update => "update",
+            Operation::Delete => "delete",
+            Operation::SetKey => "set key",
+        }
+    }
+
+    /// The method of the RPC behind it, which labels the store call metric.
+    pub const fn method(self) -> &'static str {
+        match self {
+            Operation::Observe => "GetPets",
+            Operation::Create => "AddPets",
+            Operation::Update => "UpdatePets",
+            Operation::Delete => "DeletePets",
+            Operation::SetKey => "SetIdempotencyKeys",
+        }
+    }
+
+    /// The RPC's full name, for the message about a store that lacks it.
+    pub const fn rpc(self) -> &'static str {
+        match self {
+            Operation::Observe => "petstore.PetStore/GetPets",
+            Operation::Create => "petstore.PetStore/AddPets",
+            Operation::Update => "petstore.PetStore/UpdatePets",
+            Operation::Delete => "petstore.PetStore/DeletePets",
+            Operation::SetKey => "petstore.PetStore/SetIdempotencyKeys",
+        }
+    }
+}
+
+impl std::fmt::Display for Operation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -78,14 +136,14 @@ pub enum StoreError {
     /// The store could not be reached or did not answer in time; retry later.
     #[error("pet store unavailable during {operation}: {message}")]
     Unavailable {
-        operation: &'static str,
+        operation: Operation,
         message: String,
     },
     /// The store refused the request as invalid; retrying the same spec
     /// cannot succeed.
     #[error("pet store rejected {operation}: {message}")]
     Rejected {
-        operation: &'static str,
+        operation: Operation,
         message: String,
     },
     /// The record to update does not exist (deleted meanwhile).
@@ -99,22 +157,16 @@ pub enum StoreError {
     /// original pet store has only AddPets, UpdatePets, DeletePets and
     /// SearchPets).
     #[error(
-        "the pet store does not implement {rpc}, an extension this operator needs (GetPets, SetIdempotencyKeys and AddPets with idempotency_key); run this project's petstore-server"
+        "the pet store does not implement {}, an extension this operator needs (GetPets, SetIdempotencyKeys and AddPets with idempotency_key); run this project's petstore-server",
+        .operation.rpc()
     )]
-    Unimplemented { rpc: &'static str },
+    Unimplemented { operation: Operation },
     /// Any other failure; treated as transient.
     #[error("pet store failed during {operation}: {message}")]
     Failed {
-        operation: &'static str,
+        operation: Operation,
         message: String,
     },
-}
-
-impl StoreError {
-    /// True when only a change of the Pet's spec can help.
-    pub fn is_terminal(&self) -> bool {
-        matches!(self, Self::Rejected { .. })
-    }
 }
 
 /// The operations reconciliation needs from the pet store. Every one is

@@ -1,0 +1,419 @@
+//! One reconcile of one Pet, as one object. [`Reconcile::act`] takes the
+//! decision step's first step, observes the store if it must and executes
+//! the plan: it touches only the store (and adds the finalizer, which comes
+//! before anything else). [`Reconcile::record`] then makes the ending known,
+//! in one place: the status, the finalizer's release, Events, the errors
+//! metric, the log and the Pet's memory.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use kube::api::Api;
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType};
+use kube::{Resource, ResourceExt};
+use tracing::{debug, info, warn};
+
+use super::{Context, finalizer, status_write};
+use crate::crd::Pet;
+// `Sync` would shadow the marker trait.
+use crate::decision::{
+    Facts, Finish, Next, Observation, Plan, Step, Story, Sync as SyncPlan, Target, after_create,
+    decide, first_step,
+};
+use crate::metrics::StoreAction;
+use crate::status::{self, Outcome, Reason};
+use crate::store::{Created, StoreError};
+use crate::{Error, Fault};
+
+/// Observations per reconcile: a record that vanishes before an update, or
+/// whose key changes before a compare-and-set, is observed again at once
+/// rather than after a backoff.
+const OBSERVE_ATTEMPTS: u32 = 3;
+
+pub struct Reconcile<'a> {
+    ctx: &'a Context,
+    api: Api<Pet>,
+    pet: Arc<Pet>,
+    facts: Facts,
+}
+
+/// How a reconcile ended, before [`Reconcile::record`] makes it known.
+enum Ending {
+    /// Nothing to write: look again then.
+    Quiet(Next),
+    /// The record with this ID is in line with the Pet.
+    Synced {
+        id: String,
+        sync: SyncPlan,
+    },
+    /// The store side of a deletion is done.
+    Finished(Story),
+    Problem(Problem),
+}
+
+/// A reconcile that did not bring the Pet in line: held by the decision
+/// step, or failed.
+pub struct Problem {
+    reason: Reason,
+    /// The conditions to show; `None` before the Pet may be shown anything
+    /// (its finalizer could not be written, so nothing else was done).
+    outcome: Option<Outcome>,
+    next: Next,
+    /// What failed; a hold that is retried reports [`Error::Held`].
+    error: Option<Error>,
+}
+
+impl Problem {
+    fn held(outcome: Outcome, next: Next) -> Self {
+        Self {
+            reason: outcome.synced_reason(),
+            outcome: Some(outcome),
+            next,
+            error: None,
+        }
+    }
+
+    /// A spec the store rejected waits for a change; anything else is
+    /// retried with backoff.
+    fn failed(error: Error) -> Self {
+        let reason = error.reason();
+        Self {
+            reason,
+            outcome: Some(Outcome::from_error(reason, &error.to_string())),
+            next: if reason == Reason::InvalidSpec {
+                Next::AwaitChange
+            } else {
+                Next::Retry
+            },
+            error: Some(error),
+        }
+    }
+
+    /// Failed before the Pet may be shown anything: retried, nothing written.
+    pub fn unshown(error: Error) -> Self {
+        Self {
+            reason: error.reason(),
+            outcome: None,
+            next: Next::Retry,
+            error: Some(error),
+        }
+    }
+}
+
+impl<'a> Reconcile<'a> {
+    pub fn new(pet: &Arc<Pet>, ctx: &'a Context) -> Result<Self, Error> {
+        let namespace = pet
+            .namespace()
+            .ok_or_else(|| Error::MalformedPet(pet.name_any()))?;
+        Ok(Self {
+            facts: ctx.facts(pet)?,
+            api: Api::namespaced(ctx.client.clone(), &namespace),
+            pet: Arc::clone(pet),
+            ctx,
+        })
+    }
+
+    pub async fn run(mut self) -> Result<Action, Error> {
+        let ending = self.act().await;
+        self.record(ending).await
+    }
+
+    async fn act(&mut self) -> Ending {
+        // Twice at most: once more after adding the finalizer, carrying on
+        // with the object the API server returned (see finalizer.rs).
+        for _ in 0..2 {
+            match first_step(&self.facts) {
+                Step::Wait(next) => return Ending::Quiet(next),
+                Step::Hold { outcome, next } => {
+                    return Ending::Problem(Problem::held(outcome, next));
+                }
+                Step::AddFinalizer => {
+                    let added = finalizer::add(&self.api, &self.pet).await;
+                    match added.and_then(|pet| Ok((self.ctx.facts(&pet)?, pet))) {
+                        Ok((facts, pet)) => (self.facts, self.pet) = (facts, Arc::new(pet)),
+                        Err(error) => return Ending::Problem(Problem::unshown(error)),
+                    }
+                }
+                Step::Observe { id } => return self.observe_and_execute(id.as_deref()).await,
+                Step::Create => return self.create_first().await,
+            }
+        }
+        Ending::Problem(Problem::unshown(Error::MalformedPet(self.pet.name_any())))
+    }
+
+    /// Observes the store, decides, and executes the plan. A record that
+    /// vanished or changed owner meanwhile is observed again at once.
+    async fn observe_and_execute(&self, id: Option<&str>) -> Ending {
+        let mut attempt = 1;
+        loop {
+            let result = match self.observe(id).await {
+                Ok(observation) => self.execute(decide(&self.facts, observation)).await,
+                Err(error) => Err(error),
+            };
+            match result {
+                Ok(ending) => return ending,
+                Err(Error::Store(
+                    ref error @ (StoreError::NotFound { .. } | StoreError::KeyConflict { .. }),
+                )) if attempt < OBSERVE_ATTEMPTS => {
+                    info!(%error, "the record changed since it was observed; observing again");
+                    attempt += 1;
+                }
+                Err(error) => return Ending::Problem(Problem::failed(error)),
+            }
+        }
+    }
+
+    async fn observe(&self, id: Option<&str>) -> Result<Observation, Error> {
+        match self.ctx.store.observe(id, &self.facts.uid).await {
+            Ok(lookup) => Ok(Observation::Found(lookup)),
+            Err(StoreError::Unimplemented { operation }) => {
+                Ok(Observation::StoreLacks { missing: operation })
+            }
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    async fn execute(&self, plan: Plan) -> Result<Ending, Error> {
+        debug!(?plan, "decided");
+        Ok(match plan {
+            Plan::Hold { outcome, next } => Ending::Problem(Problem::held(outcome, next)),
+            Plan::Sync(sync) => Ending::Synced {
+                id: self.sync(&sync).await?,
+                sync,
+            },
+            Plan::Finish(finish) => {
+                self.finish(&finish).await?;
+                Ending::Finished(finish.story)
+            }
+        })
+    }
+
+    /// Creates without reading first ([`Step::Create`]); reads after all
+    /// when the key already named a record.
+    async fn create_first(&self) -> Ending {
+        let created = match self.create().await {
+            Ok(created) => created,
+            Err(error) => return Ending::Problem(Problem::failed(error)),
+        };
+        let Some(sync) = after_create(&self.facts, &created) else {
+            info!(
+                id = created.id(),
+                "the Pet's UID already named a store record; reading it"
+            );
+            return self.observe_and_execute(None).await;
+        };
+        self.ctx.metrics.store_action(StoreAction::Create);
+        match self.sync(&sync).await {
+            Ok(id) => Ending::Synced { id, sync },
+            Err(error) => Ending::Problem(Problem::failed(error)),
+        }
+    }
+
+    /// Brings the record in line with the Pet; returns its ID.
+    async fn sync(&self, sync: &SyncPlan) -> Result<String, Error> {
+        let (store, metrics, uid) = (&self.ctx.store, &self.ctx.metrics, &self.facts.uid);
+        match &sync.target {
+            Target::Existing(id) => {
+                if sync.claim {
+                    store.set_key(id, "", uid).await?;
+                    metrics.store_action(StoreAction::Claim);
+                    info!(%id, "took ownership of the store record");
+                }
+                if sync.update {
+                    store.update(id, &self.facts.desired).await?;
+                    metrics.store_action(StoreAction::Update);
+                }
+                Ok(id.clone())
+            }
+            Target::Create => {
+                let id = self.create().await?.into_id();
+                metrics.store_action(match sync.story {
+                    Story::Recreated { .. } => StoreAction::Recreate,
+                    _ => StoreAction::Create,
+                });
+                Ok(id)
+            }
+        }
+    }
+
+    async fn create(&self) -> Result<Created, Error> {
+        let created = self
+            .ctx
+            .store
+            .create(&self.facts.uid, &self.facts.desired)
+            .await?;
+        self.ctx
+            .create_observes
+            .store(created.is_known(), Ordering::Relaxed);
+        let id = created.id();
+        match &created {
+            Created::Existing(_) => {
+                info!(%id, "found the store record created earlier with this Pet's UID");
+            }
+            Created::New(_) | Created::Unknown(_) => info!(%id, "created store record"),
+        }
+        if self.ctx.settings.fault == Some(Fault::HangAfterCreate) {
+            warn!(%id, pet = %self.pet.name_any(), "fault injection: hanging after create, before the ID reaches status");
+            std::future::pending::<()>().await;
+        }
+        Ok(created)
+    }
+
+    /// Deletion: deletes or releases the Pet's record.
+    async fn finish(&self, finish: &Finish) -> Result<(), Error> {
+        let (store, metrics, uid) = (&self.ctx.store, &self.ctx.metrics, &self.facts.uid);
+        if let Some(id) = &finish.release {
+            store.set_key(id, uid, "").await?;
+            metrics.store_action(StoreAction::Release);
+        }
+        if let Some(id) = &finish.delete {
+            store.delete(id).await?;
+            metrics.store_action(StoreAction::Delete);
+        }
+        Ok(())
+    }
+
+    /// Makes the ending known. A write that fails here (the status, the
+    /// finalizer's release) becomes the problem shown.
+    async fn record(&self, ending: Ending) -> Result<Action, Error> {
+        let uid = &self.facts.uid;
+        let problem = match ending {
+            Ending::Quiet(next) => {
+                if self.facts.deleting && !self.facts.has_finalizer {
+                    // Going, with no finalizer of ours to wait for.
+                    self.ctx.memory.forget(uid);
+                } else {
+                    self.ctx.memory.succeeded(uid);
+                }
+                return Ok(self.ctx.action(next, uid));
+            }
+            Ending::Synced { id, sync } => match self.record_sync(&id, &sync).await {
+                Ok(()) => return Ok(Action::requeue(self.ctx.poll_delay(uid))),
+                Err(error) => Problem::failed(error),
+            },
+            Ending::Finished(story) => match self.record_finish(&story).await {
+                Ok(()) => return Ok(Action::await_change()),
+                Err(error) => Problem::failed(error),
+            },
+            Ending::Problem(problem) => problem,
+        };
+        if let Some(outcome) = &problem.outcome {
+            if let Err(error) = self.write_status(None, outcome).await {
+                debug!(%error, "could not record the outcome in status");
+            }
+            self.warn_once(outcome);
+        }
+        count(self.ctx, &self.pet, Some(uid), problem)
+    }
+
+    /// The ID and conditions to status, then the story's Event: after the
+    /// status write, so Ready is never held up by an Event.
+    async fn record_sync(&self, id: &str, sync: &SyncPlan) -> Result<(), Error> {
+        let outcome = sync.outcome(id);
+        self.write_status(Some(id), &outcome).await?;
+        // A problem shown although the record is in line (a misspelled
+        // annotation).
+        if sync.warning.is_some() {
+            self.warn_once(&outcome);
+        }
+        self.ctx
+            .memory
+            .in_sync(&self.pet, &self.facts.uid, self.pet.metadata.generation);
+        if let Some((reason, note)) = sync.story.notice(Some(id)) {
+            if reason.is_warning() {
+                warn!(%reason, "{note}");
+            }
+            self.publish(reason, sync.story.action(), note);
+        }
+        Ok(())
+    }
+
+    /// The story's Event, then the finalizer's release. The store change is
+    /// done, so the Event is true even if the release fails and the deletion
+    /// is retried (which would find no record to tell of).
+    async fn record_finish(&self, story: &Story) -> Result<(), Error> {
+        if let Some((reason, note)) = story.notice(None) {
+            self.publish(reason, story.action(), note);
+        }
+        finalizer::remove(&self.api, &self.pet).await?;
+        self.ctx.memory.forget(&self.facts.uid);
+        Ok(())
+    }
+
+    async fn write_status(&self, id: Option<&str>, outcome: &Outcome) -> Result<(), Error> {
+        status_write::write(&self.ctx.client, &self.api, &self.pet, id, outcome).await
+    }
+
+    /// A Warning for `outcome`'s reason, unless the Pet already shows that
+    /// reason: once per change, not per retry, so a long outage does not
+    /// flood the API server.
+    fn warn_once(&self, outcome: &Outcome) {
+        let reason = outcome.synced_reason();
+        let shown = self
+            .pet
+            .condition(status::SYNCED)
+            .map(|c| c.reason.as_str());
+        if reason.is_warning() && shown != Some(reason.as_str()) {
+            self.publish(reason, "Reconcile", outcome.message.clone());
+        }
+    }
+
+    /// Queues an Event; it is written in the background (best effort).
+    fn publish(&self, reason: Reason, action: &str, note: String) {
+        let event = Event {
+            type_: if reason.is_warning() {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: reason.as_str().to_owned(),
+            note: Some(note),
+            action: action.into(),
+            secondary: None,
+        };
+        self.ctx.events.publish(event, self.pet.object_ref(&()));
+    }
+}
+
+/// Counts a problem: the errors metric for a warning, and for a failure
+/// that is retried, the Pet's failures in a row (from which
+/// [`super::error_policy`] takes the backoff) and a log line at the first
+/// failure and then at powers of two, so a long outage does not flood the
+/// log. `uid` is `None` only for a malformed Pet.
+pub fn count(
+    ctx: &Context,
+    pet: &Pet,
+    uid: Option<&str>,
+    problem: Problem,
+) -> Result<Action, Error> {
+    let Problem {
+        reason,
+        outcome,
+        next,
+        error,
+    } = problem;
+    if reason.is_warning() {
+        ctx.metrics.reconcile_failed(reason);
+    }
+    let message = outcome.map(|outcome| outcome.message).unwrap_or_default();
+    match uid {
+        Some(uid) if next != Next::Retry => {
+            if reason.is_warning() {
+                info!(%reason, %message, "not in line; waiting for a change or the next poll");
+            }
+            // Neither in sync nor failing: nothing to remember.
+            ctx.memory.forget(uid);
+            return Ok(ctx.action(next, uid));
+        }
+        _ => {}
+    }
+    let failures = uid.map_or(1, |uid| ctx.memory.failed(pet, uid));
+    let error = error.unwrap_or(Error::Held(reason, message));
+    if failures.is_power_of_two() {
+        warn!(failures, %error, "reconcile failed; retrying with backoff");
+    } else {
+        debug!(failures, %error, "reconcile failed again");
+    }
+    Err(error)
+}

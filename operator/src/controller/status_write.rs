@@ -1,0 +1,71 @@
+//! Writes a Pet's status for the outcome of a reconcile, only when it
+//! differs from what the Pet shows.
+
+use chrono::Utc;
+use kube::api::{Api, Patch, PatchParams};
+use kube::{Client, Resource, ResourceExt};
+use tracing::debug;
+
+use crate::Error;
+use crate::crd::{Pet, PetStatus};
+use crate::status::{Outcome, next_status};
+
+/// Status writes tried after a 409 before giving up (and retrying the whole
+/// reconcile with backoff, which never creates again: the create is keyed by
+/// the Pet's UID).
+const ATTEMPTS: u32 = 5;
+
+/// Writes the status for `outcome`, with `id` as the record's ID (`None`
+/// keeps the current one). On a 409 it re-reads the status and recomputes
+/// from it.
+pub async fn write(
+    client: &Client,
+    api: &Api<Pet>,
+    pet: &Pet,
+    id: Option<&str>,
+    outcome: &Outcome,
+) -> Result<(), Error> {
+    let name = pet.name_any();
+    // The generation acted upon, even if a re-read shows a newer one.
+    let generation = pet.metadata.generation;
+    let mut current = pet.status.clone();
+    let mut attempt = 1;
+    loop {
+        let next = next_status(current.as_ref(), generation, id, outcome, Utc::now());
+        if current.as_ref() == Some(&next) {
+            return Ok(());
+        }
+        match patch(client, pet, &name, &next).await {
+            Ok(()) => return Ok(()),
+            Err(kube::Error::Api(status)) if status.is_conflict() && attempt < ATTEMPTS => {
+                debug!(attempt, "status write conflicted; re-reading the Pet");
+                attempt += 1;
+                current = api
+                    .get_status(&name)
+                    .await
+                    .map_err(|source| Error::WriteStatus {
+                        name: name.clone(),
+                        source,
+                    })?
+                    .status;
+            }
+            Err(source) => return Err(Error::WriteStatus { name, source }),
+        }
+    }
+}
+
+/// Merge-patches the Pet's status. The reply (the whole Pet, managedFields
+/// and all) is not decoded: nothing reads it, and the watch brings the same
+/// object to the cache anyway. Errors, a 409 among them, are kube's as usual.
+async fn patch(
+    client: &Client,
+    pet: &Pet,
+    name: &str,
+    status: &PetStatus,
+) -> Result<(), kube::Error> {
+    let patch = Patch::Merge(serde_json::json!({ "status": status }));
+    let request = kube::core::Request::new(Pet::url_path(&(), pet.namespace().as_deref()))
+        .patch_subresource("status", name, &PatchParams::default(), &patch)
+        .map_err(kube::Error::BuildRequest)?;
+    client.request_text(request).await.map(drop)
+}

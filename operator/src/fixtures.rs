@@ -1,0 +1,108 @@
+//! Test fixtures, after controller-rs's `Document::test()`: a Pet as the API
+//! server returns it, changed by name (`Pet::test().finalized().deleted()`)
+//! rather than built from positional flags.
+
+use chrono::NaiveDate;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::core::ObjectMeta;
+use serde_json::Value;
+
+use crate::crd::{DeletionPolicy, FINALIZER, Pet, PetKind, PetSpec, PetStatus};
+use crate::store::PetData;
+
+pub const UID: &str = "8d3c7c51-uid";
+
+impl Pet {
+    /// Thor, a dog, just created in namespace `default`: generation 1, no
+    /// finalizer, no status.
+    pub fn test() -> Pet {
+        let spec: PetSpec = serde_json::from_value(serde_json::json!({
+            "name": "Thor", "type": "dog", "birthday": "2021-04-01T00:00:00Z",
+        }))
+        .expect("a valid spec");
+        let mut pet = Pet::new("thor", spec);
+        pet.metadata = ObjectMeta {
+            name: Some("thor".into()),
+            namespace: Some("default".into()),
+            uid: Some(UID.into()),
+            generation: Some(1),
+            resource_version: Some("1".into()),
+            ..ObjectMeta::default()
+        };
+        pet
+    }
+
+    /// With our finalizer.
+    pub fn finalized(mut self) -> Self {
+        self.metadata.finalizers = Some(vec![FINALIZER.into()]);
+        self
+    }
+
+    /// Being deleted.
+    pub fn deleted(mut self) -> Self {
+        let at = "2026-01-01T00:00:00Z".parse().expect("a timestamp");
+        self.metadata.deletion_timestamp = Some(Time(at));
+        self
+    }
+
+    /// Another Pet of the same name.
+    pub fn with_uid(mut self, uid: &str) -> Self {
+        self.metadata.uid = Some(uid.into());
+        self
+    }
+
+    pub fn with_generation(mut self, generation: i64) -> Self {
+        self.metadata.generation = Some(generation);
+        self
+    }
+
+    pub fn annotated(mut self, key: &str, value: &str) -> Self {
+        self.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(key.into(), value.into());
+        self
+    }
+
+    pub fn with_deletion_policy(mut self, policy: DeletionPolicy) -> Self {
+        self.spec.deletion_policy = Some(policy);
+        self
+    }
+
+    /// With this record ID in its status, and nothing else there.
+    pub fn with_status_id(mut self, id: &str) -> Self {
+        self.status.get_or_insert_default().id = Some(id.into());
+        self
+    }
+
+    /// With the status the operator wrote (as the API server saw it).
+    pub fn with_status(mut self, status: Value) -> Self {
+        let status: PetStatus = serde_json::from_value(status).expect("a valid status");
+        self.status = Some(status);
+        self
+    }
+
+    /// As the API server sends it.
+    pub fn json(&self) -> Value {
+        serde_json::to_value(self).expect("a Pet serialises")
+    }
+}
+
+impl PetData {
+    /// Thor's data, as `Pet::test()` describes it.
+    pub fn test() -> PetData {
+        PetData {
+            name: "Thor".into(),
+            kind: PetKind::Dog,
+            birthday: NaiveDate::from_ymd_opt(2021, 4, 1).expect("a date"),
+        }
+    }
+
+    /// Thor's data under another name (changed out of band, or a new spec).
+    pub fn named(name: &str) -> PetData {
+        PetData {
+            name: name.into(),
+            ..PetData::test()
+        }
+    }
+}
