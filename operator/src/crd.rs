@@ -1,5 +1,5 @@
 //! The `Pet` custom resource, `petstore.example.com/v1alpha1`. The CRD YAML in
-//! `config/crd/` is generated from these types by the `crdgen` binary.
+//! `config/crd/` is generated from these types by `cargo xtask crdgen`.
 
 // Each printcolumn(...) repeats `type_ = "string"`, which this lint mistakes
 // for a duplicated attribute.
