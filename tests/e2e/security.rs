@@ -43,11 +43,8 @@ fn operator_and_store_speak_mutual_tls_and_strangers_are_refused() -> fixtures::
         .is_err()
     );
     // A client certificate from another CA is refused.
-    let stranger = fixtures::certs::Pki::create(&{
-        let dir = env.cp.dir().join("stranger");
-        std::fs::create_dir_all(&dir).expect("stranger dir");
-        dir
-    })?;
+    let stranger = fixtures::certs::Pki::create(&env.cp.dir().join("stranger"), "stranger", &[])?;
+    let (stranger_cert, stranger_key) = stranger.issue_client("stranger")?;
     assert!(
         grpcurl_with(
             &[
@@ -56,9 +53,9 @@ fn operator_and_store_speak_mutual_tls_and_strangers_are_refused() -> fixtures::
                 "-cacert".as_ref(),
                 tls.ca.as_os_str(),
                 "-cert".as_ref(),
-                stranger.admin_cert.as_os_str(),
+                stranger_cert.as_os_str(),
                 "-key".as_ref(),
-                stranger.admin_key.as_os_str(),
+                stranger_key.as_os_str(),
             ],
             &env.store.addr,
             search,
