@@ -348,8 +348,9 @@ impl Soak<'_> {
 
     /// `None` once everything is converged, else what is still wrong.
     fn violations(&self) -> Option<String> {
-        let pets: Value = match self.env.cp.kubectl(&["get", "pets", "-A", "-o", "json"]) {
-            Ok(out) => serde_json::from_str(&out).ok()?,
+        // An answer that cannot be read is not convergence.
+        let pets = match self.env.cp.kubectl_json(&["get", "pets", "-A"]) {
+            Ok(pets) => pets,
             Err(err) => return Some(format!("listing pets: {err}")),
         };
         let records = match self.env.store.all_pets() {
@@ -515,9 +516,7 @@ pub fn run_soak(config: SoakConfig) -> Result<SoakReport> {
         .iter()
         .filter(|r| r["idempotencyKey"].as_str().unwrap_or_default().is_empty())
         .count();
-    let pets: Value =
-        serde_json::from_str(&soak.env.cp.kubectl(&["get", "pets", "-A", "-o", "json"])?)
-            .unwrap_or_default();
+    let pets = soak.env.cp.kubectl_json(&["get", "pets", "-A"])?;
     soak.report.live_pets = pets["items"].as_array().map_or(0, Vec::len);
     soak.report.total = started.elapsed();
     Ok(std::mem::take(&mut soak.report))

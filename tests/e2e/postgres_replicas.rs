@@ -32,14 +32,7 @@ fn burst(range: std::ops::Range<usize>) -> String {
 }
 
 fn pets(env: &Env) -> fixtures::Result<Vec<Value>> {
-    let out = env
-        .cp
-        .kubectl(&["get", "pets", "-n", "default", "-o", "json"])?;
-    let list: Value = serde_json::from_str(&out).map_err(|e| fixtures::Error::Command {
-        command: "kubectl get pets".into(),
-        status: "unparsable".into(),
-        stderr: e.to_string(),
-    })?;
+    let list = env.cp.kubectl_json(&["get", "pets", "-n", "default"])?;
     Ok(list["items"].as_array().cloned().unwrap_or_default())
 }
 
@@ -223,20 +216,7 @@ fn postgres_overlay_installs_two_replicas_with_a_budget() -> fixtures::Result<()
         "{applied}"
     );
     assert!(!applied.contains("persistentvolumeclaim"), "{applied}");
-    let deployment: Value = serde_json::from_str(&cp.kubectl(&[
-        "get",
-        "deployment",
-        "petstore",
-        "-n",
-        "petstore",
-        "-o",
-        "json",
-    ])?)
-    .map_err(|e| fixtures::Error::Command {
-        command: "kubectl get deployment".into(),
-        status: "unparsable".into(),
-        stderr: e.to_string(),
-    })?;
+    let deployment = cp.kubectl_json(&["get", "deployment", "petstore", "-n", "petstore"])?;
     assert_eq!(deployment["spec"]["replicas"], 2);
     assert_eq!(deployment["spec"]["strategy"]["type"], "RollingUpdate");
     let pod = &deployment["spec"]["template"]["spec"];
