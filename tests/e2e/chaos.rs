@@ -218,20 +218,6 @@ impl Soak<'_> {
         self.count("create", result);
     }
 
-    fn patch_spec(&self, namespace: &str, name: &str, spec: &str) -> Result<String> {
-        let patch = format!(r#"{{"spec":{spec}}}"#);
-        self.env.cp.kubectl(&[
-            "patch",
-            "pet",
-            name,
-            "-n",
-            namespace,
-            "--type=merge",
-            "-p",
-            &patch,
-        ])
-    }
-
     fn operation(&mut self) {
         let roll = self.rng.u32(..100);
         let Some((namespace, name)) = self.random_pet() else {
@@ -242,12 +228,14 @@ impl Soak<'_> {
             0..32 => self.create(1),
             32..57 => {
                 let spec = format!(r#"{{"name":"Renamed {}"}}"#, self.rng.u32(..1_000_000));
-                let result = self.patch_spec(&namespace, &name, &spec);
+                let result = self.env.patch_spec(&namespace, &name, &spec);
                 self.count("rename", result);
             }
             57..72 => {
                 let kind = KINDS[self.rng.usize(..KINDS.len())];
-                let result = self.patch_spec(&namespace, &name, &format!(r#"{{"type":"{kind}"}}"#));
+                let result =
+                    self.env
+                        .patch_spec(&namespace, &name, &format!(r#"{{"type":"{kind}"}}"#));
                 self.count("type change", result);
             }
             72..85 => {

@@ -6,7 +6,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use fixtures::env::{OPERATOR_ACCOUNT, OPERATOR_NAMESPACE, install_crd_and_rbac, is_ready};
+use fixtures::env::{
+    OPERATOR_ACCOUNT, OPERATOR_NAMESPACE, create_config_namespaces, install_crd_and_rbac, is_ready,
+};
 use fixtures::forwarder::Forwarder;
 use fixtures::petstore::grpcurl;
 use fixtures::postgres::Postgres;
@@ -192,14 +194,7 @@ fn kill_9_of_one_replica_during_a_burst_loses_and_duplicates_nothing() -> fixtur
 fn postgres_overlay_installs_two_replicas_with_a_budget() -> fixtures::Result<()> {
     let cp = ControlPlane::start()?;
     let overlay = fixtures::repo_root().join("config/overlays/postgres");
-    let config = fixtures::repo_root().join("config");
-    cp.kubectl(&[
-        "apply",
-        "-f",
-        &config.join("operator/namespace.yaml").to_string_lossy(),
-        "-f",
-        &config.join("petstore/namespace.yaml").to_string_lossy(),
-    ])?;
+    create_config_namespaces(&cp)?;
     cp.kubectl(&[
         "create",
         "secret",

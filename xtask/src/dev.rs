@@ -8,7 +8,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use fixtures::{Env, Storage, repo_root};
+use fixtures::{Env, Storage};
 
 /// The one-node cluster, until Ctrl-C.
 pub fn cluster(stop: &AtomicBool) -> fixtures::Result<()> {
@@ -49,12 +49,7 @@ pub fn dev(stop: &AtomicBool) -> fixtures::Result<()> {
     );
     let env = Env::start(Storage::Durable)?;
     let operator = env.start_operator("petstore-operator-dev")?;
-    let samples = repo_root().join("config/samples");
-    env.cp
-        .kubectl(&["apply", "-k", &samples.to_string_lossy()])?;
-    for name in ["pet-sample1", "pet-sample2"] {
-        env.wait_ready("default", name, Duration::from_secs(60))?;
-    }
+    env.apply_samples()?;
     let dir = env.cp.dir().display().to_string();
     println!(
         "
