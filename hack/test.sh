@@ -33,7 +33,7 @@ trap summary EXIT
 
 check_prerequisites() {
   local missing=()
-  for tool in go cargo openssl; do
+  for tool in go cargo; do
     command -v "$tool" >/dev/null || missing+=("$tool")
   done
   # The conformance suite and an end-to-end test run a real PostgreSQL.

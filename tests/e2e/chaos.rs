@@ -218,20 +218,6 @@ impl Soak<'_> {
         self.count("create", result);
     }
 
-    fn patch_spec(&self, namespace: &str, name: &str, spec: &str) -> Result<String> {
-        let patch = format!(r#"{{"spec":{spec}}}"#);
-        self.env.cp.kubectl(&[
-            "patch",
-            "pet",
-            name,
-            "-n",
-            namespace,
-            "--type=merge",
-            "-p",
-            &patch,
-        ])
-    }
-
     fn operation(&mut self) {
         let roll = self.rng.u32(..100);
         let Some((namespace, name)) = self.random_pet() else {
@@ -242,12 +228,14 @@ impl Soak<'_> {
             0..32 => self.create(1),
             32..57 => {
                 let spec = format!(r#"{{"name":"Renamed {}"}}"#, self.rng.u32(..1_000_000));
-                let result = self.patch_spec(&namespace, &name, &spec);
+                let result = self.env.patch_spec(&namespace, &name, &spec);
                 self.count("rename", result);
             }
             57..72 => {
                 let kind = KINDS[self.rng.usize(..KINDS.len())];
-                let result = self.patch_spec(&namespace, &name, &format!(r#"{{"type":"{kind}"}}"#));
+                let result =
+                    self.env
+                        .patch_spec(&namespace, &name, &format!(r#"{{"type":"{kind}"}}"#));
                 self.count("type change", result);
             }
             72..85 => {
@@ -348,8 +336,9 @@ impl Soak<'_> {
 
     /// `None` once everything is converged, else what is still wrong.
     fn violations(&self) -> Option<String> {
-        let pets: Value = match self.env.cp.kubectl(&["get", "pets", "-A", "-o", "json"]) {
-            Ok(out) => serde_json::from_str(&out).ok()?,
+        // An answer that cannot be read is not convergence.
+        let pets = match self.env.cp.kubectl_json(&["get", "pets", "-A"]) {
+            Ok(pets) => pets,
             Err(err) => return Some(format!("listing pets: {err}")),
         };
         let records = match self.env.store.all_pets() {
@@ -515,9 +504,7 @@ pub fn run_soak(config: SoakConfig) -> Result<SoakReport> {
         .iter()
         .filter(|r| r["idempotencyKey"].as_str().unwrap_or_default().is_empty())
         .count();
-    let pets: Value =
-        serde_json::from_str(&soak.env.cp.kubectl(&["get", "pets", "-A", "-o", "json"])?)
-            .unwrap_or_default();
+    let pets = soak.env.cp.kubectl_json(&["get", "pets", "-A"])?;
     soak.report.live_pets = pets["items"].as_array().map_or(0, Vec::len);
     soak.report.total = started.elapsed();
     Ok(std::mem::take(&mut soak.report))

@@ -35,13 +35,7 @@ fn config_default_passes_server_side_validation_and_installs() -> fixtures::Resu
     let config = repo_root().join("config");
     let default = config.join("default");
     // A dry run creates nothing, so namespaced objects need their namespaces.
-    cp.kubectl(&[
-        "apply",
-        "-f",
-        &config.join("operator/namespace.yaml").to_string_lossy(),
-        "-f",
-        &config.join("petstore/namespace.yaml").to_string_lossy(),
-    ])?;
+    fixtures::env::create_config_namespaces(&cp)?;
     let dry = cp.kubectl(&[
         "apply",
         "-k",

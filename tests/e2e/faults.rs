@@ -9,16 +9,6 @@ use serde_json::Value;
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
-fn apply_samples(env: &Env) -> fixtures::Result<(String, String)> {
-    let samples = repo_root().join("config/samples");
-    env.cp
-        .kubectl(&["apply", "-k", &samples.to_string_lossy()])?;
-    Ok((
-        env.wait_ready("default", "pet-sample1", TIMEOUT)?,
-        env.wait_ready("default", "pet-sample2", TIMEOUT)?,
-    ))
-}
-
 fn ids(pets: &[Value]) -> Vec<String> {
     let mut ids: Vec<String> = pets
         .iter()
@@ -28,21 +18,11 @@ fn ids(pets: &[Value]) -> Vec<String> {
     ids
 }
 
-fn event_reasons(env: &Env) -> fixtures::Result<String> {
-    env.cp.kubectl(&[
-        "get",
-        "events.events.k8s.io",
-        "-A",
-        "-o",
-        "jsonpath={range .items[*]}{.reason}/{.regarding.name}{\"\\n\"}{end}",
-    ])
-}
-
 #[test]
 fn memory_store_restart_recreates_every_pet_with_new_ids() -> fixtures::Result<()> {
     let mut env = Env::start(Storage::Memory)?;
     let _operator = env.start_operator("operator")?;
-    let (thor, tron) = apply_samples(&env)?;
+    let (thor, tron) = env.apply_samples()?;
 
     env.store.restart(Storage::Memory)?;
     assert!(
@@ -63,7 +43,7 @@ fn memory_store_restart_recreates_every_pet_with_new_ids() -> fixtures::Result<(
     let mut expected = vec![new_thor, new_tron];
     expected.sort();
     assert_eq!(ids(&env.store_pets()?), expected);
-    let events = event_reasons(&env)?;
+    let events = env.event_reasons()?;
     assert!(events.contains("Recreated/pet-sample1"), "{events}");
     assert!(events.contains("Recreated/pet-sample2"), "{events}");
     Ok(())
@@ -73,7 +53,7 @@ fn memory_store_restart_recreates_every_pet_with_new_ids() -> fixtures::Result<(
 fn durable_store_restart_changes_nothing() -> fixtures::Result<()> {
     let mut env = Env::start(Storage::Durable)?;
     let operator = env.start_operator("operator")?;
-    let (thor, tron) = apply_samples(&env)?;
+    let (thor, tron) = env.apply_samples()?;
     let before = env.store_pets()?;
 
     env.store.kill();
@@ -83,7 +63,7 @@ fn durable_store_restart_changes_nothing() -> fixtures::Result<()> {
     assert_eq!(env.store_pets()?, before);
     assert_eq!(env.wait_ready("default", "pet-sample1", TIMEOUT)?, thor);
     assert_eq!(env.wait_ready("default", "pet-sample2", TIMEOUT)?, tron);
-    assert!(!event_reasons(&env)?.contains("Recreated"));
+    assert!(!env.event_reasons()?.contains("Recreated"));
     let metrics = operator.metrics()?;
     assert!(!metrics.contains("action=\"recreate\""), "{metrics}");
     assert!(
@@ -123,7 +103,7 @@ fn operator_killed_between_create_and_status_leaves_no_duplicate() -> fixtures::
     assert_eq!(after.len(), 1, "no duplicate: {after:?}");
     assert_eq!(after[0]["id"], id.as_str(), "the first record was adopted");
     assert_eq!(created[0]["id"], id.as_str());
-    assert!(event_reasons(&env)?.contains("Adopted/pet-sample1"));
+    assert!(env.event_reasons()?.contains("Adopted/pet-sample1"));
     Ok(())
 }
 
@@ -153,7 +133,10 @@ fn unreachable_store_is_reported_then_converges() -> fixtures::Result<()> {
             .to_owned();
         assert!(message.contains("cannot reach the pet store"), "{message}");
     }
-    assert!(event_reasons(&env)?.contains("StoreUnavailable/pet-sample1"));
+    assert!(
+        env.event_reasons()?
+            .contains("StoreUnavailable/pet-sample1")
+    );
 
     env.store.restart(Storage::Durable)?;
     let thor = env.wait_ready("default", "pet-sample1", TIMEOUT)?;
@@ -175,7 +158,7 @@ fn only_the_leader_reconciles_and_killing_it_hands_over() -> fixtures::Result<()
     wait_for(TIMEOUT, "replica-2 to stand by", || {
         second.log_contains("waiting for leadership").then_some(())
     })?;
-    apply_samples(&env)?;
+    env.apply_samples()?;
 
     assert_eq!(env.lease_holder()?, "replica-1");
     assert!(!second.log_contains("became leader"));
@@ -192,14 +175,7 @@ fn only_the_leader_reconciles_and_killing_it_hands_over() -> fixtures::Result<()
         second.log_contains("became leader").then_some(())
     })?;
     assert_eq!(env.lease_holder()?, "replica-2");
-    env.cp.kubectl(&[
-        "patch",
-        "pet",
-        "pet-sample2",
-        "--type=merge",
-        "-p",
-        r#"{"spec":{"name":"Tronald"}}"#,
-    ])?;
+    env.rename("default", "pet-sample2", "Tronald")?;
     wait_for(TIMEOUT, "the new leader to apply the rename", || {
         env.store_pets()
             .ok()?

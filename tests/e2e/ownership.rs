@@ -33,10 +33,9 @@ fn pet_yaml(name: &str, pet_name: &str, annotations: &[(&str, &str)], extra_spec
 
 /// Every Event as (reason, object, note).
 fn events(env: &Env) -> fixtures::Result<Vec<(String, String, String)>> {
-    let out = env
+    let list = env
         .cp
-        .kubectl(&["get", "events.events.k8s.io", "-n", "default", "-o", "json"])?;
-    let list: Value = serde_json::from_str(&out).unwrap_or_default();
+        .kubectl_json(&["get", "events.events.k8s.io", "-n", "default"])?;
     Ok(list["items"]
         .as_array()
         .into_iter()

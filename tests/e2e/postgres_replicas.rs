@@ -6,7 +6,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use fixtures::env::{OPERATOR_ACCOUNT, OPERATOR_NAMESPACE, install_crd_and_rbac, is_ready};
+use fixtures::env::{
+    OPERATOR_ACCOUNT, OPERATOR_NAMESPACE, create_config_namespaces, install_crd_and_rbac, is_ready,
+};
 use fixtures::forwarder::Forwarder;
 use fixtures::petstore::grpcurl;
 use fixtures::postgres::Postgres;
@@ -32,14 +34,7 @@ fn burst(range: std::ops::Range<usize>) -> String {
 }
 
 fn pets(env: &Env) -> fixtures::Result<Vec<Value>> {
-    let out = env
-        .cp
-        .kubectl(&["get", "pets", "-n", "default", "-o", "json"])?;
-    let list: Value = serde_json::from_str(&out).map_err(|e| fixtures::Error::Command {
-        command: "kubectl get pets".into(),
-        status: "unparsable".into(),
-        stderr: e.to_string(),
-    })?;
+    let list = env.cp.kubectl_json(&["get", "pets", "-n", "default"])?;
     Ok(list["items"].as_array().cloned().unwrap_or_default())
 }
 
@@ -199,14 +194,7 @@ fn kill_9_of_one_replica_during_a_burst_loses_and_duplicates_nothing() -> fixtur
 fn postgres_overlay_installs_two_replicas_with_a_budget() -> fixtures::Result<()> {
     let cp = ControlPlane::start()?;
     let overlay = fixtures::repo_root().join("config/overlays/postgres");
-    let config = fixtures::repo_root().join("config");
-    cp.kubectl(&[
-        "apply",
-        "-f",
-        &config.join("operator/namespace.yaml").to_string_lossy(),
-        "-f",
-        &config.join("petstore/namespace.yaml").to_string_lossy(),
-    ])?;
+    create_config_namespaces(&cp)?;
     cp.kubectl(&[
         "create",
         "secret",
@@ -223,20 +211,7 @@ fn postgres_overlay_installs_two_replicas_with_a_budget() -> fixtures::Result<()
         "{applied}"
     );
     assert!(!applied.contains("persistentvolumeclaim"), "{applied}");
-    let deployment: Value = serde_json::from_str(&cp.kubectl(&[
-        "get",
-        "deployment",
-        "petstore",
-        "-n",
-        "petstore",
-        "-o",
-        "json",
-    ])?)
-    .map_err(|e| fixtures::Error::Command {
-        command: "kubectl get deployment".into(),
-        status: "unparsable".into(),
-        stderr: e.to_string(),
-    })?;
+    let deployment = cp.kubectl_json(&["get", "deployment", "petstore", "-n", "petstore"])?;
     assert_eq!(deployment["spec"]["replicas"], 2);
     assert_eq!(deployment["spec"]["strategy"]["type"], "RollingUpdate");
     let pod = &deployment["spec"]["template"]["spec"];

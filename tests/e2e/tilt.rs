@@ -10,8 +10,13 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use fixtures::cluster::Cluster;
+use fixtures::env::is_ready;
+use fixtures::petstore::grpcurl;
 use fixtures::{Tools, free_port, repo_root, wait_for};
 use serde_json::Value;
+
+/// Tilt's port-forward to the store, as in the quick start.
+const STORE: &str = "localhost:6742";
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -47,94 +52,48 @@ fn tilt_ci(cluster: &Cluster, dir: &Path) -> Result<String, String> {
     }
 }
 
-fn grpcurl(args: &[&str]) -> Result<String, String> {
-    let tools = Tools::get().map_err(|e| e.to_string())?;
-    let (ok, out, err) = output(Command::new(tools.bin("grpcurl")).args(args))
-        .map_err(|e| format!("running grpcurl: {e}"))?;
-    if ok {
-        Ok(out)
-    } else {
-        Err(format!("grpcurl {args:?}: {err}"))
-    }
-}
-
-/// README step 4's command, through Tilt's port-forward on localhost:6742.
-fn search(body: Option<&str>) -> Result<String, String> {
-    match body {
-        Some(body) => grpcurl(&[
-            "-plaintext",
-            "-d",
-            body,
-            "localhost:6742",
-            "petstore.PetStore/SearchPets",
-        ]),
-        None => grpcurl(&[
-            "-plaintext",
-            "localhost:6742",
-            "petstore.PetStore/SearchPets",
-        ]),
-    }
-}
-
-/// Each message grpcurl printed (it prints one JSON object per message).
-fn messages(text: &str) -> Vec<Value> {
-    serde_json::Deserializer::from_str(text)
-        .into_iter::<Value>()
-        .filter_map(Result::ok)
-        .collect()
-}
-
-/// (name, id) of every pet a SearchPets stream returned.
-fn pets(text: &str) -> Vec<(String, String)> {
-    messages(text)
+/// README step 4's SearchPets with `body` as the request, through Tilt's
+/// port-forward: (name, id) of every pet it returned.
+fn search(body: &str) -> fixtures::Result<Vec<(String, String)>> {
+    let pets = grpcurl(STORE, "petstore.PetStore/SearchPets", body)?;
+    Ok(pets
         .iter()
-        .map(|m| {
-            let pet = m.get("pet").unwrap_or(m);
+        .map(|pet| {
             (
                 pet["name"].as_str().unwrap_or_default().to_owned(),
                 pet["id"].as_str().unwrap_or_default().to_owned(),
             )
         })
-        .collect()
-}
-
-fn json(cluster: &Cluster, args: &[&str]) -> Result<Value, Box<dyn std::error::Error>> {
-    let mut full = args.to_vec();
-    full.extend(["-o", "json"]);
-    Ok(serde_json::from_str(&cluster.kubectl(&full)?)?)
+        .collect())
 }
 
 /// The Pet's store ID once it is Ready for its current generation.
 fn ready_id(cluster: &Cluster, name: &str) -> Option<String> {
-    let pet = json(cluster, &["get", "pet", name]).ok()?;
-    let generation = pet["metadata"]["generation"].as_i64()?;
-    let status = &pet["status"];
-    let ready = status["conditions"].as_array()?.iter().any(|c| {
-        c["type"] == "Ready"
-            && c["status"] == "True"
-            && c["observedGeneration"].as_i64().unwrap_or(generation) == generation
-    });
-    let id = status["id"].as_str()?.to_owned();
-    (ready && status["observedGeneration"].as_i64() == Some(generation) && !id.is_empty())
-        .then_some(id)
+    let pet = cluster.kubectl_json(&["get", "pet", name]).ok()?;
+    is_ready(&pet).then(|| pet["status"]["id"].as_str().map(str::to_owned))?
 }
 
 /// Pods of a workload, as JSON items.
 fn pods(cluster: &Cluster, namespace: &str, app: &str) -> Vec<Value> {
-    json(
-        cluster,
-        &[
-            "get",
-            "pods",
-            "-n",
-            namespace,
-            "-l",
-            &format!("app.kubernetes.io/name={app}"),
-        ],
-    )
-    .ok()
-    .and_then(|list| list["items"].as_array().cloned())
-    .unwrap_or_default()
+    let selector = format!("app.kubernetes.io/name={app}");
+    cluster
+        .kubectl_json(&["get", "pods", "-n", namespace, "-l", &selector])
+        .ok()
+        .and_then(|list| list["items"].as_array().cloned())
+        .unwrap_or_default()
+}
+
+/// The image a Deployment's pods run.
+fn image(cluster: &Cluster, namespace: &str, deployment: &str) -> fixtures::Result<String> {
+    cluster.kubectl(&[
+        "get",
+        "deployment",
+        "-n",
+        namespace,
+        deployment,
+        "-o",
+        "jsonpath={.spec.template.spec.containers[0].image}",
+    ])
 }
 
 fn pod_ready(pod: &Value) -> bool {
@@ -182,17 +141,14 @@ fn assert_pods_healthy(cluster: &Cluster) -> Result<(), Box<dyn std::error::Erro
             assert!(pod_ready(pod), "{} is not Ready", pod["metadata"]["name"]);
             assert_eq!(restarts(pod), 0, "{} restarted", pod["metadata"]["name"]);
         }
-        let events = json(
-            cluster,
-            &[
-                "get",
-                "events",
-                "-n",
-                namespace,
-                "--field-selector",
-                "reason=Unhealthy",
-            ],
-        )?;
+        let events = cluster.kubectl_json(&[
+            "get",
+            "events",
+            "-n",
+            namespace,
+            "--field-selector",
+            "reason=Unhealthy",
+        ])?;
         for event in events["items"].as_array().into_iter().flatten() {
             let message = event["message"].as_str().unwrap_or_default();
             assert!(
@@ -313,15 +269,7 @@ fn tilt_quick_start_on_a_one_node_cluster() -> TestResult {
         ("petstore", "petstore"),
         ("petstore-system", "petstore-operator"),
     ] {
-        let image = cluster.kubectl(&[
-            "get",
-            "deployment",
-            "-n",
-            namespace,
-            deployment,
-            "-o",
-            "jsonpath={.spec.template.spec.containers[0].image}",
-        ])?;
+        let image = image(&cluster, namespace, deployment)?;
         assert!(
             image.starts_with("localhost:5005/"),
             "{deployment} runs {image}, not an image Tilt pushed to localhost:5005"
@@ -348,9 +296,9 @@ fn tilt_quick_start_on_a_one_node_cluster() -> TestResult {
         Duration::from_secs(600),
         "Tilt's port-forward to the store",
         || {
-            grpcurl(&["-plaintext", "localhost:6742", "list"])
+            grpcurl(STORE, "grpc.health.v1.Health/Check", "{}")
                 .ok()
-                .filter(|out| out.contains("petstore.PetStore"))
+                .filter(|out| out.first().is_some_and(|v| v["status"] == "SERVING"))
         },
     )
     .map_err(|e| format!("{e}\n{}", tilt_log_text()))?;
@@ -388,7 +336,7 @@ fn tilt_quick_start_on_a_one_node_cluster() -> TestResult {
         "{table}"
     );
     // Step 4.
-    let found = pets(&search(None)?);
+    let found = search("{}")?;
     assert!(
         found.contains(&("Thor".to_owned(), thor_id.clone())),
         "{found:?}"
@@ -408,7 +356,7 @@ fn tilt_quick_start_on_a_one_node_cluster() -> TestResult {
         r#"{"spec":{"name":"Thorbert"}}"#,
     ])?;
     wait_for(Duration::from_secs(120), "Thorbert in the store", || {
-        let found = pets(&search(Some(r#"{"names":["Thorbert"]}"#)).ok()?);
+        let found = search(r#"{"names":["Thorbert"]}"#).ok()?;
         (found == vec![("Thorbert".to_owned(), thor_id.clone())]).then_some(())
     })?;
     assert_eq!(
@@ -522,7 +470,7 @@ fn tilt_quick_start_on_a_one_node_cluster() -> TestResult {
         Duration::from_secs(120),
         "records after the store pod's deletion",
         || {
-            let found = pets(&search(None).ok()?);
+            let found = search("{}").ok()?;
             (found.len() == 2).then_some(found)
         },
     )
@@ -587,7 +535,7 @@ spec: {name: Rex, type: dog, birthday: 2022-02-02T00:00:00Z}
         "Rex Ready with a store ID",
         || ready_id(&cluster, "after-handover"),
     )?;
-    let found = pets(&search(Some(r#"{"names":["Rex"]}"#))?);
+    let found = search(r#"{"names":["Rex"]}"#)?;
     assert_eq!(found, vec![("Rex".to_owned(), rex_id)]);
     eprintln!(
         "[{}] Lease handed over from {leader} to {new_leader}; Rex recorded",
@@ -603,8 +551,8 @@ spec: {name: Rex, type: dog, birthday: 2022-02-02T00:00:00Z}
 
     // Step 6: deleting the Pets empties the store.
     cluster.kubectl(&["delete", "pets", "--all", "-A", "--timeout=120s"])?;
-    let left = search(None)?;
-    assert!(left.trim().is_empty(), "the store still holds: {left}");
+    let left = search("{}")?;
+    assert!(left.is_empty(), "the store still holds: {left:?}");
     eprintln!(
         "[{}] quick start step 6 passed; pods proven",
         elapsed(start)
@@ -624,17 +572,7 @@ spec: {name: Rex, type: dog, birthday: 2022-02-02T00:00:00Z}
         &main_rs,
         format!("{source}\n#[used] static TILT_TEST_EDIT: [u8; 11] = *b\"tilt-edit-1\";\n"),
     )?;
-    let image_of_store = || {
-        cluster.kubectl(&[
-            "get",
-            "deployment",
-            "-n",
-            "petstore",
-            "petstore",
-            "-o",
-            "jsonpath={.spec.template.spec.containers[0].image}",
-        ])
-    };
+    let image_of_store = || image(&cluster, "petstore", "petstore");
     let before = image_of_store()?;
     let edit_start = Instant::now();
     let ci = tilt_ci(&cluster, copy.path())?;

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use fixtures::env::condition;
-use fixtures::{Env, Storage, repo_root, wait_for};
+use fixtures::{Env, Storage, wait_for};
 use serde_json::Value;
 
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -17,13 +17,9 @@ fn names(pets: &[Value]) -> Vec<&str> {
 fn apply_rename_delete_and_orphan() -> fixtures::Result<()> {
     let env = Env::start(Storage::Durable)?;
     let mut operator = env.start_operator("operator-a")?;
-    let samples = repo_root().join("config/samples");
 
     // 1. Apply: both Pets get an ID and Ready=True; the store holds them.
-    env.cp
-        .kubectl(&["apply", "-k", &samples.to_string_lossy()])?;
-    let thor_id = env.wait_ready("default", "pet-sample1", TIMEOUT)?;
-    let tron_id = env.wait_ready("default", "pet-sample2", TIMEOUT)?;
+    let (thor_id, tron_id) = env.apply_samples()?;
     let pets = env.store_pets()?;
     assert_eq!(names(&pets), ["Thor", "Tron"]);
     assert_eq!(pets[0]["id"], thor_id.as_str());
@@ -62,26 +58,12 @@ fn apply_rename_delete_and_orphan() -> fixtures::Result<()> {
 
     // Events reached the API (the shipped RBAC allows them), and the Lease is
     // held by this operator.
-    let events = env.cp.kubectl(&[
-        "get",
-        "events.events.k8s.io",
-        "-n",
-        "default",
-        "-o",
-        "jsonpath={range .items[*]}{.reason}/{.regarding.name}{\"\\n\"}{end}",
-    ])?;
+    let events = env.event_reasons()?;
     assert!(events.contains("Created/pet-sample1"), "{events}");
     assert_eq!(env.lease_holder()?, "operator-a");
 
     // 2. Rename: the same record carries the new name; still 2 records.
-    env.cp.kubectl(&[
-        "patch",
-        "pet",
-        "pet-sample1",
-        "--type=merge",
-        "-p",
-        r#"{"spec":{"name":"Thorbert"}}"#,
-    ])?;
+    env.rename("default", "pet-sample1", "Thorbert")?;
     wait_for(TIMEOUT, "Thorbert in the store", || {
         let pets = env.store_pets().ok()?;
         pets.iter()

@@ -5,12 +5,10 @@
 //! `kind-petstore`; needs root), for `tilt up` without kind. Both run until
 //! Ctrl-C, then stop everything and remove their files.
 
-use std::path::Path;
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use fixtures::{Env, Storage, repo_root};
+use fixtures::{Env, Storage};
 
 /// The one-node cluster, until Ctrl-C.
 pub fn cluster(stop: &AtomicBool) -> fixtures::Result<()> {
@@ -42,69 +40,16 @@ Press Ctrl-C to stop it and remove everything.",
     Ok(())
 }
 
-/// Builds the binaries this command starts (the pet store and the operator)
-/// into the target directory it runs from, with its own profile, so that
-/// `cargo xtask dev` works from a fresh clone.
-/// `PETSTORE_BIN_DIR` names prebuilt binaries instead.
-fn build_binaries() -> fixtures::Result<()> {
-    if std::env::var_os("PETSTORE_BIN_DIR").is_some() {
-        return Ok(());
-    }
-    let exe = std::env::current_exe().map_err(|source| fixtures::Error::Io {
-        what: "finding this executable".into(),
-        source,
-    })?;
-    // <target>/<profile>/xtask
-    let profile_dir = exe.parent().unwrap_or(Path::new("."));
-    let target_dir = profile_dir.parent().unwrap_or(Path::new("."));
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut build = Command::new(cargo);
-    build
-        .current_dir(repo_root())
-        .args([
-            "build",
-            "-p",
-            "petstore-server",
-            "-p",
-            "petstore-operator",
-            "--bins",
-        ])
-        .arg("--target-dir")
-        .arg(target_dir);
-    if profile_dir
-        .file_name()
-        .is_some_and(|name| name == "release")
-    {
-        build.arg("--release");
-    }
-    eprintln!("building petstore-server and petstore-operator...");
-    let status = build.status().map_err(|source| fixtures::Error::Io {
-        what: format!("running {build:?}"),
-        source,
-    })?;
-    if !status.success() {
-        return Err(fixtures::Error::Command {
-            command: format!("{build:?}"),
-            status: status.to_string(),
-            stderr: "see cargo's output above".into(),
-        });
-    }
-    Ok(())
-}
-
 pub fn dev(stop: &AtomicBool) -> fixtures::Result<()> {
-    build_binaries()?;
+    // The pet store and the operator, into the target directory and profile
+    // this command runs from, so that it works from a fresh clone.
+    fixtures::build_binaries()?;
     eprintln!(
         "starting etcd, kube-apiserver and the namespace controller (the first run builds them)..."
     );
     let env = Env::start(Storage::Durable)?;
     let operator = env.start_operator("petstore-operator-dev")?;
-    let samples = repo_root().join("config/samples");
-    env.cp
-        .kubectl(&["apply", "-k", &samples.to_string_lossy()])?;
-    for name in ["pet-sample1", "pet-sample2"] {
-        env.wait_ready("default", name, Duration::from_secs(60))?;
-    }
+    env.apply_samples()?;
     let dir = env.cp.dir().display().to_string();
     println!(
         "

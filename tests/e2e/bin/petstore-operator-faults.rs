@@ -6,8 +6,11 @@ use std::process::ExitCode;
 use clap::{Parser, ValueEnum};
 use petstore_operator::{Fault, app, cli};
 
+/// Named apart from `cli::Args`: clap names each struct's argument group
+/// after it, and two groups called `Args` make the command invalid.
 #[derive(Parser)]
-struct Args {
+#[command(name = "petstore-operator-faults")]
+struct FaultArgs {
     #[command(flatten)]
     operator: cli::Args,
 
@@ -23,7 +26,7 @@ enum FaultArg {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
-    let args = Args::parse();
+    let args = FaultArgs::parse();
     cli::init_tracing(args.operator.log_format);
     let fault = args
         .fault
@@ -34,5 +37,15 @@ async fn main() -> ExitCode {
             tracing::error!("{message}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_valid() {
+        super::FaultArgs::command().debug_assert();
     }
 }
