@@ -322,11 +322,15 @@ impl Tracker {
     }
 }
 
-/// The API server's first requests for a new CRD are slow (it builds the
-/// handler, validators and storage); make them outside the measurement.
-/// The warm-up Pets sit in their own namespace and are not counted.
-async fn warm_up(client: &kube::Client, env: &Env) -> Result<()> {
+/// What the floor's run and the operator's both do before they measure:
+/// the bench namespace, and a warm-up. The API server's first requests for
+/// a new CRD are slow (it builds the handler, validators and storage); the
+/// warm-up makes them outside the measurement, with Pets in a namespace of
+/// their own that are not counted. Returns the admin's client.
+async fn prepare(env: &Env) -> Result<kube::Client> {
+    env.cp.kubectl(&["create", "namespace", NAMESPACE])?;
     env.cp.kubectl(&["create", "namespace", "warmup"])?;
+    let client = client_from(&env.cp.kubeconfig).await?;
     let api: Api<Pet> = Api::namespaced(client.clone(), "warmup");
     for i in 0..WARMUP_PETS {
         let mut pet = pet(i);
@@ -335,14 +339,10 @@ async fn warm_up(client: &kube::Client, env: &Env) -> Result<()> {
             .await
             .map_err(kube_error)?;
     }
-    Ok(())
+    Ok(client)
 }
 
 const WARMUP_PETS: usize = 20;
-
-async fn admin_client(env: &Env) -> Result<kube::Client> {
-    client_from(&env.cp.kubeconfig).await
-}
 
 async fn client_from(kubeconfig: &std::path::Path) -> Result<kube::Client> {
     let kubeconfig = Kubeconfig::read_from(kubeconfig).map_err(kube_error)?;
@@ -517,13 +517,11 @@ fn measure_operator_with(
             .is_ok_and(|m| is_leader(&m))
             .then_some(())
     })?;
-    env.cp.kubectl(&["create", "namespace", NAMESPACE])?;
     let n = config.pets;
     let timeout = config.timeout();
 
     rt.block_on(async {
-        let client = admin_client(&env).await?;
-        warm_up(&client, &env).await?;
+        let client = prepare(&env).await?;
         Tracker::start(Api::namespaced(client.clone(), "warmup"))
             .all_ready(WARMUP_PETS, 1, timeout, "warm-up Pets Ready")
             .await?;
@@ -743,12 +741,10 @@ async fn churn(
 /// and writes status for each Pet, at the same concurrency, with no store.
 pub fn measure_floor(rt: &tokio::runtime::Runtime, config: &ConvergenceConfig) -> Result<Floor> {
     let env = Env::start(Storage::Durable)?;
-    env.cp.kubectl(&["create", "namespace", NAMESPACE])?;
     let n = config.pets;
     let timeout = config.timeout();
     rt.block_on(async {
-        let client = admin_client(&env).await?;
-        warm_up(&client, &env).await?;
+        let client = prepare(&env).await?;
         let api: Api<Pet> = Api::namespaced(client.clone(), NAMESPACE);
         let mut tracker = Tracker::start(api.clone());
         let api_before = apimetrics::scrape(&env.cp)?;
