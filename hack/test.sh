@@ -53,6 +53,10 @@ phase "control plane (cached build)" bash hack/control-plane/build.sh
 phase "one-node cluster and Tilt (cached build)" bash hack/cluster/build.sh
 phase "static checks (Dockerfile, Tiltfile)" bash hack/static-checks.sh
 phase "cargo build" cargo build --locked --workspace --all-targets
+# The tests start the binaries this build made. Without this, the fixtures
+# would build them again for two packages only, a different feature set, and
+# cargo would compile the workspace's crates a second time.
+export PETSTORE_BIN_DIR="${CARGO_TARGET_DIR:-$PWD/target}/debug"
 # Both suites run together: unit tests with fakes and a mock API server, and
 # tests/e2e's end-to-end stories with the real binaries.
 # The Tilt quick start on the one-node cluster runs in a phase of its own.
@@ -63,6 +67,8 @@ phase "cargo test" run_tests
 # Builds both images (BuildKit caches persist in the engine's data root) and
 # runs the README's Tilt quick start against real pods; needs root.
 run_tilt_test() {
-  cargo test --locked -p e2e -- tilt:: --nocapture 2>&1 | tee -a "$test_log"
+  # --workspace, as above, so that cargo reuses the build instead of
+  # compiling for the feature set of one package.
+  cargo test --locked --workspace -- tilt:: --nocapture 2>&1 | tee -a "$test_log"
 }
 phase "Tilt quick start on a one-node cluster" run_tilt_test
