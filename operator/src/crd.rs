@@ -126,6 +126,18 @@ pub enum PetKind {
     Reptile,
 }
 
+impl PetKind {
+    /// As the spec spells it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            PetKind::Dog => "dog",
+            PetKind::Cat => "cat",
+            PetKind::Bird => "bird",
+            PetKind::Reptile => "reptile",
+        }
+    }
+}
+
 impl PetSpec {
     /// The calendar date of birth as the user wrote it, in the timestamp's own
     /// offset, so `2021-04-01T00:00:00+02:00` is 1 April, not 31 March.

@@ -22,7 +22,7 @@ use crate::crd::{
     DELETION_POLICY_ANNOTATION, DeletionPolicy, EXTERNAL_ID_ANNOTATION, PAUSED_ANNOTATION, Setting,
 };
 use crate::status::{Outcome, Reason};
-use crate::store::{Created, Lookup, Operation, PetData, Record};
+use crate::store::{Changes, Created, Lookup, Operation, PetData, Record};
 
 /// What the controller knows about a Pet before any store call.
 #[derive(Clone, Debug, PartialEq)]
@@ -38,6 +38,10 @@ pub struct Facts {
     pub status_id: Option<String>,
     /// The Pet already shows that the store rejected this generation.
     pub rejected_this_generation: bool,
+    /// The spec changed since the operator last handled the Pet (its
+    /// status does not observe this generation): a difference in the
+    /// record is the edit's, not drift.
+    pub spec_changed: bool,
     /// This generation was synced a moment ago: the time left until its
     /// next poll.
     pub recently_synced: Option<Duration>,
@@ -165,7 +169,55 @@ pub enum Story {
     },
 }
 
+/// Why the store was written: the `cause` label of `store_actions_total`,
+/// the change log's `cause` and the start of a drift Event's note.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum Cause {
+    /// The Pet's first record.
+    NewPet,
+    /// The Pet's spec was edited.
+    SpecChange,
+    /// The record (or status.id) was changed outside the operator.
+    Drift,
+    /// An existing record became the Pet's.
+    Adoption,
+    /// The Pet is being deleted.
+    Deletion,
+}
+
+impl Cause {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Cause::NewPet => "new_pet",
+            Cause::SpecChange => "spec_change",
+            Cause::Drift => "drift",
+            Cause::Adoption => "adoption",
+            Cause::Deletion => "deletion",
+        }
+    }
+}
+
+impl std::fmt::Display for Cause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 impl Story {
+    /// Why the story's writes were made.
+    pub fn cause(&self, facts: &Facts) -> Cause {
+        match self {
+            Story::Created | Story::FoundByKey => Cause::NewPet,
+            Story::Adopted => Cause::Adoption,
+            Story::Recreated { .. } | Story::Corrected { .. } => Cause::Drift,
+            Story::Updated | Story::InSync if facts.spec_changed => Cause::SpecChange,
+            Story::Updated | Story::InSync => Cause::Drift,
+            Story::Deleted { .. } | Story::Orphaned { .. } | Story::OrphanedUnkeyed { .. } => {
+                Cause::Deletion
+            }
+        }
+    }
+
     /// The Event's action. kube's recorder folds Events with the same reason
     /// and action into one series that keeps the first note, so stories
     /// that say different things get different actions: a repeated Event
@@ -256,6 +308,33 @@ impl Story {
                 ),
             ),
         })
+    }
+}
+
+impl Story {
+    /// The Event for a finished step: [`Story::notice`], told with its
+    /// cause and the fields the write changed, so that `kubectl describe
+    /// pet` answers "why did the record change?" without the logs.
+    pub fn event(
+        &self,
+        id: Option<&str>,
+        cause: Cause,
+        changes: &Changes,
+    ) -> Option<(Reason, String)> {
+        let (reason, note) = self.notice(id)?;
+        let id = id.unwrap_or("(none)");
+        let note = match (self, cause) {
+            (Story::Updated, Cause::Drift) => format!(
+                "drift corrected: {changes} (store record {id} was changed outside the operator)"
+            ),
+            (Story::Updated, _) => format!("spec change applied to store record {id}: {changes}"),
+            (Story::Recreated { lost }, _) => format!(
+                "drift corrected: store record {lost} was deleted outside the operator; created {id} in its place"
+            ),
+            _ if !changes.is_empty() => format!("{note}; updated {changes}"),
+            _ => note,
+        };
+        Some((reason, note))
     }
 }
 

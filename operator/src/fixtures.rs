@@ -75,6 +75,23 @@ impl Pet {
         self
     }
 
+    /// Shown Ready and in sync with record `id` at its current generation,
+    /// as after a successful reconcile.
+    pub fn ready(self, id: &str) -> Self {
+        let generation = self.metadata.generation;
+        let condition = |type_: &str, reason: &str| {
+            serde_json::json!({
+                "type": type_, "status": "True", "reason": reason, "message": "",
+                "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": generation,
+            })
+        };
+        self.with_status(serde_json::json!({
+            "id": id,
+            "observedGeneration": generation,
+            "conditions": [condition("Ready", "Available"), condition("Synced", "Synced")],
+        }))
+    }
+
     /// With the status the operator wrote (as the API server saw it).
     pub fn with_status(mut self, status: Value) -> Self {
         let status: PetStatus = serde_json::from_value(status).expect("a valid status");

@@ -2,8 +2,8 @@
 //! `/readyz`.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -18,8 +18,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::decision::Cause;
 use crate::status::Reason;
-use crate::store::Operation;
+use crate::store::{Field, Operation};
 
 /// A change the reconciler made in the store: the `action` label of
 /// `store_actions_total`.
@@ -47,6 +48,18 @@ impl StoreAction {
             StoreAction::Delete => "delete",
         }
     }
+
+    /// For the change log: "store record created".
+    pub const fn past_tense(self) -> &'static str {
+        match self {
+            StoreAction::Create => "created",
+            StoreAction::Recreate => "recreated",
+            StoreAction::Update => "updated",
+            StoreAction::Claim => "claimed",
+            StoreAction::Release => "released",
+            StoreAction::Delete => "deleted",
+        }
+    }
 }
 
 impl EncodeLabelValue for StoreAction {
@@ -59,6 +72,18 @@ impl EncodeLabelValue for StoreAction {
 impl EncodeLabelValue for Reason {
     fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
         std::fmt::Write::write_str(encoder, self.metric_label())
+    }
+}
+
+impl EncodeLabelValue for Cause {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        std::fmt::Write::write_str(encoder, self.as_str())
+    }
+}
+
+impl EncodeLabelValue for Field {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        std::fmt::Write::write_str(encoder, self.as_str())
     }
 }
 
@@ -77,13 +102,34 @@ struct ErrorLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StoreCallLabels {
     method: Operation,
+    /// The gRPC code, named as grpc-go names it (`OK`, `Unavailable`), so
+    /// dashboards built for Go services read it too.
     outcome: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ActionLabels {
     action: StoreAction,
+    cause: Cause,
 }
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DriftLabels {
+    field: Field,
+}
+
+/// What the controller knows about its Pets at a scrape: see
+/// [`Metrics::gauges_from`].
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PetGauges {
+    pub queue_depth: i64,
+    pub queue_oldest_age: Duration,
+    pub not_ready: i64,
+    pub not_ready_oldest: Duration,
+    pub repeated_drift: i64,
+}
+
+type GaugeSource = Box<dyn Fn() -> PetGauges + Send + Sync>;
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
@@ -94,6 +140,14 @@ pub struct Metrics {
     reconcile_duration: Histogram,
     store_calls: HistogramFamily<StoreCallLabels>,
     store_actions: Family<ActionLabels, Counter>,
+    time_to_ready: Histogram,
+    drift_detected: Family<DriftLabels, Counter>,
+    queue_depth: Gauge,
+    queue_oldest_age: Gauge<f64, AtomicU64>,
+    not_ready: Gauge,
+    not_ready_oldest: Gauge<f64, AtomicU64>,
+    repeated_drift: Gauge,
+    gauge_source: OnceLock<GaugeSource>,
     leader: Gauge,
     events_dropped: Counter,
     events_pending: Gauge,
@@ -124,6 +178,15 @@ impl Default for Metrics {
         let store_calls: HistogramFamily<StoreCallLabels> =
             Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.0005, 2.0, 14)));
         let store_actions = Family::<ActionLabels, Counter>::default();
+        // 50 ms to about 3.6 hours: a Pet is usually Ready in well under a
+        // second, and a store outage can hold it for hours.
+        let time_to_ready = Histogram::new(exponential_buckets(0.05, 2.0, 19));
+        let drift_detected = Family::<DriftLabels, Counter>::default();
+        let queue_depth = Gauge::default();
+        let queue_oldest_age = Gauge::<f64, AtomicU64>::default();
+        let not_ready = Gauge::default();
+        let not_ready_oldest = Gauge::<f64, AtomicU64>::default();
+        let repeated_drift = Gauge::default();
         let leader = Gauge::default();
         let events_dropped = Counter::default();
         let events_pending = Gauge::default();
@@ -161,8 +224,43 @@ impl Default for Metrics {
         );
         registry.register(
             "store_actions",
-            "Store changes made by the reconciler: create, recreate, update, claim (adoption), release (Orphan), delete",
+            "Store changes made by the reconciler: create, recreate, update, claim (adoption), release (Orphan), delete; by cause: new_pet, spec_change, drift, adoption, deletion",
             store_actions.clone(),
+        );
+        registry.register(
+            "time_to_ready_seconds",
+            "Time from a Pet's creation or spec change to Ready=True",
+            time_to_ready.clone(),
+        );
+        registry.register(
+            "drift_detected",
+            "Changes made outside the operator and corrected, by field (record: the record vanished)",
+            drift_detected.clone(),
+        );
+        registry.register(
+            "queue_depth",
+            "Pets due for a reconcile that has not started",
+            queue_depth.clone(),
+        );
+        registry.register(
+            "queue_oldest_age_seconds",
+            "How long the longest-waiting Pet due for a reconcile has waited",
+            queue_oldest_age.clone(),
+        );
+        registry.register(
+            "not_ready_pets",
+            "Pets being brought in line that are not Ready yet (paused or rejected Pets wait for a change and are not counted)",
+            not_ready.clone(),
+        );
+        registry.register(
+            "not_ready_oldest_seconds",
+            "How long the longest-waiting of the not_ready_pets has not been Ready",
+            not_ready_oldest.clone(),
+        );
+        registry.register(
+            "repeated_drift_pets",
+            "Pets whose record was corrected for drift 3 or more times in the last hour: something else writes to it",
+            repeated_drift.clone(),
         );
         registry.register(
             "leader",
@@ -176,6 +274,14 @@ impl Default for Metrics {
             reconcile_duration,
             store_calls,
             store_actions,
+            time_to_ready,
+            drift_detected,
+            queue_depth,
+            queue_oldest_age,
+            not_ready,
+            not_ready_oldest,
+            repeated_drift,
+            gauge_source: OnceLock::new(),
             leader,
             events_dropped,
             events_pending,
@@ -207,10 +313,26 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
-    pub fn store_action(&self, action: StoreAction) {
+    pub fn store_action(&self, action: StoreAction, cause: Cause) {
         self.store_actions
-            .get_or_create(&ActionLabels { action })
+            .get_or_create(&ActionLabels { action, cause })
             .inc();
+    }
+
+    pub fn drift_detected(&self, field: Field) {
+        self.drift_detected
+            .get_or_create(&DriftLabels { field })
+            .inc();
+    }
+
+    pub fn became_ready(&self, after: Duration) {
+        self.time_to_ready.observe(after.as_secs_f64());
+    }
+
+    /// The Pet gauges are read from `source` at each scrape rather than kept
+    /// up to date on every reconcile (the first call wins).
+    pub fn gauges_from(&self, source: impl Fn() -> PetGauges + Send + Sync + 'static) {
+        let _ = self.gauge_source.set(Box::new(source));
     }
 
     pub fn event_queued(&self) {
@@ -240,6 +362,16 @@ impl Metrics {
     }
 
     pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        if let Some(source) = self.gauge_source.get() {
+            let gauges = source();
+            self.queue_depth.set(gauges.queue_depth);
+            self.queue_oldest_age
+                .set(gauges.queue_oldest_age.as_secs_f64());
+            self.not_ready.set(gauges.not_ready);
+            self.not_ready_oldest
+                .set(gauges.not_ready_oldest.as_secs_f64());
+            self.repeated_drift.set(gauges.repeated_drift);
+        }
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
         Ok(out)
@@ -304,14 +436,38 @@ mod tests {
             StoreAction::Delete,
         ];
         for action in actions {
-            metrics.store_action(action);
+            metrics.store_action(action, Cause::Drift);
         }
+        metrics.store_action(StoreAction::Update, Cause::SpecChange);
         metrics.reconcile_failed(Reason::StoreUnavailable);
-        metrics.observe_store_call(Operation::SetKey, "ok", Duration::from_millis(1));
+        metrics.observe_store_call(Operation::SetKey, "OK", Duration::from_millis(1));
+        metrics.drift_detected(Field::Name);
+        metrics.became_ready(Duration::from_millis(80));
+        metrics.gauges_from(|| PetGauges {
+            queue_depth: 3,
+            queue_oldest_age: Duration::from_millis(1500),
+            not_ready: 2,
+            not_ready_oldest: Duration::from_secs(61),
+            repeated_drift: 1,
+        });
         let text = metrics.encode().expect("metrics");
         for action in ["create", "recreate", "update", "claim", "release", "delete"] {
-            let series = format!("petstore_operator_store_actions_total{{action=\"{action}\"}} 1");
+            let series = format!(
+                "petstore_operator_store_actions_total{{action=\"{action}\",cause=\"drift\"}} 1"
+            );
             assert!(text.contains(&series), "{series} in {text}");
+        }
+        for series in [
+            "petstore_operator_store_actions_total{action=\"update\",cause=\"spec_change\"} 1",
+            "petstore_operator_drift_detected_total{field=\"name\"} 1",
+            "petstore_operator_time_to_ready_seconds_bucket{le=\"0.1\"} 1",
+            "petstore_operator_queue_depth 3",
+            "petstore_operator_queue_oldest_age_seconds 1.5",
+            "petstore_operator_not_ready_pets 2",
+            "petstore_operator_not_ready_oldest_seconds 61.0",
+            "petstore_operator_repeated_drift_pets 1",
+        ] {
+            assert!(text.contains(series), "{series} in {text}");
         }
         assert!(
             text.contains(
@@ -321,7 +477,7 @@ mod tests {
         );
         assert!(
             text.contains(
-                "petstore_operator_store_call_duration_seconds_count{method=\"SetIdempotencyKeys\",outcome=\"ok\"} 1"
+                "petstore_operator_store_call_duration_seconds_count{method=\"SetIdempotencyKeys\",outcome=\"OK\"} 1"
             ),
             "{text}"
         );

@@ -165,7 +165,9 @@ fn a_status_id_that_is_not_the_pets_own_is_corrected_and_touches_nothing_foreign
     assert!(!events(&env)?.iter().any(|e| e.0 == "Recreated"));
     let metrics = operator.metrics()?;
     assert!(
-        metrics.contains("petstore_operator_store_actions_total{action=\"create\"} 2"),
+        metrics.contains(
+            "petstore_operator_store_actions_total{action=\"create\",cause=\"new_pet\"} 2"
+        ),
         "{metrics}"
     );
     Ok(())

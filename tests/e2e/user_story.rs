@@ -90,6 +90,13 @@ fn apply_rename_delete_and_orphan() -> fixtures::Result<()> {
             .then_some(())
     })?;
     assert_eq!(env.store_pets()?.len(), 2);
+    // Why the record changed is in `kubectl describe`, without the logs.
+    wait_for(TIMEOUT, "the drift correction in kubectl describe", || {
+        let described = env.cp.kubectl(&["describe", "pet", "pet-sample1"]).ok()?;
+        described
+            .contains(r#"drift corrected: name "Changed behind its back" -> "Thorbert", type bird -> dog"#)
+            .then_some(())
+    })?;
 
     // 3. Delete: the record goes, the finalizer is released, the object is gone.
     env.cp.kubectl(&[
@@ -122,19 +129,18 @@ fn apply_rename_delete_and_orphan() -> fixtures::Result<()> {
 
     // The operator counted what it did.
     let metrics = operator.metrics()?;
-    assert!(
-        metrics.contains("petstore_operator_store_actions_total{action=\"create\"} 2"),
-        "{metrics}"
-    );
-    assert!(
-        metrics.contains("petstore_operator_store_actions_total{action=\"delete\"} 1"),
-        "{metrics}"
-    );
-    // The rename and the drift repair.
-    assert!(
-        metrics.contains("petstore_operator_store_actions_total{action=\"update\"} 2"),
-        "{metrics}"
-    );
+    // Each write by its cause: the rename is a spec change, the repair drift.
+    for series in [
+        r#"petstore_operator_store_actions_total{action="create",cause="new_pet"} 2"#,
+        r#"petstore_operator_store_actions_total{action="delete",cause="deletion"} 1"#,
+        r#"petstore_operator_store_actions_total{action="release",cause="deletion"} 1"#,
+        r#"petstore_operator_store_actions_total{action="update",cause="spec_change"} 1"#,
+        r#"petstore_operator_store_actions_total{action="update",cause="drift"} 1"#,
+        r#"petstore_operator_drift_detected_total{field="name"} 1"#,
+        r#"petstore_operator_time_to_ready_seconds_count"#,
+    ] {
+        assert!(metrics.contains(series), "{series} in {metrics}");
+    }
 
     // SIGTERM: a graceful stop, exit status 0.
     assert!(

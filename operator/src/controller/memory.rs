@@ -1,8 +1,10 @@
 //! What the controller remembers about each Pet between its reconciles, in
-//! one entry per Pet UID: how often it has failed in a row (its backoff) and
+//! one entry per Pet UID: how often it has failed in a row (its backoff),
 //! when it was last found in sync (so the reconcile its own status write
-//! triggers can skip the store). Keyed by UID, so a Pet deleted and created
-//! again under its name starts clean.
+//! triggers can skip the store), since when it has waited to be Ready, when
+//! its next reconcile is due, and its last drift corrections (the last three
+//! for the metrics). Keyed by UID, so a Pet deleted and created again under
+//! its name starts clean.
 //!
 //! An entry exists only while there is something to remember, and goes with
 //! its Pet: when a reconcile lets the Pet go, when the watch reports it
@@ -13,12 +15,20 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 
-use crate::crd::Pet;
+use crate::crd::{ConditionStatus, Pet};
+use crate::metrics::PetGauges;
+use crate::status::READY;
+
+/// Drift corrections this many times within [`REPEATED_DRIFT_WINDOW`] mark
+/// a Pet whose record something else keeps writing.
+const REPEATED_DRIFT: usize = 3;
+const REPEATED_DRIFT_WINDOW: Duration = Duration::from_secs(3600);
 
 #[derive(Default)]
 pub struct Memory {
@@ -33,6 +43,13 @@ struct Remembered {
     failures: u32,
     /// The generation last found in sync, and when.
     synced: Option<Synced>,
+    /// Since the Pet's creation or spec change, while it is not Ready.
+    not_ready_since: Option<Instant>,
+    /// When its next reconcile is due; `None` while one runs, or while it
+    /// waits for a change.
+    due: Option<Instant>,
+    /// Its last drift corrections, oldest first.
+    drifts: [Option<Instant>; REPEATED_DRIFT],
 }
 
 /// A generation found in sync (its status written), and when.
@@ -63,17 +80,86 @@ impl Memory {
     }
 
     /// The Pet's generation was found in sync and its status written now:
-    /// its failures are over.
-    pub fn in_sync(&self, pet: &Pet, uid: &str, generation: Option<i64>) {
+    /// its failures are over. Returns how long it waited to be Ready, if it
+    /// was waiting.
+    pub fn in_sync(&self, pet: &Pet, uid: &str, generation: Option<i64>) -> Option<Duration> {
+        let mut waited = None;
         self.update(pet, uid, |remembered| {
-            *remembered = Remembered {
-                failures: 0,
-                synced: Some(Synced {
-                    generation,
-                    at: Instant::now(),
-                }),
-            };
+            waited = remembered
+                .not_ready_since
+                .take()
+                .map(|since| since.elapsed());
+            remembered.failures = 0;
+            remembered.synced = Some(Synced {
+                generation,
+                at: Instant::now(),
+            });
         });
+        waited
+    }
+
+    /// A watch event asks to reconcile the Pet: it is due now, and if it
+    /// does not show Ready for its generation, it starts waiting to be
+    /// Ready (a new Pet since its creation).
+    pub fn triggered(&self, pet: &Pet, uid: &str) {
+        let now = Instant::now();
+        let waiting_since = (!shows_ready(pet)).then(|| waiting_since(pet, now));
+        self.update(pet, uid, |remembered| {
+            remembered.due = Some(remembered.due.map_or(now, |due| due.min(now)));
+            if remembered.not_ready_since.is_none() {
+                remembered.not_ready_since = waiting_since;
+            }
+        });
+    }
+
+    /// Its reconcile started.
+    pub fn started(&self, uid: &str) {
+        if let Some(remembered) = self.pets().get_mut(uid) {
+            remembered.due = None;
+        }
+    }
+
+    /// Its next reconcile is due after `delay` (or sooner, if a watch event
+    /// already made it due).
+    pub fn requeued(&self, pet: &Pet, uid: &str, delay: Duration) {
+        let at = Instant::now() + delay;
+        self.update(pet, uid, |remembered| {
+            remembered.due = Some(remembered.due.map_or(at, |due| due.min(at)));
+        });
+    }
+
+    /// Its record was corrected for drift: returns whether that has now
+    /// happened [`REPEATED_DRIFT`] times within the window.
+    pub fn drift_corrected(&self, pet: &Pet, uid: &str) -> bool {
+        let now = Instant::now();
+        let mut repeated = false;
+        self.update(pet, uid, |remembered| {
+            remembered.drifts.rotate_left(1);
+            remembered.drifts[REPEATED_DRIFT - 1] = Some(now);
+            repeated = is_repeated(&remembered.drifts, now);
+        });
+        repeated
+    }
+
+    /// The scrape-time gauges: the due Pets (the work queue), the Pets
+    /// waiting to be Ready, and the Pets drifting again and again.
+    pub fn gauges(&self) -> PetGauges {
+        let now = Instant::now();
+        let mut gauges = PetGauges::default();
+        for remembered in self.pets().values() {
+            if let Some(due) = remembered.due.filter(|due| *due <= now) {
+                gauges.queue_depth += 1;
+                gauges.queue_oldest_age = gauges.queue_oldest_age.max(now - due);
+            }
+            if let Some(since) = remembered.not_ready_since {
+                gauges.not_ready += 1;
+                gauges.not_ready_oldest = gauges.not_ready_oldest.max(now - since);
+            }
+            if is_repeated(&remembered.drifts, now) {
+                gauges.repeated_drift += 1;
+            }
+        }
+        gauges
     }
 
     /// The reconcile failed and is retried: returns the failures in a row.
@@ -155,6 +241,33 @@ impl Memory {
     }
 }
 
+/// The Pet shows Ready=True for its current generation.
+fn shows_ready(pet: &Pet) -> bool {
+    let observed = pet.status.as_ref().and_then(|s| s.observed_generation);
+    observed == pet.metadata.generation
+        && pet
+            .condition(READY)
+            .is_some_and(|c| c.status == ConditionStatus::True)
+}
+
+/// A Pet never reconciled has waited since its creation; any other since
+/// now, when its change is seen.
+fn waiting_since(pet: &Pet, now: Instant) -> Instant {
+    let created = pet
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .filter(|_| pet.status.is_none());
+    created
+        .and_then(|created| Duration::try_from(Timestamp::now().duration_since(created.0)).ok())
+        .and_then(|age| now.checked_sub(age))
+        .unwrap_or(now)
+}
+
+fn is_repeated(drifts: &[Option<Instant>; REPEATED_DRIFT], now: Instant) -> bool {
+    drifts[0].is_some_and(|oldest| now.duration_since(oldest) < REPEATED_DRIFT_WINDOW)
+}
+
 #[cfg(test)]
 mod tests {
     use kube::runtime::{reflector, watcher};
@@ -228,5 +341,64 @@ mod tests {
         assert_eq!(memory.failures("thor"), 0);
         assert_eq!(memory.failures("loki"), 1);
         assert_eq!(memory.len(), 1);
+    }
+
+    #[test]
+    fn the_queue_gauges_count_only_the_pets_that_are_due() {
+        let memory = Memory::default();
+        let (thor, loki) = (pet("thor"), pet("loki"));
+        memory.triggered(&thor, "thor");
+        memory.requeued(&loki, "loki", Duration::from_secs(300));
+        let gauges = memory.gauges();
+        assert_eq!(gauges.queue_depth, 1, "loki is due only in 5 minutes");
+        memory.started("thor");
+        assert_eq!(memory.gauges().queue_depth, 0);
+        // A watch event during a requeue's wait makes it due at once.
+        memory.triggered(&loki, "loki");
+        assert_eq!(memory.gauges().queue_depth, 1);
+    }
+
+    #[test]
+    fn a_pet_waits_to_be_ready_from_its_trigger_until_in_sync() {
+        let memory = Memory::default();
+        let thor = pet("thor");
+        memory.triggered(&thor, "thor");
+        assert_eq!(memory.gauges().not_ready, 1);
+        let waited = memory.in_sync(&thor, "thor", Some(1));
+        assert!(
+            waited.is_some_and(|w| w < Duration::from_secs(5)),
+            "{waited:?}"
+        );
+        assert_eq!(memory.gauges().not_ready, 0);
+        assert_eq!(memory.in_sync(&thor, "thor", Some(1)), None, "told once");
+        // A Pet that shows Ready for its generation is not waiting.
+        let ready = pet("loki").ready("r-1");
+        memory.triggered(&ready, "loki");
+        assert_eq!(memory.gauges().not_ready, 0);
+    }
+
+    #[test]
+    fn a_new_pet_has_waited_since_its_creation() {
+        let mut thor = pet("thor");
+        let created = Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(30);
+        thor.metadata.creation_timestamp = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(created),
+        );
+        let memory = Memory::default();
+        memory.triggered(&thor, "thor");
+        let oldest = memory.gauges().not_ready_oldest;
+        assert!(oldest >= Duration::from_secs(29), "{oldest:?}");
+    }
+
+    #[test]
+    fn the_third_drift_within_an_hour_marks_the_pet() {
+        let memory = Memory::default();
+        let thor = pet("thor");
+        assert!(!memory.drift_corrected(&thor, "thor"));
+        assert!(!memory.drift_corrected(&thor, "thor"));
+        assert!(memory.drift_corrected(&thor, "thor"));
+        assert_eq!(memory.gauges().repeated_drift, 1);
+        memory.forget("thor");
+        assert_eq!(memory.gauges().repeated_drift, 0);
     }
 }

@@ -140,7 +140,13 @@ impl Context {
     fn to_reconcile(&self, event: watcher::Event<Pet>) -> Option<Pet> {
         match event {
             watcher::Event::Apply(pet) | watcher::Event::InitApply(pet) => {
-                self.needs_reconcile(&pet).then_some(pet)
+                if !self.needs_reconcile(&pet) {
+                    return None;
+                }
+                if let Some(uid) = &pet.metadata.uid {
+                    self.memory.triggered(&pet, uid);
+                }
+                Some(pet)
             }
             watcher::Event::Delete(pet) => {
                 if let Some(uid) = &pet.metadata.uid {
@@ -186,18 +192,26 @@ impl Context {
                 pet.status.as_ref(),
                 pet.metadata.generation,
             ),
+            spec_changed: pet.status.as_ref().and_then(|s| s.observed_generation)
+                != pet.metadata.generation,
             create_observes: self.create_observes.load(Ordering::Relaxed),
         })
     }
 
     /// The controller action for `next`; a failure's backoff comes from
     /// [`error_policy`].
-    fn action(&self, next: Next, uid: &str) -> Action {
+    fn action(&self, next: Next, pet: &Pet, uid: &str) -> Action {
         match next {
             Next::AwaitChange => Action::await_change(),
-            Next::Poll | Next::Retry => Action::requeue(self.poll_delay(uid)),
-            Next::After(delay) => Action::requeue(delay),
+            Next::Poll | Next::Retry => self.requeue(pet, uid, self.poll_delay(uid)),
+            Next::After(delay) => self.requeue(pet, uid, delay),
         }
+    }
+
+    /// Requeues the Pet, remembering when it is due (the queue gauges).
+    fn requeue(&self, pet: &Pet, uid: &str, delay: Duration) -> Action {
+        self.memory.requeued(pet, uid, delay);
+        Action::requeue(delay)
     }
 }
 
@@ -205,6 +219,12 @@ impl Context {
 /// in flight finish.
 pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
     let pets: Api<Pet> = Api::all(ctx.client.clone());
+    let weak = Arc::downgrade(&ctx);
+    ctx.metrics.gauges_from(move || {
+        weak.upgrade()
+            .map(|ctx| ctx.memory.gauges())
+            .unwrap_or_default()
+    });
     let (reader, writer) = reflector::store();
     ctx.poll.track(reader.clone());
     ctx.memory.track(reader.clone());
@@ -244,6 +264,9 @@ pub async fn reconcile(pet: Arc<Pet>, ctx: Arc<Context>) -> Result<Action, Error
     // Queued Events wait while Pets are being reconciled (see crate::events).
     let _reconciling = ctx.events.reconciling();
     let _timer = ctx.metrics.reconcile_timer();
+    if let Some(uid) = &pet.metadata.uid {
+        ctx.memory.started(uid);
+    }
     match Reconcile::new(&pet, &ctx) {
         Ok(reconcile) => reconcile.run().await,
         // Never from the API server, where every Pet has both.
@@ -255,12 +278,11 @@ pub async fn reconcile(pet: Arc<Pet>, ctx: Arc<Context>) -> Result<Action, Error
 /// and counted the failure; this only turns the Pet's failures in a row into
 /// its backoff.
 pub fn error_policy(pet: Arc<Pet>, _error: &Error, ctx: Arc<Context>) -> Action {
-    let failures = pet
-        .metadata
-        .uid
-        .as_deref()
-        .map_or(1, |uid| ctx.memory.failures(uid));
-    Action::requeue(backoff(&ctx.settings, failures))
+    let Some(uid) = pet.metadata.uid.as_deref() else {
+        return Action::requeue(backoff(&ctx.settings, 1));
+    };
+    let delay = backoff(&ctx.settings, ctx.memory.failures(uid));
+    ctx.requeue(&pet, uid, delay)
 }
 
 /// Exponential backoff per Pet: base * 2^(failures-1), capped, with jitter.

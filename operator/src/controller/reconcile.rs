@@ -4,6 +4,12 @@
 //! before anything else). [`Reconcile::record`] then makes the ending known,
 //! in one place: the status, the finalizer's release, Events, the errors
 //! metric, the log and the Pet's memory.
+//!
+//! Every write to the store is told once, by [`Reconcile::wrote`]: one
+//! `info` line on the `petstore_operator::changes` target (the change log:
+//! the Pet, the record, the cause and each field's old and new value), and
+//! `store_actions_total{action,cause}`. The story's Event carries the same
+//! cause and fields.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -12,18 +18,18 @@ use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
-use tracing::{debug, info, warn};
+use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::{Context, finalizer, status_write};
 use crate::crd::Pet;
 // `Sync` would shadow the marker trait.
 use crate::decision::{
-    Facts, Finish, Next, Observation, Plan, Step, Story, Sync as SyncPlan, Target, after_create,
-    decide, first_step,
+    Cause, Facts, Finish, Next, Observation, Plan, Step, Story, Sync as SyncPlan, Target,
+    after_create, decide, first_step,
 };
 use crate::metrics::StoreAction;
 use crate::status::{self, Outcome, Reason};
-use crate::store::{Created, StoreError};
+use crate::store::{Changes, Created, Field, FieldChange, Lookup, PetData, StoreError};
 use crate::{Error, Fault};
 
 /// Observations per reconcile: a record that vanishes before an update, or
@@ -42,10 +48,12 @@ pub struct Reconcile<'a> {
 enum Ending {
     /// Nothing to write: look again then.
     Quiet(Next),
-    /// The record with this ID is in line with the Pet.
+    /// The record with this ID is in line with the Pet; `changes` are what
+    /// this reconcile wrote to it.
     Synced {
         id: String,
         sync: SyncPlan,
+        changes: Changes,
     },
     /// The store side of a deletion is done.
     Finished(Story),
@@ -129,7 +137,9 @@ impl<'a> Reconcile<'a> {
                     return Ending::Problem(Problem::held(outcome, next));
                 }
                 Step::AddFinalizer => {
-                    let added = finalizer::add(&self.api, &self.pet).await;
+                    let added = finalizer::add(&self.api, &self.pet)
+                        .instrument(info_span!("kube.add_finalizer"))
+                        .await;
                     match added.and_then(|pet| Ok((self.ctx.facts(&pet)?, pet))) {
                         Ok((facts, pet)) => (self.facts, self.pet) = (facts, Arc::new(pet)),
                         Err(error) => return Ending::Problem(Problem::unshown(error)),
@@ -148,7 +158,14 @@ impl<'a> Reconcile<'a> {
         let mut attempt = 1;
         loop {
             let result = match self.observe(id).await {
-                Ok(observation) => self.execute(decide(&self.facts, observation)).await,
+                Ok(observation) => {
+                    let observed = match &observation {
+                        Observation::Found(lookup) => lookup.clone(),
+                        Observation::StoreLacks { .. } => Lookup::default(),
+                    };
+                    let plan = info_span!("decide").in_scope(|| decide(&self.facts, observation));
+                    self.execute(plan, &observed).await
+                }
                 Err(error) => Err(error),
             };
             match result {
@@ -174,14 +191,14 @@ impl<'a> Reconcile<'a> {
         }
     }
 
-    async fn execute(&self, plan: Plan) -> Result<Ending, Error> {
+    async fn execute(&self, plan: Plan, observed: &Lookup) -> Result<Ending, Error> {
         debug!(?plan, "decided");
         Ok(match plan {
             Plan::Hold { outcome, next } => Ending::Problem(Problem::held(outcome, next)),
-            Plan::Sync(sync) => Ending::Synced {
-                id: self.sync(&sync).await?,
-                sync,
-            },
+            Plan::Sync(sync) => {
+                let (id, changes) = self.sync(&sync, observed).await?;
+                Ending::Synced { id, sync, changes }
+            }
             Plan::Finish(finish) => {
                 self.finish(&finish).await?;
                 Ending::Finished(finish.story)
@@ -199,40 +216,100 @@ impl<'a> Reconcile<'a> {
         let Some(sync) = after_create(&self.facts, &created) else {
             info!(
                 id = created.id(),
-                "the Pet's UID already named a store record; reading it"
+                "the create did not make a new record, or the store did not say; reading it"
             );
             return self.observe_and_execute(None).await;
         };
-        self.ctx.metrics.store_action(StoreAction::Create);
-        match self.sync(&sync).await {
-            Ok(id) => Ending::Synced { id, sync },
+        let cause = sync.story.cause(&self.facts);
+        let changes = created_fields(&self.facts.desired);
+        self.wrote(StoreAction::Create, cause, created.id(), &changes);
+        match self.sync(&sync, &Lookup::default()).await {
+            Ok((id, _)) => Ending::Synced { id, sync, changes },
             Err(error) => Ending::Problem(Problem::failed(error)),
         }
     }
 
-    /// Brings the record in line with the Pet; returns its ID.
-    async fn sync(&self, sync: &SyncPlan) -> Result<String, Error> {
-        let (store, metrics, uid) = (&self.ctx.store, &self.ctx.metrics, &self.facts.uid);
+    /// Brings the record in line with the Pet; returns its ID and what was
+    /// written to it. `observed` holds the record as it was read.
+    async fn sync(&self, sync: &SyncPlan, observed: &Lookup) -> Result<(String, Changes), Error> {
+        let (store, uid) = (&self.ctx.store, &self.facts.uid);
+        let cause = sync.story.cause(&self.facts);
+        let mut written = Changes::default();
         match &sync.target {
             Target::Existing(id) => {
                 if sync.claim {
                     store.set_key(id, "", uid).await?;
-                    metrics.store_action(StoreAction::Claim);
-                    info!(%id, "took ownership of the store record");
+                    self.wrote(StoreAction::Claim, cause, id, &key_change("", uid));
                 }
                 if sync.update {
                     store.update(id, &self.facts.desired).await?;
-                    metrics.store_action(StoreAction::Update);
+                    let before = [&observed.by_id, &observed.by_key]
+                        .into_iter()
+                        .flatten()
+                        .find(|record| record.id == *id);
+                    let changes = match before {
+                        Some(record) => record.data.changes_to(&self.facts.desired),
+                        None => created_fields(&self.facts.desired),
+                    };
+                    self.wrote(StoreAction::Update, cause, id, &changes);
+                    written = changes;
                 }
-                Ok(id.clone())
+                Ok((id.clone(), written))
             }
             Target::Create => {
-                let id = self.create().await?.into_id();
-                metrics.store_action(match sync.story {
+                let created = self.create().await?;
+                let action = match sync.story {
                     Story::Recreated { .. } => StoreAction::Recreate,
                     _ => StoreAction::Create,
-                });
-                Ok(id)
+                };
+                let mut changes = created_fields(&self.facts.desired);
+                if let Story::Recreated { lost } = &sync.story {
+                    changes.0.insert(
+                        0,
+                        FieldChange {
+                            field: Field::Record,
+                            from: "(none)".into(),
+                            to: format!("{lost} recreated"),
+                        },
+                    );
+                }
+                self.wrote(action, cause, created.id(), &changes);
+                Ok((created.into_id(), changes))
+            }
+        }
+    }
+
+    /// Tells one store write: the change log line, `store_actions_total`,
+    /// and for drift, `drift_detected_total` and the Pet's drift memory.
+    fn wrote(&self, action: StoreAction, cause: Cause, id: &str, changes: &Changes) {
+        let pet = &self.pet;
+        info!(
+            target: "petstore_operator::changes",
+            namespace = pet.namespace().unwrap_or_default(),
+            pet = pet.name_any(),
+            uid = self.facts.uid,
+            record_id = id,
+            action = action.label(),
+            %cause,
+            %changes,
+            "store record {}", action.past_tense()
+        );
+        let metrics = &self.ctx.metrics;
+        metrics.store_action(action, cause);
+        if cause == Cause::Drift && matches!(action, StoreAction::Update | StoreAction::Recreate) {
+            let fields: Vec<Field> = if action == StoreAction::Recreate {
+                vec![Field::Record]
+            } else {
+                changes.fields().collect()
+            };
+            for field in fields {
+                metrics.drift_detected(field);
+            }
+            if self.ctx.memory.drift_corrected(pet, &self.facts.uid) {
+                warn!(
+                    record_id = id,
+                    "store record corrected for drift again: something outside the operator keeps changing it"
+                );
             }
         }
     }
@@ -247,11 +324,8 @@ impl<'a> Reconcile<'a> {
             .create_observes
             .store(created.is_known(), Ordering::Relaxed);
         let id = created.id();
-        match &created {
-            Created::Existing(_) => {
-                info!(%id, "found the store record created earlier with this Pet's UID");
-            }
-            Created::New(_) | Created::Unknown(_) => info!(%id, "created store record"),
+        if let Created::Existing(_) = &created {
+            info!(%id, "found the store record created earlier with this Pet's UID");
         }
         if self.ctx.settings.fault == Some(Fault::HangAfterCreate) {
             warn!(%id, pet = %self.pet.name_any(), "fault injection: hanging after create, before the ID reaches status");
@@ -262,14 +336,20 @@ impl<'a> Reconcile<'a> {
 
     /// Deletion: deletes or releases the Pet's record.
     async fn finish(&self, finish: &Finish) -> Result<(), Error> {
-        let (store, metrics, uid) = (&self.ctx.store, &self.ctx.metrics, &self.facts.uid);
+        let (store, uid) = (&self.ctx.store, &self.facts.uid);
+        let cause = finish.story.cause(&self.facts);
         if let Some(id) = &finish.release {
             store.set_key(id, uid, "").await?;
-            metrics.store_action(StoreAction::Release);
+            self.wrote(StoreAction::Release, cause, id, &key_change(uid, ""));
         }
         if let Some(id) = &finish.delete {
             store.delete(id).await?;
-            metrics.store_action(StoreAction::Delete);
+            let gone = Changes(vec![FieldChange {
+                field: Field::Record,
+                from: id.clone(),
+                to: "(none)".into(),
+            }]);
+            self.wrote(StoreAction::Delete, cause, id, &gone);
         }
         Ok(())
     }
@@ -286,10 +366,13 @@ impl<'a> Reconcile<'a> {
                 } else {
                     self.ctx.memory.succeeded(uid);
                 }
-                return Ok(self.ctx.action(next, uid));
+                return Ok(self.ctx.action(next, &self.pet, uid));
             }
-            Ending::Synced { id, sync } => match self.record_sync(&id, &sync).await {
-                Ok(()) => return Ok(Action::requeue(self.ctx.poll_delay(uid))),
+            Ending::Synced { id, sync, changes } => match self
+                .record_sync(&id, &sync, &changes)
+                .await
+            {
+                Ok(()) => return Ok(self.ctx.requeue(&self.pet, uid, self.ctx.poll_delay(uid))),
                 Err(error) => Problem::failed(error),
             },
             Ending::Finished(story) => match self.record_finish(&story).await {
@@ -309,7 +392,7 @@ impl<'a> Reconcile<'a> {
 
     /// The ID and conditions to status, then the story's Event: after the
     /// status write, so Ready is never held up by an Event.
-    async fn record_sync(&self, id: &str, sync: &SyncPlan) -> Result<(), Error> {
+    async fn record_sync(&self, id: &str, sync: &SyncPlan, changes: &Changes) -> Result<(), Error> {
         let outcome = sync.outcome(id);
         self.write_status(Some(id), &outcome).await?;
         // A problem shown although the record is in line (a misspelled
@@ -317,10 +400,15 @@ impl<'a> Reconcile<'a> {
         if sync.warning.is_some() {
             self.warn_once(&outcome);
         }
-        self.ctx
-            .memory
-            .in_sync(&self.pet, &self.facts.uid, self.pet.metadata.generation);
-        if let Some((reason, note)) = sync.story.notice(Some(id)) {
+        let waited =
+            self.ctx
+                .memory
+                .in_sync(&self.pet, &self.facts.uid, self.pet.metadata.generation);
+        if let Some(waited) = waited {
+            self.ctx.metrics.became_ready(waited);
+        }
+        let cause = sync.story.cause(&self.facts);
+        if let Some((reason, note)) = sync.story.event(Some(id), cause, changes) {
             if reason.is_warning() {
                 warn!(%reason, "{note}");
             }
@@ -336,13 +424,17 @@ impl<'a> Reconcile<'a> {
         if let Some((reason, note)) = story.notice(None) {
             self.publish(reason, story.action(), note);
         }
-        finalizer::remove(&self.api, &self.pet).await?;
+        finalizer::remove(&self.api, &self.pet)
+            .instrument(info_span!("kube.remove_finalizer"))
+            .await?;
         self.ctx.memory.forget(&self.facts.uid);
         Ok(())
     }
 
     async fn write_status(&self, id: Option<&str>, outcome: &Outcome) -> Result<(), Error> {
-        status_write::write(&self.ctx.client, &self.api, &self.pet, id, outcome).await
+        status_write::write(&self.ctx.client, &self.api, &self.pet, id, outcome)
+            .instrument(info_span!("kube.patch_status"))
+            .await
     }
 
     /// A Warning for `outcome`'s reason, unless the Pet already shows that
@@ -404,7 +496,7 @@ pub fn count(
             }
             // Neither in sync nor failing: nothing to remember.
             ctx.memory.forget(uid);
-            return Ok(ctx.action(next, uid));
+            return Ok(ctx.action(next, pet, uid));
         }
         _ => {}
     }
@@ -416,4 +508,27 @@ pub fn count(
         debug!(failures, %error, "reconcile failed again");
     }
     Err(error)
+}
+
+/// A new record's fields, each from nothing.
+fn created_fields(data: &PetData) -> Changes {
+    let new = |field, to: String| FieldChange {
+        field,
+        from: "(none)".into(),
+        to,
+    };
+    Changes(vec![
+        new(Field::Name, format!("{:?}", data.name)),
+        new(Field::Type, data.kind.as_str().to_owned()),
+        new(Field::Birthday, data.birthday.to_string()),
+    ])
+}
+
+/// An ownership change: the record's idempotency key.
+fn key_change(from: &str, to: &str) -> Changes {
+    Changes(vec![FieldChange {
+        field: Field::Key,
+        from: format!("{from:?}"),
+        to: format!("{to:?}"),
+    }])
 }

@@ -410,6 +410,82 @@ async fn drift_is_put_back_on_the_same_id() {
 }
 
 #[tokio::test]
+async fn drift_is_told_with_its_cause_and_fields_in_the_event_and_metrics() {
+    let h = harness();
+    let id = h.store.insert(UID, PetData::named("Thorbert"));
+    // Ready at this generation: the difference was made outside.
+    let pet = Pet::test().finalized().ready(&id);
+    h.expect_status_write(&pet);
+    h.reconcile(&pet).await.expect("reconcile");
+    assert_eq!(
+        h.event_note("Updated"),
+        format!(
+            "drift corrected: name \"Thorbert\" -> \"Thor\" (store record {id} was changed outside the operator)"
+        )
+    );
+    let metrics = h.ctx.metrics.encode().expect("metrics");
+    for series in [
+        "petstore_operator_store_actions_total{action=\"update\",cause=\"drift\"} 1",
+        "petstore_operator_drift_detected_total{field=\"name\"} 1",
+    ] {
+        assert!(metrics.contains(series), "{series} in {metrics}");
+    }
+    h.verify(&["Updated"]);
+}
+
+#[tokio::test]
+async fn a_spec_edit_is_told_as_one_not_as_drift() {
+    let h = harness();
+    let id = h.store.insert(UID, PetData::named("Thorbert"));
+    // The spec was edited: generation 2, status still shows generation 1.
+    let pet = Pet::test().finalized().ready(&id).with_generation(2);
+    h.expect_status_write(&pet);
+    h.reconcile(&pet).await.expect("reconcile");
+    assert_eq!(
+        h.event_note("Updated"),
+        format!("spec change applied to store record {id}: name \"Thorbert\" -> \"Thor\"")
+    );
+    let metrics = h.ctx.metrics.encode().expect("metrics");
+    assert!(
+        metrics.contains(
+            "petstore_operator_store_actions_total{action=\"update\",cause=\"spec_change\"} 1"
+        ),
+        "{metrics}"
+    );
+    assert!(!metrics.contains("drift_detected_total{"), "{metrics}");
+    h.verify(&["Updated"]);
+}
+
+#[tokio::test]
+async fn a_new_pet_is_counted_from_its_first_trigger_until_ready() {
+    let h = harness();
+    let pet = Pet::test().finalized();
+    h.ctx.memory.triggered(&pet, UID);
+    let gauges = h.ctx.memory.gauges();
+    assert_eq!((gauges.queue_depth, gauges.not_ready), (1, 1));
+    h.expect_status_write(&pet);
+    h.reconcile(&pet).await.expect("reconcile");
+    let gauges = h.ctx.memory.gauges();
+    assert_eq!(
+        (gauges.queue_depth, gauges.not_ready),
+        (0, 0),
+        "started, then Ready, and requeued for its poll in the future"
+    );
+    let metrics = h.ctx.metrics.encode().expect("metrics");
+    assert!(
+        metrics.contains("petstore_operator_time_to_ready_seconds_count 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(
+            "petstore_operator_store_actions_total{action=\"create\",cause=\"new_pet\"} 1"
+        ),
+        "{metrics}"
+    );
+    h.verify(&["Created"]);
+}
+
+#[tokio::test]
 async fn an_update_whose_record_vanished_recreates_at_once() {
     let h = harness();
     let id = h.store.insert(UID, PetData::named("Changed out of band"));

@@ -3,6 +3,9 @@
 //! expected step or plan.
 
 use super::*;
+use crate::crd::PetKind;
+use crate::store::Field;
+use chrono::NaiveDate;
 
 const UID: &str = "uid-thor";
 const OTHER_UID: &str = "uid-loki";
@@ -19,6 +22,7 @@ fn facts() -> Facts {
         external_id: None,
         status_id: None,
         rejected_this_generation: false,
+        spec_changed: false,
         recently_synced: None,
         create_observes: false,
     }
@@ -650,4 +654,125 @@ fn events_never_claim_what_did_not_happen() {
         "{note}"
     );
     assert_eq!(Story::InSync.notice(Some("a")), None);
+}
+
+#[test]
+fn every_write_has_one_cause() {
+    let edited = Facts {
+        spec_changed: true,
+        ..facts()
+    };
+    let unchanged = facts();
+    let cases: Vec<(&str, Story, &Facts, Cause)> = vec![
+        ("a new Pet's record", Story::Created, &edited, Cause::NewPet),
+        (
+            "its own record found by UID",
+            Story::FoundByKey,
+            &edited,
+            Cause::NewPet,
+        ),
+        (
+            "a record named for adoption",
+            Story::Adopted,
+            &unchanged,
+            Cause::Adoption,
+        ),
+        ("an edited spec", Story::Updated, &edited, Cause::SpecChange),
+        (
+            "a record changed outside, spec unchanged",
+            Story::Updated,
+            &unchanged,
+            Cause::Drift,
+        ),
+        (
+            "a record deleted outside",
+            Story::Recreated { lost: "a".into() },
+            &unchanged,
+            Cause::Drift,
+        ),
+        (
+            "status.id edited outside",
+            Story::Corrected {
+                stale: "a".into(),
+                foreign: true,
+                created: false,
+            },
+            &unchanged,
+            Cause::Drift,
+        ),
+        (
+            "a deletion",
+            Story::Deleted { id: None },
+            &unchanged,
+            Cause::Deletion,
+        ),
+        (
+            "an Orphan release",
+            Story::Orphaned { id: None },
+            &unchanged,
+            Cause::Deletion,
+        ),
+    ];
+    for (name, story, facts, cause) in cases {
+        assert_eq!(story.cause(facts), cause, "{name}");
+    }
+}
+
+#[test]
+fn events_tell_the_cause_and_the_fields_changed() {
+    let changes = PetData::named("Thorbert").changes_to(&PetData::test());
+    assert_eq!(changes.to_string(), r#"name "Thorbert" -> "Thor""#);
+    let (reason, note) = Story::Updated
+        .event(Some("17"), Cause::Drift, &changes)
+        .expect("an event");
+    assert_eq!(reason, Reason::Updated);
+    assert_eq!(
+        note,
+        r#"drift corrected: name "Thorbert" -> "Thor" (store record 17 was changed outside the operator)"#
+    );
+    let (_, note) = Story::Updated
+        .event(Some("17"), Cause::SpecChange, &changes)
+        .expect("an event");
+    assert_eq!(
+        note,
+        r#"spec change applied to store record 17: name "Thorbert" -> "Thor""#
+    );
+    let (_, note) = Story::Recreated { lost: "5".into() }
+        .event(Some("9"), Cause::Drift, &Changes::default())
+        .expect("an event");
+    assert!(
+        note.starts_with("drift corrected: store record 5 was deleted outside"),
+        "{note}"
+    );
+    // Adoption that also brought the record in line says both.
+    let (_, note) = Story::Adopted
+        .event(Some("17"), Cause::Adoption, &changes)
+        .expect("an event");
+    assert!(
+        note.ends_with(r#"; updated name "Thorbert" -> "Thor""#),
+        "{note}"
+    );
+    assert_eq!(
+        Story::InSync.event(Some("17"), Cause::Drift, &Changes::default()),
+        None
+    );
+}
+
+#[test]
+fn a_diff_names_every_changed_field_in_spec_order() {
+    let before = PetData {
+        name: "Loki".into(),
+        kind: PetKind::Cat,
+        birthday: NaiveDate::from_ymd_opt(2020, 1, 2).expect("a date"),
+    };
+    let changes = before.changes_to(&PetData::test());
+    assert_eq!(
+        changes.to_string(),
+        r#"name "Loki" -> "Thor", type cat -> dog, birthday 2020-01-02 -> 2021-04-01"#
+    );
+    assert_eq!(
+        changes.fields().collect::<Vec<_>>(),
+        [Field::Name, Field::Type, Field::Birthday]
+    );
+    assert!(PetData::test().changes_to(&PetData::test()).is_empty());
 }

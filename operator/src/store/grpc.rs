@@ -118,7 +118,7 @@ impl GrpcPetStore {
         let started = Instant::now();
         let result = rpc(self.client.clone()).await;
         let outcome = match &result {
-            Ok(_) => "ok",
+            Ok(_) => code_label(Code::Ok),
             Err(status) => code_label(status.code()),
         };
         self.metrics
@@ -134,16 +134,27 @@ impl GrpcPetStore {
     }
 }
 
-fn code_label(code: Code) -> &'static str {
+/// The gRPC code as grpc-go's `codes.Code.String()` names it: the
+/// `outcome` label of `store_call_duration_seconds`.
+pub fn code_label(code: Code) -> &'static str {
     match code {
-        Code::Unavailable => "unavailable",
-        Code::DeadlineExceeded => "deadline_exceeded",
-        Code::InvalidArgument => "invalid_argument",
-        Code::NotFound => "not_found",
-        Code::FailedPrecondition => "failed_precondition",
-        Code::AlreadyExists => "already_exists",
-        Code::Unimplemented => "unimplemented",
-        _ => "error",
+        Code::Ok => "OK",
+        Code::Cancelled => "Canceled",
+        Code::Unknown => "Unknown",
+        Code::InvalidArgument => "InvalidArgument",
+        Code::DeadlineExceeded => "DeadlineExceeded",
+        Code::NotFound => "NotFound",
+        Code::AlreadyExists => "AlreadyExists",
+        Code::PermissionDenied => "PermissionDenied",
+        Code::ResourceExhausted => "ResourceExhausted",
+        Code::FailedPrecondition => "FailedPrecondition",
+        Code::Aborted => "Aborted",
+        Code::OutOfRange => "OutOfRange",
+        Code::Unimplemented => "Unimplemented",
+        Code::Internal => "Internal",
+        Code::Unavailable => "Unavailable",
+        Code::DataLoss => "DataLoss",
+        Code::Unauthenticated => "Unauthenticated",
     }
 }
 

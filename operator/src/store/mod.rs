@@ -31,6 +31,101 @@ impl From<&PetSpec> for PetData {
     }
 }
 
+impl PetData {
+    /// The fields that differ from `to`, in the order the spec lists them.
+    pub fn changes_to(&self, to: &PetData) -> Changes {
+        let mut changes = Vec::new();
+        if self.name != to.name {
+            changes.push(FieldChange {
+                field: Field::Name,
+                from: format!("{:?}", self.name),
+                to: format!("{:?}", to.name),
+            });
+        }
+        if self.kind != to.kind {
+            changes.push(FieldChange {
+                field: Field::Type,
+                from: self.kind.as_str().to_owned(),
+                to: to.kind.as_str().to_owned(),
+            });
+        }
+        if self.birthday != to.birthday {
+            changes.push(FieldChange {
+                field: Field::Birthday,
+                from: self.birthday.to_string(),
+                to: to.birthday.to_string(),
+            });
+        }
+        Changes(changes)
+    }
+}
+
+/// A spec field that can drift in its record; the `field` label of
+/// `drift_detected_total`. `Record` stands for the whole record (it
+/// vanished).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum Field {
+    Name,
+    /// The spec's `type` (the store's species).
+    Type,
+    Birthday,
+    /// The idempotency key: who owns the record (never drift).
+    Key,
+    Record,
+}
+
+impl Field {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Field::Name => "name",
+            Field::Type => "type",
+            Field::Birthday => "birthday",
+            Field::Key => "key",
+            Field::Record => "record",
+        }
+    }
+}
+
+/// One field's old and new value, as a person reads them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FieldChange {
+    pub field: Field,
+    pub from: String,
+    pub to: String,
+}
+
+/// What a write changed, shown as `name "Thorbert" -> "Thor", type cat -> dog`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Changes(pub Vec<FieldChange>);
+
+impl Changes {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn fields(&self) -> impl Iterator<Item = Field> + '_ {
+        self.0.iter().map(|change| change.field)
+    }
+}
+
+impl std::fmt::Display for Changes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, change) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(
+                f,
+                "{} {} -> {}",
+                change.field.as_str(),
+                change.from,
+                change.to
+            )?;
+        }
+        Ok(())
+    }
+}
+
 /// A record observed in the store.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Record {
