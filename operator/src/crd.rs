@@ -98,7 +98,7 @@ pub struct PetSpec {
 /// What deleting the Pet does to its store record: Delete (the default)
 /// deletes it; Orphan keeps it and clears its owner, so another Pet can adopt
 /// it with the annotation petstore.example.com/external-id.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
 pub enum DeletionPolicy {
     /// Delete the record.
     Delete,
@@ -107,7 +107,7 @@ pub enum DeletionPolicy {
 }
 
 /// An annotation's value, parsed. `Invalid` carries the value as written.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Setting<T> {
     Valid(T),
     Invalid {

@@ -50,6 +50,25 @@ pub struct Facts {
     pub create_observes: bool,
 }
 
+impl Facts {
+    /// What the user asked for: the spec, the deletion, and the
+    /// annotations. A watch event that changes none of it (the echo of the
+    /// operator's own status write) cannot cut a backoff short.
+    pub fn intent(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::hash::DefaultHasher::new();
+        (
+            &self.desired,
+            self.deleting,
+            &self.paused,
+            &self.deletion_policy,
+            &self.external_id,
+        )
+            .hash(&mut hasher);
+        hasher.finish()
+    }
+}
+
 /// When to look at the Pet again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Next {

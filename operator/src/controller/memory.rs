@@ -14,7 +14,7 @@
 //! watch cache.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::Timestamp;
@@ -50,6 +50,18 @@ struct Remembered {
     due: Option<Instant>,
     /// Its last drift corrections, oldest first.
     drifts: [Option<Instant>; REPEATED_DRIFT],
+    /// After a failure: until when it backs off, and the intent
+    /// ([`crate::decision::Facts::intent`]) that failed.
+    backoff: Option<Backoff>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Backoff {
+    until: Instant,
+    intent: u64,
+    /// It failed because the store did not answer: it is released as soon
+    /// as the store answers again.
+    store_down: bool,
 }
 
 /// A generation found in sync (its status written), and when.
@@ -90,6 +102,7 @@ impl Memory {
                 .take()
                 .map(|since| since.elapsed());
             remembered.failures = 0;
+            remembered.backoff = None;
             remembered.synced = Some(Synced {
                 generation,
                 at: Instant::now(),
@@ -110,6 +123,67 @@ impl Memory {
                 remembered.not_ready_since = waiting_since;
             }
         });
+    }
+
+    /// It failed with this intent and waits `delay` before the next attempt.
+    pub fn backing_off(
+        &self,
+        pet: &Pet,
+        uid: &str,
+        intent: u64,
+        delay: Duration,
+        store_down: bool,
+    ) {
+        let until = Instant::now() + delay;
+        self.update(pet, uid, |remembered| {
+            remembered.backoff = Some(Backoff {
+                until,
+                intent,
+                store_down,
+            });
+        });
+    }
+
+    /// Whether any Pet waits for the store to answer again.
+    pub fn waiting_on_store(&self) -> bool {
+        self.pets()
+            .values()
+            .any(|remembered| remembered.backoff.is_some_and(|b| b.store_down))
+    }
+
+    /// The store answers again: ends the backoff of every Pet that waited on
+    /// it, and returns them (from the watch cache) to reconcile now.
+    pub fn release_store_waiters(&self) -> Vec<Arc<Pet>> {
+        let mut released = HashSet::new();
+        for (uid, remembered) in self.pets().iter_mut() {
+            if remembered.backoff.is_some_and(|b| b.store_down) {
+                remembered.backoff = None;
+                released.insert(uid.clone());
+            }
+        }
+        let Some(cache) = self.cache.get() else {
+            return Vec::new();
+        };
+        cache
+            .state()
+            .into_iter()
+            .filter(|pet| {
+                pet.metadata
+                    .uid
+                    .as_ref()
+                    .is_some_and(|uid| released.contains(uid))
+            })
+            .collect()
+    }
+
+    /// Whether it is backing off from a failure of this same intent: then a
+    /// watch event is only the echo of a write, not a reason to try again
+    /// before the retry that is already scheduled.
+    pub fn backing_off_from(&self, uid: &str, intent: u64) -> bool {
+        self.pets()
+            .get(uid)
+            .and_then(|remembered| remembered.backoff)
+            .is_some_and(|backoff| backoff.intent == intent && backoff.until > Instant::now())
     }
 
     /// Its reconcile started.
@@ -178,6 +252,7 @@ impl Memory {
         let mut pets = self.pets();
         if let Some(remembered) = pets.get_mut(uid) {
             remembered.failures = 0;
+            remembered.backoff = None;
             if *remembered == Remembered::default() {
                 pets.remove(uid);
             }

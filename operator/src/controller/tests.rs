@@ -13,7 +13,7 @@ use http::{Method, Request, Response};
 use kube::Client;
 use kube::client::Body;
 use kube::runtime::events::Reporter;
-use kube::runtime::watcher;
+use kube::runtime::{reflector, watcher};
 use serde_json::{Value, json};
 
 use super::*;
@@ -569,6 +569,59 @@ async fn failure_counts_are_per_uid_so_a_recreated_pet_starts_clean() {
         error_policy(Arc::new(new.clone()), &err, Arc::clone(&h.ctx))
     );
     assert!(retry.contains("Some(1."), "{retry}");
+    h.verify(&["StoreUnavailable"]);
+}
+
+#[tokio::test]
+async fn the_echo_of_a_failures_status_write_does_not_count_another_failure() {
+    let h = harness();
+    let pet = Pet::test().finalized();
+    let down = showing_the_store_down(&h, &pet).await;
+    let err = Error::Held(crate::status::Reason::StoreUnavailable, String::new());
+    error_policy(Arc::new(pet.clone()), &err, Arc::clone(&h.ctx));
+    // The watch event of that status write: the same intent, backing off.
+    let echo = pet.clone().with_status(down);
+    assert_eq!(
+        h.ctx.to_reconcile(watcher::Event::Apply(echo.clone())),
+        None
+    );
+    assert_eq!(h.ctx.memory.failures(UID), 1, "one attempt, one failure");
+    // A change the user made is tried at once, backoff or not.
+    let renamed = {
+        let mut pet = echo.clone().with_generation(2);
+        pet.spec.name = "Thorbert".into();
+        pet
+    };
+    assert!(h.ctx.to_reconcile(watcher::Event::Apply(renamed)).is_some());
+    let paused = echo.annotated(crate::crd::PAUSED_ANNOTATION, "true");
+    assert!(h.ctx.to_reconcile(watcher::Event::Apply(paused)).is_some());
+    h.verify(&["StoreUnavailable"]);
+}
+
+#[tokio::test]
+async fn a_store_that_answers_again_releases_the_pets_waiting_on_it() {
+    let h = harness();
+    let (cache, mut writer) = reflector::store();
+    h.ctx.memory.track(cache);
+    let pet = Pet::test().finalized();
+    writer.apply_watcher_event(&watcher::Event::Apply(pet.clone()));
+    h.store.set_unavailable(true);
+    h.expect_status_write(&pet);
+    let err = h.reconcile(&pet).await.expect_err("store down");
+    error_policy(Arc::new(pet.clone()), &err, Arc::clone(&h.ctx));
+    assert!(
+        release_if_store_answers(&h.ctx).await.is_empty(),
+        "still down: nobody is released"
+    );
+    h.store.set_unavailable(false);
+    let released = release_if_store_answers(&h.ctx).await;
+    assert_eq!(
+        released.len(),
+        1,
+        "released at the first probe that answers"
+    );
+    assert_eq!(released[0].metadata.uid.as_deref(), Some(UID));
+    assert!(!h.ctx.memory.waiting_on_store());
     h.verify(&["StoreUnavailable"]);
 }
 

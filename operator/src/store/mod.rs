@@ -14,7 +14,7 @@ use chrono::NaiveDate;
 use crate::crd::{PetKind, PetSpec};
 
 /// A pet's data as the store holds it; what reconciliation compares.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct PetData {
     pub name: String,
     pub kind: PetKind,
@@ -282,4 +282,17 @@ pub trait PetStore: Send + Sync + 'static {
     /// for none): [`StoreError::KeyConflict`] otherwise. Setting the key it
     /// already has succeeds.
     async fn set_key(&self, id: &str, expected: &str, new: &str) -> Result<(), StoreError>;
+
+    /// Whether the store answers at all: any answer but
+    /// [`StoreError::Unavailable`] counts, so a store without the
+    /// extensions (which refuses the read) answers too.
+    async fn probe(&self) -> Result<(), StoreError> {
+        match self.observe(None, PROBE_KEY).await {
+            Err(error @ StoreError::Unavailable { .. }) => Err(error),
+            _ => Ok(()),
+        }
+    }
 }
+
+/// The key [`PetStore::probe`] looks up; no Pet's UID looks like it.
+const PROBE_KEY: &str = "petstore-operator-probe";
