@@ -5,9 +5,10 @@
 //! store without the extension RPCs is named as such. All through kubectl
 //! and grpcurl, as a user would.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use fixtures::env::condition;
+use fixtures::forwarder::Forwarder;
 use fixtures::legacy_store::LegacyStore;
 use fixtures::{Env, Storage, wait_for};
 use serde_json::Value;
@@ -374,5 +375,63 @@ fn a_store_without_the_extensions_is_named_and_orphan_lets_go() -> fixtures::Res
     wait_for(TIMEOUT, "the Pet to go", || {
         env.pet("default", "old").is_err().then_some(())
     })?;
+    Ok(())
+}
+
+/// Against the book's store a failure counts once per attempt that was due,
+/// not once per watch event of the operator's own writes, and shows one
+/// Warning; our store taking its address releases the waiting Pet at the
+/// next probe, not at the end of its backoff.
+#[test]
+fn backoff_counts_attempts_and_our_store_in_place_of_the_books_releases_the_pet()
+-> fixtures::Result<()> {
+    let env = Env::start(Storage::Durable)?;
+    let legacy = LegacyStore::start()?;
+    let front = Forwarder::start(vec![legacy.addr.clone()])?;
+    let mut options = env.operator_options("operator");
+    options.store_addr = front.addr.clone();
+    // The default cap, not the tests' short one: the backoff must grow.
+    options.backoff_max = "5m";
+    let operator = env.start_operator_with(&options)?;
+
+    env.cp.apply(&pet_yaml("early", "Early", &[], ""))?;
+    wait_synced_reason(&env, "early", "StoreLacksExtensions")?;
+    // With the fixtures' 200 ms backoff base, doubling, attempts fall at
+    // about 0, 0.2, 0.6, 1.4, 3, 6.2, 12.6 and 25.4 s (up to 10% later):
+    // 8 in 30 s, and the next not before 51 s.
+    std::thread::sleep(Duration::from_secs(30));
+    let metrics = operator.metrics()?;
+    let failures: f64 = metrics
+        .lines()
+        .find_map(|line| {
+            line.strip_prefix(
+                r#"petstore_operator_reconcile_errors_total{reason="store_lacks_extensions"} "#,
+            )
+        })
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or_default();
+    assert!(
+        (1.0..=8.0).contains(&failures),
+        "{failures} failures counted in 30 s, for 8 attempts at most"
+    );
+    let warnings = events(&env)?
+        .into_iter()
+        .filter(|e| e.0 == "StoreLacksExtensions" && e.1 == "early")
+        .count();
+    assert_eq!(warnings, 1, "one Warning per change of reason");
+
+    // Our store takes the address: the Pet is Ready long before its next
+    // attempt was due.
+    let addr = front.addr.clone();
+    drop(front);
+    drop(legacy);
+    let _ours = Forwarder::start_on(&addr, None, std::slice::from_ref(&env.store.addr))?;
+    let replaced = Instant::now();
+    env.wait_ready("default", "early", TIMEOUT)?;
+    let took = replaced.elapsed();
+    assert!(
+        took < Duration::from_secs(6),
+        "Ready {took:?} after our store took the address"
+    );
     Ok(())
 }

@@ -24,6 +24,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use crate::crd::{ConditionStatus, Pet};
 use crate::metrics::PetGauges;
 use crate::status::READY;
+use crate::store::Probe;
 
 /// Drift corrections this many times within [`REPEATED_DRIFT_WINDOW`] mark
 /// a Pet whose record something else keeps writing.
@@ -59,9 +60,9 @@ struct Remembered {
 struct Backoff {
     until: Instant,
     intent: u64,
-    /// It failed because the store did not answer: it is released as soon
-    /// as the store answers again.
-    store_down: bool,
+    /// What the store lacked, if that was the failure: the Pet is
+    /// released as soon as a probe finds it.
+    waits_for: Option<Probe>,
 }
 
 /// A generation found in sync (its status written), and when.
@@ -132,31 +133,42 @@ impl Memory {
         uid: &str,
         intent: u64,
         delay: Duration,
-        store_down: bool,
+        waits_for: Option<Probe>,
     ) {
         let until = Instant::now() + delay;
         self.update(pet, uid, |remembered| {
             remembered.backoff = Some(Backoff {
                 until,
                 intent,
-                store_down,
+                waits_for,
             });
         });
     }
 
-    /// Whether any Pet waits for the store to answer again.
+    /// Whether any Pet waits for the store to answer, or to answer with the
+    /// extensions.
     pub fn waiting_on_store(&self) -> bool {
         self.pets()
             .values()
-            .any(|remembered| remembered.backoff.is_some_and(|b| b.store_down))
+            .any(|remembered| remembered.backoff.is_some_and(|b| b.waits_for.is_some()))
     }
 
-    /// The store answers again: ends the backoff of every Pet that waited on
-    /// it, and returns them (from the watch cache) to reconcile now.
-    pub fn release_store_waiters(&self) -> Vec<Arc<Pet>> {
+    /// The store was found `found`: ends the backoff of every Pet that
+    /// waited for that much, and returns them (from the watch cache) to
+    /// reconcile now.
+    pub fn release_store_waiters(&self, found: Probe) -> Vec<Arc<Pet>> {
+        let satisfied = |wanted: Probe| match wanted {
+            Probe::Down => false,
+            Probe::Answers => found != Probe::Down,
+            Probe::Extended => found == Probe::Extended,
+        };
         let mut released = HashSet::new();
         for (uid, remembered) in self.pets().iter_mut() {
-            if remembered.backoff.is_some_and(|b| b.store_down) {
+            if remembered
+                .backoff
+                .and_then(|b| b.waits_for)
+                .is_some_and(satisfied)
+            {
                 remembered.backoff = None;
                 released.insert(uid.clone());
             }
@@ -180,10 +192,14 @@ impl Memory {
     /// watch event is only the echo of a write, not a reason to try again
     /// before the retry that is already scheduled.
     pub fn backing_off_from(&self, uid: &str, intent: u64) -> bool {
-        self.pets()
-            .get(uid)
-            .and_then(|remembered| remembered.backoff)
-            .is_some_and(|backoff| backoff.intent == intent && backoff.until > Instant::now())
+        self.backoff_left(uid, intent).is_some()
+    }
+
+    /// The rest of its backoff from a failure of this same intent.
+    pub fn backoff_left(&self, uid: &str, intent: u64) -> Option<Duration> {
+        let backoff = self.pets().get(uid)?.backoff?;
+        let left = backoff.until.checked_duration_since(Instant::now())?;
+        (backoff.intent == intent && !left.is_zero()).then_some(left)
     }
 
     /// Its reconcile started.
@@ -275,6 +291,14 @@ impl Memory {
         }
         let live: HashSet<String> = cache.state().iter().filter_map(|pet| pet.uid()).collect();
         self.pets().retain(|uid, _| live.contains(uid));
+    }
+
+    /// As if its backoff were over.
+    #[cfg(test)]
+    pub fn end_backoff(&self, uid: &str) {
+        if let Some(remembered) = self.pets().get_mut(uid) {
+            remembered.backoff = None;
+        }
     }
 
     /// How many Pets are remembered.

@@ -39,7 +39,7 @@ use crate::decision::{Facts, Next, Step, first_step};
 use crate::events::EventQueue;
 use crate::metrics::Metrics;
 use crate::status;
-use crate::store::{PetData, PetStore};
+use crate::store::{PetData, PetStore, Probe};
 use crate::{Error, Fault};
 use memory::Memory;
 use poll::PollSchedule;
@@ -298,16 +298,23 @@ async fn release_on_store_recovery(
     }
 }
 
-/// One probe: the Pets to retry now, if any waited and the store answers.
+/// One probe, if any Pet waits on the store: the Pets it releases. A store
+/// that answers again releases those that found it down; a store with the
+/// extensions (ours, in place of the book's) also those that found it
+/// without.
 async fn release_if_store_answers(ctx: &Context) -> Vec<Arc<Pet>> {
-    if !ctx.memory.waiting_on_store() || ctx.store.probe().await.is_err() {
+    if !ctx.memory.waiting_on_store() {
         return Vec::new();
     }
-    let pets = ctx.memory.release_store_waiters();
-    tracing::info!(
-        pets = pets.len(),
-        "the store answers again; retrying the Pets that waited for it"
-    );
+    let found = ctx.store.probe().await;
+    let pets = ctx.memory.release_store_waiters(found);
+    if !pets.is_empty() {
+        tracing::info!(
+            pets = pets.len(),
+            store = ?found,
+            "the store answers; retrying the Pets that waited for it"
+        );
+    }
     pets
 }
 
@@ -322,6 +329,16 @@ pub async fn reconcile(pet: Arc<Pet>, ctx: Arc<Context>) -> Result<Action, Error
     let _timer = ctx.metrics.reconcile_timer();
     if let Some(uid) = &pet.metadata.uid {
         ctx.memory.started(uid);
+    }
+    // An echo queued while the failed attempt ran (the watch event of its
+    // finalizer write, say) waits out the backoff instead of counting a
+    // second failure and writing a second Warning for one attempt.
+    if let Some(left) = ctx
+        .facts(&pet)
+        .ok()
+        .and_then(|facts| ctx.memory.backoff_left(&facts.uid, facts.intent()))
+    {
+        return Ok(Action::requeue(left));
     }
     match Reconcile::new(&pet, &ctx) {
         Ok(reconcile) => reconcile.run().await,
@@ -339,9 +356,13 @@ pub fn error_policy(pet: Arc<Pet>, error: &Error, ctx: Arc<Context>) -> Action {
     };
     let delay = backoff(&ctx.settings, ctx.memory.failures(uid));
     if let Ok(facts) = ctx.facts(&pet) {
-        let store_down = error.reason() == crate::status::Reason::StoreUnavailable;
+        let waits_for = match error.reason() {
+            status::Reason::StoreUnavailable => Some(Probe::Answers),
+            status::Reason::StoreLacksExtensions => Some(Probe::Extended),
+            _ => None,
+        };
         ctx.memory
-            .backing_off(&pet, uid, facts.intent(), delay, store_down);
+            .backing_off(&pet, uid, facts.intent(), delay, waits_for);
     }
     ctx.requeue(&pet, uid, delay)
 }

@@ -521,6 +521,8 @@ async fn unreachable_store_sets_conditions_and_backs_off() {
     let showing = Pet::test().finalized().with_status(patch);
     let mut last = first.clone();
     for _ in 0..12 {
+        // Each retry comes when its backoff is over.
+        h.ctx.memory.end_backoff(UID);
         let err = h.reconcile(&showing).await.expect_err("store down");
         last = error_policy(Arc::new(showing.clone()), &err, Arc::clone(&h.ctx));
     }
@@ -595,6 +597,12 @@ async fn the_echo_of_a_failures_status_write_does_not_count_another_failure() {
     assert!(h.ctx.to_reconcile(watcher::Event::Apply(renamed)).is_some());
     let paused = echo.annotated(crate::crd::PAUSED_ANNOTATION, "true");
     assert!(h.ctx.to_reconcile(watcher::Event::Apply(paused)).is_some());
+    // An echo queued before the backoff began (the finalizer write's) runs
+    // no attempt: no store call, no second Warning, no second failure.
+    let calls = h.store.calls();
+    h.reconcile(&pet).await.expect("waits out the backoff");
+    assert_eq!(h.store.calls(), calls);
+    assert_eq!(h.ctx.memory.failures(UID), 1);
     h.verify(&["StoreUnavailable"]);
 }
 
@@ -623,6 +631,21 @@ async fn a_store_that_answers_again_releases_the_pets_waiting_on_it() {
     assert_eq!(released[0].metadata.uid.as_deref(), Some(UID));
     assert!(!h.ctx.memory.waiting_on_store());
     h.verify(&["StoreUnavailable"]);
+
+    // A Pet that found the book's store waits for the extensions: an
+    // answer without them releases nothing, our store in its place does.
+    let h = harness();
+    let (cache, mut writer) = reflector::store();
+    h.ctx.memory.track(cache);
+    writer.apply_watcher_event(&watcher::Event::Apply(pet.clone()));
+    h.store.set_without_extensions(true);
+    h.expect_status_write(&pet);
+    let err = h.reconcile(&pet).await.expect_err("no extensions");
+    error_policy(Arc::new(pet.clone()), &err, Arc::clone(&h.ctx));
+    assert!(release_if_store_answers(&h.ctx).await.is_empty());
+    h.store.set_without_extensions(false);
+    assert_eq!(release_if_store_answers(&h.ctx).await.len(), 1);
+    h.verify(&["StoreLacksExtensions"]);
 }
 
 #[tokio::test]

@@ -283,15 +283,26 @@ pub trait PetStore: Send + Sync + 'static {
     /// already has succeeds.
     async fn set_key(&self, id: &str, expected: &str, new: &str) -> Result<(), StoreError>;
 
-    /// Whether the store answers at all: any answer but
-    /// [`StoreError::Unavailable`] counts, so a store without the
-    /// extensions (which refuses the read) answers too.
-    async fn probe(&self) -> Result<(), StoreError> {
+    /// Whether the store answers, and with the extensions: one read by a
+    /// key no Pet has.
+    async fn probe(&self) -> Probe {
         match self.observe(None, PROBE_KEY).await {
-            Err(error @ StoreError::Unavailable { .. }) => Err(error),
-            _ => Ok(()),
+            Ok(_) => Probe::Extended,
+            Err(StoreError::Unavailable { .. }) => Probe::Down,
+            Err(_) => Probe::Answers,
         }
     }
+}
+
+/// What [`PetStore::probe`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Probe {
+    /// No answer.
+    Down,
+    /// An answer, but not the extensions' (the book's store).
+    Answers,
+    /// This project's store, extensions and all.
+    Extended,
 }
 
 /// The key [`PetStore::probe`] looks up; no Pet's UID looks like it.
