@@ -7,16 +7,35 @@ use std::time::{Duration, Instant};
 
 use petstore_proto::PetStoreClient;
 use petstore_proto::petstore as pb;
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Code, Status};
+use tracing::Instrument;
 
 use super::mapping::{from_proto, to_proto};
 use super::{Created, Lookup, Operation, PetData, PetStore, Record, StoreError};
 use crate::metrics::Metrics;
 
+/// The store's client, sending the W3C context of the span it is called in.
+type StoreClient = PetStoreClient<InterceptedService<Channel, PropagateTrace>>;
+
+/// Writes the current span's trace context into each request's metadata.
+/// Requests are sent while `call` polls the RPC inside its `store.<Method>`
+/// span, so the store's RPC span becomes that span's child.
+#[derive(Clone, Copy, Debug)]
+struct PropagateTrace;
+
+impl Interceptor for PropagateTrace {
+    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
+        petstore_telemetry::inject(&tracing::Span::current(), request.metadata_mut());
+        Ok(request)
+    }
+}
+
 #[derive(Clone)]
 pub struct GrpcPetStore {
-    client: PetStoreClient<Channel>,
+    client: StoreClient,
     metrics: Arc<Metrics>,
 }
 
@@ -105,24 +124,26 @@ impl GrpcPetStore {
             .keep_alive_while_idle(true)
             .connect_lazy();
         Ok(Self {
-            client: PetStoreClient::new(channel),
+            client: PetStoreClient::with_interceptor(channel, PropagateTrace),
             metrics,
         })
     }
 
-    /// Runs one RPC, recording its latency and outcome.
+    /// Runs one RPC in its own span, recording its latency and outcome.
     async fn call<T, F>(&self, operation: Operation, rpc: F) -> Result<T, Status>
     where
-        F: AsyncFnOnce(PetStoreClient<Channel>) -> Result<tonic::Response<T>, Status>,
+        F: AsyncFnOnce(StoreClient) -> Result<tonic::Response<T>, Status>,
     {
+        let span = store_call_span(operation);
         let started = Instant::now();
-        let result = rpc(self.client.clone()).await;
+        let result = rpc(self.client.clone()).instrument(span.clone()).await;
         let outcome = match &result {
             Ok(_) => "ok",
             Err(status) => code_label(status.code()),
         };
         self.metrics
             .observe_store_call(operation, outcome, started.elapsed());
+        record_status(&span, &result);
         result.map(tonic::Response::into_inner)
     }
 
@@ -131,6 +152,32 @@ impl GrpcPetStore {
             operation,
             message: format!("store returned an invalid pet {:?}", pet.id),
         })
+    }
+}
+
+/// The client span of one store call: `store.<Method>` with the OTel
+/// semantic `rpc.*` attributes; its status code is recorded at the end.
+fn store_call_span(operation: Operation) -> tracing::Span {
+    let method = operation.method();
+    tracing::info_span!(
+        "store_call",
+        otel.name = %format_args!("store.{method}"),
+        otel.kind = "client",
+        rpc.system = "grpc",
+        rpc.service = "petstore.PetStore",
+        rpc.method = method,
+        rpc.grpc.status_code = tracing::field::Empty,
+    )
+}
+
+fn record_status<T>(span: &tracing::Span, result: &Result<T, Status>) {
+    let code = match result {
+        Ok(_) => Code::Ok,
+        Err(status) => status.code(),
+    };
+    span.record("rpc.grpc.status_code", code as i64);
+    if code != Code::Ok {
+        span.record("otel.status_code", "ERROR");
     }
 }
 
