@@ -316,3 +316,65 @@ impl PetStore for GrpcPetStore {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use opentelemetry::trace::TracerProvider as _;
+    use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
+    use tracing_subscriber::layer::SubscriberExt;
+
+    use super::*;
+
+    // The store's RPC span can only become the child of `store.<Method>` if
+    // the request carries that span's own IDs.
+    #[test]
+    fn requests_carry_the_store_call_span_as_traceparent() {
+        let spans = InMemorySpanExporter::default();
+        let provider = SdkTracerProvider::builder()
+            .with_simple_exporter(spans.clone())
+            .build();
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+        let _default = tracing::subscriber::set_default(subscriber);
+
+        let span = store_call_span(Operation::Create);
+        let request = span.in_scope(|| PropagateTrace.call(tonic::Request::new(())));
+        let request = request.expect("the interceptor never refuses");
+        record_status(&span, &Ok::<(), Status>(()));
+        drop(span);
+
+        let finished = spans.get_finished_spans().expect("spans");
+        let [call] = finished.as_slice() else {
+            panic!("expected one span, got {finished:?}");
+        };
+        assert_eq!(call.name, "store.AddPets");
+        let traceparent = request
+            .metadata()
+            .get("traceparent")
+            .and_then(|value| value.to_str().ok())
+            .expect("a traceparent");
+        assert_eq!(
+            traceparent,
+            format!(
+                "00-{}-{}-01",
+                call.span_context.trace_id(),
+                call.span_context.span_id()
+            )
+        );
+        let status = call
+            .attributes
+            .iter()
+            .find(|kv| kv.key.as_str() == "rpc.grpc.status_code")
+            .map(|kv| kv.value.to_string());
+        assert_eq!(status.as_deref(), Some("0"));
+    }
+
+    #[test]
+    fn without_tracing_no_traceparent_is_sent() {
+        let span = store_call_span(Operation::Create);
+        let request = span
+            .in_scope(|| PropagateTrace.call(tonic::Request::new(())))
+            .expect("the interceptor never refuses");
+        assert!(request.metadata().get("traceparent").is_none());
+    }
+}
