@@ -194,7 +194,8 @@ fn main() -> ExitCode {
             sampler = %args.trace_sampler,
             "telemetry ready"
         );
-        let code = serve(args, Observability::new(sampler)).await;
+        let observability = Observability::new(sampler, telemetry.is_exporting());
+        let code = serve(args, observability).await;
         // Sends the last spans.
         telemetry.shutdown_async().await;
         code

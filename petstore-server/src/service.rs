@@ -23,13 +23,20 @@ use crate::{validate, wire};
 pub struct Observability {
     pub metrics: Arc<ServerMetrics>,
     pub sampler: SharedSampler,
+    /// Whether calls open spans: only when spans are exported, as a span
+    /// per call costs the log layer measurable time for nothing otherwise.
+    pub spans: bool,
 }
 
 impl Observability {
-    pub fn new(sampler: SharedSampler) -> Self {
+    pub fn new(sampler: SharedSampler, spans: bool) -> Self {
         let metrics = Arc::new(ServerMetrics::default());
         metrics.set_sampler(sampler.get());
-        Self { metrics, sampler }
+        Self {
+            metrics,
+            sampler,
+            spans,
+        }
     }
 }
 
@@ -46,11 +53,24 @@ impl PetStoreService {
         }
     }
 
+    /// A span made by `make`, or none when calls open no spans.
+    fn span(&self, make: impl FnOnce() -> Span) -> Span {
+        if self.observability.spans {
+            make()
+        } else {
+            Span::none()
+        }
+    }
+
     /// Starts observing one call to `rpc` (`petstore.PetStore/<Method>`).
     fn call(&self, rpc: &'static str, metadata: &MetadataMap) -> RpcCall {
         RpcCall {
             method: rpc.rsplit('/').next().unwrap_or(rpc),
-            span: rpc_span(rpc, metadata),
+            span: if self.observability.spans {
+                rpc_span(rpc, metadata)
+            } else {
+                Span::none()
+            },
             started: Instant::now(),
             metrics: Arc::clone(&self.observability.metrics),
             _in_flight: self.observability.metrics.in_flight(),
@@ -151,7 +171,7 @@ impl PetStore for PetStoreService {
             let added = self
                 .storage
                 .add(&pets)
-                .instrument(tracing::info_span!("storage.add_pets"))
+                .instrument(self.span(|| tracing::info_span!("storage.add_pets")))
                 .await?;
             tracing::debug!(count, "added pets");
             let created = added.iter().map(|a| a.created).collect();
@@ -171,7 +191,7 @@ impl PetStore for PetStoreService {
             let count = updates.len();
             self.storage
                 .update(&updates)
-                .instrument(tracing::info_span!("storage.update_pets"))
+                .instrument(self.span(|| tracing::info_span!("storage.update_pets")))
                 .await?;
             tracing::debug!(count, "updated pets");
             Ok(Response::new(pb::UpdatePetsResp {}))
@@ -190,7 +210,7 @@ impl PetStore for PetStoreService {
             let count = ids.len();
             self.storage
                 .delete(&ids)
-                .instrument(tracing::info_span!("storage.delete_pets"))
+                .instrument(self.span(|| tracing::info_span!("storage.delete_pets")))
                 .await?;
             tracing::debug!(count, "deleted pets");
             Ok(Response::new(pb::DeletePetsResp {}))
@@ -252,7 +272,7 @@ impl PetStoreService {
         let first = self
             .storage
             .search_page(&filter, None, SEARCH_PAGE)
-            .instrument(tracing::info_span!("storage.search_page"))
+            .instrument(self.span(|| tracing::info_span!("storage.search_page")))
             .await?;
         let storage = Arc::clone(&self.storage);
         let (tx, rx) = tokio::sync::mpsc::channel(SEARCH_CHANNEL_DEPTH);
@@ -273,7 +293,11 @@ impl PetStoreService {
                 let Some(after) = next else { break };
                 page = match storage
                     .search_page(&filter, Some(after), SEARCH_PAGE)
-                    .instrument(tracing::info_span!(parent: &rpc_span, "storage.search_page"))
+                    .instrument(if rpc_span.is_none() {
+                        Span::none()
+                    } else {
+                        tracing::info_span!(parent: &rpc_span, "storage.search_page")
+                    })
                     .await
                 {
                     Ok(page) => page,
@@ -296,7 +320,7 @@ impl PetStoreService {
         let count = changes.len();
         self.storage
             .set_keys(&changes)
-            .instrument(tracing::info_span!("storage.set_keys"))
+            .instrument(self.span(|| tracing::info_span!("storage.set_keys")))
             .await
             .map_err(|err| match err {
                 // The generic mapping names `pets[i]`; this request's field is `changes`.
@@ -322,7 +346,7 @@ impl PetStoreService {
         } else {
             self.storage
                 .get(&ids)
-                .instrument(tracing::info_span!("storage.get"))
+                .instrument(self.span(|| tracing::info_span!("storage.get")))
                 .await?
         };
         let by_key = if idempotency_keys.is_empty() {
@@ -330,7 +354,7 @@ impl PetStoreService {
         } else {
             self.storage
                 .get_by_keys(&idempotency_keys)
-                .instrument(tracing::info_span!("storage.get_by_keys"))
+                .instrument(self.span(|| tracing::info_span!("storage.get_by_keys")))
                 .await?
         };
 

@@ -40,7 +40,7 @@ async fn start() -> Store {
         .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
     let guard = tracing::subscriber::set_default(subscriber);
 
-    let observability = Observability::new(sampler);
+    let observability = Observability::new(sampler, true);
     let storage = StorageConfig::Memory.open().await.expect("memory storage");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
