@@ -2,12 +2,11 @@
 //! that can set it instead. Kept in the library so that a test binary can
 //! add flags of its own around the same [`Args`].
 
-use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{ArgAction, Parser, ValueEnum};
+use clap::{ArgAction, Parser};
 use k8s_openapi::jiff::SignedDuration;
 
 /// Kubernetes operator that keeps each Pet resource in the gRPC pet store.
@@ -100,11 +99,7 @@ pub struct Args {
     pub log_format: LogFormat,
 }
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
-pub enum LogFormat {
-    Text,
-    Json,
-}
+pub use petstore_telemetry::LogFormat;
 
 /// A duration with units, as Kubernetes writes them (`500ms`, `30s`, `5m`,
 /// `1h`, `1.5h`, `1h30m`); jiff's longer forms (`1h 30m`, `2 hours`) and ISO
@@ -127,16 +122,14 @@ pub fn parse_rate(text: &str) -> Result<f64, String> {
     }
 }
 
+/// Logging (and span export, if configured) for a binary that cannot keep
+/// the guard `petstore_telemetry::init` returns, such as the end-to-end
+/// tests' fault-injection build: its last spans are not flushed at exit.
+/// The operator's own `main` keeps the guard.
 pub fn init_tracing(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    // Colour only on a terminal: `kubectl logs` and log files get plain text.
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::stdout().is_terminal());
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
+    match petstore_telemetry::init("petstore-operator", format, None) {
+        Ok(guard) => std::mem::forget(guard),
+        Err(err) => eprintln!("cannot set up logging and tracing: {err}"),
     }
 }
 

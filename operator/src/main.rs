@@ -9,12 +9,26 @@ use petstore_operator::{app, cli};
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let args = cli::Args::parse();
-    cli::init_tracing(args.log_format);
-    match app::run(args, None).await {
+    // Inside the runtime: the span exporter's gRPC channel lives on it.
+    let telemetry = match petstore_telemetry::init("petstore-operator", args.log_format, None) {
+        Ok(telemetry) => telemetry,
+        Err(err) => {
+            eprintln!("cannot set up logging and tracing: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    tracing::info!(
+        exporting_spans = telemetry.is_exporting(),
+        "telemetry ready"
+    );
+    let code = match app::run(args, None).await {
         Ok(code) => code,
         Err(message) => {
             tracing::error!("{message}");
             ExitCode::FAILURE
         }
-    }
+    };
+    // Sends the last spans.
+    telemetry.shutdown_async().await;
+    code
 }

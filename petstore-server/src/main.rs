@@ -1,12 +1,14 @@
-use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
 use petstore_server::server::{ServeOptions, TlsFiles};
+use petstore_server::service::Observability;
 use petstore_server::storage::{PostgresConfig, StorageConfig};
+use petstore_telemetry::{LogFormat, SamplerSetting, SharedSampler};
 
 /// gRPC pet store: add, update, delete, search and look up pets.
 ///
@@ -75,6 +77,33 @@ struct Args {
     /// Log format. The level comes from RUST_LOG (default `info`).
     #[arg(long, env = "PETSTORE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+
+    /// Which calls without a sampled parent start a trace: `never`, `always`
+    /// or a ratio in (0, 1] such as `0.25`. The ChangeSampler RPC changes it
+    /// at run time. Spans are exported only when OTEL_EXPORTER_OTLP_ENDPOINT
+    /// (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) is set.
+    #[arg(long, env = "PETSTORE_TRACE_SAMPLER", default_value = "never")]
+    trace_sampler: SamplerSetting,
+
+    /// Address serving Prometheus metrics on /metrics; `off` or empty
+    /// serves none.
+    #[arg(long, env = "PETSTORE_METRICS_LISTEN", default_value = "0.0.0.0:9090")]
+    metrics_listen: MetricsListen,
+}
+
+/// `--metrics-listen`: an address, or none.
+#[derive(Clone, Copy, Debug)]
+struct MetricsListen(Option<SocketAddr>);
+
+impl std::str::FromStr for MetricsListen {
+    type Err = std::net::AddrParseError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text.trim() {
+            "" | "off" => Ok(Self(None)),
+            addr => addr.parse().map(|addr| Self(Some(addr))),
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -82,25 +111,6 @@ enum StorageKind {
     Durable,
     Memory,
     Postgres,
-}
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
-}
-
-fn init_tracing(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    // Colour only on a terminal: `kubectl logs` and log files get plain text.
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::stdout().is_terminal());
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
 }
 
 async fn shutdown_signal() {
@@ -151,7 +161,6 @@ fn postgres_config(args: &Args) -> anyhow::Result<PostgresConfig> {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    init_tracing(args.log_format);
     let mut builder = match args.worker_threads {
         1 => tokio::runtime::Builder::new_current_thread(),
         _ => tokio::runtime::Builder::new_multi_thread(),
@@ -159,17 +168,41 @@ fn main() -> ExitCode {
     if args.worker_threads > 1 {
         builder.worker_threads(args.worker_threads);
     }
-    let runtime = builder.enable_all().build();
-    match runtime {
-        Ok(runtime) => runtime.block_on(serve(args)),
+    let runtime = match builder.enable_all().build() {
+        Ok(runtime) => runtime,
         Err(err) => {
-            tracing::error!(error = %err, "cannot start the async runtime");
-            ExitCode::FAILURE
+            eprintln!("cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
         }
-    }
+    };
+    runtime.block_on(async {
+        let sampler = SharedSampler::new(args.trace_sampler);
+        // Inside the runtime: the span exporter's gRPC channel lives on it.
+        let telemetry = match petstore_telemetry::init(
+            "petstore-server",
+            args.log_format,
+            Some(sampler.clone()),
+        ) {
+            Ok(telemetry) => telemetry,
+            Err(err) => {
+                eprintln!("cannot set up logging and tracing: {err}");
+                return ExitCode::FAILURE;
+            }
+        };
+        tracing::info!(
+            exporting_spans = telemetry.is_exporting(),
+            sampler = %args.trace_sampler,
+            "telemetry ready"
+        );
+        let observability = Observability::new(sampler, telemetry.is_exporting());
+        let code = serve(args, observability).await;
+        // Sends the last spans.
+        telemetry.shutdown_async().await;
+        code
+    })
 }
 
-async fn serve(args: Args) -> ExitCode {
+async fn serve(args: Args, observability: Observability) -> ExitCode {
     let config = match args.storage {
         StorageKind::Memory => StorageConfig::Memory,
         StorageKind::Durable => StorageConfig::Durable {
@@ -202,14 +235,38 @@ async fn serve(args: Args) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let metrics_server = match args.metrics_listen.0 {
+        None => None,
+        Some(addr) => match tokio::net::TcpListener::bind(addr).await {
+            Ok(listener) => Some(tokio::spawn(petstore_server::metrics::serve(
+                listener,
+                Arc::clone(&observability.metrics),
+                std::future::pending(),
+            ))),
+            // Not fatal: the pets matter more than their metrics, and
+            // stores started side by side on one host (tests) would
+            // otherwise stop each other.
+            Err(err) => {
+                tracing::error!(error = %err, listen = %addr, "cannot listen for metrics; serving without them");
+                None
+            }
+        },
+    };
     let options = ServeOptions {
         tls: args.tls_cert.zip(args.tls_key).map(|(cert, key)| TlsFiles {
             cert,
             key,
             client_ca: args.tls_client_ca,
         }),
+        observability,
     };
-    match petstore_server::server::serve(listener, storage, options, shutdown_signal()).await {
+    let served =
+        petstore_server::server::serve(listener, storage, options, shutdown_signal()).await;
+    // Scrapes may come until the gRPC calls have drained; then stop.
+    if let Some(metrics_server) = metrics_server {
+        metrics_server.abort();
+    }
+    match served {
         Ok(()) => {
             tracing::info!("stopped");
             ExitCode::SUCCESS

@@ -11,7 +11,7 @@ use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
 use crate::model::MAX_MESSAGE_BYTES;
-use crate::service::PetStoreService;
+use crate::service::{Observability, PetStoreService};
 use crate::storage::Storage;
 
 /// Concurrent requests served per HTTP/2 connection; further streams queue.
@@ -32,6 +32,8 @@ pub struct TlsFiles {
 pub struct ServeOptions {
     /// Plaintext when `None`, the default for local development.
     pub tls: Option<TlsFiles>,
+    /// Metrics and the trace sampler the service reports to and obeys.
+    pub observability: Observability,
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, ServeError> {
@@ -98,9 +100,10 @@ pub async fn serve(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
 
-    let pet_store = PetStoreServer::new(PetStoreService::new(storage))
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let pet_store =
+        PetStoreServer::new(PetStoreService::new(storage, options.observability.clone()))
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
 
     // Storage is already open when we get here, so we can serve at once.
     health

@@ -1,22 +1,129 @@
 //! The gRPC layer: validates each request at the edge, then calls [`Storage`].
 
+use std::future::Future;
 use std::sync::Arc;
+use std::time::Instant;
 
 use petstore_proto::PetStore;
 use petstore_proto::petstore as pb;
+use petstore_telemetry::{FORCE_SAMPLING_ATTRIBUTE, SharedSampler};
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
+use tracing::{Instrument, Span};
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 
+use crate::metrics::{InFlight, ServerMetrics};
 use crate::storage::{SearchPage, Storage, StorageError};
 use crate::{validate, wire};
 
+/// What the store measures and how it samples traces; `ChangeSampler`
+/// switches `sampler` (the same handle the tracer provider holds).
+#[derive(Clone, Debug, Default)]
+pub struct Observability {
+    pub metrics: Arc<ServerMetrics>,
+    pub sampler: SharedSampler,
+    /// Whether calls open spans: only when spans are exported, as a span
+    /// per call costs the log layer measurable time for nothing otherwise.
+    pub spans: bool,
+}
+
+impl Observability {
+    pub fn new(sampler: SharedSampler, spans: bool) -> Self {
+        let metrics = Arc::new(ServerMetrics::default());
+        metrics.set_sampler(sampler.get());
+        Self {
+            metrics,
+            sampler,
+            spans,
+        }
+    }
+}
+
 pub struct PetStoreService {
     storage: Arc<dyn Storage>,
+    observability: Observability,
 }
 
 impl PetStoreService {
-    pub fn new(storage: Arc<dyn Storage>) -> Self {
-        Self { storage }
+    pub fn new(storage: Arc<dyn Storage>, observability: Observability) -> Self {
+        Self {
+            storage,
+            observability,
+        }
+    }
+
+    /// A span made by `make`, or none when calls open no spans.
+    fn span(&self, make: impl FnOnce() -> Span) -> Span {
+        if self.observability.spans {
+            make()
+        } else {
+            Span::none()
+        }
+    }
+
+    /// Starts observing one call to `rpc` (`petstore.PetStore/<Method>`).
+    fn call(&self, rpc: &'static str, metadata: &MetadataMap) -> RpcCall {
+        RpcCall {
+            method: rpc.rsplit('/').next().unwrap_or(rpc),
+            span: if self.observability.spans {
+                rpc_span(rpc, metadata)
+            } else {
+                Span::none()
+            },
+            started: Instant::now(),
+            metrics: Arc::clone(&self.observability.metrics),
+            _in_flight: self.observability.metrics.in_flight(),
+        }
+    }
+}
+
+/// The server span of one RPC, a child of the caller's span when its
+/// metadata carries a W3C `traceparent`. A `trace` key in the metadata
+/// samples it whatever the sampler says, as in the book's store.
+fn rpc_span(rpc: &'static str, metadata: &MetadataMap) -> Span {
+    let force_sampling = metadata.contains_key("trace");
+    let span = tracing::info_span!(
+        "rpc",
+        otel.name = rpc,
+        otel.kind = "server",
+        rpc.system = "grpc",
+        rpc.service = "petstore.PetStore",
+        rpc.method = rpc.rsplit('/').next().unwrap_or(rpc),
+        rpc.grpc.status_code = tracing::field::Empty,
+        { FORCE_SAMPLING_ATTRIBUTE } = force_sampling,
+        trace_id = tracing::field::Empty,
+    );
+    // Fails only when no OpenTelemetry layer is installed: nothing to link.
+    let _ = span.set_parent(petstore_telemetry::extract(metadata));
+    petstore_telemetry::record_trace_id(&span);
+    span
+}
+
+/// One RPC being answered: its span, its place among the calls in flight,
+/// and its duration, recorded with its gRPC code when it ends.
+struct RpcCall {
+    method: &'static str,
+    span: Span,
+    started: Instant,
+    metrics: Arc<ServerMetrics>,
+    _in_flight: InFlight,
+}
+
+impl RpcCall {
+    async fn run<T>(
+        self,
+        handler: impl Future<Output = Result<Response<T>, Status>>,
+    ) -> Result<Response<T>, Status> {
+        let result = handler.instrument(self.span.clone()).await;
+        let code = match &result {
+            Ok(_) => tonic::Code::Ok,
+            Err(status) => status.code(),
+        };
+        self.span.record("rpc.grpc.status_code", code as i64);
+        self.metrics
+            .observe_rpc(self.method, code, self.started.elapsed());
+        result
     }
 }
 
@@ -57,36 +164,58 @@ impl PetStore for PetStoreService {
         &self,
         request: Request<pb::AddPetsReq>,
     ) -> Result<Response<pb::AddPetsResp>, Status> {
-        let pets = validate::add_request(request.get_ref())?;
-        let count = pets.len();
-        let added = self.storage.add(&pets).await?;
-        tracing::debug!(count, "added pets");
-        let created = added.iter().map(|a| a.created).collect();
-        let ids = added.into_iter().map(|a| a.id).collect();
-        Ok(Response::new(pb::AddPetsResp { ids, created }))
+        let call = self.call("petstore.PetStore/AddPets", request.metadata());
+        call.run(async {
+            let pets = validate::add_request(request.get_ref())?;
+            let count = pets.len();
+            let added = self
+                .storage
+                .add(&pets)
+                .instrument(self.span(|| tracing::info_span!("storage.add_pets")))
+                .await?;
+            tracing::debug!(count, "added pets");
+            let created = added.iter().map(|a| a.created).collect();
+            let ids = added.into_iter().map(|a| a.id).collect();
+            Ok(Response::new(pb::AddPetsResp { ids, created }))
+        })
+        .await
     }
 
     async fn update_pets(
         &self,
         request: Request<pb::UpdatePetsReq>,
     ) -> Result<Response<pb::UpdatePetsResp>, Status> {
-        let updates = validate::update_request(request.get_ref())?;
-        let count = updates.len();
-        self.storage.update(&updates).await?;
-        tracing::debug!(count, "updated pets");
-        Ok(Response::new(pb::UpdatePetsResp {}))
+        let call = self.call("petstore.PetStore/UpdatePets", request.metadata());
+        call.run(async {
+            let updates = validate::update_request(request.get_ref())?;
+            let count = updates.len();
+            self.storage
+                .update(&updates)
+                .instrument(self.span(|| tracing::info_span!("storage.update_pets")))
+                .await?;
+            tracing::debug!(count, "updated pets");
+            Ok(Response::new(pb::UpdatePetsResp {}))
+        })
+        .await
     }
 
     async fn delete_pets(
         &self,
         request: Request<pb::DeletePetsReq>,
     ) -> Result<Response<pb::DeletePetsResp>, Status> {
-        let ids = request.into_inner().ids;
-        validate::ids("ids", &ids)?;
-        let count = ids.len();
-        self.storage.delete(&ids).await?;
-        tracing::debug!(count, "deleted pets");
-        Ok(Response::new(pb::DeletePetsResp {}))
+        let call = self.call("petstore.PetStore/DeletePets", request.metadata());
+        call.run(async {
+            let ids = request.into_inner().ids;
+            validate::ids("ids", &ids)?;
+            let count = ids.len();
+            self.storage
+                .delete(&ids)
+                .instrument(self.span(|| tracing::info_span!("storage.delete_pets")))
+                .await?;
+            tracing::debug!(count, "deleted pets");
+            Ok(Response::new(pb::DeletePetsResp {}))
+        })
+        .await
     }
 
     type SearchPetsStream = ReceiverStream<Result<pb::Pet, Status>>;
@@ -95,12 +224,60 @@ impl PetStore for PetStoreService {
         &self,
         request: Request<pb::SearchPetsReq>,
     ) -> Result<Response<Self::SearchPetsStream>, Status> {
-        let filter = validate::search_request(request.get_ref())?;
+        let call = self.call("petstore.PetStore/SearchPets", request.metadata());
+        call.run(self.search(request.into_inner())).await
+    }
+
+    async fn change_sampler(
+        &self,
+        request: Request<pb::ChangeSamplerReq>,
+    ) -> Result<Response<pb::ChangeSamplerResp>, Status> {
+        let call = self.call("petstore.PetStore/ChangeSampler", request.metadata());
+        call.run(async {
+            let setting = validate::change_sampler_request(request.get_ref())?;
+            self.observability.sampler.set(setting);
+            self.observability.metrics.set_sampler(setting);
+            tracing::info!(sampler = %setting, "trace sampler changed");
+            Ok(Response::new(pb::ChangeSamplerResp {}))
+        })
+        .await
+    }
+
+    async fn set_idempotency_keys(
+        &self,
+        request: Request<pb::SetIdempotencyKeysReq>,
+    ) -> Result<Response<pb::SetIdempotencyKeysResp>, Status> {
+        let call = self.call("petstore.PetStore/SetIdempotencyKeys", request.metadata());
+        call.run(self.set_keys(request.into_inner())).await
+    }
+
+    async fn get_pets(
+        &self,
+        request: Request<pb::GetPetsReq>,
+    ) -> Result<Response<pb::GetPetsResp>, Status> {
+        let call = self.call("petstore.PetStore/GetPets", request.metadata());
+        call.run(self.get(request.into_inner())).await
+    }
+}
+
+// The longer handlers, run inside their RPC's span by the trait methods.
+impl PetStoreService {
+    async fn search(
+        &self,
+        request: pb::SearchPetsReq,
+    ) -> Result<Response<ReceiverStream<Result<pb::Pet, Status>>>, Status> {
+        let filter = validate::search_request(&request)?;
         // The first page is read before answering, so a failing store is a
         // status rather than a broken stream.
-        let first = self.storage.search_page(&filter, None, SEARCH_PAGE).await?;
+        let first = self
+            .storage
+            .search_page(&filter, None, SEARCH_PAGE)
+            .instrument(self.span(|| tracing::info_span!("storage.search_page")))
+            .await?;
         let storage = Arc::clone(&self.storage);
         let (tx, rx) = tokio::sync::mpsc::channel(SEARCH_CHANNEL_DEPTH);
+        // The rest of the stream stays in the RPC's trace.
+        let rpc_span = Span::current();
         tokio::spawn(async move {
             let mut page = first;
             let mut count = 0usize;
@@ -114,7 +291,15 @@ impl PetStore for PetStoreService {
                     count += 1;
                 }
                 let Some(after) = next else { break };
-                page = match storage.search_page(&filter, Some(after), SEARCH_PAGE).await {
+                page = match storage
+                    .search_page(&filter, Some(after), SEARCH_PAGE)
+                    .instrument(if rpc_span.is_none() {
+                        Span::none()
+                    } else {
+                        tracing::info_span!(parent: &rpc_span, "storage.search_page")
+                    })
+                    .await
+                {
                     Ok(page) => page,
                     Err(err) => {
                         let _ = tx.send(Err(Status::from(err))).await;
@@ -122,19 +307,20 @@ impl PetStore for PetStoreService {
                     }
                 };
             }
-            tracing::debug!(count, "search");
+            tracing::debug!(parent: &rpc_span, count, "search");
         });
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
-    async fn set_idempotency_keys(
+    async fn set_keys(
         &self,
-        request: Request<pb::SetIdempotencyKeysReq>,
+        request: pb::SetIdempotencyKeysReq,
     ) -> Result<Response<pb::SetIdempotencyKeysResp>, Status> {
-        let changes = validate::set_keys_request(request.get_ref())?;
+        let changes = validate::set_keys_request(&request)?;
         let count = changes.len();
         self.storage
             .set_keys(&changes)
+            .instrument(self.span(|| tracing::info_span!("storage.set_keys")))
             .await
             .map_err(|err| match err {
                 // The generic mapping names `pets[i]`; this request's field is `changes`.
@@ -147,26 +333,29 @@ impl PetStore for PetStoreService {
         Ok(Response::new(pb::SetIdempotencyKeysResp {}))
     }
 
-    async fn get_pets(
-        &self,
-        request: Request<pb::GetPetsReq>,
-    ) -> Result<Response<pb::GetPetsResp>, Status> {
+    async fn get(&self, request: pb::GetPetsReq) -> Result<Response<pb::GetPetsResp>, Status> {
         let pb::GetPetsReq {
             ids,
             idempotency_keys,
-        } = request.into_inner();
+        } = request;
         validate::ids("ids", &ids)?;
         validate::ids("idempotency_keys", &idempotency_keys)?;
 
         let by_id = if ids.is_empty() {
             Vec::new()
         } else {
-            self.storage.get(&ids).await?
+            self.storage
+                .get(&ids)
+                .instrument(self.span(|| tracing::info_span!("storage.get")))
+                .await?
         };
         let by_key = if idempotency_keys.is_empty() {
             Vec::new()
         } else {
-            self.storage.get_by_keys(&idempotency_keys).await?
+            self.storage
+                .get_by_keys(&idempotency_keys)
+                .instrument(self.span(|| tracing::info_span!("storage.get_by_keys")))
+                .await?
         };
 
         let mut response = pb::GetPetsResp::default();

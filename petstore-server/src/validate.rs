@@ -4,7 +4,8 @@
 
 use chrono::NaiveDate;
 use petstore_proto::google::r#type::Date;
-use petstore_proto::petstore::{self as pb, PetType};
+use petstore_proto::petstore::{self as pb, PetType, SamplerType};
+use petstore_telemetry::SamplerSetting;
 use tonic::Status;
 
 use crate::model::{
@@ -224,6 +225,33 @@ pub fn search_request(req: &pb::SearchPetsReq) -> Result<SearchFilter, Status> {
         born_on_or_after: bound("start", &range.start)?,
         born_before: bound("end", &range.end)?,
     })
+}
+
+/// The sampler a ChangeSampler request asks for.
+pub fn change_sampler_request(req: &pb::ChangeSamplerReq) -> Result<SamplerSetting, Status> {
+    let at = |path: &str| At {
+        path: path.to_owned(),
+        pet: None,
+    };
+    let sampler = req
+        .sampler
+        .as_ref()
+        .ok_or_else(|| at("sampler").invalid("is required"))?;
+    match SamplerType::try_from(sampler.r#type) {
+        Ok(SamplerType::StNever) => Ok(SamplerSetting::Never),
+        Ok(SamplerType::StAlways) => Ok(SamplerSetting::Always),
+        Ok(SamplerType::StFloat) if SamplerSetting::is_valid_ratio(sampler.float_value) => {
+            Ok(SamplerSetting::Ratio(sampler.float_value))
+        }
+        Ok(SamplerType::StFloat) => Err(at("sampler.float_value")
+            .invalid(format!("must be in (0, 1], got {}", sampler.float_value))),
+        Ok(SamplerType::StUnknown) | Err(_) => Err(at("sampler.type").invalid(format!(
+            "must be STNever, STAlways or STFloat, got {}",
+            SamplerType::try_from(sampler.r#type)
+                .map(|t| t.as_str_name().to_owned())
+                .unwrap_or_else(|_| sampler.r#type.to_string())
+        ))),
+    }
 }
 
 #[cfg(test)]

@@ -30,6 +30,8 @@ impl Drop for Server {
 async fn spawn(data_file: &Path) -> (Server, Channel) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_petstore-server"))
         .args(["--listen", "127.0.0.1:0", "--log-format", "json"])
+        // Tests bind loopback only, never the default 0.0.0.0:9090.
+        .args(["--metrics-listen", "127.0.0.1:0"])
         .args(["--storage", "durable", "--data-file"])
         .arg(data_file)
         .stdout(Stdio::piped())

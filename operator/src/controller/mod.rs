@@ -32,7 +32,7 @@ use kube::runtime::reflector;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use tokio_util::sync::CancellationToken;
-use tracing::debug;
+use tracing::{Instrument, debug};
 
 use crate::crd::{FINALIZER, Pet};
 use crate::decision::{Facts, Next, Step, first_step};
@@ -320,10 +320,18 @@ async fn release_if_store_answers(ctx: &Context) -> Vec<Arc<Pet>> {
 
 const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
-/// kube's reconcile hook. Logs need no span of their own here: kube's
-/// controller runs each reconcile inside its `reconciling object` span,
-/// which names the Pet.
+/// kube's reconcile hook. kube's controller runs each reconcile inside its
+/// `reconciling object` span, which names the Pet and is the root of the
+/// reconcile's trace.
 pub async fn reconcile(pet: Arc<Pet>, ctx: Arc<Context>) -> Result<Action, Error> {
+    // kube's span cannot take a field after it is made; this one carries
+    // the trace ID into every log line of the reconcile, when traced.
+    let span = tracing::info_span!("reconcile", trace_id = tracing::field::Empty);
+    petstore_telemetry::record_trace_id(&span);
+    reconcile_in_span(pet, ctx).instrument(span).await
+}
+
+async fn reconcile_in_span(pet: Arc<Pet>, ctx: Arc<Context>) -> Result<Action, Error> {
     // Queued Events wait while Pets are being reconciled (see crate::events).
     let _reconciling = ctx.events.reconciling();
     let _timer = ctx.metrics.reconcile_timer();

@@ -7,16 +7,35 @@ use std::time::{Duration, Instant};
 
 use petstore_proto::PetStoreClient;
 use petstore_proto::petstore as pb;
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Code, Status};
+use tracing::Instrument;
 
 use super::mapping::{from_proto, to_proto};
 use super::{Created, Lookup, Operation, PetData, PetStore, Record, StoreError};
 use crate::metrics::Metrics;
 
+/// The store's client, sending the W3C context of the span it is called in.
+type StoreClient = PetStoreClient<InterceptedService<Channel, PropagateTrace>>;
+
+/// Writes the current span's trace context into each request's metadata.
+/// Requests are sent while `call` polls the RPC inside its `store.<Method>`
+/// span, so the store's RPC span becomes that span's child.
+#[derive(Clone, Copy, Debug)]
+struct PropagateTrace;
+
+impl Interceptor for PropagateTrace {
+    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
+        petstore_telemetry::inject(&tracing::Span::current(), request.metadata_mut());
+        Ok(request)
+    }
+}
+
 #[derive(Clone)]
 pub struct GrpcPetStore {
-    client: PetStoreClient<Channel>,
+    client: StoreClient,
     metrics: Arc<Metrics>,
 }
 
@@ -105,24 +124,26 @@ impl GrpcPetStore {
             .keep_alive_while_idle(true)
             .connect_lazy();
         Ok(Self {
-            client: PetStoreClient::new(channel),
+            client: PetStoreClient::with_interceptor(channel, PropagateTrace),
             metrics,
         })
     }
 
-    /// Runs one RPC, recording its latency and outcome.
+    /// Runs one RPC in its own span, recording its latency and outcome.
     async fn call<T, F>(&self, operation: Operation, rpc: F) -> Result<T, Status>
     where
-        F: AsyncFnOnce(PetStoreClient<Channel>) -> Result<tonic::Response<T>, Status>,
+        F: AsyncFnOnce(StoreClient) -> Result<tonic::Response<T>, Status>,
     {
+        let span = store_call_span(operation);
         let started = Instant::now();
-        let result = rpc(self.client.clone()).await;
+        let result = rpc(self.client.clone()).instrument(span.clone()).await;
         let outcome = match &result {
-            Ok(_) => code_label(Code::Ok),
-            Err(status) => code_label(status.code()),
+            Ok(_) => petstore_telemetry::grpc_code_name(Code::Ok),
+            Err(status) => petstore_telemetry::grpc_code_name(status.code()),
         };
         self.metrics
             .observe_store_call(operation, outcome, started.elapsed());
+        record_status(&span, &result);
         result.map(tonic::Response::into_inner)
     }
 
@@ -134,27 +155,31 @@ impl GrpcPetStore {
     }
 }
 
-/// The gRPC code as grpc-go's `codes.Code.String()` names it: the
-/// `outcome` label of `store_call_duration_seconds`.
-pub fn code_label(code: Code) -> &'static str {
-    match code {
-        Code::Ok => "OK",
-        Code::Cancelled => "Canceled",
-        Code::Unknown => "Unknown",
-        Code::InvalidArgument => "InvalidArgument",
-        Code::DeadlineExceeded => "DeadlineExceeded",
-        Code::NotFound => "NotFound",
-        Code::AlreadyExists => "AlreadyExists",
-        Code::PermissionDenied => "PermissionDenied",
-        Code::ResourceExhausted => "ResourceExhausted",
-        Code::FailedPrecondition => "FailedPrecondition",
-        Code::Aborted => "Aborted",
-        Code::OutOfRange => "OutOfRange",
-        Code::Unimplemented => "Unimplemented",
-        Code::Internal => "Internal",
-        Code::Unavailable => "Unavailable",
-        Code::DataLoss => "DataLoss",
-        Code::Unauthenticated => "Unauthenticated",
+/// The client span of one store call: `store.<Method>` with the OTel
+/// semantic `rpc.*` attributes; its status code is recorded at the end.
+fn store_call_span(operation: Operation) -> tracing::Span {
+    let method = operation.method();
+    tracing::info_span!(
+        "store_call",
+        otel.name = %format_args!("store.{method}"),
+        otel.kind = "client",
+        rpc.system = "grpc",
+        rpc.service = "petstore.PetStore",
+        rpc.method = method,
+        rpc.grpc.status_code = tracing::field::Empty,
+        // Declared, so that a failure can be recorded as the span's status.
+        otel.status_code = tracing::field::Empty,
+    )
+}
+
+fn record_status<T>(span: &tracing::Span, result: &Result<T, Status>) {
+    let code = match result {
+        Ok(_) => Code::Ok,
+        Err(status) => status.code(),
+    };
+    span.record("rpc.grpc.status_code", code as i64);
+    if code != Code::Ok {
+        span.record("otel.status_code", "ERROR");
     }
 }
 
@@ -278,5 +303,67 @@ impl PetStore for GrpcPetStore {
                 _ => classify_status(Operation::SetKey, &status),
             }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use opentelemetry::trace::TracerProvider as _;
+    use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
+    use tracing_subscriber::layer::SubscriberExt;
+
+    use super::*;
+
+    // The store's RPC span can only become the child of `store.<Method>` if
+    // the request carries that span's own IDs.
+    #[test]
+    fn requests_carry_the_store_call_span_as_traceparent() {
+        let spans = InMemorySpanExporter::default();
+        let provider = SdkTracerProvider::builder()
+            .with_simple_exporter(spans.clone())
+            .build();
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+        let _default = tracing::subscriber::set_default(subscriber);
+
+        let span = store_call_span(Operation::Create);
+        let request = span.in_scope(|| PropagateTrace.call(tonic::Request::new(())));
+        let request = request.expect("the interceptor never refuses");
+        record_status(&span, &Ok::<(), Status>(()));
+        drop(span);
+
+        let finished = spans.get_finished_spans().expect("spans");
+        let [call] = finished.as_slice() else {
+            panic!("expected one span, got {finished:?}");
+        };
+        assert_eq!(call.name, "store.AddPets");
+        let traceparent = request
+            .metadata()
+            .get("traceparent")
+            .and_then(|value| value.to_str().ok())
+            .expect("a traceparent");
+        assert_eq!(
+            traceparent,
+            format!(
+                "00-{}-{}-01",
+                call.span_context.trace_id(),
+                call.span_context.span_id()
+            )
+        );
+        let status = call
+            .attributes
+            .iter()
+            .find(|kv| kv.key.as_str() == "rpc.grpc.status_code")
+            .map(|kv| kv.value.to_string());
+        assert_eq!(status.as_deref(), Some("0"));
+    }
+
+    #[test]
+    fn without_tracing_no_traceparent_is_sent() {
+        let span = store_call_span(Operation::Create);
+        let request = span
+            .in_scope(|| PropagateTrace.call(tonic::Request::new(())))
+            .expect("the interceptor never refuses");
+        assert!(request.metadata().get("traceparent").is_none());
     }
 }

@@ -1,0 +1,180 @@
+//! The store's Prometheus metrics (prefix `petstore_server_`) and the HTTP
+//! endpoint that serves them.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use petstore_telemetry::SamplerSetting;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
+use tokio::net::TcpListener;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RpcLabels {
+    /// The RPC's name, e.g. `AddPets`.
+    method: &'static str,
+    /// The gRPC code as grpc-go names it, e.g. `OK`, `InvalidArgument`.
+    code: &'static str,
+}
+
+pub struct ServerMetrics {
+    registry: Registry,
+    rpc_duration: Family<RpcLabels, Histogram>,
+    in_flight: Gauge,
+    sampler_ratio: Gauge<f64, AtomicU64>,
+}
+
+impl std::fmt::Debug for ServerMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerMetrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for ServerMetrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("petstore_server");
+        // 50 µs (an in-memory call) to about 13 s (a stalled database).
+        let rpc_duration = Family::<RpcLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.00005, 2.5, 15))
+        });
+        registry.register_with_unit(
+            "rpc_duration",
+            "Time to answer a pet store RPC (for SearchPets, until the stream starts), by method and gRPC code",
+            Unit::Seconds,
+            rpc_duration.clone(),
+        );
+        let in_flight = Gauge::default();
+        registry.register(
+            "rpcs_in_flight",
+            "Pet store RPCs being answered now",
+            in_flight.clone(),
+        );
+        let sampler_ratio = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "trace_sampler_ratio",
+            "Fraction of new traces the store samples: 0 never, 1 always (ChangeSampler sets it)",
+            sampler_ratio.clone(),
+        );
+        Self {
+            registry,
+            rpc_duration,
+            in_flight,
+            sampler_ratio,
+        }
+    }
+}
+
+/// Counts one RPC as in flight until dropped.
+pub struct InFlight(Gauge);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+impl ServerMetrics {
+    pub fn observe_rpc(&self, method: &'static str, code: tonic::Code, elapsed: Duration) {
+        self.rpc_duration
+            .get_or_create(&RpcLabels {
+                method,
+                code: petstore_telemetry::grpc_code_name(code),
+            })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    pub fn in_flight(&self) -> InFlight {
+        self.in_flight.inc();
+        InFlight(self.in_flight.clone())
+    }
+
+    pub fn set_sampler(&self, setting: SamplerSetting) {
+        self.sampler_ratio.set(setting.ratio());
+    }
+
+    /// The metrics in the Prometheus text format.
+    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry)?;
+        Ok(text)
+    }
+}
+
+async fn metrics(State(metrics): State<Arc<ServerMetrics>>) -> impl IntoResponse {
+    match metrics.encode() {
+        Ok(text) => (
+            StatusCode::OK,
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(err) => (StatusCode::INTERNAL_SERVER_ERROR, err.to_string()).into_response(),
+    }
+}
+
+/// Serves `GET /metrics` on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: TcpListener,
+    metrics: Arc<ServerMetrics>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let app = Router::new()
+        .route("/metrics", get(self::metrics))
+        .with_state(metrics);
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "serving metrics");
+    }
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn series_have_the_documented_names() {
+        let metrics = ServerMetrics::default();
+        metrics.observe_rpc("AddPets", tonic::Code::Ok, Duration::from_millis(1));
+        metrics.observe_rpc(
+            "ChangeSampler",
+            tonic::Code::InvalidArgument,
+            Duration::from_millis(1),
+        );
+        metrics.set_sampler(SamplerSetting::Ratio(0.25));
+        let in_flight = metrics.in_flight();
+        let text = metrics.encode().expect("encode");
+        for series in [
+            "petstore_server_rpc_duration_seconds_count{method=\"AddPets\",code=\"OK\"} 1",
+            "petstore_server_rpc_duration_seconds_count{method=\"ChangeSampler\",code=\"InvalidArgument\"} 1",
+            "petstore_server_rpcs_in_flight 1",
+            "petstore_server_trace_sampler_ratio 0.25",
+            "# HELP petstore_server_rpc_duration_seconds ",
+            "# HELP petstore_server_rpcs_in_flight ",
+            "# HELP petstore_server_trace_sampler_ratio ",
+        ] {
+            assert!(text.contains(series), "no {series:?} in\n{text}");
+        }
+        drop(in_flight);
+        assert!(
+            metrics
+                .encode()
+                .expect("encode")
+                .contains("petstore_server_rpcs_in_flight 0")
+        );
+    }
+}
