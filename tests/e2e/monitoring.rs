@@ -9,10 +9,13 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use fixtures::env::{OPERATOR_ACCOUNT, OPERATOR_NAMESPACE, install_crd_and_rbac, is_ready};
+use fixtures::env::{
+    OPERATOR_ACCOUNT, OPERATOR_NAMESPACE, condition, install_crd_and_rbac, is_ready,
+};
 use fixtures::monitoring::{
     alert_names, dashboard_queries, missing_metrics, monitoring_dir, prometheus_rule_groups,
     promql_metric_names, rule_expressions, run_promtool, scrape, scraped_families,
+    to_prometheus_text,
 };
 use fixtures::petstore::grpcurl;
 use fixtures::{
@@ -187,6 +190,53 @@ petstore_operator_reconcile_duration_seconds_bucket{le=\"+Inf\"} 3
     );
 }
 
+/// promtool's lint reads the Prometheus text format, in which an OpenMetrics
+/// counter looks like two families with a problem each; converted, the same
+/// metrics pass.
+#[test]
+fn openmetrics_scrapes_are_linted_as_prometheus_text() -> fixtures::Result<()> {
+    let openmetrics = "\
+# HELP petstore_operator_reconciles Reconciliations started.
+# TYPE petstore_operator_reconciles counter
+petstore_operator_reconciles_total 3
+# HELP petstore_operator_leader 1 while this replica holds the leader lease.
+# TYPE petstore_operator_leader gauge
+petstore_operator_leader 1
+# EOF
+";
+    let check = |text: &str| run_promtool(&[OsStr::new("check"), OsStr::new("metrics")], text);
+    let raw = check(openmetrics)?;
+    assert!(
+        !raw.status.success()
+            && String::from_utf8_lossy(&raw.stderr)
+                .contains("petstore_operator_reconciles_total no help text"),
+        "{}",
+        promtool_report(&raw)
+    );
+    let text = to_prometheus_text(openmetrics);
+    assert_eq!(
+        text,
+        "\
+# HELP petstore_operator_reconciles_total Reconciliations started.
+# TYPE petstore_operator_reconciles_total counter
+petstore_operator_reconciles_total 3
+# HELP petstore_operator_leader 1 while this replica holds the leader lease.
+# TYPE petstore_operator_leader gauge
+petstore_operator_leader 1
+"
+    );
+    let converted = check(&text)?;
+    assert!(
+        converted.status.success() && converted.stderr.is_empty(),
+        "{}",
+        promtool_report(&converted)
+    );
+    // A real problem still shows: a counter whose samples lack `_total`.
+    let bad = check("# HELP requests Requests.\n# TYPE requests counter\nrequests 1\n")?;
+    assert!(!bad.status.success(), "{}", promtool_report(&bad));
+    Ok(())
+}
+
 /// The rules and the dashboard query what the alerts and panels promise.
 #[test]
 fn rules_and_dashboard_query_the_documented_metrics() {
@@ -234,6 +284,44 @@ fn rules_and_dashboard_query_the_documented_metrics() {
     }
 }
 
+/// `kubectl apply -k config/monitoring` gets both ServiceMonitors, the
+/// PrometheusRule, and the dashboard in a ConfigMap the Grafana sidecar
+/// loads.
+#[test]
+fn kustomization_renders_every_object() -> fixtures::Result<()> {
+    let rendered = fixtures::run(
+        Command::new(fixtures::Tools::get()?.kubectl())
+            .args(["kustomize", &monitoring_dir().to_string_lossy()]),
+    )?;
+    let kinds: Vec<&str> = rendered
+        .lines()
+        .filter_map(|line| line.strip_prefix("kind: "))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "ConfigMap",
+            "PrometheusRule",
+            "ServiceMonitor",
+            "ServiceMonitor"
+        ],
+        "{rendered}"
+    );
+    assert!(
+        rendered.contains("    grafana_dashboard: \"1\"\n  name: petstore-grafana-dashboard\n"),
+        "{rendered}"
+    );
+    assert!(
+        rendered.contains("  grafana-dashboard.json: |\n"),
+        "{rendered}"
+    );
+    assert!(
+        rendered.contains("\"uid\": \"petstore-operator\""),
+        "{rendered}"
+    );
+    Ok(())
+}
+
 /// The real store (with --metrics-listen) and operator on the real control
 /// plane: after a Pet turns Ready, both scrapes pass `promtool check metrics`
 /// and hold every metric the alerts and the dashboard query.
@@ -245,30 +333,30 @@ fn scrapes_pass_promtool_and_hold_every_queried_metric() -> fixtures::Result<()>
 
     let store_addr = format!("127.0.0.1:{}", free_port()?);
     let store_metrics_addr = format!("127.0.0.1:{}", free_port()?);
-    let mut store_command = Command::new(cargo_bin("petstore-server")?);
-    store_command.args([
-        "--listen",
-        &store_addr,
-        "--storage",
-        "memory",
-        "--metrics-listen",
-        &store_metrics_addr,
-    ]);
-    let mut store = Process::spawn(
-        "petstore-server",
-        store_command,
-        &cp.dir().join("petstore.log"),
-    )?;
-    wait_for(Duration::from_secs(30), "the pet store SERVING", || {
-        assert!(
-            store.is_running(),
-            "the pet store exited (does it have --metrics-listen?):\n{}",
-            store.log_tail(20)
-        );
-        grpcurl(&store_addr, "grpc.health.v1.Health/Check", "{}")
-            .ok()
-            .filter(|out| out.first().is_some_and(|v| v["status"] == "SERVING"))
-    })?;
+    let start_store = || -> fixtures::Result<Process> {
+        let mut command = Command::new(cargo_bin("petstore-server")?);
+        command.args([
+            "--listen",
+            &store_addr,
+            "--storage",
+            "memory",
+            "--metrics-listen",
+            &store_metrics_addr,
+        ]);
+        let mut store = Process::spawn("petstore-server", command, &cp.dir().join("petstore.log"))?;
+        wait_for(Duration::from_secs(30), "the pet store SERVING", || {
+            assert!(
+                store.is_running(),
+                "the pet store exited (does it have --metrics-listen?):\n{}",
+                store.log_tail(20)
+            );
+            grpcurl(&store_addr, "grpc.health.v1.Health/Check", "{}")
+                .ok()
+                .filter(|out| out.first().is_some_and(|v| v["status"] == "SERVING"))
+        })?;
+        Ok(store)
+    };
+    let mut store = start_store()?;
 
     let operator = Operator::start(
         &OperatorOptions {
@@ -288,11 +376,47 @@ fn scrapes_pass_promtool_and_hold_every_queried_metric() -> fixtures::Result<()>
 
     let sample = repo_root().join("config/samples/pet-sample1.yaml");
     cp.kubectl(&["apply", "-f", &sample.to_string_lossy()])?;
-    wait_for(TIMEOUT, "Pet default/pet-sample1 Ready", || {
-        let pet = cp
-            .kubectl_json(&["get", "pet", "pet-sample1", "-n", "default"])
-            .ok()?;
-        is_ready(&pet).then_some(())
+    let pet = || cp.kubectl_json(&["get", "pet", "pet-sample1", "-n", "default"]);
+    let id = wait_for(TIMEOUT, "Pet default/pet-sample1 Ready", || {
+        let pet = pet().ok()?;
+        is_ready(&pet).then(|| pet["status"]["id"].as_str().map(str::to_owned))?
+    })?;
+
+    // prometheus-client leaves a labelled family out of the scrape until it
+    // has a sample, so make the drift and the reconcile error happen that
+    // the drift and error metrics count. Drift: the record renamed behind
+    // the operator's back, put back by the next poll.
+    grpcurl(
+        &store_addr,
+        "petstore.PetStore/UpdatePets",
+        &format!(
+            r#"{{"pets":[{{"id":"{id}","name":"Changed behind its back","type":"PTCanine","birthday":{{"year":2021,"month":4,"day":1}}}}]}}"#
+        ),
+    )?;
+    wait_for(TIMEOUT, "the drift to be put back", || {
+        let pets = grpcurl(&store_addr, "petstore.PetStore/SearchPets", "{}").ok()?;
+        pets.iter()
+            .any(|p| p["id"] == id.as_str() && p["name"] == "Thor")
+            .then_some(())
+    })?;
+    // Reconcile errors (store_unavailable): the store down while a rename
+    // needs it. Back up with no records (memory), it gets the Pet recreated.
+    store.kill();
+    cp.kubectl(&[
+        "patch",
+        "pet",
+        "pet-sample1",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"name":"Thorbert"}}"#,
+    ])?;
+    wait_for(TIMEOUT, "Synced reason StoreUnavailable", || {
+        let pet = pet().ok()?;
+        (condition(&pet, "Synced")?["reason"] == "StoreUnavailable").then_some(())
+    })?;
+    let _store = start_store()?;
+    wait_for(TIMEOUT, "Pet default/pet-sample1 Ready again", || {
+        is_ready(&pet().ok()?).then_some(())
     })?;
 
     let mut problems = Vec::new();
@@ -302,7 +426,10 @@ fn scrapes_pass_promtool_and_hold_every_queried_metric() -> fixtures::Result<()>
         ("pet store", store_metrics_addr.as_str()),
     ] {
         let body = scrape(addr)?;
-        let check = run_promtool(&[OsStr::new("check"), OsStr::new("metrics")], &body)?;
+        let check = run_promtool(
+            &[OsStr::new("check"), OsStr::new("metrics")],
+            &to_prometheus_text(&body),
+        )?;
         if !check.status.success() || !check.stderr.is_empty() {
             problems.push(format!(
                 "promtool check metrics on the {process}'s scrape: {}",
