@@ -240,7 +240,18 @@ petstore_operator_leader 1
 /// The rules and the dashboard query what the alerts and panels promise.
 #[test]
 fn rules_and_dashboard_query_the_documented_metrics() {
-    let rule_names: Vec<String> = rule_expressions(&prometheus_rule())
+    // The expression reader missed none: one per alert, one per target.
+    let rule = prometheus_rule();
+    assert_eq!(rule_expressions(&rule).len(), alert_names(&rule).len());
+    let targets = dashboard()["panels"]
+        .as_array()
+        .expect("panels")
+        .iter()
+        .flat_map(|panel| panel["targets"].as_array().into_iter().flatten())
+        .count();
+    assert_eq!(dashboard_queries(&dashboard()).len(), targets);
+
+    let rule_names: Vec<String> = rule_expressions(&rule)
         .iter()
         .flat_map(|expr| promql_metric_names(expr))
         .collect();
