@@ -12,6 +12,7 @@ mod chaos;
 mod deploy;
 mod faults;
 mod kubernetes;
+mod monitoring;
 mod ownership;
 mod postgres_replicas;
 mod security;

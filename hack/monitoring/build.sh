@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Builds (once) promtool from Prometheus's Go module and prints the folder
+# that holds it. Cached outside the clone, keyed by version, like
+# hack/control-plane/build.sh, so only a missing binary triggers a build.
+#
+#   PETSTORE_TOOLS_DIR   cache root (default: ${XDG_CACHE_HOME:-$HOME/.cache}/petstore-operator)
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=versions.env
+source "$here/versions.env"
+
+cache_root="${PETSTORE_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/petstore-operator}"
+bin_dir="$cache_root/promtool-$PROMETHEUS_MODULE_VERSION"
+mkdir -p "$bin_dir"
+
+log() { printf '[monitoring] %s\n' "$*" >&2; }
+
+if [[ ! -x "$bin_dir/promtool" ]]; then
+  log "building promtool $PROMETHEUS_MODULE_VERSION (first run only; this takes a few minutes)"
+  start=$SECONDS
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+  # Prometheus's go.mod has no replace directives, so `go install` builds it
+  # as released. The version stamp makes `promtool --version` truthful.
+  GOBIN="$work" CGO_ENABLED=0 GOFLAGS=-buildvcs=false go install -trimpath \
+    -ldflags "-s -w -X github.com/prometheus/common/version.Version=$PROMETHEUS_VERSION" \
+    "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_MODULE_VERSION"
+  mv "$work/promtool" "$bin_dir/promtool"
+  log "built promtool in $((SECONDS - start))s"
+fi
+
+echo "$bin_dir"
