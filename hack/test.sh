@@ -51,7 +51,10 @@ phase "control plane (cached build)" bash hack/control-plane/build.sh
 # kubelet, kube-scheduler, kube-proxy, Tilt, registry, CoreDNS,
 # local-path-provisioner: the one-node cluster of tests/e2e/tilt.rs.
 phase "one-node cluster and Tilt (cached build)" bash hack/cluster/build.sh
+# promtool checks the alert rules and real scrapes (tests/e2e/monitoring.rs);
+# Jaeger v2 receives the traces of tests/e2e/traces.rs.
 phase "promtool (cached build)" bash hack/monitoring/build.sh
+phase "trace receiver (cached build)" bash hack/tracing/build.sh
 phase "static checks (Dockerfile, Tiltfile)" bash hack/static-checks.sh
 phase "cargo build" cargo build --locked --workspace --all-targets
 # The tests start the binaries this build made. Without this, the fixtures

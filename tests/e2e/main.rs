@@ -17,4 +17,5 @@ mod ownership;
 mod postgres_replicas;
 mod security;
 mod tilt;
+mod traces;
 mod user_story;
