@@ -22,6 +22,7 @@ use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use crate::crd::{ConditionStatus, Pet};
+use crate::decision::Facts;
 use crate::metrics::PetGauges;
 use crate::status::READY;
 use crate::store::Probe;
@@ -191,15 +192,16 @@ impl Memory {
     /// Whether it is backing off from a failure of this same intent: then a
     /// watch event is only the echo of a write, not a reason to try again
     /// before the retry that is already scheduled.
-    pub fn backing_off_from(&self, uid: &str, intent: u64) -> bool {
-        self.backoff_left(uid, intent).is_some()
+    pub fn backing_off_from(&self, facts: &Facts) -> bool {
+        self.backoff_left(facts).is_some()
     }
 
-    /// The rest of its backoff from a failure of this same intent.
-    pub fn backoff_left(&self, uid: &str, intent: u64) -> Option<Duration> {
-        let backoff = self.pets().get(uid)?.backoff?;
+    /// The rest of its backoff from a failure of this same intent. The
+    /// intent is hashed only for a Pet that is backing off.
+    pub fn backoff_left(&self, facts: &Facts) -> Option<Duration> {
+        let backoff = self.pets().get(&facts.uid)?.backoff?;
         let left = backoff.until.checked_duration_since(Instant::now())?;
-        (backoff.intent == intent && !left.is_zero()).then_some(left)
+        (!left.is_zero() && backoff.intent == facts.intent()).then_some(left)
     }
 
     /// Its reconcile started.

@@ -176,7 +176,7 @@ impl Context {
         let Ok(facts) = self.facts(pet) else {
             return true;
         };
-        if self.memory.backing_off_from(&facts.uid, facts.intent()) {
+        if self.memory.backing_off_from(&facts) {
             return false;
         }
         !matches!(first_step(&facts), Step::Wait(Next::After(_)))
@@ -337,16 +337,6 @@ async fn reconcile_in_span(pet: Arc<Pet>, ctx: Arc<Context>) -> Result<Action, E
     let _timer = ctx.metrics.reconcile_timer();
     if let Some(uid) = &pet.metadata.uid {
         ctx.memory.started(uid);
-    }
-    // An echo queued while the failed attempt ran (the watch event of its
-    // finalizer write, say) waits out the backoff instead of counting a
-    // second failure and writing a second Warning for one attempt.
-    if let Some(left) = ctx
-        .facts(&pet)
-        .ok()
-        .and_then(|facts| ctx.memory.backoff_left(&facts.uid, facts.intent()))
-    {
-        return Ok(Action::requeue(left));
     }
     match Reconcile::new(&pet, &ctx) {
         Ok(reconcile) => reconcile.run().await,

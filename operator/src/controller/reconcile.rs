@@ -123,6 +123,12 @@ impl<'a> Reconcile<'a> {
     }
 
     pub async fn run(mut self) -> Result<Action, Error> {
+        // An echo queued while the failed attempt ran (the watch event of
+        // its finalizer write, say) waits out the backoff instead of counting
+        // a second failure and writing a second Warning for one attempt.
+        if let Some(left) = self.ctx.memory.backoff_left(&self.facts) {
+            return Ok(Action::requeue(left));
+        }
         let ending = self.act().await;
         self.record(ending).await
     }
