@@ -22,7 +22,10 @@ if [[ ! -x "$bin_dir/promtool" ]]; then
   trap 'rm -rf "$work"' EXIT
   # Prometheus's go.mod has no replace directives, so `go install` builds it
   # as released. The version stamp makes `promtool --version` truthful.
-  GOBIN="$work" CGO_ENABLED=0 GOFLAGS=-buildvcs=false go install -trimpath \
+  # remove_all_sd is Prometheus's own build tag that leaves out the service
+  # discovery plugins (AWS, Azure, GCE, ...): `test rules` and `check
+  # metrics` need none, and it builds cold in well under half the time.
+  GOBIN="$work" CGO_ENABLED=0 GOFLAGS=-buildvcs=false go install -trimpath -tags remove_all_sd \
     -ldflags "-s -w -X github.com/prometheus/common/version.Version=$PROMETHEUS_VERSION" \
     "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_MODULE_VERSION"
   mv "$work/promtool" "$bin_dir/promtool"
