@@ -7,6 +7,7 @@
 #   hack/bench.sh --skip-store       # the operator only; keeps the store section
 #   hack/bench.sh --store-only       # the store only; keeps the operator section
 #   hack/bench.sh --smoke            # tiny, to check that it works
+#   hack/bench.sh --tracing ...      # with every trace exported to a local Jaeger
 #
 # The arguments go to petstore-bench (benches/) unchanged; `--help` lists
 # them all, with their defaults.

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, ValueEnum};
+use fixtures::trace_receiver::TraceReceiver;
 use petstore_bench::convergence::FloorIdentity;
 use petstore_bench::{self as bench, BenchConfig, BenchResults};
 
@@ -62,6 +63,13 @@ struct Args {
     /// file's open time); 0 skips it [default: 1000000; with --smoke: 2000].
     #[arg(long, value_name = "N", value_parser = whole_number::<u64>)]
     scale: Option<u64>,
+
+    /// Export every trace of the operator and the store over OTLP/gRPC to a
+    /// Jaeger v2 started for the run (the tests' receiver, built once and
+    /// cached), to measure what tracing costs. Without it tracing is off,
+    /// as the operator ships.
+    #[arg(long, conflicts_with = "store_only")]
+    tracing: bool,
 
     /// Where to write the report; the plot goes to docs/convergence.svg in
     /// the report's folder [default: BENCHMARKS.md at the repository root].
@@ -149,7 +157,13 @@ fn report(args: &Args, results: &BenchResults, out: &Path) -> String {
         .ok()
         .and_then(|()| bench::plot(&results.convergence, &svg).ok())
         .map(|()| "docs/convergence.svg");
-    let report = bench::markdown(results, &bench::environment(), plot);
+    let tracing = if args.tracing {
+        "- Tracing: on. Both processes export every trace over OTLP/gRPC (batched, the SDK's defaults) to a Jaeger v2 on 127.0.0.1; the operator samples every reconcile and the store follows its parent\n"
+    } else {
+        "- Tracing: off (no `OTEL_EXPORTER_OTLP_ENDPOINT`), as the operator ships\n"
+    };
+    let environment = format!("{}{tracing}", bench::environment());
+    let report = bench::markdown(results, &environment, plot);
     if args.skip_store {
         let existing = existing();
         if let (Some(old), Some(new)) = (existing.find(STORE_SECTION), report.find(STORE_SECTION)) {
@@ -159,12 +173,43 @@ fn report(args: &Args, results: &BenchResults, out: &Path) -> String {
     report
 }
 
+/// A Jaeger v2 for the run, and the OTLP exporter's environment pointing at
+/// it for every process started after this.
+fn start_trace_receiver() -> Result<(TraceReceiver, tempfile::TempDir), String> {
+    let dir = tempfile::tempdir().map_err(|err| err.to_string())?;
+    let receiver = TraceReceiver::start(dir.path()).map_err(|err| err.to_string())?;
+    eprintln!(
+        "[bench] exporting traces to Jaeger at {}",
+        receiver.otlp_endpoint()
+    );
+    // SAFETY: no other thread exists yet that reads the environment: the
+    // runtime and every benchmark thread start after this.
+    unsafe {
+        std::env::set_var("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.otlp_endpoint());
+        std::env::set_var("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc");
+    }
+    Ok((receiver, dir))
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     let out = args
         .out
         .clone()
         .unwrap_or_else(|| fixtures::repo_root().join("BENCHMARKS.md"));
+    // Lives until the run ends; the processes the run starts inherit the
+    // exporter's environment.
+    let _receiver = if args.tracing {
+        match start_trace_receiver() {
+            Ok(receiver) => Some(receiver),
+            Err(err) => {
+                eprintln!("petstore-bench: starting the trace receiver: {err}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        None
+    };
     let results = match bench::run_all(&args.config(), |step| eprintln!("[bench] {step}")) {
         Ok(results) => results,
         Err(err) => {
@@ -254,6 +299,7 @@ mod tests {
             &["--skip-store", "--scale", "1000"],
             &["--store-only", "--sizes", "1000"],
             &["--store-only", "--pairs", "1"],
+            &["--store-only", "--tracing"],
             &["--unknown"],
         ] {
             assert!(parse(args).is_err(), "{args:?} accepted");
