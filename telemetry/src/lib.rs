@@ -7,6 +7,7 @@ mod propagation;
 mod sampler;
 
 use std::io::IsTerminal;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
 use opentelemetry_sdk::Resource;
@@ -23,6 +24,31 @@ pub use sampler::{FORCE_SAMPLING_ATTRIBUTE, ParseSamplerError, SamplerSetting, S
 /// `trace_id = tracing::field::Empty` and every log line inside it shows
 /// the trace to look up.
 pub const TRACE_ID_FIELD: &str = "trace_id";
+
+/// Set by [`init`] when spans are exported.
+static SPANS_EXPORTED: AtomicBool = AtomicBool::new(false);
+
+/// Whether this process exports spans.
+pub fn spans_exported() -> bool {
+    SPANS_EXPORTED.load(Ordering::Relaxed)
+}
+
+/// `make()` when spans are exported, else a disabled span. For spans that
+/// exist only for the trace: with export off, a span still costs the log
+/// layer its allocation and field formatting on every reconcile.
+pub fn span(make: impl FnOnce() -> tracing::Span) -> tracing::Span {
+    if spans_exported() {
+        make()
+    } else {
+        tracing::Span::none()
+    }
+}
+
+/// Makes [`span`] open spans, for tests that install their own exporting
+/// subscriber instead of calling [`init`].
+pub fn enable_spans_for_tests() {
+    SPANS_EXPORTED.store(true, Ordering::Relaxed);
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {
@@ -163,6 +189,7 @@ pub fn init(
         .with(fmt)
         .with(otel)
         .try_init()?;
+    SPANS_EXPORTED.store(provider.is_some(), Ordering::Relaxed);
     Ok(TelemetryGuard { provider })
 }
 

@@ -144,7 +144,9 @@ impl<'a> Reconcile<'a> {
                 }
                 Step::AddFinalizer => {
                     let added = finalizer::add(&self.api, &self.pet)
-                        .instrument(info_span!("kube.add_finalizer"))
+                        .instrument(petstore_telemetry::span(|| {
+                            info_span!("kube.add_finalizer")
+                        }))
                         .await;
                     match added.and_then(|pet| Ok((self.ctx.facts(&pet)?, pet))) {
                         Ok((facts, pet)) => (self.facts, self.pet) = (facts, Arc::new(pet)),
@@ -169,7 +171,8 @@ impl<'a> Reconcile<'a> {
                         Observation::Found(lookup) => lookup.clone(),
                         Observation::StoreLacks { .. } => Lookup::default(),
                     };
-                    let plan = info_span!("decide").in_scope(|| decide(&self.facts, observation));
+                    let plan = petstore_telemetry::span(|| info_span!("decide"))
+                        .in_scope(|| decide(&self.facts, observation));
                     self.execute(plan, &observed).await
                 }
                 Err(error) => Err(error),
@@ -431,7 +434,9 @@ impl<'a> Reconcile<'a> {
             self.publish(reason, story.action(), note);
         }
         finalizer::remove(&self.api, &self.pet)
-            .instrument(info_span!("kube.remove_finalizer"))
+            .instrument(petstore_telemetry::span(|| {
+                info_span!("kube.remove_finalizer")
+            }))
             .await?;
         self.ctx.memory.forget(&self.facts.uid);
         Ok(())
@@ -439,7 +444,7 @@ impl<'a> Reconcile<'a> {
 
     async fn write_status(&self, id: Option<&str>, outcome: &Outcome) -> Result<(), Error> {
         status_write::write(&self.ctx.client, &self.api, &self.pet, id, outcome)
-            .instrument(info_span!("kube.patch_status"))
+            .instrument(petstore_telemetry::span(|| info_span!("kube.patch_status")))
             .await
     }
 
