@@ -16,6 +16,7 @@ use crate::crd::Pet;
 use crate::events::{EventQueue, EventWriter};
 use crate::leader::{self, Lease, Reign};
 use crate::metrics::{self, Metrics};
+use crate::store::budget::CallBudget;
 use crate::store::grpc::{GrpcPetStore, TlsFiles};
 
 /// A token cancelled by SIGTERM or Ctrl-C.
@@ -88,7 +89,8 @@ pub async fn run(args: Args, fault: Option<Fault>) -> Result<ExitCode, String> {
         tls.as_ref(),
         Arc::clone(&metrics),
     )
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| e.to_string())?
+    .with_budget(CallBudget::new(args.store_qps, args.store_burst));
     let recorder = EventWriter::new(
         client.clone(),
         Reporter {
@@ -99,6 +101,7 @@ pub async fn run(args: Args, fault: Option<Fault>) -> Result<ExitCode, String> {
     let settings = Settings {
         poll_interval: args.poll_interval,
         poll_max_rate: args.poll_max_rate,
+        audit_interval: args.audit_interval,
         backoff_base: args.backoff_base,
         backoff_max: args.backoff_max,
         concurrency: args.concurrency,

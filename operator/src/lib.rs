@@ -87,6 +87,14 @@ fn api_message(error: &kube::Error) -> String {
 
 impl Error {
     /// The reason for conditions, the Warning Event and the errors metric.
+    /// How long the store asked to wait before the next attempt, if it did.
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            Error::Store(StoreError::Unavailable { retry_after, .. }) => *retry_after,
+            _ => None,
+        }
+    }
+
     pub fn reason(&self) -> Reason {
         match self {
             Error::Store(StoreError::Unavailable { .. }) => Reason::StoreUnavailable,

@@ -152,7 +152,15 @@ pub struct Metrics {
     events_dropped: Counter,
     events_pending: Gauge,
     poll_interval: Gauge<f64, AtomicU64>,
+    feed_connected: Gauge,
+    feed_changes: Family<FeedLabels, Counter>,
     ready: AtomicBool,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FeedLabels {
+    /// What the change meant: `drifted`, `in_sync` or `unrelated`.
+    verdict: &'static str,
 }
 
 /// One reconcile in progress; see [`Metrics::reconcile_timer`].
@@ -191,6 +199,18 @@ impl Default for Metrics {
         let events_dropped = Counter::default();
         let events_pending = Gauge::default();
         let poll_interval = Gauge::<f64, AtomicU64>::default();
+        let feed_connected = Gauge::default();
+        registry.register(
+            "change_feed_connected",
+            "1 while the store's change feed is followed (drift found from it, the poll only audits); 0 while polling",
+            feed_connected.clone(),
+        );
+        let feed_changes = Family::<FeedLabels, Counter>::default();
+        registry.register(
+            "change_feed_changes",
+            "Record changes read from the store's change feed, by what they meant for their Pet",
+            feed_changes.clone(),
+        );
         registry.register(
             "poll_interval_seconds",
             "Drift-poll interval in effect (stretched when the Pets outnumber the poll rate bound)",
@@ -286,6 +306,8 @@ impl Default for Metrics {
             events_dropped,
             events_pending,
             poll_interval,
+            feed_connected,
+            feed_changes,
             ready: AtomicBool::new(false),
         }
     }
@@ -349,6 +371,18 @@ impl Metrics {
 
     pub fn set_poll_interval(&self, interval: Duration) {
         self.poll_interval.set(interval.as_secs_f64());
+    }
+
+    pub fn set_feed_connected(&self, connected: bool) {
+        self.feed_connected.set(i64::from(connected));
+    }
+
+    pub fn feed_change(&self, verdict: crate::controller::FeedVerdict) {
+        self.feed_changes
+            .get_or_create(&FeedLabels {
+                verdict: verdict.as_str(),
+            })
+            .inc();
     }
 
     pub fn set_leader(&self, leader: bool) {

@@ -228,6 +228,16 @@ impl PetStore for PetStoreService {
         call.run(self.search(request.into_inner())).await
     }
 
+    // Placeholder until the change feed lands.
+    type WatchPetsStream = ReceiverStream<Result<pb::WatchPetsResp, Status>>;
+
+    async fn watch_pets(
+        &self,
+        _request: Request<pb::WatchPetsReq>,
+    ) -> Result<Response<Self::WatchPetsStream>, Status> {
+        Err(Status::unimplemented("WatchPets"))
+    }
+
     async fn change_sampler(
         &self,
         request: Request<pb::ChangeSamplerReq>,

@@ -392,7 +392,7 @@ fn backoff_counts_attempts_and_our_store_in_place_of_the_books_releases_the_pet(
     options.store_addr = front.addr.clone();
     // The default cap, not the tests' short one: the backoff must grow.
     options.backoff_max = "5m";
-    let operator = env.start_operator_with(&options)?;
+    let mut operator = env.start_operator_with(&options)?;
 
     env.cp.apply(&pet_yaml("early", "Early", &[], ""))?;
     wait_synced_reason(&env, "early", "StoreLacksExtensions")?;
@@ -419,6 +419,14 @@ fn backoff_counts_attempts_and_our_store_in_place_of_the_books_releases_the_pet(
         .filter(|e| e.0 == "StoreLacksExtensions" && e.1 == "early")
         .count();
     assert_eq!(warnings, 1, "one Warning per change of reason");
+    // The book's store has no change feed: polled, and said once.
+    let log = std::fs::read_to_string(operator.process().log_path())
+        .map_err(fixtures::io("reading the operator's log"))?;
+    assert_eq!(
+        log.matches("offers no change feed").count(),
+        1,
+        "the fallback to polling is logged once:\n{log}"
+    );
 
     // Our store takes the address: the Pet is Ready long before its next
     // attempt was due.

@@ -204,6 +204,15 @@ impl Memory {
         (!left.is_zero() && backoff.intent == facts.intent()).then_some(left)
     }
 
+    /// The change feed saw its record drift: it is due now, and its
+    /// reconcile reads the store however recently it was synced.
+    pub fn suspect_drift(&self, pet: &Pet, uid: &str) {
+        self.triggered(pet, uid);
+        if let Some(remembered) = self.pets().get_mut(uid) {
+            remembered.synced = None;
+        }
+    }
+
     /// Its reconcile started.
     pub fn started(&self, uid: &str) {
         if let Some(remembered) = self.pets().get_mut(uid) {

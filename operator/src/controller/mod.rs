@@ -45,6 +45,8 @@ use memory::Memory;
 use poll::PollSchedule;
 use reconcile::{Problem, Reconcile};
 
+mod feed;
+pub use feed::Verdict as FeedVerdict;
 mod finalizer;
 mod memory;
 mod poll;
@@ -58,6 +60,9 @@ pub struct Settings {
     /// Most drift-poll store reads per second, on average: with more Pets
     /// than `poll_interval` allows at this rate, the interval stretches.
     pub poll_max_rate: f64,
+    /// The poll's interval while the store's change feed is followed: an
+    /// audit for what the feed cannot see.
+    pub audit_interval: Duration,
     /// First retry delay after a failure; doubles per consecutive failure.
     pub backoff_base: Duration,
     /// Longest retry delay.
@@ -73,6 +78,7 @@ impl Default for Settings {
         Self {
             poll_interval: Duration::from_secs(300),
             poll_max_rate: 100.0,
+            audit_interval: Duration::from_secs(3600),
             backoff_base: Duration::from_secs(1),
             backoff_max: Duration::from_secs(300),
             concurrency: 16,
@@ -105,7 +111,8 @@ impl Context {
         settings: Settings,
     ) -> Self {
         Self {
-            poll: PollSchedule::new(settings.poll_interval, settings.poll_max_rate),
+            poll: PollSchedule::new(settings.poll_interval, settings.poll_max_rate)
+                .with_audit_interval(settings.audit_interval),
             client,
             store,
             events,
@@ -252,6 +259,12 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
         });
     let config = controller::Config::default().concurrency(ctx.settings.concurrency);
     let (released, retry_now) = futures::channel::mpsc::unbounded();
+    tokio::spawn(feed::follow(
+        Arc::clone(&ctx),
+        reader.clone(),
+        released.clone(),
+        stop.clone(),
+    ));
     tokio::spawn(release_on_store_recovery(
         Arc::clone(&ctx),
         released,
@@ -326,7 +339,9 @@ const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-config
 pub async fn reconcile(pet: Arc<Pet>, ctx: Arc<Context>) -> Result<Action, Error> {
     // kube's span cannot take a field after it is made; this one carries
     // the trace ID into every log line of the reconcile, when traced.
-    let span = tracing::info_span!("reconcile", trace_id = tracing::field::Empty);
+    let span = petstore_telemetry::span(|| {
+        tracing::info_span!("reconcile", trace_id = tracing::field::Empty)
+    });
     petstore_telemetry::record_trace_id(&span);
     reconcile_in_span(pet, ctx).instrument(span).await
 }
@@ -352,9 +367,13 @@ pub fn error_policy(pet: Arc<Pet>, error: &Error, ctx: Arc<Context>) -> Action {
     let Some(uid) = pet.metadata.uid.as_deref() else {
         return Action::requeue(backoff(&ctx.settings, 1));
     };
-    let delay = backoff(&ctx.settings, ctx.memory.failures(uid));
+    // Never sooner than the store asked (its pushback).
+    let pushback = error.retry_after();
+    let delay = backoff(&ctx.settings, ctx.memory.failures(uid)).max(pushback.unwrap_or_default());
     if let Ok(facts) = ctx.facts(&pet) {
         let waits_for = match error.reason() {
+            // A store that asked for time is not hurried by its probe.
+            _ if pushback.is_some() => None,
             status::Reason::StoreUnavailable => Some(Probe::Answers),
             status::Reason::StoreLacksExtensions => Some(Probe::Extended),
             _ => None,

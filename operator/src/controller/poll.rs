@@ -6,6 +6,10 @@
 //! fall evenly over the interval, so the store sees a steady N / interval
 //! reads per second instead of the creation burst repeated every interval.
 //!
+//! Audit: while the store's change feed is followed, drift is found from the
+//! feed within a second, and the poll only audits, at the longer audit
+//! interval (see `--audit-interval`).
+//!
 //! Bound: when N / interval would exceed `max_rate`, the interval stretches
 //! to N / max_rate, so the drift poll alone never asks the store for more
 //! than `max_rate` reads per second on average, at any N. Bursts are bounded
@@ -13,6 +17,7 @@
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use kube::runtime::reflector::Store;
@@ -24,6 +29,9 @@ const MIN_INTERVAL: Duration = Duration::from_millis(100);
 
 pub struct PollSchedule {
     interval: Duration,
+    /// The interval while the change feed is followed.
+    audit_interval: Duration,
+    feed_live: AtomicBool,
     max_rate: f64,
     epoch: Instant,
     /// The watch cache, to count the Pets; unset until the controller runs.
@@ -34,9 +42,31 @@ impl PollSchedule {
     pub fn new(interval: Duration, max_rate: f64) -> Self {
         Self {
             interval: interval.max(MIN_INTERVAL),
+            audit_interval: interval.max(MIN_INTERVAL),
+            feed_live: AtomicBool::new(false),
             max_rate,
             epoch: Instant::now(),
             pets: OnceLock::new(),
+        }
+    }
+
+    /// The interval while the change feed is followed (never shorter than
+    /// the poll interval).
+    pub fn with_audit_interval(mut self, audit_interval: Duration) -> Self {
+        self.audit_interval = audit_interval.max(self.interval);
+        self
+    }
+
+    /// Whether the change feed is followed now.
+    pub fn set_feed_live(&self, live: bool) {
+        self.feed_live.store(live, Ordering::Relaxed);
+    }
+
+    fn base_interval(&self) -> Duration {
+        if self.feed_live.load(Ordering::Relaxed) {
+            self.audit_interval
+        } else {
+            self.interval
         }
     }
 
@@ -52,12 +82,13 @@ impl PollSchedule {
     /// The configured interval, stretched so that `pets` polls per interval
     /// stay within `max_rate` per second.
     pub fn interval_for(&self, pets: usize) -> Duration {
+        let base = self.base_interval();
         if !(self.max_rate.is_finite() && self.max_rate > 0.0) {
-            return self.interval;
+            return base;
         }
         let needed =
             Duration::try_from_secs_f64(pets as f64 / self.max_rate).unwrap_or(Duration::MAX);
-        self.interval.max(needed)
+        base.max(needed)
     }
 
     /// The interval in effect now.
@@ -158,5 +189,23 @@ mod tests {
         assert_eq!(schedule.interval(), Duration::from_secs(300));
         let unbounded = PollSchedule::new(Duration::from_secs(10), 0.0);
         assert_eq!(unbounded.interval_for(1_000_000), Duration::from_secs(10));
+    }
+
+    #[test]
+    fn the_audit_interval_holds_while_the_feed_is_followed() {
+        let schedule = PollSchedule::new(Duration::from_secs(300), 100.0)
+            .with_audit_interval(Duration::from_secs(3600));
+        assert_eq!(schedule.interval_for(1_000), Duration::from_secs(300));
+        schedule.set_feed_live(true);
+        assert_eq!(schedule.interval_for(1_000), Duration::from_secs(3600));
+        // The read-rate bound still stretches it.
+        assert_eq!(schedule.interval_for(720_000), Duration::from_secs(7200));
+        schedule.set_feed_live(false);
+        assert_eq!(schedule.interval_for(1_000), Duration::from_secs(300));
+        // An audit never comes more often than the poll would.
+        let short = PollSchedule::new(Duration::from_secs(300), 100.0)
+            .with_audit_interval(Duration::from_secs(60));
+        short.set_feed_live(true);
+        assert_eq!(short.interval_for(1_000), Duration::from_secs(300));
     }
 }

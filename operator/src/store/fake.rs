@@ -115,6 +115,7 @@ impl FakeStore {
             return Err(StoreError::Unavailable {
                 operation,
                 message: "connection refused".into(),
+                retry_after: None,
             });
         }
         Ok(state)

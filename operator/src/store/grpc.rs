@@ -13,8 +13,12 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 use tonic::{Code, Status};
 use tracing::Instrument;
 
+use super::budget::CallBudget;
 use super::mapping::{from_proto, to_proto};
-use super::{Created, Lookup, Operation, PetData, PetStore, Record, StoreError};
+use super::{
+    Created, Feed, FeedBatch, Lookup, Operation, PetData, PetStore, Record, RecordChange,
+    StoreError,
+};
 use crate::metrics::Metrics;
 
 /// The store's client, sending the W3C context of the span it is called in.
@@ -37,6 +41,7 @@ impl Interceptor for PropagateTrace {
 pub struct GrpcPetStore {
     client: StoreClient,
     metrics: Arc<Metrics>,
+    budget: Arc<CallBudget>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -126,7 +131,14 @@ impl GrpcPetStore {
         Ok(Self {
             client: PetStoreClient::with_interceptor(channel, PropagateTrace),
             metrics,
+            budget: Arc::new(CallBudget::unlimited()),
         })
+    }
+
+    /// Every call waits for its place in `budget` (`--store-qps`).
+    pub fn with_budget(mut self, budget: CallBudget) -> Self {
+        self.budget = Arc::new(budget);
+        self
     }
 
     /// Runs one RPC in its own span, recording its latency and outcome.
@@ -134,6 +146,7 @@ impl GrpcPetStore {
     where
         F: AsyncFnOnce(StoreClient) -> Result<tonic::Response<T>, Status>,
     {
+        self.budget.acquire().await;
         let span = store_call_span(operation);
         let started = Instant::now();
         let result = rpc(self.client.clone()).instrument(span.clone()).await;
@@ -159,7 +172,8 @@ impl GrpcPetStore {
 /// semantic `rpc.*` attributes; its status code is recorded at the end.
 fn store_call_span(operation: Operation) -> tracing::Span {
     let method = operation.method();
-    tracing::info_span!(
+    petstore_telemetry::span(|| {
+        tracing::info_span!(
         "store_call",
         otel.name = %format_args!("store.{method}"),
         otel.kind = "client",
@@ -167,9 +181,10 @@ fn store_call_span(operation: Operation) -> tracing::Span {
         rpc.service = "petstore.PetStore",
         rpc.method = method,
         rpc.grpc.status_code = tracing::field::Empty,
-        // Declared, so that a failure can be recorded as the span's status.
-        otel.status_code = tracing::field::Empty,
-    )
+            // Declared, so that a failure can be recorded as the span's status.
+            otel.status_code = tracing::field::Empty,
+        )
+    })
 }
 
 fn record_status<T>(span: &tracing::Span, result: &Result<T, Status>) {
@@ -181,6 +196,21 @@ fn record_status<T>(span: &tracing::Span, result: &Result<T, Status>) {
     if code != Code::Ok {
         span.record("otel.status_code", "ERROR");
     }
+}
+
+/// The store's `grpc-retry-pushback-ms` trailer: how long it asks callers
+/// to wait before trying again. gRPC says a negative or unreadable value
+/// means not to retry; the Pet's own backoff then applies.
+fn pushback(status: &Status) -> Option<Duration> {
+    let millis: i64 = status
+        .metadata()
+        .get("grpc-retry-pushback-ms")?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    u64::try_from(millis).ok().map(Duration::from_millis)
 }
 
 fn classify(operation: Operation) -> impl FnOnce(Status) -> StoreError {
@@ -200,13 +230,72 @@ fn classify_status(operation: Operation, status: &Status) -> StoreError {
         | Code::Cancelled
         | Code::ResourceExhausted
         | Code::Aborted
-        | Code::Unknown => StoreError::Unavailable { operation, message },
+        | Code::Unknown => StoreError::Unavailable {
+            operation,
+            message,
+            retry_after: pushback(status),
+        },
         _ => StoreError::Failed { operation, message },
     }
 }
 
+/// The feed's errors: a revision the store cannot resume from is
+/// [`StoreError::HistoryLost`] (OUT_OF_RANGE: compacted; INVALID_ARGUMENT on
+/// `after_revision`: ahead of a store that lost its history).
+fn classify_feed_status(status: &Status) -> StoreError {
+    match status.code() {
+        Code::OutOfRange | Code::InvalidArgument => StoreError::HistoryLost {
+            message: status.message().to_owned(),
+        },
+        _ => classify_status(Operation::Watch, status),
+    }
+}
+
+fn feed_batch(resp: pb::WatchPetsResp) -> Result<FeedBatch, StoreError> {
+    let changes = resp
+        .changes
+        .into_iter()
+        .map(|change| {
+            let record = match &change.pet {
+                Some(pet) if change.kind != pb::pet_change::Kind::Deleted as i32 => {
+                    Some(GrpcPetStore::record(Operation::Watch, pet)?)
+                }
+                _ => None,
+            };
+            Ok(RecordChange {
+                revision: change.revision,
+                id: change.id,
+                record,
+            })
+        })
+        .collect::<Result<_, StoreError>>()?;
+    Ok(FeedBatch {
+        revision: resp.revision,
+        changes,
+    })
+}
+
 #[tonic::async_trait]
 impl PetStore for GrpcPetStore {
+    async fn watch(&self, after_revision: i64) -> Result<Feed, StoreError> {
+        use futures::StreamExt as _;
+        let request = pb::WatchPetsReq { after_revision };
+        // Not through `call`: its span and latency would cover the whole
+        // stream's life.
+        let response = self
+            .client
+            .clone()
+            .watch_pets(request)
+            .await
+            .map_err(|status| classify_feed_status(&status))?;
+        let feed = response.into_inner().map(|message| {
+            message
+                .map_err(|status| classify_feed_status(&status))
+                .and_then(feed_batch)
+        });
+        Ok(feed.boxed())
+    }
+
     async fn observe(&self, id: Option<&str>, key: &str) -> Result<Lookup, StoreError> {
         let request = pb::GetPetsReq {
             ids: id.into_iter().map(str::to_owned).collect(),
@@ -318,6 +407,7 @@ mod tests {
     // the request carries that span's own IDs.
     #[test]
     fn requests_carry_the_store_call_span_as_traceparent() {
+        petstore_telemetry::enable_spans_for_tests();
         let spans = InMemorySpanExporter::default();
         let provider = SdkTracerProvider::builder()
             .with_simple_exporter(spans.clone())
@@ -365,5 +455,35 @@ mod tests {
             .in_scope(|| PropagateTrace.call(tonic::Request::new(())))
             .expect("the interceptor never refuses");
         assert!(request.metadata().get("traceparent").is_none());
+    }
+
+    #[test]
+    fn the_stores_pushback_sets_the_retry_delay() {
+        let mut status = Status::resource_exhausted("too many requests in flight");
+        status
+            .metadata_mut()
+            .insert("grpc-retry-pushback-ms", "1500".parse().expect("ascii"));
+        match classify_status(Operation::Create, &status) {
+            StoreError::Unavailable { retry_after, .. } => {
+                assert_eq!(retry_after, Some(Duration::from_millis(1500)));
+            }
+            other => panic!("{other:?}"),
+        }
+        for value in ["-1", "soon", ""] {
+            let mut status = Status::unavailable("busy");
+            status
+                .metadata_mut()
+                .insert("grpc-retry-pushback-ms", value.parse().expect("ascii"));
+            assert!(
+                matches!(
+                    classify_status(Operation::Create, &status),
+                    StoreError::Unavailable {
+                        retry_after: None,
+                        ..
+                    }
+                ),
+                "{value:?}"
+            );
+        }
     }
 }

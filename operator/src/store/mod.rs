@@ -3,6 +3,7 @@
 //! update, delete, and change a record's key (ownership) atomically.
 //! [`grpc::GrpcPetStore`] is the real one; tests use a fake.
 
+pub mod budget;
 pub mod grpc;
 pub mod mapping;
 
@@ -136,6 +137,27 @@ pub struct Record {
     pub data: PetData,
 }
 
+/// One change to a record, as the store's change feed reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordChange {
+    /// The store's revision of this change; it only grows.
+    pub revision: i64,
+    pub id: String,
+    /// The record after the change; `None` when it was deleted.
+    pub record: Option<Record>,
+}
+
+/// One message of the change feed: the store's revision, and the changes
+/// up to it (none in a progress message).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FeedBatch {
+    pub revision: i64,
+    pub changes: Vec<RecordChange>,
+}
+
+/// The change feed, until the store ends it or an error.
+pub type Feed = futures::stream::BoxStream<'static, Result<FeedBatch, StoreError>>;
+
 /// One observation: the record with the asked ID and the record with the
 /// asked key (the same record when the Pet's ID is right).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -183,6 +205,7 @@ pub enum Operation {
     Update,
     Delete,
     SetKey,
+    Watch,
 }
 
 impl Operation {
@@ -194,6 +217,7 @@ impl Operation {
             Operation::Update => "update",
             Operation::Delete => "delete",
             Operation::SetKey => "set key",
+            Operation::Watch => "watch",
         }
     }
 
@@ -205,6 +229,7 @@ impl Operation {
             Operation::Update => "UpdatePets",
             Operation::Delete => "DeletePets",
             Operation::SetKey => "SetIdempotencyKeys",
+            Operation::Watch => "WatchPets",
         }
     }
 
@@ -216,6 +241,7 @@ impl Operation {
             Operation::Update => "petstore.PetStore/UpdatePets",
             Operation::Delete => "petstore.PetStore/DeletePets",
             Operation::SetKey => "petstore.PetStore/SetIdempotencyKeys",
+            Operation::Watch => "petstore.PetStore/WatchPets",
         }
     }
 }
@@ -233,6 +259,9 @@ pub enum StoreError {
     Unavailable {
         operation: Operation,
         message: String,
+        /// How long the store asked callers to wait (its
+        /// `grpc-retry-pushback-ms`), if it did.
+        retry_after: Option<std::time::Duration>,
     },
     /// The store refused the request as invalid; retrying the same spec
     /// cannot succeed.
@@ -256,6 +285,12 @@ pub enum StoreError {
         .operation.rpc()
     )]
     Unimplemented { operation: Operation },
+    /// The change feed cannot resume from the asked revision: the store no
+    /// longer keeps that history (as Kubernetes answers 410 Gone), or never
+    /// had it (a store restarted without its history). Re-read, then watch
+    /// from now.
+    #[error("pet store cannot resume its change feed: {message}")]
+    HistoryLost { message: String },
     /// Any other failure; treated as transient.
     #[error("pet store failed during {operation}: {message}")]
     Failed {
@@ -282,6 +317,17 @@ pub trait PetStore: Send + Sync + 'static {
     /// for none): [`StoreError::KeyConflict`] otherwise. Setting the key it
     /// already has succeeds.
     async fn set_key(&self, id: &str, expected: &str, new: &str) -> Result<(), StoreError>;
+
+    /// The store's change feed: every change after `after_revision`, or,
+    /// with 0, from now on (the first batch then carries the current
+    /// revision and no changes). [`StoreError::Unimplemented`] from a store
+    /// without one, such as the book's.
+    async fn watch(&self, after_revision: i64) -> Result<Feed, StoreError> {
+        let _ = after_revision;
+        Err(StoreError::Unimplemented {
+            operation: Operation::Watch,
+        })
+    }
 
     /// Whether the store answers, and with the extensions: one read by a
     /// key no Pet has.

@@ -1,0 +1,458 @@
+//! Drift found from the store's change feed instead of polling.
+//!
+//! When the store offers `WatchPets`, the leader follows it: a change to a
+//! Pet's record that leaves it unlike the Pet (an out-of-band update, key
+//! change or delete) queues that Pet at once, and its reconcile reads the
+//! store and corrects the record. The operator's own writes come back on
+//! the feed too, and match their Pets, so they queue nothing. The per-Pet
+//! poll then only audits, at `--audit-interval`.
+//!
+//! A feed that breaks is resumed from the last revision seen. One that
+//! cannot be resumed (the store compacted that history, or restarted
+//! without it) is watched again from now, and every Pet already synced is
+//! read once more, so no change in the gap is missed. A store without the
+//! feed (the book's) is polled as before, and told once in the log.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use futures::channel::mpsc::UnboundedSender;
+use kube::ResourceExt;
+use kube::runtime::reflector::{ObjectRef, Store};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::Context;
+use crate::crd::Pet;
+use crate::store::{PetData, RecordChange, StoreError};
+
+/// How long to wait before asking a store without a feed again: it may be
+/// replaced by one with it (the book's store by ours) at the same address.
+const FEED_RECHECK: Duration = Duration::from_secs(60);
+/// First and longest wait before reconnecting a broken feed.
+const RECONNECT_FIRST: Duration = Duration::from_millis(200);
+const RECONNECT_MAX: Duration = Duration::from_secs(10);
+
+/// What one change in the store means for the Pet it concerns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// No Pet owns or names the record.
+    Unrelated,
+    /// The record is as its Pet wants it (most often the echo of the
+    /// operator's own write), or the Pet is being deleted, which its own
+    /// reconcile handles.
+    InSync,
+    /// The record no longer matches its Pet: reconcile it now.
+    Drifted,
+}
+
+impl Verdict {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Unrelated => "unrelated",
+            Verdict::InSync => "in_sync",
+            Verdict::Drifted => "drifted",
+        }
+    }
+}
+
+/// The Pets a batch of changes may concern, found by the record's key (the
+/// owner's UID) or by the ID in their status.
+pub struct PetIndex {
+    by_uid: HashMap<String, Arc<Pet>>,
+    by_record: HashMap<String, Arc<Pet>>,
+}
+
+impl PetIndex {
+    pub fn new(pets: impl IntoIterator<Item = Arc<Pet>>) -> Self {
+        let mut by_uid = HashMap::new();
+        let mut by_record = HashMap::new();
+        for pet in pets {
+            if let Some(id) = pet.status_id() {
+                by_record.insert(id.to_owned(), Arc::clone(&pet));
+            }
+            if let Some(uid) = pet.uid() {
+                by_uid.insert(uid, pet);
+            }
+        }
+        Self { by_uid, by_record }
+    }
+
+    /// The Pet the change concerns: the record's owner, else the Pet whose
+    /// status names the record.
+    pub fn pet_for(&self, change: &RecordChange) -> Option<&Arc<Pet>> {
+        change
+            .record
+            .as_ref()
+            .filter(|record| !record.key.is_empty())
+            .and_then(|record| self.by_uid.get(&record.key))
+            .or_else(|| self.by_record.get(&change.id))
+    }
+}
+
+/// Pure: what `change` means for `pet` (see [`Verdict`]).
+pub fn verdict(change: &RecordChange, pet: Option<&Pet>) -> Verdict {
+    let Some(pet) = pet else {
+        return Verdict::Unrelated;
+    };
+    if pet.metadata.deletion_timestamp.is_some() {
+        return Verdict::InSync;
+    }
+    let Some(record) = &change.record else {
+        // Deleted: drift only if it was the Pet's record.
+        return if pet.status_id() == Some(change.id.as_str()) {
+            Verdict::Drifted
+        } else {
+            Verdict::InSync
+        };
+    };
+    let owned = pet.uid().is_some_and(|uid| uid == record.key);
+    let named = pet.status_id().is_none_or(|id| id == record.id);
+    if owned && named && record.data == PetData::from(&pet.spec) {
+        Verdict::InSync
+    } else {
+        Verdict::Drifted
+    }
+}
+
+/// Follows the feed until `stop`, queueing the Pets whose records drifted
+/// on `reconcile`.
+pub async fn follow(
+    ctx: Arc<Context>,
+    cache: Store<Pet>,
+    reconcile: UnboundedSender<ObjectRef<Pet>>,
+    stop: CancellationToken,
+) {
+    let mut follower = Follower {
+        ctx,
+        cache,
+        reconcile,
+        revision: 0,
+        state: State::Starting,
+    };
+    tokio::select! {
+        () = stop.cancelled() => {}
+        () = follower.run() => {}
+    }
+    follower.set_live(false);
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Starting,
+    Live,
+    /// The store has no feed: polling.
+    Absent,
+    /// The feed broke; reconnecting.
+    Broken,
+}
+
+struct Follower {
+    ctx: Arc<Context>,
+    cache: Store<Pet>,
+    reconcile: UnboundedSender<ObjectRef<Pet>>,
+    /// The last revision seen; 0 before the first, and after history was
+    /// lost.
+    revision: i64,
+    state: State,
+}
+
+impl Follower {
+    async fn run(&mut self) {
+        let mut wait = RECONNECT_FIRST;
+        loop {
+            let from_now = self.revision == 0;
+            let mut feed = match self.ctx.store.watch(self.revision).await {
+                Ok(feed) => feed,
+                Err(StoreError::Unimplemented { .. }) => {
+                    if self.state != State::Absent {
+                        info!(
+                            poll_interval = ?self.ctx.settings.poll_interval,
+                            "the pet store offers no change feed (petstore.PetStore/WatchPets is unimplemented); drift is found by polling each Pet every poll interval"
+                        );
+                        self.state = State::Absent;
+                        self.set_live(false);
+                    }
+                    tokio::time::sleep(FEED_RECHECK).await;
+                    continue;
+                }
+                Err(error) => {
+                    self.broken(&error);
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(RECONNECT_MAX);
+                    continue;
+                }
+            };
+            let mut first = true;
+            while let Some(message) = feed.next().await {
+                match message {
+                    Ok(batch) => {
+                        wait = RECONNECT_FIRST;
+                        if first {
+                            first = false;
+                            self.connected(from_now);
+                        }
+                        self.handle(&batch.changes);
+                        self.revision = self.revision.max(batch.revision);
+                    }
+                    Err(error) => {
+                        self.broken(&error);
+                        break;
+                    }
+                }
+            }
+            if !first && self.state == State::Live {
+                // The store ended the stream (a restart, say): resume.
+                debug!(revision = self.revision, "the change feed ended; resuming");
+            }
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(RECONNECT_MAX);
+        }
+    }
+
+    fn connected(&mut self, from_now: bool) {
+        if self.state != State::Live {
+            info!(
+                revision = self.revision,
+                audit_interval = ?self.ctx.settings.audit_interval,
+                "following the pet store's change feed; each Pet is also audited every audit interval"
+            );
+        }
+        // From now on, after a start or a lost history: whatever changed
+        // before is found by reading each Pet once more. At a start those
+        // are only the Pets synced already; the rest have their first
+        // reconcile coming.
+        if from_now {
+            self.reread_synced();
+        }
+        self.state = State::Live;
+        self.set_live(true);
+    }
+
+    fn broken(&mut self, error: &StoreError) {
+        if let StoreError::HistoryLost { .. } = error {
+            warn!(%error, "watching the change feed from now, and reading every Pet again");
+            self.revision = 0;
+        } else if self.state == State::Live {
+            warn!(%error, revision = self.revision, "the change feed broke; resuming");
+        } else {
+            debug!(%error, "the change feed is not available yet");
+        }
+        if self.state == State::Live {
+            self.state = State::Broken;
+        }
+        // New schedules use the poll interval until the feed is back; the
+        // gap itself is replayed on resume, or re-read if history is lost.
+        self.set_live(false);
+    }
+
+    fn handle(&self, changes: &[RecordChange]) {
+        if changes.is_empty() {
+            return;
+        }
+        let index = PetIndex::new(self.cache.state());
+        for change in changes {
+            let pet = index.pet_for(change);
+            let verdict = verdict(change, pet.map(Arc::as_ref));
+            self.ctx.metrics.feed_change(verdict);
+            if let (Verdict::Drifted, Some(pet)) = (verdict, pet) {
+                debug!(
+                    id = %change.id,
+                    revision = change.revision,
+                    pet = %pet.name_any(),
+                    "the store changed a Pet's record; reconciling it"
+                );
+                self.queue(pet);
+            }
+        }
+    }
+
+    /// Queues the Pet for a reconcile that reads the store.
+    fn queue(&self, pet: &Arc<Pet>) {
+        if let Some(uid) = pet.uid() {
+            self.ctx.memory.suspect_drift(pet, &uid);
+        }
+        // Fails only when the controller has stopped.
+        let _ = self.reconcile.unbounded_send(ObjectRef::from_obj(&**pet));
+    }
+
+    fn reread_synced(&self) {
+        let mut queued = 0;
+        for pet in self.cache.state() {
+            if pet
+                .uid()
+                .is_some_and(|uid| self.ctx.memory.synced(&uid).is_some())
+            {
+                self.queue(&pet);
+                queued += 1;
+            }
+        }
+        if queued > 0 {
+            info!(
+                pets = queued,
+                "reading again the Pets synced before the feed was followed"
+            );
+        }
+    }
+
+    fn set_live(&self, live: bool) {
+        self.ctx.poll.set_feed_live(live);
+        self.ctx.metrics.set_feed_connected(live);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::NaiveDate;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    use super::*;
+    use crate::crd::{PetKind, PetSpec, PetStatus};
+    use crate::store::Record;
+
+    const UID: &str = "uid-1";
+    const ID: &str = "record-1";
+
+    fn pet() -> Pet {
+        let mut pet = Pet::new(
+            "thor",
+            PetSpec {
+                name: "Thor".into(),
+                kind: PetKind::Dog,
+                birthday: "2021-04-01T00:00:00Z".parse().expect("a timestamp"),
+                deletion_policy: None,
+            },
+        );
+        pet.metadata.namespace = Some("default".into());
+        pet.metadata.uid = Some(UID.into());
+        pet.status = Some(PetStatus {
+            id: Some(ID.into()),
+            ..PetStatus::default()
+        });
+        pet
+    }
+
+    fn data(name: &str) -> PetData {
+        PetData {
+            name: name.into(),
+            kind: PetKind::Dog,
+            birthday: NaiveDate::from_ymd_opt(2021, 4, 1).expect("a date"),
+        }
+    }
+
+    fn changed(id: &str, key: &str, name: &str) -> RecordChange {
+        RecordChange {
+            revision: 7,
+            id: id.into(),
+            record: Some(Record {
+                id: id.into(),
+                key: key.into(),
+                data: data(name),
+            }),
+        }
+    }
+
+    fn deleted(id: &str) -> RecordChange {
+        RecordChange {
+            revision: 7,
+            id: id.into(),
+            record: None,
+        }
+    }
+
+    #[test]
+    fn verdicts() {
+        let deleting = {
+            let mut pet = pet();
+            pet.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
+            pet
+        };
+        let unsynced = {
+            let mut pet = pet();
+            pet.status = None;
+            pet
+        };
+        let cases: [(&str, RecordChange, Option<&Pet>, Verdict); 10] = [
+            (
+                "a record no Pet owns or names",
+                changed("other", "", "Rex"),
+                None,
+                Verdict::Unrelated,
+            ),
+            (
+                "the echo of our own write",
+                changed(ID, UID, "Thor"),
+                Some(&pet()),
+                Verdict::InSync,
+            ),
+            (
+                "our create, before the status names it",
+                changed(ID, UID, "Thor"),
+                Some(&unsynced),
+                Verdict::InSync,
+            ),
+            (
+                "renamed out of band",
+                changed(ID, UID, "Loki"),
+                Some(&pet()),
+                Verdict::Drifted,
+            ),
+            (
+                "its key taken away",
+                changed(ID, "", "Thor"),
+                Some(&pet()),
+                Verdict::Drifted,
+            ),
+            (
+                "another record with its key",
+                changed("record-2", UID, "Thor"),
+                Some(&pet()),
+                Verdict::Drifted,
+            ),
+            (
+                "its record deleted out of band",
+                deleted(ID),
+                Some(&pet()),
+                Verdict::Drifted,
+            ),
+            (
+                "a record it no longer names deleted",
+                deleted("record-0"),
+                Some(&pet()),
+                Verdict::InSync,
+            ),
+            (
+                "deleted while the Pet is deleted",
+                deleted(ID),
+                Some(&deleting),
+                Verdict::InSync,
+            ),
+            (
+                "changed while the Pet is deleted",
+                changed(ID, "", "Thor"),
+                Some(&deleting),
+                Verdict::InSync,
+            ),
+        ];
+        for (name, change, pet, expected) in cases {
+            assert_eq!(verdict(&change, pet), expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_change_finds_its_pet_by_owner_then_by_status() {
+        let thor = Arc::new(pet());
+        let index = PetIndex::new([Arc::clone(&thor)]);
+        let found = |change: &RecordChange| index.pet_for(change).map(|pet| pet.name_any());
+        assert_eq!(
+            found(&changed("record-9", UID, "Thor")).as_deref(),
+            Some("thor")
+        );
+        assert_eq!(found(&changed(ID, "", "Thor")).as_deref(), Some("thor"));
+        assert_eq!(found(&deleted(ID)).as_deref(), Some("thor"));
+        assert_eq!(found(&changed("record-9", "someone-else", "Rex")), None);
+        assert_eq!(found(&deleted("record-9")), None);
+    }
+}
