@@ -8,6 +8,7 @@
 //! - [`events`]: the Event writer and its background queue.
 //! - [`leader`]: Lease-based leader election.
 //! - [`metrics`]: Prometheus metrics and health endpoints.
+//! - [`migration`]: rewrites stored Pets in the storage version after an upgrade.
 //! - [`cli`] and [`app`]: the command line, and the wiring of all the above.
 
 pub mod app;
@@ -18,6 +19,7 @@ pub mod decision;
 pub mod events;
 pub mod leader;
 pub mod metrics;
+pub mod migration;
 pub mod status;
 pub mod store;
 
