@@ -85,15 +85,17 @@ enum Fault {
     MemoryRestart,
     StoreOutage,
     SecondReplica,
+    OutOfBand,
 }
 
 impl Fault {
-    const ALL: [Fault; 5] = [
+    const ALL: [Fault; 6] = [
         Fault::KillOperator,
         Fault::KillStore,
         Fault::MemoryRestart,
         Fault::StoreOutage,
         Fault::SecondReplica,
+        Fault::OutOfBand,
     ];
     fn name(self) -> &'static str {
         match self {
@@ -102,6 +104,7 @@ impl Fault {
             Fault::MemoryRestart => "store restart in memory mode",
             Fault::StoreOutage => "store unreachable",
             Fault::SecondReplica => "second replica racing",
+            Fault::OutOfBand => "records renamed and deleted with grpcurl",
         }
     }
 }
@@ -324,6 +327,46 @@ impl Soak<'_> {
                 }
             }
             Fault::MemoryRestart => self.env.store.restart_fresh(Storage::Memory)?,
+            Fault::OutOfBand => {
+                // Someone with grpcurl renames one Pet's record and deletes
+                // another's; the operator must put both back.
+                for delete in [false, true] {
+                    let Some((namespace, name)) = self.random_pet() else {
+                        break;
+                    };
+                    let id = self
+                        .env
+                        .cp
+                        .kubectl(&[
+                            "get",
+                            "pet",
+                            &name,
+                            "-n",
+                            &namespace,
+                            "-o",
+                            "jsonpath={.status.id}",
+                        ])
+                        .unwrap_or_default();
+                    if id.is_empty() {
+                        continue;
+                    }
+                    // Refused while the store is down, or for a record gone
+                    // meanwhile; the soak goes on either way.
+                    let _ = if delete {
+                        self.env.store.grpcurl(
+                            "petstore.PetStore/DeletePets",
+                            &format!(r#"{{"ids":["{id}"]}}"#),
+                        )
+                    } else {
+                        self.env.store.grpcurl(
+                            "petstore.PetStore/UpdatePets",
+                            &format!(
+                                r#"{{"pets":[{{"id":"{id}","name":"Changed out of band","type":"PTBird","birthday":{{"year":2019,"month":1,"day":1}}}}]}}"#
+                            ),
+                        )
+                    };
+                }
+            }
             Fault::StoreOutage => {
                 self.env.store.kill();
                 std::thread::sleep(Duration::from_millis(3000 + self.rng.u64(..3000)));
