@@ -18,4 +18,5 @@ mod postgres_replicas;
 mod security;
 mod tilt;
 mod traces;
+mod upgrade;
 mod user_story;
