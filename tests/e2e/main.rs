@@ -7,6 +7,7 @@
 //! root and runs in a phase of its own in hack/test.sh: `cargo test -p e2e
 //! -- tilt:: --nocapture`.
 
+mod admission;
 mod book_rpcs;
 mod chaos;
 mod deploy;
@@ -18,4 +19,5 @@ mod postgres_replicas;
 mod security;
 mod tilt;
 mod traces;
+mod upgrade;
 mod user_story;

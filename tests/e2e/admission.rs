@@ -1,0 +1,262 @@
+//! config/admission on the real API server: the ValidatingAdmissionPolicy
+//! refuses a Pet whose annotations the operator would not accept, naming
+//! the annotation and its allowed values, in every served version; accepts
+//! every value the operator accepts; and refuses on UPDATE only a bad value
+//! that the update adds or changes (ratcheting).
+
+use std::time::Duration;
+
+use fixtures::env::install_crd_and_rbac;
+use fixtures::{ControlPlane, repo_root, wait_for};
+use serde_json::{Value, json};
+
+const PAUSED: &str = "petstore.example.com/paused";
+const DELETION_POLICY: &str = "petstore.example.com/deletion-policy";
+const EXTERNAL_ID: &str = "petstore.example.com/external-id";
+/// An ID as the store mints them.
+const RECORD_ID: &str = "0b3a5f1e-7c2d-4e8f-9a6b-1c2d3e4f5a6b";
+/// How long the API server may take to start enforcing a new policy.
+const POLICY_ACTIVE_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn pet_yaml(name: &str, annotations: &[(&str, &str)], finalizers: &[&str]) -> String {
+    let mut yaml = format!(
+        "apiVersion: petstore.example.com/v1alpha1\nkind: Pet\nmetadata:\n  name: {name}\n  namespace: default\n"
+    );
+    if !annotations.is_empty() {
+        yaml.push_str("  annotations:\n");
+        for (key, value) in annotations {
+            yaml.push_str(&format!("    {key}: \"{value}\"\n"));
+        }
+    }
+    if !finalizers.is_empty() {
+        yaml.push_str("  finalizers:\n");
+        for finalizer in finalizers {
+            yaml.push_str(&format!("    - {finalizer}\n"));
+        }
+    }
+    yaml.push_str("spec:\n  name: Thor\n  type: dog\n  birthday: 2021-04-01T00:00:00Z\n");
+    yaml
+}
+
+/// The refusal's message, or a panic if `result` was accepted.
+fn refusal(case: &str, result: fixtures::Result<String>) -> String {
+    match result {
+        Ok(out) => panic!("{case}: accepted ({out})"),
+        Err(err) => err.to_string(),
+    }
+}
+
+fn assert_names(case: &str, message: &str, fragments: &[&str]) {
+    for fragment in fragments {
+        assert!(
+            message.contains(fragment),
+            "{case}: {fragment:?} not in {message}"
+        );
+    }
+}
+
+fn annotate(cp: &ControlPlane, pet: &str, key: &str, value: &str) -> fixtures::Result<String> {
+    cp.kubectl(&[
+        "annotate",
+        "pet",
+        pet,
+        "-n",
+        "default",
+        "--overwrite",
+        &format!("{key}={value}"),
+    ])
+}
+
+#[test]
+fn the_policy_refuses_annotation_typos_on_create_and_new_ones_on_update() -> fixtures::Result<()> {
+    let cp = ControlPlane::start()?;
+    install_crd_and_rbac(&cp)?;
+    // Made before the policy exists: a Pet that already carries bad values
+    // and a finalizer, as a cluster upgraded to the policy may hold.
+    cp.apply(&pet_yaml(
+        "legacy",
+        &[(PAUSED, "yes"), (DELETION_POLICY, "Orphna")],
+        &["test.petstore.example.com/hold"],
+    ))?;
+
+    let admission = repo_root().join("config/admission");
+    cp.kubectl(&["apply", "-k", &admission.to_string_lossy()])?;
+    // The API server enforces a new policy once its informer has it; a
+    // server-side dry run stores nothing while the probe waits.
+    let probe = pet_yaml("probe", &[(PAUSED, "yes")], &[]);
+    wait_for(POLICY_ACTIVE_TIMEOUT, "the policy to be enforced", || {
+        cp.kubectl_stdin(&["apply", "--dry-run=server", "-f", "-"], &probe)
+            .err()
+            .filter(|err| err.to_string().contains(PAUSED))
+    })?;
+
+    let bad: [(&str, &str, &str, &[&str]); 7] = [
+        (
+            "paused-yes",
+            PAUSED,
+            "yes",
+            &["\"true\" or \"false\"", "\"yes\""],
+        ),
+        ("paused-empty", PAUSED, "", &["\"true\" or \"false\""]),
+        (
+            "policy-typo",
+            DELETION_POLICY,
+            "Orphna",
+            &["\"Delete\" or \"Orphan\"", "\"Orphna\""],
+        ),
+        (
+            "policy-retain",
+            DELETION_POLICY,
+            "Retain",
+            &["\"Delete\" or \"Orphan\""],
+        ),
+        (
+            "id-word",
+            EXTERNAL_ID,
+            "rex",
+            &["lowercase UUID", "\"rex\""],
+        ),
+        (
+            "id-upper",
+            EXTERNAL_ID,
+            "0B3A5F1E-7C2D-4E8F-9A6B-1C2D3E4F5A6B",
+            &["lowercase UUID"],
+        ),
+        (
+            "id-short",
+            EXTERNAL_ID,
+            "0b3a5f1e-7c2d-4e8f-9a6b",
+            &["lowercase UUID"],
+        ),
+    ];
+    for (name, key, value, allowed) in bad {
+        let message = refusal(name, cp.apply(&pet_yaml(name, &[(key, value)], &[])));
+        assert_names(name, &message, &[key]);
+        assert_names(name, &message, allowed);
+        assert!(cp.kubectl(&["get", "pet", name]).is_err(), "{name} stored");
+    }
+
+    // Exactly what the operator accepts: any case, and for the ID,
+    // surrounding spaces and a blank value (none).
+    let spaced_id = format!(" {RECORD_ID} ");
+    let good: [(&str, &[(&str, &str)]); 5] = [
+        (
+            "good-lower",
+            &[
+                (PAUSED, "false"),
+                (DELETION_POLICY, "orphan"),
+                (EXTERNAL_ID, RECORD_ID),
+            ],
+        ),
+        (
+            "good-cased",
+            &[(PAUSED, "True"), (DELETION_POLICY, "Delete")],
+        ),
+        (
+            "good-shouting",
+            &[(PAUSED, "FALSE"), (DELETION_POLICY, "ORPHAN")],
+        ),
+        ("good-spaced-id", &[(EXTERNAL_ID, spaced_id.as_str())]),
+        ("good-blank-id", &[(EXTERNAL_ID, "")]),
+    ];
+    for (name, annotations) in good {
+        cp.apply(&pet_yaml(name, annotations, &[]))
+            .unwrap_or_else(|err| panic!("{name} refused: {err}"));
+    }
+
+    // Every served version is covered: a bad Pet made from a good one read
+    // in that version (so its spec fits that version's schema).
+    let crd = cp.kubectl_json(&["get", "crd", "pets.petstore.example.com"])?;
+    let served: Vec<&str> = crd["spec"]["versions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|v| v["served"] == true)
+        .filter_map(|v| v["name"].as_str())
+        .collect();
+    assert!(!served.is_empty(), "{crd}");
+    for version in served {
+        let mut pet: Value = cp.kubectl_json(&[
+            "get",
+            &format!("pets.{version}.petstore.example.com"),
+            "good-cased",
+            "-n",
+            "default",
+        ])?;
+        pet["metadata"] = json!({
+            "name": format!("bad-in-{version}"),
+            "namespace": "default",
+            "annotations": { PAUSED: "maybe" },
+        });
+        if let Some(object) = pet.as_object_mut() {
+            object.remove("status");
+        }
+        let case = format!("a bad Pet in {version}");
+        let message = refusal(
+            &case,
+            cp.kubectl_stdin(&["create", "-f", "-"], &pet.to_string()),
+        );
+        assert_names(&case, &message, &[PAUSED, "\"true\" or \"false\""]);
+    }
+
+    // UPDATE, ratcheting: the bad values the Pet already had do not block
+    // other changes, fixing them, or removing the finalizer...
+    cp.kubectl(&["label", "pet", "legacy", "-n", "default", "tier=gold"])?;
+    cp.kubectl(&[
+        "patch",
+        "pet",
+        "legacy",
+        "-n",
+        "default",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"name":"Thorbert"}}"#,
+    ])?;
+    cp.kubectl(&[
+        "patch",
+        "pet",
+        "legacy",
+        "-n",
+        "default",
+        "--type=json",
+        "-p",
+        r#"[{"op":"remove","path":"/metadata/finalizers"}]"#,
+    ])?;
+    let legacy = cp.kubectl_json(&["get", "pet", "legacy", "-n", "default"])?;
+    assert!(legacy["metadata"].get("finalizers").is_none(), "{legacy}");
+    assert_eq!(legacy["metadata"]["annotations"][PAUSED], "yes");
+    // ...but a changed bad value, or a new one, is refused.
+    let message = refusal(
+        "paused changed to another bad value",
+        annotate(&cp, "legacy", PAUSED, "maybe"),
+    );
+    assert_names(
+        "paused changed",
+        &message,
+        &[PAUSED, "\"true\" or \"false\""],
+    );
+    let message = refusal(
+        "a bad external-id added",
+        annotate(&cp, "legacy", EXTERNAL_ID, "rex"),
+    );
+    assert_names(
+        "external-id added",
+        &message,
+        &[EXTERNAL_ID, "lowercase UUID"],
+    );
+    let message = refusal(
+        "a good Pet given a bad value",
+        annotate(&cp, "good-lower", DELETION_POLICY, "Keep"),
+    );
+    assert_names(
+        "deletion policy changed",
+        &message,
+        &[DELETION_POLICY, "\"Delete\" or \"Orphan\""],
+    );
+    annotate(&cp, "legacy", PAUSED, "false")?;
+    annotate(&cp, "legacy", DELETION_POLICY, "Orphan")?;
+    let legacy = cp.kubectl_json(&["get", "pet", "legacy", "-n", "default"])?;
+    assert_eq!(legacy["metadata"]["annotations"][PAUSED], "false");
+    assert_eq!(legacy["metadata"]["annotations"][DELETION_POLICY], "Orphan");
+    Ok(())
+}
