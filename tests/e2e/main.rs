@@ -9,6 +9,7 @@
 
 mod book_rpcs;
 mod chaos;
+mod conversion;
 mod deploy;
 mod faults;
 mod kubernetes;
