@@ -1,10 +1,13 @@
-//! Wires the operator together: the Kubernetes client, the store client,
-//! metrics, Events, leader election and the controller.
+//! Wires the operator together: the Kubernetes client, the conversion
+//! webhook and its certificates, the store client, metrics, Events, leader
+//! election and the controller.
 
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ListParams};
 use kube::runtime::events::Reporter;
 use tokio_util::sync::CancellationToken;
@@ -18,6 +21,8 @@ use crate::leader::{self, Lease, Reign};
 use crate::metrics::{self, Metrics};
 use crate::store::budget::CallBudget;
 use crate::store::grpc::{GrpcPetStore, TlsFiles};
+use crate::webhook::certs::{self, WebhookTarget};
+use crate::webhook::server::{self, ServingCertificate};
 
 /// A token cancelled by SIGTERM or Ctrl-C.
 fn shutdown_on_signal() -> CancellationToken {
@@ -56,10 +61,53 @@ pub async fn run(args: Args, fault: Option<Fault>) -> Result<ExitCode, String> {
     });
     let shutdown = shutdown_on_signal();
     let metrics = Arc::new(Metrics::default());
+    // First: a taken webhook port stops the operator before it does anything.
+    let webhook_listener = server::bind(args.webhook_listen)
+        .await
+        .map_err(|e| e.to_string())?;
 
     let client = kube::Client::try_default()
         .await
         .map_err(|e| format!("cannot build a Kubernetes client (check KUBECONFIG): {e}"))?;
+    // The conversion webhook, on every replica and before leader election:
+    // the API server needs it to serve v1alpha1 whoever leads. Before the
+    // first read of Pets, too: Pets an older release stored as v1alpha1
+    // reach even this v1-only operator through it. The operator writes
+    // only v1, so once those are rewritten its watch never needs it.
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &args.lease_namespace);
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let names = certs::serving_names(&args.lease_namespace);
+    let webhook_certs = certs::ensure_secret(&secrets, &names, certs::unix_now())
+        .await
+        .map_err(|e| format!("cannot set up the webhook's certificates: {e}"))?;
+    let serving = Arc::new(
+        ServingCertificate::from_pem(&webhook_certs.cert, &webhook_certs.key)
+            .map_err(|e| e.to_string())?,
+    );
+    let webhook_server = tokio::spawn(server::serve(
+        webhook_listener,
+        Arc::clone(&serving),
+        shutdown.clone().cancelled_owned(),
+    ));
+    let target = match &args.webhook_url {
+        Some(url) => WebhookTarget::Url(url.clone()),
+        None => WebhookTarget::Service {
+            namespace: args.lease_namespace.clone(),
+        },
+    };
+    certs::inject_ca_bundle(&crds, &webhook_certs.ca_cert, Some(&target))
+        .await
+        .map_err(|e| format!("cannot point the Pet CRD at the conversion webhook: {e}"))?;
+    tracing::info!(listen = %args.webhook_listen, ?target, "conversion webhook serving");
+    tokio::spawn(certs::keep_fresh(
+        secrets,
+        crds,
+        names,
+        serving,
+        webhook_certs,
+        shutdown.clone(),
+    ));
+
     let pets: Api<Pet> = Api::all(client.clone());
     pets.list_metadata(&ListParams::default().limit(1))
         .await
@@ -150,6 +198,11 @@ pub async fn run(args: Args, fault: Option<Fault>) -> Result<ExitCode, String> {
         .is_err()
     {
         tracing::warn!(pending = events.pending(), "exiting with Events unwritten");
+    }
+    match webhook_server.await {
+        Ok(Ok(())) => {}
+        Ok(Err(err)) => tracing::warn!(error = %err, "webhook server failed"),
+        Err(err) => tracing::warn!(error = %err, "webhook server task failed"),
     }
     match metrics_server.await {
         Ok(Ok(())) => {}

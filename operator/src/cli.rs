@@ -93,12 +93,26 @@ pub struct Args {
     #[arg(long, env = "METRICS_ADDR", default_value = "0.0.0.0:8080")]
     pub metrics_addr: SocketAddr,
 
+    /// Address for the conversion webhook (HTTPS, `POST /convert`), which
+    /// every replica serves, leader or not.
+    #[arg(long, env = "WEBHOOK_LISTEN", default_value = "0.0.0.0:9443")]
+    pub webhook_listen: SocketAddr,
+
+    /// URL at which the API server reaches this operator's webhook, such as
+    /// https://127.0.0.1:9443/convert, for an operator run as a local
+    /// process. The operator writes it into the Pet CRD at start. Without
+    /// it the CRD points at the Service petstore-operator-metrics in this
+    /// operator's namespace (--lease-namespace).
+    #[arg(long, env = "WEBHOOK_URL", value_parser = parse_webhook_url)]
+    pub webhook_url: Option<String>,
+
     /// Elect a leader through a Lease so only one replica reconciles.
     /// Turn off for a single local process.
     #[arg(long, env = "LEADER_ELECTION", default_value_t = true, action = ArgAction::Set)]
     pub leader_election: bool,
 
-    /// Namespace of the leader Lease (in a pod: its own namespace).
+    /// The operator's namespace (in a pod: its own): where the leader Lease
+    /// and the webhook's certificate Secret live.
     #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
     pub lease_namespace: String,
 
@@ -131,6 +145,19 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         format!("{text:?} is not a duration such as 500ms, 30s, 5m, 1h or 1h30m ({err})")
     })?;
     Duration::try_from(duration).map_err(|_| format!("{text:?} is negative"))
+}
+
+/// An https URL: the API server calls webhooks over TLS only.
+pub fn parse_webhook_url(text: &str) -> Result<String, String> {
+    let text = text.trim();
+    match text.strip_prefix("https://") {
+        Some(rest) if !rest.is_empty() && !rest.contains(char::is_whitespace) => {
+            Ok(text.to_owned())
+        }
+        _ => Err(format!(
+            "{text:?} is not an https URL such as https://127.0.0.1:9443/convert"
+        )),
+    }
 }
 
 pub fn parse_rate(text: &str) -> Result<f64, String> {
@@ -206,6 +233,36 @@ mod tests {
         assert!(parse_rate("-1").is_err());
         assert!(parse_rate("fast").is_err());
         assert!(parse_rate("inf").is_err());
+    }
+
+    #[test]
+    fn the_webhook_listens_on_9443_and_takes_only_https_urls() {
+        let args = Args::try_parse_from(["petstore-operator"]).expect("defaults");
+        assert_eq!(args.webhook_listen.to_string(), "0.0.0.0:9443");
+        assert_eq!(args.webhook_url, None);
+        let args = Args::try_parse_from([
+            "petstore-operator",
+            "--webhook-listen",
+            "127.0.0.1:0",
+            "--webhook-url",
+            "https://127.0.0.1:4443/convert",
+        ])
+        .expect("local");
+        assert_eq!(args.webhook_listen.to_string(), "127.0.0.1:0");
+        assert_eq!(
+            args.webhook_url.as_deref(),
+            Some("https://127.0.0.1:4443/convert")
+        );
+        for bad in [
+            "http://127.0.0.1:9443/convert",
+            "127.0.0.1:9443",
+            "https://",
+        ] {
+            assert!(
+                Args::try_parse_from(["petstore-operator", "--webhook-url", bad]).is_err(),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

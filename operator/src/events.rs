@@ -629,7 +629,7 @@ mod tests {
             secondary: None,
         };
         let regarding = ObjectReference {
-            api_version: Some("petstore.example.com/v1alpha1".into()),
+            api_version: Some("petstore.example.com/v1".into()),
             kind: Some("Pet".into()),
             namespace: Some("pets".into()),
             name: Some("thor".into()),

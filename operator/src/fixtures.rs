@@ -17,7 +17,7 @@ impl Pet {
     /// finalizer, no status.
     pub fn test() -> Pet {
         let spec: PetSpec = serde_json::from_value(serde_json::json!({
-            "name": "Thor", "type": "dog", "birthday": "2021-04-01T00:00:00Z",
+            "name": "Thor", "type": "dog", "birthday": "2021-04-01",
         }))
         .expect("a valid spec");
         let mut pet = Pet::new("thor", spec);

@@ -1,6 +1,9 @@
 //! petstore-operator: reconciles `Pet` resources into the gRPC pet store.
 //!
-//! - [`crd`]: the `Pet` custom resource types.
+//! - [`crd`]: the `Pet` custom resource: its versions (v1 stored, v1alpha1
+//!   deprecated) and the conversion between them.
+//! - [`webhook`]: the conversion webhook every replica serves over HTTPS,
+//!   and its certificates.
 //! - [`decision`]: the pure decision step (desired vs observed -> plan).
 //! - [`status`]: the pure status and condition rules.
 //! - [`store`]: the external-client contract and its gRPC implementation.
@@ -22,6 +25,7 @@ pub mod metrics;
 pub mod migration;
 pub mod status;
 pub mod store;
+pub mod webhook;
 
 #[cfg(test)]
 mod fixtures;

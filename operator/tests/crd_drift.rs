@@ -19,9 +19,44 @@ fn committed_crd_matches_the_rust_types() {
 fn crd_has_the_promised_shape() {
     let crd: serde_json::Value =
         serde_norway::from_str(&petstore_operator::crd::crd_yaml().expect("CRD")).expect("yaml");
-    let version = &crd["spec"]["versions"][0];
+    let versions = crd["spec"]["versions"].as_array().expect("versions");
+    let named = |name: &str| {
+        versions
+            .iter()
+            .find(|v| v["name"] == name)
+            .unwrap_or_else(|| panic!("version {name}"))
+    };
+    assert_eq!(versions.len(), 2);
+    let (alpha, version) = (named("v1alpha1"), named("v1"));
     assert_eq!(crd["spec"]["group"], "petstore.example.com");
-    assert_eq!(version["name"], "v1alpha1");
+    assert_eq!(version["storage"], true);
+    assert_eq!(alpha["storage"], false);
+    assert_eq!(alpha["served"], true);
+    assert_eq!(alpha["deprecated"], true);
+    assert_eq!(
+        alpha["deprecationWarning"],
+        "petstore.example.com/v1alpha1 Pet is deprecated; use petstore.example.com/v1"
+    );
+    assert_eq!(
+        alpha["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["birthday"]["format"],
+        "date-time",
+        "v1alpha1 keeps its timestamp"
+    );
+    let conversion = &crd["spec"]["conversion"];
+    assert_eq!(conversion["strategy"], "Webhook");
+    assert_eq!(
+        conversion["webhook"]["conversionReviewVersions"],
+        serde_json::json!(["v1"])
+    );
+    assert_eq!(
+        conversion["webhook"]["clientConfig"]["service"],
+        serde_json::json!({
+            "name": "petstore-operator-metrics",
+            "namespace": "petstore-system",
+            "path": "/convert",
+            "port": 443,
+        })
+    );
     assert_eq!(crd["spec"]["scope"], "Namespaced");
     assert!(version["subresources"]["status"].is_object());
     let spec = &version["schema"]["openAPIV3Schema"]["properties"]["spec"];
@@ -38,7 +73,7 @@ fn crd_has_the_promised_shape() {
             "{field} is required"
         );
     }
-    assert_eq!(spec["properties"]["birthday"]["format"], "date-time");
+    assert_eq!(spec["properties"]["birthday"]["format"], "date");
     assert_eq!(spec["properties"]["name"]["maxLength"], 128);
     let columns: Vec<_> = version["additionalPrinterColumns"]
         .as_array()

@@ -125,7 +125,7 @@ struct Soak<'a> {
 
 fn pet_yaml(namespace: &str, name: &str, pet_name: &str, kind: &str, day: usize) -> String {
     format!(
-        "---\napiVersion: petstore.example.com/v1alpha1\nkind: Pet\nmetadata:\n  name: {name}\n  namespace: {namespace}\nspec:\n  name: {pet_name}\n  type: {kind}\n  birthday: 2020-01-{:02}T00:00:00Z\n",
+        "---\napiVersion: petstore.example.com/v1\nkind: Pet\nmetadata:\n  name: {name}\n  namespace: {namespace}\nspec:\n  name: {pet_name}\n  type: {kind}\n  birthday: \"2020-01-{:02}\"\n",
         day % 28 + 1
     )
 }

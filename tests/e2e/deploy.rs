@@ -125,6 +125,30 @@ fn operator_service_account_has_least_privilege() -> fixtures::Result<()> {
         "leases.coordination.k8s.io",
         Some("petstore-system")
     ));
+    // The conversion webhook: its own certificate Secret, and its own CRD.
+    for verb in ["get", "update"] {
+        assert!(
+            can_i(
+                &cp,
+                verb,
+                "secrets/petstore-operator-webhook-tls",
+                Some("petstore-system")
+            ),
+            "needs {verb} on its webhook Secret"
+        );
+    }
+    assert!(can_i(&cp, "create", "secrets", Some("petstore-system")));
+    for verb in ["get", "patch"] {
+        assert!(
+            can_i(
+                &cp,
+                verb,
+                "customresourcedefinitions.apiextensions.k8s.io/pets.petstore.example.com",
+                None
+            ),
+            "needs {verb} on the Pet CRD"
+        );
+    }
 
     // What it must not have.
     for (verb, resource) in [
@@ -151,6 +175,42 @@ fn operator_service_account_has_least_privilege() -> fixtures::Result<()> {
         !can_i(&cp, "update", "leases.coordination.k8s.io", Some("default")),
         "Leases only in its own namespace"
     );
+    // Only its own Secret, in its own namespace, and only the Pet CRD.
+    for (verb, resource, namespace) in [
+        ("get", "secrets/other", "petstore-system"),
+        ("update", "secrets/other", "petstore-system"),
+        ("list", "secrets", "petstore-system"),
+        ("watch", "secrets", "petstore-system"),
+        (
+            "delete",
+            "secrets/petstore-operator-webhook-tls",
+            "petstore-system",
+        ),
+        ("get", "secrets/petstore-operator-webhook-tls", "default"),
+        ("create", "secrets", "default"),
+    ] {
+        assert!(
+            !can_i(&cp, verb, resource, Some(namespace)),
+            "must not {verb} {resource} in {namespace}"
+        );
+    }
+    for (verb, resource) in [
+        ("list", "customresourcedefinitions.apiextensions.k8s.io"),
+        ("create", "customresourcedefinitions.apiextensions.k8s.io"),
+        (
+            "patch",
+            "customresourcedefinitions.apiextensions.k8s.io/leases.example.com",
+        ),
+        (
+            "delete",
+            "customresourcedefinitions.apiextensions.k8s.io/pets.petstore.example.com",
+        ),
+    ] {
+        assert!(
+            !can_i(&cp, verb, resource, None),
+            "must not {verb} {resource}"
+        );
+    }
 
     // And with the account's own token, not just impersonation.
     let token = cp.service_account_kubeconfig("petstore-system", "petstore-operator")?;

@@ -10,6 +10,7 @@
 mod admission;
 mod book_rpcs;
 mod chaos;
+mod conversion;
 mod deploy;
 mod faults;
 mod kubernetes;

@@ -380,7 +380,7 @@ fn scrapes_pass_promtool_and_hold_every_queried_metric() -> fixtures::Result<()>
             backoff_max: "2s",
             fault: None,
             log_filter: "info,petstore_operator=debug",
-            extra_args: Vec::new(),
+            extra_args: fixtures::env::webhook_args()?,
         },
         &cp.dir().join("operator-monitoring.log"),
     )?;

@@ -18,7 +18,7 @@ const EXTERNAL_ID: &str = "petstore.example.com/external-id";
 
 fn pet_yaml(name: &str, pet_name: &str, annotations: &[(&str, &str)], extra_spec: &str) -> String {
     let mut yaml = format!(
-        "apiVersion: petstore.example.com/v1alpha1\nkind: Pet\nmetadata:\n  name: {name}\n  namespace: default\n"
+        "apiVersion: petstore.example.com/v1\nkind: Pet\nmetadata:\n  name: {name}\n  namespace: default\n"
     );
     if !annotations.is_empty() {
         yaml.push_str("  annotations:\n");
@@ -27,7 +27,7 @@ fn pet_yaml(name: &str, pet_name: &str, annotations: &[(&str, &str)], extra_spec
         }
     }
     yaml.push_str(&format!(
-        "spec:\n  name: {pet_name}\n  type: dog\n  birthday: 2021-04-01T00:00:00Z\n{extra_spec}"
+        "spec:\n  name: {pet_name}\n  type: dog\n  birthday: \"2021-04-01\"\n{extra_spec}"
     ));
     yaml
 }

@@ -24,7 +24,7 @@ fn burst(range: std::ops::Range<usize>) -> String {
     range
         .map(|n| {
             format!(
-                "apiVersion: petstore.example.com/v1alpha1\nkind: Pet\nmetadata:\n  name: burst-{n}\n  namespace: default\nspec:\n  name: Burst {n}\n  type: {}\n  birthday: 2021-04-{:02}T00:00:00Z\n",
+                "apiVersion: petstore.example.com/v1\nkind: Pet\nmetadata:\n  name: burst-{n}\n  namespace: default\nspec:\n  name: Burst {n}\n  type: {}\n  birthday: \"2021-04-{:02}\"\n",
                 ["dog", "cat", "bird", "reptile"][n % 4],
                 1 + n % 28
             )

@@ -16,6 +16,16 @@ fn operator_and_store_speak_mutual_tls_and_strangers_are_refused() -> fixtures::
     // Read over mutual TLS, with the operator's CA and a client certificate.
     let pets = env.store_pets()?;
     assert!(pets.iter().any(|p| p["id"] == thor.as_str()));
+    // With only the shipped RBAC, the operator made its webhook's Secret
+    // and put its CA into the CRD: the API server converts over TLS.
+    let alpha = env.cp.kubectl(&[
+        "get",
+        "pets.v1alpha1.petstore.example.com",
+        "pet-sample1",
+        "-o",
+        "jsonpath={.spec.birthday}",
+    ])?;
+    assert_eq!(alpha, "2021-04-01T00:00:00Z");
 
     let tls = env.tls.as_ref().expect("mutual TLS is on");
     let stranger = Pki::create(&env.cp.dir().join("stranger"), "stranger", &[])?;

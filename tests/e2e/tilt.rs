@@ -515,10 +515,10 @@ fn tilt_quick_start_on_a_one_node_cluster() -> TestResult {
         "--wait=false",
     ])?;
     cluster.apply(
-        "apiVersion: petstore.example.com/v1alpha1
+        "apiVersion: petstore.example.com/v1
 kind: Pet
 metadata: {name: after-handover, namespace: default}
-spec: {name: Rex, type: dog, birthday: 2022-02-02T00:00:00Z}
+spec: {name: Rex, type: dog, birthday: \"2022-02-02\"}
 ",
     )?;
     let new_leader = wait_for(Duration::from_secs(120), "the Lease handed over", || {

@@ -16,7 +16,7 @@ const OPERATOR_SERVICE: &str = "petstore-operator";
 const STORE_SERVICE: &str = "petstore-server";
 
 const PET: &str = "
-apiVersion: petstore.example.com/v1alpha1
+apiVersion: petstore.example.com/v1
 kind: Pet
 metadata:
   name: traced
@@ -24,7 +24,7 @@ metadata:
 spec:
   name: Thor
   type: dog
-  birthday: 2021-04-01T00:00:00Z
+  birthday: \"2021-04-01\"
 ";
 
 fn now_us() -> u64 {
@@ -150,7 +150,7 @@ fn each_store_write_is_one_trace_across_operator_and_store() -> fixtures::Result
         backoff_max: "2s",
         fault: None,
         log_filter: "info,petstore_operator=debug",
-        extra_args: Vec::new(),
+        extra_args: fixtures::env::webhook_args()?,
     };
     let mut operator = Operator::start_with_env(
         &options,

@@ -41,6 +41,9 @@ fn apply_rename_delete_and_orphan() -> fixtures::Result<()> {
         table.contains(&thor_id) && table.contains("Thor") && table.contains("True"),
         "{table}"
     );
+    // v1: the birthday is the calendar date.
+    assert!(table.contains("2021-04-01"), "{table}");
+    assert!(!table.contains("T00:00:00Z"), "{table}");
     // The short name and the category read the same way.
     assert!(env.cp.kubectl(&["get", "pt"])?.contains("pet-sample2"));
     assert!(
@@ -50,6 +53,8 @@ fn apply_rename_delete_and_orphan() -> fixtures::Result<()> {
     );
 
     let pet = env.pet("default", "pet-sample1")?;
+    assert_eq!(pet["apiVersion"], "petstore.example.com/v1");
+    assert_eq!(pet["spec"]["birthday"], "2021-04-01");
     assert_eq!(pet["metadata"]["finalizers"][0], "pet.petstore.example.com");
     assert_eq!(
         condition(&pet, "Synced").expect("Synced")["reason"],

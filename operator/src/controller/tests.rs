@@ -25,7 +25,7 @@ use crate::status::{Outcome, Reason, next_status};
 use crate::store::fake::FakeStore;
 
 const OTHER_UID: &str = "0f1e2d3c-other";
-const PETS: &str = "/apis/petstore.example.com/v1alpha1/namespaces/default/pets/thor";
+const PETS: &str = "/apis/petstore.example.com/v1/namespaces/default/pets/thor";
 
 fn status_path() -> String {
     format!("{PETS}/status")

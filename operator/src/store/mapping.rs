@@ -61,7 +61,7 @@ mod tests {
     use petstore_proto::petstore::PetType;
 
     use super::*;
-    use crate::crd::PetSpec;
+    use crate::crd::v1alpha1::PetSpec;
 
     #[test]
     fn every_kind_round_trips_and_matches_the_wire_names() {

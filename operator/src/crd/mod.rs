@@ -1,16 +1,34 @@
-//! The `Pet` custom resource, `petstore.example.com/v1alpha1`. The CRD YAML in
-//! `config/crd/` is generated from these types by `cargo xtask crdgen`.
+//! The `Pet` custom resource in its two versions, and what they share.
+//!
+//! - [`v1`]: `petstore.example.com/v1`, the storage version, which the
+//!   operator reads and writes; re-exported here as [`Pet`] and [`PetSpec`].
+//! - [`v1alpha1`]: the first version, still served and deprecated.
+//! - [`conversion`]: the lossless conversion between them, which the
+//!   conversion webhook ([`crate::webhook`]) applies for the API server.
+//!
+//! The CRD YAML in `config/crd/` is generated from these types by
+//! `cargo xtask crdgen` ([`crd_yaml`]).
 
-// Each printcolumn(...) repeats `type_ = "string"`, which this lint mistakes
-// for a duplicated attribute.
-#![allow(clippy::duplicated_attributes)]
+pub mod conversion;
+pub mod v1;
+pub mod v1alpha1;
 
-use chrono::{DateTime, FixedOffset, NaiveDate, Utc};
-use kube::CustomResource;
+use chrono::{DateTime, Utc};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceConversion, CustomResourceDefinition, ServiceReference, WebhookClientConfig,
+    WebhookConversion,
+};
 /// Longest pet name, in characters; the store enforces the same limit.
 pub use petstore_proto::convert::MAX_NAME_CHARS;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+
+pub use v1::{Pet, PetSpec};
+
+/// The API group of both versions.
+pub const GROUP: &str = "petstore.example.com";
+/// The CRD's name.
+pub const CRD_NAME: &str = "pets.petstore.example.com";
 
 /// Finalizer that keeps a Pet until its store record is deleted.
 pub const FINALIZER: &str = "pet.petstore.example.com";
@@ -24,76 +42,6 @@ pub const PAUSED_ANNOTATION: &str = "petstore.example.com/paused";
 /// (after Crossplane's external-name). Only a record with no owner (an empty
 /// idempotency key) can be adopted.
 pub const EXTERNAL_ID_ANNOTATION: &str = "petstore.example.com/external-id";
-
-/// The desired state of a pet in the pet store.
-#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
-#[kube(
-    group = "petstore.example.com",
-    version = "v1alpha1",
-    kind = "Pet",
-    plural = "pets",
-    namespaced,
-    doc = "A pet kept in the pet store. The operator creates a store record for it (or adopts the unowned record named by the annotation petstore.example.com/external-id), keeps that record in line with spec, writes the record's ID to status.id, and deletes the record when the Pet is deleted (unless spec.deletionPolicy is Orphan, which keeps the record and releases it for adoption).",
-    status = "PetStatus",
-    derive = "PartialEq",
-    shortname = "pt",
-    category = "petstore",
-    printcolumn(
-        name = "Pet Name",
-        type_ = "string",
-        json_path = ".spec.name",
-        description = "The pet's name in the store"
-    ),
-    printcolumn(name = "Type", type_ = "string", json_path = ".spec.type"),
-    printcolumn(name = "Birthday", type_ = "string", json_path = ".spec.birthday"),
-    printcolumn(
-        name = "Store ID",
-        type_ = "string",
-        json_path = ".status.id",
-        description = "ID of the pet's record in the store"
-    ),
-    printcolumn(
-        name = "Ready",
-        type_ = "string",
-        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
-    ),
-    printcolumn(
-        name = "Reason",
-        type_ = "string",
-        json_path = ".status.conditions[?(@.type==\"Ready\")].reason",
-        priority = 1
-    ),
-    printcolumn(
-        name = "Age",
-        type_ = "date",
-        json_path = ".metadata.creationTimestamp"
-    )
-)]
-pub struct PetSpec {
-    /// The pet's name, as stored in the pet store: 1 to 128 characters, not
-    /// only whitespace. Renaming a Pet renames its existing store record.
-    #[schemars(length(min = 1, max = MAX_NAME_CHARS), regex(pattern = r"\S"))]
-    pub name: String,
-
-    /// The kind of animal: one of dog, cat, bird or reptile.
-    #[serde(rename = "type")]
-    pub kind: PetKind,
-
-    /// The pet's date of birth, as an RFC 3339 timestamp such as
-    /// 2021-04-01T00:00:00Z. Only the calendar date, as written, is stored.
-    pub birthday: DateTime<FixedOffset>,
-
-    /// What happens to the store record when the Pet is deleted: Delete
-    /// (the default) deletes it; Orphan keeps it and clears its owner, so
-    /// another Pet can adopt it with the annotation
-    /// petstore.example.com/external-id.
-    #[serde(
-        default,
-        rename = "deletionPolicy",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub deletion_policy: Option<DeletionPolicy>,
-}
 
 /// What deleting the Pet does to its store record: Delete (the default)
 /// deletes it; Orphan keeps it and clears its owner, so another Pet can adopt
@@ -135,14 +83,6 @@ impl PetKind {
             PetKind::Bird => "bird",
             PetKind::Reptile => "reptile",
         }
-    }
-}
-
-impl PetSpec {
-    /// The calendar date of birth as the user wrote it, in the timestamp's own
-    /// offset, so `2021-04-01T00:00:00+02:00` is 1 April, not 31 March.
-    pub fn birth_date(&self) -> NaiveDate {
-        self.birthday.date_naive()
     }
 }
 
@@ -299,10 +239,53 @@ impl Pet {
     }
 }
 
-/// The CRD as YAML, exactly as written to `config/crd/`.
-pub fn crd_yaml() -> Result<String, serde_norway::Error> {
+/// The Service in front of every operator replica, through which the API
+/// server reaches the conversion webhook in a cluster
+/// (`config/operator/service.yaml`).
+pub const WEBHOOK_SERVICE: &str = "petstore-operator-metrics";
+/// The operator's namespace in the shipped deployment.
+pub const WEBHOOK_SERVICE_NAMESPACE: &str = "petstore-system";
+/// The Service's port for the webhook (to the pods' 9443).
+pub const WEBHOOK_SERVICE_PORT: i32 = 443;
+/// The webhook's path.
+pub const WEBHOOK_PATH: &str = "/convert";
+
+/// The CRD: both versions, v1 stored, converted by the operator's webhook
+/// behind [`WEBHOOK_SERVICE`]. The operator adds the CA bundle (and, run
+/// outside the cluster, a URL) when it starts.
+pub fn crd() -> Result<CustomResourceDefinition, kube::core::crd::MergeError> {
     use kube::CustomResourceExt;
-    let body = serde_norway::to_string(&Pet::crd())?;
+    let mut crd = kube::core::crd::merge_crds(vec![v1alpha1::Pet::crd(), v1::Pet::crd()], "v1")?;
+    crd.spec.conversion = Some(CustomResourceConversion {
+        strategy: "Webhook".into(),
+        webhook: Some(WebhookConversion {
+            client_config: Some(WebhookClientConfig {
+                service: Some(ServiceReference {
+                    name: WEBHOOK_SERVICE.into(),
+                    namespace: WEBHOOK_SERVICE_NAMESPACE.into(),
+                    path: Some(WEBHOOK_PATH.into()),
+                    port: Some(WEBHOOK_SERVICE_PORT),
+                }),
+                ..WebhookClientConfig::default()
+            }),
+            conversion_review_versions: vec!["v1".into()],
+        }),
+    });
+    Ok(crd)
+}
+
+/// Why the CRD YAML could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum CrdError {
+    #[error("merging the versions: {0}")]
+    Merge(#[from] kube::core::crd::MergeError),
+    #[error("writing YAML: {0}")]
+    Yaml(#[from] serde_norway::Error),
+}
+
+/// The CRD as YAML, exactly as written to `config/crd/`.
+pub fn crd_yaml() -> Result<String, CrdError> {
+    let body = serde_norway::to_string(&crd()?)?;
     Ok(format!(
         "# Generated by `cargo xtask crdgen`; do not edit.\n{body}"
     ))

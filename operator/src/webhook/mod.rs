@@ -1,0 +1,190 @@
+//! The conversion webhook: every replica serves `POST /convert` over HTTPS
+//! (leader or not), so the API server can read and write v1alpha1 Pets
+//! while only v1 is stored.
+//!
+//! - this module: the `ConversionReview` in, `ConversionReview` out, as a
+//!   pure function ([`review`]) over [`crate::crd::conversion`];
+//! - [`server`]: the HTTPS listener, whose certificate can be swapped
+//!   without a restart;
+//! - [`certs`]: the CA and serving certificate, kept in a Secret that all
+//!   replicas share, and the CA bundle in the CRD.
+
+pub mod certs;
+pub mod server;
+
+use kube::core::Status;
+use kube::core::conversion::{ConversionRequest, ConversionResponse, ConversionReview};
+use serde_json::Value;
+
+use crate::crd::conversion::{self, ConversionError};
+
+/// Answers one `ConversionReview` body. Never fails: what cannot be read
+/// or converted is answered with `result.status: Failure` and a message
+/// the API server passes on to the user.
+pub fn review(body: &[u8]) -> ConversionReview {
+    let review: ConversionReview = match serde_json::from_slice(body) {
+        Ok(review) => review,
+        Err(err) => {
+            return invalid(format!("the body is not a ConversionReview: {err}"));
+        }
+    };
+    let request = match ConversionRequest::from_review(review) {
+        Ok(request) => request,
+        Err(err) => return invalid(err.to_string()),
+    };
+    let desired = request.desired_api_version.clone();
+    if desired != conversion::V1 && desired != conversion::V1ALPHA1 {
+        let message = ConversionError::UnknownTargetVersion(desired).to_string();
+        tracing::warn!(%message, "conversion refused");
+        return ConversionResponse::for_request(request)
+            .failure(Status::failure(&message, "ConversionFailed"))
+            .into_review();
+    }
+    let objects = request.objects.clone();
+    let response = ConversionResponse::for_request(request);
+    let response = match convert_all(objects, &desired) {
+        Ok(converted) => response.success(converted),
+        Err(message) => {
+            tracing::warn!(%message, %desired, "conversion refused");
+            response.failure(Status::failure(&message, "ConversionFailed"))
+        }
+    };
+    response.into_review()
+}
+
+fn invalid(message: String) -> ConversionReview {
+    tracing::warn!(%message, "malformed ConversionReview");
+    ConversionResponse::invalid(Status::failure(&message, "BadRequest")).into_review()
+}
+
+/// Converts every object, or names the first that cannot be: the API
+/// server needs them all or none.
+fn convert_all(objects: Vec<Value>, desired: &str) -> Result<Vec<Value>, String> {
+    objects
+        .into_iter()
+        .map(|object| {
+            let name = describe(&object);
+            conversion::convert(object, desired)
+                .map_err(|err: ConversionError| format!("Pet {name}: {err}"))
+        })
+        .collect()
+}
+
+/// `namespace/name` of an object, for messages.
+fn describe(object: &Value) -> String {
+    let metadata = &object["metadata"];
+    let name = metadata["name"].as_str().unwrap_or("(unnamed)");
+    match metadata["namespace"].as_str() {
+        Some(namespace) => format!("{namespace}/{name}"),
+        None => name.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::core::response::StatusSummary;
+    use serde_json::json;
+
+    use super::*;
+    use crate::crd::conversion::{V1, V1ALPHA1};
+
+    fn request(desired: &str, objects: Value) -> Vec<u8> {
+        serde_json::to_vec(&json!({
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "ConversionReview",
+            "request": {"uid": "req-1", "desiredAPIVersion": desired, "objects": objects},
+        }))
+        .expect("serialisable")
+    }
+
+    fn alpha_pet(name: &str, birthday: &str) -> Value {
+        json!({
+            "apiVersion": V1ALPHA1, "kind": "Pet",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"name": "Thor", "type": "dog", "birthday": birthday},
+        })
+    }
+
+    /// The response as the API server reads it.
+    fn answer(body: &[u8]) -> Value {
+        serde_json::to_value(review(body)).expect("serialisable")
+    }
+
+    #[test]
+    fn converts_every_object_and_echoes_the_uid() {
+        let body = request(
+            V1,
+            json!([
+                alpha_pet("a", "2021-04-01T00:00:00Z"),
+                alpha_pet("b", "2021-04-01T23:30:00-05:00")
+            ]),
+        );
+        let answer = answer(&body);
+        assert_eq!(answer["apiVersion"], "apiextensions.k8s.io/v1");
+        assert_eq!(answer["kind"], "ConversionReview");
+        let response = &answer["response"];
+        assert_eq!(response["uid"], "req-1");
+        assert_eq!(response["result"]["status"], "Success");
+        let converted = response["convertedObjects"].as_array().expect("objects");
+        assert_eq!(converted.len(), 2);
+        assert_eq!(converted[0]["apiVersion"], V1);
+        assert_eq!(converted[1]["spec"]["birthday"], "2021-04-01");
+        assert_eq!(converted[1]["metadata"]["name"], "b");
+    }
+
+    #[test]
+    fn an_object_that_cannot_be_converted_fails_the_review_with_its_name() {
+        let body = request(
+            V1,
+            json!([
+                alpha_pet("fine", "2021-04-01T00:00:00Z"),
+                alpha_pet("odd", "next tuesday")
+            ]),
+        );
+        let review = review(&body);
+        let response = review.response.expect("a response");
+        assert_eq!(response.uid, "req-1");
+        assert_eq!(response.result.status, Some(StatusSummary::Failure));
+        assert!(
+            response.result.message.contains("default/odd")
+                && response.result.message.contains("next tuesday"),
+            "{}",
+            response.result.message
+        );
+        assert!(response.converted_objects.is_empty());
+    }
+
+    #[test]
+    fn malformed_reviews_get_a_failure_not_a_panic() {
+        let no_request = serde_json::to_vec(&json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "ConversionReview"
+        }))
+        .expect("serialisable");
+        let unknown_version = request("petstore.example.com/v2", json!([]));
+        let not_a_pet = request(V1, json!([{"apiVersion": "v1", "kind": "ConfigMap"}]));
+        let objects_not_a_list = request(V1, json!({"a": 1}));
+        for (what, body) in [
+            ("empty", Vec::new()),
+            ("not JSON", b"{\"kind\": ".to_vec()),
+            ("a JSON string", b"\"hello\"".to_vec()),
+            ("no request", no_request),
+            ("unknown target version", unknown_version),
+            ("not a Pet", not_a_pet),
+            ("objects not a list", objects_not_a_list),
+            ("binary", vec![0xff, 0xfe, 0x00]),
+        ] {
+            let answer = answer(&body);
+            assert_eq!(
+                answer["response"]["result"]["status"], "Failure",
+                "{what}: {answer}"
+            );
+            assert!(
+                answer["response"]["result"]["message"]
+                    .as_str()
+                    .is_some_and(|m| !m.is_empty()),
+                "{what}: {answer}"
+            );
+            assert_eq!(answer["kind"], "ConversionReview", "{what}");
+        }
+    }
+}

@@ -1,0 +1,273 @@
+//! The webhook's HTTPS server. Its certificate sits behind
+//! [`ServingCertificate`], which [`super::certs`] swaps when it renews the
+//! certificate: new handshakes get the new one, without a restart.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::post;
+use hyper_util::rt::TokioIo;
+use hyper_util::service::TowerToHyperService;
+use rustls::crypto::CryptoProvider;
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+
+use crate::crd::WEBHOOK_PATH;
+
+/// A ConversionReview lists every object of a request; a list of many Pets
+/// is larger than axum's 2 MiB default.
+const MAX_BODY_BYTES: usize = 64 << 20;
+/// A client that opens a connection and never finishes the handshake must
+/// not hold a task forever.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("the webhook certificate is not PEM: {0}")]
+    Pem(#[from] rustls_pki_types::pem::Error),
+    #[error("the webhook certificate file holds no certificate")]
+    NoCertificate,
+    #[error("the webhook certificate and key do not make a TLS identity: {0}")]
+    Tls(#[from] rustls::Error),
+    #[error("listening for the webhook on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// The certificate the server presents; replaceable while it runs.
+#[derive(Debug)]
+pub struct ServingCertificate {
+    current: RwLock<Arc<CertifiedKey>>,
+}
+
+impl ServingCertificate {
+    pub fn from_pem(cert_pem: &str, key_pem: &str) -> Result<Self, ServerError> {
+        Ok(Self {
+            current: RwLock::new(certified_key(cert_pem, key_pem)?),
+        })
+    }
+
+    /// Presents `cert_pem` from the next handshake on.
+    pub fn replace(&self, cert_pem: &str, key_pem: &str) -> Result<(), ServerError> {
+        let key = certified_key(cert_pem, key_pem)?;
+        // A poisoned lock only means a writer panicked mid-swap of an Arc,
+        // which cannot leave it half-written.
+        let mut current = self.current.write().unwrap_or_else(|e| e.into_inner());
+        *current = key;
+        Ok(())
+    }
+}
+
+fn certified_key(cert_pem: &str, key_pem: &str) -> Result<Arc<CertifiedKey>, ServerError> {
+    let chain =
+        CertificateDer::pem_slice_iter(cert_pem.as_bytes()).collect::<Result<Vec<_>, _>>()?;
+    if chain.is_empty() {
+        return Err(ServerError::NoCertificate);
+    }
+    let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())?;
+    Ok(Arc::new(CertifiedKey::from_der(chain, key, &provider())?))
+}
+
+impl ResolvesServerCert for ServingCertificate {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        let current = self.current.read().unwrap_or_else(|e| e.into_inner());
+        Some(Arc::clone(&current))
+    }
+}
+
+/// Binds the webhook's address; done before anything else starts, so a
+/// taken port stops the operator at once.
+pub async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServerError::Listen { addr, source })
+}
+
+/// The webhook's routes: `POST /convert`.
+pub fn router() -> Router {
+    Router::new()
+        .route(
+            WEBHOOK_PATH,
+            post(|body: Bytes| async move { axum::Json(super::review(&body)) }),
+        )
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+}
+
+/// Serves HTTPS on `listener` until `shutdown` completes.
+pub async fn serve(
+    listener: TcpListener,
+    certificate: Arc<ServingCertificate>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServerError> {
+    let config = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_cert_resolver(certificate);
+    let acceptor = TlsAcceptor::from(Arc::new(config));
+    let service = TowerToHyperService::new(router());
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            () = &mut shutdown => return Ok(()),
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(err) => {
+                    // Out of file descriptors, say: wait a little, go on.
+                    tracing::warn!(error = %err, "webhook accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let acceptor = acceptor.clone();
+        let service = service.clone();
+        tokio::spawn(async move {
+            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(err)) => {
+                    tracing::debug!(%peer, error = %err, "webhook TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!(%peer, "webhook TLS handshake timed out");
+                    return;
+                }
+            };
+            if let Err(err) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(tls), service)
+                .await
+            {
+                tracing::debug!(%peer, error = %err, "webhook connection ended with an error");
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_rustls::TlsConnector;
+
+    use super::*;
+    use crate::webhook::certs::{WebhookCerts, serving_names, unix_now};
+
+    /// POSTs `body` to /convert over TLS, trusting `ca_pem` only; returns
+    /// the whole HTTP response and the certificate the server presented.
+    async fn post(addr: SocketAddr, ca_pem: &str, body: &[u8]) -> (String, Vec<u8>) {
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+            roots.add(cert.expect("CA PEM")).expect("CA");
+        }
+        let config = rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .expect("TLS versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let name = rustls_pki_types::ServerName::try_from("127.0.0.1").expect("name");
+        let mut tls = TlsConnector::from(Arc::new(config))
+            .connect(name, tcp)
+            .await
+            .expect("handshake");
+        let presented = tls
+            .get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|chain| chain.first())
+            .map(|cert| cert.to_vec())
+            .expect("a certificate");
+        let head = format!(
+            "POST /convert HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        );
+        tls.write_all(head.as_bytes()).await.expect("write");
+        tls.write_all(body).await.expect("write");
+        let mut response = Vec::new();
+        // The server may close without a TLS close_notify; what was read counts.
+        let _ = tls.read_to_end(&mut response).await;
+        (String::from_utf8_lossy(&response).into_owned(), presented)
+    }
+
+    fn der(pem: &str) -> Vec<u8> {
+        CertificateDer::pem_slice_iter(pem.as_bytes())
+            .next()
+            .expect("a certificate")
+            .expect("PEM")
+            .to_vec()
+    }
+
+    #[tokio::test]
+    async fn serves_reviews_over_tls_and_swaps_its_certificate_without_a_restart() {
+        let names = serving_names("petstore-system");
+        let certs = WebhookCerts::generate(&names, unix_now()).expect("certs");
+        let serving =
+            Arc::new(ServingCertificate::from_pem(&certs.cert, &certs.key).expect("identity"));
+        let listener = bind("127.0.0.1:0".parse().expect("addr"))
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let stop = tokio_util::sync::CancellationToken::new();
+        let server = tokio::spawn(serve(
+            listener,
+            Arc::clone(&serving),
+            stop.clone().cancelled_owned(),
+        ));
+
+        let (response, presented) = post(addr, &certs.ca_cert, b"not json").await;
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        assert!(response.contains("\"Failure\""), "{response}");
+        assert_eq!(presented, der(&certs.cert));
+
+        let review = serde_json::json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "ConversionReview",
+            "request": {"uid": "u", "desiredAPIVersion": "petstore.example.com/v1", "objects": [{
+                "apiVersion": "petstore.example.com/v1alpha1", "kind": "Pet",
+                "metadata": {"name": "thor"},
+                "spec": {"name": "Thor", "type": "dog", "birthday": "2021-04-01T00:00:00Z"},
+            }]},
+        });
+        let body = serde_json::to_vec(&review).expect("json");
+        let (response, _) = post(addr, &certs.ca_cert, &body).await;
+        assert!(response.contains("\"Success\""), "{response}");
+        assert!(
+            response.contains("\"birthday\":\"2021-04-01\""),
+            "{response}"
+        );
+
+        // A renewal signed by the same CA: the next handshake presents it.
+        let renewed = certs.renew_serving(&names, unix_now()).expect("renew");
+        serving.replace(&renewed.cert, &renewed.key).expect("swap");
+        let (_, presented) = post(addr, &certs.ca_cert, b"{}").await;
+        assert_eq!(presented, der(&renewed.cert));
+        assert_ne!(presented, der(&certs.cert));
+
+        stop.cancel();
+        server.await.expect("task").expect("clean stop");
+    }
+
+    #[test]
+    fn a_key_that_does_not_match_is_refused() {
+        let names = serving_names("petstore-system");
+        let one = WebhookCerts::generate(&names, 1_800_000_000).expect("certs");
+        let other = WebhookCerts::generate(&names, 1_800_000_000).expect("certs");
+        assert!(ServingCertificate::from_pem(&one.cert, &other.key).is_err());
+        assert!(ServingCertificate::from_pem("", &one.key).is_err());
+        assert!(ServingCertificate::from_pem(&one.cert, "garbage").is_err());
+    }
+}
