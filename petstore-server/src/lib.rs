@@ -7,4 +7,5 @@ pub mod server;
 pub mod service;
 pub mod storage;
 pub mod validate;
+pub mod watch;
 pub mod wire;

@@ -89,6 +89,58 @@ struct Args {
     /// serves none.
     #[arg(long, env = "PETSTORE_METRICS_LISTEN", default_value = "0.0.0.0:9090")]
     metrics_listen: MetricsListen,
+
+    /// How often an idle WatchPets stream gets a progress message (its
+    /// current revision), e.g. `200ms`, `10s`, `1m`.
+    #[arg(
+        long,
+        env = "PETSTORE_WATCH_PROGRESS_INTERVAL",
+        default_value = "10s",
+        value_parser = parse_duration
+    )]
+    watch_progress_interval: std::time::Duration,
+
+    /// Changes kept for WatchPets to resume from (about 300 bytes of memory
+    /// each, and as much disk in a durable store or PostgreSQL). A client
+    /// further behind gets OUT_OF_RANGE and re-reads.
+    #[arg(long, env = "PETSTORE_WATCH_HISTORY", default_value_t = petstore_server::storage::DEFAULT_HISTORY)]
+    watch_history: usize,
+}
+
+/// A duration as a sequence of numbers with units: `500ms`, `10s`, `1.5m`,
+/// `1h30m`.
+fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let invalid = || format!("{text:?} is not a duration such as 200ms, 10s, 1m or 1h30m");
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return Err(invalid());
+    }
+    let mut total = 0.0f64;
+    while !rest.is_empty() {
+        let number_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(invalid)?;
+        let (number, after) = rest.split_at(number_len);
+        let value: f64 = number.parse().map_err(|_| invalid())?;
+        let unit_len = after
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(after.len());
+        let (unit, after) = after.split_at(unit_len);
+        let seconds = match unit {
+            "ms" => 0.001,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return Err(invalid()),
+        };
+        total += value * seconds;
+        rest = after;
+    }
+    // Zero would send progress messages in a busy loop.
+    if total <= 0.0 {
+        return Err(format!("{text:?} must be longer than zero"));
+    }
+    std::time::Duration::try_from_secs_f64(total).map_err(|_| invalid())
 }
 
 /// `--metrics-listen`: an address, or none.
@@ -218,7 +270,7 @@ async fn serve(args: Args, observability: Observability) -> ExitCode {
         },
     };
     let opening = std::time::Instant::now();
-    let storage = match config.open().await {
+    let storage = match config.open_with_history(args.watch_history).await {
         Ok(storage) => storage,
         Err(err) => {
             tracing::error!(error = %err, ?config, "cannot open storage");
@@ -259,6 +311,10 @@ async fn serve(args: Args, observability: Observability) -> ExitCode {
             client_ca: args.tls_client_ca,
         }),
         observability,
+        watch: petstore_server::watch::WatchOptions {
+            progress_interval: args.watch_progress_interval,
+            ..Default::default()
+        },
     };
     let served =
         petstore_server::server::serve(listener, storage, options, shutdown_signal()).await;
@@ -274,6 +330,23 @@ async fn serve(args: Args, observability: Observability) -> ExitCode {
         Err(err) => {
             tracing::error!(error = %err, "server failed");
             ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn durations_read_like_the_other_flags() {
+        assert_eq!(parse_duration("200ms"), Ok(Duration::from_millis(200)));
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("1.5m"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        for bad in ["", "10", "s", "10 parsecs", "-1s", "0s"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} accepted");
         }
     }
 }

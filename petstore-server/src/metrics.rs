@@ -13,6 +13,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use petstore_telemetry::SamplerSetting;
 use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
@@ -27,11 +28,20 @@ struct RpcLabels {
     code: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TerminationLabels {
+    /// Why the store ended a watch stream: `slow`, `compacted`, `shutdown`.
+    reason: &'static str,
+}
+
 pub struct ServerMetrics {
     registry: Registry,
     rpc_duration: Family<RpcLabels, Histogram>,
     in_flight: Gauge,
     sampler_ratio: Gauge<f64, AtomicU64>,
+    watchers: Gauge,
+    watch_revision: Gauge,
+    watch_terminated: Family<TerminationLabels, Counter>,
 }
 
 impl std::fmt::Debug for ServerMetrics {
@@ -65,11 +75,28 @@ impl Default for ServerMetrics {
             "Fraction of new traces the store samples: 0 never, 1 always (ChangeSampler sets it)",
             sampler_ratio.clone(),
         );
+        let watchers = Gauge::default();
+        registry.register("watchers", "WatchPets streams open now", watchers.clone());
+        let watch_revision = Gauge::default();
+        registry.register(
+            "watch_revision",
+            "The store's latest revision, as its change feed (WatchPets) knows it",
+            watch_revision.clone(),
+        );
+        let watch_terminated = Family::<TerminationLabels, Counter>::default();
+        registry.register(
+            "watch_terminated",
+            "WatchPets streams the store ended, by reason: slow (the client's buffer filled), compacted (it fell behind the kept history), shutdown",
+            watch_terminated.clone(),
+        );
         Self {
             registry,
             rpc_duration,
             in_flight,
             sampler_ratio,
+            watchers,
+            watch_revision,
+            watch_terminated,
         }
     }
 }
@@ -96,6 +123,24 @@ impl ServerMetrics {
     pub fn in_flight(&self) -> InFlight {
         self.in_flight.inc();
         InFlight(self.in_flight.clone())
+    }
+
+    /// Counts one watch stream as open until dropped.
+    pub fn watcher_opened(&self) -> InFlight {
+        self.watchers.inc();
+        InFlight(self.watchers.clone())
+    }
+
+    pub fn set_watch_revision(&self, revision: i64) {
+        self.watch_revision.set(revision);
+    }
+
+    pub fn watch_terminated(&self, why: crate::watch::Termination) {
+        self.watch_terminated
+            .get_or_create(&TerminationLabels {
+                reason: why.label(),
+            })
+            .inc();
     }
 
     pub fn set_sampler(&self, setting: SamplerSetting) {
@@ -157,12 +202,18 @@ mod tests {
         );
         metrics.set_sampler(SamplerSetting::Ratio(0.25));
         let in_flight = metrics.in_flight();
+        let watcher = metrics.watcher_opened();
+        metrics.set_watch_revision(42);
+        metrics.watch_terminated(crate::watch::Termination::Slow);
         let text = metrics.encode().expect("encode");
         for series in [
             "petstore_server_rpc_duration_seconds_count{method=\"AddPets\",code=\"OK\"} 1",
             "petstore_server_rpc_duration_seconds_count{method=\"ChangeSampler\",code=\"InvalidArgument\"} 1",
             "petstore_server_rpcs_in_flight 1",
             "petstore_server_trace_sampler_ratio 0.25",
+            "petstore_server_watchers 1",
+            "petstore_server_watch_revision 42",
+            "petstore_server_watch_terminated_total{reason=\"slow\"} 1",
             "# HELP petstore_server_rpc_duration_seconds ",
             "# HELP petstore_server_rpcs_in_flight ",
             "# HELP petstore_server_trace_sampler_ratio ",
@@ -170,6 +221,7 @@ mod tests {
             assert!(text.contains(series), "no {series:?} in\n{text}");
         }
         drop(in_flight);
+        drop(watcher);
         assert!(
             metrics
                 .encode()

@@ -13,6 +13,7 @@ use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 use crate::model::MAX_MESSAGE_BYTES;
 use crate::service::{Observability, PetStoreService};
 use crate::storage::Storage;
+use crate::watch::WatchOptions;
 
 /// Concurrent requests served per HTTP/2 connection; further streams queue.
 pub const MAX_CONCURRENT_STREAMS_PER_CONNECTION: u32 = 256;
@@ -34,6 +35,8 @@ pub struct ServeOptions {
     pub tls: Option<TlsFiles>,
     /// Metrics and the trace sampler the service reports to and obeys.
     pub observability: Observability,
+    /// How `WatchPets` streams behave.
+    pub watch: WatchOptions,
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, ServeError> {
@@ -100,10 +103,16 @@ pub async fn serve(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
 
-    let pet_store =
-        PetStoreServer::new(PetStoreService::new(storage, options.observability.clone()))
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    tokio::spawn(crate::watch::follow_revision(
+        Arc::clone(&storage),
+        Arc::clone(&options.observability.metrics),
+    ));
+    let (stop_watchers, stopping) = tokio::sync::watch::channel(false);
+    let service = PetStoreService::new(storage, options.observability.clone())
+        .with_watch(options.watch, stopping);
+    let pet_store = PetStoreServer::new(service)
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
 
     // Storage is already open when we get here, so we can serve at once.
     health
@@ -117,6 +126,9 @@ pub async fn serve(
     let shutdown = async move {
         shutdown.await;
         tracing::info!("shutting down: draining in-flight calls");
+        // Watch streams never end by themselves; the drain would wait for
+        // them forever.
+        stop_watchers.send_replace(true);
         draining_health
             .set_not_serving::<PetStoreServer<PetStoreService>>()
             .await;

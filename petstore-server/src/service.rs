@@ -15,7 +15,8 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::metrics::{InFlight, ServerMetrics};
 use crate::storage::{SearchPage, Storage, StorageError};
-use crate::{validate, wire};
+use crate::watch::{WatchOptions, WatchStream};
+use crate::{validate, watch, wire};
 
 /// What the store measures and how it samples traces; `ChangeSampler`
 /// switches `sampler` (the same handle the tracer provider holds).
@@ -43,14 +44,33 @@ impl Observability {
 pub struct PetStoreService {
     storage: Arc<dyn Storage>,
     observability: Observability,
+    watch: WatchOptions,
+    /// Turns true when the server starts draining: open watch streams end,
+    /// so the drain does not wait for them forever.
+    stopping: tokio::sync::watch::Receiver<bool>,
 }
 
 impl PetStoreService {
     pub fn new(storage: Arc<dyn Storage>, observability: Observability) -> Self {
+        let (_, stopping) = tokio::sync::watch::channel(false);
         Self {
             storage,
             observability,
+            watch: WatchOptions::default(),
+            stopping,
         }
+    }
+
+    /// Serves `WatchPets` with `options`, ending every stream once
+    /// `stopping` turns true.
+    pub fn with_watch(
+        mut self,
+        options: WatchOptions,
+        stopping: tokio::sync::watch::Receiver<bool>,
+    ) -> Self {
+        self.watch = options;
+        self.stopping = stopping;
+        self
     }
 
     /// A span made by `make`, or none when calls open no spans.
@@ -228,16 +248,6 @@ impl PetStore for PetStoreService {
         call.run(self.search(request.into_inner())).await
     }
 
-    // Placeholder until the change feed lands.
-    type WatchPetsStream = ReceiverStream<Result<pb::WatchPetsResp, Status>>;
-
-    async fn watch_pets(
-        &self,
-        _request: Request<pb::WatchPetsReq>,
-    ) -> Result<Response<Self::WatchPetsStream>, Status> {
-        Err(Status::unimplemented("WatchPets"))
-    }
-
     async fn change_sampler(
         &self,
         request: Request<pb::ChangeSamplerReq>,
@@ -267,6 +277,27 @@ impl PetStore for PetStoreService {
     ) -> Result<Response<pb::GetPetsResp>, Status> {
         let call = self.call("petstore.PetStore/GetPets", request.metadata());
         call.run(self.get(request.into_inner())).await
+    }
+
+    type WatchPetsStream = WatchStream;
+
+    async fn watch_pets(
+        &self,
+        request: Request<pb::WatchPetsReq>,
+    ) -> Result<Response<Self::WatchPetsStream>, Status> {
+        let call = self.call("petstore.PetStore/WatchPets", request.metadata());
+        call.run(async {
+            let stream = watch::start(
+                Arc::clone(&self.storage),
+                request.into_inner(),
+                self.watch,
+                Arc::clone(&self.observability.metrics),
+                self.stopping.clone(),
+            )
+            .await?;
+            Ok(Response::new(stream))
+        })
+        .await
     }
 }
 

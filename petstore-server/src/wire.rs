@@ -4,6 +4,7 @@
 use petstore_proto::petstore as pb;
 
 use crate::model::PetRecord;
+use crate::storage::{Change, ChangeKind};
 
 pub fn to_proto(record: &PetRecord) -> pb::Pet {
     pb::Pet {
@@ -12,6 +13,21 @@ pub fn to_proto(record: &PetRecord) -> pb::Pet {
         r#type: record.fields.species.into(),
         birthday: Some(record.fields.birthday.into()),
         idempotency_key: record.idempotency_key.clone().unwrap_or_default(),
+    }
+}
+
+pub fn change_to_proto(change: &Change) -> pb::PetChange {
+    let kind = match change.kind {
+        ChangeKind::Created => pb::pet_change::Kind::Created,
+        ChangeKind::Updated => pb::pet_change::Kind::Updated,
+        ChangeKind::Deleted => pb::pet_change::Kind::Deleted,
+        ChangeKind::KeyChanged => pb::pet_change::Kind::KeyChanged,
+    };
+    pb::PetChange {
+        kind: kind.into(),
+        revision: change.revision,
+        pet: change.record.as_ref().map(to_proto),
+        id: change.id.clone(),
     }
 }
 

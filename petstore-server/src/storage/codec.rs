@@ -8,6 +8,7 @@ use chrono::NaiveDate;
 use prost::Message;
 
 use super::StorageError;
+use super::feed::{Change, ChangeKind};
 use crate::model::{PetFields, PetRecord, Species};
 
 /// A record in the durable store: byte for byte the `petstore.Pet` (with its
@@ -55,7 +56,52 @@ pub(crate) fn corrupt(why: impl Into<Box<dyn std::error::Error + Send + Sync>>) 
     StorageError::engine("decoding a stored pet", why)
 }
 
+/// A change in the durable store's `changes` table (keyed by revision): its
+/// kind (the wire's `PetChange.Kind` number), the record's ID, and the
+/// record after it as a [`StoredPet`] (absent for a deletion).
+#[derive(Clone, PartialEq, Message)]
+struct StoredChange {
+    #[prost(int32, tag = "1")]
+    kind: i32,
+    #[prost(string, tag = "2")]
+    id: String,
+    #[prost(message, optional, tag = "3")]
+    pet: Option<StoredPet>,
+}
+
+pub(crate) fn encode_change(change: &Change) -> Vec<u8> {
+    StoredChange {
+        kind: i32::from(change.kind.code()),
+        id: change.id.clone(),
+        pet: change.record.as_ref().map(stored),
+    }
+    .encode_to_vec()
+}
+
+pub(crate) fn decode_change(revision: i64, bytes: &[u8]) -> Result<Change, StorageError> {
+    let stored = StoredChange::decode(bytes).map_err(corrupt)?;
+    let kind = i16::try_from(stored.kind)
+        .ok()
+        .and_then(ChangeKind::from_code)
+        .ok_or_else(|| {
+            corrupt(format!(
+                "change {revision} has unknown kind {}",
+                stored.kind
+            ))
+        })?;
+    Ok(Change {
+        revision,
+        kind,
+        id: stored.id,
+        record: stored.pet.map(from_stored).transpose()?,
+    })
+}
+
 pub(crate) fn encode(record: &PetRecord) -> Vec<u8> {
+    stored(record).encode_to_vec()
+}
+
+fn stored(record: &PetRecord) -> StoredPet {
     use chrono::Datelike;
     let birthday = record.fields.birthday;
     StoredPet {
@@ -70,11 +116,13 @@ pub(crate) fn encode(record: &PetRecord) -> Vec<u8> {
         }),
         idempotency_key: record.idempotency_key.clone().unwrap_or_default(),
     }
-    .encode_to_vec()
 }
 
 pub(crate) fn decode(bytes: &[u8]) -> Result<PetRecord, StorageError> {
-    let stored = StoredPet::decode(bytes).map_err(corrupt)?;
+    from_stored(StoredPet::decode(bytes).map_err(corrupt)?)
+}
+
+fn from_stored(stored: StoredPet) -> Result<PetRecord, StorageError> {
     let birthday = stored
         .birthday
         .and_then(|d| {

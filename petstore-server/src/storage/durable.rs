@@ -6,6 +6,11 @@
 //! are queued as one transaction (group commit): one fsync then covers many
 //! concurrent callers, while each caller's request still applies all or
 //! nothing.
+//!
+//! Each change to a record gets the next revision in the same transaction:
+//! the `changes` table holds it and `meta`'s "revision" counts, so the
+//! change feed after a `kill -9` is exactly the committed writes. The table
+//! keeps the latest `history` changes; each commit drops older ones.
 
 use std::borrow::Cow;
 use std::path::Path;
@@ -15,7 +20,8 @@ use std::sync::mpsc;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 use tokio::sync::oneshot;
 
-use super::codec::{decode, encode};
+use super::codec::{decode, decode_change, encode, encode_change};
+use super::feed::{Change, ChangeFeed, ChangeKind, DEFAULT_HISTORY, PendingChange};
 use super::{
     Cursor, OrEngine, PageFill, SearchPage, Storage, StorageError, check_key_changes, names_from,
     new_id,
@@ -31,8 +37,10 @@ const IDS_BY_KEY: TableDefinition<&str, &str> = TableDefinition::new("ids_by_key
 /// pet, so it holds exactly the committed pets, after a `kill -9` too.
 const PETS_BY_NAME: TableDefinition<(&str, &str), ()> = TableDefinition::new("pets_by_name");
 /// "schema" -> version, so a file written before an index existed gets it
-/// built once, at open.
+/// built once, at open; "revision" -> the latest change's revision.
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+/// Revision -> the change (`codec::encode_change`), the latest `history`.
+const CHANGES: TableDefinition<u64, &[u8]> = TableDefinition::new("changes");
 const SCHEMA_VERSION: u64 = 2;
 
 /// redb's page cache. Its own default (1 GiB) let one full-store stream of
@@ -45,6 +53,7 @@ const MAX_GROUP: usize = 512;
 
 pub struct DurableStorage {
     db: Arc<Database>,
+    feed: Arc<ChangeFeed>,
     writer: Option<mpsc::Sender<Job>>,
     writer_thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -76,21 +85,33 @@ struct Job {
 
 impl DurableStorage {
     pub fn open(path: &Path, cache_bytes: usize) -> Result<Self, StorageError> {
+        Self::open_with_history(path, cache_bytes, DEFAULT_HISTORY)
+    }
+
+    /// Opens the store keeping the latest `history` changes for watchers.
+    pub fn open_with_history(
+        path: &Path,
+        cache_bytes: usize,
+        history: usize,
+    ) -> Result<Self, StorageError> {
         let db = Database::builder()
             .set_cache_size(cache_bytes)
             .create(path)
             .or_engine("opening the file")?;
         migrate(&db)?;
+        let feed = Arc::new(load_feed(&db, history.max(1))?);
 
         let db = Arc::new(db);
         let (writer, jobs) = mpsc::channel();
         let writer_db = Arc::clone(&db);
+        let writer_feed = Arc::clone(&feed);
         let writer_thread = std::thread::Builder::new()
             .name("petstore-writer".into())
-            .spawn(move || write_loop(&writer_db, &jobs))
+            .spawn(move || write_loop(&writer_db, &jobs, &writer_feed))
             .or_engine("starting the writer thread")?;
         Ok(Self {
             db,
+            feed,
             writer: Some(writer),
             writer_thread: Some(writer_thread),
         })
@@ -129,6 +150,7 @@ fn migrate(db: &Database) -> Result<(), StorageError> {
         let pets = txn.open_table(PETS).or_engine("initialising tables")?;
         txn.open_table(IDS_BY_KEY)
             .or_engine("initialising tables")?;
+        txn.open_table(CHANGES).or_engine("initialising tables")?;
         let mut by_name = txn
             .open_table(PETS_BY_NAME)
             .or_engine("initialising tables")?;
@@ -155,7 +177,43 @@ fn migrate(db: &Database) -> Result<(), StorageError> {
     txn.commit().or_engine("initialising tables")
 }
 
-fn write_loop(db: &Database, jobs: &mpsc::Receiver<Job>) {
+/// The feed as the file left it: its revision and its latest changes.
+fn load_feed(db: &Database, history: usize) -> Result<ChangeFeed, StorageError> {
+    let txn = db.begin_read().or_engine("reading the change history")?;
+    let meta = txn
+        .open_table(META)
+        .or_engine("reading the change history")?;
+    let revision = meta
+        .get("revision")
+        .or_engine("reading the change history")?
+        .map_or(0, |v| v.value());
+    let changes = txn
+        .open_table(CHANGES)
+        .or_engine("reading the change history")?;
+    let mut recent = Vec::new();
+    for entry in changes
+        .range::<u64>(..)
+        .or_engine("reading the change history")?
+        .rev()
+        .take(history)
+    {
+        let (revision, stored) = entry.or_engine("reading the change history")?;
+        recent.push(decode_change(
+            revision_number(revision.value())?,
+            stored.value(),
+        )?);
+    }
+    recent.reverse();
+    Ok(ChangeFeed::new(history, revision_number(revision)?, recent))
+}
+
+/// Revisions are u64 in the file and i64 on the wire; 2^63 writes is out of
+/// reach, but a corrupt file is not.
+fn revision_number(revision: u64) -> Result<i64, StorageError> {
+    i64::try_from(revision).map_err(|_| super::codec::corrupt(format!("revision {revision}")))
+}
+
+fn write_loop(db: &Database, jobs: &mpsc::Receiver<Job>, feed: &ChangeFeed) {
     while let Ok(first) = jobs.recv() {
         let mut group = vec![first];
         while group.len() < MAX_GROUP {
@@ -165,8 +223,11 @@ fn write_loop(db: &Database, jobs: &mpsc::Receiver<Job>) {
             }
         }
         let ops: Vec<&WriteOp> = group.iter().map(|job| &job.op).collect();
-        match commit_group(db, &ops) {
-            Ok(results) => {
+        match commit_group(db, &ops, feed.capacity()) {
+            Ok((results, changes)) => {
+                // Published after the commit, before any caller hears back:
+                // a watcher never sees a change that could still be lost.
+                feed.publish(changes);
                 for (job, result) in group.into_iter().zip(results) {
                     // A caller that gave up (cancelled RPC) no longer listens.
                     let _ = job.reply.send(result);
@@ -185,23 +246,72 @@ fn write_loop(db: &Database, jobs: &mpsc::Receiver<Job>) {
     }
 }
 
-/// Applies every op in one transaction. An op that is refused (unknown ID)
-/// writes nothing and gets its own error; an engine failure fails the group.
-fn commit_group(db: &Database, ops: &[&WriteOp]) -> Result<Vec<Applied>, StorageError> {
+/// Applies every op in one transaction, with the changes they make and the
+/// store's revision. An op that is refused (unknown ID) writes nothing and
+/// gets its own error; an engine failure fails the group.
+fn commit_group(
+    db: &Database,
+    ops: &[&WriteOp],
+    history: usize,
+) -> Result<(Vec<Applied>, Vec<Change>), StorageError> {
     let txn = db.begin_write().or_engine("starting a write")?;
     let mut results = Vec::with_capacity(ops.len());
+    let mut pending = Vec::new();
     for op in ops {
-        results.push(apply(&txn, op)?);
+        results.push(apply(&txn, op, &mut pending)?);
     }
+    let changes = record_changes(&txn, pending, history)?;
     txn.commit().or_engine("committing")?;
-    Ok(results)
+    Ok((results, changes))
+}
+
+/// Numbers `pending` after the stored revision, stores them with the new
+/// revision, and drops changes older than the latest `history`.
+fn record_changes(
+    txn: &WriteTransaction,
+    pending: Vec<PendingChange>,
+    history: usize,
+) -> Result<Vec<Change>, StorageError> {
+    if pending.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut meta = txn.open_table(META).or_engine("recording changes")?;
+    let mut table = txn.open_table(CHANGES).or_engine("recording changes")?;
+    let mut revision = meta
+        .get("revision")
+        .or_engine("recording changes")?
+        .map_or(0, |v| v.value());
+    let mut changes = Vec::with_capacity(pending.len());
+    for change in pending {
+        revision += 1;
+        let change = change.at(revision_number(revision)?);
+        table
+            .insert(revision, encode_change(&change).as_slice())
+            .or_engine("recording changes")?;
+        changes.push(change);
+    }
+    meta.insert("revision", revision)
+        .or_engine("recording changes")?;
+    let keep_after = revision.saturating_sub(history as u64);
+    if keep_after > 0 {
+        table
+            .retain_in(..=keep_after, |_, _| false)
+            .or_engine("compacting changes")?;
+    }
+    Ok(changes)
 }
 
 /// One request's result: for an add, what happened to each pet; empty
 /// for the other writes.
 type Applied = Result<Vec<Added>, StorageError>;
 
-fn apply(txn: &WriteTransaction, op: &WriteOp) -> Result<Applied, StorageError> {
+/// Applies one op, adding the changes it makes to `published`: one per record
+/// that changed, none for a write that changes nothing.
+fn apply(
+    txn: &WriteTransaction,
+    op: &WriteOp,
+    published: &mut Vec<PendingChange>,
+) -> Result<Applied, StorageError> {
     let mut pets = txn.open_table(PETS).or_engine("writing")?;
     let mut keys = txn.open_table(IDS_BY_KEY).or_engine("writing")?;
     let mut by_name = txn.open_table(PETS_BY_NAME).or_engine("writing")?;
@@ -229,6 +339,7 @@ fn apply(txn: &WriteTransaction, op: &WriteOp) -> Result<Applied, StorageError> 
                 by_name
                     .insert((record.fields.name.as_str(), record.id.as_str()), ())
                     .or_engine("writing")?;
+                published.push(PendingChange::of(ChangeKind::Created, &record));
                 ids.push(Added::new(record.id));
             }
             Ok(Ok(ids))
@@ -244,10 +355,14 @@ fn apply(txn: &WriteTransaction, op: &WriteOp) -> Result<Applied, StorageError> 
                     }));
                 };
                 let mut record = decode(stored.value())?;
-                let old_name = std::mem::replace(&mut record.fields, update.fields.clone()).name;
-                records.push((old_name, record));
+                let old = std::mem::replace(&mut record.fields, update.fields.clone());
+                // Identical values change nothing: no write, no change.
+                if old != record.fields {
+                    records.push((old.name, record));
+                }
             }
             for (old_name, record) in records {
+                published.push(PendingChange::of(ChangeKind::Updated, &record));
                 pets.insert(record.id.as_str(), encode(&record).as_slice())
                     .or_engine("writing")?;
                 if old_name != record.fields.name {
@@ -272,6 +387,7 @@ fn apply(txn: &WriteTransaction, op: &WriteOp) -> Result<Applied, StorageError> 
                     by_name
                         .remove((record.fields.name.as_str(), id.as_str()))
                         .or_engine("writing")?;
+                    published.push(PendingChange::deleted(id));
                 }
             }
             Ok(Ok(Vec::new()))
@@ -315,6 +431,10 @@ fn apply(txn: &WriteTransaction, op: &WriteOp) -> Result<Applied, StorageError> 
                 record.idempotency_key = Some(change.new_key.clone()).filter(|k| !k.is_empty());
                 pets.insert(record.id.as_str(), encode(&record).as_slice())
                     .or_engine("writing")?;
+                // Setting the key a pet already has changes nothing.
+                if change.expected_key != change.new_key {
+                    published.push(PendingChange::of(ChangeKind::KeyChanged, &record));
+                }
             }
             Ok(Ok(Vec::new()))
         }
@@ -390,6 +510,10 @@ impl Storage for DurableStorage {
         let filter = filter.clone();
         self.read(move |db| search_page(db, &filter, after.as_ref(), limit.max(1)))
             .await
+    }
+
+    fn feed(&self) -> &ChangeFeed {
+        &self.feed
     }
 }
 

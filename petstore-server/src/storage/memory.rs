@@ -5,14 +5,21 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Bound;
 use std::sync::{PoisonError, RwLock};
 
+use super::feed::{ChangeFeed, ChangeKind, DEFAULT_HISTORY, PendingChange};
 use super::{
     Cursor, PageFill, SearchPage, Storage, StorageError, check_key_changes, names_from, new_id,
 };
 use crate::model::{Added, KeyChange, NewPet, PetRecord, PetUpdate, SearchFilter};
 
-#[derive(Default)]
 pub struct MemoryStorage {
     inner: RwLock<Inner>,
+    feed: ChangeFeed,
+}
+
+impl Default for MemoryStorage {
+    fn default() -> Self {
+        Self::with_history(DEFAULT_HISTORY)
+    }
 }
 
 #[derive(Default)]
@@ -22,9 +29,35 @@ struct Inner {
     ids_by_key: HashMap<String, String>,
     /// (name, ID) of every pet: the name index.
     by_name: BTreeSet<(String, String)>,
+    /// The revision of the latest change.
+    revision: i64,
 }
 
 impl MemoryStorage {
+    /// An empty store whose feed keeps the latest `history` changes.
+    pub fn with_history(history: usize) -> Self {
+        Self {
+            inner: RwLock::default(),
+            feed: ChangeFeed::new(history, 0, Vec::new()),
+        }
+    }
+
+    /// Numbers `changes` after the store's revision and publishes them.
+    /// Called with the write lock held, so revisions follow write order.
+    fn publish(&self, inner: &mut Inner, changes: Vec<PendingChange>) {
+        if changes.is_empty() {
+            return;
+        }
+        let first = inner.revision + 1;
+        inner.revision += changes.len() as i64;
+        self.feed.publish(
+            changes
+                .into_iter()
+                .zip(first..)
+                .map(|(change, revision)| change.at(revision)),
+        );
+    }
+
     // A panic while holding the lock cannot leave `Inner` half-written (every
     // write validates before mutating), so a poisoned lock is safe to reuse.
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Inner> {
@@ -40,6 +73,7 @@ impl Storage for MemoryStorage {
     async fn add(&self, pets: &[NewPet]) -> Result<Vec<Added>, StorageError> {
         let mut inner = self.write();
         let mut ids = Vec::with_capacity(pets.len());
+        let mut changes = Vec::new();
         for pet in pets {
             if let Some(existing) = pet
                 .idempotency_key
@@ -54,16 +88,16 @@ impl Storage for MemoryStorage {
                 inner.ids_by_key.insert(key.clone(), id.clone());
             }
             inner.by_name.insert((pet.fields.name.clone(), id.clone()));
-            inner.pets.insert(
-                id.clone(),
-                PetRecord {
-                    id: id.clone(),
-                    fields: pet.fields.clone(),
-                    idempotency_key: pet.idempotency_key.clone(),
-                },
-            );
+            let record = PetRecord {
+                id: id.clone(),
+                fields: pet.fields.clone(),
+                idempotency_key: pet.idempotency_key.clone(),
+            };
+            changes.push(PendingChange::of(ChangeKind::Created, &record));
+            inner.pets.insert(id.clone(), record);
             ids.push(Added::new(id));
         }
+        self.publish(&mut inner, changes);
         Ok(ids)
     }
 
@@ -80,8 +114,13 @@ impl Storage for MemoryStorage {
             });
         }
         let inner = &mut *inner;
+        let mut changes = Vec::new();
         for update in pets {
             if let Some(record) = inner.pets.get_mut(&update.id) {
+                // Identical values change nothing, so nothing is announced.
+                if record.fields == update.fields {
+                    continue;
+                }
                 if record.fields.name != update.fields.name {
                     let old = (std::mem::take(&mut record.fields.name), update.id.clone());
                     inner.by_name.remove(&old);
@@ -90,21 +129,26 @@ impl Storage for MemoryStorage {
                         .insert((update.fields.name.clone(), update.id.clone()));
                 }
                 record.fields = update.fields.clone();
+                changes.push(PendingChange::of(ChangeKind::Updated, record));
             }
         }
+        self.publish(inner, changes);
         Ok(())
     }
 
     async fn delete(&self, ids: &[String]) -> Result<(), StorageError> {
         let mut inner = self.write();
+        let mut changes = Vec::new();
         for id in ids {
             if let Some(record) = inner.pets.remove(id) {
                 if let Some(key) = &record.idempotency_key {
                     inner.ids_by_key.remove(key);
                 }
+                changes.push(PendingChange::deleted(id));
                 inner.by_name.remove(&(record.fields.name, record.id));
             }
         }
+        self.publish(&mut inner, changes);
         Ok(())
     }
 
@@ -149,6 +193,7 @@ impl Storage for MemoryStorage {
                 inner.ids_by_key.remove(&change.expected_key);
             }
         }
+        let mut published = Vec::new();
         for change in changes {
             if !change.new_key.is_empty() {
                 inner
@@ -157,8 +202,13 @@ impl Storage for MemoryStorage {
             }
             if let Some(record) = inner.pets.get_mut(&change.id) {
                 record.idempotency_key = Some(change.new_key.clone()).filter(|key| !key.is_empty());
+                // Setting the key a pet already has changes nothing.
+                if change.expected_key != change.new_key {
+                    published.push(PendingChange::of(ChangeKind::KeyChanged, record));
+                }
             }
         }
+        self.publish(&mut inner, published);
         Ok(())
     }
 
@@ -204,5 +254,9 @@ impl Storage for MemoryStorage {
             }
         }
         Ok(fill.end())
+    }
+
+    fn feed(&self) -> &ChangeFeed {
+        &self.feed
     }
 }

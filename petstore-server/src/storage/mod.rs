@@ -3,6 +3,7 @@
 
 mod codec;
 mod durable;
+mod feed;
 mod memory;
 mod postgres;
 
@@ -11,6 +12,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 pub use durable::DurableStorage;
+pub use feed::{Change, ChangeFeed, ChangeKind, DEFAULT_HISTORY, FeedError};
 pub use memory::MemoryStorage;
 pub use postgres::{PostgresConfig, PostgresStorage};
 
@@ -112,6 +114,16 @@ pub trait Storage: Send + Sync + 'static {
         after: Option<Cursor>,
         limit: usize,
     ) -> Result<SearchPage, StorageError>;
+    /// The feed of this store's changes: every write that changes records
+    /// publishes one change per record to it, in revision order, after it
+    /// commits.
+    fn feed(&self) -> &ChangeFeed;
+    /// Brings the feed up to date with changes committed elsewhere (by
+    /// other replicas of a shared database) before a watcher starts, so a
+    /// revision seen on one replica is never "ahead" on another.
+    async fn catch_up(&self) -> Result<(), StorageError> {
+        Ok(())
+    }
 }
 
 /// Where a paged search resumes: after this record in the order the search
@@ -250,12 +262,24 @@ impl StorageConfig {
     }
 
     pub async fn open(&self) -> Result<Arc<dyn Storage>, StorageError> {
+        self.open_with_history(DEFAULT_HISTORY).await
+    }
+
+    /// Opens the store keeping the latest `history` changes for watchers.
+    pub async fn open_with_history(
+        &self,
+        history: usize,
+    ) -> Result<Arc<dyn Storage>, StorageError> {
         Ok(match self {
-            Self::Memory => Arc::new(MemoryStorage::default()),
-            Self::Durable { path, cache_bytes } => {
-                Arc::new(DurableStorage::open(path, *cache_bytes)?)
+            Self::Memory => Arc::new(MemoryStorage::with_history(history)),
+            Self::Durable { path, cache_bytes } => Arc::new(DurableStorage::open_with_history(
+                path,
+                *cache_bytes,
+                history,
+            )?),
+            Self::Postgres(config) => {
+                Arc::new(PostgresStorage::open_with_history(config, history).await?)
             }
-            Self::Postgres(config) => Arc::new(PostgresStorage::open(config).await?),
         })
     }
 }

@@ -2,9 +2,20 @@
 //! database. Every request is one transaction, so batches stay all or
 //! nothing; a unique constraint on the idempotency key makes concurrent
 //! creates with the same key, from any replicas, produce one record.
+//!
+//! The change feed: each write transaction takes its revisions from the one
+//! row of `petstore_revision` (`UPDATE ... RETURNING`), writes its changes
+//! to `petstore_changes` and sends `NOTIFY petstore_changes`, all before it
+//! commits. The row lock is held to the commit, so transactions commit in
+//! revision order: a reader that has seen revision 11 can never later find
+//! a 10 committing (as it could with a sequence). Every replica LISTENs on
+//! its own connection and, when woken (or every second, in case a
+//! notification was lost across a reconnect), reads `revision > last` in
+//! order into its in-memory feed.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::NaiveDate;
@@ -12,9 +23,10 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use futures::future::try_join_all;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{NoTls, Row};
+use tokio_postgres::{AsyncMessage, NoTls, Row};
 
 use super::codec::{self, corrupt};
+use super::feed::{Change, ChangeFeed, ChangeKind, DEFAULT_HISTORY, PendingChange};
 use super::{
     Cursor, OrEngine, PageFill, SearchPage, Storage, StorageError, check_key_changes, new_id,
 };
@@ -38,9 +50,36 @@ const MIGRATIONS: &[&str] = &[
         idempotency_key text COLLATE \"C\" UNIQUE
     )",
     "CREATE INDEX IF NOT EXISTS petstore_pets_by_name ON petstore_pets (name, id)",
+    // One row: the store's revision. Its row lock orders the writers.
+    "CREATE TABLE IF NOT EXISTS petstore_revision (
+        singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+        revision bigint NOT NULL
+    )",
+    "INSERT INTO petstore_revision (singleton, revision) VALUES (true, 0)
+     ON CONFLICT (singleton) DO NOTHING",
+    // The latest changes; the record's columns are NULL for a deletion.
+    "CREATE TABLE IF NOT EXISTS petstore_changes (
+        revision bigint PRIMARY KEY,
+        kind smallint NOT NULL,
+        id text COLLATE \"C\" NOT NULL,
+        name text COLLATE \"C\",
+        species smallint,
+        birthday date,
+        idempotency_key text COLLATE \"C\"
+    )",
 ];
 
+/// The channel every write notifies and every replica listens on.
+const CHANNEL: &str = "petstore_changes";
+/// A replica reads the change table this often even without a
+/// notification: one may be lost while its listening connection reconnects.
+const SAFETY_POLL: Duration = Duration::from_secs(1);
+/// Most changes one read of the change table takes into the feed.
+const READ_BATCH: i64 = 1000;
+
 const COLUMNS: &str = "id, name, species, birthday, idempotency_key";
+/// [`COLUMNS`] of an `UPDATE ... FROM` that names the table `p`.
+const RETURNED_COLUMNS: &str = "p.id, p.name, p.species, p.birthday, p.idempotency_key";
 
 /// How to reach the database.
 #[derive(Clone)]
@@ -67,12 +106,43 @@ impl std::fmt::Debug for PostgresConfig {
 
 pub struct PostgresStorage {
     pool: Pool,
+    feed: Arc<FeedReader>,
+    history: usize,
+    /// The listening and reading tasks, stopped with the store.
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for PostgresStorage {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// Brings committed changes from the database into this replica's feed.
+struct FeedReader {
+    pool: Pool,
+    feed: ChangeFeed,
+    /// Woken by a notification, a reconnect or this replica's own commit.
+    wake: tokio::sync::Notify,
+    /// One read at a time, so reads publish in order without overlap.
+    reading: tokio::sync::Mutex<()>,
 }
 
 impl PostgresStorage {
     /// Connects (retrying while the database is unreachable, up to the
     /// configured time) and brings the schema up to date.
     pub async fn open(config: &PostgresConfig) -> Result<Self, StorageError> {
+        Self::open_with_history(config, DEFAULT_HISTORY).await
+    }
+
+    /// Like [`Self::open`], keeping the latest `history` changes (in this
+    /// replica's memory and in the database) for watchers.
+    pub async fn open_with_history(
+        config: &PostgresConfig,
+        history: usize,
+    ) -> Result<Self, StorageError> {
         let manager = Manager::from_config(
             config.config.clone(),
             NoTls,
@@ -84,11 +154,10 @@ impl PostgresStorage {
             .max_size(config.pool_size.max(1))
             .build()
             .or_engine("building the connection pool")?;
-        let storage = Self { pool };
         let deadline = tokio::time::Instant::now() + config.connect_timeout;
         loop {
-            match storage.migrate().await {
-                Ok(()) => return Ok(storage),
+            match migrate(&pool).await {
+                Ok(()) => break,
                 Err(err) if tokio::time::Instant::now() < deadline => {
                     tracing::warn!(error = %err, "database not ready; retrying");
                     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -96,6 +165,23 @@ impl PostgresStorage {
                 Err(err) => return Err(err),
             }
         }
+        let history = history.max(1);
+        let feed = Arc::new(FeedReader {
+            feed: load_feed(&pool, history).await?,
+            pool: pool.clone(),
+            wake: tokio::sync::Notify::new(),
+            reading: tokio::sync::Mutex::new(()),
+        });
+        let tasks = vec![
+            tokio::spawn(listen(config.config.clone(), Arc::clone(&feed))),
+            tokio::spawn(read_changes(Arc::clone(&feed))),
+        ];
+        Ok(Self {
+            pool,
+            feed,
+            history,
+            tasks,
+        })
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object, StorageError> {
@@ -105,26 +191,245 @@ impl PostgresStorage {
             .or_engine("getting a database connection")
     }
 
-    async fn migrate(&self) -> Result<(), StorageError> {
-        let mut client = self.client().await?;
-        let txn = client
-            .transaction()
-            .await
-            .or_engine("starting the migration")?;
-        // "already exists, skipping" notices are the normal case.
-        txn.batch_execute("SET LOCAL client_min_messages = warning")
+    /// Wakes this replica's reader after its own commit, so its watchers
+    /// need not wait for the notification's round trip.
+    fn committed(&self) {
+        self.feed.wake.notify_one();
+    }
+}
+
+async fn migrate(pool: &Pool) -> Result<(), StorageError> {
+    let mut client = pool
+        .get()
+        .await
+        .or_engine("getting a database connection")?;
+    let txn = client
+        .transaction()
+        .await
+        .or_engine("starting the migration")?;
+    // "already exists, skipping" notices are the normal case.
+    txn.batch_execute("SET LOCAL client_min_messages = warning")
+        .await
+        .or_engine("migrating the schema")?;
+    txn.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .await
+        .or_engine("taking the migration lock")?;
+    for step in MIGRATIONS {
+        txn.batch_execute(step)
             .await
             .or_engine("migrating the schema")?;
-        txn.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
-            .await
-            .or_engine("taking the migration lock")?;
-        for step in MIGRATIONS {
-            txn.batch_execute(step)
-                .await
-                .or_engine("migrating the schema")?;
-        }
-        txn.commit().await.or_engine("migrating the schema")
     }
+    txn.commit().await.or_engine("migrating the schema")
+}
+
+/// The feed as the database holds it: the revision and the latest
+/// `history` changes, read in one snapshot.
+async fn load_feed(pool: &Pool, history: usize) -> Result<ChangeFeed, StorageError> {
+    let mut client = pool
+        .get()
+        .await
+        .or_engine("getting a database connection")?;
+    let txn = client
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .await
+        .or_engine("reading the change history")?;
+    let revision: i64 = txn
+        .query_one("SELECT revision FROM petstore_revision", &[])
+        .await
+        .or_engine("reading the revision")?
+        .try_get(0)
+        .or_engine("reading the revision")?;
+    let limit = i64::try_from(history).unwrap_or(i64::MAX);
+    let rows = txn
+        .query(
+            &format!(
+                "SELECT {CHANGE_COLUMNS} FROM petstore_changes ORDER BY revision DESC LIMIT $1"
+            ),
+            &[&limit],
+        )
+        .await
+        .or_engine("reading the change history")?;
+    txn.commit().await.or_engine("reading the change history")?;
+    let mut recent = rows.iter().map(change).collect::<Result<Vec<_>, _>>()?;
+    recent.reverse();
+    Ok(ChangeFeed::new(history, revision, recent))
+}
+
+const CHANGE_COLUMNS: &str = "revision, kind, id, name, species, birthday, idempotency_key";
+
+fn change(row: &Row) -> Result<Change, StorageError> {
+    let revision: i64 = row.try_get(0).map_err(corrupt)?;
+    let kind: i16 = row.try_get(1).map_err(corrupt)?;
+    let kind = ChangeKind::from_code(kind)
+        .ok_or_else(|| corrupt(format!("change {revision} has unknown kind {kind}")))?;
+    let id: String = row.try_get(2).map_err(corrupt)?;
+    let name: Option<String> = row.try_get(3).map_err(corrupt)?;
+    let species: Option<i16> = row.try_get(4).map_err(corrupt)?;
+    let birthday: Option<NaiveDate> = row.try_get(5).map_err(corrupt)?;
+    let record = match (name, species, birthday) {
+        (Some(name), Some(species), Some(birthday)) => Some(PetRecord {
+            id: id.clone(),
+            fields: PetFields {
+                name,
+                species: codec::species_from_code(i32::from(species))?,
+                birthday,
+            },
+            idempotency_key: row.try_get(6).map_err(corrupt)?,
+        }),
+        _ => None,
+    };
+    Ok(Change {
+        revision,
+        kind,
+        id,
+        record,
+    })
+}
+
+impl FeedReader {
+    /// Publishes every change committed after the feed's revision.
+    async fn read_new(&self) -> Result<(), StorageError> {
+        let _reading = self.reading.lock().await;
+        let client = self
+            .pool
+            .get()
+            .await
+            .or_engine("getting a database connection")?;
+        let statement = client
+            .prepare_cached(&format!(
+                "SELECT {CHANGE_COLUMNS} FROM petstore_changes
+                 WHERE revision > $1 ORDER BY revision LIMIT $2"
+            ))
+            .await
+            .or_engine("preparing a change read")?;
+        loop {
+            let rows = client
+                .query(&statement, &[&self.feed.current(), &READ_BATCH])
+                .await
+                .or_engine("reading changes")?;
+            let full = rows.len() as i64 >= READ_BATCH;
+            let changes = rows.iter().map(change).collect::<Result<Vec<_>, _>>()?;
+            self.feed.publish(changes);
+            if !full {
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// Reads new changes whenever woken, and every [`SAFETY_POLL`] regardless.
+async fn read_changes(reader: Arc<FeedReader>) {
+    loop {
+        if let Err(err) = reader.read_new().await {
+            tracing::warn!(error = %err, "cannot read the change table; retrying");
+        }
+        tokio::select! {
+            () = reader.wake.notified() => {}
+            () = tokio::time::sleep(SAFETY_POLL) => {}
+        }
+    }
+}
+
+/// Holds a connection that LISTENs for commits of any replica and wakes
+/// the reader; reconnects when it breaks.
+async fn listen(config: tokio_postgres::Config, reader: Arc<FeedReader>) {
+    use futures::StreamExt;
+    loop {
+        match config.connect(NoTls).await {
+            Ok((client, mut connection)) => {
+                let wake = Arc::clone(&reader);
+                let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+                let driven = tokio::spawn(async move {
+                    while let Some(message) = messages.next().await {
+                        match message {
+                            Ok(AsyncMessage::Notification(_)) => wake.wake.notify_one(),
+                            Ok(_) => {}
+                            Err(err) => {
+                                tracing::warn!(error = %err, "the listening connection failed");
+                                return;
+                            }
+                        }
+                    }
+                });
+                match client.batch_execute(&format!("LISTEN {CHANNEL}")).await {
+                    // Changes committed while not listening are read now.
+                    Ok(()) => reader.wake.notify_one(),
+                    Err(err) => tracing::warn!(error = %err, "cannot LISTEN for changes"),
+                }
+                // `client` lives until the connection ends.
+                let _ = driven.await;
+                drop(client);
+            }
+            Err(err) => tracing::warn!(error = %err, "cannot connect to listen for changes"),
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Numbers `pending` with the next revisions and stores them in `txn`,
+/// with a notification to every replica; drops changes older than the
+/// latest `history`. Call it last before the commit: from here to the
+/// commit, the revision row is locked and every other writer waits.
+async fn record_changes(
+    txn: &tokio_postgres::Transaction<'_>,
+    pending: Vec<PendingChange>,
+    history: usize,
+) -> Result<(), StorageError> {
+    if pending.is_empty() {
+        return Ok(());
+    }
+    let count = pending.len() as i64;
+    let last: i64 = txn
+        .query_one(
+            "UPDATE petstore_revision SET revision = revision + $1 RETURNING revision",
+            &[&count],
+        )
+        .await
+        .or_engine("taking revisions")?
+        .try_get(0)
+        .or_engine("taking revisions")?;
+    let first = last - count + 1;
+    let revisions: Vec<i64> = (first..=last).collect();
+    let kinds: Vec<i16> = pending.iter().map(|c| c.kind.code()).collect();
+    let ids: Vec<&str> = pending.iter().map(|c| c.id.as_str()).collect();
+    let records = || pending.iter().map(|c| c.record.as_ref());
+    let names: Vec<Option<&str>> = records()
+        .map(|r| r.map(|r| r.fields.name.as_str()))
+        .collect();
+    let species: Vec<Option<i16>> = records()
+        .map(|r| r.map(|r| species_code(r.fields.species)))
+        .collect();
+    let birthdays: Vec<Option<NaiveDate>> =
+        records().map(|r| r.map(|r| r.fields.birthday)).collect();
+    let keys: Vec<Option<&str>> = records()
+        .map(|r| r.and_then(|r| r.idempotency_key.as_deref()))
+        .collect();
+    txn.execute(
+        "INSERT INTO petstore_changes (revision, kind, id, name, species, birthday, idempotency_key)
+         SELECT * FROM unnest($1::bigint[], $2::smallint[], $3::text[], $4::text[],
+                              $5::smallint[], $6::date[], $7::text[])",
+        &[
+            &revisions, &kinds, &ids, &names, &species, &birthdays, &keys,
+        ],
+    )
+    .await
+    .or_engine("recording changes")?;
+    let keep_after = last.saturating_sub(i64::try_from(history).unwrap_or(i64::MAX));
+    if keep_after > 0 {
+        txn.execute(
+            "DELETE FROM petstore_changes WHERE revision <= $1",
+            &[&keep_after],
+        )
+        .await
+        .or_engine("compacting changes")?;
+    }
+    txn.execute("SELECT pg_notify($1, $2)", &[&CHANNEL, &last.to_string()])
+        .await
+        .or_engine("notifying replicas")?;
+    Ok(())
 }
 
 fn species_code(species: Species) -> i16 {
@@ -189,9 +494,21 @@ impl Storage for PostgresStorage {
             .await
             .or_engine("adding pets")?;
         let mut ids = Vec::with_capacity(pets.len());
-        for (row, (_, _, _, _, key)) in inserted.into_iter().zip(&rows) {
+        let mut changes = Vec::new();
+        for ((row, (_, _, _, _, key)), pet) in inserted.into_iter().zip(&rows).zip(pets) {
             match (row, key) {
-                (Some(row), _) => ids.push(Added::new(row.try_get(0).or_engine("reading an ID")?)),
+                (Some(row), _) => {
+                    let id: String = row.try_get(0).or_engine("reading an ID")?;
+                    changes.push(PendingChange::of(
+                        ChangeKind::Created,
+                        &PetRecord {
+                            id: id.clone(),
+                            fields: pet.fields.clone(),
+                            idempotency_key: pet.idempotency_key.clone(),
+                        },
+                    ));
+                    ids.push(Added::new(id));
+                }
                 // The key was taken (by a committed transaction, which the
                 // unique index waited for, or earlier in this batch).
                 (None, Some(key)) => {
@@ -209,16 +526,29 @@ impl Storage for PostgresStorage {
                 }
             }
         }
+        record_changes(&txn, changes, self.history).await?;
         txn.commit().await.or_engine("committing an add")?;
+        self.committed();
         Ok(ids)
     }
 
     async fn update(&self, pets: &[PetUpdate]) -> Result<(), StorageError> {
         let mut client = self.client().await?;
         let statement = client
-            .prepare_cached(
-                "UPDATE petstore_pets SET name = $2, species = $3, birthday = $4 WHERE id = $1",
-            )
+            // The old values say whether anything changed: an update to
+            // identical values announces no change.
+            .prepare_cached(&format!(
+                "WITH old AS (
+                     SELECT id, name, species, birthday FROM petstore_pets
+                     WHERE id = $1 FOR UPDATE
+                 )
+                 UPDATE petstore_pets p SET name = $2, species = $3, birthday = $4
+                 FROM old WHERE p.id = old.id
+                 RETURNING {RETURNED_COLUMNS},
+                     old.name IS DISTINCT FROM $2::text
+                     OR old.species IS DISTINCT FROM $3::smallint
+                     OR old.birthday IS DISTINCT FROM $4::date"
+            ))
             .await
             .or_engine("preparing an update")?;
         let txn = client.transaction().await.or_engine("starting an update")?;
@@ -238,30 +568,49 @@ impl Storage for PostgresStorage {
                 ]
             })
             .collect();
-        let counts = try_join_all(params.iter().map(|p| txn.execute(&statement, p)))
+        let updated = try_join_all(params.iter().map(|p| txn.query_opt(&statement, p)))
             .await
             .or_engine("updating pets")?;
-        if let Some(index) = counts.iter().position(|&n| n == 0) {
-            // Dropping the transaction rolls it back: nothing changes.
-            return Err(StorageError::NotFound {
-                index,
-                id: pets[index].id.clone(),
-            });
+        let mut changes = Vec::new();
+        for (index, row) in updated.iter().enumerate() {
+            let Some(row) = row else {
+                // Dropping the transaction rolls it back: nothing changes.
+                return Err(StorageError::NotFound {
+                    index,
+                    id: pets[index].id.clone(),
+                });
+            };
+            let changed: bool = row.try_get(5).or_engine("updating pets")?;
+            if changed {
+                changes.push(PendingChange::of(ChangeKind::Updated, &record(row)?));
+            }
         }
-        txn.commit().await.or_engine("committing an update")
+        record_changes(&txn, changes, self.history).await?;
+        txn.commit().await.or_engine("committing an update")?;
+        self.committed();
+        Ok(())
     }
 
     async fn delete(&self, ids: &[String]) -> Result<(), StorageError> {
-        let client = self.client().await?;
+        let mut client = self.client().await?;
         let statement = client
-            .prepare_cached("DELETE FROM petstore_pets WHERE id = ANY($1)")
+            .prepare_cached("DELETE FROM petstore_pets WHERE id = ANY($1) RETURNING id")
             .await
             .or_engine("preparing a delete")?;
-        // One statement is one transaction: all or nothing.
-        client
-            .execute(&statement, &[&ids])
+        let txn = client.transaction().await.or_engine("starting a delete")?;
+        let rows = txn
+            .query(&statement, &[&ids])
             .await
             .or_engine("deleting pets")?;
+        // Unknown IDs delete nothing and announce nothing.
+        let mut changes = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let id: String = row.try_get(0).or_engine("deleting pets")?;
+            changes.push(PendingChange::deleted(&id));
+        }
+        record_changes(&txn, changes, self.history).await?;
+        txn.commit().await.or_engine("committing a delete")?;
+        self.committed();
         Ok(())
     }
 
@@ -354,7 +703,33 @@ impl Storage for PostgresStorage {
                 });
             }
         }
-        txn.commit().await.or_engine("committing key changes")
+        // Setting the key a pet already has changes nothing.
+        let changed: Vec<String> = changes
+            .iter()
+            .filter(|c| c.expected_key != c.new_key)
+            .map(|c| c.id.clone())
+            .collect();
+        let rows = txn
+            .query(
+                &format!("SELECT {COLUMNS} FROM petstore_pets WHERE id = ANY($1)"),
+                &[&changed],
+            )
+            .await
+            .or_engine("reading changed keys")?;
+        let mut after: HashMap<String, PetRecord> = HashMap::with_capacity(rows.len());
+        for row in &rows {
+            let record = record(row)?;
+            after.insert(record.id.clone(), record);
+        }
+        let published = changed
+            .iter()
+            .filter_map(|id| after.get(id))
+            .map(|record| PendingChange::of(ChangeKind::KeyChanged, record))
+            .collect();
+        record_changes(&txn, published, self.history).await?;
+        txn.commit().await.or_engine("committing key changes")?;
+        self.committed();
+        Ok(())
     }
 
     async fn search_page(
@@ -402,6 +777,14 @@ impl Storage for PostgresStorage {
             fill.scan(Cursor::after(&record, by_name), Some(Cow::Owned(record)));
         }
         Ok(fill.end())
+    }
+
+    fn feed(&self) -> &ChangeFeed {
+        &self.feed.feed
+    }
+
+    async fn catch_up(&self) -> Result<(), StorageError> {
+        self.feed.read_new().await
     }
 }
 

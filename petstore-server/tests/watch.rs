@@ -1,0 +1,702 @@
+//! WatchPets, the store's change feed: one suite run against every backend
+//! through a real server on loopback TCP and a tonic client, plus what only
+//! one backend can show (two PostgreSQL replicas, a durable reopen) and
+//! what the service does the same for all (slow watchers, shutdown).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use petstore_proto::PetStoreClient;
+use petstore_proto::google::r#type::Date;
+use petstore_proto::petstore::{self as pb, PetType, pet_change::Kind};
+use petstore_server::server::ServeOptions;
+use petstore_server::service::Observability;
+use petstore_server::storage::{PostgresConfig, Storage, StorageConfig};
+use petstore_server::watch::WatchOptions;
+use tonic::transport::Channel;
+use tonic::{Code, Streaming};
+
+/// Progress on idle streams comes this often in these tests.
+const PROGRESS: Duration = Duration::from_millis(200);
+/// Longest wait for any one expected message.
+const PATIENCE: Duration = Duration::from_secs(10);
+
+struct Running {
+    client: PetStoreClient<Channel>,
+    addr: std::net::SocketAddr,
+    observability: Observability,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    server: tokio::task::JoinHandle<()>,
+    _dir: Arc<tempfile::TempDir>,
+}
+
+impl Running {
+    /// A client on a connection of its own, as another process would have.
+    async fn another_client(&self) -> PetStoreClient<Channel> {
+        connect(self.addr).await
+    }
+
+    async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        tokio::time::timeout(PATIENCE, &mut self.server)
+            .await
+            .expect("the server drains in time")
+            .expect("server task");
+    }
+}
+
+async fn connect(addr: std::net::SocketAddr) -> PetStoreClient<Channel> {
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    PetStoreClient::new(channel)
+}
+
+async fn serve(
+    storage: Arc<dyn Storage>,
+    dir: Arc<tempfile::TempDir>,
+    watch: WatchOptions,
+) -> Running {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let observability = Observability::default();
+    let options = ServeOptions {
+        observability: observability.clone(),
+        watch,
+        ..Default::default()
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        petstore_server::server::serve(listener, storage, options, async {
+            let _ = stopped.await;
+        })
+        .await
+        .expect("serve");
+    });
+    Running {
+        client: connect(addr).await,
+        addr,
+        observability,
+        stop: Some(stop),
+        server,
+        _dir: dir,
+    }
+}
+
+fn watch_options() -> WatchOptions {
+    WatchOptions {
+        progress_interval: PROGRESS,
+        ..Default::default()
+    }
+}
+
+/// A fresh, empty database on the PostgreSQL server this test binary
+/// started (a real one, on 127.0.0.1; see fixtures::postgres).
+fn postgres_config() -> PostgresConfig {
+    let server = fixtures::postgres::shared().expect("start PostgreSQL");
+    let url = server.new_database("watch").expect("create database");
+    let mut config: tokio_postgres::Config = url.parse().expect("url");
+    let password = std::fs::read_to_string(&server.password_file).expect("password");
+    config.password(password.trim_end());
+    PostgresConfig {
+        config,
+        pool_size: 4,
+        connect_timeout: Duration::from_secs(10),
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Backend {
+    Memory,
+    Durable,
+    Postgres,
+}
+
+impl Backend {
+    async fn config(self, dir: &tempfile::TempDir) -> StorageConfig {
+        match self {
+            Backend::Memory => StorageConfig::Memory,
+            Backend::Durable => StorageConfig::durable(dir.path().join("pets.redb")),
+            Backend::Postgres => StorageConfig::Postgres(Box::new(
+                tokio::task::spawn_blocking(postgres_config)
+                    .await
+                    .expect("postgres config"),
+            )),
+        }
+    }
+}
+
+async fn start_with_history(backend: Backend, history: usize) -> Running {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let storage = backend
+        .config(&dir)
+        .await
+        .open_with_history(history)
+        .await
+        .expect("open storage");
+    serve(storage, Arc::new(dir), watch_options()).await
+}
+
+async fn start(backend: Backend) -> Running {
+    start_with_history(backend, 1000).await
+}
+
+fn pet(name: &str, key: &str) -> pb::Pet {
+    pb::Pet {
+        name: name.into(),
+        r#type: PetType::PtCanine.into(),
+        birthday: Some(Date {
+            year: 2021,
+            month: 4,
+            day: 1,
+        }),
+        idempotency_key: key.into(),
+        ..Default::default()
+    }
+}
+
+async fn add(client: &mut PetStoreClient<Channel>, pets: Vec<pb::Pet>) -> Vec<String> {
+    client
+        .add_pets(pb::AddPetsReq { pets })
+        .await
+        .expect("add")
+        .into_inner()
+        .ids
+}
+
+async fn watch(
+    client: &mut PetStoreClient<Channel>,
+    after_revision: i64,
+) -> Streaming<pb::WatchPetsResp> {
+    client
+        .watch_pets(pb::WatchPetsReq { after_revision })
+        .await
+        .expect("watch")
+        .into_inner()
+}
+
+async fn watch_refused(client: &mut PetStoreClient<Channel>, after_revision: i64) -> tonic::Status {
+    match client.watch_pets(pb::WatchPetsReq { after_revision }).await {
+        Err(status) => status,
+        // The status may come as the stream's first item.
+        Ok(response) => response
+            .into_inner()
+            .message()
+            .await
+            .expect_err("the watch should be refused"),
+    }
+}
+
+async fn next(stream: &mut Streaming<pb::WatchPetsResp>) -> pb::WatchPetsResp {
+    tokio::time::timeout(PATIENCE, stream.message())
+        .await
+        .expect("a message in time")
+        .expect("the stream goes on")
+        .expect("the stream is open")
+}
+
+/// Reads until `count` changes have arrived, checking that each message's
+/// changes are in order and that none comes twice.
+async fn changes(stream: &mut Streaming<pb::WatchPetsResp>, count: usize) -> Vec<pb::PetChange> {
+    let mut seen: Vec<pb::PetChange> = Vec::new();
+    while seen.len() < count {
+        let message = next(stream).await;
+        for change in message.changes {
+            assert!(
+                message.revision >= change.revision,
+                "a message's revision covers its changes"
+            );
+            seen.push(change);
+        }
+    }
+    assert_increasing(&seen);
+    assert_eq!(seen.len(), count, "no more changes than made: {seen:?}");
+    seen
+}
+
+fn assert_increasing(changes: &[pb::PetChange]) {
+    for pair in changes.windows(2) {
+        assert!(
+            pair[0].revision < pair[1].revision,
+            "revisions strictly increase: {changes:?}"
+        );
+    }
+}
+
+/// Waits for a progress message (one without changes), failing on any
+/// change: the writes so far must all have been seen.
+async fn progress(stream: &mut Streaming<pb::WatchPetsResp>) -> i64 {
+    let message = next(stream).await;
+    assert!(
+        message.changes.is_empty(),
+        "unexpected changes: {message:?}"
+    );
+    message.revision
+}
+
+fn kinds(changes: &[pb::PetChange]) -> Vec<Kind> {
+    changes.iter().map(|c| c.kind()).collect()
+}
+
+/// Makes one change of each kind: creates two pets, updates the first,
+/// gives it a key and deletes the second. Returns the two IDs.
+async fn one_of_each(client: &mut PetStoreClient<Channel>) -> Vec<String> {
+    let ids = add(client, vec![pet("Thor", ""), pet("Tron", "uid-tron")]).await;
+    client
+        .update_pets(pb::UpdatePetsReq {
+            pets: vec![pb::Pet {
+                id: ids[0].clone(),
+                ..pet("Thor II", "")
+            }],
+        })
+        .await
+        .expect("update");
+    client
+        .set_idempotency_keys(pb::SetIdempotencyKeysReq {
+            changes: vec![pb::KeyChange {
+                id: ids[0].clone(),
+                expected_key: String::new(),
+                new_key: "uid-thor".into(),
+            }],
+        })
+        .await
+        .expect("set key");
+    client
+        .delete_pets(pb::DeletePetsReq {
+            ids: vec![ids[1].clone()],
+        })
+        .await
+        .expect("delete");
+    ids
+}
+
+/// Writes that change no record: each must announce nothing.
+async fn no_ops(client: &mut PetStoreClient<Channel>, id: &str) {
+    // Same values as stored.
+    client
+        .update_pets(pb::UpdatePetsReq {
+            pets: vec![pb::Pet {
+                id: id.to_owned(),
+                ..pet("Thor II", "")
+            }],
+        })
+        .await
+        .expect("identical update");
+    // A missing ID.
+    client
+        .delete_pets(pb::DeletePetsReq {
+            ids: vec!["no-such-pet".into()],
+        })
+        .await
+        .expect("delete missing");
+    // The key it has.
+    client
+        .set_idempotency_keys(pb::SetIdempotencyKeysReq {
+            changes: vec![pb::KeyChange {
+                id: id.to_owned(),
+                expected_key: "uid-thor".into(),
+                new_key: "uid-thor".into(),
+            }],
+        })
+        .await
+        .expect("same key");
+    // A key that already names a pet: AddPets creates nothing.
+    add(client, vec![pet("Thor", "uid-thor")]).await;
+    // A refused update.
+    client
+        .update_pets(pb::UpdatePetsReq {
+            pets: vec![
+                pb::Pet {
+                    id: id.to_owned(),
+                    ..pet("Changed", "")
+                },
+                pb::Pet {
+                    id: "no-such-pet".into(),
+                    ..pet("Ghost", "")
+                },
+            ],
+        })
+        .await
+        .expect_err("unknown ID");
+}
+
+// ---- the suite -------------------------------------------------------------
+
+async fn every_kind_arrives_once_in_order(backend: Backend) {
+    let mut s = start(backend).await;
+    let mut stream = watch(&mut s.client, 0).await;
+    let start = progress(&mut stream).await;
+    assert_eq!(start, 0, "an empty store is at revision 0");
+
+    let ids = one_of_each(&mut s.client).await;
+    no_ops(&mut s.client, &ids[0]).await;
+    let seen = changes(&mut stream, 5).await;
+    assert_eq!(
+        kinds(&seen),
+        [
+            Kind::Created,
+            Kind::Created,
+            Kind::Updated,
+            Kind::KeyChanged,
+            Kind::Deleted
+        ]
+    );
+    let seen_ids: Vec<&str> = seen.iter().map(|c| c.id.as_str()).collect();
+    assert_eq!(seen_ids, [&ids[0], &ids[1], &ids[0], &ids[0], &ids[1]]);
+    assert!(seen[0].revision > start);
+    let created = seen[1].pet.as_ref().expect("a created pet");
+    assert_eq!(
+        (created.name.as_str(), created.idempotency_key.as_str()),
+        ("Tron", "uid-tron")
+    );
+    let updated = seen[2].pet.as_ref().expect("an updated pet");
+    assert_eq!(updated.name, "Thor II");
+    let keyed = seen[3].pet.as_ref().expect("a re-keyed pet");
+    assert_eq!(
+        (keyed.name.as_str(), keyed.idempotency_key.as_str()),
+        ("Thor II", "uid-thor")
+    );
+    assert_eq!(seen[4].pet, None, "a deletion carries no record");
+
+    // The no-ops announced nothing: the next message is progress, at the
+    // last change's revision.
+    assert_eq!(progress(&mut stream).await, seen[4].revision);
+    s.stop().await;
+}
+
+async fn a_client_resumes_after_the_revision_it_saw(backend: Backend) {
+    let mut s = start(backend).await;
+    let mut first = watch(&mut s.client, 0).await;
+    progress(&mut first).await;
+    one_of_each(&mut s.client).await;
+    let all = changes(&mut first, 5).await;
+
+    let mut resumed = watch(&mut s.client, all[1].revision).await;
+    assert_eq!(changes(&mut resumed, 3).await, all[2..]);
+    assert_eq!(progress(&mut resumed).await, all[4].revision);
+
+    // At the current revision: progress at once, then new changes.
+    let mut current = watch(&mut s.client, all[4].revision).await;
+    assert_eq!(progress(&mut current).await, all[4].revision);
+    add(&mut s.client, vec![pet("Late", "")]).await;
+    let late = changes(&mut current, 1).await;
+    assert_eq!(late[0].kind(), Kind::Created);
+    assert!(late[0].revision > all[4].revision);
+    s.stop().await;
+}
+
+async fn compacted_history_is_out_of_range(backend: Backend) {
+    let mut s = start_with_history(backend, 3).await;
+    for name in ["a", "b", "c", "d", "e", "f"] {
+        add(&mut s.client, vec![pet(name, "")]).await;
+    }
+    let mut stream = watch(&mut s.client, 0).await;
+    let current = progress(&mut stream).await;
+    assert_eq!(current, 6);
+    let status = watch_refused(&mut s.client, 1).await;
+    assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
+    assert_eq!(
+        status.message(),
+        "after_revision 1 is compacted: history starts after revision 3; re-read and watch from the current revision"
+    );
+    // The oldest kept start still works.
+    let mut oldest = watch(&mut s.client, 3).await;
+    let kept = changes(&mut oldest, 3).await;
+    let revisions: Vec<i64> = kept.iter().map(|c| c.revision).collect();
+    assert_eq!(revisions, [4, 5, 6]);
+    s.stop().await;
+}
+
+async fn idle_streams_get_progress(backend: Backend) {
+    let mut s = start(backend).await;
+    add(&mut s.client, vec![pet("Thor", "")]).await;
+    let mut stream = watch(&mut s.client, 0).await;
+    let started = tokio::time::Instant::now();
+    for _ in 0..4 {
+        assert_eq!(progress(&mut stream).await, 1);
+    }
+    // The first at once, three more a progress interval apart.
+    let took = started.elapsed();
+    assert!(took >= PROGRESS * 3 - Duration::from_millis(50), "{took:?}");
+    assert!(took < PROGRESS * 3 + Duration::from_secs(2), "{took:?}");
+    s.stop().await;
+}
+
+async fn bad_revisions_are_invalid_arguments(backend: Backend) {
+    let mut s = start(backend).await;
+    add(&mut s.client, vec![pet("Thor", "")]).await;
+    for after in [-1, 2, i64::MAX] {
+        let status = watch_refused(&mut s.client, after).await;
+        assert_eq!(status.code(), Code::InvalidArgument, "{after}: {status:?}");
+        assert!(
+            status.message().starts_with("after_revision"),
+            "{after}: {status:?}"
+        );
+    }
+    s.stop().await;
+}
+
+macro_rules! suite {
+    ($($case:ident),* $(,)?) => {
+        mod memory {
+            $( #[tokio::test] async fn $case() { super::$case(super::Backend::Memory).await } )*
+        }
+        mod durable {
+            $( #[tokio::test] async fn $case() { super::$case(super::Backend::Durable).await } )*
+        }
+        mod postgres {
+            $( #[tokio::test] async fn $case() { super::$case(super::Backend::Postgres).await } )*
+        }
+    };
+}
+
+suite!(
+    every_kind_arrives_once_in_order,
+    a_client_resumes_after_the_revision_it_saw,
+    compacted_history_is_out_of_range,
+    idle_streams_get_progress,
+    bad_revisions_are_invalid_arguments,
+);
+
+// ---- the service, the same for every backend -------------------------------
+
+// A client that stops reading while thousands of changes happen: its stream
+// ends with RESOURCE_EXHAUSTED after a bounded number of messages, naming
+// the last revision it got; a watcher on another connection gets them all.
+#[tokio::test]
+async fn a_slow_watcher_is_ended_and_others_are_not() {
+    const WRITES: usize = 3000;
+    let dir = Arc::new(tempfile::tempdir().expect("tempdir"));
+    let storage = StorageConfig::Memory.open().await.expect("memory");
+    let options = WatchOptions {
+        buffer: 4,
+        batch: 1,
+        slow_after: Duration::from_millis(300),
+        ..watch_options()
+    };
+    let mut s = serve(storage, dir, options).await;
+    // A small HTTP/2 window, so the client's unread bytes stop the server
+    // after some 16 KiB rather than hyper's default 2 MiB.
+    let slow_channel = Channel::from_shared(format!("http://{}", s.addr))
+        .expect("uri")
+        .initial_stream_window_size(Some(16 * 1024))
+        .connect()
+        .await
+        .expect("connect");
+    let mut slow_client = PetStoreClient::new(slow_channel);
+    let mut slow = watch(&mut slow_client, 0).await;
+    let mut fast_client = s.another_client().await;
+    let mut fast = watch(&mut fast_client, 0).await;
+    progress(&mut fast).await;
+    let reader = tokio::spawn(async move {
+        let seen = changes(&mut fast, WRITES).await;
+        (seen, fast)
+    });
+    for batch in 0..WRITES / 100 {
+        let pets = (0..100)
+            .map(|i| pet(&format!("pet-{batch}-{i}"), ""))
+            .collect();
+        add(&mut s.client, pets).await;
+    }
+    let (seen, _fast) = tokio::time::timeout(PATIENCE, reader)
+        .await
+        .expect("the fast watcher keeps up")
+        .expect("reader");
+    assert_eq!(seen.last().map(|c| c.revision), Some(WRITES as i64));
+
+    // The slow client has still read nothing, for longer than the store
+    // waits for room in its buffer.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The slow stream now yields what it had buffered, then the status.
+    let mut last_seen = 0;
+    let mut messages = 0;
+    let status = loop {
+        match tokio::time::timeout(PATIENCE, slow.message())
+            .await
+            .expect("the slow stream answers")
+        {
+            Ok(Some(message)) => {
+                messages += 1;
+                assert!(messages <= WRITES, "the slow stream was never ended");
+                last_seen = message.changes.last().map_or(last_seen, |c| c.revision);
+            }
+            Ok(None) => panic!("the slow stream ended without a status"),
+            Err(status) => break status,
+        }
+    };
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status
+            .message()
+            .contains(&format!("the last revision delivered is {last_seen},")),
+        "{status:?} after revision {last_seen}"
+    );
+    assert!(
+        messages < WRITES,
+        "ended before it could hold every change: {messages} messages"
+    );
+    let metrics = s.observability.metrics.encode().expect("metrics");
+    assert!(
+        metrics.contains("petstore_server_watch_terminated_total{reason=\"slow\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(&format!("petstore_server_watch_revision {WRITES}")),
+        "{metrics}"
+    );
+
+    // Catching up on a long history fills the buffer as fast, but a client
+    // that reads frees it: it gets everything.
+    let mut late = watch(&mut s.client, 1).await;
+    let caught_up = changes(&mut late, WRITES - 1).await;
+    assert_eq!(caught_up.first().map(|c| c.revision), Some(2));
+    let metrics = s.observability.metrics.encode().expect("metrics");
+    assert!(
+        metrics.contains("petstore_server_watch_terminated_total{reason=\"slow\"} 1"),
+        "{metrics}"
+    );
+    s.stop().await;
+}
+
+// Stopping the server ends open watch streams (UNAVAILABLE, naming where to
+// resume) instead of waiting for them forever.
+#[tokio::test]
+async fn stopping_the_server_ends_watch_streams() {
+    let mut s = start(Backend::Memory).await;
+    add(&mut s.client, vec![pet("Thor", "")]).await;
+    let mut stream = watch(&mut s.client, 0).await;
+    assert_eq!(progress(&mut stream).await, 1);
+    let metrics = s.observability.metrics.encode().expect("metrics");
+    assert!(metrics.contains("petstore_server_watchers 1"), "{metrics}");
+    let observability = s.observability.clone();
+    s.stop().await;
+    let status = loop {
+        match tokio::time::timeout(PATIENCE, stream.message())
+            .await
+            .expect("the stream ends")
+        {
+            Ok(Some(message)) => assert!(message.changes.is_empty()),
+            Ok(None) => panic!("the stream ended without a status"),
+            Err(status) => break status,
+        }
+    };
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(status.message().contains("after_revision 1"), "{status:?}");
+    let metrics = observability.metrics.encode().expect("metrics");
+    assert!(metrics.contains("petstore_server_watchers 0"), "{metrics}");
+    assert!(
+        metrics.contains("petstore_server_watch_terminated_total{reason=\"shutdown\"} 1"),
+        "{metrics}"
+    );
+}
+
+// ---- durable ----------------------------------------------------------------
+
+// Revisions and history survive a reopen: a client resumes across it, and
+// new changes continue after the old revisions.
+#[tokio::test]
+async fn durable_history_survives_a_reopen() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = StorageConfig::durable(dir.path().join("pets.redb"));
+    let dir = Arc::new(dir);
+    let mut s = serve(
+        config.open().await.expect("open"),
+        Arc::clone(&dir),
+        watch_options(),
+    )
+    .await;
+    let mut stream = watch(&mut s.client, 0).await;
+    progress(&mut stream).await;
+    one_of_each(&mut s.client).await;
+    let before = changes(&mut stream, 5).await;
+    drop(stream);
+    s.stop().await;
+
+    let mut s = serve(config.open().await.expect("reopen"), dir, watch_options()).await;
+    let mut resumed = watch(&mut s.client, before[1].revision).await;
+    assert_eq!(changes(&mut resumed, 3).await, before[2..]);
+    add(&mut s.client, vec![pet("After", "")]).await;
+    let after = changes(&mut resumed, 1).await;
+    assert_eq!(after[0].revision, before[4].revision + 1);
+    s.stop().await;
+}
+
+// ---- PostgreSQL: two replicas ------------------------------------------------
+
+// Two store replicas on one database, writes through both (concurrent
+// ones too): a watcher on each sees the same changes, every one once, in
+// the same revision order, with no gap.
+#[tokio::test]
+async fn postgres_replicas_see_one_sequence() {
+    let config = tokio::task::spawn_blocking(postgres_config)
+        .await
+        .expect("postgres config");
+    let dir = Arc::new(tempfile::tempdir().expect("tempdir"));
+    let mut replicas = Vec::new();
+    for _ in 0..2 {
+        let storage = StorageConfig::Postgres(Box::new(config.clone()))
+            .open()
+            .await
+            .expect("open replica");
+        replicas.push(serve(storage, Arc::clone(&dir), watch_options()).await);
+    }
+    let mut streams = Vec::new();
+    for replica in &mut replicas {
+        let mut stream = watch(&mut replica.client, 0).await;
+        assert_eq!(progress(&mut stream).await, 0);
+        streams.push(stream);
+    }
+    let (a, b) = replicas.split_at_mut(1);
+    let (a, b) = (&mut a[0], &mut b[0]);
+    let ids = add(&mut a.client, vec![pet("Thor", "")]).await;
+    b.client
+        .update_pets(pb::UpdatePetsReq {
+            pets: vec![pb::Pet {
+                id: ids[0].clone(),
+                ..pet("Thor II", "")
+            }],
+        })
+        .await
+        .expect("update through b");
+    // Concurrent writes through both.
+    let mut writers = Vec::new();
+    for (n, replica) in [&*a, &*b].into_iter().enumerate() {
+        for w in 0..5 {
+            let mut client = replica.another_client().await;
+            writers.push(tokio::spawn(async move {
+                for i in 0..4 {
+                    add(&mut client, vec![pet(&format!("r{n}-w{w}-{i}"), "")]).await;
+                }
+            }));
+        }
+    }
+    for writer in writers {
+        writer.await.expect("writer");
+    }
+    b.client
+        .delete_pets(pb::DeletePetsReq { ids })
+        .await
+        .expect("delete through b");
+    let total = 2 + 2 * 5 * 4 + 1;
+    let mut sequences = Vec::new();
+    for stream in &mut streams {
+        sequences.push(changes(stream, total).await);
+    }
+    assert_eq!(sequences[0], sequences[1], "both replicas see one sequence");
+    let revisions: Vec<i64> = sequences[0].iter().map(|c| c.revision).collect();
+    assert_eq!(revisions, (1..=total as i64).collect::<Vec<_>>(), "no gap");
+    assert_eq!(sequences[0][1].kind(), Kind::Updated);
+    assert_eq!(sequences[0][total - 1].kind(), Kind::Deleted);
+    // A revision seen on one replica resumes on the other.
+    let mut resumed = watch(&mut b.client, revisions[total - 3]).await;
+    assert_eq!(changes(&mut resumed, 2).await, sequences[0][total - 2..]);
+    for replica in replicas {
+        replica.stop().await;
+    }
+}
