@@ -249,11 +249,24 @@ impl Follower {
     }
 
     fn handle(&self, changes: &[RecordChange]) {
-        if changes.is_empty() {
+        // Our own writes coming back, recognised in O(1) (see
+        // crate::store::echoes); only the rest look for their Pet.
+        let echoes = self.ctx.store.echoes();
+        let others: Vec<&RecordChange> = changes
+            .iter()
+            .filter(|change| {
+                let echo = echoes.is_some_and(|echoes| echoes.is_echo(change));
+                if echo {
+                    self.ctx.metrics.feed_change(Verdict::InSync);
+                }
+                !echo
+            })
+            .collect();
+        if others.is_empty() {
             return;
         }
         let index = PetIndex::new(self.cache.state());
-        for change in changes {
+        for change in others {
             let pet = index.pet_for(change);
             let verdict = verdict(change, pet.map(Arc::as_ref));
             self.ctx.metrics.feed_change(verdict);
@@ -298,6 +311,9 @@ impl Follower {
     }
 
     fn set_live(&self, live: bool) {
+        if let Some(echoes) = self.ctx.store.echoes() {
+            echoes.set_enabled(live);
+        }
         self.ctx.poll.set_feed_live(live);
         self.ctx.metrics.set_feed_connected(live);
     }
@@ -321,7 +337,7 @@ mod tests {
             PetSpec {
                 name: "Thor".into(),
                 kind: PetKind::Dog,
-                birthday: "2021-04-01T00:00:00Z".parse().expect("a timestamp"),
+                birthday: NaiveDate::from_ymd_opt(2021, 4, 1).expect("a date"),
                 deletion_policy: None,
             },
         );

@@ -14,6 +14,7 @@ use tonic::{Code, Status};
 use tracing::Instrument;
 
 use super::budget::CallBudget;
+use super::echoes::Echoes;
 use super::mapping::{from_proto, to_proto};
 use super::{
     Created, Feed, FeedBatch, Lookup, Operation, PetData, PetStore, Record, RecordChange,
@@ -42,6 +43,7 @@ pub struct GrpcPetStore {
     client: StoreClient,
     metrics: Arc<Metrics>,
     budget: Arc<CallBudget>,
+    echoes: Arc<Echoes>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -132,6 +134,7 @@ impl GrpcPetStore {
             client: PetStoreClient::with_interceptor(channel, PropagateTrace),
             metrics,
             budget: Arc::new(CallBudget::unlimited()),
+            echoes: Arc::default(),
         })
     }
 
@@ -318,7 +321,12 @@ impl PetStore for GrpcPetStore {
         Ok(lookup)
     }
 
+    fn echoes(&self) -> Option<&Echoes> {
+        Some(&self.echoes)
+    }
+
     async fn create(&self, key: &str, pet: &PetData) -> Result<Created, StoreError> {
+        self.echoes.create(key, pet);
         let request = pb::AddPetsReq {
             pets: vec![to_proto("", key, pet)],
         };
@@ -339,6 +347,7 @@ impl PetStore for GrpcPetStore {
     }
 
     async fn update(&self, id: &str, pet: &PetData) -> Result<(), StoreError> {
+        self.echoes.update(id, pet);
         let request = pb::UpdatePetsReq {
             pets: vec![to_proto(id, "", pet)],
         };
@@ -357,6 +366,7 @@ impl PetStore for GrpcPetStore {
     }
 
     async fn delete(&self, id: &str) -> Result<(), StoreError> {
+        self.echoes.delete(id);
         let request = pb::DeletePetsReq {
             ids: vec![id.to_owned()],
         };
@@ -369,6 +379,7 @@ impl PetStore for GrpcPetStore {
     }
 
     async fn set_key(&self, id: &str, expected: &str, new: &str) -> Result<(), StoreError> {
+        self.echoes.set_key(id, new);
         let request = pb::SetIdempotencyKeysReq {
             changes: vec![pb::KeyChange {
                 id: id.to_owned(),

@@ -4,6 +4,7 @@
 //! [`grpc::GrpcPetStore`] is the real one; tests use a fake.
 
 pub mod budget;
+pub mod echoes;
 pub mod grpc;
 pub mod mapping;
 
@@ -327,6 +328,12 @@ pub trait PetStore: Send + Sync + 'static {
         Err(StoreError::Unimplemented {
             operation: Operation::Watch,
         })
+    }
+
+    /// The operator's own writes, noted for the change feed to recognise
+    /// (see [`echoes`]); `None` for a store that does not note them.
+    fn echoes(&self) -> Option<&echoes::Echoes> {
+        None
     }
 
     /// Whether the store answers, and with the extensions: one read by a

@@ -1,0 +1,218 @@
+//! The operator's own writes, expected back on the store's change feed.
+//!
+//! Every write the operator makes comes back as a change. Telling such an
+//! echo apart by finding its Pet would cost a pass over every Pet per change
+//! (measured: a quarter of the operator's CPU while converging 5,000 Pets).
+//! So each write notes what it expects to see, by record ID, or by key for a
+//! create (whose ID the store picks), and the matching change is an echo in
+//! O(1). Only a change nobody expected, or one that differs from what was
+//! written, goes on to find its Pet.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use super::{PetData, RecordChange};
+
+/// An expectation unmet for this long is dropped: its write changed nothing
+/// (the store then sends no change), or failed.
+const EXPECTED_FOR: Duration = Duration::from_secs(30);
+/// Expired expectations are swept once there are this many.
+const SWEEP_ABOVE: usize = 1024;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Expected {
+    /// The record with this data (any key).
+    Data(PetData),
+    /// The record with this key (any data).
+    Key(String),
+    Deleted,
+}
+
+#[derive(Default)]
+pub struct Echoes {
+    /// Only while the feed is followed; otherwise nothing would meet them.
+    enabled: AtomicBool,
+    expected: Mutex<Expectations>,
+}
+
+#[derive(Default)]
+struct Expectations {
+    by_id: HashMap<String, (Expected, Instant)>,
+    /// Creates: by idempotency key, with the data sent.
+    by_key: HashMap<String, (PetData, Instant)>,
+    swept: Option<Instant>,
+}
+
+impl Echoes {
+    pub fn set_enabled(&self, enabled: bool) {
+        self.enabled.store(enabled, Ordering::Relaxed);
+        if !enabled {
+            let mut expected = self.expected();
+            expected.by_id.clear();
+            expected.by_key.clear();
+        }
+    }
+
+    fn expected(&self) -> MutexGuard<'_, Expectations> {
+        // Plain maps; a panic elsewhere cannot leave them inconsistent.
+        self.expected.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn enabled(&self) -> bool {
+        self.enabled.load(Ordering::Relaxed)
+    }
+
+    pub fn create(&self, key: &str, data: &PetData) {
+        if self.enabled() && !key.is_empty() {
+            let mut expected = self.expected();
+            expected
+                .by_key
+                .insert(key.to_owned(), (data.clone(), Instant::now()));
+            expected.sweep();
+        }
+    }
+
+    pub fn update(&self, id: &str, data: &PetData) {
+        self.by_id(id, Expected::Data(data.clone()));
+    }
+
+    pub fn delete(&self, id: &str) {
+        self.by_id(id, Expected::Deleted);
+    }
+
+    pub fn set_key(&self, id: &str, key: &str) {
+        self.by_id(id, Expected::Key(key.to_owned()));
+    }
+
+    fn by_id(&self, id: &str, what: Expected) {
+        if self.enabled() {
+            let mut expected = self.expected();
+            expected.by_id.insert(id.to_owned(), (what, Instant::now()));
+            expected.sweep();
+        }
+    }
+
+    /// Whether `change` is what one of our writes expected; it is then
+    /// expected no more.
+    pub fn is_echo(&self, change: &RecordChange) -> bool {
+        let mut expected = self.expected();
+        if let Some((what, _)) = expected.by_id.get(&change.id) {
+            let met = match (what, &change.record) {
+                (Expected::Deleted, None) => true,
+                (Expected::Data(data), Some(record)) => record.data == *data,
+                (Expected::Key(key), Some(record)) => record.key == *key,
+                _ => false,
+            };
+            if met {
+                expected.by_id.remove(&change.id);
+                return true;
+            }
+        }
+        if let Some(record) = &change.record
+            && let Some((data, _)) = expected.by_key.get(&record.key)
+            && record.data == *data
+        {
+            expected.by_key.remove(&record.key);
+            return true;
+        }
+        false
+    }
+}
+
+impl Expectations {
+    fn sweep(&mut self) {
+        if self.by_id.len() + self.by_key.len() < SWEEP_ABOVE
+            || self.swept.is_some_and(|at| at.elapsed() < EXPECTED_FOR)
+        {
+            return;
+        }
+        let now = Instant::now();
+        self.by_id
+            .retain(|_, (_, at)| now.duration_since(*at) < EXPECTED_FOR);
+        self.by_key
+            .retain(|_, (_, at)| now.duration_since(*at) < EXPECTED_FOR);
+        self.swept = Some(now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::NaiveDate;
+
+    use super::*;
+    use crate::crd::PetKind;
+    use crate::store::Record;
+
+    fn data(name: &str) -> PetData {
+        PetData {
+            name: name.into(),
+            kind: PetKind::Cat,
+            birthday: NaiveDate::from_ymd_opt(2020, 6, 25).expect("a date"),
+        }
+    }
+
+    fn change(id: &str, key: &str, name: &str) -> RecordChange {
+        RecordChange {
+            revision: 1,
+            id: id.into(),
+            record: Some(Record {
+                id: id.into(),
+                key: key.into(),
+                data: data(name),
+            }),
+        }
+    }
+
+    #[test]
+    fn each_write_meets_its_own_change_once() {
+        let echoes = Echoes::default();
+        echoes.set_enabled(true);
+        echoes.create("uid-1", &data("Tron"));
+        echoes.update("r-2", &data("Thor"));
+        echoes.set_key("r-3", "");
+        echoes.delete("r-4");
+        assert!(echoes.is_echo(&change("r-1", "uid-1", "Tron")));
+        assert!(echoes.is_echo(&change("r-2", "uid-2", "Thor")));
+        assert!(echoes.is_echo(&change("r-3", "", "Rex")));
+        let deleted = RecordChange {
+            revision: 4,
+            id: "r-4".into(),
+            record: None,
+        };
+        assert!(echoes.is_echo(&deleted));
+        // Met once: the same change again is someone else's.
+        assert!(!echoes.is_echo(&change("r-2", "uid-2", "Thor")));
+        assert!(!echoes.is_echo(&deleted));
+    }
+
+    #[test]
+    fn a_change_unlike_the_write_is_not_an_echo() {
+        let echoes = Echoes::default();
+        echoes.set_enabled(true);
+        echoes.update("r-2", &data("Thor"));
+        echoes.create("uid-1", &data("Tron"));
+        // Renamed by someone else right after our write.
+        assert!(!echoes.is_echo(&change("r-2", "uid-2", "Loki")));
+        assert!(!echoes.is_echo(&change("r-9", "uid-1", "Loki")));
+        // Deleted where we updated.
+        let deleted = RecordChange {
+            revision: 3,
+            id: "r-2".into(),
+            record: None,
+        };
+        assert!(!echoes.is_echo(&deleted));
+    }
+
+    #[test]
+    fn nothing_is_expected_while_the_feed_is_not_followed() {
+        let echoes = Echoes::default();
+        echoes.update("r-2", &data("Thor"));
+        assert!(!echoes.is_echo(&change("r-2", "uid-2", "Thor")));
+        echoes.set_enabled(true);
+        echoes.update("r-2", &data("Thor"));
+        echoes.set_enabled(false);
+        assert!(!echoes.is_echo(&change("r-2", "uid-2", "Thor")));
+    }
+}
