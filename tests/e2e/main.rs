@@ -9,9 +9,11 @@
 
 mod admission;
 mod book_rpcs;
+mod change_feed;
 mod chaos;
 mod conversion;
 mod deploy;
+mod drift;
 mod faults;
 mod kubernetes;
 mod monitoring;
