@@ -17,4 +17,8 @@ bash hack/control-plane/build.sh >/dev/null
 cargo build --release --locked --workspace --bins
 target_dir="$(cargo metadata --format-version 1 --no-deps \
   | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')"
+# The processes it starts are the binaries just built: building them again
+# for one package's feature set would compile the crates again, in the
+# middle of a measured run.
+export PETSTORE_BIN_DIR="$target_dir/release"
 exec "$target_dir/release/petstore-bench" "$@"

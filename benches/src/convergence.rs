@@ -573,6 +573,13 @@ fn measure_operator_with(
         let mut restarted_options = options.clone();
         restarted_options.poll_interval =
             Box::leak(format!("{}ms", config.poll_interval.as_millis()).into_boxed_str());
+        // With the store's change feed followed, the poll is an audit at
+        // --audit-interval (an hour by default): the same short interval
+        // lets steady state watch its reads.
+        restarted_options.extra_args.extend([
+            "--audit-interval".into(),
+            format!("{}ms", config.poll_interval.as_millis()).into(),
+        ]);
         if config.poll_max_rate > 0 {
             let max_rate = config.poll_max_rate.to_string();
             restarted_options

@@ -338,7 +338,7 @@ pub fn operator(out: &mut String, results: &[ConvergenceResult], plot: Option<&s
     let _ = writeln!(out, "\n### Steady state and the drift poll\n");
     let _ = writeln!(
         out,
-        "The restarted operator runs with a short poll interval and `--poll-max-rate`, so that two intervals pass quickly and the bound shows: with more Pets than the interval allows at that rate, the interval in effect stretches to N ÷ rate. Each Pet is polled at a phase of the interval fixed by its UID, so polls are spread evenly whenever the Pets were created. The window starts half an interval after the catch-up, when the first polls begin.\n"
+        "The restarted operator runs with a short poll interval (and the same `--audit-interval`, the poll's interval while it follows the store's change feed) and `--poll-max-rate`, so that two intervals pass quickly and the bound shows: with more Pets than the interval allows at that rate, the interval in effect stretches to N ÷ rate. Each Pet is polled at a phase of the interval fixed by its UID, so polls are spread evenly whenever the Pets were created. The window starts half an interval after the catch-up, when the first polls begin.\n"
     );
     table_head(
         out,
