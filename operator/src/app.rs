@@ -109,9 +109,23 @@ pub async fn run(args: Args, fault: Option<Fault>) -> Result<ExitCode, String> {
     ));
 
     let pets: Api<Pet> = Api::all(client.clone());
-    pets.list_metadata(&ListParams::default().limit(1))
-        .await
-        .map_err(|e| {
+    // The API server takes a moment to use the webhook settings just
+    // written to the CRD; until then a Pet stored in another version
+    // cannot be read (its conversion goes to the old address).
+    let settling = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match pets.list_metadata(&ListParams::default().limit(1)).await {
+            Err(err)
+                if std::time::Instant::now() < settling
+                    && err.to_string().contains("conversion webhook") =>
+            {
+                tracing::info!(error = %err, "waiting for the API server to use the conversion webhook");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            result => break result,
+        }
+    }
+    .map_err(|e| {
             format!("cannot list Pets; is the CRD installed (kubectl apply -f config/crd/) and may this account list pets? {e}")
         })?;
 

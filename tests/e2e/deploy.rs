@@ -9,10 +9,26 @@ const SA: &str = "system:serviceaccount:petstore-system:petstore-operator";
 
 /// `kubectl auth can-i VERB RESOURCE --as=<operator SA> [-n NS | -A]`.
 fn can_i(cp: &ControlPlane, verb: &str, resource: &str, namespace: Option<&str>) -> bool {
+    can_i_with(cp, verb, resource, namespace, &[])
+}
+
+/// [`can_i`] on a cluster-scoped resource's status subresource.
+fn can_i_status(cp: &ControlPlane, verb: &str, resource: &str) -> bool {
+    can_i_with(cp, verb, resource, None, &["--subresource=status"])
+}
+
+fn can_i_with(
+    cp: &ControlPlane,
+    verb: &str,
+    resource: &str,
+    namespace: Option<&str>,
+    extra: &[&str],
+) -> bool {
     let mut command = Command::new(Tools::get().expect("tools").kubectl());
     command
         .arg(format!("--kubeconfig={}", cp.kubeconfig.display()))
-        .args(["auth", "can-i", verb, resource, &format!("--as={SA}")]);
+        .args(["auth", "can-i", verb, resource, &format!("--as={SA}")])
+        .args(extra);
     match namespace {
         Some(ns) => command.args(["-n", ns]),
         None => command.arg("-A"),
@@ -149,6 +165,24 @@ fn operator_service_account_has_least_privilege() -> fixtures::Result<()> {
             "needs {verb} on the Pet CRD"
         );
     }
+
+    // The storage migration lists the storage version alone as stored.
+    assert!(
+        can_i_status(
+            &cp,
+            "patch",
+            "customresourcedefinitions.apiextensions.k8s.io/pets.petstore.example.com"
+        ),
+        "needs patch on the Pet CRD's status"
+    );
+    assert!(
+        !can_i_status(
+            &cp,
+            "patch",
+            "customresourcedefinitions.apiextensions.k8s.io/leases.example.com"
+        ),
+        "must not patch another CRD's status"
+    );
 
     // What it must not have.
     for (verb, resource) in [

@@ -29,7 +29,6 @@ const QUIET_WINDOW: Duration = Duration::from_secs(8);
 const PETS_RESOURCE: &str = "pets.v1alpha1.petstore.example.com";
 
 /// What the upgrade may do to the Pets stored in the API server.
-#[allow(dead_code)] // StorageMigration is for a release that needs one.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum PetRewrites {
     /// Nothing: every Pet keeps its resourceVersion.
@@ -39,9 +38,9 @@ enum PetRewrites {
     StorageMigration,
 }
 
-/// The upgrade from the previous release to this tree needs no storage
-/// migration (see docs/upgrading.md); a release that adds one says so here.
-const UPGRADE_REWRITES: PetRewrites = PetRewrites::None;
+/// The upgrade from the previous release makes v1 the storage version: the
+/// new operator rewrites every Pet once in it (see docs/upgrading.md).
+const UPGRADE_REWRITES: PetRewrites = PetRewrites::StorageMigration;
 
 /// The store's RPCs that write.
 const STORE_WRITES: [&str; 4] = ["AddPets", "UpdatePets", "DeletePets", "SetIdempotencyKeys"];
@@ -474,8 +473,35 @@ fn upgrading_from_the_previous_release_and_back_writes_nothing_and_loses_nothing
         &data_file,
         &store_log,
     )?;
-    let mut operator = RunningOperator::current(&options, &dir.join("operator-current.log"))?;
+    let current_options = OperatorOptions {
+        identity: "operator-current".into(),
+        extra_args: fixtures::env::webhook_args()?,
+        ..options.clone()
+    };
+    let mut operator =
+        RunningOperator::current(&current_options, &dir.join("operator-current.log"))?;
     assert_quiet(&mut operator, &store, PETS, "upgrade");
+    // The new leader's storage migration: every Pet stored as v1, and the
+    // CRD lists v1 alone.
+    let stored = wait_for(
+        Duration::from_secs(120),
+        "status.storedVersions [v1]",
+        || {
+            let versions = cp
+                .kubectl(&[
+                    "get",
+                    "crd",
+                    "pets.petstore.example.com",
+                    "-o",
+                    "jsonpath={.status.storedVersions}",
+                ])
+                .ok()?;
+            (versions.trim() == r#"["v1"]"#).then_some(versions)
+        },
+    );
+    if let Err(err) = stored {
+        panic!("{err}\n{}", operator.process().log_tail(40));
+    }
     let upgraded = Snapshot::take(&cp, &store)?;
     upgraded.assert_consistent(PETS);
     upgraded.assert_unchanged_since(&before, UPGRADE_REWRITES, "upgrade");
@@ -491,12 +517,14 @@ fn upgrading_from_the_previous_release_and_back_writes_nothing_and_loses_nothing
     with_samples.assert_consistent(PETS + 2);
 
     // The rollback: the previous release's store and operator again, on
-    // the new CRD. Today it works and writes nothing; see
-    // docs/upgrading.md.
+    // the new CRD. The previous operator reads v1alpha1, which only the new
+    // operator's webhook converts from the stored v1: with the new operator
+    // gone it refuses to start, saying why, and writes nothing. Rolling
+    // forward again finds everything as it was. See docs/upgrading.md.
     let rolling_back = Instant::now();
     operator.stop();
     store.stop();
-    let store = Store::start(
+    let mut store = Store::start(
         &previous.bin("petstore-server"),
         &options.store_addr,
         &data_file,
@@ -507,7 +535,50 @@ fn upgrading_from_the_previous_release_and_back_writes_nothing_and_loses_nothing
         &previous_options("operator-rollback"),
         &dir.join("operator-rollback.log"),
     )?;
-    assert_quiet(&mut operator, &store, PETS + 2, "rollback");
+    // It never gets a Pet: its start-up list is answered 500 (the API
+    // server's conversion fails), which its client retries.
+    let failing = wait_for(
+        Duration::from_secs(60),
+        "the previous operator to fail listing Pets",
+        || {
+            operator
+                .process()
+                .log_contains("failed with status 500 Internal Server Error")
+                .then_some(())
+        },
+    );
+    if let Err(err) = failing {
+        panic!("{err}\n{}", operator.process().log_tail(40));
+    }
+    let refusal = cp
+        .kubectl(&["get", PETS_RESOURCE, "-n", NAMESPACE, "-o", "name"])
+        .expect_err("v1alpha1 cannot be read without the webhook");
+    assert!(
+        refusal.to_string().contains("conversion webhook"),
+        "the API server names the conversion webhook: {refusal}"
+    );
+    std::thread::sleep(QUIET_WINDOW);
+    assert!(
+        operator.metrics().is_err() || operator.store_actions()? == 0.0,
+        "rollback: the previous operator wrote to the store"
+    );
+    operator.stop();
+    assert_eq!(store.writes()?, 0.0, "rollback: the store was written");
+    store.stop();
+    let store = Store::start(
+        &cargo_bin("petstore-server")?,
+        &options.store_addr,
+        &data_file,
+        &store_log,
+    )?;
+    let forward_options = OperatorOptions {
+        identity: "operator-forward".into(),
+        extra_args: fixtures::env::webhook_args()?,
+        ..options.clone()
+    };
+    let mut operator =
+        RunningOperator::current(&forward_options, &dir.join("operator-forward.log"))?;
+    assert_quiet(&mut operator, &store, PETS + 2, "roll forward");
     let rolled_back = Snapshot::take(&cp, &store)?;
     rolled_back.assert_consistent(PETS + 2);
     rolled_back.assert_unchanged_since(&with_samples, PetRewrites::None, "rollback");
