@@ -71,6 +71,17 @@ struct Backoff {
 pub struct Synced {
     pub generation: Option<i64>,
     pub at: Instant,
+    /// A hash of the record ID the status was given: a status that names
+    /// another record is not that write's echo.
+    pub id: u64,
+}
+
+/// The hash [`Synced::id`] holds: eight bytes per Pet, not the ID.
+pub fn id_hash(id: Option<&str>) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::hash::DefaultHasher::new();
+    id.hash(&mut hasher);
+    hasher.finish()
 }
 
 impl Memory {
@@ -96,7 +107,13 @@ impl Memory {
     /// The Pet's generation was found in sync and its status written now:
     /// its failures are over. Returns how long it waited to be Ready, if it
     /// was waiting.
-    pub fn in_sync(&self, pet: &Pet, uid: &str, generation: Option<i64>) -> Option<Duration> {
+    pub fn in_sync(
+        &self,
+        pet: &Pet,
+        uid: &str,
+        generation: Option<i64>,
+        id: &str,
+    ) -> Option<Duration> {
         let mut waited = None;
         self.update(pet, uid, |remembered| {
             waited = remembered
@@ -108,6 +125,7 @@ impl Memory {
             remembered.synced = Some(Synced {
                 generation,
                 at: Instant::now(),
+                id: id_hash(Some(id)),
             });
         });
         waited
@@ -398,7 +416,7 @@ mod tests {
         assert_eq!(memory.failed(&thor, "thor"), 1);
         assert_eq!(memory.failed(&thor, "thor"), 2);
         assert_eq!(memory.failures("thor"), 2);
-        memory.in_sync(&thor, "thor", Some(3));
+        memory.in_sync(&thor, "thor", Some(3), "record-1");
         assert_eq!(memory.failures("thor"), 0, "a sync ends the failures");
         assert_eq!(memory.synced("thor").map(|s| s.generation), Some(Some(3)));
         memory.succeeded("thor");
@@ -430,7 +448,7 @@ mod tests {
         writer.apply_watcher_event(&watcher::Event::Delete(thor.clone()));
         memory.forget("thor");
         memory.failed(&thor, "thor");
-        memory.in_sync(&thor, "thor", Some(1));
+        memory.in_sync(&thor, "thor", Some(1), "record-1");
         assert_eq!(memory.len(), 0);
     }
 
@@ -474,13 +492,17 @@ mod tests {
         let thor = pet("thor");
         memory.triggered(&thor, "thor");
         assert_eq!(memory.gauges().not_ready, 1);
-        let waited = memory.in_sync(&thor, "thor", Some(1));
+        let waited = memory.in_sync(&thor, "thor", Some(1), "record-1");
         assert!(
             waited.is_some_and(|w| w < Duration::from_secs(5)),
             "{waited:?}"
         );
         assert_eq!(memory.gauges().not_ready, 0);
-        assert_eq!(memory.in_sync(&thor, "thor", Some(1)), None, "told once");
+        assert_eq!(
+            memory.in_sync(&thor, "thor", Some(1), "record-1"),
+            None,
+            "told once"
+        );
         // A Pet that shows Ready for its generation is not waiting.
         let ready = pet("loki").ready("r-1");
         memory.triggered(&ready, "loki");

@@ -128,9 +128,18 @@ impl Context {
     /// cache may not show that status write yet; the write succeeded, so
     /// its event is on the way, and syncing again from the stale copy would
     /// only repeat the write.
-    fn recently_synced(&self, uid: &str, generation: Option<i64>) -> Option<Duration> {
+    /// A status naming another record than the one synced (a restore
+    /// tool's, say) is not that write's echo.
+    fn recently_synced(
+        &self,
+        uid: &str,
+        generation: Option<i64>,
+        status_id: Option<&str>,
+    ) -> Option<Duration> {
         let synced = self.memory.synced(uid)?;
-        (synced.generation == generation && synced.at.elapsed() < self.settings.poll_interval / 2)
+        (synced.generation == generation
+            && synced.id == memory::id_hash(status_id)
+            && synced.at.elapsed() < self.settings.poll_interval / 2)
             .then(|| self.poll_delay(uid))
     }
 
@@ -195,7 +204,7 @@ impl Context {
             .uid()
             .ok_or_else(|| Error::MalformedPet(pet.name_any()))?;
         Ok(Facts {
-            recently_synced: self.recently_synced(&uid, pet.metadata.generation),
+            recently_synced: self.recently_synced(&uid, pet.metadata.generation, pet.status_id()),
             uid,
             desired: PetData::from(&pet.spec),
             deleting: pet.meta().deletion_timestamp.is_some(),

@@ -412,7 +412,7 @@ impl<'a> Reconcile<'a> {
         let waited =
             self.ctx
                 .memory
-                .in_sync(&self.pet, &self.facts.uid, self.pet.metadata.generation);
+                .in_sync(&self.pet, &self.facts.uid, self.pet.metadata.generation, id);
         if let Some(waited) = waited {
             self.ctx.metrics.became_ready(waited);
         }
