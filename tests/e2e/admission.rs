@@ -6,8 +6,7 @@
 
 use std::time::Duration;
 
-use fixtures::env::install_crd_and_rbac;
-use fixtures::{ControlPlane, repo_root, wait_for};
+use fixtures::{ControlPlane, Env, Storage, repo_root, wait_for};
 use serde_json::{Value, json};
 
 const PAUSED: &str = "petstore.example.com/paused";
@@ -69,8 +68,11 @@ fn annotate(cp: &ControlPlane, pet: &str, key: &str, value: &str) -> fixtures::R
 
 #[test]
 fn the_policy_refuses_annotation_typos_on_create_and_new_ones_on_update() -> fixtures::Result<()> {
-    let cp = ControlPlane::start()?;
-    install_crd_and_rbac(&cp)?;
+    // An operator serves the conversion webhook: the v1alpha1 Pets below
+    // are stored as v1 through it.
+    let env = Env::start(Storage::Durable)?;
+    let _operator = env.start_operator("operator")?;
+    let cp = &env.cp;
     // Made before the policy exists: a Pet that already carries bad values
     // and a finalizer, as a cluster upgraded to the policy may hold.
     cp.apply(&pet_yaml(

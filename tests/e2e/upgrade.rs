@@ -550,8 +550,10 @@ fn upgrading_from_the_previous_release_and_back_writes_nothing_and_loses_nothing
     if let Err(err) = failing {
         panic!("{err}\n{}", operator.process().log_tail(40));
     }
+    // Whole objects (`-o name` asks for metadata only, which needs no
+    // conversion).
     let refusal = cp
-        .kubectl(&["get", PETS_RESOURCE, "-n", NAMESPACE, "-o", "name"])
+        .kubectl(&["get", PETS_RESOURCE, "-n", NAMESPACE, "-o", "json"])
         .expect_err("v1alpha1 cannot be read without the webhook");
     assert!(
         refusal.to_string().contains("conversion webhook"),
