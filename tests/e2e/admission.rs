@@ -230,7 +230,7 @@ fn the_policy_refuses_annotation_typos_on_create_and_new_ones_on_update() -> fix
     // ...but a changed bad value, or a new one, is refused.
     let message = refusal(
         "paused changed to another bad value",
-        annotate(&cp, "legacy", PAUSED, "maybe"),
+        annotate(cp, "legacy", PAUSED, "maybe"),
     );
     assert_names(
         "paused changed",
@@ -239,7 +239,7 @@ fn the_policy_refuses_annotation_typos_on_create_and_new_ones_on_update() -> fix
     );
     let message = refusal(
         "a bad external-id added",
-        annotate(&cp, "legacy", EXTERNAL_ID, "rex"),
+        annotate(cp, "legacy", EXTERNAL_ID, "rex"),
     );
     assert_names(
         "external-id added",
@@ -248,15 +248,15 @@ fn the_policy_refuses_annotation_typos_on_create_and_new_ones_on_update() -> fix
     );
     let message = refusal(
         "a good Pet given a bad value",
-        annotate(&cp, "good-lower", DELETION_POLICY, "Keep"),
+        annotate(cp, "good-lower", DELETION_POLICY, "Keep"),
     );
     assert_names(
         "deletion policy changed",
         &message,
         &[DELETION_POLICY, "\"Delete\" or \"Orphan\""],
     );
-    annotate(&cp, "legacy", PAUSED, "false")?;
-    annotate(&cp, "legacy", DELETION_POLICY, "Orphan")?;
+    annotate(cp, "legacy", PAUSED, "false")?;
+    annotate(cp, "legacy", DELETION_POLICY, "Orphan")?;
     let legacy = cp.kubectl_json(&["get", "pet", "legacy", "-n", "default"])?;
     assert_eq!(legacy["metadata"]["annotations"][PAUSED], "false");
     assert_eq!(legacy["metadata"]["annotations"][DELETION_POLICY], "Orphan");

@@ -535,30 +535,10 @@ fn upgrading_from_the_previous_release_and_back_writes_nothing_and_loses_nothing
         &previous_options("operator-rollback"),
         &dir.join("operator-rollback.log"),
     )?;
-    // It never gets a Pet: its start-up list is answered 500 (the API
-    // server's conversion fails), which its client retries.
-    let failing = wait_for(
-        Duration::from_secs(60),
-        "the previous operator to fail listing Pets",
-        || {
-            operator
-                .process()
-                .log_contains("failed with status 500 Internal Server Error")
-                .then_some(())
-        },
-    );
-    if let Err(err) = failing {
-        panic!("{err}\n{}", operator.process().log_tail(40));
-    }
-    // Whole objects (`-o name` asks for metadata only, which needs no
-    // conversion).
-    let refusal = cp
-        .kubectl(&["get", PETS_RESOURCE, "-n", NAMESPACE, "-o", "json"])
-        .expect_err("v1alpha1 cannot be read without the webhook");
-    assert!(
-        refusal.to_string().contains("conversion webhook"),
-        "the API server names the conversion webhook: {refusal}"
-    );
+    // Its reads of v1alpha1 need the new operator's conversion webhook,
+    // which is gone: they are answered 500 (at start-up or later, as the
+    // API server's caches allow) and retried. Whatever it manages to read,
+    // it must not write.
     std::thread::sleep(QUIET_WINDOW);
     assert!(
         operator.metrics().is_err() || operator.store_actions()? == 0.0,
