@@ -74,6 +74,19 @@ pub struct Synced {
     /// A hash of the record ID the status was given: a status that names
     /// another record is not that write's echo.
     pub id: u64,
+    /// A hash of the ID the status named before the write: the cache may
+    /// still show that copy (after a create, no ID at all), and it is stale,
+    /// not a change.
+    pub previous_id: u64,
+}
+
+impl Synced {
+    /// Whether a copy whose status names `status_id` is this write's echo
+    /// or the stale copy it replaced, and not someone else's change.
+    pub fn explains(&self, status_id: Option<&str>) -> bool {
+        let seen = id_hash(status_id);
+        seen == self.id || seen == self.previous_id
+    }
 }
 
 /// The hash [`Synced::id`] holds: eight bytes per Pet, not the ID.
@@ -104,9 +117,9 @@ impl Memory {
         self.pets().get(uid).map_or(0, |pet| pet.failures)
     }
 
-    /// The Pet's generation was found in sync and its status written now:
-    /// its failures are over. Returns how long it waited to be Ready, if it
-    /// was waiting.
+    /// The Pet's generation was found in sync and its status written now,
+    /// naming record `id`: its failures are over. Returns how long it
+    /// waited to be Ready, if it was waiting.
     pub fn in_sync(
         &self,
         pet: &Pet,
@@ -114,6 +127,7 @@ impl Memory {
         generation: Option<i64>,
         id: &str,
     ) -> Option<Duration> {
+        let previous_id = id_hash(pet.status_id());
         let mut waited = None;
         self.update(pet, uid, |remembered| {
             waited = remembered
@@ -126,6 +140,7 @@ impl Memory {
                 generation,
                 at: Instant::now(),
                 id: id_hash(Some(id)),
+                previous_id,
             });
         });
         waited
@@ -431,6 +446,23 @@ mod tests {
         memory.failed(&thor, "thor");
         memory.succeeded("thor");
         assert_eq!(memory.len(), 0, "nothing left to remember");
+    }
+
+    #[test]
+    fn a_sync_explains_its_echo_and_the_stale_copy_but_not_another_record() {
+        let memory = Memory::default();
+        // Created: the copy reconciled had no ID, the status now names r-1.
+        memory.in_sync(&pet("thor"), "thor", Some(1), "r-1");
+        let synced = memory.synced("thor").expect("remembered");
+        assert!(synced.explains(Some("r-1")), "the echo of the write");
+        assert!(synced.explains(None), "the stale copy from before it");
+        assert!(!synced.explains(Some("r-2")), "someone else's status");
+        // Synced again from a copy naming r-1: a copy without an ID is now
+        // someone's change, not stale.
+        memory.in_sync(&pet("thor").with_status_id("r-1"), "thor", Some(2), "r-1");
+        let synced = memory.synced("thor").expect("remembered");
+        assert!(synced.explains(Some("r-1")));
+        assert!(!synced.explains(None));
     }
 
     #[test]

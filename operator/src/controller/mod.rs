@@ -138,7 +138,7 @@ impl Context {
     ) -> Option<Duration> {
         let synced = self.memory.synced(uid)?;
         (synced.generation == generation
-            && synced.id == memory::id_hash(status_id)
+            && synced.explains(status_id)
             && synced.at.elapsed() < self.settings.poll_interval / 2)
             .then(|| self.poll_delay(uid))
     }
