@@ -365,6 +365,42 @@ fn tilt_quick_start_on_a_one_node_cluster() -> TestResult {
     );
     eprintln!("[{}] quick start steps 3-5 passed", elapsed(start));
 
+    // The conversion webhook in the pods, reached through the Service: a
+    // v1alpha1 Pet (birthday with a time and offset) is stored as v1 and
+    // reads back in v1alpha1 exactly as written.
+    let crd = cluster.kubectl_json(&["get", "crd", "pets.petstore.example.com"])?;
+    let client_config = &crd["spec"]["conversion"]["webhook"]["clientConfig"];
+    assert_eq!(
+        client_config["service"]["name"], "petstore-operator-metrics",
+        "{client_config}"
+    );
+    assert!(client_config.get("url").is_none(), "{client_config}");
+    cluster.apply(
+        "apiVersion: petstore.example.com/v1alpha1\nkind: Pet\nmetadata:\n  name: pet-alpha\n  namespace: default\nspec:\n  name: Alpha\n  type: bird\n  birthday: \"2019-02-03T23:30:00-05:00\"\n",
+    )?;
+    let alpha_id = wait_for(
+        Duration::from_secs(120),
+        "the v1alpha1 Pet Ready with a store ID",
+        || ready_id(&cluster, "pet-alpha"),
+    )?;
+    let as_v1 = cluster.kubectl_json(&["get", "pets.v1.petstore.example.com", "pet-alpha"])?;
+    assert_eq!(as_v1["spec"]["birthday"], "2019-02-03", "{as_v1}");
+    let as_alpha =
+        cluster.kubectl_json(&["get", "pets.v1alpha1.petstore.example.com", "pet-alpha"])?;
+    assert_eq!(
+        as_alpha["spec"]["birthday"], "2019-02-03T23:30:00-05:00",
+        "{as_alpha}"
+    );
+    assert!(
+        search(r#"{"names":["Alpha"]}"#)?.contains(&("Alpha".to_owned(), alpha_id)),
+        "the v1alpha1 Pet's record"
+    );
+    cluster.kubectl(&["delete", "pet", "pet-alpha", "--timeout=120s"])?;
+    eprintln!(
+        "[{}] a v1alpha1 Pet converted by the operator's pods",
+        elapsed(start)
+    );
+
     // 3. Real pods.
     // Restricted Pod Security: both namespaces enforce it (so the running
     // pods were admitted under it), and re-admitting the live Deployments
