@@ -1,8 +1,9 @@
 //! config/admission on the real API server: the ValidatingAdmissionPolicy
 //! refuses a Pet whose annotations the operator would not accept, naming
 //! the annotation and its allowed values, in every served version; accepts
-//! every value the operator accepts; and refuses on UPDATE only a bad value
-//! that the update adds or changes (ratcheting).
+//! every value the operator accepts; refuses on UPDATE only a bad value
+//! that the update adds or changes (ratcheting); and keeps a Pet's deletion
+//! policy fixed once it is being deleted.
 
 use std::time::Duration;
 
@@ -14,6 +15,8 @@ const DELETION_POLICY: &str = "petstore.example.com/deletion-policy";
 const EXTERNAL_ID: &str = "petstore.example.com/external-id";
 /// An ID as the store mints them.
 const RECORD_ID: &str = "0b3a5f1e-7c2d-4e8f-9a6b-1c2d3e4f5a6b";
+/// A finalizer of the test's own, which keeps a deleted Pet in view.
+const HOLD: &str = "test.petstore.example.com/hold";
 /// How long the API server may take to start enforcing a new policy.
 const POLICY_ACTIVE_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -78,7 +81,12 @@ fn the_policy_refuses_annotation_typos_on_create_and_new_ones_on_update() -> fix
     cp.apply(&pet_yaml(
         "legacy",
         &[(PAUSED, "yes"), (DELETION_POLICY, "Orphna")],
-        &["test.petstore.example.com/hold"],
+        &[HOLD],
+    ))?;
+    cp.apply(&pet_yaml(
+        "legacy-leaving",
+        &[(DELETION_POLICY, "Orphna")],
+        &[HOLD],
     ))?;
 
     let admission = repo_root().join("config/admission");
@@ -260,5 +268,82 @@ fn the_policy_refuses_annotation_typos_on_create_and_new_ones_on_update() -> fix
     let legacy = cp.kubectl_json(&["get", "pet", "legacy", "-n", "default"])?;
     assert_eq!(legacy["metadata"]["annotations"][PAUSED], "false");
     assert_eq!(legacy["metadata"]["annotations"][DELETION_POLICY], "Orphan");
+
+    // Once a Pet is being deleted its deletion policy is fixed, in the spec
+    // and in the annotation, while other changes still go through...
+    const FIXED: &str = "cannot change once the Pet is being deleted";
+    cp.apply(&pet_yaml("leaving", &[], &[HOLD]))?;
+    cp.kubectl(&["delete", "pet", "leaving", "-n", "default", "--wait=false"])?;
+    let message = refusal(
+        "spec.deletionPolicy changed while deleting",
+        cp.kubectl(&[
+            "patch",
+            "pet",
+            "leaving",
+            "-n",
+            "default",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"deletionPolicy":"Orphan"}}"#,
+        ]),
+    );
+    assert_names("spec changed while deleting", &message, &[FIXED]);
+    let message = refusal(
+        "the annotation added while deleting",
+        annotate(cp, "leaving", DELETION_POLICY, "Orphan"),
+    );
+    assert_names("annotation added while deleting", &message, &[FIXED]);
+    cp.kubectl(&["label", "pet", "leaving", "-n", "default", "tier=gold"])?;
+    // ...except that a misspelled annotation, which holds the deletion, can
+    // still be corrected; once corrected, it is fixed too.
+    cp.kubectl(&[
+        "delete",
+        "pet",
+        "legacy-leaving",
+        "-n",
+        "default",
+        "--wait=false",
+    ])?;
+    annotate(cp, "legacy-leaving", DELETION_POLICY, "Orphan")?;
+    let message = refusal(
+        "a corrected annotation changed again while deleting",
+        annotate(cp, "legacy-leaving", DELETION_POLICY, "Delete"),
+    );
+    assert_names("corrected, then changed", &message, &[FIXED]);
+    // Once the operator is done with them (the record deleted for one,
+    // released for the other), releasing the test's finalizer, a change
+    // that keeps the policy, lets both go.
+    for name in ["leaving", "legacy-leaving"] {
+        wait_for(
+            POLICY_ACTIVE_TIMEOUT,
+            "the operator's finalizer to go",
+            || {
+                let pet = cp
+                    .kubectl_json(&["get", "pet", name, "-n", "default"])
+                    .ok()?;
+                (pet["metadata"]["finalizers"] == json!([HOLD])).then_some(())
+            },
+        )?;
+        cp.kubectl(&[
+            "patch",
+            "pet",
+            name,
+            "-n",
+            "default",
+            "--type=json",
+            "-p",
+            &json!([
+                {"op": "test", "path": "/metadata/finalizers", "value": [HOLD]},
+                {"op": "remove", "path": "/metadata/finalizers"},
+            ])
+            .to_string(),
+        ])?;
+    }
+    wait_for(POLICY_ACTIVE_TIMEOUT, "the deleted Pets to go", || {
+        ["leaving", "legacy-leaving"]
+            .iter()
+            .all(|name| cp.kubectl(&["get", "pet", name, "-n", "default"]).is_err())
+            .then_some(())
+    })?;
     Ok(())
 }

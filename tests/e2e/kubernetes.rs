@@ -65,6 +65,12 @@ fn invalid_pets_are_rejected_with_the_field_named_and_reach_nothing() -> fixture
             &["spec.birthday", "date-time"],
         ),
         (
+            // The schema's date-time format takes year 0; no store keeps it.
+            "year-zero",
+            "  name: Thor\n  type: dog\n  birthday: 0000-06-01T00:00:00Z\n".into(),
+            &["spec.birthday", "year 1 or later"],
+        ),
+        (
             "capital-type",
             "  name: Thor\n  type: Dog\n  birthday: 2021-04-01T00:00:00Z\n".into(),
             &["spec.type", "Unsupported value: \"Dog\""],
@@ -93,6 +99,15 @@ fn invalid_pets_are_rejected_with_the_field_named_and_reach_nothing() -> fixture
             "{name} stored"
         );
     }
+    // The same rule in v1, whose birthday is a date.
+    let err = env
+        .cp
+        .apply("apiVersion: petstore.example.com/v1\nkind: Pet\nmetadata:\n  name: year-zero-v1\n  namespace: default\nspec:\n  name: Thor\n  type: dog\n  birthday: \"0000-12-31\"\n")
+        .expect_err("year 0 in v1");
+    assert!(
+        err.to_string().contains("spec.birthday") && err.to_string().contains("year 1 or later"),
+        "{err}"
+    );
     // A Pet without any spec.
     let err = env
         .cp

@@ -15,8 +15,8 @@ pub mod v1alpha1;
 
 use chrono::{DateTime, Utc};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
-    CustomResourceConversion, CustomResourceDefinition, ServiceReference, WebhookClientConfig,
-    WebhookConversion,
+    CustomResourceConversion, CustomResourceDefinition, ServiceReference, ValidationRule,
+    WebhookClientConfig, WebhookConversion,
 };
 /// Longest pet name, in characters; the store enforces the same limit.
 pub use petstore_proto::convert::MAX_NAME_CHARS;
@@ -256,6 +256,17 @@ pub const WEBHOOK_PATH: &str = "/convert";
 pub fn crd() -> Result<CustomResourceDefinition, kube::core::crd::MergeError> {
     use kube::CustomResourceExt;
     let mut crd = kube::core::crd::merge_crds(vec![v1alpha1::Pet::crd(), v1::Pet::crd()], "v1")?;
+    for version in &mut crd.spec.versions {
+        let birthday = version
+            .schema
+            .as_mut()
+            .and_then(|schema| schema.open_api_v3_schema.as_mut())
+            .and_then(|root| root.properties.as_mut()?.get_mut("spec"))
+            .and_then(|spec| spec.properties.as_mut()?.get_mut("birthday"));
+        if let Some(birthday) = birthday {
+            birthday.x_kubernetes_validations = Some(vec![birthday_rule()]);
+        }
+    }
     crd.spec.conversion = Some(CustomResourceConversion {
         strategy: "Webhook".into(),
         webhook: Some(WebhookConversion {
@@ -272,6 +283,20 @@ pub fn crd() -> Result<CustomResourceDefinition, kube::core::crd::MergeError> {
         }),
     });
     Ok(crd)
+}
+
+/// A CEL rule, because the schema cannot say it: `format: date` (and
+/// `date-time`) accepts year 0, which no store keeps, so such a Pet would be
+/// accepted and then never become Ready. CEL compares it as a timestamp,
+/// and names the field with a message a person understands (a `pattern`
+/// would show the regular expression).
+fn birthday_rule() -> ValidationRule {
+    ValidationRule {
+        rule: "self >= timestamp('0001-01-01T00:00:00Z')".into(),
+        message: Some("the birthday must be in year 1 or later".into()),
+        reason: Some("FieldValueInvalid".into()),
+        ..ValidationRule::default()
+    }
 }
 
 /// Why the CRD YAML could not be made.
