@@ -145,7 +145,31 @@ pub struct ConvergenceResult {
     pub operator_rss_kib: u64,
     pub operator_cpu_seconds: f64,
     pub store_peak_rss_kib: u64,
+    /// Every Pet listed with kubectl as v1 and as v1alpha1, once converged.
+    pub list: ListTimes,
 }
+
+/// `kubectl get pets -o json` over every Pet: as v1, the stored version,
+/// and as v1alpha1, which the API server converts through the operator's
+/// webhook. Medians of [`LIST_ROUNDS`] rounds, the two lists alternating.
+#[derive(Clone, Debug, Default)]
+pub struct ListTimes {
+    pub v1: Duration,
+    pub v1alpha1: Duration,
+    /// The operator's CPU per v1alpha1 list: the webhook's conversions.
+    pub webhook_cpu_seconds: f64,
+    /// The operator's resident memory after the v1alpha1 lists.
+    pub webhook_rss_kib: u64,
+}
+
+impl ListTimes {
+    /// v1alpha1 ÷ v1: what the conversion webhook adds to a list.
+    pub fn ratio(&self) -> f64 {
+        self.v1alpha1.as_secs_f64() / self.v1.as_secs_f64().max(1e-9)
+    }
+}
+
+const LIST_ROUNDS: usize = 3;
 
 impl ConvergenceResult {
     /// Operator ÷ floor: the median of the pairs' ratios. Each pair runs
@@ -634,6 +658,8 @@ fn measure_operator_with(
         let steady_store_writes = store_writes(&steady_calls);
         let steady_store_reads = store_reads(&steady_calls);
 
+        let list = list_times(&env.cp, &mut operator, n)?;
+
         let (rename, delete) = if n <= config.churn_max_pets {
             churn(&env, &api, &mut tracker, config, timeout).await?
         } else {
@@ -668,8 +694,43 @@ fn measure_operator_with(
             operator_rss_kib,
             operator_cpu_seconds,
             store_peak_rss_kib: procstat::peak_rss_kib(store_pid).unwrap_or(0),
+            list,
             ..Default::default()
         })
+    })
+}
+
+/// Lists the `n` bench Pets as v1 and as v1alpha1, alternating, with the
+/// client users use; see [`ListTimes`].
+fn list_times(cp: &ControlPlane, operator: &mut Operator, n: usize) -> Result<ListTimes> {
+    let time = |version: &str| -> Result<Duration> {
+        let resource = format!("pets.{version}.petstore.example.com");
+        let started = Instant::now();
+        let out = cp.kubectl(&["get", &resource, "-n", NAMESPACE, "-o", "json"])?;
+        let took = started.elapsed();
+        let list: serde_json::Value = serde_json::from_str(&out)
+            .map_err(|err| kube_error(format!("kubectl get {resource}: {err}")))?;
+        let listed = list["items"].as_array().map_or(0, Vec::len);
+        if listed != n {
+            return Err(kube_error(format!(
+                "listed {listed} of {n} Pets as {version}"
+            )));
+        }
+        Ok(took)
+    };
+    let pid = operator.process().pid().unwrap_or(0);
+    let (mut v1, mut v1alpha1, mut webhook_cpu) = (Vec::new(), Vec::new(), 0.0);
+    for _ in 0..LIST_ROUNDS {
+        v1.push(time("v1")?.as_secs_f64());
+        let cpu_before = procstat::cpu_seconds(pid).unwrap_or(0.0);
+        v1alpha1.push(time("v1alpha1")?.as_secs_f64());
+        webhook_cpu += procstat::cpu_seconds(pid).unwrap_or(0.0) - cpu_before;
+    }
+    Ok(ListTimes {
+        v1: Duration::from_secs_f64(median(v1)),
+        v1alpha1: Duration::from_secs_f64(median(v1alpha1)),
+        webhook_cpu_seconds: webhook_cpu / LIST_ROUNDS as f64,
+        webhook_rss_kib: procstat::rss_kib(pid).unwrap_or(0),
     })
 }
 

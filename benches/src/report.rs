@@ -13,6 +13,8 @@ pub const GOAL_PEAK_RSS_MIB: f64 = 100.0;
 pub const GOAL_KIB_PER_PET: f64 = 3.0;
 pub const GOAL_READS_PER_PET: f64 = 1.1;
 pub const GOAL_WRITES_PER_PET: f64 = 3.0;
+/// Listing as v1alpha1 (converted by the webhook) ÷ listing as v1.
+pub const GOAL_LIST_RATIO: f64 = 1.5;
 
 /// `/proc/loadavg`'s three load averages.
 pub fn load_average() -> String {
@@ -139,6 +141,23 @@ fn goals(out: &mut String, results: &[ConvergenceResult]) {
             largest.restart_catch_up.as_secs_f64()
         ),
         largest.restart_api_writes == 0 && largest.restart_store_writes == 0,
+    );
+    let list = &largest.list;
+    row(
+        &format!(
+            "kubectl get, N = {}: as v1alpha1 (through the webhook) ÷ as v1",
+            largest.pets
+        ),
+        &format!("≤ {GOAL_LIST_RATIO:.2}"),
+        format!(
+            "{:.2} ({:.2} s against {:.2} s; the operator used {:.2} s CPU a list, {:.1} MiB after)",
+            list.ratio(),
+            list.v1alpha1.as_secs_f64(),
+            list.v1.as_secs_f64(),
+            list.webhook_cpu_seconds,
+            mib(list.webhook_rss_kib)
+        ),
+        list.ratio() <= GOAL_LIST_RATIO,
     );
     row(
         &format!(

@@ -52,6 +52,11 @@ fn benchmarks_run_end_to_end() -> fixtures::Result<()> {
             r.restart_store_reads >= n,
             "every Pet re-read on restart: {r:?}"
         );
+        // Both lists counted every Pet (list_times checks), and timed.
+        assert!(
+            r.list.v1 > std::time::Duration::ZERO && r.list.v1alpha1 > std::time::Duration::ZERO,
+            "listed as v1 and v1alpha1: {r:?}"
+        );
         assert_eq!(
             r.steady_api_writes, 0,
             "no API writes in steady state: {r:?}"
