@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use fixtures::env::is_ready;
-use fixtures::{Env, Operator, Result, Storage};
+use fixtures::{Env, Operator, OperatorOptions, Result, Storage};
 
 #[derive(Clone, Debug)]
 pub struct SoakConfig {
@@ -50,6 +50,9 @@ pub struct SoakReport {
     pub live_pets: usize,
     pub records: usize,
     pub orphaned_records_kept: usize,
+    /// Compacted-history faults after which an operator was seen to
+    /// re-read every Pet (it may have resumed before the records changed).
+    pub history_lost_rereads: usize,
     pub converged_after: Duration,
     pub total: Duration,
 }
@@ -66,6 +69,11 @@ impl std::fmt::Display for SoakReport {
         writeln!(f, "faults: {faults} {:?}", self.faults)?;
         writeln!(
             f,
+            "operators re-reading every Pet after a compacted history: {}",
+            self.history_lost_rereads
+        )?;
+        writeln!(
+            f,
             "converged {:.1}s after operations and faults stopped: {} live Pets, {} records ({} kept by Orphan), total {:.1}s",
             self.converged_after.as_secs_f64(),
             self.live_pets,
@@ -75,6 +83,9 @@ impl std::fmt::Display for SoakReport {
         )
     }
 }
+
+/// What the operator logs when its feed's revision was compacted away.
+const HISTORY_LOST: &str = "watching the change feed from now, and reading every Pet again";
 
 const KINDS: [&str; 4] = ["dog", "cat", "bird", "reptile"];
 
@@ -86,16 +97,18 @@ enum Fault {
     StoreOutage,
     SecondReplica,
     OutOfBand,
+    CompactedHistory,
 }
 
 impl Fault {
-    const ALL: [Fault; 6] = [
+    const ALL: [Fault; 7] = [
         Fault::KillOperator,
         Fault::KillStore,
         Fault::MemoryRestart,
         Fault::StoreOutage,
         Fault::SecondReplica,
         Fault::OutOfBand,
+        Fault::CompactedHistory,
     ];
     fn name(self) -> &'static str {
         match self {
@@ -105,6 +118,9 @@ impl Fault {
             Fault::StoreOutage => "store unreachable",
             Fault::SecondReplica => "second replica racing",
             Fault::OutOfBand => "records renamed and deleted with grpcurl",
+            Fault::CompactedHistory => {
+                "store back with one change of history, records changed before the feed resumes"
+            }
         }
     }
 }
@@ -134,7 +150,13 @@ impl Soak<'_> {
     fn start_operator(&mut self) -> Result<()> {
         self.started_operators += 1;
         let identity = format!("chaos-operator-{}", self.started_operators);
-        self.operators.push(self.env.start_operator(&identity)?);
+        // The default poll: drift is found through the store's change feed
+        // (or the re-read after it broke), not by a poll every few seconds.
+        let options = OperatorOptions {
+            poll_interval: "5m",
+            ..self.env.operator_options(&identity)
+        };
+        self.operators.push(self.env.start_operator_with(&options)?);
         Ok(())
     }
 
@@ -299,6 +321,61 @@ impl Soak<'_> {
         }
     }
 
+    /// How many times the running operators have logged a lost history.
+    fn rereads_logged(&mut self) -> usize {
+        self.operators
+            .iter_mut()
+            .map(|operator| {
+                operator
+                    .process()
+                    .log_tail(usize::MAX)
+                    .matches(HISTORY_LOST)
+                    .count()
+            })
+            .sum()
+    }
+
+    /// Someone with grpcurl renames one Pet's record and deletes another's;
+    /// the operator must put both back.
+    fn out_of_band(&mut self) {
+        for delete in [false, true] {
+            let Some((namespace, name)) = self.random_pet() else {
+                break;
+            };
+            let id = self
+                .env
+                .cp
+                .kubectl(&[
+                    "get",
+                    "pet",
+                    &name,
+                    "-n",
+                    &namespace,
+                    "-o",
+                    "jsonpath={.status.id}",
+                ])
+                .unwrap_or_default();
+            if id.is_empty() {
+                continue;
+            }
+            // Refused while the store is down, or for a record gone
+            // meanwhile; the soak goes on either way.
+            let _ = if delete {
+                self.env.store.grpcurl(
+                    "petstore.PetStore/DeletePets",
+                    &format!(r#"{{"ids":["{id}"]}}"#),
+                )
+            } else {
+                self.env.store.grpcurl(
+                        "petstore.PetStore/UpdatePets",
+                        &format!(
+                            r#"{{"pets":[{{"id":"{id}","name":"Changed out of band","type":"PTBird","birthday":{{"year":2019,"month":1,"day":1}}}}]}}"#
+                        ),
+                    )
+            };
+        }
+    }
+
     fn fault(&mut self, fault: Fault) -> Result<()> {
         *self.report.faults.entry(fault.name()).or_default() += 1;
         match fault {
@@ -327,44 +404,30 @@ impl Soak<'_> {
                 }
             }
             Fault::MemoryRestart => self.env.store.restart_fresh(Storage::Memory)?,
-            Fault::OutOfBand => {
-                // Someone with grpcurl renames one Pet's record and deletes
-                // another's; the operator must put both back.
-                for delete in [false, true] {
-                    let Some((namespace, name)) = self.random_pet() else {
-                        break;
-                    };
-                    let id = self
-                        .env
-                        .cp
-                        .kubectl(&[
-                            "get",
-                            "pet",
-                            &name,
-                            "-n",
-                            &namespace,
-                            "-o",
-                            "jsonpath={.status.id}",
-                        ])
-                        .unwrap_or_default();
-                    if id.is_empty() {
-                        continue;
-                    }
-                    // Refused while the store is down, or for a record gone
-                    // meanwhile; the soak goes on either way.
-                    let _ = if delete {
-                        self.env.store.grpcurl(
-                            "petstore.PetStore/DeletePets",
-                            &format!(r#"{{"ids":["{id}"]}}"#),
-                        )
-                    } else {
-                        self.env.store.grpcurl(
-                            "petstore.PetStore/UpdatePets",
-                            &format!(
-                                r#"{{"pets":[{{"id":"{id}","name":"Changed out of band","type":"PTBird","birthday":{{"year":2019,"month":1,"day":1}}}}]}}"#
-                            ),
-                        )
-                    };
+            Fault::OutOfBand => self.out_of_band(),
+            Fault::CompactedHistory => {
+                // Down long enough for the operator's feed to back off; back
+                // keeping one change of history, and changed at once, so
+                // its resume finds its revision compacted (OUT_OF_RANGE) and
+                // it must re-read every Pet to find these changes.
+                let rereads_before = self.rereads_logged();
+                self.env.store.kill();
+                std::thread::sleep(Duration::from_millis(3000));
+                self.env
+                    .store
+                    .set_restart_args(vec!["--watch-history".into(), "1".into()]);
+                if self.env.store.storage() == Storage::Memory {
+                    self.env.store.restart_fresh(Storage::Durable)?;
+                } else {
+                    self.env.store.restart(Storage::Durable)?;
+                }
+                self.out_of_band();
+                self.out_of_band();
+                let reread = fixtures::wait_for(Duration::from_secs(15), "a re-read", || {
+                    (self.rereads_logged() > rereads_before).then_some(())
+                });
+                if reread.is_ok() {
+                    self.report.history_lost_rereads += 1;
                 }
             }
             Fault::StoreOutage => {
@@ -565,7 +628,7 @@ fn chaos_soak_converges_with_nothing_lost_or_leaked() -> Result<()> {
         operations: 100,
         initial_pets: 40,
         namespaces: 4,
-        faults: 6,
+        faults: 7,
         converge_timeout: Duration::from_secs(180),
     });
     eprintln!("chaos soak: {config:?}");
