@@ -525,16 +525,10 @@ fn upgrading_from_the_previous_release_and_back_writes_nothing_and_loses_nothing
     operator.stop();
     // The webhook down (every operator gone): the storage version lists as
     // before, and a v1alpha1 client is told the conversion webhook failed.
-    let listed = cp.kubectl(&[
-        "get",
-        "pets.v1.petstore.example.com",
-        "-n",
-        NAMESPACE,
-        "-o",
-        "name",
-    ])?;
+    // (-A: the samples are in the default namespace.)
+    let listed = cp.kubectl(&["get", "pets.v1.petstore.example.com", "-A", "-o", "name"])?;
     assert_eq!(listed.lines().count(), PETS + 2, "v1 with the webhook down");
-    match cp.kubectl(&["get", PETS_RESOURCE, "-n", NAMESPACE, "-o", "name"]) {
+    match cp.kubectl(&["get", PETS_RESOURCE, "-A", "-o", "name"]) {
         Ok(out) => panic!("v1alpha1 listed with the webhook down: {out}"),
         Err(err) => assert!(
             err.to_string().contains("conversion webhook"),
