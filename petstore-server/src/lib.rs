@@ -1,6 +1,7 @@
 //! The pet store: a tonic gRPC service over a storage trait, with durable
 //! (redb), in-memory and PostgreSQL backends.
 
+pub mod admission;
 pub mod metrics;
 pub mod model;
 pub mod server;

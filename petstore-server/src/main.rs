@@ -105,6 +105,13 @@ struct Args {
     /// further behind gets OUT_OF_RANGE and re-reads.
     #[arg(long, env = "PETSTORE_WATCH_HISTORY", default_value_t = petstore_server::storage::DEFAULT_HISTORY)]
     watch_history: usize,
+
+    /// Requests answered at once (WatchPets streams and health checks are
+    /// not counted). Beyond it a request is refused at once with
+    /// RESOURCE_EXHAUSTED and a grpc-retry-pushback-ms trailer, instead of
+    /// queueing. 0: no bound.
+    #[arg(long, env = "PETSTORE_MAX_CONCURRENT_REQUESTS", default_value_t = petstore_server::admission::DEFAULT_MAX_CONCURRENT_REQUESTS)]
+    max_concurrent_requests: usize,
 }
 
 /// A duration as a sequence of numbers with units: `500ms`, `10s`, `1.5m`,
@@ -315,6 +322,8 @@ async fn serve(args: Args, observability: Observability) -> ExitCode {
             progress_interval: args.watch_progress_interval,
             ..Default::default()
         },
+        admission: (args.max_concurrent_requests > 0)
+            .then(|| petstore_server::admission::Admission::new(args.max_concurrent_requests)),
     };
     let served =
         petstore_server::server::serve(listener, storage, options, shutdown_signal()).await;

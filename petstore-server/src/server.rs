@@ -37,6 +37,8 @@ pub struct ServeOptions {
     pub observability: Observability,
     /// How `WatchPets` streams behave.
     pub watch: WatchOptions,
+    /// The bound on requests answered at once; none: unbounded.
+    pub admission: Option<crate::admission::Admission>,
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, ServeError> {
@@ -108,8 +110,11 @@ pub async fn serve(
         Arc::clone(&options.observability.metrics),
     ));
     let (stop_watchers, stopping) = tokio::sync::watch::channel(false);
-    let service = PetStoreService::new(storage, options.observability.clone())
+    let mut service = PetStoreService::new(storage, options.observability.clone())
         .with_watch(options.watch, stopping);
+    if let Some(admission) = options.admission {
+        service = service.with_admission(admission);
+    }
     let pet_store = PetStoreServer::new(service)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);

@@ -13,6 +13,7 @@ use tonic::{Request, Response, Status};
 use tracing::{Instrument, Span};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
+use crate::admission::{Admission, Admitted};
 use crate::metrics::{InFlight, ServerMetrics};
 use crate::storage::{SearchPage, Storage, StorageError};
 use crate::watch::{WatchOptions, WatchStream};
@@ -48,6 +49,8 @@ pub struct PetStoreService {
     /// Turns true when the server starts draining: open watch streams end,
     /// so the drain does not wait for them forever.
     stopping: tokio::sync::watch::Receiver<bool>,
+    /// The bound on requests answered at once; none: unbounded.
+    admission: Option<Admission>,
 }
 
 impl PetStoreService {
@@ -58,7 +61,15 @@ impl PetStoreService {
             observability,
             watch: WatchOptions::default(),
             stopping,
+            admission: None,
         }
+    }
+
+    /// Refuses requests beyond `admission`'s bound (see
+    /// [`crate::admission`]).
+    pub fn with_admission(mut self, admission: Admission) -> Self {
+        self.admission = Some(admission);
+        self
     }
 
     /// Serves `WatchPets` with `options`, ending every stream once
@@ -82,9 +93,23 @@ impl PetStoreService {
         }
     }
 
-    /// Starts observing one call to `rpc` (`petstore.PetStore/<Method>`).
+    /// Starts observing one call to `rpc` (`petstore.PetStore/<Method>`),
+    /// which counts against the bound on requests at once.
     fn call(&self, rpc: &'static str, metadata: &MetadataMap) -> RpcCall {
+        let admitted = match &self.admission {
+            Some(admission) => admission.admit().map(Some),
+            None => Ok(None),
+        };
         RpcCall {
+            admitted,
+            ..self.unbounded_call(rpc, metadata)
+        }
+    }
+
+    /// Like [`Self::call`], for a call the bound does not count (a watch).
+    fn unbounded_call(&self, rpc: &'static str, metadata: &MetadataMap) -> RpcCall {
+        RpcCall {
+            admitted: Ok(None),
             method: rpc.rsplit('/').next().unwrap_or(rpc),
             span: if self.observability.spans {
                 rpc_span(rpc, metadata)
@@ -123,6 +148,8 @@ fn rpc_span(rpc: &'static str, metadata: &MetadataMap) -> Span {
 /// One RPC being answered: its span, its place among the calls in flight,
 /// and its duration, recorded with its gRPC code when it ends.
 struct RpcCall {
+    /// Its place under the bound, or the refusal to answer with.
+    admitted: Result<Option<Admitted>, Status>,
     method: &'static str,
     span: Span,
     started: Instant,
@@ -131,11 +158,31 @@ struct RpcCall {
 }
 
 impl RpcCall {
+    /// Runs `handler`, holding the call's place until it returns.
     async fn run<T>(
         self,
         handler: impl Future<Output = Result<Response<T>, Status>>,
     ) -> Result<Response<T>, Status> {
-        let result = handler.instrument(self.span.clone()).await;
+        self.run_admitted(|admitted| async move {
+            let result = handler.await;
+            drop(admitted);
+            result
+        })
+        .await
+    }
+
+    /// Runs the handler `start` makes, which is given the call's place to
+    /// hold for as long as it answers (a search, until its stream ends);
+    /// or answers with the refusal if there was no place.
+    async fn run_admitted<T, F, Fut>(mut self, start: F) -> Result<Response<T>, Status>
+    where
+        F: FnOnce(Option<Admitted>) -> Fut,
+        Fut: Future<Output = Result<Response<T>, Status>>,
+    {
+        let result = match std::mem::replace(&mut self.admitted, Ok(None)) {
+            Ok(admitted) => start(admitted).instrument(self.span.clone()).await,
+            Err(refused) => Err(refused),
+        };
         let code = match &result {
             Ok(_) => tonic::Code::Ok,
             Err(status) => status.code(),
@@ -245,7 +292,8 @@ impl PetStore for PetStoreService {
         request: Request<pb::SearchPetsReq>,
     ) -> Result<Response<Self::SearchPetsStream>, Status> {
         let call = self.call("petstore.PetStore/SearchPets", request.metadata());
-        call.run(self.search(request.into_inner())).await
+        call.run_admitted(|admitted| self.search(request.into_inner(), admitted))
+            .await
     }
 
     async fn change_sampler(
@@ -285,7 +333,7 @@ impl PetStore for PetStoreService {
         &self,
         request: Request<pb::WatchPetsReq>,
     ) -> Result<Response<Self::WatchPetsStream>, Status> {
-        let call = self.call("petstore.PetStore/WatchPets", request.metadata());
+        let call = self.unbounded_call("petstore.PetStore/WatchPets", request.metadata());
         call.run(async {
             let stream = watch::start(
                 Arc::clone(&self.storage),
@@ -306,6 +354,7 @@ impl PetStoreService {
     async fn search(
         &self,
         request: pb::SearchPetsReq,
+        admitted: Option<Admitted>,
     ) -> Result<Response<ReceiverStream<Result<pb::Pet, Status>>>, Status> {
         let filter = validate::search_request(&request)?;
         // The first page is read before answering, so a failing store is a
@@ -320,6 +369,8 @@ impl PetStoreService {
         // The rest of the stream stays in the RPC's trace.
         let rpc_span = Span::current();
         tokio::spawn(async move {
+            // The search's place under the bound lasts as long as its stream.
+            let _admitted = admitted;
             let mut page = first;
             let mut count = 0usize;
             loop {

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use petstore_proto::PetStoreClient;
 use petstore_proto::google::r#type::Date;
 use petstore_proto::petstore::{self as pb, PetType};
+use petstore_server::admission::{Admission, PUSHBACK_TRAILER};
 use petstore_server::model::{NewPet, PetFields, PetRecord, SearchFilter, Species};
+use petstore_server::server::ServeOptions;
 use petstore_server::storage::{Cursor, PostgresConfig, Storage, StorageConfig, search_all};
 use tonic::Code;
 use tonic::transport::Channel;
@@ -29,13 +31,21 @@ impl Running {
 }
 
 async fn start_with(storage: Arc<dyn Storage>, dir: tempfile::TempDir) -> Running {
+    start_with_options(storage, dir, ServeOptions::default()).await
+}
+
+async fn start_with_options(
+    storage: Arc<dyn Storage>,
+    dir: tempfile::TempDir,
+    options: ServeOptions,
+) -> Running {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(async move {
-        petstore_server::server::serve(listener, storage, Default::default(), async {
+        petstore_server::server::serve(listener, storage, options, async {
             let _ = stopped.await;
         })
         .await
@@ -1180,4 +1190,95 @@ async fn durable_files_keep_their_format() {
         expected
     );
     assert_eq!(stored.value(), expected.encode_to_vec(), "byte for byte");
+}
+
+/// Beyond `--max-concurrent-requests` a request is refused at once with
+/// RESOURCE_EXHAUSTED and a pushback, and stores nothing; a search holds
+/// its place until its stream ends; a watch is not counted.
+#[tokio::test]
+async fn beyond_the_bound_a_request_is_shed_with_a_pushback() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let storage = Backend::Memory.open(&dir).await;
+    let options = ServeOptions {
+        admission: Some(Admission::new(1)),
+        ..Default::default()
+    };
+    let mut running = start_with_options(storage, dir, options).await;
+    // More than HTTP/2's flow-control windows and the search's buffer hold
+    // (about 6 MB of long names), so an unread search stays open.
+    let long = "x".repeat(120);
+    for batch in 0..40 {
+        let pets = (0..1000)
+            .map(|i| {
+                pet(
+                    &format!("{long} {batch}-{i}"),
+                    PetType::PtBird,
+                    date(2020, 1, 1),
+                )
+            })
+            .collect();
+        add(&mut running.client, pets).await;
+    }
+    let mut held = running
+        .client
+        .search_pets(pb::SearchPetsReq::default())
+        .await
+        .expect("search")
+        .into_inner();
+    held.message().await.expect("stream").expect("a first pet");
+
+    let refused = running
+        .client
+        .add_pets(pb::AddPetsReq { pets: vec![thor()] })
+        .await
+        .expect_err("shed while the search holds the only place");
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(
+        refused.message().contains("--max-concurrent-requests"),
+        "{refused:?}"
+    );
+    assert_eq!(
+        refused
+            .metadata()
+            .get(PUSHBACK_TRAILER)
+            .and_then(|v| v.to_str().ok()),
+        Some("100"),
+        "{refused:?}"
+    );
+    running
+        .client
+        .watch_pets(pb::WatchPetsReq { after_revision: 0 })
+        .await
+        .expect("a watch is not counted");
+
+    // The place is freed once the search's stream is gone.
+    drop(held);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match running
+            .client
+            .add_pets(pb::AddPetsReq { pets: vec![thor()] })
+            .await
+        {
+            Ok(_) => break,
+            Err(status) if status.code() == Code::ResourceExhausted => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the search's place was never freed"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            Err(status) => panic!("{status:?}"),
+        }
+    }
+    let thors = search(
+        &mut running.client,
+        pb::SearchPetsReq {
+            names: vec!["Thor".into()],
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_eq!(thors.len(), 1, "the refused add stored nothing: {thors:?}");
+    running.stop().await;
 }
