@@ -147,6 +147,8 @@ pub struct ConvergenceResult {
     pub store_peak_rss_kib: u64,
     /// Every Pet listed with kubectl as v1 and as v1alpha1, once converged.
     pub list: ListTimes,
+    /// Out-of-band changes, once converged, and how soon each was undone.
+    pub drift: crate::drift::DriftResult,
 }
 
 /// `kubectl get pets -o json` over every Pet: as v1, the stored version,
@@ -589,6 +591,15 @@ fn measure_operator_with(
         let operator_peak_rss_kib = procstat::peak_rss_kib(first_pid).unwrap_or(0);
         let operator_cpu_seconds = procstat::cpu_seconds(first_pid).unwrap_or(0.0);
 
+        // Drift, on the operator as it runs by default (5-minute poll, the
+        // store's change feed followed): up to 1,000 renames and 100
+        // deletes out of band. Their Events are drained before the restart.
+        let drift_deletes = (n / 10).clamp(1, 100);
+        let drift_edits = n.saturating_sub(drift_deletes).clamp(1, 1000);
+        let drift =
+            crate::drift::measure(&env.store.addr, drift_edits, drift_deletes, timeout).await?;
+        events_drained(&operator, timeout).await?;
+
         // Restart: kill -9, and a new process (the same Pod name, as when
         // Kubernetes restarts the container) with a short poll interval, so
         // that steady state can be watched over two of them afterwards.
@@ -695,6 +706,7 @@ fn measure_operator_with(
             operator_cpu_seconds,
             store_peak_rss_kib: procstat::peak_rss_kib(store_pid).unwrap_or(0),
             list,
+            drift,
             ..Default::default()
         })
     })

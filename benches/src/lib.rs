@@ -4,6 +4,7 @@
 
 pub mod apimetrics;
 pub mod convergence;
+pub mod drift;
 pub mod procstat;
 pub mod report;
 pub mod store_load;

@@ -139,7 +139,7 @@ pub struct DurabilityCheck {
     pub found_after_kill: u64,
 }
 
-fn grpc_error(err: impl std::fmt::Display) -> Error {
+pub(crate) fn grpc_error(err: impl std::fmt::Display) -> Error {
     Error::Command {
         command: "grpc".into(),
         status: "error".into(),
@@ -147,7 +147,7 @@ fn grpc_error(err: impl std::fmt::Display) -> Error {
     }
 }
 
-async fn connect(addr: &str) -> Result<Channel> {
+pub(crate) async fn connect(addr: &str) -> Result<Channel> {
     Channel::from_shared(format!("http://{addr}"))
         .map_err(grpc_error)?
         .connect()
@@ -190,7 +190,7 @@ fn petstore_max_message() -> usize {
     4 * 1024 * 1024
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
+pub(crate) fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
     }

@@ -52,6 +52,12 @@ fn benchmarks_run_end_to_end() -> fixtures::Result<()> {
             r.restart_store_reads >= n,
             "every Pet re-read on restart: {r:?}"
         );
+        // Every out-of-band change was put back (drift::measure waits for
+        // each), and timed.
+        assert!(
+            r.drift.edits > 0 && r.drift.deletes > 0 && r.drift.max > std::time::Duration::ZERO,
+            "drift measured: {r:?}"
+        );
         // Both lists counted every Pet (list_times checks), and timed.
         assert!(
             r.list.v1 > std::time::Duration::ZERO && r.list.v1alpha1 > std::time::Duration::ZERO,

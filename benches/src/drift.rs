@@ -1,0 +1,171 @@
+//! Drift latency: with every Pet converged, records are changed and deleted
+//! out of band through the store's gRPC API, as someone with grpcurl would,
+//! one call each; each is timed from its call until the operator has put
+//! the record back. The bench follows the store's own change feed to see
+//! the fixes: an update restoring the record's name, or a new record with
+//! the deleted one's key.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use petstore_proto::PetStoreClient;
+use petstore_proto::petstore::{self as pb, pet_change::Kind};
+use tokio::sync::mpsc;
+
+use crate::store_load::{connect, grpc_error, percentile};
+use fixtures::{Error, Result};
+
+/// Out-of-band edits and deletes, and how long each took to be undone.
+#[derive(Clone, Debug, Default)]
+pub struct DriftResult {
+    pub edits: usize,
+    pub deletes: usize,
+    pub p50: Duration,
+    pub p99: Duration,
+    pub max: Duration,
+}
+
+/// What the bench changed, and what the fix will look like on the feed.
+enum Expect {
+    /// The record `id` named `name` again.
+    Renamed { id: String, name: String },
+    /// A record with this key created again.
+    Recreated { key: String },
+}
+
+/// Makes `edits` renames and `deletes` deletions of the keyed records in
+/// the store at `addr`, one call each, and waits up to `timeout` for every
+/// one to be put back.
+pub async fn measure(
+    addr: &str,
+    edits: usize,
+    deletes: usize,
+    timeout: Duration,
+) -> Result<DriftResult> {
+    let mut client = PetStoreClient::new(connect(addr).await?);
+    let mut records = Vec::new();
+    let mut stream = client
+        .search_pets(pb::SearchPetsReq::default())
+        .await
+        .map_err(grpc_error)?
+        .into_inner();
+    while let Some(pet) = stream.message().await.map_err(grpc_error)? {
+        if !pet.idempotency_key.is_empty() {
+            records.push(pet);
+        }
+    }
+    if records.len() < edits + deletes {
+        return Err(grpc_error(format!(
+            "{} keyed records, fewer than {edits} edits and {deletes} deletes",
+            records.len()
+        )));
+    }
+
+    // Follow the feed from now before changing anything.
+    let mut feed = client
+        .watch_pets(pb::WatchPetsReq { after_revision: 0 })
+        .await
+        .map_err(grpc_error)?
+        .into_inner();
+    let (seen, mut fixes) = mpsc::unbounded_channel::<(pb::PetChange, Instant)>();
+    let follower = tokio::spawn(async move {
+        while let Ok(Some(message)) = feed.message().await {
+            let at = Instant::now();
+            for change in message.changes {
+                if seen.send((change, at)).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+
+    let mut expected: Vec<(Expect, Instant)> = Vec::with_capacity(edits + deletes);
+    let (to_edit, to_delete) = records.split_at(edits);
+    for (i, record) in to_edit.iter().enumerate() {
+        let mut changed = record.clone();
+        changed.name = format!("Changed out of band {i}");
+        let sent = Instant::now();
+        client
+            .update_pets(pb::UpdatePetsReq {
+                pets: vec![changed],
+            })
+            .await
+            .map_err(grpc_error)?;
+        expected.push((
+            Expect::Renamed {
+                id: record.id.clone(),
+                name: record.name.clone(),
+            },
+            sent,
+        ));
+    }
+    for record in &to_delete[..deletes] {
+        let sent = Instant::now();
+        client
+            .delete_pets(pb::DeletePetsReq {
+                ids: vec![record.id.clone()],
+            })
+            .await
+            .map_err(grpc_error)?;
+        expected.push((
+            Expect::Recreated {
+                key: record.idempotency_key.clone(),
+            },
+            sent,
+        ));
+    }
+
+    // Match the fixes: by ID for a rename, by key for a re-creation.
+    let mut renamed: HashMap<&str, (&str, Instant)> = HashMap::new();
+    let mut recreated: HashMap<&str, Instant> = HashMap::new();
+    for (expect, sent) in &expected {
+        match expect {
+            Expect::Renamed { id, name } => {
+                renamed.insert(id, (name, *sent));
+            }
+            Expect::Recreated { key } => {
+                recreated.insert(key, *sent);
+            }
+        }
+    }
+    let mut latencies = Vec::with_capacity(expected.len());
+    let deadline = tokio::time::Instant::now() + timeout;
+    while latencies.len() < expected.len() {
+        let next = tokio::time::timeout_at(deadline, fixes.recv()).await;
+        let Ok(Some((change, at))) = next else {
+            follower.abort();
+            return Err(Error::Timeout(
+                timeout,
+                format!(
+                    "{} of {} out-of-band changes put back",
+                    latencies.len(),
+                    expected.len()
+                ),
+            ));
+        };
+        let Some(pet) = change.pet else { continue };
+        let fixed = match Kind::try_from(change.kind) {
+            Ok(Kind::Updated) => match renamed.get(pet.id.as_str()) {
+                Some(&(name, sent)) if name == pet.name => {
+                    renamed.remove(pet.id.as_str());
+                    Some(sent)
+                }
+                _ => None,
+            },
+            Ok(Kind::Created) => recreated.remove(pet.idempotency_key.as_str()),
+            _ => None,
+        };
+        if let Some(sent) = fixed {
+            latencies.push(at.saturating_duration_since(sent));
+        }
+    }
+    follower.abort();
+    latencies.sort_unstable();
+    Ok(DriftResult {
+        edits,
+        deletes,
+        p50: percentile(&latencies, 0.50),
+        p99: percentile(&latencies, 0.99),
+        max: latencies.last().copied().unwrap_or_default(),
+    })
+}
