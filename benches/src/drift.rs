@@ -25,14 +25,6 @@ pub struct DriftResult {
     pub max: Duration,
 }
 
-/// What the bench changed, and what the fix will look like on the feed.
-enum Expect {
-    /// The record `id` named `name` again.
-    Renamed { id: String, name: String },
-    /// A record with this key created again.
-    Recreated { key: String },
-}
-
 /// Makes `edits` renames and `deletes` deletions of the keyed records in
 /// the store at `addr`, one call each, and waits up to `timeout` for every
 /// one to be put back.
@@ -79,7 +71,11 @@ pub async fn measure(
         }
     });
 
-    let mut expected: Vec<(Expect, Instant)> = Vec::with_capacity(edits + deletes);
+    // What each fix will look like on the feed, and when its change was
+    // sent: the record's name restored (by ID), or a record with the
+    // deleted one's key created again.
+    let mut renamed: HashMap<String, (String, Instant)> = HashMap::new();
+    let mut recreated: HashMap<String, Instant> = HashMap::new();
     let (to_edit, to_delete) = records.split_at(edits);
     for (i, record) in to_edit.iter().enumerate() {
         let mut changed = record.clone();
@@ -91,13 +87,7 @@ pub async fn measure(
             })
             .await
             .map_err(grpc_error)?;
-        expected.push((
-            Expect::Renamed {
-                id: record.id.clone(),
-                name: record.name.clone(),
-            },
-            sent,
-        ));
+        renamed.insert(record.id.clone(), (record.name.clone(), sent));
     }
     for record in &to_delete[..deletes] {
         let sent = Instant::now();
@@ -107,30 +97,13 @@ pub async fn measure(
             })
             .await
             .map_err(grpc_error)?;
-        expected.push((
-            Expect::Recreated {
-                key: record.idempotency_key.clone(),
-            },
-            sent,
-        ));
+        recreated.insert(record.idempotency_key.clone(), sent);
     }
 
-    // Match the fixes: by ID for a rename, by key for a re-creation.
-    let mut renamed: HashMap<&str, (&str, Instant)> = HashMap::new();
-    let mut recreated: HashMap<&str, Instant> = HashMap::new();
-    for (expect, sent) in &expected {
-        match expect {
-            Expect::Renamed { id, name } => {
-                renamed.insert(id, (name, *sent));
-            }
-            Expect::Recreated { key } => {
-                recreated.insert(key, *sent);
-            }
-        }
-    }
-    let mut latencies = Vec::with_capacity(expected.len());
+    let expected = renamed.len() + recreated.len();
+    let mut latencies = Vec::with_capacity(expected);
     let deadline = tokio::time::Instant::now() + timeout;
-    while latencies.len() < expected.len() {
+    while latencies.len() < expected {
         let next = tokio::time::timeout_at(deadline, fixes.recv()).await;
         let Ok(Some((change, at))) = next else {
             follower.abort();
@@ -139,20 +112,19 @@ pub async fn measure(
                 format!(
                     "{} of {} out-of-band changes put back",
                     latencies.len(),
-                    expected.len()
+                    expected
                 ),
             ));
         };
         let Some(pet) = change.pet else { continue };
         let fixed = match Kind::try_from(change.kind) {
-            Ok(Kind::Updated) => match renamed.get(pet.id.as_str()) {
-                Some(&(name, sent)) if name == pet.name => {
-                    renamed.remove(pet.id.as_str());
-                    Some(sent)
+            Ok(Kind::Updated) => match renamed.get(&pet.id) {
+                Some((name, _)) if *name == pet.name => {
+                    renamed.remove(&pet.id).map(|(_, sent)| sent)
                 }
                 _ => None,
             },
-            Ok(Kind::Created) => recreated.remove(pet.idempotency_key.as_str()),
+            Ok(Kind::Created) => recreated.remove(&pet.idempotency_key),
             _ => None,
         };
         if let Some(sent) = fixed {

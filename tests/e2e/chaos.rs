@@ -276,19 +276,7 @@ impl Soak<'_> {
                 self.count("delete", result);
             }
             85..99 => {
-                let uid = self
-                    .env
-                    .cp
-                    .kubectl(&[
-                        "get",
-                        "pet",
-                        &name,
-                        "-n",
-                        &namespace,
-                        "-o",
-                        "jsonpath={.metadata.uid}",
-                    ])
-                    .unwrap_or_default();
+                let uid = self.pet_field(&namespace, &name, "{.metadata.uid}");
                 let annotated = self.env.cp.kubectl(&[
                     "annotate",
                     "pet",
@@ -321,6 +309,22 @@ impl Soak<'_> {
         }
     }
 
+    /// One field of a Pet (a JSONPath), or "" if it cannot be read.
+    fn pet_field(&self, namespace: &str, name: &str, jsonpath: &str) -> String {
+        self.env
+            .cp
+            .kubectl(&[
+                "get",
+                "pet",
+                name,
+                "-n",
+                namespace,
+                "-o",
+                &format!("jsonpath={jsonpath}"),
+            ])
+            .unwrap_or_default()
+    }
+
     /// How many times the running operators have logged a lost history.
     fn rereads_logged(&mut self) -> usize {
         self.operators
@@ -342,19 +346,7 @@ impl Soak<'_> {
             let Some((namespace, name)) = self.random_pet() else {
                 break;
             };
-            let id = self
-                .env
-                .cp
-                .kubectl(&[
-                    "get",
-                    "pet",
-                    &name,
-                    "-n",
-                    &namespace,
-                    "-o",
-                    "jsonpath={.status.id}",
-                ])
-                .unwrap_or_default();
+            let id = self.pet_field(&namespace, &name, "{.status.id}");
             if id.is_empty() {
                 continue;
             }
