@@ -16,6 +16,7 @@ use tokio::sync::watch;
 
 use crate::apimetrics::{self, RequestCounts};
 use crate::procstat;
+use fixtures::env::OPERATOR_NAMESPACE;
 use fixtures::{ControlPlane, Env, Error, Operator, Result, Storage, wait_for};
 
 const NAMESPACE: &str = "bench";
@@ -111,6 +112,10 @@ pub struct ConvergenceResult {
     /// CPU used while converging, by process; the floor's and the operator's
     /// (first pair).
     pub floor_cpu: CpuSplit,
+    /// Conversion webhook calls the API server made while converging, in
+    /// the operator's run and in the floor's (first pair).
+    pub conversions: u64,
+    pub floor_conversions: u64,
     pub cpu: CpuSplit,
     pub rename: Duration,
     pub delete: Duration,
@@ -137,6 +142,8 @@ pub struct ConvergenceResult {
     pub steady_api_writes: u64,
     pub steady_store_writes: u64,
     pub steady_store_reads: u64,
+    /// Every store call in steady state, reads or not.
+    pub steady_store_calls: u64,
     /// The restarted operator's poll interval in effect.
     pub poll_interval: Duration,
     pub steady_window: Duration,
@@ -149,27 +156,49 @@ pub struct ConvergenceResult {
     pub list: ListTimes,
     /// Out-of-band changes, once converged, and how soon each was undone.
     pub drift: crate::drift::DriftResult,
+    /// The same on PostgreSQL with two store replicas.
+    pub drift_postgres: crate::drift::DriftResult,
 }
 
 /// `kubectl get pets -o json` over every Pet: as v1, the stored version,
 /// and as v1alpha1, which the API server converts through the operator's
-/// webhook. Medians of [`LIST_ROUNDS`] rounds, the two lists alternating.
+/// webhook; with Kubernetes 1.33's defaults, and again with the
+/// `ListFromCacheSnapshot` feature gate (on by default from 1.34).
+///
+/// Why both: kubectl reads 500 Pets a page. By default the API server
+/// serves the first page from its watch cache (which holds every Pet
+/// already converted to each served version) and every later page from
+/// etcd, converting each Pet of them with a webhook call of its own. With
+/// the gate the later pages come from the cache too.
 #[derive(Clone, Debug, Default)]
 pub struct ListTimes {
-    pub v1: Duration,
-    pub v1alpha1: Duration,
-    /// The operator's CPU per v1alpha1 list: the webhook's conversions.
-    pub webhook_cpu_seconds: f64,
-    /// The operator's resident memory after the v1alpha1 lists.
+    pub default: ListRound,
+    pub snapshot: ListRound,
+    /// The webhook's resident memory after the v1alpha1 lists.
     pub webhook_rss_kib: u64,
 }
 
-impl ListTimes {
+/// Medians of [`LIST_ROUNDS`] rounds, the two lists alternating, after an
+/// untimed list of each.
+#[derive(Clone, Debug, Default)]
+pub struct ListRound {
+    pub v1: Duration,
+    pub v1alpha1: Duration,
+    /// The webhook's CPU per v1alpha1 list: its conversions.
+    pub webhook_cpu_seconds: f64,
+    /// Conversion webhook calls the API server made per v1alpha1 list.
+    pub webhook_calls: u64,
+}
+
+impl ListRound {
     /// v1alpha1 ÷ v1: what the conversion webhook adds to a list.
     pub fn ratio(&self) -> f64 {
         self.v1alpha1.as_secs_f64() / self.v1.as_secs_f64().max(1e-9)
     }
 }
+
+/// The feature gate that serves every page of a list from the watch cache.
+const LIST_SNAPSHOT_GATE: &str = "--feature-gates=ListFromCacheSnapshot=true";
 
 const LIST_ROUNDS: usize = 3;
 
@@ -194,6 +223,26 @@ impl ConvergenceResult {
 
     pub fn writes_per_pet(&self) -> f64 {
         self.api_writes as f64 / self.pets.max(1) as f64
+    }
+
+    /// Store calls per Pet (the warm-up's too: the operator audits them
+    /// alike) per poll interval, in steady state.
+    pub fn calls_per_pet_per_interval(&self) -> f64 {
+        let intervals =
+            self.steady_window.as_secs_f64() / self.poll_interval.as_secs_f64().max(1e-9);
+        self.steady_store_calls as f64 / (self.pets + WARMUP_PETS) as f64 / intervals.max(1e-9)
+    }
+
+    /// Store calls an hour with N Pets converged and nothing changing, at
+    /// the operator's defaults (the change feed followed, each Pet audited
+    /// once per `--audit-interval`, an hour): the steady state's calls per
+    /// Pet per interval, at the default interval. Steady state watches a
+    /// short interval, so that the figure takes seconds to measure; the
+    /// audit's schedule is the same at any interval.
+    pub fn idle_calls_per_hour_at_defaults(&self) -> f64 {
+        let audit = petstore_operator::controller::Settings::default().audit_interval;
+        self.calls_per_pet_per_interval() * self.pets as f64 * 3600.0
+            / audit.as_secs_f64().max(1e-9)
     }
 
     /// Drift-poll reads per second in steady state.
@@ -251,6 +300,10 @@ pub struct Floor {
     pub time: Duration,
     pub requests: RequestCounts,
     pub cpu: CpuSplit,
+    /// Conversion webhook calls while converging.
+    pub conversions: u64,
+    /// Listing the converged Pets, when asked for.
+    pub list: Option<ListTimes>,
 }
 
 /// What the watch has seen of each Pet.
@@ -558,17 +611,20 @@ fn measure_operator_with(
         let api_before = apimetrics::scrape(&env.cp)?;
         let calls_before = store_calls(&operator.metrics()?);
 
+        let conversions_before = conversion_calls(&env.cp)?;
         let cpu = CpuSplit::meter(&env, operator.process().pid());
         let started = Instant::now();
         create_pets(&api, n, config.concurrency).await?;
         tracker.all_ready(n, 1, timeout, "all Pets Ready").await?;
         let converge = started.elapsed();
         let cpu = CpuSplit::read(&cpu);
+        let conversions = conversion_calls(&env.cp)?.saturating_sub(conversions_before);
         if !everything {
             return Ok(ConvergenceResult {
                 pets: n,
                 converge,
                 cpu,
+                conversions,
                 ..Default::default()
             });
         }
@@ -594,8 +650,7 @@ fn measure_operator_with(
         // Drift, on the operator as it runs by default (5-minute poll, the
         // store's change feed followed): up to 1,000 renames and 100
         // deletes out of band. Their Events are drained before the restart.
-        let drift_deletes = (n / 10).clamp(1, 100);
-        let drift_edits = n.saturating_sub(drift_deletes).clamp(1, 1000);
+        let (drift_edits, drift_deletes) = drift_counts(n);
         let drift =
             crate::drift::measure(&env.store.addr, drift_edits, drift_deletes, timeout).await?;
         events_drained(&operator, timeout).await?;
@@ -661,15 +716,17 @@ fn measure_operator_with(
         tokio::time::sleep(poll_interval / 2).await;
         let steady_before = apimetrics::scrape(&env.cp)?;
         let steady_calls_before = store_calls(&operator.metrics()?);
-        let steady_window = poll_interval * 2;
-        tokio::time::sleep(steady_window).await;
-        let steady_api_writes = writes_since(&env.cp, &steady_before)?;
+        let window_started = Instant::now();
+        tokio::time::sleep(poll_interval * 2).await;
+        // The store calls' window is timed by its own two scrapes: the API
+        // server's scrape (a kubectl run) would add to it.
         let steady_calls =
             apimetrics::increase(&steady_calls_before, &store_calls(&operator.metrics()?));
+        let steady_window = window_started.elapsed();
+        let steady_api_writes = writes_since(&env.cp, &steady_before)?;
         let steady_store_writes = store_writes(&steady_calls);
         let steady_store_reads = store_reads(&steady_calls);
-
-        let list = list_times(&env.cp, &mut operator, n)?;
+        let steady_store_calls = steady_calls.values().sum();
 
         let (rename, delete) = if n <= config.churn_max_pets {
             churn(&env, &api, &mut tracker, config, timeout).await?
@@ -682,6 +739,7 @@ fn measure_operator_with(
             pets: n,
             converge,
             cpu,
+            conversions,
             events_written,
             events_while_converging,
             rename,
@@ -699,13 +757,13 @@ fn measure_operator_with(
             steady_api_writes,
             steady_store_writes,
             steady_store_reads,
+            steady_store_calls,
             poll_interval,
             steady_window,
             operator_peak_rss_kib,
             operator_rss_kib,
             operator_cpu_seconds,
             store_peak_rss_kib: procstat::peak_rss_kib(store_pid).unwrap_or(0),
-            list,
             drift,
             ..Default::default()
         })
@@ -713,9 +771,10 @@ fn measure_operator_with(
 }
 
 /// Lists the `n` bench Pets as v1 and as v1alpha1, alternating, with the
-/// client users use; see [`ListTimes`].
-fn list_times(cp: &ControlPlane, operator: &mut Operator, n: usize) -> Result<ListTimes> {
-    let time = |version: &str| -> Result<Duration> {
+/// client users use; see [`ListTimes`]. The process `webhook_pid` serves
+/// the conversions.
+fn list_times(cp: &ControlPlane, webhook_pid: Option<u32>, n: usize) -> Result<ListRound> {
+    let list = |version: &str| -> Result<Duration> {
         let resource = format!("pets.{version}.petstore.example.com");
         let started = Instant::now();
         let out = cp.kubectl(&["get", &resource, "-n", NAMESPACE, "-o", "json"])?;
@@ -730,19 +789,100 @@ fn list_times(cp: &ControlPlane, operator: &mut Operator, n: usize) -> Result<Li
         }
         Ok(took)
     };
-    let pid = operator.process().pid().unwrap_or(0);
+    // Untimed: after an API server start the watch caches fill first.
+    list("v1")?;
+    list("v1alpha1")?;
+    let pid = webhook_pid.unwrap_or(0);
+    let calls_before = conversion_calls(cp)?;
     let (mut v1, mut v1alpha1, mut webhook_cpu) = (Vec::new(), Vec::new(), 0.0);
     for _ in 0..LIST_ROUNDS {
-        v1.push(time("v1")?.as_secs_f64());
+        v1.push(list("v1")?.as_secs_f64());
         let cpu_before = procstat::cpu_seconds(pid).unwrap_or(0.0);
-        v1alpha1.push(time("v1alpha1")?.as_secs_f64());
+        v1alpha1.push(list("v1alpha1")?.as_secs_f64());
         webhook_cpu += procstat::cpu_seconds(pid).unwrap_or(0.0) - cpu_before;
     }
-    Ok(ListTimes {
+    let calls = conversion_calls(cp)?.saturating_sub(calls_before);
+    Ok(ListRound {
         v1: Duration::from_secs_f64(median(v1)),
         v1alpha1: Duration::from_secs_f64(median(v1alpha1)),
         webhook_cpu_seconds: webhook_cpu / LIST_ROUNDS as f64,
-        webhook_rss_kib: procstat::rss_kib(pid).unwrap_or(0),
+        webhook_calls: calls / LIST_ROUNDS as u64,
+    })
+}
+
+/// Conversion webhook calls the API server has made for Pets, from its
+/// `apiserver_crd_conversion_webhook_duration_seconds` histogram.
+fn conversion_calls(cp: &ControlPlane) -> Result<u64> {
+    let metrics = cp.kubectl(&["get", "--raw", "/metrics"])?;
+    Ok(metrics
+        .lines()
+        .filter(|line| {
+            line.starts_with("apiserver_crd_conversion_webhook_duration_seconds_count{")
+                && line.contains("crd_name=\"pets.petstore.example.com\"")
+        })
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64)
+}
+
+/// Holds the operator's leader Lease for a day, so that an operator started
+/// now stands by: it serves the conversion webhook and reconciles nothing.
+fn hold_lease(cp: &ControlPlane) -> Result<()> {
+    let now = chrono::Utc::now().format("%Y-%m-%dT%H:%M:%S%.6fZ");
+    cp.apply(&format!(
+        "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata:\n  name: petstore-operator\n  namespace: {OPERATOR_NAMESPACE}\nspec:\n  holderIdentity: petstore-bench-floor\n  leaseDurationSeconds: 86400\n  acquireTime: {now}\n  renewTime: {now}\n"
+    ))
+    .map(drop)
+}
+
+/// Out-of-band renames and deletes for drift latency at `n` Pets: up to
+/// 1,000 and 100.
+fn drift_counts(n: usize) -> (usize, usize) {
+    let deletes = (n / 10).clamp(1, 100);
+    (n.saturating_sub(deletes).clamp(1, 1000), deletes)
+}
+
+/// Drift latency with the store on PostgreSQL: two store replicas on one
+/// database behind a round-robin forwarder (as behind a Service), the
+/// operator as it ships (5-minute poll, the feed followed), `n` Pets
+/// converged first. The out-of-band changes and the operator's feed go
+/// through different connections, so through either replica.
+pub fn measure_drift_on_postgres(
+    rt: &tokio::runtime::Runtime,
+    config: &ConvergenceConfig,
+) -> Result<crate::drift::DriftResult> {
+    let env = Env::start(Storage::Durable)?;
+    let dir = tempfile::tempdir().map_err(fixtures::io("creating a directory"))?;
+    let store = crate::store_load::StoreUnderTest::start(
+        dir.path(),
+        crate::store_load::StoreSetup::Postgres { replicas: 2 },
+    )?;
+    let mut options = env.operator_options("bench-operator-postgres");
+    options.store_addr = store.addr.clone();
+    options.poll_interval = "5m";
+    options.log_filter = "info";
+    let operator = env.start_operator_with(&options)?;
+    wait_for(Duration::from_secs(60), "leadership", || {
+        operator
+            .metrics()
+            .is_ok_and(|m| is_leader(&m))
+            .then_some(())
+    })?;
+    let n = config.pets;
+    let timeout = config.timeout();
+    rt.block_on(async {
+        let client = prepare(&env).await?;
+        Tracker::start(Api::namespaced(client.clone(), "warmup"))
+            .all_ready(WARMUP_PETS, 1, timeout, "warm-up Pets Ready")
+            .await?;
+        let api: Api<Pet> = Api::namespaced(client, NAMESPACE);
+        let mut tracker = Tracker::start(api.clone());
+        create_pets(&api, n, config.concurrency).await?;
+        tracker
+            .all_ready(n, 1, timeout, "all Pets Ready on PostgreSQL")
+            .await?;
+        events_drained(&operator, timeout).await?;
+        let (edits, deletes) = drift_counts(n);
+        crate::drift::measure(&store.addr, edits, deletes, timeout).await
     })
 }
 
@@ -818,11 +958,31 @@ async fn churn(
 
 /// The floor: the same creates, and a baseline that only adds the finalizer
 /// and writes status for each Pet, at the same concurrency, with no store.
-pub fn measure_floor(rt: &tokio::runtime::Runtime, config: &ConvergenceConfig) -> Result<Floor> {
-    let env = Env::start(Storage::Durable)?;
+///
+/// The API server converts every write of a Pet to v1alpha1 for that
+/// version's watch cache, through the conversion webhook, whoever writes.
+/// So the floor runs with the webhook served as in the operator's run: by
+/// an operator replica that stands by (the bench holds the leader Lease)
+/// and reconciles nothing. Without it the floor would skip that work
+/// (each conversion failing at once) and the ratio would charge the
+/// control plane's conversions to the operator.
+///
+/// With `lists`, it then times listing the converged Pets ([`ListTimes`]).
+pub fn measure_floor(
+    rt: &tokio::runtime::Runtime,
+    config: &ConvergenceConfig,
+    lists: bool,
+) -> Result<Floor> {
+    let mut env = Env::start(Storage::Durable)?;
+    hold_lease(&env.cp)?;
+    let mut options = env.operator_options("bench-floor-webhook");
+    options.poll_interval = "5m";
+    options.log_filter = "info";
+    let mut webhook = env.start_operator_with(&options)?;
+    let webhook_pid = webhook.process().pid();
     let n = config.pets;
     let timeout = config.timeout();
-    rt.block_on(async {
+    let mut floor = rt.block_on(async {
         let client = prepare(&env).await?;
         let api: Api<Pet> = Api::namespaced(client.clone(), NAMESPACE);
         let mut tracker = Tracker::start(api.clone());
@@ -877,7 +1037,8 @@ pub fn measure_floor(rt: &tokio::runtime::Runtime, config: &ConvergenceConfig) -
                 .await;
             });
 
-        let cpu = CpuSplit::meter(&env, None);
+        let conversions_before = conversion_calls(&env.cp)?;
+        let cpu = CpuSplit::meter(&env, webhook_pid);
         let started = Instant::now();
         create_pets(&api, n, config.concurrency).await?;
         tracker
@@ -885,13 +1046,27 @@ pub fn measure_floor(rt: &tokio::runtime::Runtime, config: &ConvergenceConfig) -
             .await?;
         let floor = started.elapsed();
         let cpu = CpuSplit::read(&cpu);
+        let conversions = conversion_calls(&env.cp)?.saturating_sub(conversions_before);
         baseline.abort();
-        Ok(Floor {
+        Ok::<_, Error>(Floor {
             time: floor,
             requests: requests_since(&env.cp, &api_before, n)?,
             cpu,
+            conversions,
+            list: None,
         })
-    })
+    })?;
+    if lists {
+        let default = list_times(&env.cp, webhook_pid, n)?;
+        env.cp.restart_apiserver(&[LIST_SNAPSHOT_GATE])?;
+        let snapshot = list_times(&env.cp, webhook_pid, n)?;
+        floor.list = Some(ListTimes {
+            default,
+            snapshot,
+            webhook_rss_kib: webhook_pid.and_then(procstat::rss_kib).unwrap_or(0),
+        });
+    }
+    Ok(floor)
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 pub mod apimetrics;
 pub mod convergence;
 pub mod drift;
+pub mod feed_cost;
 pub mod procstat;
 pub mod report;
 pub mod store_load;
@@ -39,6 +40,10 @@ pub struct BenchConfig {
     /// Pets in the large-store run (search by name, full stream, open time);
     /// none skips it.
     pub scale_records: Option<u64>,
+    /// The change feed's cost: creates in the burst, and the numbers of
+    /// watchers to measure it with.
+    pub feed_creates: u64,
+    pub feed_watchers: Vec<usize>,
 }
 
 impl BenchConfig {
@@ -61,6 +66,8 @@ impl BenchConfig {
                 StoreSetup::Postgres { replicas: 2 },
             ],
             scale_records: Some(1_000_000),
+            feed_creates: 10_000,
+            feed_watchers: vec![0, 1, 10, 100],
         }
     }
 
@@ -83,6 +90,8 @@ impl BenchConfig {
                 StoreSetup::Postgres { replicas: 2 },
             ],
             scale_records: Some(2_000),
+            feed_creates: 200,
+            feed_watchers: vec![0, 3],
         }
     }
 }
@@ -100,6 +109,7 @@ pub struct BenchResults {
     pub durability: Option<DurabilityCheck>,
     pub ghz: Vec<GhzResult>,
     pub scale: Vec<ScaleResult>,
+    pub feed_cost: Vec<feed_cost::FeedCost>,
 }
 
 pub fn run_all(config: &BenchConfig, progress: impl Fn(&str)) -> Result<BenchResults> {
@@ -122,11 +132,13 @@ pub fn run_all(config: &BenchConfig, progress: impl Fn(&str)) -> Result<BenchRes
             floor_identity: config.floor_identity,
         };
         progress(&format!("floor, N = {pets}"));
-        let floor = convergence::measure_floor(&rt, &c)?;
+        let floor = convergence::measure_floor(&rt, &c, true)?;
         progress(&format!("operator, N = {pets}"));
         let mut result = convergence::measure_operator(&rt, &c)?;
         result.floor_api_requests = floor.requests;
         result.floor_cpu = floor.cpu;
+        result.floor_conversions = floor.conversions;
+        result.list = floor.list.unwrap_or_default();
         result.floor_identity = config.floor_identity;
         let mut pairs = vec![convergence::Pair {
             floor: floor.time,
@@ -141,7 +153,7 @@ pub fn run_all(config: &BenchConfig, progress: impl Fn(&str)) -> Result<BenchRes
         ));
         for pair in 2..=config.pairs {
             progress(&format!("floor and operator, N = {pets}, pair {pair}"));
-            let floor = convergence::measure_floor(&rt, &c)?.time;
+            let floor = convergence::measure_floor(&rt, &c, false)?.time;
             let operator = convergence::measure_operator_convergence(&rt, &c)?;
             progress(&format!(
                 "N = {pets}, pair {pair}: operator {:.2}s, floor {:.2}s",
@@ -155,6 +167,8 @@ pub fn run_all(config: &BenchConfig, progress: impl Fn(&str)) -> Result<BenchRes
                 pairs.iter().map(|p| time(p).as_secs_f64()).collect(),
             ))
         };
+        progress(&format!("drift on PostgreSQL (2 replicas), N = {pets}"));
+        result.drift_postgres = convergence::measure_drift_on_postgres(&rt, &c)?;
         result.converge = median_of(|p| p.operator);
         result.floor = median_of(|p| p.floor);
         result.pairs = pairs;
@@ -198,6 +212,12 @@ pub fn run_all(config: &BenchConfig, progress: impl Fn(&str)) -> Result<BenchRes
                 &|step| progress(step),
             )?);
         }
+    }
+    if !config.store_concurrencies.is_empty() {
+        progress("store, the change feed's cost");
+        let dir = tempfile::tempdir().map_err(fixtures::io("creating a directory"))?;
+        results.feed_cost =
+            feed_cost::measure(&rt, dir.path(), config.feed_creates, &config.feed_watchers)?;
     }
     results.store_load_end = report::load_average();
     Ok(results)
@@ -446,6 +466,44 @@ pub fn store_markdown(results: &BenchResults) -> String {
                     "{:.0} MiB",
                     b as f64 / 1024.0 / 1024.0
                 )),
+            );
+        }
+    }
+    if !results.feed_cost.is_empty() {
+        let _ = writeln!(out, "\n### The change feed's cost\n");
+        let _ = writeln!(
+            out,
+            "A fresh durable store for each row: the watchers follow `WatchPets` from the current revision, then {CREATORS} clients create the pets, one `AddPets` call per pet (as the operator does). Time runs until every watcher has received every change; CPU and peak RSS are the store's (RSS sampled every 10 ms). The first row, with no watcher, is the store without the feed's cost.\n",
+            CREATORS = feed_cost::CREATORS
+        );
+        table_head(
+            &mut out,
+            &[
+                "watchers",
+                "creates",
+                "time",
+                "creates/s",
+                "store CPU",
+                "CPU µs per create",
+                "RSS before",
+                "peak RSS",
+                "changes delivered",
+            ],
+            "rrrrrrrrr",
+        );
+        for r in &results.feed_cost {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {:.2} s | {:.0} | {:.2} s | {:.0} | {:.1} MiB | {:.1} MiB | {} |",
+                r.watchers,
+                r.creates,
+                r.seconds,
+                r.creates as f64 / r.seconds.max(1e-9),
+                r.store_cpu_seconds,
+                r.store_cpu_seconds * 1e6 / r.creates.max(1) as f64,
+                r.store_rss_before_kib as f64 / 1024.0,
+                r.store_peak_rss_kib as f64 / 1024.0,
+                r.delivered,
             );
         }
     }

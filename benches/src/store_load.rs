@@ -155,7 +155,7 @@ pub(crate) async fn connect(addr: &str) -> Result<Channel> {
         .map_err(grpc_error)
 }
 
-fn pet(n: u64) -> pb::Pet {
+pub(crate) fn pet(n: u64) -> pb::Pet {
     pb::Pet {
         name: format!("Load {n}"),
         r#type: PetType::PtBird.into(),
