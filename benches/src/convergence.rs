@@ -423,6 +423,38 @@ async fn prepare(env: &Env) -> Result<kube::Client> {
 
 const WARMUP_PETS: usize = 20;
 
+/// [`prepare`], then waits until an operator has made the warm-up Pets
+/// Ready.
+async fn warmed_up(env: &Env, timeout: Duration) -> Result<kube::Client> {
+    let client = prepare(env).await?;
+    Tracker::start(Api::namespaced(client.clone(), "warmup"))
+        .all_ready(WARMUP_PETS, 1, timeout, "warm-up Pets Ready")
+        .await?;
+    Ok(client)
+}
+
+/// The operator's options as it ships: the default 5-minute poll (no drift
+/// poll falls inside a convergence) and production logging (debug logging
+/// would be part of what is measured).
+fn shipped_options(env: &Env, identity: &str) -> fixtures::OperatorOptions {
+    let mut options = env.operator_options(identity);
+    options.poll_interval = "5m";
+    options.log_filter = "info";
+    options
+}
+
+/// Starts an operator and waits until it leads.
+fn start_leader(env: &Env, options: &fixtures::OperatorOptions) -> Result<Operator> {
+    let operator = env.start_operator_with(options)?;
+    wait_for(Duration::from_secs(60), "leadership", || {
+        operator
+            .metrics()
+            .is_ok_and(|m| is_leader(&m))
+            .then_some(())
+    })?;
+    Ok(operator)
+}
+
 async fn client_from(kubeconfig: &std::path::Path) -> Result<kube::Client> {
     let kubeconfig = Kubeconfig::read_from(kubeconfig).map_err(kube_error)?;
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
@@ -583,26 +615,13 @@ fn measure_operator_with(
     everything: bool,
 ) -> Result<ConvergenceResult> {
     let env = Env::start(Storage::Durable)?;
-    let mut options = env.operator_options("bench-operator");
-    // The default interval: no drift poll falls inside the convergence.
-    options.poll_interval = "5m";
-    // Production log level: debug logging would be part of what we measure.
-    options.log_filter = "info";
-    let mut operator = env.start_operator_with(&options)?;
-    wait_for(Duration::from_secs(60), "leadership", || {
-        operator
-            .metrics()
-            .is_ok_and(|m| is_leader(&m))
-            .then_some(())
-    })?;
+    let options = shipped_options(&env, "bench-operator");
+    let mut operator = start_leader(&env, &options)?;
     let n = config.pets;
     let timeout = config.timeout();
 
     rt.block_on(async {
-        let client = prepare(&env).await?;
-        Tracker::start(Api::namespaced(client.clone(), "warmup"))
-            .all_ready(WARMUP_PETS, 1, timeout, "warm-up Pets Ready")
-            .await?;
+        let client = warmed_up(&env, timeout).await?;
         // The warm-up's Events wait for a quiet moment; they are not part
         // of what is measured.
         events_drained(&operator, timeout).await?;
@@ -810,18 +829,21 @@ fn list_times(cp: &ControlPlane, webhook_pid: Option<u32>, n: usize) -> Result<L
     })
 }
 
-/// Conversion webhook calls the API server has made for Pets, from its
+/// Conversion webhook calls the API server has made for Pets and the webhook
+/// answered, from its
 /// `apiserver_crd_conversion_webhook_duration_seconds` histogram.
 fn conversion_calls(cp: &ControlPlane) -> Result<u64> {
     let metrics = cp.kubectl(&["get", "--raw", "/metrics"])?;
-    Ok(metrics
-        .lines()
-        .filter(|line| {
-            line.starts_with("apiserver_crd_conversion_webhook_duration_seconds_count{")
-                && line.contains("crd_name=\"pets.petstore.example.com\"")
-        })
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64)
+    Ok(apimetrics::samples(
+        &metrics,
+        "apiserver_crd_conversion_webhook_duration_seconds_count",
+    )
+    .filter(|(labels, _)| {
+        apimetrics::label(labels, "crd_name") == "pets.petstore.example.com"
+            && apimetrics::label(labels, "succeeded") == "true"
+    })
+    .map(|(_, calls)| calls)
+    .sum::<f64>() as u64)
 }
 
 /// Holds the operator's leader Lease for a day, so that an operator started
@@ -856,24 +878,13 @@ pub fn measure_drift_on_postgres(
         dir.path(),
         crate::store_load::StoreSetup::Postgres { replicas: 2 },
     )?;
-    let mut options = env.operator_options("bench-operator-postgres");
+    let mut options = shipped_options(&env, "bench-operator-postgres");
     options.store_addr = store.addr.clone();
-    options.poll_interval = "5m";
-    options.log_filter = "info";
-    let operator = env.start_operator_with(&options)?;
-    wait_for(Duration::from_secs(60), "leadership", || {
-        operator
-            .metrics()
-            .is_ok_and(|m| is_leader(&m))
-            .then_some(())
-    })?;
+    let operator = start_leader(&env, &options)?;
     let n = config.pets;
     let timeout = config.timeout();
     rt.block_on(async {
-        let client = prepare(&env).await?;
-        Tracker::start(Api::namespaced(client.clone(), "warmup"))
-            .all_ready(WARMUP_PETS, 1, timeout, "warm-up Pets Ready")
-            .await?;
+        let client = warmed_up(&env, timeout).await?;
         let api: Api<Pet> = Api::namespaced(client, NAMESPACE);
         let mut tracker = Tracker::start(api.clone());
         create_pets(&api, n, config.concurrency).await?;
@@ -975,9 +986,7 @@ pub fn measure_floor(
 ) -> Result<Floor> {
     let mut env = Env::start(Storage::Durable)?;
     hold_lease(&env.cp)?;
-    let mut options = env.operator_options("bench-floor-webhook");
-    options.poll_interval = "5m";
-    options.log_filter = "info";
+    let options = shipped_options(&env, "bench-floor-webhook");
     let mut webhook = env.start_operator_with(&options)?;
     let webhook_pid = webhook.process().pid();
     let n = config.pets;

@@ -3,8 +3,8 @@
 //! them), with 0, 1, 10 and 100 clients following `WatchPets`.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 use petstore_proto::PetStoreClient;
 use petstore_proto::petstore as pb;
@@ -87,18 +87,7 @@ async fn burst(addr: &str, pid: u32, creates: u64, watchers: usize) -> Result<Fe
     }
 
     let rss_before = procstat::rss_kib(pid).unwrap_or(0);
-    let done = Arc::new(AtomicBool::new(false));
-    let sampler = {
-        let done = Arc::clone(&done);
-        std::thread::spawn(move || {
-            let mut peak = 0;
-            while !done.load(Ordering::Relaxed) {
-                peak = peak.max(procstat::rss_kib(pid).unwrap_or(0));
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            peak
-        })
-    };
+    let peak_rss = procstat::PeakRss::start(pid);
     let cpu_before = procstat::cpu_seconds(pid).unwrap_or(0.0);
     let started = Instant::now();
     let channel = connect(addr).await?;
@@ -131,8 +120,7 @@ async fn burst(addr: &str, pid: u32, creates: u64, watchers: usize) -> Result<Fe
     }
     let seconds = started.elapsed().as_secs_f64();
     let cpu = procstat::cpu_seconds(pid).unwrap_or(0.0) - cpu_before;
-    done.store(true, Ordering::Relaxed);
-    let peak = sampler.join().unwrap_or(0);
+    let peak = peak_rss.stop();
     outcome?;
     let delivered = delivered.load(Ordering::Relaxed);
     if delivered != creates * watchers as u64 {

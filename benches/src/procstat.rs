@@ -33,6 +33,38 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
     Some((utime + stime) / ticks)
 }
 
+/// Samples a process's resident memory every 10 ms on a thread of its own,
+/// until [`PeakRss::stop`]: catches a peak above where the process started
+/// (VmHWM keeps the peak of its whole life).
+pub struct PeakRss {
+    done: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    sampler: std::thread::JoinHandle<u64>,
+}
+
+impl PeakRss {
+    pub fn start(pid: u32) -> Self {
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let sampler = {
+            let done = std::sync::Arc::clone(&done);
+            std::thread::spawn(move || {
+                let mut peak = 0;
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    peak = peak.max(rss_kib(pid).unwrap_or(0));
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                peak
+            })
+        };
+        Self { done, sampler }
+    }
+
+    /// The highest RSS sampled, in KiB.
+    pub fn stop(self) -> u64 {
+        self.done.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.sampler.join().unwrap_or(0)
+    }
+}
+
 /// CPU seconds used by each of a set of processes since [`CpuMeter::start`];
 /// a process that is not there (None) used none.
 pub struct CpuMeter {
@@ -70,6 +102,13 @@ mod tests {
         assert!(super::peak_rss_kib(pid).is_some_and(|k| k > 0));
         assert!(super::rss_kib(pid).is_some_and(|k| k > 0));
         assert!(super::cpu_seconds(pid).is_some_and(|s| s >= 0.0));
+    }
+
+    #[test]
+    fn the_peak_sampler_reads_this_process() {
+        let peak = super::PeakRss::start(std::process::id());
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        assert!(peak.stop() > 0);
     }
 
     #[test]

@@ -630,23 +630,11 @@ pub fn measure_scale(
     progress(&format!("{}: streaming every pet", setup.label()));
     let pid = store.servers[0].process().pid().unwrap_or_default();
     let rss_before_kib = procstat::rss_kib(pid).unwrap_or(0);
-    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let sampler = {
-        let done = std::sync::Arc::clone(&done);
-        std::thread::spawn(move || {
-            let mut peak = 0;
-            while !done.load(std::sync::atomic::Ordering::Relaxed) {
-                peak = peak.max(procstat::rss_kib(pid).unwrap_or(0));
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            peak
-        })
-    };
+    let peak_rss = procstat::PeakRss::start(pid);
     let started = Instant::now();
     let streamed = rt.block_on(count_named(&store.addr, ""));
     let stream_seconds = started.elapsed().as_secs_f64();
-    done.store(true, std::sync::atomic::Ordering::Relaxed);
-    let peak = sampler.join().unwrap_or(0);
+    let peak = peak_rss.stop();
     let streamed = streamed? as u64;
     let _ = store.fresh();
     Ok(ScaleResult {

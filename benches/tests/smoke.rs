@@ -91,11 +91,13 @@ fn benchmarks_run_end_to_end() -> fixtures::Result<()> {
             r.cpu.api_server > 0.0 && r.floor_cpu.api_server > 0.0,
             "API server CPU measured in both runs: {r:?}"
         );
-        // In the floor, a standby replica serves the conversion webhook;
-        // the API server calls it for every write of a Pet.
+        // In the floor, a standby replica serves the conversion webhook,
+        // which the API server calls for writes of Pets: both runs convert.
+        // (Calls answered, not CPU: a few conversions may take less than
+        // the clock tick /proc counts in.)
         assert!(
-            r.floor_cpu.operator > 0.0,
-            "the floor's webhook replica measured: {r:?}"
+            r.floor_conversions > 0 && r.conversions > 0,
+            "conversions served in both runs: {r:?}"
         );
     }
     // Each backend x 4 operations x each concurrency, for the Rust client;
