@@ -164,6 +164,7 @@ pub async fn run(args: Args, fault: Option<Fault>) -> Result<ExitCode, String> {
         poll_interval: args.poll_interval,
         poll_max_rate: args.poll_max_rate,
         audit_interval: args.audit_interval,
+        follow_store_changes: args.follow_store_changes,
         backoff_base: args.backoff_base,
         backoff_max: args.backoff_max,
         concurrency: args.concurrency,

@@ -66,6 +66,13 @@ pub struct Args {
     #[arg(long, env = "AUDIT_INTERVAL", default_value = "1h", value_parser = parse_duration)]
     pub audit_interval: Duration,
 
+    /// Follow the store's change feed (`WatchPets`), so drift is put back
+    /// within a second. `false` finds drift by polling alone, every
+    /// --poll-interval, as against a store without the feed: for comparing
+    /// the two, or a feed that misbehaves.
+    #[arg(long, env = "FOLLOW_STORE_CHANGES", default_value_t = true, action = ArgAction::Set)]
+    pub follow_store_changes: bool,
+
     /// Most calls a second to the store, on average, from reconciles, the
     /// audit and re-reads together (0: no limit). Above what converging
     /// 20,000 Pets or catching up after a restart asks (about 4,000 a
@@ -208,6 +215,18 @@ mod tests {
         let args =
             Args::try_parse_from(["petstore-operator", "--store-timeout", "3s"]).expect("old name");
         assert_eq!(args.petstore_timeout, Duration::from_secs(3));
+    }
+
+    #[test]
+    fn the_change_feed_is_followed_unless_turned_off() {
+        let args = Args::try_parse_from(["petstore-operator"]).expect("defaults");
+        assert!(args.follow_store_changes);
+        let args = Args::try_parse_from(["petstore-operator", "--follow-store-changes=false"])
+            .expect("turned off");
+        assert!(!args.follow_store_changes);
+        assert!(
+            Args::try_parse_from(["petstore-operator", "--follow-store-changes=maybe"]).is_err()
+        );
     }
 
     /// The release binary must not offer fault injection: the faults exist

@@ -32,7 +32,7 @@ use kube::runtime::reflector;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, debug};
+use tracing::{Instrument, debug, info};
 
 use crate::crd::{FINALIZER, Pet};
 use crate::decision::{Facts, Next, Step, first_step};
@@ -63,6 +63,9 @@ pub struct Settings {
     /// The poll's interval while the store's change feed is followed: an
     /// audit for what the feed cannot see.
     pub audit_interval: Duration,
+    /// Follow the store's change feed; without it drift is found by the
+    /// poll alone.
+    pub follow_store_changes: bool,
     /// First retry delay after a failure; doubles per consecutive failure.
     pub backoff_base: Duration,
     /// Longest retry delay.
@@ -79,6 +82,7 @@ impl Default for Settings {
             poll_interval: Duration::from_secs(300),
             poll_max_rate: 100.0,
             audit_interval: Duration::from_secs(3600),
+            follow_store_changes: true,
             backoff_base: Duration::from_secs(1),
             backoff_max: Duration::from_secs(300),
             concurrency: 16,
@@ -270,12 +274,19 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
     let (released, retry_now) = futures::channel::mpsc::unbounded();
     // Once per leadership; idempotent, so a leader lost part-way is no harm.
     tokio::spawn(migrate_storage(ctx.client.clone()));
-    tokio::spawn(feed::follow(
-        Arc::clone(&ctx),
-        reader.clone(),
-        released.clone(),
-        stop.clone(),
-    ));
+    if ctx.settings.follow_store_changes {
+        tokio::spawn(feed::follow(
+            Arc::clone(&ctx),
+            reader.clone(),
+            released.clone(),
+            stop.clone(),
+        ));
+    } else {
+        info!(
+            poll_interval = ?ctx.settings.poll_interval,
+            "not following the store's change feed (--follow-store-changes=false); drift is found by polling each Pet every poll interval"
+        );
+    }
     tokio::spawn(release_on_store_recovery(
         Arc::clone(&ctx),
         released,
