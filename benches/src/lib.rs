@@ -44,6 +44,10 @@ pub struct BenchConfig {
     /// watchers to measure it with.
     pub feed_creates: u64,
     pub feed_watchers: Vec<usize>,
+    /// The N at which drift is measured a second time by polling alone,
+    /// and that poll's interval.
+    pub polling_drift_sizes: Vec<usize>,
+    pub polling_drift_interval: Duration,
 }
 
 impl BenchConfig {
@@ -68,6 +72,10 @@ impl BenchConfig {
             scale_records: Some(1_000_000),
             feed_creates: 10_000,
             feed_watchers: vec![0, 1, 10, 100],
+            // The operator's default --poll-interval: drift as it was found
+            // before the feed.
+            polling_drift_sizes: vec![1000, 20_000],
+            polling_drift_interval: Duration::from_secs(300),
         }
     }
 
@@ -92,6 +100,8 @@ impl BenchConfig {
             scale_records: Some(2_000),
             feed_creates: 200,
             feed_watchers: vec![0, 3],
+            polling_drift_sizes: vec![10],
+            polling_drift_interval: Duration::from_secs(3),
         }
     }
 }
@@ -130,6 +140,10 @@ pub fn run_all(config: &BenchConfig, progress: impl Fn(&str)) -> Result<BenchRes
             poll_max_rate: config.poll_max_rate,
             churn_max_pets: config.churn_max_pets,
             floor_identity: config.floor_identity,
+            polling_drift: config
+                .polling_drift_sizes
+                .contains(&pets)
+                .then_some(config.polling_drift_interval),
         };
         progress(&format!("floor, N = {pets}"));
         let floor = convergence::measure_floor(&rt, &c, true)?;
@@ -578,5 +592,47 @@ mod tests {
         for claim in ["by hand", "hand-written", "notes on this run"] {
             assert!(!lower.contains(claim), "the report says {claim:?}");
         }
+    }
+
+    /// Operator ÷ floor must hold in every pair: a median that meets it
+    /// does not make the goal met.
+    #[test]
+    fn one_pair_over_the_ratio_fails_its_goal() {
+        use crate::convergence::{ConvergenceResult, Pair};
+        use std::time::Duration;
+        let pair = |operator: f64| Pair {
+            floor: Duration::from_secs(10),
+            operator: Duration::from_secs_f64(operator),
+        };
+        let results = |pairs: Vec<Pair>| super::BenchResults {
+            convergence: vec![ConvergenceResult {
+                pets: 1000,
+                pairs,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let goal_row = |report: String| {
+            report
+                .lines()
+                .find(|line| line.starts_with("| operator ÷ floor, N = 1000, every pair"))
+                .map(str::to_owned)
+                .unwrap_or_default()
+        };
+        let over = goal_row(super::markdown(
+            &results(vec![pair(10.5), pair(11.2), pair(10.8)]),
+            "",
+            None,
+        ));
+        assert!(
+            over.contains("1.12 at worst (median 1.08)") && over.contains("**not met**"),
+            "{over}"
+        );
+        let within = goal_row(super::markdown(
+            &results(vec![pair(10.5), pair(11.0), pair(10.8)]),
+            "",
+            None,
+        ));
+        assert!(within.ends_with("| met |"), "{within}");
     }
 }

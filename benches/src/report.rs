@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::apimetrics::RequestCounts;
-use crate::convergence::{ConvergenceResult, FloorIdentity};
+use crate::convergence::{ConvergenceResult, FloorIdentity, Pair};
 use fixtures::Result;
 
 /// The goals this benchmark is held to (see BENCHMARKS.md).
@@ -30,6 +30,16 @@ pub fn load_average() -> String {
                 .join(", ")
         })
         .unwrap_or_else(|| "unknown".into())
+}
+
+/// "5-minute", "3-second": a poll interval as the text says it.
+fn interval_words(interval: Duration) -> String {
+    let secs = interval.as_secs();
+    if secs >= 60 && secs.is_multiple_of(60) {
+        format!("{}-minute", secs / 60)
+    } else {
+        format!("{:.0}-second", interval.as_secs_f64())
+    }
 }
 
 fn mib(kib: u64) -> f64 {
@@ -78,21 +88,25 @@ fn verdict(met: bool) -> &'static str {
 fn goals(out: &mut String, results: &[ConvergenceResult]) {
     let _ = writeln!(out, "### Goals\n");
     table_head(out, &["measurement", "goal", "measured", ""], "llll");
-    let mut row = |what: &str, goal: &str, measured: String, met: bool| {
+    let row = |out: &mut String, what: &str, goal: &str, measured: String, met: bool| {
         let _ = writeln!(out, "| {what} | {goal} | {measured} | {} |", verdict(met));
     };
+    // The goal holds in every pair, not only in the median.
     for r in results.iter().filter(|r| r.pets >= 1000) {
+        let worst = r.pairs.iter().map(Pair::ratio).fold(r.ratio(), f64::max);
         row(
-            &format!("operator ÷ floor, N = {}", r.pets),
+            out,
+            &format!("operator ÷ floor, N = {}, every pair", r.pets),
             &format!("≤ {GOAL_RATIO:.2}"),
-            format!("{:.2}", r.ratio()),
-            r.ratio() <= GOAL_RATIO,
+            format!("{worst:.2} at worst (median {:.2})", r.ratio()),
+            worst <= GOAL_RATIO,
         );
     }
     let Some(largest) = results.iter().max_by_key(|r| r.pets) else {
         return;
     };
     row(
+        out,
         &format!("operator peak RSS, N = {}", largest.pets),
         &format!("≤ {GOAL_PEAK_RSS_MIB:.0} MiB"),
         format!("{:.1} MiB", mib(largest.operator_peak_rss_kib)),
@@ -106,6 +120,7 @@ fn goals(out: &mut String, results: &[ConvergenceResult]) {
     {
         let kib = marginal_kib_per_pet(base, largest);
         row(
+            out,
             &format!(
                 "marginal memory per Pet, N = {} to {}",
                 base.pets, largest.pets
@@ -119,6 +134,7 @@ fn goals(out: &mut String, results: &[ConvergenceResult]) {
         |per_pet: fn(&ConvergenceResult) -> f64| results.iter().map(per_pet).fold(0.0, f64::max);
     let reads = worst(ConvergenceResult::reads_per_pet);
     row(
+        out,
         "store reads per Pet while converging, worst N",
         &format!("≤ {GOAL_READS_PER_PET}"),
         format!("{reads:.3}"),
@@ -126,12 +142,14 @@ fn goals(out: &mut String, results: &[ConvergenceResult]) {
     );
     let writes = worst(ConvergenceResult::writes_per_pet);
     row(
+        out,
         "API writes per Pet (Pets and Events), worst N",
         &format!("≤ {GOAL_WRITES_PER_PET:.1}"),
         format!("{writes:.3}"),
         writes <= GOAL_WRITES_PER_PET,
     );
     row(
+        out,
         &format!(
             "restart at N = {}: API and store writes in the catch-up",
             largest.pets
@@ -154,6 +172,7 @@ fn goals(out: &mut String, results: &[ConvergenceResult]) {
             (&r.drift_postgres, "PostgreSQL, 2 replicas"),
         ] {
             row(
+                out,
                 &format!(
                     "out-of-band change put back (feed, 5-minute poll), p99, N = {}, {backend}",
                     r.pets
@@ -170,6 +189,19 @@ fn goals(out: &mut String, results: &[ConvergenceResult]) {
                 drift.edits > 0 && drift.p99 <= GOAL_DRIFT_P99,
             );
         }
+        if let Some((interval, drift)) = &r.drift_polling {
+            let _ = writeln!(
+                out,
+                "| beside it: the same changes put back by polling alone (`--follow-store-changes=false`, {} poll), p99, N = {}, durable | (as before the feed) | {:.1} s (p50 {:.1} s, max {:.1} s; {} renames, {} deletes) |  |",
+                interval_words(*interval),
+                r.pets,
+                drift.p99.as_secs_f64(),
+                drift.p50.as_secs_f64(),
+                drift.max.as_secs_f64(),
+                drift.edits,
+                drift.deletes
+            );
+        }
     }
     let list = &largest.list;
     for (round, setting) in [
@@ -180,6 +212,7 @@ fn goals(out: &mut String, results: &[ConvergenceResult]) {
         ),
     ] {
         row(
+            out,
             &format!(
                 "kubectl get, N = {}: as v1alpha1 (through the webhook) ÷ as v1, {setting}",
                 largest.pets
@@ -198,6 +231,7 @@ fn goals(out: &mut String, results: &[ConvergenceResult]) {
         );
     }
     row(
+        out,
         &format!(
             "store calls an hour at N = {}, idle, with the defaults",
             largest.pets
@@ -209,10 +243,10 @@ fn goals(out: &mut String, results: &[ConvergenceResult]) {
             largest.calls_per_pet_per_interval(),
             largest.pets * 12
         ),
-        largest.steady_store_calls > 0
-            && largest.idle_calls_per_hour_at_defaults() <= largest.pets as f64,
+        largest.steady_store_calls > 0 && largest.idle_within_the_audits_share(),
     );
     row(
+        out,
         &format!(
             "steady state at N = {}, two poll intervals: writes",
             largest.pets
@@ -223,6 +257,10 @@ fn goals(out: &mut String, results: &[ConvergenceResult]) {
             largest.steady_api_writes, largest.steady_store_writes
         ),
         largest.steady_api_writes == 0 && largest.steady_store_writes == 0,
+    );
+    let _ = writeln!(
+        out,
+        "\nOut-of-band changes are renames and deletes of records made with one gRPC call each, in the first pair once converged; each is timed from its call until the store's own change feed shows the record put back. *Beside it* repeats the same changes on an operator restarted with `--follow-store-changes=false`, which finds drift by polling each Pet once per interval, as before the feed."
     );
     let _ = writeln!(out);
 }
@@ -282,7 +320,7 @@ pub fn operator(out: &mut String, results: &[ConvergenceResult], plot: Option<&s
     let _ = writeln!(out, "## Operator convergence\n");
     let _ = writeln!(
         out,
-        "N Pets created in one namespace at client concurrency 16 on the local control plane (etcd + kube-apiserver on the same machine), durable store. Times run from the first create until a watch has seen every Pet with `status.id` and `Ready=True` for its generation. The floor is a baseline client that makes only the finalizer patch and the status patch per Pet, at the same concurrency, with no store, while an operator replica that reconciles nothing serves the conversion webhook (see *CPU while converging*); it runs in the same benchmark, just before the operator at each N, so the ratio compares like with like on a shared machine. Each N runs {} such pairs: *operator ÷ floor* is the median of their ratios (*each pair* lists them, in order), and the operator and floor times are the medians of each; every other figure comes from the first pair, the only one that goes on to the restart, steady state and churn. The lists are timed in the first pair's floor, on its converged Pets, with nothing else running: first with Kubernetes 1.33's defaults, then with the API server restarted with `ListFromCacheSnapshot` on. The floor authenticates as {}, and the operator as its ServiceAccount. The converging operator runs with the default 5-minute poll interval, so no drift poll falls inside the convergence.\n",
+        "N Pets created in one namespace at client concurrency 16 on the local control plane (etcd + kube-apiserver on the same machine), durable store. Times run from the first create until a watch has seen every Pet with `status.id` and `Ready=True` for its generation. The floor is a baseline client that makes only the finalizer patch and the status patch per Pet, at the same concurrency, with no store, while an operator replica that reconciles nothing serves the conversion webhook (see *CPU while converging*); it runs in the same benchmark, just before the operator at each N, so the ratio compares like with like on a shared machine. Each N runs {} such pairs: *operator ÷ floor* is the median of their ratios (*each pair* lists them, in order; its goal is met only when every pair meets it), and the operator and floor times are the medians of each; every other figure comes from the first pair, the only one that goes on to the restart, steady state and churn. The lists are timed in the first pair's floor, on its converged Pets, with nothing else running: first with Kubernetes 1.33's defaults, then with the API server restarted with `ListFromCacheSnapshot` on. The floor authenticates as {}, and the operator as its ServiceAccount. The converging operator runs with the default 5-minute poll interval, so no drift poll falls inside the convergence.\n",
         results.first().map_or(1, |r| r.pairs.len().max(1)),
         results
             .first()

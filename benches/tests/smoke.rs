@@ -64,6 +64,22 @@ fn benchmarks_run_end_to_end() -> fixtures::Result<()> {
                 && r.drift_postgres.max > std::time::Duration::ZERO,
             "drift measured on PostgreSQL: {r:?}"
         );
+        // Drift found by polling alone (--follow-store-changes=false, which
+        // the bench checks left the feed alone): every change put back, and
+        // each waited for its Pet's poll, so the slowest took longer than
+        // any found on the feed.
+        let Some((interval, polling)) = &r.drift_polling else {
+            panic!("drift by polling not measured: {r:?}");
+        };
+        assert!(
+            polling.edits == r.drift.edits && polling.deletes == r.drift.deletes,
+            "the same changes by polling: {r:?}"
+        );
+        assert!(
+            polling.max > r.drift.max
+                && polling.max <= *interval * 2 + std::time::Duration::from_secs(60),
+            "drift by polling waits for the poll: {r:?}"
+        );
         // Both lists counted every Pet (list_times checks), and timed,
         // with the defaults and with the API server restarted with the gate.
         for round in [&r.list.default, &r.list.snapshot] {
