@@ -7,8 +7,12 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use fixtures::env::is_ready;
-use fixtures::{Env, Operator, OperatorOptions, Result, Storage};
+use fixtures::env::{OPERATOR_ACCOUNT, OPERATOR_NAMESPACE, install_crd_and_rbac, is_ready};
+use fixtures::forwarder::Forwarder;
+use fixtures::postgres::Postgres;
+use fixtures::{
+    ControlPlane, Env, Operator, OperatorOptions, PetStoreServer, PostgresTarget, Result, Storage,
+};
 
 #[derive(Clone, Debug)]
 pub struct SoakConfig {
@@ -53,6 +57,9 @@ pub struct SoakReport {
     /// Compacted-history faults after which an operator was seen to
     /// re-read every Pet (it may have resumed before the records changed).
     pub history_lost_rereads: usize,
+    /// Records changed out of band, and accepted, through the surviving
+    /// replica while the other was down.
+    pub changed_while_a_replica_was_down: usize,
     pub converged_after: Duration,
     pub total: Duration,
 }
@@ -69,8 +76,8 @@ impl std::fmt::Display for SoakReport {
         writeln!(f, "faults: {faults} {:?}", self.faults)?;
         writeln!(
             f,
-            "operators re-reading every Pet after a compacted history: {}",
-            self.history_lost_rereads
+            "operators re-reading every Pet after a compacted history: {}; records changed while a replica was down: {}",
+            self.history_lost_rereads, self.changed_while_a_replica_was_down
         )?;
         writeln!(
             f,
@@ -98,10 +105,15 @@ enum Fault {
     SecondReplica,
     OutOfBand,
     CompactedHistory,
+    /// PostgreSQL only: `kill -9` of the store replica holding the
+    /// operator's connection (its calls and its change feed), records
+    /// changed through the other while it is down, then it comes back.
+    KillReplica,
 }
 
 impl Fault {
-    const ALL: [Fault; 7] = [
+    /// The durable store's soak.
+    const DURABLE: [Fault; 7] = [
         Fault::KillOperator,
         Fault::KillStore,
         Fault::MemoryRestart,
@@ -109,6 +121,15 @@ impl Fault {
         Fault::SecondReplica,
         Fault::OutOfBand,
         Fault::CompactedHistory,
+    ];
+    /// Two replicas on PostgreSQL. A memory restart and a compacted history
+    /// are the durable file's faults: the replicas keep neither.
+    const POSTGRES: [Fault; 5] = [
+        Fault::KillOperator,
+        Fault::SecondReplica,
+        Fault::OutOfBand,
+        Fault::StoreOutage,
+        Fault::KillReplica,
     ];
     fn name(self) -> &'static str {
         match self {
@@ -121,12 +142,31 @@ impl Fault {
             Fault::CompactedHistory => {
                 "store back with one change of history, records changed before the feed resumes"
             }
+            Fault::KillReplica => {
+                "kill -9 of the replica serving the operator, records changed through the other"
+            }
         }
     }
 }
 
+/// The PostgreSQL soak's second store replica, and the round-robin
+/// forwarder in front of both (as a Service would be); the first replica is
+/// `env.store`.
+struct Replicas {
+    other: PetStoreServer,
+    service: Forwarder,
+    _database: Postgres,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Replica {
+    First,
+    Second,
+}
+
 struct Soak<'a> {
     env: &'a mut Env,
+    replicas: Option<Replicas>,
     config: SoakConfig,
     rng: fastrand::Rng,
     operators: Vec<Operator>,
@@ -152,10 +192,13 @@ impl Soak<'_> {
         let identity = format!("chaos-operator-{}", self.started_operators);
         // The default poll: drift is found through the store's change feed
         // (or the re-read after it broke), not by a poll every few seconds.
-        let options = OperatorOptions {
+        let mut options = OperatorOptions {
             poll_interval: "5m",
             ..self.env.operator_options(&identity)
         };
+        if let Some(replicas) = &self.replicas {
+            options.store_addr = replicas.service.addr.clone();
+        }
         self.operators.push(self.env.start_operator_with(&options)?);
         Ok(())
     }
@@ -339,33 +382,48 @@ impl Soak<'_> {
             .sum()
     }
 
-    /// Someone with grpcurl renames one Pet's record and deletes another's;
-    /// the operator must put both back.
+    /// Someone with grpcurl renames one Pet's record and deletes another's,
+    /// through the first store replica; the operator must put both back.
     fn out_of_band(&mut self) {
+        let _ = self.out_of_band_through(Replica::First);
+    }
+
+    /// Returns how many of the changes the store accepted.
+    fn out_of_band_through(&mut self, replica: Replica) -> usize {
+        let mut changes = Vec::new();
         for delete in [false, true] {
             let Some((namespace, name)) = self.random_pet() else {
                 break;
             };
             let id = self.pet_field(&namespace, &name, "{.status.id}");
-            if id.is_empty() {
-                continue;
+            if !id.is_empty() {
+                changes.push((delete, id));
             }
+        }
+        let store = match (&self.replicas, replica) {
+            (Some(replicas), Replica::Second) => &replicas.other,
+            _ => &self.env.store,
+        };
+        let mut accepted = 0;
+        for (delete, id) in changes {
             // Refused while the store is down, or for a record gone
             // meanwhile; the soak goes on either way.
-            let _ = if delete {
-                self.env.store.grpcurl(
+            let result = if delete {
+                store.grpcurl(
                     "petstore.PetStore/DeletePets",
                     &format!(r#"{{"ids":["{id}"]}}"#),
                 )
             } else {
-                self.env.store.grpcurl(
+                store.grpcurl(
                         "petstore.PetStore/UpdatePets",
                         &format!(
                             r#"{{"pets":[{{"id":"{id}","name":"Changed out of band","type":"PTBird","birthday":{{"year":2019,"month":1,"day":1}}}}]}}"#
                         ),
                     )
             };
+            accepted += usize::from(result.is_ok());
         }
+        accepted
     }
 
     fn fault(&mut self, fault: Fault) -> Result<()> {
@@ -424,9 +482,51 @@ impl Soak<'_> {
             }
             Fault::StoreOutage => {
                 self.env.store.kill();
+                if let Some(replicas) = &mut self.replicas {
+                    replicas.other.kill();
+                }
                 std::thread::sleep(Duration::from_millis(3000 + self.rng.u64(..3000)));
                 let storage = self.env.store.storage();
                 self.env.store.restart(storage)?;
+                if let Some(replicas) = &mut self.replicas {
+                    replicas.other.restart(storage)?;
+                }
+            }
+            Fault::KillReplica => {
+                let Some(replicas) = &mut self.replicas else {
+                    return Ok(());
+                };
+                // The operator's one channel is open to one replica.
+                let victim = if replicas.service.open_connections(1) > 0
+                    && replicas.service.open_connections(0) == 0
+                {
+                    Replica::Second
+                } else {
+                    Replica::First
+                };
+                let survivor = match victim {
+                    Replica::First => {
+                        self.env.store.kill();
+                        Replica::Second
+                    }
+                    Replica::Second => {
+                        replicas.other.kill();
+                        Replica::First
+                    }
+                };
+                let accepted =
+                    self.out_of_band_through(survivor) + self.out_of_band_through(survivor);
+                self.report.changed_while_a_replica_was_down += accepted;
+                // Down long enough for the operator to notice and reconnect
+                // through the forwarder; then Kubernetes would restart it.
+                std::thread::sleep(Duration::from_millis(2000 + self.rng.u64(..2000)));
+                match (victim, &mut self.replicas) {
+                    (Replica::First, _) => self.env.store.restart(Storage::Postgres)?,
+                    (Replica::Second, Some(replicas)) => {
+                        replicas.other.restart(Storage::Postgres)?;
+                    }
+                    (Replica::Second, None) => {}
+                }
             }
         }
         Ok(())
@@ -535,13 +635,63 @@ impl Soak<'_> {
     }
 }
 
+/// The store the soak runs against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// One durable store.
+    Durable,
+    /// Two replicas on one PostgreSQL database behind a forwarder.
+    PostgresReplicas,
+}
+
+/// The control plane and the stores for `backend`; for PostgreSQL, the
+/// first replica is the environment's store.
+fn environment(backend: Backend) -> Result<(Env, Option<Replicas>)> {
+    if backend == Backend::Durable {
+        return Ok((Env::start(Storage::Durable)?, None));
+    }
+    let cp = ControlPlane::start()?;
+    install_crd_and_rbac(&cp)?;
+    let operator_kubeconfig =
+        cp.service_account_kubeconfig(OPERATOR_NAMESPACE, OPERATOR_ACCOUNT)?;
+    let database = Postgres::start()?;
+    let target = PostgresTarget {
+        url: database.create_database("petstore")?,
+        password_file: database.password_file.clone(),
+    };
+    let first = PetStoreServer::spawn_postgres(cp.dir(), "store-a", target.clone())?;
+    let other = PetStoreServer::spawn_postgres(cp.dir(), "store-b", target)?;
+    first.wait_serving()?;
+    other.wait_serving()?;
+    let service = Forwarder::start(vec![first.addr.clone(), other.addr.clone()])?;
+    let env = Env {
+        store: first,
+        operator_kubeconfig,
+        tls: None,
+        cp,
+    };
+    Ok((
+        env,
+        Some(Replicas {
+            other,
+            service,
+            _database: database,
+        }),
+    ))
+}
+
 /// Runs the soak on a fresh environment and returns its report, or an error
 /// describing the invariant violations left after `converge_timeout`.
-pub fn run_soak(config: SoakConfig) -> Result<SoakReport> {
+pub fn run_soak(config: SoakConfig, backend: Backend) -> Result<SoakReport> {
     let started = Instant::now();
-    let mut env = Env::start(Storage::Durable)?;
+    let (mut env, replicas) = environment(backend)?;
+    let faults: &[Fault] = match backend {
+        Backend::Durable => &Fault::DURABLE,
+        Backend::PostgresReplicas => &Fault::POSTGRES,
+    };
     let mut soak = Soak {
         env: &mut env,
+        replicas,
         rng: fastrand::Rng::with_seed(config.seed),
         config: config.clone(),
         operators: Vec::new(),
@@ -566,7 +716,7 @@ pub fn run_soak(config: SoakConfig) -> Result<SoakReport> {
     // Faults at seeded random moments, every kind at least once when there
     // are enough of them.
     let mut kinds: Vec<Fault> = (0..config.faults)
-        .map(|i| Fault::ALL[i % Fault::ALL.len()])
+        .map(|i| faults[i % faults.len()])
         .collect();
     soak.rng.shuffle(&mut kinds);
     let mut moments: Vec<usize> = (0..config.faults)
@@ -624,12 +774,53 @@ fn chaos_soak_converges_with_nothing_lost_or_leaked() -> Result<()> {
         converge_timeout: Duration::from_secs(180),
     });
     eprintln!("chaos soak: {config:?}");
-    let report = run_soak(config.clone())?;
+    let report = run_soak(config.clone(), Backend::Durable)?;
     eprintln!("{report}");
     let operations: usize = report.operations.values().sum();
     let faults: usize = report.faults.values().sum();
     assert!(operations >= config.operations, "{report}");
     assert_eq!(faults, config.faults, "{report}");
+    assert!(report.live_pets > 0, "{report}");
+    Ok(())
+}
+
+/// The same on two store replicas sharing one PostgreSQL database, with a
+/// replica killed while the operator follows the feed through it and
+/// records changed through the other meanwhile. Every kind of fault runs
+/// at least once. A longer run:
+///
+///     CHAOS_SEED=7 CHAOS_OPS=600 CHAOS_PETS=100 CHAOS_FAULTS=20 \
+///       cargo test -p e2e -- chaos::chaos_soak_on_postgres --nocapture
+#[test]
+fn chaos_soak_on_postgres_replicas_converges_with_nothing_lost_or_leaked() -> Result<()> {
+    let config = SoakConfig::from_env(SoakConfig {
+        seed: 42,
+        operations: 60,
+        initial_pets: 30,
+        namespaces: 3,
+        faults: 6,
+        converge_timeout: Duration::from_secs(180),
+    });
+    eprintln!("chaos soak on PostgreSQL: {config:?}");
+    let report = run_soak(config.clone(), Backend::PostgresReplicas)?;
+    eprintln!("{report}");
+    let operations: usize = report.operations.values().sum();
+    let faults: usize = report.faults.values().sum();
+    assert!(operations >= config.operations, "{report}");
+    assert_eq!(faults, config.faults, "{report}");
+    assert!(
+        report
+            .faults
+            .get(Fault::KillReplica.name())
+            .is_some_and(|&n| n > 0),
+        "a replica was killed: {report}"
+    );
+    // The changes made through the survivor were put back too (the final
+    // check compares every record with its Pet).
+    assert!(
+        report.changed_while_a_replica_was_down > 0,
+        "records changed while a replica was down: {report}"
+    );
     assert!(report.live_pets > 0, "{report}");
     Ok(())
 }
