@@ -14,7 +14,7 @@ use std::fmt::Write as _;
 use std::process::Command;
 use std::time::Duration;
 
-use convergence::{ConvergenceConfig, ConvergenceResult, FloorIdentity};
+use convergence::{ConvergenceConfig, ConvergenceResult, FloorIdentity, Pair};
 use report::table_head;
 use store_load::{DurabilityCheck, GhzResult, LoadResult, ScaleResult, StoreSetup};
 
@@ -122,29 +122,78 @@ pub struct BenchResults {
     pub feed_cost: Vec<feed_cost::FeedCost>,
 }
 
-pub fn run_all(config: &BenchConfig, progress: impl Fn(&str)) -> Result<BenchResults> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
+/// Only the floor-then-operator pairs at each N, for iterating on the
+/// ratio: each pair's times and CPU are told to `progress`, and nothing
+/// else is measured or written.
+pub fn run_pairs(config: &BenchConfig, progress: impl Fn(&str)) -> Result<Vec<Vec<Pair>>> {
+    let rt = runtime()?;
+    let mut all = Vec::new();
+    for &pets in &config.sizes {
+        let c = convergence_config(config, pets);
+        let mut pairs = Vec::new();
+        for pair in 1..=config.pairs {
+            let floor = convergence::measure_floor(&rt, &c, false)?;
+            let operator = convergence::measure_operator_convergence(&rt, &c)?;
+            let (f, o) = (floor.cpu, operator.cpu);
+            progress(&format!(
+                "N = {pets}, pair {pair}: operator ÷ floor {:.3} ({:.2} s against {:.2} s); CPU ms per Pet: total {:.2} against {:.2}, API server {:.2} against {:.2}, operator {:.3} and store {:.3} against the floor's client {:.3} and webhook {:.3}",
+                operator.converge.as_secs_f64() / floor.time.as_secs_f64(),
+                operator.converge.as_secs_f64(),
+                floor.time.as_secs_f64(),
+                per_pet(o.total(), pets),
+                per_pet(f.total(), pets),
+                per_pet(o.api_server, pets),
+                per_pet(f.api_server, pets),
+                per_pet(o.operator, pets),
+                per_pet(o.store, pets),
+                per_pet(f.bench - o.bench, pets),
+                per_pet(f.operator, pets),
+            ));
+            pairs.push(Pair {
+                floor: floor.time,
+                operator: operator.converge,
+            });
+        }
+        all.push(pairs);
+    }
+    Ok(all)
+}
+
+fn per_pet(seconds: f64, pets: usize) -> f64 {
+    seconds * 1000.0 / pets as f64
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .map_err(fixtures::io("starting a tokio runtime"))?;
+        .map_err(fixtures::io("starting a tokio runtime"))
+}
+
+fn convergence_config(config: &BenchConfig, pets: usize) -> ConvergenceConfig {
+    ConvergenceConfig {
+        pets,
+        concurrency: config.concurrency,
+        poll_interval: config.poll_interval,
+        poll_max_rate: config.poll_max_rate,
+        churn_max_pets: config.churn_max_pets,
+        floor_identity: config.floor_identity,
+        polling_drift: config
+            .polling_drift_sizes
+            .contains(&pets)
+            .then_some(config.polling_drift_interval),
+    }
+}
+
+pub fn run_all(config: &BenchConfig, progress: impl Fn(&str)) -> Result<BenchResults> {
+    let rt = runtime()?;
     let mut results = BenchResults {
         load_start: report::load_average(),
         ..BenchResults::default()
     };
     for &pets in &config.sizes {
-        let c = ConvergenceConfig {
-            pets,
-            concurrency: config.concurrency,
-            poll_interval: config.poll_interval,
-            poll_max_rate: config.poll_max_rate,
-            churn_max_pets: config.churn_max_pets,
-            floor_identity: config.floor_identity,
-            polling_drift: config
-                .polling_drift_sizes
-                .contains(&pets)
-                .then_some(config.polling_drift_interval),
-        };
+        let c = convergence_config(config, pets);
         progress(&format!("floor, N = {pets}"));
         let floor = convergence::measure_floor(&rt, &c, true)?;
         progress(&format!("operator, N = {pets}"));
@@ -168,7 +217,7 @@ pub fn run_all(config: &BenchConfig, progress: impl Fn(&str)) -> Result<BenchRes
         for pair in 2..=config.pairs {
             progress(&format!("floor and operator, N = {pets}, pair {pair}"));
             let floor = convergence::measure_floor(&rt, &c, false)?.time;
-            let operator = convergence::measure_operator_convergence(&rt, &c)?;
+            let operator = convergence::measure_operator_convergence(&rt, &c)?.converge;
             progress(&format!(
                 "N = {pets}, pair {pair}: operator {:.2}s, floor {:.2}s",
                 operator.as_secs_f64(),

@@ -71,6 +71,12 @@ struct Args {
     #[arg(long, conflicts_with = "store_only")]
     tracing: bool,
 
+    /// Only the floor-then-operator pairs at each N, each pair's ratio and
+    /// CPU per Pet printed as it ends; nothing else is measured, and no
+    /// report is written. For trying a change against the ratio's goal.
+    #[arg(long, conflicts_with_all = ["store_only", "scale", "out"])]
+    pairs_only: bool,
+
     /// Where to write the report; the plot goes to docs/convergence.svg in
     /// the report's folder [default: BENCHMARKS.md at the repository root].
     #[arg(long, value_name = "PATH")]
@@ -210,6 +216,26 @@ fn main() -> ExitCode {
     } else {
         None
     };
+    if args.pairs_only {
+        let config = args.config();
+        return match bench::run_pairs(&config, |step| eprintln!("[bench] {step}")) {
+            Ok(all) => {
+                for (pets, pairs) in config.sizes.iter().zip(&all) {
+                    let ratios: Vec<String> =
+                        pairs.iter().map(|p| format!("{:.3}", p.ratio())).collect();
+                    println!(
+                        "N = {pets}: operator ÷ floor, each pair: {}",
+                        ratios.join(", ")
+                    );
+                }
+                ExitCode::SUCCESS
+            }
+            Err(err) => {
+                eprintln!("petstore-bench: {err}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let results = match bench::run_all(&args.config(), |step| eprintln!("[bench] {step}")) {
         Ok(results) => results,
         Err(err) => {
