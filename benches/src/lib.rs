@@ -135,8 +135,10 @@ pub fn run_pairs(config: &BenchConfig, progress: impl Fn(&str)) -> Result<Vec<Ve
             let floor = convergence::measure_floor(&rt, &c, false)?;
             let operator = convergence::measure_operator_convergence(&rt, &c)?;
             let (f, o) = (floor.cpu, operator.cpu);
+            // Of the two cores over the run, the share no measured process used.
+            let idle = |cpu: f64, time: Duration| 1.0 - cpu / (2.0 * time.as_secs_f64());
             progress(&format!(
-                "N = {pets}, pair {pair}: operator ÷ floor {:.3} ({:.2} s against {:.2} s); CPU ms per Pet: total {:.2} against {:.2}, API server {:.2} against {:.2}, operator {:.3} and store {:.3} against the floor's client {:.3} and webhook {:.3}",
+                "N = {pets}, pair {pair}: operator ÷ floor {:.3} ({:.2} s against {:.2} s); CPU ms per Pet: total {:.2} against {:.2}, API server {:.2} against {:.2}, etcd {:.2} against {:.2}, operator {:.3} and store {:.3} against the floor's client {:.3} and webhook {:.3}; idle {:.0}% against {:.0}%; webhook calls {} against {}",
                 operator.converge.as_secs_f64() / floor.time.as_secs_f64(),
                 operator.converge.as_secs_f64(),
                 floor.time.as_secs_f64(),
@@ -144,10 +146,16 @@ pub fn run_pairs(config: &BenchConfig, progress: impl Fn(&str)) -> Result<Vec<Ve
                 per_pet(f.total(), pets),
                 per_pet(o.api_server, pets),
                 per_pet(f.api_server, pets),
+                per_pet(o.etcd, pets),
+                per_pet(f.etcd, pets),
                 per_pet(o.operator, pets),
                 per_pet(o.store, pets),
                 per_pet(f.bench - o.bench, pets),
                 per_pet(f.operator, pets),
+                100.0 * idle(o.total(), operator.converge),
+                100.0 * idle(f.total(), floor.time),
+                operator.conversions,
+                floor.conversions,
             ));
             pairs.push(Pair {
                 floor: floor.time,
