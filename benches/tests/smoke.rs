@@ -26,10 +26,12 @@ fn benchmarks_run_end_to_end() -> fixtures::Result<()> {
                 .any(|(res, verb)| res == "pets/status" && verb == "PATCH"),
             "{r:?}"
         );
-        assert_eq!(
-            r.store_calls.get("AddPets").copied(),
-            Some(n),
-            "one create per Pet: {r:?}"
+        // Creates that come together share calls (--create-batch-wait).
+        assert!(
+            r.store_calls
+                .get("AddPets")
+                .is_some_and(|&calls| (1..=n).contains(&calls)),
+            "at most one create call per Pet: {r:?}"
         );
         // Counts, not timings: no read per Pet, because the warm-up's
         // creates showed that a create says what it found (a retry may

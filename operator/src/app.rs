@@ -152,7 +152,12 @@ pub async fn run(args: Args, fault: Option<Fault>) -> Result<ExitCode, String> {
         Arc::clone(&metrics),
     )
     .map_err(|e| e.to_string())?
-    .with_budget(CallBudget::new(args.store_qps, args.store_burst));
+    .with_budget(CallBudget::new(args.store_qps, args.store_burst))
+    .with_create_batching(if petstore_telemetry::spans_exported() {
+        Duration::ZERO
+    } else {
+        args.create_batch_wait
+    });
     let recorder = EventWriter::new(
         client.clone(),
         Reporter {

@@ -84,6 +84,14 @@ pub struct Args {
     #[arg(long, env = "STORE_BURST", default_value_t = 500)]
     pub store_burst: u32,
 
+    /// How long a create waits for others to share its `AddPets` call,
+    /// when creates come close together (a burst of new Pets); a lone
+    /// create is sent at once. 0 sends every create alone. Not used while
+    /// traces are exported: a traced create gets a call of its own, so the
+    /// store's spans are children of that Pet's reconcile.
+    #[arg(long, env = "CREATE_BATCH_WAIT", default_value = "10ms", value_parser = parse_duration)]
+    pub create_batch_wait: Duration,
+
     /// Pets reconciled concurrently.
     #[arg(long, env = "CONCURRENCY", default_value_t = 16)]
     pub concurrency: u16,

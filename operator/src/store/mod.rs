@@ -253,7 +253,7 @@ impl std::fmt::Display for Operation {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum StoreError {
     /// The store could not be reached or did not answer in time; retry later.
     #[error("pet store unavailable during {operation}: {message}")]
