@@ -1,6 +1,6 @@
 //! What the change feed costs the store: its CPU and peak memory during a
-//! burst of creates (one `AddPets` call per record, as the operator makes
-//! them), with 0, 1, 10 and 100 clients following `WatchPets`.
+//! burst of creates (one `AddPets` call per record, as the operator sends a
+//! lone create), with 0, 1, 10 and 100 clients following `WatchPets`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -544,7 +544,7 @@ pub fn store_markdown(results: &BenchResults) -> String {
         let _ = writeln!(out, "\n### The change feed's cost\n");
         let _ = writeln!(
             out,
-            "A fresh durable store for each row: the watchers follow `WatchPets` from the current revision, then {CREATORS} clients create the pets, one `AddPets` call per pet (as the operator does). Time runs until every watcher has received every change; CPU and peak RSS are the store's (RSS sampled every 10 ms). The first row, with no watcher, is the store without the feed's cost.\n",
+            "A fresh durable store for each row: the watchers follow `WatchPets` from the current revision, then {CREATORS} clients create the pets, one `AddPets` call per pet (as the operator sends a lone create). Time runs until every watcher has received every change; CPU and peak RSS are the store's (RSS sampled every 10 ms). The first row, with no watcher, is the store without the feed's cost.\n",
             CREATORS = feed_cost::CREATORS
         );
         table_head(
