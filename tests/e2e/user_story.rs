@@ -63,8 +63,7 @@ fn apply_rename_delete_and_orphan() -> fixtures::Result<()> {
 
     // Events reached the API (the shipped RBAC allows them), and the Lease is
     // held by this operator.
-    let events = env.event_reasons()?;
-    assert!(events.contains("Created/pet-sample1"), "{events}");
+    env.wait_event("Created/pet-sample1", TIMEOUT)?;
     assert_eq!(env.lease_holder()?, "operator-a");
 
     // 2. Rename: the same record carries the new name; still 2 records.
