@@ -101,16 +101,17 @@ pub fn median(mut values: Vec<f64>) -> f64 {
 #[derive(Clone, Debug, Default)]
 pub struct ConvergenceResult {
     pub pets: usize,
-    /// Every floor-then-operator pair at this N, in the order run. The first
-    /// is the full run that every other figure below comes from.
+    /// The ratio's pairs at this N, in the order run, side by side (see
+    /// `side_by_side`): the floor and the operator at the same time.
     pub pairs: Vec<Pair>,
-    /// The operator's time: the median over the pairs.
+    /// The operator's time, run just after the floor's on the two cores:
+    /// the full run that every other figure below comes from.
     pub converge: Duration,
     /// Until the last Event of the convergence was written.
     pub events_written: Duration,
     /// Events the API server had received when every Pet was Ready.
     pub events_while_converging: u64,
-    /// The floor's time: the median over the pairs.
+    /// The floor's time, run just before the operator's.
     pub floor: Duration,
     pub floor_identity: FloorIdentity,
     /// CPU used while converging, by process; the floor's and the operator's
@@ -210,9 +211,7 @@ const WITHOUT_LIST_SNAPSHOT: &str = "--feature-gates=ListFromCacheSnapshot=false
 const LIST_ROUNDS: usize = 3;
 
 impl ConvergenceResult {
-    /// Operator ÷ floor: the median of the pairs' ratios. Each pair runs
-    /// back to back, so each ratio compares like with like; the median keeps
-    /// one pair that a stall slowed down from deciding the figure.
+    /// Operator ÷ floor: the median of the side-by-side pairs' ratios.
     pub fn ratio(&self) -> f64 {
         if self.pairs.is_empty() {
             let only = Pair {
@@ -222,6 +221,11 @@ impl ConvergenceResult {
             return only.ratio();
         }
         median(self.pairs.iter().map(Pair::ratio).collect())
+    }
+
+    /// Operator ÷ floor in the full run, one after the other.
+    pub fn sequential_ratio(&self) -> f64 {
+        self.converge.as_secs_f64() / self.floor.as_secs_f64().max(1e-9)
     }
 
     pub fn reads_per_pet(&self) -> f64 {
@@ -648,7 +652,18 @@ pub fn measure_operator_convergence(
     rt: &tokio::runtime::Runtime,
     config: &ConvergenceConfig,
 ) -> Result<ConvergenceResult> {
-    measure_operator_with(rt, config, false)
+    measure_operator_with(rt, config, false, &|| {})
+}
+
+/// [`measure_operator_convergence`], with `gate` called once everything is
+/// ready and quiet, just before the first create: a run side by side with
+/// another starts when `gate` returns.
+pub fn measure_operator_convergence_gated(
+    rt: &tokio::runtime::Runtime,
+    config: &ConvergenceConfig,
+    gate: &dyn Fn(),
+) -> Result<ConvergenceResult> {
+    measure_operator_with(rt, config, false, gate)
 }
 
 /// The operator's convergence, then its restart, steady state and churn.
@@ -656,13 +671,14 @@ pub fn measure_operator(
     rt: &tokio::runtime::Runtime,
     config: &ConvergenceConfig,
 ) -> Result<ConvergenceResult> {
-    measure_operator_with(rt, config, true)
+    measure_operator_with(rt, config, true, &|| {})
 }
 
 fn measure_operator_with(
     rt: &tokio::runtime::Runtime,
     config: &ConvergenceConfig,
     everything: bool,
+    gate: &dyn Fn(),
 ) -> Result<ConvergenceResult> {
     let env = Env::start(Storage::Durable)?;
     let options = shipped_options(&env, "bench-operator");
@@ -678,6 +694,7 @@ fn measure_operator_with(
         let api: Api<Pet> = Api::namespaced(client, NAMESPACE);
         let mut tracker = Tracker::start(api.clone());
         quiet(&env, operator.process().pid()).await;
+        tokio::task::block_in_place(gate);
         let api_before = apimetrics::scrape(&env.cp)?;
         let calls_before = store_calls(&operator.metrics()?);
 
@@ -1086,6 +1103,17 @@ pub fn measure_floor(
     config: &ConvergenceConfig,
     lists: bool,
 ) -> Result<Floor> {
+    measure_floor_gated(rt, config, lists, &|| {})
+}
+
+/// [`measure_floor`], with `gate` called just before the first create, as
+/// in [`measure_operator_convergence_gated`].
+pub fn measure_floor_gated(
+    rt: &tokio::runtime::Runtime,
+    config: &ConvergenceConfig,
+    lists: bool,
+    gate: &dyn Fn(),
+) -> Result<Floor> {
     let mut env = Env::start(Storage::Durable)?;
     hold_lease(&env.cp)?;
     let options = shipped_options(&env, "bench-floor-webhook");
@@ -1149,6 +1177,7 @@ pub fn measure_floor(
             });
 
         quiet(&env, webhook_pid).await;
+        tokio::task::block_in_place(gate);
         let conversions_before = conversion_calls(&env.cp)?;
         let cpu = CpuSplit::meter(&env, webhook_pid);
         let started = Instant::now();

@@ -8,6 +8,7 @@ pub mod drift;
 pub mod feed_cost;
 pub mod procstat;
 pub mod report;
+pub mod side_by_side;
 pub mod store_load;
 
 use std::fmt::Write as _;
@@ -48,6 +49,9 @@ pub struct BenchConfig {
     /// and that poll's interval.
     pub polling_drift_sizes: Vec<usize>,
     pub polling_drift_interval: Duration,
+    /// The program that runs one side of a side-by-side pair (`petstore-bench
+    /// --side`); this program when unset.
+    pub side_runner: Option<std::path::PathBuf>,
 }
 
 impl BenchConfig {
@@ -76,6 +80,7 @@ impl BenchConfig {
             // before the feed.
             polling_drift_sizes: vec![1000, 20_000],
             polling_drift_interval: Duration::from_secs(300),
+            side_runner: None,
         }
     }
 
@@ -102,6 +107,7 @@ impl BenchConfig {
             feed_watchers: vec![0, 3],
             polling_drift_sizes: vec![10],
             polling_drift_interval: Duration::from_secs(3),
+            side_runner: None,
         }
     }
 }
@@ -171,7 +177,7 @@ fn per_pet(seconds: f64, pets: usize) -> f64 {
     seconds * 1000.0 / pets as f64
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime> {
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -179,7 +185,7 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
         .map_err(fixtures::io("starting a tokio runtime"))
 }
 
-fn convergence_config(config: &BenchConfig, pets: usize) -> ConvergenceConfig {
+pub(crate) fn convergence_config(config: &BenchConfig, pets: usize) -> ConvergenceConfig {
     ConvergenceConfig {
         pets,
         concurrency: config.concurrency,
@@ -211,10 +217,7 @@ pub fn run_all(config: &BenchConfig, progress: impl Fn(&str)) -> Result<BenchRes
         result.floor_conversions = floor.conversions;
         result.list = floor.list.unwrap_or_default();
         result.floor_identity = config.floor_identity;
-        let mut pairs = vec![convergence::Pair {
-            floor: floor.time,
-            operator: result.converge,
-        }];
+        result.floor = floor.time;
         progress(&format!(
             "N = {pets}: operator {:.2}s, floor {:.2}s; CPU {:.1}s, floor {:.1}s",
             result.converge.as_secs_f64(),
@@ -222,27 +225,23 @@ pub fn run_all(config: &BenchConfig, progress: impl Fn(&str)) -> Result<BenchRes
             result.cpu.total(),
             result.floor_cpu.total(),
         ));
-        for pair in 2..=config.pairs {
-            progress(&format!("floor and operator, N = {pets}, pair {pair}"));
-            let floor = convergence::measure_floor(&rt, &c, false)?.time;
-            let operator = convergence::measure_operator_convergence(&rt, &c)?.converge;
-            progress(&format!(
-                "N = {pets}, pair {pair}: operator {:.2}s, floor {:.2}s",
-                operator.as_secs_f64(),
-                floor.as_secs_f64(),
-            ));
-            pairs.push(convergence::Pair { floor, operator });
-        }
-        let median_of = |time: fn(&convergence::Pair) -> Duration| {
-            Duration::from_secs_f64(convergence::median(
-                pairs.iter().map(|p| time(p).as_secs_f64()).collect(),
-            ))
-        };
         progress(&format!("drift on PostgreSQL (2 replicas), N = {pets}"));
         result.drift_postgres = convergence::measure_drift_on_postgres(&rt, &c)?;
-        result.converge = median_of(|p| p.operator);
-        result.floor = median_of(|p| p.floor);
-        result.pairs = pairs;
+        // The ratio's pairs: side by side, which a machine whose speed
+        // moves cannot tilt (see side_by_side).
+        let pairs = side_by_side::pairs_at(
+            config,
+            pets,
+            side_by_side::Sides::FloorOperator,
+            &|step: &str| progress(step),
+        )?;
+        result.pairs = pairs
+            .iter()
+            .map(|p| convergence::Pair {
+                floor: p.first.time,
+                operator: p.second.time,
+            })
+            .collect();
         results.convergence.push(result);
     }
     results.load_end = report::load_average();

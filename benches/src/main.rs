@@ -77,10 +77,45 @@ struct Args {
     #[arg(long, conflicts_with_all = ["store_only", "scale", "out"])]
     pairs_only: bool,
 
+    /// Only pairs, as --pairs-only, but run side by side: the two runs of a
+    /// pair at the same time, each pinned to a core of its own, so that both
+    /// meet the same moment of a machine whose speed moves; the cores swap
+    /// from pair to pair. `floors` and `operators` put a run beside its
+    /// like, to show what the method cannot tell apart. Needs two cores.
+    #[arg(
+        long,
+        value_enum,
+        value_name = "RUNS",
+        conflicts_with_all = ["store_only", "scale", "out", "pairs_only"]
+    )]
+    side_by_side: Option<SideBySideRuns>,
+
+    /// Internal: one run of a side-by-side pair (floor or operator) at the
+    /// first of --sizes, pinned to the core --cpu names.
+    #[arg(long, hide = true, requires = "cpu", value_name = "RUN")]
+    side: Option<String>,
+
+    #[arg(long, hide = true, requires = "side", value_name = "CPU")]
+    cpu: Option<usize>,
+
+    /// Internal: the client concurrency of a side-by-side run.
+    #[arg(long, hide = true, requires = "side", value_name = "C")]
+    concurrency: Option<usize>,
+
     /// Where to write the report; the plot goes to docs/convergence.svg in
     /// the report's folder [default: BENCHMARKS.md at the repository root].
     #[arg(long, value_name = "PATH")]
     out: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum SideBySideRuns {
+    /// The floor beside the operator: the ratio's pairs.
+    FloorOperator,
+    /// A floor beside a floor.
+    Floors,
+    /// An operator run beside an operator run.
+    Operators,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -124,6 +159,9 @@ impl Args {
         }
         if let Some(pairs) = self.pairs {
             config.pairs = pairs;
+        }
+        if let Some(concurrency) = self.concurrency {
+            config.concurrency = concurrency;
         }
         if let Some(floor_as) = self.floor_as {
             config.floor_identity = match floor_as {
@@ -216,6 +254,46 @@ fn main() -> ExitCode {
     } else {
         None
     };
+    if let (Some(side), Some(cpu)) = (&args.side, args.cpu) {
+        let Some(side) = bench::side_by_side::Side::from_name(side) else {
+            eprintln!("petstore-bench: --side is floor or operator, not {side:?}");
+            return ExitCode::FAILURE;
+        };
+        // Before any thread starts: every thread and process of the run
+        // inherits the core.
+        let ran = bench::side_by_side::pin_to(cpu)
+            .and_then(|()| bench::side_by_side::run_side(&args.config(), side));
+        return match ran {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(err) => {
+                eprintln!("petstore-bench: the {} side: {err}", side.name());
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if let Some(runs) = args.side_by_side {
+        use bench::side_by_side::Sides;
+        let sides = match runs {
+            SideBySideRuns::FloorOperator => Sides::FloorOperator,
+            SideBySideRuns::Floors => Sides::Floors,
+            SideBySideRuns::Operators => Sides::Operators,
+        };
+        let config = args.config();
+        return match bench::side_by_side::run(&config, sides, |step| eprintln!("[bench] {step}")) {
+            Ok(all) => {
+                for (pets, pairs) in config.sizes.iter().zip(&all) {
+                    let ratios: Vec<String> =
+                        pairs.iter().map(|p| format!("{:.3}", p.ratio())).collect();
+                    println!("N = {pets}: side by side, each pair: {}", ratios.join(", "));
+                }
+                ExitCode::SUCCESS
+            }
+            Err(err) => {
+                eprintln!("petstore-bench: {err}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     if args.pairs_only {
         let config = args.config();
         return match bench::run_pairs(&config, |step| eprintln!("[bench] {step}")) {
@@ -296,6 +374,32 @@ mod tests {
         let full = parse(&[]).expect("no flags").config();
         assert_eq!(full.sizes, BenchConfig::full().sizes);
         assert_eq!(full.scale_records, BenchConfig::full().scale_records);
+    }
+
+    #[test]
+    fn a_side_gets_the_flags_its_pair_passes() {
+        let side = parse(&[
+            "--side",
+            "floor",
+            "--cpu",
+            "1",
+            "--sizes",
+            "5000",
+            "--floor-as",
+            "admin",
+            "--concurrency",
+            "4",
+        ])
+        .expect("the flags side_by_side passes");
+        assert_eq!((side.side.as_deref(), side.cpu), (Some("floor"), Some(1)));
+        let config = side.config();
+        assert_eq!(
+            (config.sizes[..].to_vec(), config.concurrency),
+            (vec![5000], 4)
+        );
+        assert!(parse(&["--side", "floor"]).is_err(), "--side needs --cpu");
+        assert!(parse(&["--side-by-side", "floors", "--pairs-only"]).is_err());
+        assert!(parse(&["--side-by-side", "floor-operator", "--sizes", "5000"]).is_ok());
     }
 
     #[test]

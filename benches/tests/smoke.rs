@@ -6,7 +6,11 @@ use petstore_bench::{self as bench, BenchConfig};
 
 #[test]
 fn benchmarks_run_end_to_end() -> fixtures::Result<()> {
-    let config = BenchConfig::smoke();
+    let config = BenchConfig {
+        // The side-by-side pairs run each side in a process of its own.
+        side_runner: Some(env!("CARGO_BIN_EXE_petstore-bench").into()),
+        ..BenchConfig::smoke()
+    };
     let results = bench::run_all(&config, |step| eprintln!("[bench smoke] {step}"))?;
 
     assert_eq!(results.convergence.len(), config.sizes.len());
