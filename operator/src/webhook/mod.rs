@@ -28,7 +28,7 @@ pub fn review(body: &[u8]) -> ConversionReview {
             return invalid(format!("the body is not a ConversionReview: {err}"));
         }
     };
-    let request = match ConversionRequest::from_review(review) {
+    let mut request = match ConversionRequest::from_review(review) {
         Ok(request) => request,
         Err(err) => return invalid(err.to_string()),
     };
@@ -40,7 +40,8 @@ pub fn review(body: &[u8]) -> ConversionReview {
             .failure(Status::failure(&message, "ConversionFailed"))
             .into_review();
     }
-    let objects = request.objects.clone();
+    // The response needs only the request's uid: the objects move out.
+    let objects = std::mem::take(&mut request.objects);
     let response = ConversionResponse::for_request(request);
     let response = match convert_all(objects, &desired) {
         Ok(converted) => response.success(converted),
