@@ -382,28 +382,42 @@ pub fn pairs_at(
     }
     let [first_side, second_side] = sides.runs();
     let mut pairs = Vec::new();
-    {
-        for pair in 1..=config.pairs {
-            let first_cpu = (pair - 1) % 2;
-            let mut first = Runner::start(config, first_side, pets, first_cpu)?;
-            let mut second = Runner::start(config, second_side, pets, 1 - first_cpu)?;
-            for runner in [&mut first, &mut second] {
-                runner.ready()?;
-            }
-            let swapper = Swapper::start(first.child.id(), second.child.id(), first_cpu);
+    for pair in 1..=config.pairs {
+        let first_cpu = (pair - 1) % 2;
+        // Which side starts first, and is told to go first, alternates too:
+        // a floor beside a floor favoured the one started first by up to
+        // 2.6%.
+        let second_starts = pair % 2 == 0;
+        let (mut first, mut second) = if second_starts {
+            let second = Runner::start(config, second_side, pets, 1 - first_cpu)?;
+            (Runner::start(config, first_side, pets, first_cpu)?, second)
+        } else {
+            let first = Runner::start(config, first_side, pets, first_cpu)?;
+            (
+                first,
+                Runner::start(config, second_side, pets, 1 - first_cpu)?,
+            )
+        };
+        first.ready()?;
+        second.ready()?;
+        let swapper = Swapper::start(first.child.id(), second.child.id(), first_cpu);
+        if second_starts {
+            second.go()?;
+            first.go()?;
+        } else {
             first.go()?;
             second.go()?;
-            let first_result = first.result();
-            let second_result = second.result();
-            swapper.stop();
-            let result = SideBySide {
-                first: first_result?,
-                second: second_result?,
-                first_cpu,
-            };
-            progress(&describe(pets, pair, sides, &result));
-            pairs.push(result);
         }
+        let first_result = first.result();
+        let second_result = second.result();
+        swapper.stop();
+        let result = SideBySide {
+            first: first_result?,
+            second: second_result?,
+            first_cpu,
+        };
+        progress(&describe(pets, pair, sides, &result));
+        pairs.push(result);
     }
     Ok(pairs)
 }
