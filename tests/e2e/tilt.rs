@@ -452,13 +452,25 @@ fn tilt_quick_start_on_a_one_node_cluster() -> TestResult {
             "{deployment} is not clean under restricted Pod Security: {err}"
         );
         // Probes: a pod turns Ready only when its readiness probe passes
-        // (gRPC health for the store, HTTP /readyz for the operator).
+        // (gRPC health for the store, HTTP /readyz for the operator). Every
+        // replica, not only the one `tilt ci` waited for: a second replica
+        // can still be starting, or an earlier one terminating, when the
+        // first turns Ready, so this waits for all of them.
         let app = deployment;
-        let ready = pods(&cluster, namespace, app);
-        assert!(
-            !ready.is_empty() && ready.iter().all(pod_ready),
-            "{deployment} pods not ready"
-        );
+        wait_for(
+            Duration::from_secs(120),
+            &format!("every {deployment} pod Ready"),
+            || {
+                let pods = pods(&cluster, namespace, app);
+                (!pods.is_empty() && pods.iter().all(pod_ready)).then_some(())
+            },
+        )
+        .map_err(|e| {
+            let status = cluster
+                .kubectl(&["get", "pods", "-n", namespace, "-o", "wide"])
+                .unwrap_or_default();
+            format!("{e}\n{status}")
+        })?;
     }
 
     // Nothing restarted, no liveness probe failed, and the operator runs
