@@ -173,7 +173,8 @@ pub fn run_pairs(config: &BenchConfig, progress: impl Fn(&str)) -> Result<Vec<Ve
     Ok(all)
 }
 
-fn per_pet(seconds: f64, pets: usize) -> f64 {
+/// Milliseconds per Pet of `seconds` spent on `pets`.
+pub(crate) fn per_pet(seconds: f64, pets: usize) -> f64 {
     seconds * 1000.0 / pets as f64
 }
 

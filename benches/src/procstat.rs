@@ -19,13 +19,23 @@ pub fn rss_kib(pid: u32) -> Option<u64> {
     status_kib(pid, "VmRSS:")
 }
 
+/// The fields of /proc/PID/stat after the parenthesised command name (which
+/// may hold spaces): the state is field 0 here, the 3rd of the whole line.
+fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = stat.get(stat.rfind(')')? + 2..)?;
+    Some(after.split_whitespace().map(str::to_owned).collect())
+}
+
+/// The parent's process ID.
+pub fn parent_pid(pid: u32) -> Option<u32> {
+    stat_fields(pid)?.get(1)?.parse().ok()
+}
+
 /// User plus system CPU seconds so far.
 pub fn cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the parenthesised command name; utime and stime are the
-    // 14th and 15th fields of the whole line.
-    let after = &stat[stat.rfind(')')? + 2..];
-    let fields: Vec<&str> = after.split_whitespace().collect();
+    // utime and stime are the 14th and 15th fields of the whole line.
+    let fields = stat_fields(pid)?;
     let utime: f64 = fields.get(11)?.parse().ok()?;
     let stime: f64 = fields.get(12)?.parse().ok()?;
     // SAFETY: sysconf has no preconditions.
@@ -102,6 +112,10 @@ mod tests {
         assert!(super::peak_rss_kib(pid).is_some_and(|k| k > 0));
         assert!(super::rss_kib(pid).is_some_and(|k| k > 0));
         assert!(super::cpu_seconds(pid).is_some_and(|s| s >= 0.0));
+        assert_eq!(
+            super::parent_pid(pid),
+            Some(std::os::unix::process::parent_id())
+        );
     }
 
     #[test]

@@ -21,7 +21,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::convergence::{self, CpuSplit, FloorIdentity};
-use crate::{BenchConfig, convergence_config, runtime};
+use crate::{BenchConfig, convergence_config, per_pet, procstat, runtime};
 use fixtures::{Error, Result};
 
 /// What the two runs of a side-by-side pair are.
@@ -116,31 +116,20 @@ fn pin_thread(tid: libc::pid_t, cpu: usize) -> bool {
     }
 }
 
+/// Every process on the machine with its parent, read once per swap.
+fn parents() -> Vec<(u32, u32)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| Some((pid, procstat::parent_pid(pid)?)))
+        .collect()
+}
+
 /// `root` and every process below it.
-fn process_tree(root: u32) -> Vec<u32> {
-    let mut parents = Vec::new();
-    if let Ok(entries) = std::fs::read_dir("/proc") {
-        for entry in entries.flatten() {
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|n| n.parse::<u32>().ok())
-            else {
-                continue;
-            };
-            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-                continue;
-            };
-            // The parent is the second field after the parenthesised name.
-            let parent = stat
-                .rfind(')')
-                .and_then(|end| stat[end + 2..].split_whitespace().nth(1))
-                .and_then(|ppid| ppid.parse::<u32>().ok());
-            if let Some(parent) = parent {
-                parents.push((pid, parent));
-            }
-        }
-    }
+fn process_tree(root: u32, parents: &[(u32, u32)]) -> Vec<u32> {
     let mut tree = vec![root];
     let mut i = 0;
     while i < tree.len() {
@@ -157,8 +146,8 @@ fn process_tree(root: u32) -> Vec<u32> {
 }
 
 /// Moves every thread of every process below `root` (and itself) to `cpu`.
-fn move_tree(root: u32, cpu: usize) {
-    for pid in process_tree(root) {
+fn move_tree(root: u32, cpu: usize, parents: &[(u32, u32)]) {
+    for pid in process_tree(root, parents) {
         if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
             for task in tasks.flatten() {
                 if let Some(tid) = task.file_name().to_str().and_then(|n| n.parse().ok()) {
@@ -190,8 +179,9 @@ impl Swapper {
                 while !done.load(std::sync::atomic::Ordering::Relaxed) {
                     std::thread::sleep(SWAP_EVERY);
                     cpu = 1 - cpu;
-                    move_tree(first, cpu);
-                    move_tree(second, 1 - cpu);
+                    let parents = parents();
+                    move_tree(first, cpu, &parents);
+                    move_tree(second, 1 - cpu, &parents);
                 }
             })
         };
@@ -424,7 +414,7 @@ pub fn pairs_at(
 
 fn describe(pets: usize, pair: usize, sides: Sides, result: &SideBySide) -> String {
     let [a, b] = sides.runs();
-    let per_pet = |seconds: f64| seconds * 1000.0 / pets as f64;
+    let per_pet = |seconds: f64| per_pet(seconds, pets);
     // The benchmark process creates the Pets and watches them; in the
     // floor it is the baseline client too.
     let own = |side: Side, r: &SideResult| match side {
@@ -502,7 +492,7 @@ mod tests {
         let root = shell.id();
         let started = std::time::Instant::now();
         let tree = loop {
-            let tree = process_tree(root);
+            let tree = process_tree(root, &parents());
             if tree.len() >= 2 || started.elapsed() > Duration::from_secs(5) {
                 break tree;
             }
@@ -511,7 +501,7 @@ mod tests {
         assert_eq!(tree[0], root);
         assert!(tree.len() >= 2, "the sleep below the shell: {tree:?}");
         let last_cpu = std::thread::available_parallelism().map_or(1, usize::from) - 1;
-        move_tree(root, last_cpu);
+        move_tree(root, last_cpu, &parents());
         for pid in &tree {
             assert_eq!(affinity(*pid), [last_cpu], "process {pid}");
         }
