@@ -12,13 +12,19 @@
 //! after its Pet went (the watch can report the deletion meanwhile) does not
 //! bring the entry back: a new entry is made only for a Pet still in the
 //! watch cache.
+//!
+//! An entry is kept small, since there is one per Pet (measured at N =
+//! 5,000: 193 bytes a slot, the largest of the operator's own per-Pet
+//! maps): the UID is held as a UUID's 16 bytes, times as 8-byte
+//! [`Moment`]s, and what only a failing or drifting Pet needs in a box of
+//! its own.
 
 use std::collections::{HashMap, HashSet};
+use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::Timestamp;
-use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use crate::crd::{ConditionStatus, Pet};
@@ -34,32 +40,68 @@ const REPEATED_DRIFT_WINDOW: Duration = Duration::from_secs(3600);
 
 #[derive(Default)]
 pub struct Memory {
-    pets: Mutex<HashMap<String, Remembered>>,
+    pets: Mutex<HashMap<UidKey, Remembered>>,
     /// The watch cache; unset until the controller runs (and in tests).
     cache: OnceLock<Store<Pet>>,
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 struct Remembered {
     /// Consecutive failures.
     failures: u32,
     /// The generation last found in sync, and when.
     synced: Option<Synced>,
     /// Since the Pet's creation or spec change, while it is not Ready.
-    not_ready_since: Option<Instant>,
+    not_ready_since: Option<Moment>,
     /// When its next reconcile is due; `None` while one runs, or while it
     /// waits for a change.
-    due: Option<Instant>,
+    due: Option<Moment>,
+    /// Only while it backs off, or drifted within the window.
+    rare: Option<Box<Rare>>,
+}
+
+/// What few Pets need: a box of its own, not a slot in every entry.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Rare {
     /// Its last drift corrections, oldest first.
-    drifts: [Option<Instant>; REPEATED_DRIFT],
+    drifts: [Option<Moment>; REPEATED_DRIFT],
     /// After a failure: until when it backs off, and the intent
     /// ([`crate::decision::Facts::intent`]) that failed.
     backoff: Option<Backoff>,
 }
 
+impl Remembered {
+    fn backoff(&self) -> Option<Backoff> {
+        self.rare.as_ref()?.backoff
+    }
+
+    fn drifts(&self) -> &[Option<Moment>; REPEATED_DRIFT] {
+        const NONE: [Option<Moment>; REPEATED_DRIFT] = [None; REPEATED_DRIFT];
+        self.rare.as_ref().map_or(&NONE, |rare| &rare.drifts)
+    }
+
+    fn rare(&mut self) -> &mut Rare {
+        self.rare.get_or_insert_with(Box::default)
+    }
+
+    fn end_backoff(&mut self) {
+        if let Some(rare) = &mut self.rare {
+            rare.backoff = None;
+        }
+        self.tidy();
+    }
+
+    /// Drops the box once it holds nothing.
+    fn tidy(&mut self) {
+        if self.rare.as_deref() == Some(&Rare::default()) {
+            self.rare = None;
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Backoff {
-    until: Instant,
+    until: Moment,
     intent: u64,
     /// What the store lacked, if that was the failure: the Pet is
     /// released as soon as a probe finds it.
@@ -70,7 +112,7 @@ struct Backoff {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Synced {
     pub generation: Option<i64>,
-    pub at: Instant,
+    pub at: Moment,
     /// A hash of the record ID the status was given: a status that names
     /// another record is not that write's echo.
     pub id: u64,
@@ -104,17 +146,19 @@ impl Memory {
         let _ = self.cache.set(cache);
     }
 
-    fn pets(&self) -> MutexGuard<'_, HashMap<String, Remembered>> {
+    fn pets(&self) -> MutexGuard<'_, HashMap<UidKey, Remembered>> {
         // Entries are plain values; a panic elsewhere cannot corrupt them.
         self.pets.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     pub fn synced(&self, uid: &str) -> Option<Synced> {
-        self.pets().get(uid)?.synced
+        self.pets().get(&UidKey::new(uid))?.synced
     }
 
     pub fn failures(&self, uid: &str) -> u32 {
-        self.pets().get(uid).map_or(0, |pet| pet.failures)
+        self.pets()
+            .get(&UidKey::new(uid))
+            .map_or(0, |pet| pet.failures)
     }
 
     /// The Pet's generation was found in sync and its status written now,
@@ -130,15 +174,12 @@ impl Memory {
         let previous_id = id_hash(pet.status_id());
         let mut waited = None;
         self.update(pet, uid, |remembered| {
-            waited = remembered
-                .not_ready_since
-                .take()
-                .map(|since| since.elapsed());
+            waited = remembered.not_ready_since.take().map(Moment::elapsed);
             remembered.failures = 0;
-            remembered.backoff = None;
+            remembered.end_backoff();
             remembered.synced = Some(Synced {
                 generation,
-                at: Instant::now(),
+                at: Moment::now(),
                 id: id_hash(Some(id)),
                 previous_id,
             });
@@ -151,7 +192,8 @@ impl Memory {
     /// Ready (a new Pet since its creation).
     pub fn triggered(&self, pet: &Pet, uid: &str) {
         let now = Instant::now();
-        let waiting_since = (!shows_ready(pet)).then(|| waiting_since(pet, now));
+        let waiting_since = (!shows_ready(pet)).then(|| Moment::from(waiting_since(pet, now)));
+        let now = Moment::from(now);
         self.update(pet, uid, |remembered| {
             remembered.due = Some(remembered.due.map_or(now, |due| due.min(now)));
             if remembered.not_ready_since.is_none() {
@@ -169,9 +211,9 @@ impl Memory {
         delay: Duration,
         waits_for: Option<Probe>,
     ) {
-        let until = Instant::now() + delay;
+        let until = Moment::from(Instant::now() + delay);
         self.update(pet, uid, |remembered| {
-            remembered.backoff = Some(Backoff {
+            remembered.rare().backoff = Some(Backoff {
                 until,
                 intent,
                 waits_for,
@@ -184,7 +226,7 @@ impl Memory {
     pub fn waiting_on_store(&self) -> bool {
         self.pets()
             .values()
-            .any(|remembered| remembered.backoff.is_some_and(|b| b.waits_for.is_some()))
+            .any(|remembered| remembered.backoff().is_some_and(|b| b.waits_for.is_some()))
     }
 
     /// The store was found `found`: ends the backoff of every Pet that
@@ -199,11 +241,11 @@ impl Memory {
         let mut released = HashSet::new();
         for (uid, remembered) in self.pets().iter_mut() {
             if remembered
-                .backoff
+                .backoff()
                 .and_then(|b| b.waits_for)
                 .is_some_and(satisfied)
             {
-                remembered.backoff = None;
+                remembered.end_backoff();
                 released.insert(uid.clone());
             }
         }
@@ -216,8 +258,8 @@ impl Memory {
             .filter(|pet| {
                 pet.metadata
                     .uid
-                    .as_ref()
-                    .is_some_and(|uid| released.contains(uid))
+                    .as_deref()
+                    .is_some_and(|uid| released.contains(&UidKey::new(uid)))
             })
             .collect()
     }
@@ -232,8 +274,11 @@ impl Memory {
     /// The rest of its backoff from a failure of this same intent. The
     /// intent is hashed only for a Pet that is backing off.
     pub fn backoff_left(&self, facts: &Facts) -> Option<Duration> {
-        let backoff = self.pets().get(&facts.uid)?.backoff?;
-        let left = backoff.until.checked_duration_since(Instant::now())?;
+        let backoff = self.pets().get(&UidKey::new(&facts.uid))?.backoff()?;
+        let left = backoff
+            .until
+            .instant()
+            .checked_duration_since(Instant::now())?;
         (!left.is_zero() && backoff.intent == facts.intent()).then_some(left)
     }
 
@@ -241,14 +286,14 @@ impl Memory {
     /// reconcile reads the store however recently it was synced.
     pub fn suspect_drift(&self, pet: &Pet, uid: &str) {
         self.triggered(pet, uid);
-        if let Some(remembered) = self.pets().get_mut(uid) {
+        if let Some(remembered) = self.pets().get_mut(&UidKey::new(uid)) {
             remembered.synced = None;
         }
     }
 
     /// Its reconcile started.
     pub fn started(&self, uid: &str) {
-        if let Some(remembered) = self.pets().get_mut(uid) {
+        if let Some(remembered) = self.pets().get_mut(&UidKey::new(uid)) {
             remembered.due = None;
         }
     }
@@ -256,7 +301,7 @@ impl Memory {
     /// Its next reconcile is due after `delay` (or sooner, if a watch event
     /// already made it due).
     pub fn requeued(&self, pet: &Pet, uid: &str, delay: Duration) {
-        let at = Instant::now() + delay;
+        let at = Moment::from(Instant::now() + delay);
         self.update(pet, uid, |remembered| {
             remembered.due = Some(remembered.due.map_or(at, |due| due.min(at)));
         });
@@ -268,9 +313,10 @@ impl Memory {
         let now = Instant::now();
         let mut repeated = false;
         self.update(pet, uid, |remembered| {
-            remembered.drifts.rotate_left(1);
-            remembered.drifts[REPEATED_DRIFT - 1] = Some(now);
-            repeated = is_repeated(&remembered.drifts, now);
+            let drifts = &mut remembered.rare().drifts;
+            drifts.rotate_left(1);
+            drifts[REPEATED_DRIFT - 1] = Some(Moment::from(now));
+            repeated = is_repeated(drifts, now);
         });
         repeated
     }
@@ -281,15 +327,19 @@ impl Memory {
         let now = Instant::now();
         let mut gauges = PetGauges::default();
         for remembered in self.pets().values() {
-            if let Some(due) = remembered.due.filter(|due| *due <= now) {
+            if let Some(due) = remembered
+                .due
+                .map(Moment::instant)
+                .filter(|due| *due <= now)
+            {
                 gauges.queue_depth += 1;
                 gauges.queue_oldest_age = gauges.queue_oldest_age.max(now - due);
             }
-            if let Some(since) = remembered.not_ready_since {
+            if let Some(since) = remembered.not_ready_since.map(Moment::instant) {
                 gauges.not_ready += 1;
                 gauges.not_ready_oldest = gauges.not_ready_oldest.max(now - since);
             }
-            if is_repeated(&remembered.drifts, now) {
+            if is_repeated(remembered.drifts(), now) {
                 gauges.repeated_drift += 1;
             }
         }
@@ -309,19 +359,20 @@ impl Memory {
 
     /// The reconcile had nothing to do: any failures are over.
     pub fn succeeded(&self, uid: &str) {
+        let key = UidKey::new(uid);
         let mut pets = self.pets();
-        if let Some(remembered) = pets.get_mut(uid) {
+        if let Some(remembered) = pets.get_mut(&key) {
             remembered.failures = 0;
-            remembered.backoff = None;
+            remembered.end_backoff();
             if *remembered == Remembered::default() {
-                pets.remove(uid);
+                pets.remove(&key);
             }
         }
     }
 
     /// The Pet is gone or let go, or held: nothing to remember.
     pub fn forget(&self, uid: &str) {
-        self.pets().remove(uid);
+        self.pets().remove(&UidKey::new(uid));
     }
 
     /// After a relist: forgets every Pet the cache no longer holds (deleted
@@ -333,15 +384,19 @@ impl Memory {
         if self.pets().is_empty() {
             return;
         }
-        let live: HashSet<String> = cache.state().iter().filter_map(|pet| pet.uid()).collect();
+        let live: HashSet<UidKey> = cache
+            .state()
+            .iter()
+            .filter_map(|pet| pet.metadata.uid.as_deref().map(UidKey::new))
+            .collect();
         self.pets().retain(|uid, _| live.contains(uid));
     }
 
     /// As if its backoff were over.
     #[cfg(test)]
     pub fn end_backoff(&self, uid: &str) {
-        if let Some(remembered) = self.pets().get_mut(uid) {
-            remembered.backoff = None;
+        if let Some(remembered) = self.pets().get_mut(&UidKey::new(uid)) {
+            remembered.end_backoff();
         }
     }
 
@@ -352,21 +407,24 @@ impl Memory {
     }
 
     fn update(&self, pet: &Pet, uid: &str, change: impl FnOnce(&mut Remembered)) {
+        let key = UidKey::new(uid);
         let mut pets = self.pets();
-        if let Some(remembered) = pets.get_mut(uid) {
+        if let Some(remembered) = pets.get_mut(&key) {
             change(remembered);
+            remembered.tidy();
             if *remembered == Remembered::default() {
-                pets.remove(uid);
+                pets.remove(&key);
             }
             return;
         }
         let mut remembered = Remembered::default();
         change(&mut remembered);
+        remembered.tidy();
         // Under the lock: the watch removes a deleted Pet from the cache
         // before it forgets the Pet, so either this sees it gone or the
         // forgetting comes after.
         if remembered != Remembered::default() && self.is_cached(pet) {
-            pets.insert(uid.to_owned(), remembered);
+            pets.insert(key, remembered);
         }
     }
 
@@ -407,8 +465,99 @@ fn waiting_since(pet: &Pet, now: Instant) -> Instant {
         .unwrap_or(now)
 }
 
-fn is_repeated(drifts: &[Option<Instant>; REPEATED_DRIFT], now: Instant) -> bool {
-    drifts[0].is_some_and(|oldest| now.duration_since(oldest) < REPEATED_DRIFT_WINDOW)
+fn is_repeated(drifts: &[Option<Moment>; REPEATED_DRIFT], now: Instant) -> bool {
+    drifts[0].is_some_and(|oldest| now.duration_since(oldest.instant()) < REPEATED_DRIFT_WINDOW)
+}
+
+/// A Pet's UID as the key of its entry: the API server's UIDs are UUIDs,
+/// held as their 16 bytes rather than 36 characters on the heap; any other
+/// text (a test's, say) as it is. Only the lowercase form a UUID is
+/// written in by the API server parses, so two keys are equal exactly when
+/// their texts are.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum UidKey {
+    Uuid([u8; 16]),
+    Text(Box<str>),
+}
+
+impl UidKey {
+    fn new(uid: &str) -> Self {
+        parse_uuid(uid).map_or_else(|| Self::Text(uid.into()), Self::Uuid)
+    }
+}
+
+/// The 16 bytes of a UUID written `xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`
+/// in lowercase hexadecimal.
+fn parse_uuid(text: &str) -> Option<[u8; 16]> {
+    let text = text.as_bytes();
+    if text.len() != 36 {
+        return None;
+    }
+    let mut bytes = [0u8; 16];
+    let mut nibble = 0;
+    for (i, &c) in text.iter().enumerate() {
+        if matches!(i, 8 | 13 | 18 | 23) {
+            if c != b'-' {
+                return None;
+            }
+            continue;
+        }
+        let value = match c {
+            b'0'..=b'9' => c - b'0',
+            b'a'..=b'f' => c - b'a' + 10,
+            _ => return None,
+        };
+        bytes[nibble / 2] |= if nibble % 2 == 0 { value << 4 } else { value };
+        nibble += 1;
+    }
+    Some(bytes)
+}
+
+/// A point in time in 8 bytes, where an `Instant` takes 16: nanoseconds
+/// from a process-wide origin, offset so that any moment within a century
+/// either side of it is positive (and `Option<Moment>` is 8 bytes too).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Moment(NonZeroU64);
+
+/// 2^62 ns, about 146 years.
+const MOMENT_OFFSET: u64 = 1 << 62;
+
+impl Moment {
+    fn origin() -> Instant {
+        static ORIGIN: OnceLock<Instant> = OnceLock::new();
+        *ORIGIN.get_or_init(Instant::now)
+    }
+
+    pub fn now() -> Self {
+        Self::from(Instant::now())
+    }
+
+    pub fn instant(self) -> Instant {
+        let origin = Self::origin();
+        let nanos = self.0.get();
+        if nanos >= MOMENT_OFFSET {
+            origin + Duration::from_nanos(nanos - MOMENT_OFFSET)
+        } else {
+            let before = Duration::from_nanos(MOMENT_OFFSET - nanos);
+            origin.checked_sub(before).unwrap_or(origin)
+        }
+    }
+
+    pub fn elapsed(self) -> Duration {
+        self.instant().elapsed()
+    }
+}
+
+impl From<Instant> for Moment {
+    fn from(at: Instant) -> Self {
+        let origin = Self::origin();
+        let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let value = match at.checked_duration_since(origin) {
+            Some(after) => MOMENT_OFFSET.saturating_add(nanos(after)),
+            None => MOMENT_OFFSET.saturating_sub(nanos(origin.duration_since(at))),
+        };
+        Self(NonZeroU64::new(value).unwrap_or(NonZeroU64::MIN))
+    }
 }
 
 #[cfg(test)]
@@ -552,6 +701,68 @@ mod tests {
         memory.triggered(&thor, "thor");
         let oldest = memory.gauges().not_ready_oldest;
         assert!(oldest >= Duration::from_secs(29), "{oldest:?}");
+    }
+
+    #[test]
+    fn an_entry_stays_small() {
+        // One per Pet: at N = 20,000 each byte of a slot is about 32 KiB.
+        let slot = std::mem::size_of::<(UidKey, Remembered)>();
+        assert!(slot <= 96, "{slot} bytes");
+    }
+
+    #[test]
+    fn a_uuid_key_is_its_bytes_and_any_other_uid_its_text() {
+        let uid = "0f8e3a52-9b1c-4d7e-a6f0-123456789abc";
+        assert_eq!(
+            UidKey::new(uid),
+            UidKey::Uuid([
+                0x0f, 0x8e, 0x3a, 0x52, 0x9b, 0x1c, 0x4d, 0x7e, 0xa6, 0xf0, 0x12, 0x34, 0x56, 0x78,
+                0x9a, 0xbc
+            ])
+        );
+        // Not the API server's form: kept as written, so never equal to it.
+        for other in [
+            "0F8E3A52-9B1C-4D7E-A6F0-123456789ABC",
+            "0f8e3a529b1c4d7ea6f0123456789abc",
+            "0f8e3a52-9b1c-4d7e-a6f0-123456789abg",
+            "0f8e3a52+9b1c-4d7e-a6f0-123456789abc",
+            "thor",
+        ] {
+            assert_eq!(UidKey::new(other), UidKey::Text(other.into()), "{other}");
+        }
+    }
+
+    #[test]
+    fn a_moment_is_the_instant_it_was_made_from() {
+        let now = Instant::now();
+        for at in [
+            now,
+            now + Duration::from_secs(3600),
+            now.checked_sub(Duration::from_secs(60)).unwrap_or(now),
+        ] {
+            assert_eq!(Moment::from(at).instant(), at);
+        }
+        let (earlier, later) = (
+            Moment::from(now),
+            Moment::from(now + Duration::from_nanos(1)),
+        );
+        assert!(earlier < later);
+    }
+
+    #[test]
+    fn the_box_for_rare_things_goes_when_they_do() {
+        let memory = Memory::default();
+        let thor = pet("thor");
+        memory.backing_off(&thor, "thor", 7, Duration::from_secs(60), None);
+        assert!(memory.pets().values().all(|r| r.rare.is_some()));
+        memory.succeeded("thor");
+        assert_eq!(memory.len(), 0, "nothing left to remember");
+        memory.drift_corrected(&thor, "thor");
+        memory.in_sync(&thor, "thor", Some(1), "record-1");
+        assert!(
+            memory.pets().values().all(|r| r.rare.is_some()),
+            "the drift is kept for the window"
+        );
     }
 
     #[test]
