@@ -646,8 +646,8 @@ fn store_writes(calls: &BTreeMap<String, u64>) -> u64 {
 const WRITE_VERBS: [&str; 4] = ["POST", "PATCH", "PUT", "DELETE"];
 const RESOURCES: [&str; 3] = ["pets", "events", "leases"];
 
-/// The operator's convergence only (its time, CPU and webhook calls): the
-/// extra pairs need nothing else.
+/// The operator's convergence only (its time, CPU, webhook calls and peak
+/// RSS): the extra pairs need nothing else.
 pub fn measure_operator_convergence(
     rt: &tokio::runtime::Runtime,
     config: &ConvergenceConfig,
@@ -707,11 +707,13 @@ fn measure_operator_with(
         let cpu = CpuSplit::read(&cpu);
         let conversions = conversion_calls(&env.cp)?.saturating_sub(conversions_before);
         if !everything {
+            let pid = operator.process().pid().unwrap_or(0);
             return Ok(ConvergenceResult {
                 pets: n,
                 converge,
                 cpu,
                 conversions,
+                operator_peak_rss_kib: procstat::peak_rss_kib(pid).unwrap_or(0),
                 ..Default::default()
             });
         }

@@ -144,7 +144,7 @@ pub fn run_pairs(config: &BenchConfig, progress: impl Fn(&str)) -> Result<Vec<Ve
             // Of the two cores over the run, the share no measured process used.
             let idle = |cpu: f64, time: Duration| 1.0 - cpu / (2.0 * time.as_secs_f64());
             progress(&format!(
-                "N = {pets}, pair {pair}: operator ÷ floor {:.3} ({:.2} s against {:.2} s); CPU ms per Pet: total {:.2} against {:.2}, API server {:.2} against {:.2}, etcd {:.2} against {:.2}, operator {:.3} and store {:.3} against the floor's client {:.3} and webhook {:.3}; idle {:.0}% against {:.0}%; webhook calls {} against {}",
+                "N = {pets}, pair {pair}: operator ÷ floor {:.3} ({:.2} s against {:.2} s); CPU ms per Pet: total {:.2} against {:.2}, API server {:.2} against {:.2}, etcd {:.2} against {:.2}, operator {:.3} and store {:.3} against the floor's client {:.3} and webhook {:.3}; idle {:.0}% against {:.0}%; webhook calls {} against {}; operator peak RSS {:.1} MiB",
                 operator.converge.as_secs_f64() / floor.time.as_secs_f64(),
                 operator.converge.as_secs_f64(),
                 floor.time.as_secs_f64(),
@@ -162,6 +162,7 @@ pub fn run_pairs(config: &BenchConfig, progress: impl Fn(&str)) -> Result<Vec<Ve
                 100.0 * idle(f.total(), floor.time),
                 operator.conversions,
                 floor.conversions,
+                operator.operator_peak_rss_kib as f64 / 1024.0,
             ));
             pairs.push(Pair {
                 floor: floor.time,
