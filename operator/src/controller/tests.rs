@@ -586,7 +586,7 @@ async fn kube_queues_a_reference_without_the_uid_or_resource_version() {
     assert_eq!(reference, reflector::ObjectRef::from_obj(&pet));
     assert_eq!(reference.extra.uid, None);
     assert_eq!(reference.extra.resource_version, None);
-    assert!(h.ctx.memory.gauges().queue_depth == 1, "remembered by UID");
+    assert_eq!(h.ctx.memory.gauges().queue_depth, 1, "remembered by UID");
 }
 
 #[tokio::test]
