@@ -426,8 +426,8 @@ impl Tracker {
 /// warm-up makes them outside the measurement, with Pets in a namespace of
 /// their own that are not counted. Returns the admin's client.
 async fn prepare(env: &Env) -> Result<kube::Client> {
-    env.cp.kubectl(&["create", "namespace", NAMESPACE])?;
-    env.cp.kubectl(&["create", "namespace", "warmup"])?;
+    env.cp.ensure_namespace(NAMESPACE)?;
+    env.cp.ensure_namespace("warmup")?;
     let client = client_from(&env.cp.kubeconfig).await?;
     let api: Api<Pet> = Api::namespaced(client.clone(), "warmup");
     for i in 0..WARMUP_PETS {
