@@ -240,10 +240,7 @@ impl Soak<'_> {
                 .unwrap_or_default();
             return phase == "Active";
         }
-        self.env
-            .cp
-            .kubectl(&["create", "namespace", namespace])
-            .is_ok()
+        self.env.cp.ensure_namespace(namespace).is_ok()
     }
 
     fn create(&mut self, count: usize) {
@@ -703,9 +700,7 @@ pub fn run_soak(config: SoakConfig, backend: Backend) -> Result<SoakReport> {
     };
     soak.start_operator()?;
     for n in 0..config.namespaces {
-        soak.env
-            .cp
-            .kubectl(&["create", "namespace", &format!("chaos-{n}")])?;
+        soak.env.cp.ensure_namespace(&format!("chaos-{n}"))?;
     }
     // Initial population, spread over the namespaces, 25 per kubectl call.
     for n in 0..config.initial_pets.div_ceil(25) {

@@ -143,7 +143,7 @@ fn invalid_pets_are_rejected_with_the_field_named_and_reach_nothing() -> fixture
 fn deleting_a_namespace_full_of_pets_completes_and_empties_the_store() -> fixtures::Result<()> {
     let env = Env::start(Storage::Durable)?;
     let _operator = env.start_operator("operator")?;
-    env.cp.kubectl(&["create", "namespace", "zoo"])?;
+    env.cp.ensure_namespace("zoo")?;
     let mut yaml = String::new();
     for n in 0..5 {
         yaml.push_str(&format!(

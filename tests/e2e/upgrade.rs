@@ -408,7 +408,7 @@ fn upgrading_from_the_previous_release_and_back_writes_nothing_and_loses_nothing
     // The previous release's CRD, and the RBAC of this tree (both releases
     // ask for the same).
     cp.kubectl(&["apply", "-f", &previous.crd().to_string_lossy()])?;
-    cp.kubectl(&["create", "namespace", OPERATOR_NAMESPACE])?;
+    cp.ensure_namespace(OPERATOR_NAMESPACE)?;
     cp.kubectl(&["apply", "-k", &config.join("rbac").to_string_lossy()])?;
     let established = [
         "wait",
@@ -417,7 +417,7 @@ fn upgrading_from_the_previous_release_and_back_writes_nothing_and_loses_nothing
         "crd/pets.petstore.example.com",
     ];
     cp.kubectl(&established)?;
-    cp.kubectl(&["create", "namespace", NAMESPACE])?;
+    cp.ensure_namespace(NAMESPACE)?;
     let options = OperatorOptions {
         kubeconfig: cp.service_account_kubeconfig(OPERATOR_NAMESPACE, OPERATOR_ACCOUNT)?,
         store_addr: format!("127.0.0.1:{}", free_port()?),
