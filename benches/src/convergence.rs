@@ -24,8 +24,10 @@ const NAMESPACE: &str = "bench";
 #[derive(Clone, Debug)]
 pub struct ConvergenceConfig {
     pub pets: usize,
-    /// Client concurrency for creates, renames and deletes, and the
-    /// baseline's concurrency (the operator's default is 16 too).
+    /// Client concurrency for creates, renames and deletes. The baseline
+    /// patches at the operator's default concurrency
+    /// ([`petstore_operator::controller::DEFAULT_CONCURRENCY`]), so both
+    /// sides keep as many Pets in flight.
     pub concurrency: usize,
     /// Drift-poll interval of the operator restarted after convergence,
     /// over two of which steady state is watched. The converging operator
@@ -1089,7 +1091,8 @@ async fn churn(
 }
 
 /// The floor: the same creates, and a baseline that only adds the finalizer
-/// and writes status for each Pet, at the same concurrency, with no store.
+/// and writes status for each Pet, at the operator's default concurrency,
+/// with no store.
 ///
 /// The API server converts every write of a Pet to v1alpha1 for that
 /// version's watch cache, through the conversion webhook, whoever writes.
@@ -1138,7 +1141,7 @@ pub fn measure_floor_gated(
             FloorIdentity::Admin => client.clone(),
         };
         let baseline_api: Api<Pet> = Api::namespaced(baseline_client, NAMESPACE);
-        let concurrency = config.concurrency;
+        let concurrency = usize::from(petstore_operator::controller::DEFAULT_CONCURRENCY);
         let baseline =
             tokio::spawn(async move {
                 watcher(baseline_api.clone(), watcher::Config::default())

