@@ -221,26 +221,18 @@ impl Soak<'_> {
     /// Makes sure the namespace exists (it may have been deleted); false if
     /// it is still terminating.
     fn ensure_namespace(&self, namespace: &str) -> bool {
-        if self
-            .env
-            .cp
-            .kubectl(&["get", "namespace", namespace])
-            .is_ok()
-        {
-            let phase = self
-                .env
-                .cp
-                .kubectl(&[
-                    "get",
-                    "namespace",
-                    namespace,
-                    "-o",
-                    "jsonpath={.status.phase}",
-                ])
-                .unwrap_or_default();
-            return phase == "Active";
+        let phase = [
+            "get",
+            "namespace",
+            namespace,
+            "-o",
+            "jsonpath={.status.phase}",
+        ];
+        match self.env.cp.kubectl(&phase) {
+            Ok(phase) => phase == "Active",
+            // Not there (or not readable): create it; applying is idempotent.
+            Err(_) => self.env.cp.ensure_namespace(namespace).is_ok(),
         }
-        self.env.cp.ensure_namespace(namespace).is_ok()
     }
 
     fn create(&mut self, count: usize) {
