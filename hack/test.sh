@@ -29,7 +29,18 @@ summary() {
        END { printf "\ntests: %d passed, %d failed\n", p, f }' "$test_log"
   rm -f "$test_log"
 }
-trap summary EXIT
+# A failed phase ends the command; the Go tools building in the background
+# (and their go and cc children) end with it.
+stop_tools() {
+  local pid=$1 child
+  for child in $(pgrep -P "$pid"); do stop_tools "$child"; done
+  kill "$pid" 2>/dev/null || true
+}
+on_exit() {
+  if [[ -n ${tools_pid:-} ]] && kill -0 "$tools_pid" 2>/dev/null; then stop_tools "$tools_pid"; fi
+  summary
+}
+trap on_exit EXIT
 
 check_prerequisites() {
   local missing=()
@@ -47,16 +58,60 @@ check_prerequisites() {
 }
 
 phase "prerequisites" check_prerequisites
-phase "control plane (cached build)" bash hack/control-plane/build.sh
-# kubelet, kube-scheduler, kube-proxy, Tilt, registry, CoreDNS,
-# local-path-provisioner: the one-node cluster of tests/e2e/tilt.rs.
-phase "one-node cluster and Tilt (cached build)" bash hack/cluster/build.sh
-# promtool checks the alert rules and real scrapes (tests/e2e/monitoring.rs);
-# Jaeger v2 receives the traces of tests/e2e/traces.rs.
-phase "promtool (cached build)" bash hack/monitoring/build.sh
-phase "trace receiver (cached build)" bash hack/tracing/build.sh
-phase "static checks (Dockerfile, Tiltfile)" bash hack/static-checks.sh
-phase "cargo build" cargo build --locked --workspace --all-targets
+
+# The Go tools build in the background while cargo builds the workspace. Each
+# alone leaves a core idle for long stretches (module downloads, cgo's serial
+# C compiles, links, the long single-threaded crates near the end of cargo's
+# graph), so on 2 cores the two together take less than one after the other.
+# Each tool is cached by version outside the clone: warm, this is a few
+# seconds of checks.
+#   control plane: kube-apiserver, kube-controller-manager, etcd, grpcurl, ghz, kubectl
+#   one-node cluster and Tilt: the nodes of tests/e2e/tilt.rs
+#   promtool: checks the alert rules and real scrapes (tests/e2e/monitoring.rs)
+#   trace receiver: receives the traces of tests/e2e/traces.rs
+#   static checks: hadolint and the Tiltfile check
+tool_steps=(
+  "control plane (cached build):hack/control-plane/build.sh"
+  "one-node cluster and Tilt (cached build):hack/cluster/build.sh"
+  "promtool (cached build):hack/monitoring/build.sh"
+  "trace receiver (cached build):hack/tracing/build.sh"
+  "static checks (Dockerfile, Tiltfile):hack/static-checks.sh"
+)
+tools_dir=$(mktemp -d)
+build_tools() {
+  local i step name script start
+  for i in "${!tool_steps[@]}"; do
+    step=${tool_steps[$i]}; name=${step%%:*}; script=${step#*:}
+    start=$SECONDS
+    if ! bash "$script" >"$tools_dir/$i.log" 2>&1; then
+      echo "failed" >"$tools_dir/$i.status"
+      return 1
+    fi
+    echo "$((SECONDS - start))" >"$tools_dir/$i.status"
+  done
+}
+build_tools &
+tools_pid=$!
+phase "cargo build (Go tools building beside it)" cargo build --locked --workspace --all-targets
+wait_for_tools() {
+  local failed=0 i name
+  wait "$tools_pid" || failed=1
+  for i in "${!tool_steps[@]}"; do
+    name=${tool_steps[$i]%%:*}
+    [[ -f "$tools_dir/$i.status" ]] || continue
+    printf '\n--> %s\n' "$name"
+    cat "$tools_dir/$i.log"
+    if [[ $(cat "$tools_dir/$i.status") == failed ]]; then
+      echo "$name failed" >&2
+    else
+      phase_names+=("  $name (beside cargo)")
+      phase_seconds+=("$(cat "$tools_dir/$i.status")")
+    fi
+  done
+  rm -rf "$tools_dir"
+  return "$failed"
+}
+phase "Go tools (rest of their build)" wait_for_tools
 # The tests start the binaries this build made. Without this, the fixtures
 # would build them again for two packages only, a different feature set, and
 # cargo would compile the workspace's crates a second time.
