@@ -14,6 +14,7 @@ COPY Cargo.toml Cargo.lock build.rs ./
 COPY operator/Cargo.toml operator/
 COPY petstore-server/Cargo.toml petstore-server/
 COPY telemetry/Cargo.toml telemetry/
+COPY process/Cargo.toml process/
 # The workspace's other members (test fixtures, end-to-end tests, benchmarks,
 # developer commands) are not in the images, but cargo must load the whole
 # workspace: their manifests come with empty targets.
@@ -21,8 +22,8 @@ COPY tests/fixtures/Cargo.toml tests/fixtures/
 COPY tests/e2e/Cargo.toml tests/e2e/
 COPY benches/Cargo.toml benches/
 COPY xtask/Cargo.toml xtask/
-RUN mkdir -p src operator/src petstore-server/src telemetry/src tests/fixtures/src tests/e2e/bin benches/src xtask/src \
- && touch src/lib.rs operator/src/lib.rs petstore-server/src/lib.rs telemetry/src/lib.rs tests/fixtures/src/lib.rs benches/src/lib.rs tests/e2e/main.rs \
+RUN mkdir -p src operator/src petstore-server/src telemetry/src process/src tests/fixtures/src tests/e2e/bin benches/src xtask/src \
+ && touch src/lib.rs operator/src/lib.rs petstore-server/src/lib.rs telemetry/src/lib.rs process/src/lib.rs tests/fixtures/src/lib.rs benches/src/lib.rs tests/e2e/main.rs \
  && for main in operator/src/main.rs petstore-server/src/main.rs tests/e2e/bin/petstore-operator-faults.rs \
                 benches/src/main.rs xtask/src/main.rs; do echo 'fn main() {}' > "$main"; done
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
@@ -32,6 +33,7 @@ COPY src src
 COPY operator operator
 COPY petstore-server petstore-server
 COPY telemetry telemetry
+COPY process process
 # The registry and target caches persist across builds (BuildKit), so an
 # edit recompiles only the crates it touches.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \

@@ -29,22 +29,7 @@ fn shutdown_on_signal() -> CancellationToken {
     let shutdown = CancellationToken::new();
     let cancel = shutdown.clone();
     tokio::spawn(async move {
-        let terminate = async {
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(mut signal) => {
-                    signal.recv().await;
-                }
-                Err(err) => {
-                    tracing::warn!(error = %err, "cannot listen for SIGTERM");
-                    std::future::pending::<()>().await;
-                }
-            }
-        };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            () = terminate => {}
-        }
-        tracing::info!("shutdown requested");
+        petstore_process::shutdown_requested().await;
         cancel.cancel();
     });
     shutdown

@@ -7,12 +7,13 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{ArgAction, Parser};
-use k8s_openapi::jiff::SignedDuration;
+use petstore_process::parse_duration;
 
 /// Kubernetes operator that keeps each Pet resource in the gRPC pet store.
 ///
 /// Every flag can also be set through the environment variable shown.
-/// Durations take units: 500ms, 30s, 5m, 1h, 1h30m.
+/// Durations take units: 500ms, 30s, 5m, 1h, 1.5h, 1h30m (the pet store's
+/// flags read the same grammar).
 #[derive(Parser, Debug)]
 #[command(version)]
 pub struct Args {
@@ -152,18 +153,6 @@ pub struct Args {
 
 pub use petstore_telemetry::LogFormat;
 
-/// A duration with units, as Kubernetes writes them (`500ms`, `30s`, `5m`,
-/// `1h`, `1.5h`, `1h30m`); jiff's longer forms (`1h 30m`, `2 hours`) and ISO
-/// 8601 (`PT5M`) work too. jiff is what k8s-openapi keeps its times in.
-/// Not kube's own Duration: that one panics on a number too large for a
-/// duration, and reads `-5m` as five minutes.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let duration: SignedDuration = text.trim().parse().map_err(|err| {
-        format!("{text:?} is not a duration such as 500ms, 30s, 5m, 1h or 1h30m ({err})")
-    })?;
-    Duration::try_from(duration).map_err(|_| format!("{text:?} is negative"))
-}
-
 /// An https URL: the API server calls webhooks over TLS only.
 pub fn parse_webhook_url(text: &str) -> Result<String, String> {
     let text = text.trim();
@@ -201,20 +190,20 @@ pub fn init_tracing(format: LogFormat) {
 mod tests {
     use super::*;
 
+    // Every duration flag reads the shared grammar; a bare number is
+    // refused rather than given a guessed unit.
     #[test]
-    fn durations_take_units() {
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
-        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
-        assert_eq!(parse_duration("1.5h"), Ok(Duration::from_secs(5400)));
-        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
-        assert_eq!(parse_duration(" 1h 30m "), Ok(Duration::from_secs(5400)));
-        assert!(parse_duration("5 parsecs").is_err());
-        assert!(parse_duration("soon").is_err());
-        // A number alone is refused: which unit would it be?
-        assert!(parse_duration("7").is_err());
-        assert!(parse_duration("-5m").is_err());
-        assert!(parse_duration("99999999999999999999h").is_err());
+    fn duration_flags_take_units() {
+        let poll = |value: &str| {
+            Args::try_parse_from(["petstore-operator", "--poll-interval", value])
+                .map(|args| args.poll_interval)
+        };
+        assert_eq!(poll("1h30m").ok(), Some(Duration::from_secs(5400)));
+        assert_eq!(poll("1.5h").ok(), Some(Duration::from_secs(5400)));
+        assert_eq!(poll("500ms").ok(), Some(Duration::from_millis(500)));
+        for bad in ["7", "-5m", "soon"] {
+            assert!(poll(bad).is_err(), "{bad:?} accepted");
+        }
     }
 
     #[test]

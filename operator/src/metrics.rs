@@ -8,8 +8,7 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
+use axum::http::StatusCode;
 use axum::routing::get;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
@@ -412,18 +411,9 @@ impl Metrics {
     }
 }
 
-async fn metrics(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
-    match metrics.encode() {
-        Ok(body) => (
-            StatusCode::OK,
-            [(
-                header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
-            body,
-        )
-            .into_response(),
-        Err(err) => (StatusCode::INTERNAL_SERVER_ERROR, err.to_string()).into_response(),
+impl petstore_telemetry::OpenMetrics for Metrics {
+    fn encode(&self) -> Result<String, std::fmt::Error> {
+        Metrics::encode(self)
     }
 }
 
@@ -441,16 +431,13 @@ pub async fn serve(
     metrics: Arc<Metrics>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let app = Router::new()
-        .route("/metrics", get(self::metrics))
+    let probes = Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
-        .with_state(metrics);
+        .with_state(Arc::clone(&metrics));
+    let app = petstore_telemetry::metrics_router(metrics).merge(probes);
     let listener = tokio::net::TcpListener::bind(addr).await?;
-    tracing::info!(addr = %listener.local_addr()?, "serving metrics and health");
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
+    petstore_telemetry::serve_http(listener, app, "metrics and health", shutdown).await
 }
 
 #[cfg(test)]

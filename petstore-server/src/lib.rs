@@ -4,6 +4,8 @@
 pub mod admission;
 pub mod metrics;
 pub mod model;
+pub mod observe;
+pub mod rpc;
 pub mod server;
 pub mod service;
 pub mod storage;

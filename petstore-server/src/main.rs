@@ -96,7 +96,7 @@ struct Args {
         long,
         env = "PETSTORE_WATCH_PROGRESS_INTERVAL",
         default_value = "10s",
-        value_parser = parse_duration
+        value_parser = petstore_process::parse_positive_duration
     )]
     watch_progress_interval: std::time::Duration,
 
@@ -112,42 +112,6 @@ struct Args {
     /// queueing. 0: no bound.
     #[arg(long, env = "PETSTORE_MAX_CONCURRENT_REQUESTS", default_value_t = petstore_server::admission::DEFAULT_MAX_CONCURRENT_REQUESTS)]
     max_concurrent_requests: usize,
-}
-
-/// A duration as a sequence of numbers with units: `500ms`, `10s`, `1.5m`,
-/// `1h30m`.
-fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
-    let invalid = || format!("{text:?} is not a duration such as 200ms, 10s, 1m or 1h30m");
-    let mut rest = text.trim();
-    if rest.is_empty() {
-        return Err(invalid());
-    }
-    let mut total = 0.0f64;
-    while !rest.is_empty() {
-        let number_len = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(invalid)?;
-        let (number, after) = rest.split_at(number_len);
-        let value: f64 = number.parse().map_err(|_| invalid())?;
-        let unit_len = after
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(after.len());
-        let (unit, after) = after.split_at(unit_len);
-        let seconds = match unit {
-            "ms" => 0.001,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            _ => return Err(invalid()),
-        };
-        total += value * seconds;
-        rest = after;
-    }
-    // Zero would send progress messages in a busy loop.
-    if total <= 0.0 {
-        return Err(format!("{text:?} must be longer than zero"));
-    }
-    std::time::Duration::try_from_secs_f64(total).map_err(|_| invalid())
 }
 
 /// `--metrics-listen`: an address, or none.
@@ -170,24 +134,6 @@ enum StorageKind {
     Durable,
     Memory,
     Postgres,
-}
-
-async fn shutdown_signal() {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(err) => {
-                tracing::warn!(error = %err, "cannot listen for SIGTERM; only Ctrl-C stops the server");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        () = terminate => {}
-    }
 }
 
 fn postgres_config(args: &Args) -> anyhow::Result<PostgresConfig> {
@@ -325,8 +271,13 @@ async fn serve(args: Args, observability: Observability) -> ExitCode {
         admission: (args.max_concurrent_requests > 0)
             .then(|| petstore_server::admission::Admission::new(args.max_concurrent_requests)),
     };
-    let served =
-        petstore_server::server::serve(listener, storage, options, shutdown_signal()).await;
+    let served = petstore_server::server::serve(
+        listener,
+        storage,
+        options,
+        petstore_process::shutdown_requested(),
+    )
+    .await;
     // Scrapes may come until the gRPC calls have drained; then stop.
     if let Some(metrics_server) = metrics_server {
         metrics_server.abort();
@@ -345,17 +296,33 @@ async fn serve(args: Args, observability: Observability) -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_duration;
+    use super::Args;
+    use clap::Parser;
     use std::time::Duration;
 
+    fn progress_interval(value: &str) -> Result<Duration, clap::Error> {
+        Args::try_parse_from(["petstore-server", "--watch-progress-interval", value])
+            .map(|args| args.watch_progress_interval)
+    }
+
+    // The flag reads the grammar every duration flag shares, but refuses
+    // zero: progress messages would be sent in a busy loop.
     #[test]
-    fn durations_read_like_the_other_flags() {
-        assert_eq!(parse_duration("200ms"), Ok(Duration::from_millis(200)));
-        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
-        assert_eq!(parse_duration("1.5m"), Ok(Duration::from_secs(90)));
-        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+    fn the_progress_interval_reads_the_shared_grammar_but_not_zero() {
+        assert_eq!(
+            progress_interval("200ms").ok(),
+            Some(Duration::from_millis(200))
+        );
+        assert_eq!(
+            progress_interval("1.5m").ok(),
+            Some(Duration::from_secs(90))
+        );
+        assert_eq!(
+            progress_interval("1h30m").ok(),
+            Some(Duration::from_secs(5400))
+        );
         for bad in ["", "10", "s", "10 parsecs", "-1s", "0s"] {
-            assert!(parse_duration(bad).is_err(), "{bad:?} accepted");
+            assert!(progress_interval(bad).is_err(), "{bad:?} accepted");
         }
     }
 }

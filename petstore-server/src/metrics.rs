@@ -6,11 +6,6 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-use axum::Router;
-use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
-use axum::routing::get;
 use petstore_telemetry::SamplerSetting;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -135,11 +130,11 @@ impl ServerMetrics {
         self.watch_revision.set(revision);
     }
 
-    pub fn watch_terminated(&self, why: crate::watch::Termination) {
+    /// Counts one watch stream the store ended, by `reason` (the caller's
+    /// label for why: metrics records reasons, the watch defines them).
+    pub fn watch_terminated(&self, reason: &'static str) {
         self.watch_terminated
-            .get_or_create(&TerminationLabels {
-                reason: why.label(),
-            })
+            .get_or_create(&TerminationLabels { reason })
             .inc();
     }
 
@@ -155,18 +150,9 @@ impl ServerMetrics {
     }
 }
 
-async fn metrics(State(metrics): State<Arc<ServerMetrics>>) -> impl IntoResponse {
-    match metrics.encode() {
-        Ok(text) => (
-            StatusCode::OK,
-            [(
-                header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
-            text,
-        )
-            .into_response(),
-        Err(err) => (StatusCode::INTERNAL_SERVER_ERROR, err.to_string()).into_response(),
+impl petstore_telemetry::OpenMetrics for ServerMetrics {
+    fn encode(&self) -> Result<String, std::fmt::Error> {
+        ServerMetrics::encode(self)
     }
 }
 
@@ -176,15 +162,8 @@ pub async fn serve(
     metrics: Arc<ServerMetrics>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let app = Router::new()
-        .route("/metrics", get(self::metrics))
-        .with_state(metrics);
-    if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, "serving metrics");
-    }
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
+    let app = petstore_telemetry::metrics_router(metrics);
+    petstore_telemetry::serve_http(listener, app, "metrics", shutdown).await
 }
 
 #[cfg(test)]
@@ -204,7 +183,7 @@ mod tests {
         let in_flight = metrics.in_flight();
         let watcher = metrics.watcher_opened();
         metrics.set_watch_revision(42);
-        metrics.watch_terminated(crate::watch::Termination::Slow);
+        metrics.watch_terminated("slow");
         let text = metrics.encode().expect("encode");
         for series in [
             "petstore_server_rpc_duration_seconds_count{method=\"AddPets\",code=\"OK\"} 1",

@@ -10,7 +10,9 @@ use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
+use crate::admission::AdmissionLayer;
 use crate::model::MAX_MESSAGE_BYTES;
+use crate::observe::ObserveLayer;
 use crate::service::{Observability, PetStoreService};
 use crate::storage::Storage;
 use crate::watch::WatchOptions;
@@ -110,11 +112,8 @@ pub async fn serve(
         Arc::clone(&options.observability.metrics),
     ));
     let (stop_watchers, stopping) = tokio::sync::watch::channel(false);
-    let mut service = PetStoreService::new(storage, options.observability.clone())
+    let service = PetStoreService::new(storage, options.observability.clone())
         .with_watch(options.watch, stopping);
-    if let Some(admission) = options.admission {
-        service = service.with_admission(admission);
-    }
     let pet_store = PetStoreServer::new(service)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -152,7 +151,16 @@ pub async fn serve(
         };
         tracing::info!(%addr, tls, "pet store listening");
     }
+    // Every pet store call is observed (its span and metrics), refusals by
+    // the bound included; then it takes its place under the bound.
+    let layers = tower::ServiceBuilder::new()
+        .layer(ObserveLayer::new(
+            Arc::clone(&options.observability.metrics),
+            options.observability.spans,
+        ))
+        .layer(AdmissionLayer(options.admission));
     builder
+        .layer(layers)
         .concurrency_limit_per_connection(MAX_CONCURRENT_STREAMS_PER_CONNECTION as usize)
         .timeout(REQUEST_TIMEOUT)
         .max_concurrent_streams(MAX_CONCURRENT_STREAMS_PER_CONNECTION)

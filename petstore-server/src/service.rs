@@ -1,20 +1,18 @@
 //! The gRPC layer: validates each request at the edge, then calls [`Storage`].
+//! What every call shares (its span, metrics and place under the bound on
+//! calls at once) is not here but in the server's tower layers
+//! ([`crate::observe`], [`crate::admission`]).
 
-use std::future::Future;
 use std::sync::Arc;
-use std::time::Instant;
 
 use petstore_proto::PetStore;
 use petstore_proto::petstore as pb;
-use petstore_telemetry::{FORCE_SAMPLING_ATTRIBUTE, SharedSampler};
+use petstore_telemetry::SharedSampler;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 use tracing::{Instrument, Span};
-use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::admission::{Admission, Admitted};
-use crate::metrics::{InFlight, ServerMetrics};
+use crate::metrics::ServerMetrics;
 use crate::storage::{SearchPage, Storage, StorageError};
 use crate::watch::{WatchOptions, WatchStream};
 use crate::{validate, watch, wire};
@@ -49,8 +47,6 @@ pub struct PetStoreService {
     /// Turns true when the server starts draining: open watch streams end,
     /// so the drain does not wait for them forever.
     stopping: tokio::sync::watch::Receiver<bool>,
-    /// The bound on requests answered at once; none: unbounded.
-    admission: Option<Admission>,
 }
 
 impl PetStoreService {
@@ -61,15 +57,7 @@ impl PetStoreService {
             observability,
             watch: WatchOptions::default(),
             stopping,
-            admission: None,
         }
-    }
-
-    /// Refuses requests beyond `admission`'s bound (see
-    /// [`crate::admission`]).
-    pub fn with_admission(mut self, admission: Admission) -> Self {
-        self.admission = Some(admission);
-        self
     }
 
     /// Serves `WatchPets` with `options`, ending every stream once
@@ -91,106 +79,6 @@ impl PetStoreService {
         } else {
             Span::none()
         }
-    }
-
-    /// Starts observing one call to `rpc` (`petstore.PetStore/<Method>`),
-    /// which counts against the bound on requests at once.
-    fn call(&self, rpc: &'static str, metadata: &MetadataMap) -> RpcCall {
-        let admitted = match &self.admission {
-            Some(admission) => admission.admit().map(Some),
-            None => Ok(None),
-        };
-        RpcCall {
-            admitted,
-            ..self.unbounded_call(rpc, metadata)
-        }
-    }
-
-    /// Like [`Self::call`], for a call the bound does not count (a watch).
-    fn unbounded_call(&self, rpc: &'static str, metadata: &MetadataMap) -> RpcCall {
-        RpcCall {
-            admitted: Ok(None),
-            method: rpc.rsplit('/').next().unwrap_or(rpc),
-            span: if self.observability.spans {
-                rpc_span(rpc, metadata)
-            } else {
-                Span::none()
-            },
-            started: Instant::now(),
-            metrics: Arc::clone(&self.observability.metrics),
-            _in_flight: self.observability.metrics.in_flight(),
-        }
-    }
-}
-
-/// The server span of one RPC, a child of the caller's span when its
-/// metadata carries a W3C `traceparent`. A `trace` key in the metadata
-/// samples it whatever the sampler says, as in the book's store.
-fn rpc_span(rpc: &'static str, metadata: &MetadataMap) -> Span {
-    let force_sampling = metadata.contains_key("trace");
-    let span = tracing::info_span!(
-        "rpc",
-        otel.name = rpc,
-        otel.kind = "server",
-        rpc.system = "grpc",
-        rpc.service = "petstore.PetStore",
-        rpc.method = rpc.rsplit('/').next().unwrap_or(rpc),
-        rpc.grpc.status_code = tracing::field::Empty,
-        { FORCE_SAMPLING_ATTRIBUTE } = force_sampling,
-        trace_id = tracing::field::Empty,
-    );
-    // Fails only when no OpenTelemetry layer is installed: nothing to link.
-    let _ = span.set_parent(petstore_telemetry::extract(metadata));
-    petstore_telemetry::record_trace_id(&span);
-    span
-}
-
-/// One RPC being answered: its span, its place among the calls in flight,
-/// and its duration, recorded with its gRPC code when it ends.
-struct RpcCall {
-    /// Its place under the bound, or the refusal to answer with.
-    admitted: Result<Option<Admitted>, Status>,
-    method: &'static str,
-    span: Span,
-    started: Instant,
-    metrics: Arc<ServerMetrics>,
-    _in_flight: InFlight,
-}
-
-impl RpcCall {
-    /// Runs `handler`, holding the call's place until it returns.
-    async fn run<T>(
-        self,
-        handler: impl Future<Output = Result<Response<T>, Status>>,
-    ) -> Result<Response<T>, Status> {
-        self.run_admitted(|admitted| async move {
-            let result = handler.await;
-            drop(admitted);
-            result
-        })
-        .await
-    }
-
-    /// Runs the handler `start` makes, which is given the call's place to
-    /// hold for as long as it answers (a search, until its stream ends);
-    /// or answers with the refusal if there was no place.
-    async fn run_admitted<T, F, Fut>(mut self, start: F) -> Result<Response<T>, Status>
-    where
-        F: FnOnce(Option<Admitted>) -> Fut,
-        Fut: Future<Output = Result<Response<T>, Status>>,
-    {
-        let result = match std::mem::replace(&mut self.admitted, Ok(None)) {
-            Ok(admitted) => start(admitted).instrument(self.span.clone()).await,
-            Err(refused) => Err(refused),
-        };
-        let code = match &result {
-            Ok(_) => tonic::Code::Ok,
-            Err(status) => status.code(),
-        };
-        self.span.record("rpc.grpc.status_code", code as i64);
-        self.metrics
-            .observe_rpc(self.method, code, self.started.elapsed());
-        result
     }
 }
 
@@ -231,58 +119,46 @@ impl PetStore for PetStoreService {
         &self,
         request: Request<pb::AddPetsReq>,
     ) -> Result<Response<pb::AddPetsResp>, Status> {
-        let call = self.call("petstore.PetStore/AddPets", request.metadata());
-        call.run(async {
-            let pets = validate::add_request(request.get_ref())?;
-            let count = pets.len();
-            let added = self
-                .storage
-                .add(&pets)
-                .instrument(self.span(|| tracing::info_span!("storage.add_pets")))
-                .await?;
-            tracing::debug!(count, "added pets");
-            let created = added.iter().map(|a| a.created).collect();
-            let ids = added.into_iter().map(|a| a.id).collect();
-            Ok(Response::new(pb::AddPetsResp { ids, created }))
-        })
-        .await
+        let pets = validate::add_request(request.get_ref())?;
+        let count = pets.len();
+        let added = self
+            .storage
+            .add(&pets)
+            .instrument(self.span(|| tracing::info_span!("storage.add_pets")))
+            .await?;
+        tracing::debug!(count, "added pets");
+        let created = added.iter().map(|a| a.created).collect();
+        let ids = added.into_iter().map(|a| a.id).collect();
+        Ok(Response::new(pb::AddPetsResp { ids, created }))
     }
 
     async fn update_pets(
         &self,
         request: Request<pb::UpdatePetsReq>,
     ) -> Result<Response<pb::UpdatePetsResp>, Status> {
-        let call = self.call("petstore.PetStore/UpdatePets", request.metadata());
-        call.run(async {
-            let updates = validate::update_request(request.get_ref())?;
-            let count = updates.len();
-            self.storage
-                .update(&updates)
-                .instrument(self.span(|| tracing::info_span!("storage.update_pets")))
-                .await?;
-            tracing::debug!(count, "updated pets");
-            Ok(Response::new(pb::UpdatePetsResp {}))
-        })
-        .await
+        let updates = validate::update_request(request.get_ref())?;
+        let count = updates.len();
+        self.storage
+            .update(&updates)
+            .instrument(self.span(|| tracing::info_span!("storage.update_pets")))
+            .await?;
+        tracing::debug!(count, "updated pets");
+        Ok(Response::new(pb::UpdatePetsResp {}))
     }
 
     async fn delete_pets(
         &self,
         request: Request<pb::DeletePetsReq>,
     ) -> Result<Response<pb::DeletePetsResp>, Status> {
-        let call = self.call("petstore.PetStore/DeletePets", request.metadata());
-        call.run(async {
-            let ids = request.into_inner().ids;
-            validate::ids("ids", &ids)?;
-            let count = ids.len();
-            self.storage
-                .delete(&ids)
-                .instrument(self.span(|| tracing::info_span!("storage.delete_pets")))
-                .await?;
-            tracing::debug!(count, "deleted pets");
-            Ok(Response::new(pb::DeletePetsResp {}))
-        })
-        .await
+        let ids = request.into_inner().ids;
+        validate::ids("ids", &ids)?;
+        let count = ids.len();
+        self.storage
+            .delete(&ids)
+            .instrument(self.span(|| tracing::info_span!("storage.delete_pets")))
+            .await?;
+        tracing::debug!(count, "deleted pets");
+        Ok(Response::new(pb::DeletePetsResp {}))
     }
 
     type SearchPetsStream = ReceiverStream<Result<pb::Pet, Status>>;
@@ -291,40 +167,32 @@ impl PetStore for PetStoreService {
         &self,
         request: Request<pb::SearchPetsReq>,
     ) -> Result<Response<Self::SearchPetsStream>, Status> {
-        let call = self.call("petstore.PetStore/SearchPets", request.metadata());
-        call.run_admitted(|admitted| self.search(request.into_inner(), admitted))
-            .await
+        self.search(request.into_inner()).await
     }
 
     async fn change_sampler(
         &self,
         request: Request<pb::ChangeSamplerReq>,
     ) -> Result<Response<pb::ChangeSamplerResp>, Status> {
-        let call = self.call("petstore.PetStore/ChangeSampler", request.metadata());
-        call.run(async {
-            let setting = validate::change_sampler_request(request.get_ref())?;
-            self.observability.sampler.set(setting);
-            self.observability.metrics.set_sampler(setting);
-            tracing::info!(sampler = %setting, "trace sampler changed");
-            Ok(Response::new(pb::ChangeSamplerResp {}))
-        })
-        .await
+        let setting = validate::change_sampler_request(request.get_ref())?;
+        self.observability.sampler.set(setting);
+        self.observability.metrics.set_sampler(setting);
+        tracing::info!(sampler = %setting, "trace sampler changed");
+        Ok(Response::new(pb::ChangeSamplerResp {}))
     }
 
     async fn set_idempotency_keys(
         &self,
         request: Request<pb::SetIdempotencyKeysReq>,
     ) -> Result<Response<pb::SetIdempotencyKeysResp>, Status> {
-        let call = self.call("petstore.PetStore/SetIdempotencyKeys", request.metadata());
-        call.run(self.set_keys(request.into_inner())).await
+        self.set_keys(request.into_inner()).await
     }
 
     async fn get_pets(
         &self,
         request: Request<pb::GetPetsReq>,
     ) -> Result<Response<pb::GetPetsResp>, Status> {
-        let call = self.call("petstore.PetStore/GetPets", request.metadata());
-        call.run(self.get(request.into_inner())).await
+        self.get(request.into_inner()).await
     }
 
     type WatchPetsStream = WatchStream;
@@ -333,28 +201,23 @@ impl PetStore for PetStoreService {
         &self,
         request: Request<pb::WatchPetsReq>,
     ) -> Result<Response<Self::WatchPetsStream>, Status> {
-        let call = self.unbounded_call("petstore.PetStore/WatchPets", request.metadata());
-        call.run(async {
-            let stream = watch::start(
-                Arc::clone(&self.storage),
-                request.into_inner(),
-                self.watch,
-                Arc::clone(&self.observability.metrics),
-                self.stopping.clone(),
-            )
-            .await?;
-            Ok(Response::new(stream))
-        })
-        .await
+        let stream = watch::start(
+            Arc::clone(&self.storage),
+            request.into_inner(),
+            self.watch,
+            Arc::clone(&self.observability.metrics),
+            self.stopping.clone(),
+        )
+        .await?;
+        Ok(Response::new(stream))
     }
 }
 
-// The longer handlers, run inside their RPC's span by the trait methods.
+// The longer handlers, run inside their RPC's span (see `crate::observe`).
 impl PetStoreService {
     async fn search(
         &self,
         request: pb::SearchPetsReq,
-        admitted: Option<Admitted>,
     ) -> Result<Response<ReceiverStream<Result<pb::Pet, Status>>>, Status> {
         let filter = validate::search_request(&request)?;
         // The first page is read before answering, so a failing store is a
@@ -369,8 +232,6 @@ impl PetStoreService {
         // The rest of the stream stays in the RPC's trace.
         let rpc_span = Span::current();
         tokio::spawn(async move {
-            // The search's place under the bound lasts as long as its stream.
-            let _admitted = admitted;
             let mut page = first;
             let mut count = 0usize;
             loop {

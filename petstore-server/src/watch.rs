@@ -274,7 +274,7 @@ impl Watcher {
             message = status.message(),
             "watch stream ended by the store"
         );
-        self.metrics.watch_terminated(why);
+        self.metrics.watch_terminated(why.label());
         *self.ending.lock().unwrap_or_else(PoisonError::into_inner) = Some(status);
         // Dropping `self.tx` (with `self`) closes the buffer, so the stream
         // yields the status after the last buffered message.

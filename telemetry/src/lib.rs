@@ -1,8 +1,10 @@
 //! Logging and tracing for both binaries: a `tracing` subscriber that logs
 //! to stdout and, when an OTLP endpoint is configured, exports spans with
 //! OpenTelemetry; the switchable sampler the store's `ChangeSampler` RPC
-//! drives; and W3C context propagation over gRPC metadata.
+//! drives; W3C context propagation over gRPC metadata; and the HTTP
+//! endpoint that serves each binary's Prometheus metrics.
 
+mod metrics_http;
 mod propagation;
 mod sampler;
 
@@ -17,6 +19,7 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
+pub use metrics_http::{OPENMETRICS_CONTENT_TYPE, OpenMetrics, metrics_router, serve_http};
 pub use propagation::{extract, inject};
 pub use sampler::{FORCE_SAMPLING_ATTRIBUTE, ParseSamplerError, SamplerSetting, SharedSampler};
 

@@ -7,7 +7,6 @@ mod dev;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::{Parser, Subcommand};
 
@@ -39,25 +38,6 @@ enum Task {
     },
 }
 
-/// Set by SIGINT or SIGTERM.
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn request_stop(_: libc::c_int) {
-    STOP.store(true, Ordering::SeqCst);
-}
-
-fn handle_signals() -> std::io::Result<()> {
-    for signal in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: the handler only stores to an atomic, which is signal-safe.
-        let previous =
-            unsafe { libc::signal(signal, request_stop as *const () as libc::sighandler_t) };
-        if previous == libc::SIG_ERR {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
-    Ok(())
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -70,12 +50,12 @@ fn main() -> ExitCode {
             };
             crdgen::run(&path)
         }
-        Task::Dev => handle_signals()
+        Task::Dev => petstore_process::stop_flag()
             .map_err(anyhow::Error::from)
-            .and_then(|()| dev::dev(&STOP).map_err(anyhow::Error::from)),
-        Task::Cluster => handle_signals()
+            .and_then(|stop| dev::dev(&stop).map_err(anyhow::Error::from)),
+        Task::Cluster => petstore_process::stop_flag()
             .map_err(anyhow::Error::from)
-            .and_then(|()| dev::cluster(&STOP).map_err(anyhow::Error::from)),
+            .and_then(|stop| dev::cluster(&stop).map_err(anyhow::Error::from)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -5,18 +5,20 @@
 //! [`GrpcPetStore::with_create_batching`]): the store commits, and fsyncs,
 //! once per call, and a call that arrives alone pays for waking it.
 
+mod calls;
+
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use petstore_proto::PetStoreClient;
 use petstore_proto::petstore as pb;
 use tokio::sync::{mpsc, oneshot};
-use tonic::service::Interceptor;
-use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Code, Status};
-use tracing::Instrument;
+use tower::Layer as _;
+
+use self::calls::{StoreCallLayer, StoreCalls};
 
 use super::budget::CallBudget;
 use super::echoes::Echoes;
@@ -27,24 +29,15 @@ use super::{
 };
 use crate::metrics::Metrics;
 
-/// The store's client, sending the W3C context of the span it is called in.
-type StoreClient = PetStoreClient<InterceptedService<Channel, PropagateTrace>>;
-
-/// Writes the current span's trace context into each request's metadata.
-/// Requests are sent while `call` polls the RPC inside its `store.<Method>`
-/// span, so the store's RPC span becomes that span's child.
-#[derive(Clone, Copy, Debug)]
-struct PropagateTrace;
-
-impl Interceptor for PropagateTrace {
-    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
-        petstore_telemetry::inject(&tracing::Span::current(), request.metadata_mut());
-        Ok(request)
-    }
-}
+/// The store's client: every call budgeted, traced and timed by the
+/// channel's layer (see [`calls`]).
+type StoreClient = PetStoreClient<StoreCalls<Channel>>;
 
 #[derive(Clone)]
 pub struct GrpcPetStore {
+    /// The channel before its layer, to rebuild the client with a budget.
+    channel: Channel,
+    metrics: Arc<Metrics>,
     rpc: Rpc,
     echoes: Arc<Echoes>,
     /// How long a create waits for others to share its call; zero sends
@@ -56,12 +49,22 @@ pub struct GrpcPetStore {
     creates: Arc<OnceLock<mpsc::UnboundedSender<PendingCreate>>>,
 }
 
-/// What every call needs: the channel, the budget and the metrics.
+/// What every call needs: the client over the layered channel.
 #[derive(Clone)]
 struct Rpc {
     client: StoreClient,
-    metrics: Arc<Metrics>,
-    budget: Arc<CallBudget>,
+}
+
+impl Rpc {
+    fn new(channel: Channel, metrics: Arc<Metrics>, budget: CallBudget) -> Self {
+        let layer = StoreCallLayer {
+            metrics,
+            budget: Arc::new(budget),
+        };
+        Self {
+            client: PetStoreClient::new(layer.layer(channel)),
+        }
+    }
 }
 
 /// One create waiting for its batch's `AddPets`.
@@ -159,11 +162,13 @@ impl GrpcPetStore {
             .keep_alive_while_idle(true)
             .connect_lazy();
         Ok(Self {
-            rpc: Rpc {
-                client: PetStoreClient::with_interceptor(channel, PropagateTrace),
-                metrics,
-                budget: Arc::new(CallBudget::unlimited()),
-            },
+            rpc: Rpc::new(
+                channel.clone(),
+                Arc::clone(&metrics),
+                CallBudget::unlimited(),
+            ),
+            channel,
+            metrics,
             echoes: Arc::default(),
             create_batch_wait: Duration::ZERO,
             creates: Arc::default(),
@@ -172,7 +177,7 @@ impl GrpcPetStore {
 
     /// Every call waits for its place in `budget` (`--store-qps`).
     pub fn with_budget(mut self, budget: CallBudget) -> Self {
-        self.rpc.budget = Arc::new(budget);
+        self.rpc = Rpc::new(self.channel.clone(), Arc::clone(&self.metrics), budget);
         self
     }
 
@@ -213,23 +218,14 @@ impl GrpcPetStore {
 }
 
 impl Rpc {
-    /// Runs one RPC in its own span, recording its latency and outcome.
-    async fn call<T, F>(&self, operation: Operation, rpc: F) -> Result<T, Status>
+    /// Runs one RPC; its budget, span and metrics are the channel's layer's.
+    async fn call<T, F>(&self, rpc: F) -> Result<T, Status>
     where
         F: AsyncFnOnce(StoreClient) -> Result<tonic::Response<T>, Status>,
     {
-        self.budget.acquire().await;
-        let span = store_call_span(operation);
-        let started = Instant::now();
-        let result = rpc(self.client.clone()).instrument(span.clone()).await;
-        let outcome = match &result {
-            Ok(_) => petstore_telemetry::grpc_code_name(Code::Ok),
-            Err(status) => petstore_telemetry::grpc_code_name(status.code()),
-        };
-        self.metrics
-            .observe_store_call(operation, outcome, started.elapsed());
-        record_status(&span, &result);
-        result.map(tonic::Response::into_inner)
+        rpc(self.client.clone())
+            .await
+            .map(tonic::Response::into_inner)
     }
 
     /// One `AddPets` for `pets`: each pet's ID and whether the call created
@@ -241,7 +237,7 @@ impl Rpc {
         let count = pets.len();
         let request = pb::AddPetsReq { pets };
         let resp = self
-            .call(Operation::Create, async |mut c| c.add_pets(request).await)
+            .call(async |mut c| c.add_pets(request).await)
             .await
             .map_err(classify(Operation::Create))?;
         if resp.ids.len() != count {
@@ -335,36 +331,6 @@ fn no_id() -> StoreError {
     StoreError::Failed {
         operation: Operation::Create,
         message: "store returned no ID".into(),
-    }
-}
-
-/// The client span of one store call: `store.<Method>` with the OTel
-/// semantic `rpc.*` attributes; its status code is recorded at the end.
-fn store_call_span(operation: Operation) -> tracing::Span {
-    let method = operation.method();
-    petstore_telemetry::span(|| {
-        tracing::info_span!(
-        "store_call",
-        otel.name = %format_args!("store.{method}"),
-        otel.kind = "client",
-        rpc.system = "grpc",
-        rpc.service = "petstore.PetStore",
-        rpc.method = method,
-        rpc.grpc.status_code = tracing::field::Empty,
-            // Declared, so that a failure can be recorded as the span's status.
-            otel.status_code = tracing::field::Empty,
-        )
-    })
-}
-
-fn record_status<T>(span: &tracing::Span, result: &Result<T, Status>) {
-    let code = match result {
-        Ok(_) => Code::Ok,
-        Err(status) => status.code(),
-    };
-    span.record("rpc.grpc.status_code", code as i64);
-    if code != Code::Ok {
-        span.record("otel.status_code", "ERROR");
     }
 }
 
@@ -474,7 +440,7 @@ impl PetStore for GrpcPetStore {
         };
         let resp = self
             .rpc
-            .call(Operation::Observe, async |mut c| c.get_pets(request).await)
+            .call(async |mut c| c.get_pets(request).await)
             .await
             .map_err(classify(Operation::Observe))?;
         // A record found both ways is returned once; match each by field.
@@ -528,9 +494,7 @@ impl PetStore for GrpcPetStore {
         };
         match self
             .rpc
-            .call(Operation::Update, async |mut c| {
-                c.update_pets(request).await
-            })
+            .call(async |mut c| c.update_pets(request).await)
             .await
         {
             Ok(_) => Ok(()),
@@ -547,9 +511,7 @@ impl PetStore for GrpcPetStore {
             ids: vec![id.to_owned()],
         };
         self.rpc
-            .call(Operation::Delete, async |mut c| {
-                c.delete_pets(request).await
-            })
+            .call(async |mut c| c.delete_pets(request).await)
             .await
             .map(drop)
             .map_err(classify(Operation::Delete))
@@ -566,9 +528,7 @@ impl PetStore for GrpcPetStore {
         };
         match self
             .rpc
-            .call(Operation::SetKey, async |mut c| {
-                c.set_idempotency_keys(request).await
-            })
+            .call(async |mut c| c.set_idempotency_keys(request).await)
             .await
         {
             Ok(_) => Ok(()),
@@ -586,65 +546,9 @@ impl PetStore for GrpcPetStore {
 
 #[cfg(test)]
 mod tests {
-    use opentelemetry::trace::TracerProvider as _;
-    use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
-    use tracing_subscriber::layer::SubscriberExt;
+    use std::time::Instant;
 
     use super::*;
-
-    // The store's RPC span can only become the child of `store.<Method>` if
-    // the request carries that span's own IDs.
-    #[test]
-    fn requests_carry_the_store_call_span_as_traceparent() {
-        petstore_telemetry::enable_spans_for_tests();
-        let spans = InMemorySpanExporter::default();
-        let provider = SdkTracerProvider::builder()
-            .with_simple_exporter(spans.clone())
-            .build();
-        let subscriber = tracing_subscriber::registry()
-            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
-        let _default = tracing::subscriber::set_default(subscriber);
-
-        let span = store_call_span(Operation::Create);
-        let request = span.in_scope(|| PropagateTrace.call(tonic::Request::new(())));
-        let request = request.expect("the interceptor never refuses");
-        record_status(&span, &Ok::<(), Status>(()));
-        drop(span);
-
-        let finished = spans.get_finished_spans().expect("spans");
-        let [call] = finished.as_slice() else {
-            panic!("expected one span, got {finished:?}");
-        };
-        assert_eq!(call.name, "store.AddPets");
-        let traceparent = request
-            .metadata()
-            .get("traceparent")
-            .and_then(|value| value.to_str().ok())
-            .expect("a traceparent");
-        assert_eq!(
-            traceparent,
-            format!(
-                "00-{}-{}-01",
-                call.span_context.trace_id(),
-                call.span_context.span_id()
-            )
-        );
-        let status = call
-            .attributes
-            .iter()
-            .find(|kv| kv.key.as_str() == "rpc.grpc.status_code")
-            .map(|kv| kv.value.to_string());
-        assert_eq!(status.as_deref(), Some("0"));
-    }
-
-    #[test]
-    fn without_tracing_no_traceparent_is_sent() {
-        let span = store_call_span(Operation::Create);
-        let request = span
-            .in_scope(|| PropagateTrace.call(tonic::Request::new(())))
-            .expect("the interceptor never refuses");
-        assert!(request.metadata().get("traceparent").is_none());
-    }
 
     /// A store that records the names in each `AddPets` and refuses a
     /// request holding a pet named "refused", as ours refuses an invalid

@@ -1,6 +1,9 @@
-//! The webhook's HTTPS server. Its certificate sits behind
-//! [`ServingCertificate`], which [`super::certs`] swaps when it renews the
-//! certificate: new handshakes get the new one, without a restart.
+//! The webhook's HTTPS server: axum's router served by axum-server with its
+//! rustls acceptor (handshakes in tasks of their own, each with a timeout).
+//! Its certificate sits behind [`ServingCertificate`], which
+//! [`super::certs`] swaps when it renews the certificate: the acceptor asks
+//! it at every handshake, so new connections get the new one without a
+//! restart.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -11,15 +14,13 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::post;
-use hyper_util::rt::TokioIo;
-use hyper_util::service::TowerToHyperService;
+use axum_server::tls_rustls::{RustlsAcceptor, RustlsConfig};
 use rustls::crypto::CryptoProvider;
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::TcpListener;
-use tokio_rustls::TlsAcceptor;
 
 use crate::crd::WEBHOOK_PATH;
 
@@ -29,6 +30,8 @@ const MAX_BODY_BYTES: usize = 64 << 20;
 /// A client that opens a connection and never finishes the handshake must
 /// not hold a task forever.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// At shutdown, how long requests already in progress may take to finish.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -44,6 +47,8 @@ pub enum ServerError {
         #[source]
         source: std::io::Error,
     },
+    #[error("serving the webhook: {0}")]
+    Serve(#[source] std::io::Error),
 }
 
 fn provider() -> Arc<CryptoProvider> {
@@ -109,54 +114,36 @@ pub fn router() -> Router {
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
 }
 
-/// Serves HTTPS on `listener` until `shutdown` completes.
+/// Serves HTTPS on `listener` until `shutdown` completes, then lets the
+/// requests in progress finish (for up to [`SHUTDOWN_GRACE`]).
 pub async fn serve(
     listener: TcpListener,
     certificate: Arc<ServingCertificate>,
-    shutdown: impl Future<Output = ()>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
     let config = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()?
         .with_no_client_auth()
         .with_cert_resolver(certificate);
-    let acceptor = TlsAcceptor::from(Arc::new(config));
-    let service = TowerToHyperService::new(router());
-    tokio::pin!(shutdown);
-    loop {
-        let (stream, peer) = tokio::select! {
-            () = &mut shutdown => return Ok(()),
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(err) => {
-                    // Out of file descriptors, say: wait a little, go on.
-                    tracing::warn!(error = %err, "webhook accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-        };
-        let acceptor = acceptor.clone();
-        let service = service.clone();
-        tokio::spawn(async move {
-            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(err)) => {
-                    tracing::debug!(%peer, error = %err, "webhook TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    tracing::debug!(%peer, "webhook TLS handshake timed out");
-                    return;
-                }
-            };
-            if let Err(err) = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(tls), service)
-                .await
-            {
-                tracing::debug!(%peer, error = %err, "webhook connection ended with an error");
-            }
-        });
-    }
+    let acceptor = RustlsAcceptor::new(RustlsConfig::from_config(Arc::new(config)))
+        .handshake_timeout(HANDSHAKE_TIMEOUT);
+    let handle = axum_server::Handle::new();
+    let stopping = handle.clone();
+    tokio::spawn(async move {
+        shutdown.await;
+        stopping.graceful_shutdown(Some(SHUTDOWN_GRACE));
+    });
+    axum_server::Server::<SocketAddr>::from_listener(listener)
+        .acceptor(acceptor)
+        .handle(handle)
+        // Accepting backs off and goes on; a failed handshake is the client's.
+        .accept_error_handler(|peer, err| match peer {
+            None => tracing::warn!(error = %err, "webhook accept failed"),
+            Some(peer) => tracing::debug!(%peer, error = %err, "webhook TLS handshake failed"),
+        })
+        .serve(router().into_make_service())
+        .await
+        .map_err(ServerError::Serve)
 }
 
 #[cfg(test)]

@@ -1,0 +1,437 @@
+//! What every call to the store shares, as one tower layer on the client's
+//! channel ([`StoreCallLayer`]): its place in the call budget
+//! (`--store-qps`), its `store.<Method>` client span, the W3C context that
+//! makes the store's span that span's child, and its latency in
+//! `petstore_operator_store_call_duration_seconds{method,outcome}`.
+//!
+//! The outcome is the gRPC code the call ends with, read as tonic reads it:
+//! from the answer's headers when the store answered with them alone,
+//! otherwise from the trailers at the end of the body (or, without a
+//! `grpc-status` there, from the HTTP status). A call is timed from when
+//! its budget lets it go until that code is known.
+//!
+//! `WatchPets` carries the trace context only: its stream lasts as long as
+//! the operator, so a span or latency of it would say nothing, and it must
+//! not wait behind the budget.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+use std::time::Instant;
+
+use http_body::{Body, Frame, SizeHint};
+use tonic::codegen::http::{self, HeaderMap, StatusCode};
+use tonic::codegen::{Bytes, StdError};
+use tonic::{Code, Status};
+use tower::{Layer, Service, ServiceExt as _};
+use tracing::{Instrument, Span};
+
+use crate::metrics::Metrics;
+use crate::store::Operation;
+use crate::store::budget::CallBudget;
+
+/// Wraps the store's channel in [`StoreCalls`].
+#[derive(Clone)]
+pub struct StoreCallLayer {
+    pub metrics: Arc<Metrics>,
+    pub budget: Arc<CallBudget>,
+}
+
+impl<S> Layer<S> for StoreCallLayer {
+    type Service = StoreCalls<S>;
+
+    fn layer(&self, inner: S) -> StoreCalls<S> {
+        StoreCalls {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+/// The store's channel, each call budgeted, traced and timed; see the module.
+#[derive(Clone)]
+pub struct StoreCalls<S> {
+    inner: S,
+    layer: StoreCallLayer,
+}
+
+/// The operation a request path names; `None` for `WatchPets` (and any
+/// path that is no operation).
+fn operation(path: &str) -> Option<Operation> {
+    let method = path.strip_prefix("/petstore.PetStore/")?;
+    [
+        Operation::Observe,
+        Operation::Create,
+        Operation::Update,
+        Operation::Delete,
+        Operation::SetKey,
+    ]
+    .into_iter()
+    .find(|operation| operation.method() == method)
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl<S, B, R> Service<http::Request<B>> for StoreCalls<S>
+where
+    S: Service<http::Request<B>, Response = http::Response<R>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Into<StdError>,
+    B: Send + 'static,
+    R: Body<Data = Bytes, Error = Status> + Unpin + Send + 'static,
+{
+    type Response = http::Response<Observed<R>>;
+    type Error = Status;
+    type Future = BoxFuture<Result<Self::Response, Status>>;
+
+    // Readiness is awaited in `call`, after the budget: a call waiting for
+    // its budget must not hold a place in the channel's queue.
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Status>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
+        let inner = self.inner.clone();
+        let Some(operation) = operation(request.uri().path()) else {
+            petstore_telemetry::inject(&Span::current(), request.headers_mut());
+            return Box::pin(async move {
+                let response = inner
+                    .oneshot(request)
+                    .await
+                    .map_err(|err| Status::from_error(err.into()))?;
+                Ok(response.map(|body| Observed {
+                    body,
+                    pending: None,
+                    http_status: StatusCode::OK,
+                }))
+            });
+        };
+        let layer = self.layer.clone();
+        Box::pin(async move {
+            layer.budget.acquire().await;
+            let span = store_call_span(operation);
+            // With spans off, the caller's own span (if exported elsewhere)
+            // is the parent to name.
+            let parent = if span.is_none() {
+                Span::current()
+            } else {
+                span.clone()
+            };
+            petstore_telemetry::inject(&parent, request.headers_mut());
+            let pending = Pending {
+                operation,
+                metrics: Arc::clone(&layer.metrics),
+                started: Instant::now(),
+                span,
+            };
+            let answered = inner
+                .oneshot(request)
+                .instrument(pending.span.clone())
+                .await;
+            let response = match answered {
+                Ok(response) => response,
+                Err(err) => {
+                    // The status tonic would make of it; handed on as is.
+                    let status = Status::from_error(err.into());
+                    pending.finish(status.code());
+                    return Err(status);
+                }
+            };
+            let http_status = response.status();
+            let pending = match Status::from_header_map(response.headers()) {
+                // Headers alone: the call ends here.
+                Some(status) => {
+                    pending.finish(status.code());
+                    None
+                }
+                None => Some(pending),
+            };
+            Ok(response.map(|body| Observed {
+                body,
+                pending,
+                http_status,
+            }))
+        })
+    }
+}
+
+/// A call whose code is not known yet.
+struct Pending {
+    operation: Operation,
+    metrics: Arc<Metrics>,
+    started: Instant,
+    span: Span,
+}
+
+impl Pending {
+    fn finish(self, code: Code) {
+        self.metrics.observe_store_call(
+            self.operation,
+            petstore_telemetry::grpc_code_name(code),
+            self.started.elapsed(),
+        );
+        self.span.record("rpc.grpc.status_code", code as i64);
+        if code != Code::Ok {
+            self.span.record("otel.status_code", "ERROR");
+        }
+    }
+}
+
+/// An answer's body that finishes its call when the code arrives.
+pub struct Observed<B> {
+    body: B,
+    pending: Option<Pending>,
+    http_status: StatusCode,
+}
+
+impl<B> Observed<B> {
+    fn finish(&mut self, code: Code) {
+        if let Some(pending) = self.pending.take() {
+            pending.finish(code);
+        }
+    }
+}
+
+impl<B> Body for Observed<B>
+where
+    B: Body<Data = Bytes, Error = Status> + Unpin,
+{
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        let frame = ready!(Pin::new(&mut self.body).poll_frame(cx));
+        match &frame {
+            Some(Ok(frame)) => {
+                if let Some(trailers) = frame.trailers_ref() {
+                    let code = final_code(Some(trailers), self.http_status);
+                    self.finish(code);
+                }
+            }
+            Some(Err(status)) => self.finish(status.code()),
+            None => {
+                let code = final_code(None, self.http_status);
+                self.finish(code);
+            }
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// The code a call ends with, as tonic infers it from the trailers and the
+/// HTTP status (gRPC's HTTP to gRPC status mapping when there is no
+/// `grpc-status`).
+fn final_code(trailers: Option<&HeaderMap>, http_status: StatusCode) -> Code {
+    if let Some(status) = trailers.and_then(Status::from_header_map) {
+        return status.code();
+    }
+    match http_status {
+        StatusCode::BAD_REQUEST => Code::Internal,
+        StatusCode::UNAUTHORIZED => Code::Unauthenticated,
+        StatusCode::FORBIDDEN => Code::PermissionDenied,
+        StatusCode::NOT_FOUND => Code::Unimplemented,
+        StatusCode::TOO_MANY_REQUESTS
+        | StatusCode::BAD_GATEWAY
+        | StatusCode::SERVICE_UNAVAILABLE
+        | StatusCode::GATEWAY_TIMEOUT => Code::Unavailable,
+        _ => Code::Unknown,
+    }
+}
+
+/// The client span of one store call: `store.<Method>` with the OTel
+/// semantic `rpc.*` attributes; its status code is recorded at the end.
+fn store_call_span(operation: Operation) -> Span {
+    let method = operation.method();
+    petstore_telemetry::span(|| {
+        tracing::info_span!(
+            "store_call",
+            otel.name = %format_args!("store.{method}"),
+            otel.kind = "client",
+            rpc.system = "grpc",
+            rpc.service = "petstore.PetStore",
+            rpc.method = method,
+            rpc.grpc.status_code = tracing::field::Empty,
+            // Declared, so that a failure can be recorded as the span's status.
+            otel.status_code = tracing::field::Empty,
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use opentelemetry::trace::TracerProvider as _;
+    use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
+    use tracing_subscriber::layer::SubscriberExt;
+
+    use super::*;
+
+    type Answer = http::Response<tonic::body::Body>;
+
+    /// A channel that keeps each request's headers and answers with
+    /// `status` in headers alone.
+    fn channel(
+        status: Status,
+        seen: Arc<Mutex<Vec<HeaderMap>>>,
+    ) -> impl Service<
+        http::Request<()>,
+        Response = Answer,
+        Error = std::convert::Infallible,
+        Future = std::future::Ready<Result<Answer, std::convert::Infallible>>,
+    > + Clone
+    + Send
+    + 'static {
+        tower::service_fn(move |request: http::Request<()>| {
+            seen.lock().expect("lock").push(request.headers().clone());
+            std::future::ready(Ok(status.clone().into_http()))
+        })
+    }
+
+    async fn send<S>(service: &mut S, method: &str) -> Result<S::Response, S::Error>
+    where
+        S: Service<http::Request<()>>,
+    {
+        let request = http::Request::builder()
+            .uri(format!("http://store/petstore.PetStore/{method}"))
+            .body(())
+            .expect("request");
+        service.ready().await?.call(request).await
+    }
+
+    fn layer(metrics: &Arc<Metrics>) -> StoreCallLayer {
+        StoreCallLayer {
+            metrics: Arc::clone(metrics),
+            budget: Arc::new(CallBudget::unlimited()),
+        }
+    }
+
+    // The store's RPC span can only become the child of `store.<Method>` if
+    // the request carries that span's own IDs.
+    #[tokio::test]
+    async fn calls_carry_their_span_as_traceparent_and_are_timed_by_outcome() {
+        petstore_telemetry::enable_spans_for_tests();
+        let spans = InMemorySpanExporter::default();
+        let provider = SdkTracerProvider::builder()
+            .with_simple_exporter(spans.clone())
+            .build();
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+        let _default = tracing::subscriber::set_default(subscriber);
+
+        let metrics = Arc::new(Metrics::default());
+        let seen = Arc::default();
+        let mut service = layer(&metrics).layer(channel(Status::ok(""), Arc::clone(&seen)));
+        send(&mut service, "AddPets").await.expect("answered");
+        let mut refusing = layer(&metrics).layer(channel(
+            Status::resource_exhausted("busy"),
+            Arc::clone(&seen),
+        ));
+        send(&mut refusing, "GetPets").await.expect("answered");
+
+        let finished = spans.get_finished_spans().expect("spans");
+        let [add, get] = finished.as_slice() else {
+            panic!("expected two spans, got {finished:?}");
+        };
+        assert_eq!(add.name, "store.AddPets");
+        assert_eq!(get.name, "store.GetPets");
+        let seen = seen.lock().expect("lock");
+        let traceparent = seen[0]
+            .get("traceparent")
+            .and_then(|value| value.to_str().ok())
+            .expect("a traceparent");
+        assert_eq!(
+            traceparent,
+            format!(
+                "00-{}-{}-01",
+                add.span_context.trace_id(),
+                add.span_context.span_id()
+            )
+        );
+        let status = |span: &opentelemetry_sdk::trace::SpanData| {
+            span.attributes
+                .iter()
+                .find(|kv| kv.key.as_str() == "rpc.grpc.status_code")
+                .map(|kv| kv.value.to_string())
+        };
+        assert_eq!(status(add).as_deref(), Some("0"));
+        assert_eq!(status(get).as_deref(), Some("8"));
+        let text = metrics.encode().expect("encode");
+        for series in [
+            "petstore_operator_store_call_duration_seconds_count{method=\"AddPets\",outcome=\"OK\"} 1",
+            "petstore_operator_store_call_duration_seconds_count{method=\"GetPets\",outcome=\"ResourceExhausted\"} 1",
+        ] {
+            assert!(text.contains(series), "no {series:?} in\n{text}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_feed_is_neither_timed_nor_given_a_span() {
+        let metrics = Arc::new(Metrics::default());
+        let seen = Arc::default();
+        let mut service = layer(&metrics).layer(channel(Status::ok(""), Arc::clone(&seen)));
+        send(&mut service, "WatchPets").await.expect("answered");
+        assert_eq!(seen.lock().expect("lock").len(), 1, "sent");
+        let text = metrics.encode().expect("encode");
+        assert!(!text.contains("WatchPets"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn without_tracing_no_traceparent_is_sent() {
+        let metrics = Arc::new(Metrics::default());
+        let seen = Arc::default();
+        let mut service = layer(&metrics).layer(channel(Status::ok(""), Arc::clone(&seen)));
+        send(&mut service, "AddPets").await.expect("answered");
+        assert!(seen.lock().expect("lock")[0].get("traceparent").is_none());
+    }
+
+    #[test]
+    fn every_operation_but_the_feed_is_found_by_its_path() {
+        for operation in [
+            Operation::Observe,
+            Operation::Create,
+            Operation::Update,
+            Operation::Delete,
+            Operation::SetKey,
+        ] {
+            let path = format!("/petstore.PetStore/{}", operation.method());
+            assert_eq!(super::operation(&path), Some(operation), "{path}");
+        }
+        assert_eq!(super::operation("/petstore.PetStore/WatchPets"), None);
+        assert_eq!(super::operation("/grpc.health.v1.Health/Check"), None);
+    }
+
+    #[test]
+    fn a_missing_grpc_status_is_mapped_from_the_http_status_as_tonic_does() {
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", http::HeaderValue::from_static("14"));
+        assert_eq!(
+            final_code(Some(&trailers), StatusCode::OK),
+            Code::Unavailable
+        );
+        trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+        assert_eq!(final_code(Some(&trailers), StatusCode::OK), Code::Ok);
+        assert_eq!(final_code(None, StatusCode::OK), Code::Unknown);
+        assert_eq!(
+            final_code(None, StatusCode::SERVICE_UNAVAILABLE),
+            Code::Unavailable
+        );
+        assert_eq!(final_code(None, StatusCode::NOT_FOUND), Code::Unimplemented);
+        assert_eq!(
+            final_code(Some(&HeaderMap::new()), StatusCode::FORBIDDEN),
+            Code::PermissionDenied
+        );
+    }
+}
