@@ -16,6 +16,12 @@
 //! Event per Pet that is memory and CPU growing with N, and N² scans while
 //! a large batch converges, for series our Events rarely form (each reason
 //! is published once per change).
+//!
+//! So nothing here folds repeats: a Warning written twice is two Event
+//! objects. The reconcile publishes a Warning only when the Pet's reason
+//! changes, judged by what this process last showed the Pet (the
+//! controller's memory), not only by the watch cache's copy, which can
+//! predate that status write.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

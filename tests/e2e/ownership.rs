@@ -278,6 +278,63 @@ fn records_are_adopted_explicitly_and_only_one_pet_wins_a_race() -> fixtures::Re
     Ok(())
 }
 
+/// Eight Pets applied at once, each held: four name a record that does not
+/// exist, four a record another Pet owns. Each gets one Warning. The
+/// reconcile that the finalizer's watch event queues often reads the Pet
+/// before its status write has reached the watch cache; judged by that copy
+/// alone, about half of them got a second Warning.
+#[test]
+fn each_held_pet_gets_one_warning_however_its_reconciles_fall() -> fixtures::Result<()> {
+    let env = Env::start(Storage::Durable)?;
+    let _operator = env.start_operator("operator")?;
+    env.cp.apply(&pet_yaml("owner", "Owner", &[], ""))?;
+    let owned = env.wait_ready("default", "owner", TIMEOUT)?;
+    let missing = "00000000-0000-4000-8000-000000000000";
+    let mut held = Vec::new();
+    let mut yaml = Vec::new();
+    for i in 0..4 {
+        for (name, named, reason) in [
+            (format!("missing-{i}"), missing, "RecordNotFound"),
+            (format!("taken-{i}"), owned.as_str(), "RecordOwnedElsewhere"),
+        ] {
+            yaml.push(pet_yaml(&name, "Held", &[(EXTERNAL_ID, named)], ""));
+            held.push((name, reason));
+        }
+    }
+    env.cp.apply(&yaml.join("---\n"))?;
+    for (name, reason) in &held {
+        wait_synced_reason(&env, name, reason)?;
+    }
+    wait_for(TIMEOUT, "a Warning for every held Pet", || {
+        let events = events(&env).ok()?;
+        held.iter()
+            .all(|(name, reason)| events.iter().any(|e| e.1 == *name && e.0 == *reason))
+            .then_some(())
+    })?;
+    // A second Warning came within tens of milliseconds; the polls (2 s
+    // apart) must add none either.
+    std::thread::sleep(Duration::from_secs(5));
+    let events = events(&env)?;
+    let told: Vec<(&str, Vec<&str>)> = held
+        .iter()
+        .map(|(name, _)| {
+            let reasons = events
+                .iter()
+                .filter(|e| e.1 == *name)
+                .map(|e| e.0.as_str())
+                .collect();
+            (name.as_str(), reasons)
+        })
+        .collect();
+    let expected: Vec<(&str, Vec<&str>)> = held
+        .iter()
+        .map(|(name, reason)| (name.as_str(), vec![*reason]))
+        .collect();
+    assert_eq!(told, expected, "one Event per held Pet");
+    assert_eq!(env.store_pets()?.len(), 1, "nothing created for them");
+    Ok(())
+}
+
 #[test]
 fn a_misspelled_deletion_policy_never_deletes() -> fixtures::Result<()> {
     let env = Env::start(Storage::Durable)?;

@@ -2,8 +2,9 @@
 //! one entry per Pet UID: how often it has failed in a row (its backoff),
 //! when it was last found in sync (so the reconcile its own status write
 //! triggers can skip the store), since when it has waited to be Ready, when
-//! its next reconcile is due, and its last drift corrections (the last three
-//! for the metrics). Keyed by UID, so a Pet deleted and created again under
+//! its next reconcile is due, its last drift corrections (the last three
+//! for the metrics), and the Warning its status was last given (see
+//! [`Memory::shown`]). Keyed by UID, so a Pet deleted and created again under
 //! its name starts clean.
 //!
 //! An entry exists only while there is something to remember, and goes with
@@ -30,7 +31,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use crate::crd::{ConditionStatus, Pet};
 use crate::decision::Facts;
 use crate::metrics::PetGauges;
-use crate::status::READY;
+use crate::status::{READY, Reason};
 use crate::store::Probe;
 
 /// Drift corrections this many times within [`REPEATED_DRIFT_WINDOW`] mark
@@ -58,6 +59,9 @@ struct Remembered {
     due: Option<Moment>,
     /// Only while it backs off, or drifted within the window.
     rare: Option<Box<Rare>>,
+    /// The warning reason its status was last given here, and a Warning
+    /// Event published for; `None` once it is shown anything else.
+    warned: Option<Reason>,
 }
 
 /// What few Pets need: a box of its own, not a slot in every entry.
@@ -370,7 +374,41 @@ impl Memory {
         }
     }
 
-    /// The Pet is gone or let go, or held: nothing to remember.
+    /// Its status was just given `reason` (its Synced reason): returns the
+    /// warning it was given before, if this process remembers one.
+    ///
+    /// The reconcile that follows a write can read a copy from the watch
+    /// cache that does not show the write yet: the finalizer's watch event
+    /// queues a reconcile that runs as soon as the first one ends, often
+    /// before the status write's own event arrives. Judged by that copy, a
+    /// Pet held for a warning would get its Warning a second time. What
+    /// this process wrote last is newer than any copy the cache holds.
+    pub fn shown(&self, pet: &Pet, uid: &str, reason: Reason) -> Option<Reason> {
+        let now = reason.is_warning().then_some(reason);
+        let mut before = None;
+        self.update(pet, uid, |remembered| {
+            before = std::mem::replace(&mut remembered.warned, now);
+        });
+        before
+    }
+
+    /// Held until a change or the next poll: neither in sync nor failing,
+    /// so all but the warning it was shown is forgotten.
+    pub fn held(&self, uid: &str) {
+        let key = UidKey::new(uid);
+        let mut pets = self.pets();
+        if let Some(remembered) = pets.get_mut(&key) {
+            *remembered = Remembered {
+                warned: remembered.warned,
+                ..Remembered::default()
+            };
+            if *remembered == Remembered::default() {
+                pets.remove(&key);
+            }
+        }
+    }
+
+    /// The Pet is gone or let go: nothing to remember.
     pub fn forget(&self, uid: &str) {
         self.pets().remove(&UidKey::new(uid));
     }
@@ -701,6 +739,28 @@ mod tests {
         memory.triggered(&thor, "thor");
         let oldest = memory.gauges().not_ready_oldest;
         assert!(oldest >= Duration::from_secs(29), "{oldest:?}");
+    }
+
+    #[test]
+    fn the_warning_shown_outlasts_a_hold_and_ends_with_any_other_reason() {
+        let memory = Memory::default();
+        let thor = pet("thor");
+        assert_eq!(memory.shown(&thor, "thor", Reason::RecordNotFound), None);
+        memory.held("thor");
+        assert_eq!(
+            memory.shown(&thor, "thor", Reason::RecordNotFound),
+            Some(Reason::RecordNotFound),
+            "kept through the hold"
+        );
+        assert_eq!(
+            memory.shown(&thor, "thor", Reason::ReconcileSuccess),
+            Some(Reason::RecordNotFound)
+        );
+        assert_eq!(memory.shown(&thor, "thor", Reason::RecordNotFound), None);
+        memory.forget("thor");
+        memory.shown(&thor, "thor", Reason::ReconcileSuccess);
+        memory.held("thor");
+        assert_eq!(memory.len(), 0, "nothing left to remember");
     }
 
     #[test]

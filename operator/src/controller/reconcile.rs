@@ -394,7 +394,7 @@ impl<'a> Reconcile<'a> {
             if let Err(error) = self.write_status(None, outcome).await {
                 debug!(%error, "could not record the outcome in status");
             }
-            self.warn_once(outcome);
+            self.show(outcome, true);
         }
         count(self.ctx, &self.pet, Some(uid), problem)
     }
@@ -404,11 +404,9 @@ impl<'a> Reconcile<'a> {
     async fn record_sync(&self, id: &str, sync: &SyncPlan, changes: &Changes) -> Result<(), Error> {
         let outcome = sync.outcome(id);
         self.write_status(Some(id), &outcome).await?;
-        // A problem shown although the record is in line (a misspelled
-        // annotation).
-        if sync.warning.is_some() {
-            self.warn_once(&outcome);
-        }
+        // A warning (a misspelled annotation) can be shown although the
+        // record is in line; any other is told by the story's Event.
+        self.show(&outcome, sync.warning.is_some());
         let waited =
             self.ctx
                 .memory
@@ -448,16 +446,28 @@ impl<'a> Reconcile<'a> {
             .await
     }
 
-    /// A Warning for `outcome`'s reason, unless the Pet already shows that
-    /// reason: once per change, not per retry, so a long outage does not
-    /// flood the API server.
-    fn warn_once(&self, outcome: &Outcome) {
+    /// Remembers that the Pet was shown `outcome`, and if `warn`, publishes
+    /// a Warning for its reason unless the Pet already showed that reason:
+    /// once per change, not per retry, so a long outage does not flood the
+    /// API server. What this process last showed decides (the cache's copy
+    /// may predate that write: see [`super::memory::Memory::shown`]); after
+    /// a restart, or once the Pet was shown something else, the copy does.
+    fn show(&self, outcome: &Outcome, warn: bool) {
         let reason = outcome.synced_reason();
-        let shown = self
-            .pet
-            .condition(status::SYNCED)
-            .map(|c| c.reason.as_str());
-        if reason.is_warning() && shown != Some(reason.as_str()) {
+        let before = self.ctx.memory.shown(&self.pet, &self.facts.uid, reason);
+        if !warn || !reason.is_warning() {
+            return;
+        }
+        let already = match before {
+            Some(warned) => warned == reason,
+            None => {
+                self.pet
+                    .condition(status::SYNCED)
+                    .map(|c| c.reason.as_str())
+                    == Some(reason.as_str())
+            }
+        };
+        if !already {
             self.publish(reason, "Reconcile", outcome.message.clone());
         }
     }
@@ -505,8 +515,8 @@ pub fn count(
             if reason.is_warning() {
                 info!(%reason, %message, "not in line; waiting for a change or the next poll");
             }
-            // Neither in sync nor failing: nothing to remember.
-            ctx.memory.forget(uid);
+            // Neither in sync nor failing: only what it was shown.
+            ctx.memory.held(uid);
             return Ok(ctx.action(next, pet, uid));
         }
         _ => {}

@@ -1190,3 +1190,69 @@ async fn a_store_that_stops_saying_what_a_create_found_is_read_first_again() {
     assert_eq!(h.store.calls()[4..], [format!("observe:-:{OTHER_UID}")]);
     h.verify(&["Created", "StoreLacksExtensions", "StoreLacksExtensions"]);
 }
+
+/// A new Pet that names `named` for adoption, and the record it names: one
+/// owned by another Pet, or none at all.
+fn naming(h: &Harness, owned_elsewhere: bool) -> (Pet, &'static str) {
+    let named = if owned_elsewhere {
+        h.store.insert(OTHER_UID, PetData::test())
+    } else {
+        "no-such-record".to_owned()
+    };
+    let reason = if owned_elsewhere {
+        "RecordOwnedElsewhere"
+    } else {
+        "RecordNotFound"
+    };
+    (
+        Pet::test().annotated(EXTERNAL_ID_ANNOTATION, &named),
+        reason,
+    )
+}
+
+#[tokio::test]
+async fn a_held_pets_warning_is_written_once_though_the_next_reconcile_reads_a_stale_copy() {
+    for owned_elsewhere in [true, false] {
+        let h = harness();
+        let (pet, reason) = naming(&h, owned_elsewhere);
+        // The first reconcile adds the finalizer, then shows the hold.
+        h.expect_finalizer_write(&pet.clone().finalized());
+        h.expect_status_write(&pet);
+        h.reconcile(&pet).await.expect("held");
+        let shown = h.api.status_patches().pop().expect("status");
+        assert_eq!(condition(&shown, "Synced").1, reason);
+        // The finalizer's watch event queued another reconcile, which kube
+        // runs as soon as the first ends, from the watch cache: often before
+        // the status write's own event has reached it.
+        let stale = pet.finalized();
+        h.expect_status_write(&stale);
+        h.reconcile(&stale).await.expect("held");
+        // Then the status write's echo, and a poll.
+        let echo = stale.with_status(shown);
+        h.reconcile(&echo).await.expect("held");
+        h.reconcile(&echo).await.expect("held");
+        h.verify(&[reason]);
+    }
+}
+
+#[tokio::test]
+async fn a_held_pet_is_warned_again_for_each_change_of_reason_even_from_a_stale_copy() {
+    let h = harness();
+    let (not_found, _) = naming(&h, false);
+    let (owned, _) = naming(&h, true);
+    let not_found = not_found.finalized();
+    let owned = owned.finalized();
+    h.expect_status_write(&not_found);
+    h.reconcile(&not_found).await.expect("held");
+    let shows_not_found = h.api.status_patches().pop().expect("status");
+    // The annotation now names a record another Pet owns.
+    let renamed = owned.with_status(shows_not_found.clone());
+    h.expect_status_write(&renamed);
+    h.reconcile(&renamed).await.expect("held");
+    // And back, read from a copy that still shows the first reason: this
+    // process has since shown another, so it is a change.
+    // (It computes the same status as that copy shows, so writes none.)
+    let back = not_found.with_status(shows_not_found);
+    h.reconcile(&back).await.expect("held");
+    h.verify(&["RecordNotFound", "RecordOwnedElsewhere", "RecordNotFound"]);
+}
