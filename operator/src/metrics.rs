@@ -154,6 +154,7 @@ pub struct Metrics {
     poll_interval: Gauge<f64, AtomicU64>,
     feed_connected: Gauge,
     feed_changes: Family<FeedLabels, Counter>,
+    pub migration: crate::migration::MigrationMetrics,
     ready: AtomicBool,
 }
 
@@ -287,6 +288,8 @@ impl Default for Metrics {
             "1 while this replica holds the leader lease",
             leader.clone(),
         );
+        let migration = crate::migration::MigrationMetrics::default();
+        migration.register(&mut registry);
         Self {
             registry,
             reconciles,
@@ -308,6 +311,7 @@ impl Default for Metrics {
             poll_interval,
             feed_connected,
             feed_changes,
+            migration,
             ready: AtomicBool::new(false),
         }
     }
