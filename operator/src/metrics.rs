@@ -153,6 +153,7 @@ pub struct Metrics {
     poll_interval: Gauge<f64, AtomicU64>,
     feed_connected: Gauge,
     feed_changes: Family<FeedLabels, Counter>,
+    pub migration: crate::migration::MigrationMetrics,
     ready: AtomicBool,
 }
 
@@ -286,6 +287,8 @@ impl Default for Metrics {
             "1 while this replica holds the leader lease",
             leader.clone(),
         );
+        let migration = crate::migration::MigrationMetrics::default();
+        migration.register(&mut registry);
         Self {
             registry,
             reconciles,
@@ -307,6 +310,7 @@ impl Default for Metrics {
             poll_interval,
             feed_connected,
             feed_changes,
+            migration,
             ready: AtomicBool::new(false),
         }
     }

@@ -294,7 +294,10 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
     let config = controller::Config::default().concurrency(ctx.settings.concurrency);
     let (released, retry_now) = futures::channel::mpsc::unbounded();
     // Once per leadership; idempotent, so a leader lost part-way is no harm.
-    tokio::spawn(migrate_storage(ctx.client.clone()));
+    tokio::spawn(migrate_storage(
+        ctx.client.clone(),
+        Arc::clone(&ctx.metrics),
+    ));
     if ctx.settings.follow_store_changes {
         tokio::spawn(feed::follow(
             Arc::clone(&ctx),
@@ -329,11 +332,9 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
 
 /// Rewrites Pets stored in an older version after an upgrade (see
 /// [`crate::migration`]).
-async fn migrate_storage(client: Client) {
+async fn migrate_storage(client: Client, metrics: Arc<Metrics>) {
     use kube::CustomResourceExt as _;
-    if let Err(error) = crate::migration::migrate_storage(&client, Pet::crd_name()).await {
-        tracing::warn!(%error, "storage migration failed; the next leader tries again");
-    }
+    crate::migration::run(&client, Pet::crd_name(), &metrics.migration).await;
 }
 
 /// How often the store is probed while Pets wait for it to answer again.

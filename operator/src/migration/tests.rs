@@ -1,0 +1,389 @@
+//! The migration against a strict mock API server, in the style of the
+//! controller's: the mock answers only the calls a test scripted, in order;
+//! any other call, or a scripted call that never came, fails the test.
+
+use std::collections::VecDeque;
+use std::pin::pin;
+use std::sync::{Arc, Mutex};
+
+use http::{Method, Request, Response};
+use kube::Client;
+use kube::client::Body;
+use serde_json::{Value, json};
+
+use super::*;
+
+const CRD: &str = "pets.petstore.example.com";
+const CRD_PATH: &str =
+    "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/pets.petstore.example.com";
+const LIST: &str = "/apis/petstore.example.com/v1/pets";
+
+fn pet_path(name: &str) -> String {
+    format!("/apis/petstore.example.com/v1/namespaces/herd/pets/{name}")
+}
+
+fn crd_status_path() -> String {
+    format!("{CRD_PATH}/status")
+}
+
+#[derive(Clone, Debug)]
+struct Call {
+    method: Method,
+    path: String,
+    query: String,
+    body: Value,
+}
+
+struct Expected {
+    method: Method,
+    path: String,
+    code: u16,
+    reply: Value,
+}
+
+#[derive(Clone, Default)]
+struct ApiServerVerifier {
+    script: Arc<Mutex<VecDeque<Expected>>>,
+    calls: Arc<Mutex<Vec<Call>>>,
+    unexpected: Arc<Mutex<Vec<String>>>,
+}
+
+impl ApiServerVerifier {
+    fn start(&self) -> Client {
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let api = self.clone();
+        tokio::spawn(async move {
+            let mut handle = pin!(handle);
+            while let Some((request, send)) = handle.next_request().await {
+                let method = request.method().clone();
+                let path = request.uri().path().to_owned();
+                let query = request.uri().query().unwrap_or_default().to_owned();
+                let bytes = request
+                    .into_body()
+                    .collect_bytes()
+                    .await
+                    .expect("request body");
+                let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+                api.calls.lock().expect("calls").push(Call {
+                    method: method.clone(),
+                    path: path.clone(),
+                    query,
+                    body,
+                });
+                let next = api.script.lock().expect("script").pop_front();
+                let (code, reply) = match next {
+                    Some(e) if e.method == method && e.path == path => (e.code, e.reply),
+                    other => {
+                        let wanted =
+                            other.map_or("nothing".into(), |e| format!("{} {}", e.method, e.path));
+                        api.unexpected
+                            .lock()
+                            .expect("unexpected")
+                            .push(format!("{method} {path} (expected {wanted})"));
+                        (500, failure(500))
+                    }
+                };
+                let response = Response::builder()
+                    .status(code)
+                    .body(Body::from(serde_json::to_vec(&reply).expect("json")))
+                    .expect("response");
+                send.send_response(response);
+            }
+        });
+        Client::new(service, "default")
+    }
+
+    fn expect(&self, method: Method, path: &str, code: u16, reply: Value) {
+        self.script.lock().expect("script").push_back(Expected {
+            method,
+            path: path.to_owned(),
+            code,
+            reply,
+        });
+    }
+
+    fn calls(&self, method: Method) -> Vec<Call> {
+        let calls = self.calls.lock().expect("calls");
+        calls
+            .iter()
+            .filter(|c| c.method == method)
+            .cloned()
+            .collect()
+    }
+
+    /// Every scripted call came, and nothing else.
+    fn verify(&self) {
+        let unexpected = self.unexpected.lock().expect("unexpected");
+        assert!(unexpected.is_empty(), "unexpected calls: {unexpected:?}");
+        let left = self.script.lock().expect("script");
+        let left: Vec<_> = left
+            .iter()
+            .map(|e| format!("{} {}", e.method, e.path))
+            .collect();
+        assert!(left.is_empty(), "scripted calls that never came: {left:?}");
+    }
+}
+
+fn failure(code: u16) -> Value {
+    let reason = match code {
+        404 => "NotFound",
+        409 => "Conflict",
+        _ => "InternalError",
+    };
+    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+           "message": "scripted failure", "reason": reason, "code": code})
+}
+
+fn crd(stored: &[&str]) -> Value {
+    json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": CRD, "resourceVersion": "1"},
+        "spec": {
+            "group": "petstore.example.com",
+            "names": {"kind": "Pet", "plural": "pets", "singular": "pet", "listKind": "PetList"},
+            "scope": "Namespaced",
+            "versions": [
+                {"name": "v1alpha1", "served": true, "storage": false},
+                {"name": "v1", "served": true, "storage": true},
+            ],
+        },
+        "status": {
+            "acceptedNames": {"kind": "Pet", "plural": "pets"},
+            "conditions": [],
+            "storedVersions": stored,
+        },
+    })
+}
+
+fn pet(name: &str, resource_version: &str) -> Value {
+    json!({
+        "apiVersion": "petstore.example.com/v1",
+        "kind": "Pet",
+        "metadata": {"name": name, "namespace": "herd", "resourceVersion": resource_version},
+        "spec": {"name": name, "type": "dog", "birthday": "2021-04-01"},
+    })
+}
+
+fn page(items: &[Value], next: Option<&str>) -> Value {
+    json!({
+        "apiVersion": "petstore.example.com/v1",
+        "kind": "PetList",
+        "metadata": {"resourceVersion": "100", "continue": next.unwrap_or_default()},
+        "items": items,
+    })
+}
+
+fn encoded(metrics: &MigrationMetrics) -> String {
+    let mut registry = Registry::with_prefix("petstore_operator");
+    metrics.register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+    text
+}
+
+fn has_sample(text: &str, sample: &str) -> bool {
+    text.lines().any(|line| line == sample)
+}
+
+/// The CRD read, migration needed.
+fn migrating(api: &ApiServerVerifier) {
+    api.expect(Method::GET, CRD_PATH, 200, crd(&["v1alpha1", "v1"]));
+}
+
+fn stored_versions_set(api: &ApiServerVerifier) {
+    api.expect(Method::PATCH, &crd_status_path(), 200, crd(&["v1"]));
+}
+
+#[tokio::test]
+async fn nothing_to_do_when_the_storage_version_alone_is_stored() {
+    let api = ApiServerVerifier::default();
+    let client = api.start();
+    api.expect(Method::GET, CRD_PATH, 200, crd(&["v1"]));
+    let metrics = MigrationMetrics::default();
+    let migrated = migrate_storage(&client, CRD, &metrics).await.expect("ok");
+    assert_eq!(migrated, None);
+    api.verify();
+}
+
+#[tokio::test]
+async fn every_page_is_rewritten_and_then_stored_versions_is_set() {
+    let api = ApiServerVerifier::default();
+    let client = api.start();
+    let metrics = MigrationMetrics::default();
+    migrating(&api);
+    api.expect(
+        Method::GET,
+        LIST,
+        200,
+        page(&[pet("a", "11"), pet("b", "12")], Some("page-2")),
+    );
+    // Written: a new resourceVersion.
+    api.expect(Method::PUT, &pet_path("a"), 200, pet("a", "101"));
+    api.expect(Method::PUT, &pet_path("b"), 200, pet("b", "102"));
+    api.expect(Method::GET, LIST, 200, page(&[pet("c", "13")], None));
+    // Stored as v1 already: the API server skips the write.
+    api.expect(Method::PUT, &pet_path("c"), 200, pet("c", "13"));
+    stored_versions_set(&api);
+
+    let migrated = migrate_storage(&client, CRD, &metrics).await.expect("ok");
+    api.verify();
+    assert_eq!(
+        migrated,
+        Some(Migrated {
+            stored_before: vec!["v1alpha1".into(), "v1".into()],
+            rewritten: 2,
+            current: 1,
+            gone: 0,
+        })
+    );
+    // The second page is asked for with the first page's token.
+    let lists = api.calls(Method::GET);
+    let lists: Vec<_> = lists.iter().filter(|c| c.path == LIST).collect();
+    assert!(lists[0].query.contains("limit=500"), "{:?}", lists[0]);
+    assert!(!lists[0].query.contains("continue"), "{:?}", lists[0]);
+    assert!(lists[1].query.contains("continue=page-2"), "{:?}", lists[1]);
+    // Each Pet is written back as listed, at the resourceVersion listed.
+    let puts = api.calls(Method::PUT);
+    assert_eq!(puts[0].body, pet("a", "11"));
+    assert_eq!(puts[2].body, pet("c", "13"));
+    let patch = &api.calls(Method::PATCH)[0];
+    assert_eq!(patch.body, json!({"status": {"storedVersions": ["v1"]}}));
+    let text = encoded(&metrics);
+    assert!(
+        has_sample(
+            &text,
+            r#"petstore_operator_storage_migration_pets_total{outcome="rewritten"} 2"#
+        ),
+        "{text}"
+    );
+    assert!(
+        has_sample(
+            &text,
+            r#"petstore_operator_storage_migration_pets_total{outcome="current"} 1"#
+        ),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_conflict_is_read_again_and_rewritten_and_a_pet_gone_is_counted() {
+    let api = ApiServerVerifier::default();
+    let client = api.start();
+    let metrics = MigrationMetrics::default();
+    migrating(&api);
+    api.expect(
+        Method::GET,
+        LIST,
+        200,
+        page(&[pet("a", "11"), pet("b", "12"), pet("c", "13")], None),
+    );
+    // a changed since the list: read again, written at its new version.
+    api.expect(Method::PUT, &pet_path("a"), 409, failure(409));
+    api.expect(Method::GET, &pet_path("a"), 200, pet("a", "50"));
+    api.expect(Method::PUT, &pet_path("a"), 200, pet("a", "103"));
+    // b deleted since the list.
+    api.expect(Method::PUT, &pet_path("b"), 404, failure(404));
+    // c changed, then deleted before the second read.
+    api.expect(Method::PUT, &pet_path("c"), 409, failure(409));
+    api.expect(Method::GET, &pet_path("c"), 404, failure(404));
+    stored_versions_set(&api);
+
+    let migrated = migrate_storage(&client, CRD, &metrics).await.expect("ok");
+    api.verify();
+    let migrated = migrated.expect("migrated");
+    assert_eq!(
+        (migrated.rewritten, migrated.current, migrated.gone),
+        (1, 0, 2)
+    );
+    let puts = api.calls(Method::PUT);
+    assert_eq!(puts[1].body, pet("a", "50"), "the fresh read is written");
+    let text = encoded(&metrics);
+    assert!(
+        has_sample(
+            &text,
+            r#"petstore_operator_storage_migration_pets_total{outcome="gone"} 2"#
+        ),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_pet_that_keeps_conflicting_fails_the_migration_and_stored_versions_stays() {
+    let api = ApiServerVerifier::default();
+    let client = api.start();
+    let metrics = MigrationMetrics::default();
+    migrating(&api);
+    api.expect(Method::GET, LIST, 200, page(&[pet("a", "11")], None));
+    for attempt in 0..ATTEMPTS {
+        api.expect(Method::PUT, &pet_path("a"), 409, failure(409));
+        if attempt + 1 < ATTEMPTS {
+            api.expect(Method::GET, &pet_path("a"), 200, pet("a", "11"));
+        }
+    }
+
+    run(&client, CRD, &metrics).await;
+    api.verify();
+    assert_eq!(api.calls(Method::PUT).len(), ATTEMPTS);
+    assert!(
+        api.calls(Method::PATCH).is_empty(),
+        "storedVersions not set"
+    );
+    let text = encoded(&metrics);
+    assert!(
+        has_sample(
+            &text,
+            r#"petstore_operator_storage_migrations_total{result="failed"} 1"#
+        ),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_run_that_writes_none_of_the_pets_it_listed_fails() {
+    let api = ApiServerVerifier::default();
+    let client = api.start();
+    let metrics = MigrationMetrics::default();
+    migrating(&api);
+    api.expect(
+        Method::GET,
+        LIST,
+        200,
+        page(&[pet("a", "11"), pet("b", "12")], None),
+    );
+    api.expect(Method::PUT, &pet_path("a"), 404, failure(404));
+    api.expect(Method::PUT, &pet_path("b"), 404, failure(404));
+
+    let err = migrate_storage(&client, CRD, &metrics)
+        .await
+        .expect_err("nothing migrated");
+    api.verify();
+    assert!(
+        matches!(err, MigrationError::NothingMigrated { listed: 2, gone: 2 }),
+        "{err}"
+    );
+    assert!(
+        api.calls(Method::PATCH).is_empty(),
+        "storedVersions not set"
+    );
+}
+
+#[tokio::test]
+async fn a_write_refused_otherwise_fails_the_migration() {
+    let api = ApiServerVerifier::default();
+    let client = api.start();
+    let metrics = MigrationMetrics::default();
+    migrating(&api);
+    api.expect(Method::GET, LIST, 200, page(&[pet("a", "11")], None));
+    api.expect(Method::PUT, &pet_path("a"), 500, failure(500));
+
+    let err = migrate_storage(&client, CRD, &metrics)
+        .await
+        .expect_err("refused");
+    api.verify();
+    assert!(matches!(err, MigrationError::Rewrite { .. }), "{err}");
+    assert!(
+        api.calls(Method::PATCH).is_empty(),
+        "storedVersions not set"
+    );
+}
