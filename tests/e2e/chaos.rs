@@ -55,7 +55,8 @@ pub struct SoakReport {
     pub records: usize,
     pub orphaned_records_kept: usize,
     /// Compacted-history faults after which an operator was seen to
-    /// re-read every Pet.
+    /// re-read every Pet and, within 30 s, every record changed across it
+    /// was put back.
     pub history_lost_rereads: usize,
     /// Records changed, and accepted, while the operators were paused
     /// across a compacted history: only the re-read can find them.
@@ -390,8 +391,8 @@ impl Soak<'_> {
         let _ = self.out_of_band_through(Replica::First);
     }
 
-    /// Returns how many of the changes the store accepted.
-    fn out_of_band_through(&mut self, replica: Replica) -> usize {
+    /// Returns the Pets whose records the store accepted a change to.
+    fn out_of_band_through(&mut self, replica: Replica) -> Vec<(String, String)> {
         let mut changes = Vec::new();
         for delete in [false, true] {
             let Some((namespace, name)) = self.random_pet() else {
@@ -399,15 +400,15 @@ impl Soak<'_> {
             };
             let id = self.pet_field(&namespace, &name, "{.status.id}");
             if !id.is_empty() {
-                changes.push((delete, id));
+                changes.push((delete, id, (namespace, name)));
             }
         }
         let store = match (&self.replicas, replica) {
             (Some(replicas), Replica::Second) => &replicas.other,
             _ => &self.env.store,
         };
-        let mut accepted = 0;
-        for (delete, id) in changes {
+        let mut accepted = Vec::new();
+        for (delete, id, pet) in changes {
             // Refused while the store is down, or for a record gone
             // meanwhile; the soak goes on either way.
             let result = if delete {
@@ -423,9 +424,39 @@ impl Soak<'_> {
                         ),
                     )
             };
-            accepted += usize::from(result.is_ok());
+            if result.is_ok() {
+                accepted.push(pet);
+            }
         }
         accepted
+    }
+
+    /// Whether this Pet is Ready and the record in its status is its own,
+    /// with its name (a Pet since deleted counts as done).
+    fn put_back(&self, namespace: &str, name: &str) -> bool {
+        let Ok(pet) = self
+            .env
+            .cp
+            .kubectl_json(&["get", "pet", name, "-n", namespace])
+        else {
+            return !self.pets.iter().any(|p| p.0 == namespace && p.1 == name);
+        };
+        let id = pet["status"]["id"].as_str().unwrap_or_default();
+        let record = self
+            .env
+            .store
+            .grpcurl(
+                "petstore.PetStore/GetPets",
+                &format!(r#"{{"ids":["{id}"]}}"#),
+            )
+            .ok()
+            .and_then(|answers| answers.into_iter().next())
+            .and_then(|answer| answer["pets"].as_array()?.first().cloned());
+        is_ready(&pet)
+            && record.is_some_and(|record| {
+                record["name"] == pet["spec"]["name"]
+                    && record["idempotencyKey"] == pet["metadata"]["uid"]
+            })
     }
 
     fn fault(&mut self, fault: Fault) -> Result<()> {
@@ -476,12 +507,16 @@ impl Soak<'_> {
                 } else {
                     self.env.store.restart(Storage::Durable)?;
                 }
-                let changed = self.out_of_band_through(Replica::First)
-                    + self.out_of_band_through(Replica::First);
-                self.report.changed_across_compaction += changed;
+                let mut changed = self.out_of_band_through(Replica::First);
+                changed.extend(self.out_of_band_through(Replica::First));
+                self.report.changed_across_compaction += changed.len();
                 drop(paused);
+                // Nothing else runs meanwhile: the re-read, and only it,
+                // must put these records back, well before any poll.
                 let reread = fixtures::wait_for(Duration::from_secs(30), "a re-read", || {
-                    (self.rereads_logged() > rereads_before).then_some(())
+                    (self.rereads_logged() > rereads_before
+                        && changed.iter().all(|(ns, name)| self.put_back(ns, name)))
+                    .then_some(())
                 });
                 if reread.is_ok() {
                     self.report.history_lost_rereads += 1;
@@ -521,8 +556,8 @@ impl Soak<'_> {
                         Replica::First
                     }
                 };
-                let accepted =
-                    self.out_of_band_through(survivor) + self.out_of_band_through(survivor);
+                let accepted = self.out_of_band_through(survivor).len()
+                    + self.out_of_band_through(survivor).len();
                 self.report.changed_while_a_replica_was_down += accepted;
                 // Down long enough for the operator to notice and reconnect
                 // through the forwarder; then Kubernetes would restart it.
