@@ -147,6 +147,9 @@ fn out_of_band_changes_are_put_back_from_the_feed_and_an_idle_operator_reads_not
         IDLE_POLLS
     );
     let polling_reads = idle_reads(&env, false, pets)?;
+    eprintln!(
+        "idle over {IDLE_POLLS} poll intervals of {IDLE_POLL}, {pets} Pets: {feed_reads} store reads following the feed, {polling_reads} polling alone"
+    );
     // Each Pet once per interval; the window's two edges may lose one.
     let expected = (pets * (IDLE_POLLS - 1)) as f64;
     assert!(
