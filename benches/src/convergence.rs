@@ -19,7 +19,7 @@ use crate::procstat;
 use fixtures::env::OPERATOR_NAMESPACE;
 use fixtures::{ControlPlane, Env, Error, Operator, Result, Storage, wait_for};
 
-const NAMESPACE: &str = "bench";
+pub(crate) const NAMESPACE: &str = "bench";
 
 #[derive(Clone, Debug)]
 pub struct ConvergenceConfig {
@@ -238,34 +238,6 @@ impl ConvergenceResult {
         self.api_writes as f64 / self.pets.max(1) as f64
     }
 
-    /// Store calls per Pet (the warm-up's too: the operator audits them
-    /// alike) per poll interval, in steady state.
-    pub fn calls_per_pet_per_interval(&self) -> f64 {
-        let intervals =
-            self.steady_window.as_secs_f64() / self.poll_interval.as_secs_f64().max(1e-9);
-        self.steady_store_calls as f64 / (self.pets + WARMUP_PETS) as f64 / intervals.max(1e-9)
-    }
-
-    /// Store calls an hour with N Pets converged and nothing changing, at
-    /// the operator's defaults (the change feed followed, each Pet audited
-    /// once per `--audit-interval`, an hour): the steady state's calls per
-    /// Pet per interval, at the default interval. Steady state watches a
-    /// short interval, so that the figure takes seconds to measure; the
-    /// audit's schedule is the same at any interval.
-    pub fn idle_calls_per_hour_at_defaults(&self) -> f64 {
-        let audit = petstore_operator::controller::Settings::default().audit_interval;
-        self.calls_per_pet_per_interval() * self.pets as f64 * 3600.0
-            / audit.as_secs_f64().max(1e-9)
-    }
-
-    /// Whether the idle calls stay within the audit's share: one call per
-    /// Pet per audit interval. The window's two ends are timed by scrapes
-    /// while polls go on every few milliseconds, so a count can be off by
-    /// the polls of those moments: 0.5% is allowed for them.
-    pub fn idle_within_the_audits_share(&self) -> bool {
-        self.calls_per_pet_per_interval() <= 1.005
-    }
-
     /// Drift-poll reads per second in steady state.
     pub fn poll_read_rate(&self) -> f64 {
         self.steady_store_reads as f64 / self.steady_window.as_secs_f64().max(1e-9)
@@ -353,13 +325,13 @@ fn ready(pet: &Pet) -> bool {
 
 /// A watch on one namespace's Pets: what it has seen, and a tick on every
 /// change.
-struct Tracker {
+pub(crate) struct Tracker {
     seen: Arc<Mutex<Seen>>,
     ticks: watch::Receiver<u64>,
 }
 
 impl Tracker {
-    fn start(api: Api<Pet>) -> Self {
+    pub(crate) fn start(api: Api<Pet>) -> Self {
         let seen = Arc::new(Mutex::new(Seen::default()));
         let (tick, ticks) = watch::channel(0u64);
         let state = Arc::clone(&seen);
@@ -410,7 +382,7 @@ impl Tracker {
     }
 
     /// Resolves when `n` Pets are Ready for `generation` or a later one.
-    async fn all_ready(
+    pub(crate) async fn all_ready(
         &mut self,
         n: usize,
         generation: i64,
@@ -492,7 +464,7 @@ const QUIET_MAX: Duration = Duration::from_secs(30);
 /// The operator's options as it ships: the default 5-minute poll (no drift
 /// poll falls inside a convergence) and production logging (debug logging
 /// would be part of what is measured).
-fn shipped_options(env: &Env, identity: &str) -> fixtures::OperatorOptions {
+pub(crate) fn shipped_options(env: &Env, identity: &str) -> fixtures::OperatorOptions {
     let mut options = env.operator_options(identity);
     options.poll_interval = "5m";
     options.log_filter = "info";
@@ -500,7 +472,7 @@ fn shipped_options(env: &Env, identity: &str) -> fixtures::OperatorOptions {
 }
 
 /// Starts an operator and waits until it leads.
-fn start_leader(env: &Env, options: &fixtures::OperatorOptions) -> Result<Operator> {
+pub(crate) fn start_leader(env: &Env, options: &fixtures::OperatorOptions) -> Result<Operator> {
     let operator = env.start_operator_with(options)?;
     wait_for(Duration::from_secs(60), "leadership", || {
         operator
@@ -511,7 +483,7 @@ fn start_leader(env: &Env, options: &fixtures::OperatorOptions) -> Result<Operat
     Ok(operator)
 }
 
-async fn client_from(kubeconfig: &std::path::Path) -> Result<kube::Client> {
+pub(crate) async fn client_from(kubeconfig: &std::path::Path) -> Result<kube::Client> {
     let kubeconfig = Kubeconfig::read_from(kubeconfig).map_err(kube_error)?;
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
@@ -557,7 +529,7 @@ where
 }
 
 /// Creates pet-0 to pet-(n - 1), `concurrency` at a time.
-async fn create_pets(api: &Api<Pet>, n: usize, concurrency: usize) -> Result<()> {
+pub(crate) async fn create_pets(api: &Api<Pet>, n: usize, concurrency: usize) -> Result<()> {
     for_each_pet(n, concurrency, |i| {
         let api = api.clone();
         async move { api.create(&PostParams::default(), &pet(i)).await.map(drop) }
@@ -566,7 +538,7 @@ async fn create_pets(api: &Api<Pet>, n: usize, concurrency: usize) -> Result<()>
 }
 
 /// The operator's store RPCs so far, by method.
-fn store_calls(metrics: &str) -> BTreeMap<String, u64> {
+pub(crate) fn store_calls(metrics: &str) -> BTreeMap<String, u64> {
     let mut calls = BTreeMap::new();
     for (labels, value) in apimetrics::samples(
         metrics,
@@ -580,7 +552,7 @@ fn store_calls(metrics: &str) -> BTreeMap<String, u64> {
 }
 
 /// Sum of a counter (or histogram `_count`) over all its label sets.
-fn metric_sum(metrics: &str, name: &str) -> f64 {
+pub(crate) fn metric_sum(metrics: &str, name: &str) -> f64 {
     metrics
         .lines()
         .filter(|line| {
@@ -610,7 +582,7 @@ fn reconciles_done(metrics: &str) -> u64 {
 }
 
 /// Writes to Pets and Events since `before`.
-fn writes_since(cp: &ControlPlane, before: &RequestCounts) -> Result<u64> {
+pub(crate) fn writes_since(cp: &ControlPlane, before: &RequestCounts) -> Result<u64> {
     let counts = apimetrics::diff(before, &apimetrics::scrape(cp)?, &["pets", "events"]);
     Ok(counts
         .iter()
@@ -1021,7 +993,7 @@ pub fn measure_drift_on_postgres(
 }
 
 /// Resolves once the operator has written every Event it queued.
-async fn events_drained(operator: &Operator, timeout: Duration) -> Result<()> {
+pub(crate) async fn events_drained(operator: &Operator, timeout: Duration) -> Result<()> {
     let deadline = Instant::now() + timeout;
     while !operator
         .metrics()?
@@ -1233,21 +1205,5 @@ mod tests {
         r.pairs.truncate(2);
         assert!((r.ratio() - 1.175).abs() < 1e-9, "{}", r.ratio());
         assert_eq!(median(vec![]), 0.0);
-    }
-
-    #[test]
-    fn idle_calls_may_miss_the_audits_share_only_by_the_windows_edges() {
-        let idle = |calls: u64| ConvergenceResult {
-            pets: 1000 - WARMUP_PETS,
-            steady_store_calls: calls,
-            poll_interval: Duration::from_secs(10),
-            steady_window: Duration::from_secs(20),
-            ..Default::default()
-        };
-        // Two intervals, 1,000 Pets: 2,000 calls is one per Pet per interval.
-        assert!(idle(2000).idle_within_the_audits_share());
-        assert!(idle(2010).idle_within_the_audits_share());
-        assert!(!idle(2011).idle_within_the_audits_share());
-        assert!(!idle(4000).idle_within_the_audits_share());
     }
 }

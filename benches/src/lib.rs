@@ -6,6 +6,7 @@ pub mod apimetrics;
 pub mod convergence;
 pub mod drift;
 pub mod feed_cost;
+pub mod idle;
 pub mod procstat;
 pub mod report;
 pub mod side_by_side;

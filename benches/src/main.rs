@@ -102,6 +102,20 @@ struct Args {
     #[arg(long, hide = true, requires = "side", value_name = "C")]
     concurrency: Option<usize>,
 
+    /// Only idle store calls, over a real window this long (at most 1h):
+    /// two operators at their defaults, one following the store's change
+    /// feed and one with `--follow-store-changes=false`, each with its own
+    /// control plane and store and the largest of --sizes Pets converged,
+    /// counted over the same window. Rewrites only the report's idle
+    /// section, which every other run keeps.
+    #[arg(
+        long,
+        value_name = "WINDOW",
+        value_parser = idle_window,
+        conflicts_with_all = ["store_only", "skip_store", "pairs_only", "side_by_side", "smoke", "tracing", "scale"]
+    )]
+    idle: Option<std::time::Duration>,
+
     /// Where to write the report; the plot goes to docs/convergence.svg in
     /// the report's folder [default: BENCHMARKS.md at the repository root].
     #[arg(long, value_name = "PATH")]
@@ -125,6 +139,17 @@ enum FloorAs {
     Operator,
     /// The cluster admin (system:masters), which skips both.
     Admin,
+}
+
+/// A window for --idle: a duration up to an hour.
+fn idle_window(text: &str) -> Result<std::time::Duration, String> {
+    let window = petstore_operator::cli::parse_duration(text)?;
+    if window.is_zero() || window > bench::idle::MAX_WINDOW {
+        return Err(format!(
+            "{text:?}: the window is more than 0 and at most 1h"
+        ));
+    }
+    Ok(window)
 }
 
 /// A whole number, 0 or more.
@@ -235,6 +260,46 @@ fn start_trace_receiver() -> Result<(TraceReceiver, tempfile::TempDir), String> 
     Ok((receiver, dir))
 }
 
+/// The --idle run: measures, then rewrites the report's idle section.
+fn idle(args: &Args, window: std::time::Duration, out: &Path) -> ExitCode {
+    let config = args.config();
+    let idle = bench::idle::IdleConfig {
+        pets: config.sizes.iter().copied().max().unwrap_or(1),
+        window,
+        concurrency: config.concurrency,
+    };
+    let result = match bench::idle::measure(&idle, &|step| eprintln!("[bench] {step}")) {
+        Ok(result) => result,
+        Err(err) => {
+            eprintln!("petstore-bench: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // What was run: hack/bench.sh runs the release build.
+    let runner = if cfg!(debug_assertions) {
+        "cargo run -p petstore-bench --"
+    } else {
+        "hack/bench.sh"
+    };
+    let command = std::iter::once(runner.to_owned())
+        .chain(std::env::args().skip(1))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let section = bench::idle::markdown(&result, &command);
+    println!("{section}");
+    let existing = std::fs::read_to_string(out).unwrap_or_default();
+    if let Err(err) = std::fs::write(out, bench::idle::replace_section(&existing, &section)) {
+        eprintln!("petstore-bench: writing {}: {err}", out.display());
+        return ExitCode::FAILURE;
+    }
+    eprintln!("wrote the idle section of {}", out.display());
+    if result.goal_met() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     let out = args
@@ -294,6 +359,9 @@ fn main() -> ExitCode {
             }
         };
     }
+    if let Some(window) = args.idle {
+        return idle(&args, window, &out);
+    }
     if args.pairs_only {
         let config = args.config();
         return match bench::run_pairs(&config, |step| eprintln!("[bench] {step}")) {
@@ -321,7 +389,8 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let report = report(&args, &results, &out);
+    let existing = std::fs::read_to_string(&out).unwrap_or_default();
+    let report = bench::idle::keep_section(&report(&args, &results, &out), &existing);
     if let Err(err) = std::fs::write(&out, &report) {
         eprintln!("petstore-bench: writing {}: {err}", out.display());
         return ExitCode::FAILURE;
@@ -430,6 +499,10 @@ mod tests {
             &["--store-only", "--sizes", "1000"],
             &["--store-only", "--pairs", "1"],
             &["--store-only", "--tracing"],
+            &["--idle", "0s"],
+            &["--idle", "2h"],
+            &["--idle", "soon"],
+            &["--idle", "10m", "--store-only"],
             &["--unknown"],
         ] {
             assert!(parse(args).is_err(), "{args:?} accepted");

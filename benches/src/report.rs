@@ -42,6 +42,15 @@ fn interval_words(interval: Duration) -> String {
     }
 }
 
+/// "50.0-minute", "45-second": a measured window as the text says it.
+pub fn duration_words(window: Duration) -> String {
+    if window >= Duration::from_secs(60) {
+        format!("{:.1}-minute", window.as_secs_f64() / 60.0)
+    } else {
+        format!("{:.0}-second", window.as_secs_f64())
+    }
+}
+
 fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
 }
@@ -233,21 +242,6 @@ fn goals(out: &mut String, results: &[ConvergenceResult]) {
         out,
         "| beside it: the same lists with `ListFromCacheSnapshot` off, as Kubernetes 1.33 ships it | (as on 1.33) | {} |  |",
         list_measured(&list.without_snapshot)
-    );
-    row(
-        out,
-        &format!(
-            "store calls an hour at N = {}, idle, with the defaults",
-            largest.pets
-        ),
-        &format!("≤ {}", largest.pets),
-        format!(
-            "{:.0} ({:.3} calls per Pet per audit interval in steady state; the 5-minute poll, without the feed, reads each Pet 12 times an hour: {})",
-            largest.idle_calls_per_hour_at_defaults(),
-            largest.calls_per_pet_per_interval(),
-            largest.pets * 12
-        ),
-        largest.steady_store_calls > 0 && largest.idle_within_the_audits_share(),
     );
     row(
         out,

@@ -1,8 +1,9 @@
 //! Drift found from the store's change feed: with the poll at its 5-minute
 //! default, an out-of-band rename and delete made with grpcurl are put back
 //! within about a second, the operator's own writes coming back on the feed
-//! queue nothing, and a converged, idle operator reads nothing from the
-//! store.
+//! queue nothing, and a converged, idle operator that follows the feed reads
+//! nothing from the store even with a short poll interval, where one that
+//! does not follow it polls.
 
 use std::time::{Duration, Instant};
 
@@ -125,8 +126,71 @@ fn out_of_band_changes_are_put_back_from_the_feed_and_an_idle_operator_reads_not
         "{notes}"
     );
 
-    // Converged and idle: no store reads at all, the audit being an hour
-    // away.
+    assert_eq!(
+        env.pet("default", "pet-sample1")?["status"]["id"],
+        new_id.as_str()
+    );
+
+    // Idle: an operator whose poll is short and whose audit is an hour
+    // reads nothing while it follows the feed, over several poll
+    // intervals; the same window with the feed off shows the poll's reads.
+    // So an operator that polled while following the feed fails here.
+    let pets = env.cp.kubectl_json(&["get", "pets", "-A"])?["items"]
+        .as_array()
+        .map_or(0, Vec::len);
+    assert!(pets >= 2, "the samples' Pets: {pets}");
+    drop(operator);
+    let feed_reads = idle_reads(&env, true, pets)?;
+    assert_eq!(
+        feed_reads, 0.0,
+        "store reads while idle and following the feed, over {} poll intervals of {IDLE_POLL}",
+        IDLE_POLLS
+    );
+    let polling_reads = idle_reads(&env, false, pets)?;
+    eprintln!(
+        "idle over {IDLE_POLLS} poll intervals of {IDLE_POLL}, {pets} Pets: {feed_reads} store reads following the feed, {polling_reads} polling alone"
+    );
+    // Each Pet once per interval; the window's two edges may lose one.
+    let expected = (pets * (IDLE_POLLS - 1)) as f64;
+    assert!(
+        polling_reads >= expected,
+        "{polling_reads} reads polling alone over {IDLE_POLLS} poll intervals of {IDLE_POLL}, for {pets} Pets: at least {expected} expected"
+    );
+    Ok(())
+}
+
+/// The idle check's poll interval, and the window in poll intervals.
+const IDLE_POLL: &str = "2s";
+const IDLE_POLL_INTERVAL: Duration = Duration::from_secs(2);
+const IDLE_POLLS: usize = 5;
+
+/// Store reads over [`IDLE_POLLS`] poll intervals by an operator started
+/// with the poll at [`IDLE_POLL`] and the audit at an hour, following the
+/// change feed or not, once it has caught up with `pets` Pets.
+fn idle_reads(env: &Env, follow_feed: bool, pets: usize) -> fixtures::Result<f64> {
+    let mut options = env.operator_options("operator");
+    options.poll_interval = IDLE_POLL;
+    options.extra_args.extend([
+        "--audit-interval".into(),
+        "1h".into(),
+        format!("--follow-store-changes={follow_feed}").into(),
+    ]);
+    let operator = env.start_operator_with(&options)?;
+    let connected = if follow_feed { 1.0 } else { 0.0 };
+    wait_for(TIMEOUT, "the restarted operator to catch up", || {
+        let scrape = operator.metrics().ok()?;
+        let reconciled = metric(
+            &scrape,
+            "petstore_operator_reconcile_duration_seconds_count",
+            &[],
+        );
+        (reconciled >= pets as f64
+            && metric(&scrape, "petstore_operator_change_feed_connected", &[]) == connected)
+            .then_some(())
+    })?;
+    // A reconcile before the feed was live scheduled its Pet's next read at
+    // the poll interval, at most one and a half intervals on.
+    std::thread::sleep(IDLE_POLL_INTERVAL * 2);
     let reads = |scrape: &str| {
         metric(
             scrape,
@@ -134,15 +198,13 @@ fn out_of_band_changes_are_put_back_from_the_feed_and_an_idle_operator_reads_not
             &[r#"method="GetPets""#],
         )
     };
-    env.wait_ready("default", "pet-sample1", TIMEOUT)?;
-    std::thread::sleep(Duration::from_secs(2));
-    let idle_from = reads(&operator.metrics()?);
-    std::thread::sleep(Duration::from_secs(5));
-    let idle_to = reads(&operator.metrics()?);
-    assert_eq!(idle_to, idle_from, "store reads while idle");
+    let from = reads(&operator.metrics()?);
+    std::thread::sleep(IDLE_POLL_INTERVAL * IDLE_POLLS as u32);
+    let scrape = operator.metrics()?;
     assert_eq!(
-        env.pet("default", "pet-sample1")?["status"]["id"],
-        new_id.as_str()
+        metric(&scrape, "petstore_operator_change_feed_connected", &[]),
+        connected,
+        "the change feed followed: {follow_feed}"
     );
-    Ok(())
+    Ok(reads(&scrape) - from)
 }

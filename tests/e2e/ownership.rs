@@ -476,7 +476,14 @@ fn backoff_counts_attempts_and_our_store_in_place_of_the_books_releases_the_pet(
         .filter(|e| e.0 == "StoreLacksExtensions" && e.1 == "early")
         .count();
     assert_eq!(warnings, 1, "one Warning per change of reason");
-    // The book's store has no change feed: polled, and said once.
+    // The book's store has no change feed: polled, and said once, after
+    // the operator has asked for the feed again (once a minute) at least
+    // once, so that saying it at every recheck would show.
+    wait_for(Duration::from_secs(90), "a second WatchPets call", || {
+        (legacy.watch_calls() >= 2).then_some(())
+    })?;
+    // The refusal's answer, and a line the operator would write on it.
+    std::thread::sleep(Duration::from_secs(1));
     let log = std::fs::read_to_string(operator.process().log_path())
         .map_err(fixtures::io("reading the operator's log"))?;
     assert_eq!(

@@ -1,0 +1,384 @@
+//! Idle store calls at the operator's defaults, measured over a real
+//! window: N Pets converged on two control planes at once, each with its
+//! own store, one operator following the store's change feed (the default)
+//! and one polling alone (`--follow-store-changes=false`), both at the
+//! default intervals (a 5-minute poll, an hourly audit). Then every store
+//! call each makes over the same wall-clock window with nothing changing.
+//! Nothing is scaled: the figures are the window's counts.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+use kube::api::Api;
+use petstore_operator::crd::Pet;
+
+use crate::convergence::{
+    NAMESPACE, Tracker, client_from, create_pets, events_drained, metric_sum, shipped_options,
+    start_leader, store_calls, writes_since,
+};
+use fixtures::{Env, Operator, Result, Storage};
+
+/// Where the idle section of the report starts; runs that do not measure
+/// it keep it as it is.
+pub const SECTION: &str = "\n## Idle store calls";
+
+/// The longest window: the goal is per audit interval (an hour), and a
+/// window at most that long reads each Pet at most once while the feed is
+/// followed, so its count compares with the goal as it is.
+pub const MAX_WINDOW: Duration = Duration::from_secs(3600);
+
+#[derive(Clone, Debug)]
+pub struct IdleConfig {
+    pub pets: usize,
+    pub window: Duration,
+    pub concurrency: usize,
+}
+
+/// One operator's side of the window.
+#[derive(Clone, Debug, Default)]
+pub struct IdleSide {
+    /// Store calls in the window, by method.
+    pub calls: BTreeMap<String, u64>,
+    /// Writes to Pets and Events in the window.
+    pub api_writes: u64,
+    /// Whether the operator followed the change feed at the window's end.
+    pub feed_connected: bool,
+    pub converge: Duration,
+}
+
+impl IdleSide {
+    pub fn total(&self) -> u64 {
+        self.calls.values().sum()
+    }
+
+    fn by_method(&self) -> String {
+        let parts: Vec<String> = self
+            .calls
+            .iter()
+            .filter(|(_, n)| **n > 0)
+            .map(|(method, n)| format!("{method} {n}"))
+            .collect();
+        if parts.is_empty() {
+            "none".into()
+        } else {
+            parts.join(", ")
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct IdleResult {
+    pub pets: usize,
+    /// The window as timed by its first and last scrape.
+    pub window: Duration,
+    /// From the later of the two convergences to the window's start.
+    pub after_convergence: Duration,
+    /// When the window started, UTC, and the commit measured.
+    pub started_at: String,
+    pub commit: String,
+    pub feed: IdleSide,
+    pub polling: IdleSide,
+}
+
+impl IdleResult {
+    /// The goal, exactly as printed: at most N store calls with the feed
+    /// followed. It is shown only by a window in which polling alone makes
+    /// more than N, so that a feed-on operator that polled would fail it,
+    /// and only by a window of at most an hour.
+    pub fn goal_met(&self) -> bool {
+        self.window <= MAX_WINDOW + Duration::from_secs(60)
+            && self.feed.feed_connected
+            && !self.polling.feed_connected
+            && self.feed.total() <= self.pets as u64
+            && self.polling.total() > self.pets as u64
+    }
+}
+
+/// Converges `config.pets` Pets on each side, then counts each operator's
+/// store calls over `config.window`.
+pub fn measure(config: &IdleConfig, progress: &dyn Fn(&str)) -> Result<IdleResult> {
+    let rt = crate::runtime()?;
+    let feed_env = Env::start(Storage::Durable)?;
+    let polling_env = Env::start(Storage::Durable)?;
+    let feed = start_leader(&feed_env, &defaults(&feed_env, "idle-feed", true))?;
+    let polling = start_leader(&polling_env, &defaults(&polling_env, "idle-polling", false))?;
+    let timeout = Duration::from_secs(120 + config.pets as u64 / 5);
+    rt.block_on(async {
+        progress(&format!(
+            "idle: converging {} Pets on each side at once",
+            config.pets
+        ));
+        let (feed_converge, polling_converge) = futures::try_join!(
+            converge(&feed_env, &feed, config, timeout),
+            converge(&polling_env, &polling, config, timeout),
+        )?;
+        let converged = Instant::now();
+        let commit = commit();
+        let started_at = utc_now();
+        let feed_before = store_calls(&feed.metrics()?);
+        let polling_before = store_calls(&polling.metrics()?);
+        let feed_api = crate::apimetrics::scrape(&feed_env.cp)?;
+        let polling_api = crate::apimetrics::scrape(&polling_env.cp)?;
+        let window_started = Instant::now();
+        progress(&format!(
+            "idle: counting store calls for {} from {started_at}",
+            crate::report::duration_words(config.window)
+        ));
+        tokio::time::sleep(config.window).await;
+        let feed_after = store_calls(&feed.metrics()?);
+        let polling_after = store_calls(&polling.metrics()?);
+        let window = window_started.elapsed();
+        let side = |operator: &Operator,
+                    before: &BTreeMap<String, u64>,
+                    after: &BTreeMap<String, u64>,
+                    env: &Env,
+                    api: &crate::apimetrics::RequestCounts,
+                    converge: Duration|
+         -> Result<IdleSide> {
+            Ok(IdleSide {
+                calls: crate::apimetrics::increase(before, after),
+                api_writes: writes_since(&env.cp, api)?,
+                feed_connected: metric_sum(
+                    &operator.metrics()?,
+                    "petstore_operator_change_feed_connected",
+                ) == 1.0,
+                converge,
+            })
+        };
+        Ok(IdleResult {
+            pets: config.pets,
+            window,
+            after_convergence: window_started - converged,
+            started_at,
+            commit,
+            feed: side(
+                &feed,
+                &feed_before,
+                &feed_after,
+                &feed_env,
+                &feed_api,
+                feed_converge,
+            )?,
+            polling: side(
+                &polling,
+                &polling_before,
+                &polling_after,
+                &polling_env,
+                &polling_api,
+                polling_converge,
+            )?,
+        })
+    })
+}
+
+/// The operator's flags as it ships, but for the feed.
+fn defaults(env: &Env, identity: &str, follow_feed: bool) -> fixtures::OperatorOptions {
+    let mut options = shipped_options(env, identity);
+    options.backoff_max = "5m";
+    if !follow_feed {
+        options
+            .extra_args
+            .push("--follow-store-changes=false".into());
+    }
+    options
+}
+
+/// Creates the Pets and waits until every one is Ready and its Event is
+/// written; how long that took.
+async fn converge(
+    env: &Env,
+    operator: &Operator,
+    config: &IdleConfig,
+    timeout: Duration,
+) -> Result<Duration> {
+    env.cp.ensure_namespace(NAMESPACE)?;
+    let client = client_from(&env.cp.kubeconfig).await?;
+    let api: Api<Pet> = Api::namespaced(client, NAMESPACE);
+    let mut tracker = Tracker::start(api.clone());
+    let started = Instant::now();
+    create_pets(&api, config.pets, config.concurrency).await?;
+    tracker
+        .all_ready(config.pets, 1, timeout, "all Pets Ready")
+        .await?;
+    events_drained(operator, timeout).await?;
+    Ok(started.elapsed())
+}
+
+fn utc_now() -> String {
+    chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string()
+}
+
+/// The commit measured, marked when the tree differs from it.
+fn commit() -> String {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .current_dir(fixtures::repo_root())
+            .output()
+            .ok()
+            .filter(|out| out.status.success())
+            .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    };
+    let Some(head) = git(&["rev-parse", "--short", "HEAD"]) else {
+        return "unknown".into();
+    };
+    match git(&["status", "--porcelain", "--untracked-files=no"]) {
+        Some(changes) if changes.is_empty() => head,
+        _ => format!("{head} with uncommitted changes"),
+    }
+}
+
+/// The report's idle section.
+pub fn markdown(result: &IdleResult, command: &str) -> String {
+    let mut out = String::new();
+    let window = crate::report::duration_words(result.window);
+    let n = result.pets;
+    let _ = writeln!(out, "{}\n", SECTION.trim_start());
+    let _ = writeln!(
+        out,
+        "Measured with `{command}` on commit {commit}, window from {started} ({profile} build). {n} Pets were converged on each of two control planes at once, each with its own durable store: one operator with the defaults (the store's change feed followed, each Pet audited every hour, `--audit-interval 1h`), one with the defaults but `--follow-store-changes=false` (each Pet polled every 5 minutes, `--poll-interval 5m`). Once both were Ready and their Events written, every store call each operator made was counted over the same {window} window with nothing changing (its `petstore_operator_store_call_duration_seconds_count`, by method). The figures are the window's counts, **not scaled to an hour**{full}. The audit reads a Pet at least half an audit interval after its last reconcile, at a phase fixed by its UID, so a window that starts at convergence holds no audit reads in its first 30 minutes, and any window of at most an hour reads each Pet at most once: the goal, N calls an hour, applies to the window's count as it is.\n",
+        commit = result.commit,
+        started = result.started_at,
+        profile = if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
+        full = if result.window >= MAX_WINDOW {
+            " (the window is a full hour)"
+        } else {
+            ""
+        },
+    );
+    let _ = writeln!(
+        out,
+        "| measurement | goal | measured |  |\n|---|---|---|---|"
+    );
+    let _ = writeln!(
+        out,
+        "| store calls in a {window} idle window at N = {n}, with the defaults (the feed followed) | ≤ {n} | {} ({}) | {} |",
+        result.feed.total(),
+        result.feed.by_method(),
+        if result.goal_met() { "met" } else { "not met" },
+    );
+    let _ = writeln!(
+        out,
+        "| beside it: the same window, `--follow-store-changes=false` (5-minute poll) | (as before the feed) | {} ({}) |  |",
+        result.polling.total(),
+        result.polling.by_method(),
+    );
+    let _ = writeln!(
+        out,
+        "| API writes (Pets and Events) in the window, feed and polling | 0 | {} and {} | {} |",
+        result.feed.api_writes,
+        result.polling.api_writes,
+        if result.feed.api_writes == 0 && result.polling.api_writes == 0 {
+            "met"
+        } else {
+            "not met"
+        },
+    );
+    let _ = writeln!(
+        out,
+        "\nConverging took {:.1} s with the feed and {:.1} s polling (both at once); the window started {:.1} s after the later one. *Met* needs the feed-on count within the goal, the feed connected on that side and not on the other, and the polling side above N, so that a window too short to tell the two apart shows nothing.",
+        result.feed.converge.as_secs_f64(),
+        result.polling.converge.as_secs_f64(),
+        result.after_convergence.as_secs_f64(),
+    );
+    out
+}
+
+/// `report` with the idle section of `existing` in place of its own (or
+/// added at the end): the runs that do not measure idle calls keep them.
+pub fn keep_section(report: &str, existing: &str) -> String {
+    let Some(old) = section(existing) else {
+        return report.to_owned();
+    };
+    replace_section(report, old)
+}
+
+/// `report` with `idle` as its idle section, replacing one it has.
+pub fn replace_section(report: &str, idle: &str) -> String {
+    let idle = idle.trim();
+    match report.find(SECTION) {
+        Some(at) => {
+            let rest = &report[at + SECTION.len()..];
+            let end = rest
+                .find("\n## ")
+                .map_or(report.len(), |i| at + SECTION.len() + i);
+            format!("{}\n\n{idle}\n{}", report[..at].trim_end(), &report[end..])
+        }
+        None => format!("{}\n\n{idle}\n", report.trim_end()),
+    }
+}
+
+/// The idle section of a report, if it has one.
+fn section(report: &str) -> Option<&str> {
+    let at = report.find(SECTION)?;
+    let rest = &report[at + SECTION.len()..];
+    let end = rest
+        .find("\n## ")
+        .map_or(report.len(), |i| at + SECTION.len() + i);
+    Some(&report[at..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn side(calls: u64, connected: bool) -> IdleSide {
+        IdleSide {
+            calls: [("GetPets".to_owned(), calls)].into(),
+            feed_connected: connected,
+            ..Default::default()
+        }
+    }
+
+    fn result(feed: u64, polling: u64) -> IdleResult {
+        IdleResult {
+            pets: 1000,
+            window: Duration::from_secs(3000),
+            feed: side(feed, true),
+            polling: side(polling, false),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_goal_is_the_printed_one_and_needs_a_window_that_tells_feed_from_poll() {
+        assert!(result(0, 9000).goal_met());
+        assert!(result(1000, 9000).goal_met());
+        assert!(!result(1001, 9000).goal_met(), "one call above N fails");
+        // Polling too made no more than N: the window showed nothing.
+        assert!(!result(0, 1000).goal_met());
+        let mut swapped = result(0, 9000);
+        swapped.feed.feed_connected = false;
+        assert!(!swapped.goal_met(), "the feed side did not follow the feed");
+        let mut long = result(0, 9000);
+        long.window = Duration::from_secs(7200);
+        assert!(!long.goal_met(), "two hours may read each Pet twice");
+    }
+
+    #[test]
+    fn the_section_is_kept_or_replaced_in_place() {
+        let report = "# B\n\nops\n\n## Pet store\n\nstore\n";
+        let idle = "## Idle store calls\n\nfirst\n";
+        let with = replace_section(report, idle);
+        assert_eq!(
+            with,
+            "# B\n\nops\n\n## Pet store\n\nstore\n\n## Idle store calls\n\nfirst\n"
+        );
+        let again = replace_section(&with, "## Idle store calls\n\nsecond");
+        assert_eq!(again, with.replace("first", "second"));
+        // A run without it keeps the existing one.
+        assert_eq!(keep_section(report, &again), again);
+        assert_eq!(keep_section(report, report), report);
+        // In the middle, the sections after it stay.
+        let middle = "# B\n\n## Idle store calls\n\nold\n\n## Pet store\n\nstore\n";
+        assert_eq!(
+            replace_section(middle, "## Idle store calls\n\nnew"),
+            "# B\n\n## Idle store calls\n\nnew\n\n## Pet store\n\nstore\n"
+        );
+    }
+}
