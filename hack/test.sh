@@ -52,7 +52,7 @@ phase "control plane (cached build)" bash hack/control-plane/build.sh
 # local-path-provisioner: the one-node cluster of tests/e2e/tilt.rs.
 phase "one-node cluster and Tilt (cached build)" bash hack/cluster/build.sh
 # promtool checks the alert rules and real scrapes (tests/e2e/monitoring.rs);
-# Jaeger v2 receives the traces of tests/e2e/traces.rs.
+# An OpenTelemetry Collector receives the traces of tests/e2e/traces.rs.
 phase "promtool (cached build)" bash hack/monitoring/build.sh
 phase "trace receiver (cached build)" bash hack/tracing/build.sh
 phase "static checks (Dockerfile, Tiltfile)" bash hack/static-checks.sh
