@@ -68,7 +68,7 @@ phase "prerequisites" check_prerequisites
 #   control plane: kube-apiserver, kube-controller-manager, etcd, grpcurl, ghz, kubectl
 #   one-node cluster and Tilt: the nodes of tests/e2e/tilt.rs
 #   promtool: checks the alert rules and real scrapes (tests/e2e/monitoring.rs)
-#   trace receiver: receives the traces of tests/e2e/traces.rs
+#   trace receiver: an OpenTelemetry Collector for the traces of tests/e2e/traces.rs
 #   static checks: hadolint and the Tiltfile check
 tool_steps=(
   "control plane (cached build):hack/control-plane/build.sh"

@@ -65,9 +65,9 @@ struct Args {
     scale: Option<u64>,
 
     /// Export every trace of the operator and the store over OTLP/gRPC to a
-    /// Jaeger v2 started for the run (the tests' receiver, built once and
-    /// cached), to measure what tracing costs. Without it tracing is off,
-    /// as the operator ships.
+    /// receiver started for the run (the tests' OpenTelemetry Collector,
+    /// built once and cached), to measure what tracing costs. Without it
+    /// tracing is off, as the operator ships.
     #[arg(long, conflicts_with = "store_only")]
     tracing: bool,
 
@@ -227,7 +227,7 @@ fn report(args: &Args, results: &BenchResults, out: &Path) -> String {
         .and_then(|()| bench::plot(&results.convergence, &svg).ok())
         .map(|()| "docs/convergence.svg");
     let tracing = if args.tracing {
-        "- Tracing: on. Both processes export every trace over OTLP/gRPC (batched, the SDK's defaults) to a Jaeger v2 on 127.0.0.1; the operator samples every reconcile and the store follows its parent\n"
+        "- Tracing: on. Both processes export every trace over OTLP/gRPC (batched, the SDK's defaults) to an OpenTelemetry Collector (OTLP receiver, file exporter) on 127.0.0.1; the operator samples every reconcile and the store follows its parent\n"
     } else {
         "- Tracing: off (no `OTEL_EXPORTER_OTLP_ENDPOINT`), as the operator ships\n"
     };
@@ -242,13 +242,13 @@ fn report(args: &Args, results: &BenchResults, out: &Path) -> String {
     report
 }
 
-/// A Jaeger v2 for the run, and the OTLP exporter's environment pointing at
+/// The trace receiver for the run, and the OTLP exporter's environment pointing at
 /// it for every process started after this.
 fn start_trace_receiver() -> Result<(TraceReceiver, tempfile::TempDir), String> {
     let dir = tempfile::tempdir().map_err(|err| err.to_string())?;
     let receiver = TraceReceiver::start(dir.path()).map_err(|err| err.to_string())?;
     eprintln!(
-        "[bench] exporting traces to Jaeger at {}",
+        "[bench] exporting traces to the trace receiver at {}",
         receiver.otlp_endpoint()
     );
     // SAFETY: no other thread exists yet that reads the environment: the

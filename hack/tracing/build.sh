@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds (once) Jaeger v2, the OTLP trace receiver the trace tests run, and
+# Builds (once) the OTLP trace receiver the trace tests run (an OpenTelemetry
+# Collector with only the OTLP receiver and the file exporter, main.go) and
 # prints the folder that holds it. Cached outside the clone by version, so
 # only a missing binary triggers a build.
 #
@@ -10,27 +11,30 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/versions.env"
 
 cache_root="${PETSTORE_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/petstore-operator}"
-bin_dir="$cache_root/jaeger-$JAEGER_VERSION"
+bin_dir="$cache_root/otelcol-traces-$OTELCOL_VERSION"
 mkdir -p "$bin_dir"
 
 log() { printf '[tracing] %s\n' "$*" >&2; }
 
-# (go.mod calls it indirect: no Go file of this module imports it.)
-if ! grep -Eq "^\s*github.com/jaegertracing/jaeger $JAEGER_MODULE_VERSION( |\$)" "$here/go.mod"; then
-  log "go.mod does not require github.com/jaegertracing/jaeger $JAEGER_MODULE_VERSION (versions.env); update both together"
-  exit 1
-fi
+for module in go.opentelemetry.io/collector/otelcol \
+  go.opentelemetry.io/collector/receiver/otlpreceiver \
+  github.com/open-telemetry/opentelemetry-collector-contrib/exporter/fileexporter; do
+  if ! grep -Eq "^\s*$module $OTELCOL_VERSION( |\$)" "$here/go.mod"; then
+    log "go.mod does not require $module $OTELCOL_VERSION (versions.env); update both together"
+    exit 1
+  fi
+done
 
-if [[ ! -x "$bin_dir/jaeger" ]]; then
-  log "building jaeger $JAEGER_VERSION (first run only; this takes several minutes)"
+if [[ ! -x "$bin_dir/otelcol-traces" ]]; then
+  log "building otelcol-traces $OTELCOL_VERSION (first run only; this takes a minute or two)"
   start=$SECONDS
   # -mod=readonly: go.sum pins every module of the build, so nothing is
   # resolved afresh.
   (cd "$here" && CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -trimpath \
-    -ldflags "-s -w -X github.com/jaegertracing/jaeger/internal/version.latestVersion=$JAEGER_VERSION" \
-    -o "$bin_dir/jaeger.partial" github.com/jaegertracing/jaeger/cmd/jaeger)
-  mv "$bin_dir/jaeger.partial" "$bin_dir/jaeger"
-  log "built jaeger in $((SECONDS - start))s"
+    -ldflags "-s -w -X main.version=$OTELCOL_VERSION" \
+    -o "$bin_dir/otelcol-traces.partial" .)
+  mv "$bin_dir/otelcol-traces.partial" "$bin_dir/otelcol-traces"
+  log "built otelcol-traces in $((SECONDS - start))s"
 fi
 
 echo "$bin_dir"

@@ -1,8 +1,10 @@
-//! One Pet's story told by its traces: the operator and the pet store both
-//! export OTLP to a real receiver (Jaeger v2, in memory), and every reconcile
-//! that wrote to the store is one trace, from the operator's root span down
-//! to the store's storage span. Then the store's sampler is switched at run
-//! time with `ChangeSampler`.
+//! One Pet's story told by its traces and its logs: the operator and the pet
+//! store both export OTLP to a real receiver (an OpenTelemetry Collector
+//! writing OTLP JSON to a file), and every reconcile that wrote to the store
+//! is one trace, from the operator's root span down to the store's storage
+//! span. Each of those writes is one line of the operator's change log,
+//! carrying the trace ID of that very trace. Then the store's sampler is
+//! switched at run time with `ChangeSampler`.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -130,6 +132,51 @@ fn store_pet(store: &TracedPetStore, id: &str) -> Option<Value> {
         .find(|pet| pet["id"] == id)
 }
 
+/// One line of the operator's change log (target
+/// `petstore_operator::changes`), from its text log.
+#[derive(Debug)]
+struct ChangeLine {
+    action: String,
+    /// From the enclosing reconcile span's `trace_id` field.
+    trace_id: Option<String>,
+    line: String,
+}
+
+/// The value of the field `name` in a text log line (`name=value`, after a
+/// space or a span's `{`), quotes stripped.
+fn log_field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
+    let key = format!("{name}=");
+    let (at, _) = line
+        .match_indices(&key)
+        .find(|(at, _)| line[..*at].ends_with([' ', '{']))?;
+    let rest = &line[at + key.len()..];
+    let end = rest
+        .find(|c: char| c.is_whitespace() || c == '}' || c == ':')
+        .unwrap_or(rest.len());
+    Some(rest[..end].trim_matches('"'))
+}
+
+/// Every change log line in the operator's log.
+fn change_log(log: &str) -> Vec<ChangeLine> {
+    log.lines()
+        .filter(|line| line.contains(" petstore_operator::changes: "))
+        .map(|line| ChangeLine {
+            action: log_field(line, "action").unwrap_or_default().to_owned(),
+            trace_id: log_field(line, "trace_id").map(str::to_owned),
+            line: line.to_owned(),
+        })
+        .collect()
+}
+
+/// The store's count of answered (`OK`) calls of `method`.
+fn store_calls(metrics: &str, method: &str) -> f64 {
+    gauge(
+        metrics,
+        &format!(r#"petstore_server_rpc_duration_seconds_count{{method="{method}",code="OK"}}"#),
+    )
+    .unwrap_or(0.0)
+}
+
 #[test]
 fn each_store_write_is_one_trace_across_operator_and_store() -> fixtures::Result<()> {
     let cp = ControlPlane::start()?;
@@ -234,6 +281,35 @@ fn each_store_write_is_one_trace_across_operator_and_store() -> fixtures::Result
         .expect("the create's trace by ID");
     assert_eq!(complete_writes(&[by_id], "AddPets").len(), 1);
 
+    // The change log: one line per write, in order, each logged inside its
+    // reconcile and so carrying the ID of the trace the receiver holds for
+    // that very write (README: log lines carry the trace_id).
+    let read_log = |operator: &mut Operator| {
+        std::fs::read_to_string(operator.process().log_path())
+            .map_err(fixtures::io("reading the operator's log"))
+    };
+    let lines = change_log(&read_log(&mut operator)?);
+    let actions: Vec<&str> = lines.iter().map(|line| line.action.as_str()).collect();
+    assert_eq!(
+        actions,
+        ["create", "update", "update", "delete"],
+        "one change log line per write:\n{lines:#?}"
+    );
+    let write_traces = [
+        creates[0].trace_id.as_str(),
+        &renames[0].trace_id,
+        &repairs[0].trace_id,
+        &deletes[0].trace_id,
+    ];
+    for (line, trace_id) in lines.iter().zip(write_traces) {
+        assert_eq!(
+            line.trace_id.as_deref(),
+            Some(trace_id),
+            "the change log line carries its write's trace ID: {}",
+            line.line
+        );
+    }
+
     // The sampler at run time. Under `never`, calls without trace context
     // (every grpcurl above, the out-of-band UpdatePets among them) left no
     // trace of their own in the store.
@@ -277,6 +353,39 @@ fn each_store_write_is_one_trace_across_operator_and_store() -> fixtures::Result
         0,
         "no trace of the out-of-band update made under never:\n{context}"
     );
+
+    // The change log against the store's own count of the writes it took,
+    // now that any late line would have been written: a write the operator
+    // did not log, or logged twice, shows here.
+    let metrics = store.metrics()?;
+    let lines = change_log(&read_log(&mut operator)?);
+    let logged = |actions: &[&str]| {
+        lines
+            .iter()
+            .filter(|line| actions.contains(&line.action.as_str()))
+            .count() as f64
+    };
+    let context = format!("{metrics}\n{lines:#?}");
+    assert_eq!(store_calls(&metrics, "AddPets"), 1.0, "{context}");
+    assert_eq!(
+        logged(&["create", "recreate"]),
+        store_calls(&metrics, "AddPets"),
+        "{context}"
+    );
+    // Less the one UpdatePets this test made behind the operator's back.
+    assert_eq!(store_calls(&metrics, "UpdatePets"), 3.0, "{context}");
+    assert_eq!(
+        logged(&["update", "claim", "release"]),
+        store_calls(&metrics, "UpdatePets") - 1.0,
+        "{context}"
+    );
+    assert_eq!(store_calls(&metrics, "DeletePets"), 1.0, "{context}");
+    assert_eq!(
+        logged(&["delete"]),
+        store_calls(&metrics, "DeletePets"),
+        "{context}"
+    );
+    assert_eq!(lines.len(), 4, "no other change log lines:\n{context}");
 
     assert!(operator.process().is_running(), "the operator still runs");
     assert!(store.process().is_running(), "the store still runs");
