@@ -644,7 +644,7 @@ fn lacks_extensions(facts: &Facts, missing: Operation) -> Plan {
     }
     let hint = if facts.deleting {
         format!(
-            " To let this Pet go and keep its record, set spec.deletionPolicy: Orphan (or the annotation {DELETION_POLICY_ANNOTATION}: Orphan)."
+            " To let this Pet go and keep whatever record it has, change its deletion policy to Orphan, which is allowed while it is being deleted: set spec.deletionPolicy: Orphan, or the annotation {DELETION_POLICY_ANNOTATION}: Orphan."
         )
     } else {
         String::new()

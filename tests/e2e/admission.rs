@@ -3,10 +3,13 @@
 //! the annotation and its allowed values, in every served version; accepts
 //! every value the operator accepts; refuses on UPDATE only a bad value
 //! that the update adds or changes (ratcheting); and keeps a Pet's deletion
-//! policy fixed once it is being deleted.
+//! policy fixed once it is being deleted, but for a change to Orphan, which
+//! is how a deletion waiting on the book's store is let go.
 
 use std::time::Duration;
 
+use fixtures::env::condition;
+use fixtures::legacy_store::LegacyStore;
 use fixtures::{ControlPlane, Env, Storage, repo_root, wait_for};
 use serde_json::{Value, json};
 
@@ -38,6 +41,34 @@ fn pet_yaml(name: &str, annotations: &[(&str, &str)], finalizers: &[&str]) -> St
     }
     yaml.push_str("spec:\n  name: Thor\n  type: dog\n  birthday: 2021-04-01T00:00:00Z\n");
     yaml
+}
+
+/// Installs config/admission and waits until the API server enforces it.
+fn install_policy(cp: &ControlPlane) -> fixtures::Result<()> {
+    let admission = repo_root().join("config/admission");
+    cp.kubectl(&["apply", "-k", &admission.to_string_lossy()])?;
+    // The API server enforces a new policy once its informer has it; a
+    // server-side dry run stores nothing while the probe waits.
+    let probe = pet_yaml("probe", &[(PAUSED, "yes")], &[]);
+    wait_for(POLICY_ACTIVE_TIMEOUT, "the policy to be enforced", || {
+        cp.kubectl_stdin(&["apply", "--dry-run=server", "-f", "-"], &probe)
+            .err()
+            .filter(|err| err.to_string().contains(PAUSED))
+    })?;
+    Ok(())
+}
+
+fn patch_spec(cp: &ControlPlane, pet: &str, spec: &str) -> fixtures::Result<String> {
+    cp.kubectl(&[
+        "patch",
+        "pet",
+        pet,
+        "-n",
+        "default",
+        "--type=merge",
+        "-p",
+        &format!(r#"{{"spec":{spec}}}"#),
+    ])
 }
 
 /// The refusal's message, or a panic if `result` was accepted.
@@ -89,16 +120,7 @@ fn the_policy_refuses_annotation_typos_on_create_and_new_ones_on_update() -> fix
         &[HOLD],
     ))?;
 
-    let admission = repo_root().join("config/admission");
-    cp.kubectl(&["apply", "-k", &admission.to_string_lossy()])?;
-    // The API server enforces a new policy once its informer has it; a
-    // server-side dry run stores nothing while the probe waits.
-    let probe = pet_yaml("probe", &[(PAUSED, "yes")], &[]);
-    wait_for(POLICY_ACTIVE_TIMEOUT, "the policy to be enforced", || {
-        cp.kubectl_stdin(&["apply", "--dry-run=server", "-f", "-"], &probe)
-            .err()
-            .filter(|err| err.to_string().contains(PAUSED))
-    })?;
+    install_policy(cp)?;
 
     let bad: [(&str, &str, &str, &[&str]); 7] = [
         (
@@ -270,12 +292,27 @@ fn the_policy_refuses_annotation_typos_on_create_and_new_ones_on_update() -> fix
     assert_eq!(legacy["metadata"]["annotations"][DELETION_POLICY], "Orphan");
 
     // Once a Pet is being deleted its deletion policy is fixed, in the spec
-    // and in the annotation, while other changes still go through...
+    // and in the annotation, but for a change to Orphan (which only keeps
+    // more), while other changes still go through...
     const FIXED: &str = "cannot change once the Pet is being deleted";
     cp.apply(&pet_yaml("leaving", &[], &[HOLD]))?;
     cp.kubectl(&["delete", "pet", "leaving", "-n", "default", "--wait=false"])?;
     let message = refusal(
-        "spec.deletionPolicy changed while deleting",
+        "the annotation set to Delete while deleting",
+        annotate(cp, "leaving", DELETION_POLICY, "Delete"),
+    );
+    assert_names("annotation added while deleting", &message, &[FIXED]);
+    patch_spec(cp, "leaving", r#"{"deletionPolicy":"Orphan"}"#)?;
+    let message = refusal(
+        "spec.deletionPolicy changed from Orphan while deleting",
+        patch_spec(cp, "leaving", r#"{"deletionPolicy":"Delete"}"#),
+    );
+    assert_names("spec changed while deleting", &message, &[FIXED]);
+    // Orphan wins if either says so: an annotation that keeps it Orphan is
+    // no change of policy, one that says Orphan is allowed too.
+    annotate(cp, "leaving", DELETION_POLICY, "Orphan")?;
+    let message = refusal(
+        "both set back to Delete while deleting",
         cp.kubectl(&[
             "patch",
             "pet",
@@ -284,15 +321,12 @@ fn the_policy_refuses_annotation_typos_on_create_and_new_ones_on_update() -> fix
             "default",
             "--type=merge",
             "-p",
-            r#"{"spec":{"deletionPolicy":"Orphan"}}"#,
+            &json!({"metadata": {"annotations": {DELETION_POLICY: null}},
+                    "spec": {"deletionPolicy": "Delete"}})
+            .to_string(),
         ]),
     );
-    assert_names("spec changed while deleting", &message, &[FIXED]);
-    let message = refusal(
-        "the annotation added while deleting",
-        annotate(cp, "leaving", DELETION_POLICY, "Orphan"),
-    );
-    assert_names("annotation added while deleting", &message, &[FIXED]);
+    assert_names("both back to Delete while deleting", &message, &[FIXED]);
     cp.kubectl(&["label", "pet", "leaving", "-n", "default", "tier=gold"])?;
     // ...except that a misspelled annotation, which holds the deletion, can
     // still be corrected; once corrected, it is fixed too.
@@ -345,5 +379,109 @@ fn the_policy_refuses_annotation_typos_on_create_and_new_ones_on_update() -> fix
             .all(|name| cp.kubectl(&["get", "pet", name, "-n", "default"]).is_err())
             .then_some(())
     })?;
+    Ok(())
+}
+
+/// The way out a waiting deletion names is one the policy lets through.
+/// Pointed at the book's store (no extensions), a Pet deleted under the
+/// default policy waits, and its Synced message says to change the deletion
+/// policy to Orphan, in the spec or the annotation. With config/admission
+/// installed both are accepted while the Pet is being deleted, and the
+/// operator lets the Pet go; a change back to Delete is still refused.
+#[test]
+fn a_deletion_waiting_on_the_books_store_is_let_go_as_its_message_says() -> fixtures::Result<()> {
+    let env = Env::start(Storage::Durable)?;
+    let legacy = LegacyStore::start()?;
+    let mut options = env.operator_options("operator");
+    options.store_addr = legacy.addr.clone();
+    let _operator = env.start_operator_with(&options)?;
+    let cp = &env.cp;
+    install_policy(cp)?;
+
+    let names = ["by-spec", "by-annotation"];
+    for name in names {
+        // The test's own finalizer keeps the Pet in view once the
+        // operator has let it go.
+        cp.apply(&pet_yaml(name, &[], &[HOLD]))?;
+    }
+    // Deleted once the operator has its finalizer on them and has found
+    // the store without the extensions.
+    for name in names {
+        wait_for(POLICY_ACTIVE_TIMEOUT, "the store found lacking", || {
+            let pet = env.pet("default", name).ok()?;
+            (condition(&pet, "Synced")?["reason"] == "StoreLacksExtensions").then_some(())
+        })?;
+        cp.kubectl(&["delete", "pet", name, "-n", "default", "--wait=false"])?;
+    }
+    for name in names {
+        let message = wait_for(POLICY_ACTIVE_TIMEOUT, "the deletion to wait", || {
+            let pet = env.pet("default", name).ok()?;
+            let synced = condition(&pet, "Synced")?;
+            (pet["metadata"]["deletionTimestamp"].is_string()
+                && synced["reason"] == "StoreLacksExtensions")
+                .then(|| synced["message"].as_str().unwrap_or_default().to_owned())
+        })?;
+        assert_names(
+            name,
+            &message,
+            &[
+                "spec.deletionPolicy: Orphan",
+                &format!("{DELETION_POLICY}: Orphan"),
+                "allowed while it is being deleted",
+            ],
+        );
+        let pet = env.pet("default", name)?;
+        let finalizers = pet["metadata"]["finalizers"].to_string();
+        assert!(
+            finalizers.contains("pet.petstore.example.com"),
+            "{name} waits on the operator: {finalizers}"
+        );
+    }
+
+    // As the message says, either way: the operator lets both go.
+    patch_spec(cp, "by-spec", r#"{"deletionPolicy":"Orphan"}"#)?;
+    annotate(cp, "by-annotation", DELETION_POLICY, "Orphan")?;
+    for name in names {
+        wait_for(
+            POLICY_ACTIVE_TIMEOUT,
+            "the operator's finalizer to go",
+            || {
+                let pet = env.pet("default", name).ok()?;
+                (pet["metadata"]["finalizers"] == json!([HOLD])).then_some(())
+            },
+        )?;
+    }
+    // A change back to Delete is still refused.
+    let changed_back = [
+        patch_spec(cp, "by-spec", r#"{"deletionPolicy":"Delete"}"#),
+        annotate(cp, "by-annotation", DELETION_POLICY, "Delete"),
+    ];
+    for (name, result) in names.iter().zip(changed_back) {
+        let message = refusal(name, result);
+        assert_names(
+            name,
+            &message,
+            &["cannot change once the Pet is being deleted"],
+        );
+    }
+    for name in names {
+        cp.kubectl(&[
+            "patch",
+            "pet",
+            name,
+            "-n",
+            "default",
+            "--type=json",
+            "-p",
+            r#"[{"op":"remove","path":"/metadata/finalizers"}]"#,
+        ])?;
+    }
+    wait_for(POLICY_ACTIVE_TIMEOUT, "both Pets to go", || {
+        names
+            .iter()
+            .all(|name| env.pet("default", name).is_err())
+            .then_some(())
+    })?;
+    assert!(legacy.ids().is_empty(), "nothing was created or kept");
     Ok(())
 }
