@@ -5,19 +5,16 @@
 # local-path-provisioner and a static pause binary. Cached outside the clone,
 # keyed by version, like hack/control-plane/build.sh.
 #
-#   PETSTORE_TOOLS_DIR   cache root (default: ${XDG_CACHE_HOME:-$HOME/.cache}/petstore-operator)
+#   PETSTORE_TOOLS_DIR   cache root (hack/lib.sh)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=../control-plane/versions.env
 source "$here/../control-plane/versions.env"
-# shellcheck source=versions.env
-source "$here/versions.env"
+# shellcheck source=../lib.sh
+source "$here/../lib.sh"
 
-cache_root="${PETSTORE_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/petstore-operator}"
-bin_dir="$cache_root/cluster-kube-$KUBE_VERSION-tilt-$TILT_VERSION-registry-$REGISTRY_VERSION-coredns-$COREDNS_VERSION-lpp-$LOCAL_PATH_PROVISIONER_VERSION"
-mkdir -p "$bin_dir"
+bin_dir=$(tool_dir "cluster-kube-$KUBE_VERSION-tilt-$TILT_VERSION-registry-$REGISTRY_VERSION-coredns-$COREDNS_VERSION-lpp-$LOCAL_PATH_PROVISIONER_VERSION")
 
-log() { printf '[cluster] %s\n' "$*" >&2; }
 work=$(mktemp -d)
 trap 'chmod -R u+w "$work" 2>/dev/null; rm -rf "$work"' EXIT
 

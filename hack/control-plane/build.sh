@@ -3,17 +3,13 @@
 # that holds them. Binaries are cached outside the clone, keyed by version, so
 # only a missing binary triggers a build.
 #
-#   PETSTORE_TOOLS_DIR   cache root (default: ${XDG_CACHE_HOME:-$HOME/.cache}/petstore-operator)
+#   PETSTORE_TOOLS_DIR   cache root (hack/lib.sh)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-# shellcheck source=versions.env
-source "$here/versions.env"
+# shellcheck source=../lib.sh
+source "$here/../lib.sh"
 
-cache_root="${PETSTORE_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/petstore-operator}"
-bin_dir="$cache_root/kube-$KUBE_VERSION-etcd-$ETCD_VERSION-grpcurl-$GRPCURL_VERSION"
-mkdir -p "$bin_dir"
-
-log() { printf '[control-plane] %s\n' "$*" >&2; }
+bin_dir=$(tool_dir "kube-$KUBE_VERSION-etcd-$ETCD_VERSION-grpcurl-$GRPCURL_VERSION")
 
 build() { # name, then go build arguments
   local name=$1; shift

@@ -3,17 +3,13 @@
 # that holds it. Cached outside the clone, keyed by version, like
 # hack/control-plane/build.sh, so only a missing binary triggers a build.
 #
-#   PETSTORE_TOOLS_DIR   cache root (default: ${XDG_CACHE_HOME:-$HOME/.cache}/petstore-operator)
+#   PETSTORE_TOOLS_DIR   cache root (hack/lib.sh)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-# shellcheck source=versions.env
-source "$here/versions.env"
+# shellcheck source=../lib.sh
+source "$here/../lib.sh"
 
-cache_root="${PETSTORE_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/petstore-operator}"
-bin_dir="$cache_root/promtool-$PROMETHEUS_MODULE_VERSION"
-mkdir -p "$bin_dir"
-
-log() { printf '[monitoring] %s\n' "$*" >&2; }
+bin_dir=$(tool_dir "promtool-$PROMETHEUS_MODULE_VERSION")
 
 if [[ ! -x "$bin_dir/promtool" ]]; then
   log "building promtool $PROMETHEUS_MODULE_VERSION (first run only; this takes a few minutes)"

@@ -4,17 +4,13 @@
 # prints the folder that holds it. Cached outside the clone by version, so
 # only a missing binary triggers a build.
 #
-#   PETSTORE_TOOLS_DIR   cache root (default: ${XDG_CACHE_HOME:-$HOME/.cache}/petstore-operator)
+#   PETSTORE_TOOLS_DIR   cache root (hack/lib.sh)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-# shellcheck source=versions.env
-source "$here/versions.env"
+# shellcheck source=../lib.sh
+source "$here/../lib.sh"
 
-cache_root="${PETSTORE_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/petstore-operator}"
-bin_dir="$cache_root/otelcol-traces-$OTELCOL_VERSION"
-mkdir -p "$bin_dir"
-
-log() { printf '[tracing] %s\n' "$*" >&2; }
+bin_dir=$(tool_dir "otelcol-traces-$OTELCOL_VERSION")
 
 for module in go.opentelemetry.io/collector/otelcol \
   go.opentelemetry.io/collector/receiver/otlpreceiver \

@@ -70,17 +70,7 @@ impl Store {
     }
 
     fn metrics(&self) -> Result<String> {
-        use std::io::{Read, Write};
-        let mut stream = std::net::TcpStream::connect(&self.metrics_addr)
-            .map_err(fixtures::io("connecting to the metrics port"))?;
-        stream
-            .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
-            .map_err(fixtures::io("requesting metrics"))?;
-        let mut response = String::new();
-        stream
-            .read_to_string(&mut response)
-            .map_err(fixtures::io("reading metrics"))?;
-        Ok(response)
+        fixtures::http::scrape(&self.metrics_addr)
     }
 
     /// The value of the series that starts with `series ` on /metrics.

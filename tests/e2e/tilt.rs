@@ -179,21 +179,6 @@ fn assert_no_forbidden(cluster: &Cluster) -> Result<(), Box<dyn std::error::Erro
     Ok(())
 }
 
-/// A plain HTTP/1.1 GET; returns the whole response.
-fn http_get(addr: &str, path: &str) -> Option<String> {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(addr).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    Some(response)
-}
-
 /// A copy of the repository's tracked and untracked (not ignored) files, for
 /// an edit that must never touch the clone itself.
 fn copy_repo(to: &Path) -> Result<(), Box<dyn std::error::Error>> {
@@ -305,7 +290,7 @@ fn tilt_quick_start_on_a_one_node_cluster() -> TestResult {
     wait_for(
         Duration::from_secs(600),
         "the operator's /readyz on localhost:8080",
-        || http_get("127.0.0.1:8080", "/readyz").filter(|r| r.starts_with("HTTP/1.1 200")),
+        || fixtures::http::get_ok("127.0.0.1:8080", "/readyz").ok(),
     )
     .map_err(|e| format!("{e}\n{}", tilt_log_text()))?;
     eprintln!("[{}] tilt up: port-forwards live", elapsed(start));

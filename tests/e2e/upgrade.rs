@@ -81,7 +81,7 @@ impl Store {
 
     /// The store's write RPCs answered since it started, by its /metrics.
     fn writes(&self) -> fixtures::Result<f64> {
-        let metrics = scrape(&self.metrics_addr)?;
+        let metrics = fixtures::http::scrape(&self.metrics_addr)?;
         Ok(STORE_WRITES
             .iter()
             .map(|method| {
@@ -160,7 +160,7 @@ impl RunningOperator {
     }
 
     fn metrics(&self) -> fixtures::Result<String> {
-        scrape(&self.metrics_addr)
+        fixtures::http::scrape(&self.metrics_addr)
     }
 
     /// `petstore_operator_store_actions_total`, every action and cause.
@@ -184,21 +184,6 @@ impl RunningOperator {
     fn stop(&mut self) {
         self.process().terminate(Duration::from_secs(10));
     }
-}
-
-/// GET /metrics as text.
-fn scrape(addr: &str) -> fixtures::Result<String> {
-    use std::io::{Read, Write};
-    let mut stream =
-        std::net::TcpStream::connect(addr).map_err(fixtures::io("connecting to /metrics"))?;
-    stream
-        .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
-        .map_err(fixtures::io("requesting /metrics"))?;
-    let mut response = String::new();
-    stream
-        .read_to_string(&mut response)
-        .map_err(fixtures::io("reading /metrics"))?;
-    Ok(response)
 }
 
 /// The sum of every sample of `name` whose labels contain `label`.
