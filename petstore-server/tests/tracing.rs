@@ -161,14 +161,19 @@ async fn never_and_always_switch_new_traces_off_and_on() {
 async fn a_float_sampler_samples_about_that_fraction() {
     let mut store = start().await;
     store
-        .change_sampler(sampler(SamplerType::StFloat, 0.5))
+        .change_sampler(sampler(SamplerType::StFloat, 0.2))
         .await
-        .expect("STFloat 0.5");
-    assert_eq!(store.sampler_gauge(), "0.5");
-    // Binomial(400, 0.5): 120..=280 is 8 standard deviations either side.
+        .expect("STFloat 0.2");
+    assert_eq!(store.sampler_gauge(), "0.2");
+    // 0.2, not 0.5, so a sampler that keeps 1 - p of the traces fails too.
+    // Each call is a new trace with a random ID, so the count is
+    // Binomial(400, 0.2): mean 80, standard deviation 8. 48..=112 is 4
+    // standard deviations either side: a correct sampler falls outside it
+    // with probability 5.6e-5 (exact binomial tails). One keeping 0.8 falls
+    // inside with probability 3e-111, one keeping 0.5 with 3e-19.
     store.add_pets(400).await;
     let sampled = store.finished(ADD_PETS_SPAN).len();
-    assert!((120..=280).contains(&sampled), "sampled {sampled} of 400");
+    assert!((48..=112).contains(&sampled), "sampled {sampled} of 400");
 }
 
 #[tokio::test]
