@@ -1256,3 +1256,51 @@ async fn a_held_pet_is_warned_again_for_each_change_of_reason_even_from_a_stale_
     h.reconcile(&back).await.expect("held");
     h.verify(&["RecordNotFound", "RecordOwnedElsewhere", "RecordNotFound"]);
 }
+
+#[tokio::test]
+async fn a_create_after_a_read_that_finds_its_record_already_there_reads_it_and_brings_it_in_line()
+{
+    // The first create timed out and committed afterwards, after the read
+    // that the retry makes first: that read finds nothing, and the retry's
+    // create, keyed by the UID, answers with the record the first one made.
+    let h = harness();
+    let pet = Pet::test().finalized();
+    h.store.commit_next_create_late();
+    h.expect_status_write(&pet);
+    let err = h.reconcile(&pet).await.expect_err("the create timed out");
+    assert_eq!(err.reason(), Reason::StoreUnavailable);
+    // Meanwhile the spec changed: that record holds the old name.
+    let renamed = {
+        let mut pet = pet.with_generation(2);
+        pet.spec.name = "Thorbert".into();
+        pet
+    };
+    h.expect_status_write(&renamed);
+    h.reconcile(&renamed).await.expect("reconcile");
+    let id = h.store.records()[0].id.clone();
+    assert_eq!(
+        h.store.calls(),
+        [
+            format!("observe:-:{UID}"),
+            format!("create:{UID}"),
+            format!("observe:-:{UID}"),
+            format!("create:{UID}"),
+            format!("observe:-:{UID}"),
+            format!("update:{id}"),
+        ]
+    );
+    assert_eq!(h.store.records().len(), 1, "nothing created twice");
+    assert_eq!(h.store.records()[0].data, PetData::named("Thorbert"));
+    assert_eq!(
+        h.api.status_patches().pop().expect("status")["id"],
+        id.as_str()
+    );
+    // The create that made nothing is neither logged nor counted as one.
+    let metrics = h.ctx.metrics.encode().expect("metrics");
+    assert!(!metrics.contains("action=\"create\""), "{metrics}");
+    assert!(
+        metrics.contains("petstore_operator_store_actions_total{action=\"update\""),
+        "{metrics}"
+    );
+    h.verify(&["StoreUnavailable", "Adopted"]);
+}

@@ -26,6 +26,10 @@ struct State {
     vanish_before_update: bool,
     /// Races: before the next key change, this key is set on its record.
     rekey_before_set_key: Option<String>,
+    /// Races: the next create times out, and its record is committed later.
+    commit_next_create_late: bool,
+    /// That record (key, data), committed once the next observe has answered.
+    late_create: Option<(String, PetData)>,
 }
 
 impl State {
@@ -100,6 +104,14 @@ impl FakeStore {
         self.state().rekey_before_set_key = Some(key.to_owned());
     }
 
+    /// The next create times out (its caller sees the store unavailable),
+    /// but its record is committed after all, just after the next observe
+    /// answers: that read finds nothing, and the create after it finds the
+    /// record already there.
+    pub fn commit_next_create_late(&self) {
+        self.state().commit_next_create_late = true;
+    }
+
     pub fn set_without_extensions(&self, without: bool) {
         self.state().without_extensions = without;
     }
@@ -125,7 +137,7 @@ impl FakeStore {
 #[tonic::async_trait]
 impl PetStore for FakeStore {
     async fn observe(&self, id: Option<&str>, key: &str) -> Result<Lookup, StoreError> {
-        let state = self.enter(
+        let mut state = self.enter(
             Operation::Observe,
             format!("observe:{}:{key}", id.unwrap_or("-")),
         )?;
@@ -134,10 +146,14 @@ impl PetStore for FakeStore {
                 operation: Operation::Observe,
             });
         }
-        Ok(Lookup {
+        let lookup = Lookup {
             by_id: id.and_then(|id| state.record(id)),
             by_key: state.id_of_key(key).and_then(|id| state.record(&id)),
-        })
+        };
+        if let Some((key, data)) = state.late_create.take() {
+            state.add(&key, data);
+        }
+        Ok(lookup)
     }
 
     async fn create(&self, key: &str, pet: &PetData) -> Result<Created, StoreError> {
@@ -146,6 +162,14 @@ impl PetStore for FakeStore {
             return Err(StoreError::Rejected {
                 operation: Operation::Create,
                 message: "pets[0].name: rejected by the fake".into(),
+            });
+        }
+        if std::mem::take(&mut state.commit_next_create_late) {
+            state.late_create = Some((key.to_owned(), pet.clone()));
+            return Err(StoreError::Unavailable {
+                operation: Operation::Create,
+                message: "deadline exceeded".into(),
+                retry_after: None,
             });
         }
         if state.without_extensions {
