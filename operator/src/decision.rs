@@ -15,6 +15,9 @@
 //! owned by anyone else is never taken, and of two Pets racing for one
 //! record exactly one wins. No plan ever updates or deletes a record whose
 //! key is not the Pet's UID, whatever `status.id` says.
+//!
+//! [`feed`] judges what a change on the store's change feed means for its
+//! Pet.
 
 use std::time::Duration;
 
@@ -23,6 +26,8 @@ use crate::crd::{
 };
 use crate::status::{Outcome, Reason};
 use crate::store::{Changes, Created, Lookup, Operation, PetData, Record};
+
+pub mod feed;
 
 /// What the controller knows about a Pet before any store call.
 #[derive(Clone, Debug, PartialEq)]

@@ -26,7 +26,8 @@ use tracing::{debug, info, warn};
 
 use super::Context;
 use crate::crd::Pet;
-use crate::store::{PetData, RecordChange, StoreError};
+use crate::decision::feed::{Verdict, verdict};
+use crate::store::{RecordChange, StoreError};
 
 /// How long to wait before asking a store without a feed again: it may be
 /// replaced by one with it (the book's store by ours) at the same address.
@@ -40,29 +41,6 @@ const RECONNECT_MAX: Duration = Duration::from_secs(10);
 /// Pet newer than the index waits at most this long for the next rebuild
 /// and is otherwise left to the audit.
 const INDEX_REFRESH: Duration = Duration::from_secs(1);
-
-/// What one change in the store means for the Pet it concerns.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Verdict {
-    /// No Pet owns or names the record.
-    Unrelated,
-    /// The record is as its Pet wants it (most often the echo of the
-    /// operator's own write), or the Pet is being deleted, which its own
-    /// reconcile handles.
-    InSync,
-    /// The record no longer matches its Pet: reconcile it now.
-    Drifted,
-}
-
-impl Verdict {
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Verdict::Unrelated => "unrelated",
-            Verdict::InSync => "in_sync",
-            Verdict::Drifted => "drifted",
-        }
-    }
-}
 
 /// The Pets a batch of changes may concern, found by the record's key (the
 /// owner's UID) or by the ID in their status.
@@ -105,31 +83,6 @@ impl PetIndex {
             .filter(|record| !record.key.is_empty())
             .and_then(|record| self.by_uid.get(&record.key))
             .or_else(|| self.by_record.get(&change.id))
-    }
-}
-
-/// Pure: what `change` means for `pet` (see [`Verdict`]).
-pub fn verdict(change: &RecordChange, pet: Option<&Pet>) -> Verdict {
-    let Some(pet) = pet else {
-        return Verdict::Unrelated;
-    };
-    if pet.metadata.deletion_timestamp.is_some() {
-        return Verdict::InSync;
-    }
-    let Some(record) = &change.record else {
-        // Deleted: drift only if it was the Pet's record.
-        return if pet.status_id() == Some(change.id.as_str()) {
-            Verdict::Drifted
-        } else {
-            Verdict::InSync
-        };
-    };
-    let owned = pet.uid().is_some_and(|uid| uid == record.key);
-    let named = pet.status_id().is_none_or(|id| id == record.id);
-    if owned && named && record.data == PetData::from(&pet.spec) {
-        Verdict::InSync
-    } else {
-        Verdict::Drifted
     }
 }
 
@@ -371,41 +324,15 @@ impl Follower {
 
 #[cfg(test)]
 mod tests {
-    use chrono::NaiveDate;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-
     use super::*;
-    use crate::crd::{PetKind, PetSpec, PetStatus};
-    use crate::store::Record;
+    use crate::store::{PetData, Record};
 
     const UID: &str = "uid-1";
     const ID: &str = "record-1";
 
+    /// Thor, whose record is `ID`, owned by `UID`.
     fn pet() -> Pet {
-        let mut pet = Pet::new(
-            "thor",
-            PetSpec {
-                name: "Thor".into(),
-                kind: PetKind::Dog,
-                birthday: NaiveDate::from_ymd_opt(2021, 4, 1).expect("a date"),
-                deletion_policy: None,
-            },
-        );
-        pet.metadata.namespace = Some("default".into());
-        pet.metadata.uid = Some(UID.into());
-        pet.status = Some(PetStatus {
-            id: Some(ID.into()),
-            ..PetStatus::default()
-        });
-        pet
-    }
-
-    fn data(name: &str) -> PetData {
-        PetData {
-            name: name.into(),
-            kind: PetKind::Dog,
-            birthday: NaiveDate::from_ymd_opt(2021, 4, 1).expect("a date"),
-        }
+        Pet::test().with_uid(UID).with_status_id(ID)
     }
 
     fn changed(id: &str, key: &str, name: &str) -> RecordChange {
@@ -415,7 +342,7 @@ mod tests {
             record: Some(Record {
                 id: id.into(),
                 key: key.into(),
-                data: data(name),
+                data: PetData::named(name),
             }),
         }
     }
@@ -425,85 +352,6 @@ mod tests {
             revision: 7,
             id: id.into(),
             record: None,
-        }
-    }
-
-    #[test]
-    fn verdicts() {
-        let deleting = {
-            let mut pet = pet();
-            pet.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
-            pet
-        };
-        let unsynced = {
-            let mut pet = pet();
-            pet.status = None;
-            pet
-        };
-        let cases: [(&str, RecordChange, Option<&Pet>, Verdict); 10] = [
-            (
-                "a record no Pet owns or names",
-                changed("other", "", "Rex"),
-                None,
-                Verdict::Unrelated,
-            ),
-            (
-                "the echo of our own write",
-                changed(ID, UID, "Thor"),
-                Some(&pet()),
-                Verdict::InSync,
-            ),
-            (
-                "our create, before the status names it",
-                changed(ID, UID, "Thor"),
-                Some(&unsynced),
-                Verdict::InSync,
-            ),
-            (
-                "renamed out of band",
-                changed(ID, UID, "Loki"),
-                Some(&pet()),
-                Verdict::Drifted,
-            ),
-            (
-                "its key taken away",
-                changed(ID, "", "Thor"),
-                Some(&pet()),
-                Verdict::Drifted,
-            ),
-            (
-                "another record with its key",
-                changed("record-2", UID, "Thor"),
-                Some(&pet()),
-                Verdict::Drifted,
-            ),
-            (
-                "its record deleted out of band",
-                deleted(ID),
-                Some(&pet()),
-                Verdict::Drifted,
-            ),
-            (
-                "a record it no longer names deleted",
-                deleted("record-0"),
-                Some(&pet()),
-                Verdict::InSync,
-            ),
-            (
-                "deleted while the Pet is deleted",
-                deleted(ID),
-                Some(&deleting),
-                Verdict::InSync,
-            ),
-            (
-                "changed while the Pet is deleted",
-                changed(ID, "", "Thor"),
-                Some(&deleting),
-                Verdict::InSync,
-            ),
-        ];
-        for (name, change, pet, expected) in cases {
-            assert_eq!(verdict(&change, pet), expected, "{name}");
         }
     }
 

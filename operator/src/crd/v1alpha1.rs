@@ -13,7 +13,6 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::{DeletionPolicy, MAX_NAME_CHARS, PetKind, PetStatus};
-use crate::store::PetData;
 
 /// Printed by kubectl on every request that uses v1alpha1.
 pub const DEPRECATION_WARNING: &str =
@@ -95,17 +94,5 @@ impl PetSpec {
     /// offset, so `2021-04-01T00:00:00+02:00` is 1 April, not 31 March.
     pub fn birth_date(&self) -> NaiveDate {
         self.birthday.date_naive()
-    }
-}
-
-/// What the store would keep for a v1alpha1 spec: the same record as for
-/// its v1 conversion.
-impl From<&PetSpec> for PetData {
-    fn from(spec: &PetSpec) -> Self {
-        Self {
-            name: spec.name.clone(),
-            kind: spec.kind,
-            birthday: spec.birth_date(),
-        }
     }
 }
