@@ -324,8 +324,16 @@ impl Follower {
 
 #[cfg(test)]
 mod tests {
+    use futures::channel::mpsc::UnboundedReceiver;
+    use kube::runtime::events::Reporter;
+    use kube::runtime::{reflector, watcher};
+
     use super::*;
-    use crate::store::{PetData, Record};
+    use crate::controller::Settings;
+    use crate::events::{EventQueue, EventWriter};
+    use crate::metrics::Metrics;
+    use crate::store::fake::FakeStore;
+    use crate::store::{FeedBatch, PetData, Record};
 
     const UID: &str = "uid-1";
     const ID: &str = "record-1";
@@ -353,6 +361,250 @@ mod tests {
             id: id.into(),
             record: None,
         }
+    }
+
+    /// The follower against a fake store whose feed each test scripts, with
+    /// the Pets in its watch cache; what it queues arrives on `queued`.
+    struct Following {
+        store: Arc<FakeStore>,
+        ctx: Arc<Context>,
+        queued: UnboundedReceiver<ObjectRef<Pet>>,
+        stop: CancellationToken,
+    }
+
+    fn following(pets: &[Pet]) -> Following {
+        let (service, _handle) = tower_test::mock::pair::<
+            http::Request<kube::client::Body>,
+            http::Response<kube::client::Body>,
+        >();
+        // The follower never calls the API server.
+        let client = kube::Client::new(service, "default");
+        let metrics = Arc::new(Metrics::default());
+        let store = Arc::new(FakeStore::default());
+        let writer = EventWriter::new(
+            client.clone(),
+            Reporter {
+                controller: "petstore-operator".into(),
+                instance: None,
+            },
+        );
+        let ctx = Arc::new(Context::new(
+            client,
+            store.clone(),
+            EventQueue::start(writer, Arc::clone(&metrics)),
+            metrics,
+            Settings::default(),
+        ));
+        let (cache, mut writer) = reflector::store();
+        for pet in pets {
+            writer.apply_watcher_event(&watcher::Event::Apply(pet.clone()));
+        }
+        ctx.memory.track(cache.clone());
+        let (queue, queued) = futures::channel::mpsc::unbounded();
+        let stop = CancellationToken::new();
+        tokio::spawn(follow(Arc::clone(&ctx), cache, queue, stop.clone()));
+        Following {
+            store,
+            ctx,
+            queued,
+            stop,
+        }
+    }
+
+    /// A feed the test writes to.
+    fn scripted_feed(store: &FakeStore) -> UnboundedSender<Result<FeedBatch, StoreError>> {
+        let (feed, messages) = futures::channel::mpsc::unbounded();
+        store.answer_next_watch(Ok(messages.boxed()));
+        feed
+    }
+
+    fn batch(revision: i64) -> Result<FeedBatch, StoreError> {
+        Ok(FeedBatch {
+            revision,
+            changes: Vec::new(),
+        })
+    }
+
+    /// Lets the follower run until it is idle (time is paused: until it
+    /// waits on the feed or a timer).
+    async fn settle() {
+        for _ in 0..50 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    fn watches(store: &FakeStore) -> Vec<String> {
+        store
+            .calls()
+            .into_iter()
+            .filter(|c| c.starts_with("watch:"))
+            .collect()
+    }
+
+    fn synced_pets() -> Vec<Pet> {
+        ["uid-a", "uid-b"]
+            .into_iter()
+            .map(|uid| {
+                let mut pet = Pet::test()
+                    .with_uid(uid)
+                    .with_status_id(&format!("{uid}-record"));
+                pet.metadata.name = Some(format!("pet-{uid}"));
+                pet
+            })
+            .collect()
+    }
+
+    fn queued_now(queued: &mut UnboundedReceiver<ObjectRef<Pet>>) -> Vec<String> {
+        let mut names = Vec::new();
+        while let Ok(pet) = queued.try_recv() {
+            names.push(pet.name);
+        }
+        names.sort();
+        names
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_broken_feed_resumes_after_the_last_revision_seen() {
+        let pets = synced_pets();
+        let mut f = following(&pets);
+        let first = scripted_feed(&f.store);
+        let second = scripted_feed(&f.store);
+        settle().await;
+        first.unbounded_send(batch(5)).expect("send");
+        first.unbounded_send(batch(9)).expect("send");
+        settle().await;
+        for pet in &pets {
+            f.ctx
+                .memory
+                .in_sync(pet, pet.metadata.uid.as_deref().expect("uid"), Some(1), "r");
+        }
+        queued_now(&mut f.queued);
+        first
+            .unbounded_send(Err(StoreError::Unavailable {
+                operation: crate::store::Operation::Watch,
+                message: "connection reset".into(),
+                retry_after: None,
+            }))
+            .expect("send");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        second.unbounded_send(batch(12)).expect("send");
+        settle().await;
+        assert_eq!(watches(&f.store), ["watch:0", "watch:9"]);
+        assert!(
+            queued_now(&mut f.queued).is_empty(),
+            "nothing missed: nothing read again"
+        );
+        f.stop.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_feed_whose_history_is_gone_is_followed_from_now_and_every_synced_pet_read_again() {
+        let pets = synced_pets();
+        let mut f = following(&pets);
+        let first = scripted_feed(&f.store);
+        let second = scripted_feed(&f.store);
+        settle().await;
+        first.unbounded_send(batch(5)).expect("send");
+        settle().await;
+        // Synced since: the changes the lost history held may concern them.
+        for pet in &pets {
+            f.ctx
+                .memory
+                .in_sync(pet, pet.metadata.uid.as_deref().expect("uid"), Some(1), "r");
+        }
+        queued_now(&mut f.queued);
+        first
+            .unbounded_send(Err(StoreError::HistoryLost {
+                message: "revision 5 was compacted".into(),
+            }))
+            .expect("send");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(
+            queued_now(&mut f.queued).is_empty(),
+            "not before the feed is back"
+        );
+        second.unbounded_send(batch(40)).expect("send");
+        settle().await;
+        assert_eq!(watches(&f.store), ["watch:0", "watch:0"]);
+        assert_eq!(queued_now(&mut f.queued), ["pet-uid-a", "pet-uid-b"]);
+        for pet in &pets {
+            let uid = pet.metadata.uid.as_deref().expect("uid");
+            assert!(
+                f.ctx.memory.synced(uid).is_none(),
+                "{uid}: its reconcile reads the store"
+            );
+        }
+        f.stop.cancel();
+    }
+
+    /// Log lines written while the test runs, on this thread.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Captured {
+        fn text(&self) -> String {
+            let bytes = self
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            String::from_utf8_lossy(&bytes).into_owned()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_store_without_a_feed_is_told_once_and_asked_again_each_minute() {
+        let log = Captured::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer({
+                let log = log.clone();
+                move || log.clone()
+            })
+            .with_max_level(tracing::Level::DEBUG)
+            .finish();
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let start = tokio::time::Instant::now();
+        let f = following(&[]);
+        settle().await;
+        tokio::time::sleep(FEED_RECHECK - Duration::from_secs(1)).await;
+        assert_eq!(
+            f.store.watched_at().len(),
+            1,
+            "not asked again within the minute"
+        );
+        tokio::time::sleep(FEED_RECHECK * 3).await;
+        let asked: Vec<Duration> = f
+            .store
+            .watched_at()
+            .into_iter()
+            .map(|at| at - start)
+            .collect();
+        let minutes: Vec<Duration> = (0..4).map(|i| FEED_RECHECK * i).collect();
+        assert_eq!(asked, minutes);
+        let told = log.text().matches("offers no change feed").count();
+        assert_eq!(told, 1, "{}", log.text());
+        assert!(
+            f.ctx
+                .metrics
+                .encode()
+                .expect("metrics")
+                .contains("feed_connected 0"),
+            "the poll goes on"
+        );
+        f.stop.cancel();
     }
 
     #[test]

@@ -2,10 +2,10 @@
 //! told to fail. Keys behave as in the real store: unique, and changed only
 //! by compare-and-set.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
 
-use super::{Created, Lookup, Operation, PetData, PetStore, Record, StoreError};
+use super::{Created, Feed, Lookup, Operation, PetData, PetStore, Record, StoreError};
 
 #[derive(Default)]
 pub struct FakeStore {
@@ -30,6 +30,11 @@ struct State {
     commit_next_create_late: bool,
     /// That record (key, data), committed once the next observe has answered.
     late_create: Option<(String, PetData)>,
+    /// The answers to the next calls of `watch`, in order; once they run
+    /// out, the store has no feed (as the book's).
+    watch_answers: VecDeque<Result<Feed, StoreError>>,
+    /// When each `watch` was called (Tokio's clock, which tests may pause).
+    watched_at: Vec<tokio::time::Instant>,
 }
 
 impl State {
@@ -112,6 +117,16 @@ impl FakeStore {
         self.state().commit_next_create_late = true;
     }
 
+    /// The answer to the next `watch` not yet scripted.
+    pub fn answer_next_watch(&self, answer: Result<Feed, StoreError>) {
+        self.state().watch_answers.push_back(answer);
+    }
+
+    /// When each `watch` was called.
+    pub fn watched_at(&self) -> Vec<tokio::time::Instant> {
+        self.state().watched_at.clone()
+    }
+
     pub fn set_without_extensions(&self, without: bool) {
         self.state().without_extensions = without;
     }
@@ -180,6 +195,17 @@ impl PetStore for FakeStore {
             return Ok(Created::Existing(id));
         }
         Ok(Created::New(state.add(key, pet.clone())))
+    }
+
+    async fn watch(&self, after_revision: i64) -> Result<Feed, StoreError> {
+        let mut state = self.enter(Operation::Watch, format!("watch:{after_revision}"))?;
+        state.watched_at.push(tokio::time::Instant::now());
+        state
+            .watch_answers
+            .pop_front()
+            .unwrap_or(Err(StoreError::Unimplemented {
+                operation: Operation::Watch,
+            }))
     }
 
     async fn update(&self, id: &str, pet: &PetData) -> Result<(), StoreError> {
