@@ -332,8 +332,8 @@ mod tests {
     use crate::controller::Settings;
     use crate::events::{EventQueue, EventWriter};
     use crate::metrics::Metrics;
+    use crate::store::FeedBatch;
     use crate::store::fake::FakeStore;
-    use crate::store::{FeedBatch, PetData, Record};
 
     const UID: &str = "uid-1";
     const ID: &str = "record-1";
@@ -341,26 +341,6 @@ mod tests {
     /// Thor, whose record is `ID`, owned by `UID`.
     fn pet() -> Pet {
         Pet::test().with_uid(UID).with_status_id(ID)
-    }
-
-    fn changed(id: &str, key: &str, name: &str) -> RecordChange {
-        RecordChange {
-            revision: 7,
-            id: id.into(),
-            record: Some(Record {
-                id: id.into(),
-                key: key.into(),
-                data: PetData::named(name),
-            }),
-        }
-    }
-
-    fn deleted(id: &str) -> RecordChange {
-        RecordChange {
-            revision: 7,
-            id: id.into(),
-            record: None,
-        }
     }
 
     /// The follower against a fake store whose feed each test scripts, with
@@ -613,20 +593,32 @@ mod tests {
         let index = PetIndex::new([Arc::clone(&thor)]);
         let found = |change: &RecordChange| index.pet_for(change).map(|pet| pet.name_any());
         assert_eq!(
-            found(&changed("record-9", UID, "Thor")).as_deref(),
+            found(&RecordChange::changed("record-9", UID, "Thor")).as_deref(),
             Some("thor")
         );
-        assert_eq!(found(&changed(ID, "", "Thor")).as_deref(), Some("thor"));
-        assert_eq!(found(&deleted(ID)).as_deref(), Some("thor"));
-        assert_eq!(found(&changed("record-9", "someone-else", "Rex")), None);
-        assert_eq!(found(&deleted("record-9")), None);
+        assert_eq!(
+            found(&RecordChange::changed(ID, "", "Thor")).as_deref(),
+            Some("thor")
+        );
+        assert_eq!(found(&RecordChange::deleted(ID)).as_deref(), Some("thor"));
+        assert_eq!(
+            found(&RecordChange::changed("record-9", "someone-else", "Rex")),
+            None
+        );
+        assert_eq!(found(&RecordChange::deleted("record-9")), None);
         // The same rule confirms a kept entry against the current copy.
-        assert!(PetIndex::concerns(&thor, &changed("record-9", UID, "Thor")));
-        assert!(PetIndex::concerns(&thor, &deleted(ID)));
-        assert!(!PetIndex::concerns(&thor, &deleted("record-9")));
+        assert!(PetIndex::concerns(
+            &thor,
+            &RecordChange::changed("record-9", UID, "Thor")
+        ));
+        assert!(PetIndex::concerns(&thor, &RecordChange::deleted(ID)));
         assert!(!PetIndex::concerns(
             &thor,
-            &changed("record-9", "someone-else", "Rex")
+            &RecordChange::deleted("record-9")
+        ));
+        assert!(!PetIndex::concerns(
+            &thor,
+            &RecordChange::changed("record-9", "someone-else", "Rex")
         ));
     }
 }

@@ -61,7 +61,6 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     use super::*;
-    use crate::store::Record;
 
     const UID: &str = "uid-1";
     const ID: &str = "record-1";
@@ -69,26 +68,6 @@ mod tests {
     /// Thor, whose record is `ID`, owned by `UID`.
     fn pet() -> Pet {
         Pet::test().with_uid(UID).with_status_id(ID)
-    }
-
-    fn changed(id: &str, key: &str, name: &str) -> RecordChange {
-        RecordChange {
-            revision: 7,
-            id: id.into(),
-            record: Some(Record {
-                id: id.into(),
-                key: key.into(),
-                data: PetData::named(name),
-            }),
-        }
-    }
-
-    fn deleted(id: &str) -> RecordChange {
-        RecordChange {
-            revision: 7,
-            id: id.into(),
-            record: None,
-        }
     }
 
     #[test]
@@ -106,61 +85,61 @@ mod tests {
         let cases: [(&str, RecordChange, Option<&Pet>, Verdict); 10] = [
             (
                 "a record no Pet owns or names",
-                changed("other", "", "Rex"),
+                RecordChange::changed("other", "", "Rex"),
                 None,
                 Verdict::Unrelated,
             ),
             (
                 "the echo of our own write",
-                changed(ID, UID, "Thor"),
+                RecordChange::changed(ID, UID, "Thor"),
                 Some(&pet()),
                 Verdict::InSync,
             ),
             (
                 "our create, before the status names it",
-                changed(ID, UID, "Thor"),
+                RecordChange::changed(ID, UID, "Thor"),
                 Some(&unsynced),
                 Verdict::InSync,
             ),
             (
                 "renamed out of band",
-                changed(ID, UID, "Loki"),
+                RecordChange::changed(ID, UID, "Loki"),
                 Some(&pet()),
                 Verdict::Drifted,
             ),
             (
                 "its key taken away",
-                changed(ID, "", "Thor"),
+                RecordChange::changed(ID, "", "Thor"),
                 Some(&pet()),
                 Verdict::Drifted,
             ),
             (
                 "another record with its key",
-                changed("record-2", UID, "Thor"),
+                RecordChange::changed("record-2", UID, "Thor"),
                 Some(&pet()),
                 Verdict::Drifted,
             ),
             (
                 "its record deleted out of band",
-                deleted(ID),
+                RecordChange::deleted(ID),
                 Some(&pet()),
                 Verdict::Drifted,
             ),
             (
                 "a record it no longer names deleted",
-                deleted("record-0"),
+                RecordChange::deleted("record-0"),
                 Some(&pet()),
                 Verdict::InSync,
             ),
             (
                 "deleted while the Pet is deleted",
-                deleted(ID),
+                RecordChange::deleted(ID),
                 Some(&deleting),
                 Verdict::InSync,
             ),
             (
                 "changed while the Pet is deleted",
-                changed(ID, "", "Thor"),
+                RecordChange::changed(ID, "", "Thor"),
                 Some(&deleting),
                 Verdict::InSync,
             ),
