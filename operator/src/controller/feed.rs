@@ -443,30 +443,44 @@ mod tests {
         names
     }
 
+    /// Follows a feed that brings these revisions, then, once `pets` are
+    /// synced, breaks with `error`; returns the feed the follower then
+    /// takes, which the test writes to.
+    async fn broken_after(
+        f: &mut Following,
+        pets: &[Pet],
+        revisions: &[i64],
+        error: StoreError,
+    ) -> UnboundedSender<Result<FeedBatch, StoreError>> {
+        let first = scripted_feed(&f.store);
+        let second = scripted_feed(&f.store);
+        settle().await;
+        for revision in revisions {
+            first.unbounded_send(batch(*revision)).expect("send");
+        }
+        settle().await;
+        // Synced since: the changes a lost history held may concern them.
+        for pet in pets {
+            let uid = pet.metadata.uid.as_deref().expect("uid");
+            f.ctx.memory.in_sync(pet, uid, Some(1), "r");
+        }
+        queued_now(&mut f.queued);
+        first.unbounded_send(Err(error)).expect("send");
+        // Past the reconnect's wait.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        second
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_broken_feed_resumes_after_the_last_revision_seen() {
         let pets = synced_pets();
         let mut f = following(&pets);
-        let first = scripted_feed(&f.store);
-        let second = scripted_feed(&f.store);
-        settle().await;
-        first.unbounded_send(batch(5)).expect("send");
-        first.unbounded_send(batch(9)).expect("send");
-        settle().await;
-        for pet in &pets {
-            f.ctx
-                .memory
-                .in_sync(pet, pet.metadata.uid.as_deref().expect("uid"), Some(1), "r");
-        }
-        queued_now(&mut f.queued);
-        first
-            .unbounded_send(Err(StoreError::Unavailable {
-                operation: crate::store::Operation::Watch,
-                message: "connection reset".into(),
-                retry_after: None,
-            }))
-            .expect("send");
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        let reset = StoreError::Unavailable {
+            operation: crate::store::Operation::Watch,
+            message: "connection reset".into(),
+            retry_after: None,
+        };
+        let second = broken_after(&mut f, &pets, &[5, 9], reset).await;
         second.unbounded_send(batch(12)).expect("send");
         settle().await;
         assert_eq!(watches(&f.store), ["watch:0", "watch:9"]);
@@ -481,24 +495,10 @@ mod tests {
     async fn a_feed_whose_history_is_gone_is_followed_from_now_and_every_synced_pet_read_again() {
         let pets = synced_pets();
         let mut f = following(&pets);
-        let first = scripted_feed(&f.store);
-        let second = scripted_feed(&f.store);
-        settle().await;
-        first.unbounded_send(batch(5)).expect("send");
-        settle().await;
-        // Synced since: the changes the lost history held may concern them.
-        for pet in &pets {
-            f.ctx
-                .memory
-                .in_sync(pet, pet.metadata.uid.as_deref().expect("uid"), Some(1), "r");
-        }
-        queued_now(&mut f.queued);
-        first
-            .unbounded_send(Err(StoreError::HistoryLost {
-                message: "revision 5 was compacted".into(),
-            }))
-            .expect("send");
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        let compacted = StoreError::HistoryLost {
+            message: "revision 5 was compacted".into(),
+        };
+        let second = broken_after(&mut f, &pets, &[5], compacted).await;
         assert!(
             queued_now(&mut f.queued).is_empty(),
             "not before the feed is back"
