@@ -15,6 +15,9 @@
 //! owned by anyone else is never taken, and of two Pets racing for one
 //! record exactly one wins. No plan ever updates or deletes a record whose
 //! key is not the Pet's UID, whatever `status.id` says.
+//!
+//! [`feed`] judges what a change on the store's change feed means for its
+//! Pet.
 
 use std::time::Duration;
 
@@ -23,6 +26,8 @@ use crate::crd::{
 };
 use crate::status::{Outcome, Reason};
 use crate::store::{Changes, Created, Lookup, Operation, PetData, Record};
+
+pub mod feed;
 
 /// What the controller knows about a Pet before any store call.
 #[derive(Clone, Debug, PartialEq)]
@@ -450,19 +455,31 @@ pub fn first_step(facts: &Facts) -> Step {
 }
 
 /// After [`Step::Create`]: recording the new record, or `None` to read the
-/// store after all, because the key already named a record (left over from
-/// a create whose ID never reached status, and perhaps holding an older
-/// spec) or the store did not say.
+/// store after all ([`read_after_create`] with nothing read before).
 pub fn after_create(facts: &Facts, created: &Created) -> Option<Sync> {
+    if read_after_create(created, false) {
+        return None;
+    }
+    Some(Sync {
+        target: Target::Existing(created.id().to_owned()),
+        claim: false,
+        update: false,
+        story: Story::Created,
+        warning: policy_warning(facts),
+    })
+}
+
+/// Whether a create's answer sends the reconcile to read the store before
+/// it records anything: the key already named a record, so nothing was
+/// created and that record may hold an older spec (left by a create whose
+/// ID never reached status, or one that committed after its timeout, even
+/// after a read found nothing); or the store did not say, and nothing was
+/// read under the key before the create.
+pub fn read_after_create(created: &Created, read_before: bool) -> bool {
     match created {
-        Created::New(id) => Some(Sync {
-            target: Target::Existing(id.clone()),
-            claim: false,
-            update: false,
-            story: Story::Created,
-            warning: policy_warning(facts),
-        }),
-        Created::Existing(_) | Created::Unknown(_) => None,
+        Created::New(_) => false,
+        Created::Existing(_) => true,
+        Created::Unknown(_) => !read_before,
     }
 }
 

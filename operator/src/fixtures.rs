@@ -8,7 +8,7 @@ use kube::core::ObjectMeta;
 use serde_json::Value;
 
 use crate::crd::{DeletionPolicy, FINALIZER, Pet, PetKind, PetSpec, PetStatus};
-use crate::store::PetData;
+use crate::store::{PetData, Record, RecordChange};
 
 pub const UID: &str = "8d3c7c51-uid";
 
@@ -120,6 +120,31 @@ impl PetData {
         PetData {
             name: name.into(),
             ..PetData::test()
+        }
+    }
+}
+
+impl RecordChange {
+    /// The change feed's news that record `id`, keyed `key`, now holds
+    /// Thor's data under `name`.
+    pub fn changed(id: &str, key: &str, name: &str) -> Self {
+        Self {
+            revision: 7,
+            id: id.into(),
+            record: Some(Record {
+                id: id.into(),
+                key: key.into(),
+                data: PetData::named(name),
+            }),
+        }
+    }
+
+    /// The change feed's news that record `id` was deleted.
+    pub fn deleted(id: &str) -> Self {
+        Self {
+            revision: 7,
+            id: id.into(),
+            record: None,
         }
     }
 }

@@ -18,6 +18,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::decision::Cause;
+use crate::decision::feed::Verdict as FeedVerdict;
 use crate::status::Reason;
 use crate::store::{Field, Operation};
 
@@ -380,7 +381,7 @@ impl Metrics {
         self.feed_connected.set(i64::from(connected));
     }
 
-    pub fn feed_change(&self, verdict: crate::controller::FeedVerdict) {
+    pub fn feed_change(&self, verdict: FeedVerdict) {
         self.feed_changes
             .get_or_create(&FeedLabels {
                 verdict: verdict.as_str(),

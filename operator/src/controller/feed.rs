@@ -26,7 +26,8 @@ use tracing::{debug, info, warn};
 
 use super::Context;
 use crate::crd::Pet;
-use crate::store::{PetData, RecordChange, StoreError};
+use crate::decision::feed::{Verdict, verdict};
+use crate::store::{RecordChange, StoreError};
 
 /// How long to wait before asking a store without a feed again: it may be
 /// replaced by one with it (the book's store by ours) at the same address.
@@ -40,29 +41,6 @@ const RECONNECT_MAX: Duration = Duration::from_secs(10);
 /// Pet newer than the index waits at most this long for the next rebuild
 /// and is otherwise left to the audit.
 const INDEX_REFRESH: Duration = Duration::from_secs(1);
-
-/// What one change in the store means for the Pet it concerns.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Verdict {
-    /// No Pet owns or names the record.
-    Unrelated,
-    /// The record is as its Pet wants it (most often the echo of the
-    /// operator's own write), or the Pet is being deleted, which its own
-    /// reconcile handles.
-    InSync,
-    /// The record no longer matches its Pet: reconcile it now.
-    Drifted,
-}
-
-impl Verdict {
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Verdict::Unrelated => "unrelated",
-            Verdict::InSync => "in_sync",
-            Verdict::Drifted => "drifted",
-        }
-    }
-}
 
 /// The Pets a batch of changes may concern, found by the record's key (the
 /// owner's UID) or by the ID in their status.
@@ -105,31 +83,6 @@ impl PetIndex {
             .filter(|record| !record.key.is_empty())
             .and_then(|record| self.by_uid.get(&record.key))
             .or_else(|| self.by_record.get(&change.id))
-    }
-}
-
-/// Pure: what `change` means for `pet` (see [`Verdict`]).
-pub fn verdict(change: &RecordChange, pet: Option<&Pet>) -> Verdict {
-    let Some(pet) = pet else {
-        return Verdict::Unrelated;
-    };
-    if pet.metadata.deletion_timestamp.is_some() {
-        return Verdict::InSync;
-    }
-    let Some(record) = &change.record else {
-        // Deleted: drift only if it was the Pet's record.
-        return if pet.status_id() == Some(change.id.as_str()) {
-            Verdict::Drifted
-        } else {
-            Verdict::InSync
-        };
-    };
-    let owned = pet.uid().is_some_and(|uid| uid == record.key);
-    let named = pet.status_id().is_none_or(|id| id == record.id);
-    if owned && named && record.data == PetData::from(&pet.spec) {
-        Verdict::InSync
-    } else {
-        Verdict::Drifted
     }
 }
 
@@ -371,140 +324,267 @@ impl Follower {
 
 #[cfg(test)]
 mod tests {
-    use chrono::NaiveDate;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use futures::channel::mpsc::UnboundedReceiver;
+    use kube::runtime::events::Reporter;
+    use kube::runtime::{reflector, watcher};
 
     use super::*;
-    use crate::crd::{PetKind, PetSpec, PetStatus};
-    use crate::store::Record;
+    use crate::controller::Settings;
+    use crate::events::{EventQueue, EventWriter};
+    use crate::metrics::Metrics;
+    use crate::store::FeedBatch;
+    use crate::store::fake::FakeStore;
 
     const UID: &str = "uid-1";
     const ID: &str = "record-1";
 
+    /// Thor, whose record is `ID`, owned by `UID`.
     fn pet() -> Pet {
-        let mut pet = Pet::new(
-            "thor",
-            PetSpec {
-                name: "Thor".into(),
-                kind: PetKind::Dog,
-                birthday: NaiveDate::from_ymd_opt(2021, 4, 1).expect("a date"),
-                deletion_policy: None,
+        Pet::test().with_uid(UID).with_status_id(ID)
+    }
+
+    /// The follower against a fake store whose feed each test scripts, with
+    /// the Pets in its watch cache; what it queues arrives on `queued`.
+    struct Following {
+        store: Arc<FakeStore>,
+        ctx: Arc<Context>,
+        queued: UnboundedReceiver<ObjectRef<Pet>>,
+        stop: CancellationToken,
+    }
+
+    fn following(pets: &[Pet]) -> Following {
+        let (service, _handle) = tower_test::mock::pair::<
+            http::Request<kube::client::Body>,
+            http::Response<kube::client::Body>,
+        >();
+        // The follower never calls the API server.
+        let client = kube::Client::new(service, "default");
+        let metrics = Arc::new(Metrics::default());
+        let store = Arc::new(FakeStore::default());
+        let writer = EventWriter::new(
+            client.clone(),
+            Reporter {
+                controller: "petstore-operator".into(),
+                instance: None,
             },
         );
-        pet.metadata.namespace = Some("default".into());
-        pet.metadata.uid = Some(UID.into());
-        pet.status = Some(PetStatus {
-            id: Some(ID.into()),
-            ..PetStatus::default()
-        });
-        pet
-    }
-
-    fn data(name: &str) -> PetData {
-        PetData {
-            name: name.into(),
-            kind: PetKind::Dog,
-            birthday: NaiveDate::from_ymd_opt(2021, 4, 1).expect("a date"),
+        let ctx = Arc::new(Context::new(
+            client,
+            store.clone(),
+            EventQueue::start(writer, Arc::clone(&metrics)),
+            metrics,
+            Settings::default(),
+        ));
+        let (cache, mut writer) = reflector::store();
+        for pet in pets {
+            writer.apply_watcher_event(&watcher::Event::Apply(pet.clone()));
+        }
+        ctx.memory.track(cache.clone());
+        let (queue, queued) = futures::channel::mpsc::unbounded();
+        let stop = CancellationToken::new();
+        tokio::spawn(follow(Arc::clone(&ctx), cache, queue, stop.clone()));
+        Following {
+            store,
+            ctx,
+            queued,
+            stop,
         }
     }
 
-    fn changed(id: &str, key: &str, name: &str) -> RecordChange {
-        RecordChange {
-            revision: 7,
-            id: id.into(),
-            record: Some(Record {
-                id: id.into(),
-                key: key.into(),
-                data: data(name),
-            }),
+    /// A feed the test writes to.
+    fn scripted_feed(store: &FakeStore) -> UnboundedSender<Result<FeedBatch, StoreError>> {
+        let (feed, messages) = futures::channel::mpsc::unbounded();
+        store.answer_next_watch(Ok(messages.boxed()));
+        feed
+    }
+
+    fn batch(revision: i64) -> Result<FeedBatch, StoreError> {
+        Ok(FeedBatch {
+            revision,
+            changes: Vec::new(),
+        })
+    }
+
+    /// Lets the follower run until it is idle (time is paused: until it
+    /// waits on the feed or a timer).
+    async fn settle() {
+        for _ in 0..50 {
+            tokio::task::yield_now().await;
         }
     }
 
-    fn deleted(id: &str) -> RecordChange {
-        RecordChange {
-            revision: 7,
-            id: id.into(),
-            record: None,
-        }
+    fn watches(store: &FakeStore) -> Vec<String> {
+        store
+            .calls()
+            .into_iter()
+            .filter(|c| c.starts_with("watch:"))
+            .collect()
     }
 
-    #[test]
-    fn verdicts() {
-        let deleting = {
-            let mut pet = pet();
-            pet.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
-            pet
+    fn synced_pets() -> Vec<Pet> {
+        ["uid-a", "uid-b"]
+            .into_iter()
+            .map(|uid| {
+                let mut pet = Pet::test()
+                    .with_uid(uid)
+                    .with_status_id(&format!("{uid}-record"));
+                pet.metadata.name = Some(format!("pet-{uid}"));
+                pet
+            })
+            .collect()
+    }
+
+    fn queued_now(queued: &mut UnboundedReceiver<ObjectRef<Pet>>) -> Vec<String> {
+        let mut names = Vec::new();
+        while let Ok(pet) = queued.try_recv() {
+            names.push(pet.name);
+        }
+        names.sort();
+        names
+    }
+
+    /// Follows a feed that brings these revisions, then, once `pets` are
+    /// synced, breaks with `error`; returns the feed the follower then
+    /// takes, which the test writes to.
+    async fn broken_after(
+        f: &mut Following,
+        pets: &[Pet],
+        revisions: &[i64],
+        error: StoreError,
+    ) -> UnboundedSender<Result<FeedBatch, StoreError>> {
+        let first = scripted_feed(&f.store);
+        let second = scripted_feed(&f.store);
+        settle().await;
+        for revision in revisions {
+            first.unbounded_send(batch(*revision)).expect("send");
+        }
+        settle().await;
+        // Synced since: the changes a lost history held may concern them.
+        for pet in pets {
+            let uid = pet.metadata.uid.as_deref().expect("uid");
+            f.ctx.memory.in_sync(pet, uid, Some(1), "r");
+        }
+        queued_now(&mut f.queued);
+        first.unbounded_send(Err(error)).expect("send");
+        // Past the reconnect's wait.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        second
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_broken_feed_resumes_after_the_last_revision_seen() {
+        let pets = synced_pets();
+        let mut f = following(&pets);
+        let reset = StoreError::Unavailable {
+            operation: crate::store::Operation::Watch,
+            message: "connection reset".into(),
+            retry_after: None,
         };
-        let unsynced = {
-            let mut pet = pet();
-            pet.status = None;
-            pet
+        let second = broken_after(&mut f, &pets, &[5, 9], reset).await;
+        second.unbounded_send(batch(12)).expect("send");
+        settle().await;
+        assert_eq!(watches(&f.store), ["watch:0", "watch:9"]);
+        assert!(
+            queued_now(&mut f.queued).is_empty(),
+            "nothing missed: nothing read again"
+        );
+        f.stop.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_feed_whose_history_is_gone_is_followed_from_now_and_every_synced_pet_read_again() {
+        let pets = synced_pets();
+        let mut f = following(&pets);
+        let compacted = StoreError::HistoryLost {
+            message: "revision 5 was compacted".into(),
         };
-        let cases: [(&str, RecordChange, Option<&Pet>, Verdict); 10] = [
-            (
-                "a record no Pet owns or names",
-                changed("other", "", "Rex"),
-                None,
-                Verdict::Unrelated,
-            ),
-            (
-                "the echo of our own write",
-                changed(ID, UID, "Thor"),
-                Some(&pet()),
-                Verdict::InSync,
-            ),
-            (
-                "our create, before the status names it",
-                changed(ID, UID, "Thor"),
-                Some(&unsynced),
-                Verdict::InSync,
-            ),
-            (
-                "renamed out of band",
-                changed(ID, UID, "Loki"),
-                Some(&pet()),
-                Verdict::Drifted,
-            ),
-            (
-                "its key taken away",
-                changed(ID, "", "Thor"),
-                Some(&pet()),
-                Verdict::Drifted,
-            ),
-            (
-                "another record with its key",
-                changed("record-2", UID, "Thor"),
-                Some(&pet()),
-                Verdict::Drifted,
-            ),
-            (
-                "its record deleted out of band",
-                deleted(ID),
-                Some(&pet()),
-                Verdict::Drifted,
-            ),
-            (
-                "a record it no longer names deleted",
-                deleted("record-0"),
-                Some(&pet()),
-                Verdict::InSync,
-            ),
-            (
-                "deleted while the Pet is deleted",
-                deleted(ID),
-                Some(&deleting),
-                Verdict::InSync,
-            ),
-            (
-                "changed while the Pet is deleted",
-                changed(ID, "", "Thor"),
-                Some(&deleting),
-                Verdict::InSync,
-            ),
-        ];
-        for (name, change, pet, expected) in cases {
-            assert_eq!(verdict(&change, pet), expected, "{name}");
+        let second = broken_after(&mut f, &pets, &[5], compacted).await;
+        assert!(
+            queued_now(&mut f.queued).is_empty(),
+            "not before the feed is back"
+        );
+        second.unbounded_send(batch(40)).expect("send");
+        settle().await;
+        assert_eq!(watches(&f.store), ["watch:0", "watch:0"]);
+        assert_eq!(queued_now(&mut f.queued), ["pet-uid-a", "pet-uid-b"]);
+        for pet in &pets {
+            let uid = pet.metadata.uid.as_deref().expect("uid");
+            assert!(
+                f.ctx.memory.synced(uid).is_none(),
+                "{uid}: its reconcile reads the store"
+            );
         }
+        f.stop.cancel();
+    }
+
+    /// Log lines written while the test runs, on this thread.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Captured {
+        fn text(&self) -> String {
+            let bytes = self
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            String::from_utf8_lossy(&bytes).into_owned()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_store_without_a_feed_is_told_once_and_asked_again_each_minute() {
+        let log = Captured::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer({
+                let log = log.clone();
+                move || log.clone()
+            })
+            .with_max_level(tracing::Level::DEBUG)
+            .finish();
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let start = tokio::time::Instant::now();
+        let f = following(&[]);
+        settle().await;
+        tokio::time::sleep(FEED_RECHECK - Duration::from_secs(1)).await;
+        assert_eq!(
+            f.store.watched_at().len(),
+            1,
+            "not asked again within the minute"
+        );
+        tokio::time::sleep(FEED_RECHECK * 3).await;
+        let asked: Vec<Duration> = f
+            .store
+            .watched_at()
+            .into_iter()
+            .map(|at| at - start)
+            .collect();
+        let minutes: Vec<Duration> = (0..4).map(|i| FEED_RECHECK * i).collect();
+        assert_eq!(asked, minutes);
+        let told = log.text().matches("offers no change feed").count();
+        assert_eq!(told, 1, "{}", log.text());
+        assert!(
+            f.ctx
+                .metrics
+                .encode()
+                .expect("metrics")
+                .contains("feed_connected 0"),
+            "the poll goes on"
+        );
+        f.stop.cancel();
     }
 
     #[test]
@@ -513,20 +593,32 @@ mod tests {
         let index = PetIndex::new([Arc::clone(&thor)]);
         let found = |change: &RecordChange| index.pet_for(change).map(|pet| pet.name_any());
         assert_eq!(
-            found(&changed("record-9", UID, "Thor")).as_deref(),
+            found(&RecordChange::changed("record-9", UID, "Thor")).as_deref(),
             Some("thor")
         );
-        assert_eq!(found(&changed(ID, "", "Thor")).as_deref(), Some("thor"));
-        assert_eq!(found(&deleted(ID)).as_deref(), Some("thor"));
-        assert_eq!(found(&changed("record-9", "someone-else", "Rex")), None);
-        assert_eq!(found(&deleted("record-9")), None);
+        assert_eq!(
+            found(&RecordChange::changed(ID, "", "Thor")).as_deref(),
+            Some("thor")
+        );
+        assert_eq!(found(&RecordChange::deleted(ID)).as_deref(), Some("thor"));
+        assert_eq!(
+            found(&RecordChange::changed("record-9", "someone-else", "Rex")),
+            None
+        );
+        assert_eq!(found(&RecordChange::deleted("record-9")), None);
         // The same rule confirms a kept entry against the current copy.
-        assert!(PetIndex::concerns(&thor, &changed("record-9", UID, "Thor")));
-        assert!(PetIndex::concerns(&thor, &deleted(ID)));
-        assert!(!PetIndex::concerns(&thor, &deleted("record-9")));
+        assert!(PetIndex::concerns(
+            &thor,
+            &RecordChange::changed("record-9", UID, "Thor")
+        ));
+        assert!(PetIndex::concerns(&thor, &RecordChange::deleted(ID)));
         assert!(!PetIndex::concerns(
             &thor,
-            &changed("record-9", "someone-else", "Rex")
+            &RecordChange::deleted("record-9")
+        ));
+        assert!(!PetIndex::concerns(
+            &thor,
+            &RecordChange::changed("record-9", "someone-else", "Rex")
         ));
     }
 }

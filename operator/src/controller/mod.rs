@@ -46,7 +46,6 @@ use poll::PollSchedule;
 use reconcile::{Problem, Reconcile};
 
 mod feed;
-pub use feed::Verdict as FeedVerdict;
 mod finalizer;
 mod memory;
 mod poll;

@@ -25,7 +25,7 @@ use crate::crd::Pet;
 // `Sync` would shadow the marker trait.
 use crate::decision::{
     Cause, Facts, Finish, Next, Observation, Plan, Step, Story, Sync as SyncPlan, Target,
-    after_create, decide, first_step,
+    after_create, decide, first_step, read_after_create,
 };
 use crate::metrics::StoreAction;
 use crate::status::{self, Outcome, Reason};
@@ -161,7 +161,8 @@ impl<'a> Reconcile<'a> {
     }
 
     /// Observes the store, decides, and executes the plan. A record that
-    /// vanished or changed owner meanwhile is observed again at once.
+    /// vanished or changed owner meanwhile, or that a create found already
+    /// there, is observed again at once.
     async fn observe_and_execute(&self, id: Option<&str>) -> Ending {
         let mut attempt = 1;
         loop {
@@ -178,7 +179,17 @@ impl<'a> Reconcile<'a> {
                 Err(error) => Err(error),
             };
             match result {
-                Ok(ending) => return ending,
+                Ok(Some(ending)) => return ending,
+                Ok(None) if attempt < OBSERVE_ATTEMPTS => attempt += 1,
+                Ok(None) => {
+                    let error = Error::Held(
+                        Reason::ReconcileError,
+                        format!(
+                            "each of {OBSERVE_ATTEMPTS} creates found a record under this Pet's UID that the read before it did not; retrying"
+                        ),
+                    );
+                    return Ending::Problem(Problem::failed(error));
+                }
                 Err(Error::Store(
                     ref error @ (StoreError::NotFound { .. } | StoreError::KeyConflict { .. }),
                 )) if attempt < OBSERVE_ATTEMPTS => {
@@ -200,19 +211,22 @@ impl<'a> Reconcile<'a> {
         }
     }
 
-    async fn execute(&self, plan: Plan, observed: &Lookup) -> Result<Ending, Error> {
+    /// `None`: a create found the record already there; read it.
+    async fn execute(&self, plan: Plan, observed: &Lookup) -> Result<Option<Ending>, Error> {
         debug!(?plan, "decided");
-        Ok(match plan {
+        Ok(Some(match plan {
             Plan::Hold { outcome, next } => Ending::Problem(Problem::held(outcome, next)),
             Plan::Sync(sync) => {
-                let (id, changes) = self.sync(&sync, observed).await?;
+                let Some((id, changes)) = self.sync(&sync, observed).await? else {
+                    return Ok(None);
+                };
                 Ending::Synced { id, sync, changes }
             }
             Plan::Finish(finish) => {
                 self.finish(&finish).await?;
                 Ending::Finished(finish.story)
             }
-        })
+        }))
     }
 
     /// Creates without reading first ([`Step::Create`]); reads after all
@@ -223,24 +237,40 @@ impl<'a> Reconcile<'a> {
             Err(error) => return Ending::Problem(Problem::failed(error)),
         };
         let Some(sync) = after_create(&self.facts, &created) else {
-            info!(
-                id = created.id(),
-                "the create did not make a new record, or the store did not say; reading it"
-            );
+            self.created_nothing(&created);
             return self.observe_and_execute(None).await;
         };
         let cause = sync.story.cause(&self.facts);
         let changes = created_fields(&self.facts.desired);
         self.wrote(StoreAction::Create, cause, created.id(), &changes);
         match self.sync(&sync, &Lookup::default()).await {
-            Ok((id, _)) => Ending::Synced { id, sync, changes },
+            Ok(Some((id, _))) => Ending::Synced { id, sync, changes },
+            Ok(None) => self.observe_and_execute(None).await,
             Err(error) => Ending::Problem(Problem::failed(error)),
         }
     }
 
+    /// A create made no new record, or may not have ([`read_after_create`]):
+    /// nothing is told as written, and the caller reads the store and
+    /// brings the record it finds in line.
+    fn created_nothing(&self, created: &Created) {
+        info!(
+            id = created.id(),
+            "the create did not make a new record, or the store did not say; reading it"
+        );
+    }
+
     /// Brings the record in line with the Pet; returns its ID and what was
-    /// written to it. `observed` holds the record as it was read.
-    async fn sync(&self, sync: &SyncPlan, observed: &Lookup) -> Result<(String, Changes), Error> {
+    /// written to it, or `None` when its create found a record already
+    /// there: the read that planned the create did not show it (an earlier
+    /// create that committed after its timeout), so it is read now, as
+    /// after a create without a read ([`Reconcile::read_after_create`]).
+    /// `observed` holds the record as it was read.
+    async fn sync(
+        &self,
+        sync: &SyncPlan,
+        observed: &Lookup,
+    ) -> Result<Option<(String, Changes)>, Error> {
         let (store, uid) = (&self.ctx.store, &self.facts.uid);
         let cause = sync.story.cause(&self.facts);
         let mut written = Changes::default();
@@ -263,10 +293,14 @@ impl<'a> Reconcile<'a> {
                     self.wrote(StoreAction::Update, cause, id, &changes);
                     written = changes;
                 }
-                Ok((id.clone(), written))
+                Ok(Some((id.clone(), written)))
             }
             Target::Create => {
                 let created = self.create().await?;
+                if read_after_create(&created, true) {
+                    self.created_nothing(&created);
+                    return Ok(None);
+                }
                 let action = match sync.story {
                     Story::Recreated { .. } => StoreAction::Recreate,
                     _ => StoreAction::Create,
@@ -283,7 +317,7 @@ impl<'a> Reconcile<'a> {
                     );
                 }
                 self.wrote(action, cause, created.id(), &changes);
-                Ok((created.into_id(), changes))
+                Ok(Some((created.into_id(), changes)))
             }
         }
     }

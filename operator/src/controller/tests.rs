@@ -213,6 +213,21 @@ impl Harness {
         self.api.expect(Method::PATCH, PETS, 200, after.json());
     }
 
+    /// One reconcile that writes the Pet's status and succeeds.
+    async fn reconcile_writing_status(&self, pet: &Pet) -> Action {
+        self.expect_status_write(pet);
+        self.reconcile(pet).await.expect("reconcile")
+    }
+
+    /// One reconcile of a Pet being deleted that ends by releasing its
+    /// finalizer (the API server returns it without one).
+    async fn reconcile_releasing(&self, pet: &Pet) -> Action {
+        let mut released = pet.clone();
+        released.metadata.finalizers = None;
+        self.expect_finalizer_write(&released);
+        self.reconcile(pet).await.expect("reconcile")
+    }
+
     /// One reconcile, then the Event queue drained so assertions see them.
     async fn reconcile(&self, pet: &Pet) -> Result<Action, Error> {
         let result = reconcile(Arc::new(pet.clone()), Arc::clone(&self.ctx)).await;
@@ -320,8 +335,7 @@ async fn finalizer_is_persisted_before_anything_reaches_the_store() {
 async fn create_uses_the_uid_and_writes_the_id_at_once() {
     let h = harness();
     let pet = Pet::test().finalized();
-    h.expect_status_write(&pet);
-    h.reconcile(&pet).await.expect("reconcile");
+    h.reconcile_writing_status(&pet).await;
     assert_eq!(store_writes(&h.store), [format!("create:{UID}")]);
     let patches = h.api.status_patches();
     assert_eq!(patches[0]["id"], "id-1");
@@ -401,8 +415,7 @@ async fn drift_is_put_back_on_the_same_id() {
     let h = harness();
     let id = h.store.insert(UID, PetData::named("Changed out of band"));
     let pet = Pet::test().finalized().with_status_id(&id);
-    h.expect_status_write(&pet);
-    h.reconcile(&pet).await.expect("reconcile");
+    h.reconcile_writing_status(&pet).await;
     assert_eq!(store_writes(&h.store), [format!("update:{id}")]);
     assert_eq!(h.store.records()[0].data, PetData::test());
     h.assert_event("Updated", "Normal", "Update");
@@ -415,8 +428,7 @@ async fn drift_is_told_with_its_cause_and_fields_in_the_event_and_metrics() {
     let id = h.store.insert(UID, PetData::named("Thorbert"));
     // Ready at this generation: the difference was made outside.
     let pet = Pet::test().finalized().ready(&id);
-    h.expect_status_write(&pet);
-    h.reconcile(&pet).await.expect("reconcile");
+    h.reconcile_writing_status(&pet).await;
     assert_eq!(
         h.event_note("Updated"),
         format!(
@@ -439,8 +451,7 @@ async fn a_spec_edit_is_told_as_one_not_as_drift() {
     let id = h.store.insert(UID, PetData::named("Thorbert"));
     // The spec was edited: generation 2, status still shows generation 1.
     let pet = Pet::test().finalized().ready(&id).with_generation(2);
-    h.expect_status_write(&pet);
-    h.reconcile(&pet).await.expect("reconcile");
+    h.reconcile_writing_status(&pet).await;
     assert_eq!(
         h.event_note("Updated"),
         format!("spec change applied to store record {id}: name \"Thorbert\" -> \"Thor\"")
@@ -463,8 +474,7 @@ async fn a_new_pet_is_counted_from_its_first_trigger_until_ready() {
     h.ctx.memory.triggered(&pet, UID);
     let gauges = h.ctx.memory.gauges();
     assert_eq!((gauges.queue_depth, gauges.not_ready), (1, 1));
-    h.expect_status_write(&pet);
-    h.reconcile(&pet).await.expect("reconcile");
+    h.reconcile_writing_status(&pet).await;
     let gauges = h.ctx.memory.gauges();
     assert_eq!(
         (gauges.queue_depth, gauges.not_ready),
@@ -683,8 +693,7 @@ async fn a_pet_that_goes_while_failing_is_forgotten() {
     let pet = Pet::test().finalized().deleted();
     showing_the_store_down(&h, &pet).await;
     h.store.set_unavailable(false);
-    h.expect_finalizer_write(&Pet::test().deleted());
-    h.reconcile(&pet).await.expect("finished");
+    h.reconcile_releasing(&pet).await;
     assert_eq!(h.ctx.memory.len(), 0);
     h.verify(&["StoreUnavailable", "Deleted"]);
 }
@@ -757,8 +766,7 @@ async fn deletion_deletes_this_pets_record_then_releases_the_finalizer() {
     let h = harness();
     let id = h.store.insert(UID, PetData::test());
     let pet = Pet::test().finalized().with_status_id(&id).deleted();
-    h.expect_finalizer_write(&Pet::test().with_status_id(&id).deleted());
-    h.reconcile(&pet).await.expect("reconcile");
+    h.reconcile_releasing(&pet).await;
     assert_eq!(store_writes(&h.store), [format!("delete:{id}")]);
     assert!(h.store.records().is_empty());
     assert_eq!(
@@ -774,8 +782,7 @@ async fn deletion_without_a_recorded_id_still_finds_the_record() {
     let h = harness();
     h.store.insert(UID, PetData::test());
     let pet = Pet::test().finalized().deleted();
-    h.expect_finalizer_write(&Pet::test().deleted());
-    h.reconcile(&pet).await.expect("reconcile");
+    h.reconcile_releasing(&pet).await;
     assert_eq!(store_writes(&h.store), ["delete:id-1"]);
     assert!(h.store.records().is_empty(), "nothing leaks");
     h.verify(&["Deleted"]);
@@ -786,8 +793,7 @@ async fn deletion_never_deletes_a_record_status_id_wrongly_names() {
     let h = harness();
     let alpha = h.store.insert(OTHER_UID, PetData::test());
     let pet = Pet::test().finalized().with_status_id(&alpha).deleted();
-    h.expect_finalizer_write(&Pet::test().with_status_id(&alpha).deleted());
-    h.reconcile(&pet).await.expect("reconcile");
+    h.reconcile_releasing(&pet).await;
     assert!(store_writes(&h.store).is_empty(), "{:?}", h.store.calls());
     assert_eq!(h.store.records().len(), 1, "alpha's record is untouched");
     assert!(h.event_note("Deleted").contains("nothing to delete"));
@@ -870,8 +876,7 @@ async fn paused_touches_nothing_and_says_so() {
 async fn a_vanished_record_is_recreated_with_a_warning() {
     let h = harness();
     let pet = Pet::test().finalized().with_status_id("lost-id");
-    h.expect_status_write(&pet);
-    h.reconcile(&pet).await.expect("reconcile");
+    h.reconcile_writing_status(&pet).await;
     assert_eq!(store_writes(&h.store), [format!("create:{UID}")]);
     assert_eq!(h.api.status_patches()[0]["id"], "id-1");
     h.verify(&["Recreated"]);
@@ -883,8 +888,7 @@ async fn a_status_id_naming_another_pets_record_is_corrected_and_theirs_untouche
     let alpha = h.store.insert(OTHER_UID, PetData::named("Alpha"));
     let mine = h.store.insert(UID, PetData::test());
     let pet = Pet::test().finalized().with_status_id(&alpha);
-    h.expect_status_write(&pet);
-    h.reconcile(&pet).await.expect("reconcile");
+    h.reconcile_writing_status(&pet).await;
     assert!(store_writes(&h.store).is_empty(), "{:?}", h.store.calls());
     assert_eq!(h.store.record(&alpha).expect("alpha").data.name, "Alpha");
     let status = &h.api.status_patches()[0];
@@ -907,8 +911,7 @@ async fn a_status_id_naming_nothing_finds_the_pets_own_record_without_claiming_a
     let h = harness();
     let mine = h.store.insert(UID, PetData::test());
     let pet = Pet::test().finalized().with_status_id("nowhere");
-    h.expect_status_write(&pet);
-    h.reconcile(&pet).await.expect("reconcile");
+    h.reconcile_writing_status(&pet).await;
     assert!(
         store_writes(&h.store).is_empty(),
         "no create: {:?}",
@@ -931,8 +934,7 @@ async fn an_unowned_record_named_for_adoption_is_claimed_and_kept_in_line() {
     let pet = Pet::test()
         .annotated(EXTERNAL_ID_ANNOTATION, &loose)
         .finalized();
-    h.expect_status_write(&pet);
-    h.reconcile(&pet).await.expect("reconcile");
+    h.reconcile_writing_status(&pet).await;
     assert_eq!(
         store_writes(&h.store),
         [
@@ -954,8 +956,7 @@ async fn a_record_owned_by_another_pet_is_never_taken() {
     let pet = Pet::test()
         .annotated(EXTERNAL_ID_ANNOTATION, &theirs)
         .finalized();
-    h.expect_status_write(&pet);
-    h.reconcile(&pet).await.expect("reconcile");
+    h.reconcile_writing_status(&pet).await;
     assert!(store_writes(&h.store).is_empty(), "{:?}", h.store.calls());
     assert_eq!(h.store.record(&theirs).expect("record").key, OTHER_UID);
     let status = &h.api.status_patches()[0];
@@ -974,8 +975,7 @@ async fn losing_an_adoption_race_touches_nothing() {
     let pet = Pet::test()
         .annotated(EXTERNAL_ID_ANNOTATION, &loose)
         .finalized();
-    h.expect_status_write(&pet);
-    h.reconcile(&pet).await.expect("reconcile");
+    h.reconcile_writing_status(&pet).await;
     assert_eq!(
         store_writes(&h.store),
         [format!("set_key:{loose}:->{UID}")],
@@ -1047,15 +1047,13 @@ async fn the_reconcile_after_our_own_status_write_skips_the_store() {
 
     // A Pet re-created under the same name (a new UID) is synced at once.
     let recreated = Pet::test().finalized().with_uid("a-new-uid");
-    h.expect_status_write(&recreated);
-    h.reconcile(&recreated).await.expect("reconcile");
+    h.reconcile_writing_status(&recreated).await;
     assert!(h.store.calls().len() > calls_after_create);
     let calls_now = h.store.calls().len();
 
     // So is a new generation.
     let edited = updated.with_generation(2);
-    h.expect_status_write(&edited);
-    h.reconcile(&edited).await.expect("reconcile");
+    h.reconcile_writing_status(&edited).await;
     assert!(h.store.calls().len() > calls_now);
     h.verify(&["Created", "Created"]);
 }
@@ -1100,8 +1098,7 @@ async fn a_misspelled_deletion_policy_on_a_live_pet_is_shown_while_the_record_is
         .annotated(DELETION_POLICY_ANNOTATION, "Orhpan")
         .finalized()
         .with_status_id(&id);
-    h.expect_status_write(&pet);
-    h.reconcile(&pet).await.expect("reconcile");
+    h.reconcile_writing_status(&pet).await;
     assert_eq!(store_writes(&h.store), [format!("update:{id}")]);
     let status = &h.api.status_patches()[0];
     assert_eq!(condition(status, "Ready").0, "True");
@@ -1153,8 +1150,7 @@ async fn a_create_that_finds_the_record_of_an_interrupted_create_reads_it_and_br
         .store
         .insert(UID, PetData::named("Thor, as first written"));
     let pet = Pet::test().finalized();
-    h.expect_status_write(&pet);
-    h.reconcile(&pet).await.expect("reconcile");
+    h.reconcile_writing_status(&pet).await;
     assert_eq!(
         h.store.calls()[2..],
         [
@@ -1255,4 +1251,51 @@ async fn a_held_pet_is_warned_again_for_each_change_of_reason_even_from_a_stale_
     let back = not_found.with_status(shows_not_found);
     h.reconcile(&back).await.expect("held");
     h.verify(&["RecordNotFound", "RecordOwnedElsewhere", "RecordNotFound"]);
+}
+
+#[tokio::test]
+async fn a_create_after_a_read_that_finds_its_record_already_there_reads_it_and_brings_it_in_line()
+{
+    // The first create timed out and committed afterwards, after the read
+    // that the retry makes first: that read finds nothing, and the retry's
+    // create, keyed by the UID, answers with the record the first one made.
+    let h = harness();
+    let pet = Pet::test().finalized();
+    h.store.commit_next_create_late();
+    h.expect_status_write(&pet);
+    let err = h.reconcile(&pet).await.expect_err("the create timed out");
+    assert_eq!(err.reason(), Reason::StoreUnavailable);
+    // Meanwhile the spec changed: that record holds the old name.
+    let renamed = {
+        let mut pet = pet.with_generation(2);
+        pet.spec.name = "Thorbert".into();
+        pet
+    };
+    h.reconcile_writing_status(&renamed).await;
+    let id = h.store.records()[0].id.clone();
+    assert_eq!(
+        h.store.calls(),
+        [
+            format!("observe:-:{UID}"),
+            format!("create:{UID}"),
+            format!("observe:-:{UID}"),
+            format!("create:{UID}"),
+            format!("observe:-:{UID}"),
+            format!("update:{id}"),
+        ]
+    );
+    assert_eq!(h.store.records().len(), 1, "nothing created twice");
+    assert_eq!(h.store.records()[0].data, PetData::named("Thorbert"));
+    assert_eq!(
+        h.api.status_patches().pop().expect("status")["id"],
+        id.as_str()
+    );
+    // The create that made nothing is neither logged nor counted as one.
+    let metrics = h.ctx.metrics.encode().expect("metrics");
+    assert!(!metrics.contains("action=\"create\""), "{metrics}");
+    assert!(
+        metrics.contains("petstore_operator_store_actions_total{action=\"update\""),
+        "{metrics}"
+    );
+    h.verify(&["StoreUnavailable", "Adopted"]);
 }

@@ -9,6 +9,96 @@
 //! The CRD YAML in `config/crd/` is generated from these types by
 //! `cargo xtask crdgen` ([`crd_yaml`]).
 
+/// Declares one served version's `PetSpec` (and kube's `Pet` for it). The
+/// versions share every field, schema rule and printed column; they differ
+/// in `spec.birthday` (its type and doc) and whether they are deprecated.
+macro_rules! pet_version {
+    (
+        version = $version:literal,
+        $(deprecated = $deprecated:literal,)?
+        $(#[doc = $birthday_doc:literal])*
+        birthday: $birthday:ty $(,)?
+    ) => {
+        /// The desired state of a pet in the pet store.
+        #[derive(
+            kube::CustomResource,
+            serde::Serialize,
+            serde::Deserialize,
+            Clone,
+            Debug,
+            PartialEq,
+            schemars::JsonSchema,
+        )]
+        #[kube(
+            group = "petstore.example.com",
+            version = $version,
+            kind = "Pet",
+            plural = "pets",
+            namespaced,
+            doc = "A pet kept in the pet store. The operator creates a store record for it (or adopts the unowned record named by the annotation petstore.example.com/external-id), keeps that record in line with spec, writes the record's ID to status.id, and deletes the record when the Pet is deleted (unless spec.deletionPolicy is Orphan, which keeps the record and releases it for adoption).",
+            status = "PetStatus",
+            derive = "PartialEq",
+            shortname = "pt",
+            $(deprecated = $deprecated,)?
+            category = "petstore",
+            printcolumn(
+                name = "Pet Name",
+                type_ = "string",
+                json_path = ".spec.name",
+                description = "The pet's name in the store"
+            ),
+            printcolumn(name = "Type", type_ = "string", json_path = ".spec.type"),
+            printcolumn(name = "Birthday", type_ = "string", json_path = ".spec.birthday"),
+            printcolumn(
+                name = "Store ID",
+                type_ = "string",
+                json_path = ".status.id",
+                description = "ID of the pet's record in the store"
+            ),
+            printcolumn(
+                name = "Ready",
+                type_ = "string",
+                json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+            ),
+            printcolumn(
+                name = "Reason",
+                type_ = "string",
+                json_path = ".status.conditions[?(@.type==\"Ready\")].reason",
+                priority = 1
+            ),
+            printcolumn(
+                name = "Age",
+                type_ = "date",
+                json_path = ".metadata.creationTimestamp"
+            )
+        )]
+        pub struct PetSpec {
+            /// The pet's name, as stored in the pet store: 1 to 128 characters, not
+            /// only whitespace. Renaming a Pet renames its existing store record.
+            #[schemars(length(min = 1, max = MAX_NAME_CHARS), regex(pattern = r"\S"))]
+            pub name: String,
+
+            /// The kind of animal: one of dog, cat, bird or reptile.
+            #[serde(rename = "type")]
+            pub kind: PetKind,
+
+            $(#[doc = $birthday_doc])*
+            pub birthday: $birthday,
+
+            /// What happens to the store record when the Pet is deleted: Delete
+            /// (the default) deletes it; Orphan keeps it and clears its owner, so
+            /// another Pet can adopt it with the annotation
+            /// petstore.example.com/external-id.
+            #[serde(
+                default,
+                rename = "deletionPolicy",
+                skip_serializing_if = "Option::is_none"
+            )]
+            pub deletion_policy: Option<DeletionPolicy>,
+        }
+    };
+}
+
 pub mod conversion;
 pub mod v1;
 pub mod v1alpha1;

@@ -317,6 +317,27 @@ fn after_create_table() {
 }
 
 #[test]
+fn a_create_is_read_after_unless_it_made_a_new_record() {
+    let cases = [
+        (Created::New("n".into()), false, false),
+        (Created::New("n".into()), true, false),
+        // Nothing was created, whatever a read before it found.
+        (Created::Existing("e".into()), false, true),
+        (Created::Existing("e".into()), true, true),
+        // A read before it found nothing under the key: it made one.
+        (Created::Unknown("u".into()), false, true),
+        (Created::Unknown("u".into()), true, false),
+    ];
+    for (created, read_before, read) in cases {
+        assert_eq!(
+            read_after_create(&created, read_before),
+            read,
+            "{created:?}, read before: {read_before}"
+        );
+    }
+}
+
+#[test]
 fn decide_table() {
     let cases: Vec<(&str, Facts, Observation, Result<Plan, Reason>)> = vec![
         // Plain lifecycle.

@@ -2,10 +2,10 @@
 //! told to fail. Keys behave as in the real store: unique, and changed only
 //! by compare-and-set.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
 
-use super::{Created, Lookup, Operation, PetData, PetStore, Record, StoreError};
+use super::{Created, Feed, Lookup, Operation, PetData, PetStore, Record, StoreError};
 
 #[derive(Default)]
 pub struct FakeStore {
@@ -26,6 +26,15 @@ struct State {
     vanish_before_update: bool,
     /// Races: before the next key change, this key is set on its record.
     rekey_before_set_key: Option<String>,
+    /// Races: the next create times out, and its record is committed later.
+    commit_next_create_late: bool,
+    /// That record (key, data), committed once the next observe has answered.
+    late_create: Option<(String, PetData)>,
+    /// The answers to the next calls of `watch`, in order; once they run
+    /// out, the store has no feed (as the book's).
+    watch_answers: VecDeque<Result<Feed, StoreError>>,
+    /// When each `watch` was called (Tokio's clock, which tests may pause).
+    watched_at: Vec<tokio::time::Instant>,
 }
 
 impl State {
@@ -100,6 +109,24 @@ impl FakeStore {
         self.state().rekey_before_set_key = Some(key.to_owned());
     }
 
+    /// The next create times out (its caller sees the store unavailable),
+    /// but its record is committed after all, just after the next observe
+    /// answers: that read finds nothing, and the create after it finds the
+    /// record already there.
+    pub fn commit_next_create_late(&self) {
+        self.state().commit_next_create_late = true;
+    }
+
+    /// The answer to the next `watch` not yet scripted.
+    pub fn answer_next_watch(&self, answer: Result<Feed, StoreError>) {
+        self.state().watch_answers.push_back(answer);
+    }
+
+    /// When each `watch` was called.
+    pub fn watched_at(&self) -> Vec<tokio::time::Instant> {
+        self.state().watched_at.clone()
+    }
+
     pub fn set_without_extensions(&self, without: bool) {
         self.state().without_extensions = without;
     }
@@ -125,7 +152,7 @@ impl FakeStore {
 #[tonic::async_trait]
 impl PetStore for FakeStore {
     async fn observe(&self, id: Option<&str>, key: &str) -> Result<Lookup, StoreError> {
-        let state = self.enter(
+        let mut state = self.enter(
             Operation::Observe,
             format!("observe:{}:{key}", id.unwrap_or("-")),
         )?;
@@ -134,10 +161,14 @@ impl PetStore for FakeStore {
                 operation: Operation::Observe,
             });
         }
-        Ok(Lookup {
+        let lookup = Lookup {
             by_id: id.and_then(|id| state.record(id)),
             by_key: state.id_of_key(key).and_then(|id| state.record(&id)),
-        })
+        };
+        if let Some((key, data)) = state.late_create.take() {
+            state.add(&key, data);
+        }
+        Ok(lookup)
     }
 
     async fn create(&self, key: &str, pet: &PetData) -> Result<Created, StoreError> {
@@ -148,6 +179,14 @@ impl PetStore for FakeStore {
                 message: "pets[0].name: rejected by the fake".into(),
             });
         }
+        if std::mem::take(&mut state.commit_next_create_late) {
+            state.late_create = Some((key.to_owned(), pet.clone()));
+            return Err(StoreError::Unavailable {
+                operation: Operation::Create,
+                message: "deadline exceeded".into(),
+                retry_after: None,
+            });
+        }
         if state.without_extensions {
             // The original store drops the key and never says what it did.
             return Ok(Created::Unknown(state.add("", pet.clone())));
@@ -156,6 +195,17 @@ impl PetStore for FakeStore {
             return Ok(Created::Existing(id));
         }
         Ok(Created::New(state.add(key, pet.clone())))
+    }
+
+    async fn watch(&self, after_revision: i64) -> Result<Feed, StoreError> {
+        let mut state = self.enter(Operation::Watch, format!("watch:{after_revision}"))?;
+        state.watched_at.push(tokio::time::Instant::now());
+        state
+            .watch_answers
+            .pop_front()
+            .unwrap_or(Err(StoreError::Unimplemented {
+                operation: Operation::Watch,
+            }))
     }
 
     async fn update(&self, id: &str, pet: &PetData) -> Result<(), StoreError> {

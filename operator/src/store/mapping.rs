@@ -97,7 +97,7 @@ mod tests {
             }))
             .expect("valid spec")
         };
-        let date = |s: &str| Date::from(PetData::from(&spec(s)).birthday);
+        let date = |s: &str| Date::from(spec(s).birth_date());
         let april_first = Date {
             year: 2021,
             month: 4,

@@ -255,7 +255,14 @@ fn record(pet: &Value) -> PetData {
     if pet["apiVersion"] == V1 {
         PetData::from(&serde_json::from_value::<v1::PetSpec>(spec).expect("a v1 spec"))
     } else {
-        PetData::from(&serde_json::from_value::<v1alpha1::PetSpec>(spec).expect("a v1alpha1 spec"))
+        // What the store would keep: the date as written, in its offset.
+        let spec: v1alpha1::PetSpec = serde_json::from_value(spec).expect("a v1alpha1 spec");
+        let birthday = spec.birth_date();
+        PetData {
+            name: spec.name,
+            kind: spec.kind,
+            birthday,
+        }
     }
 }
 

@@ -1,0 +1,151 @@
+//! What one change on the store's change feed means for the Pet it
+//! concerns: policy, like the rest of [`crate::decision`]. The feed's
+//! follower (`controller/feed.rs`) finds the Pet and acts on the verdict;
+//! the metrics count it.
+
+use kube::ResourceExt;
+
+use crate::crd::Pet;
+use crate::store::{PetData, RecordChange};
+
+/// What one change in the store means for the Pet it concerns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// No Pet owns or names the record.
+    Unrelated,
+    /// The record is as its Pet wants it (most often the echo of the
+    /// operator's own write), or the Pet is being deleted, which its own
+    /// reconcile handles.
+    InSync,
+    /// The record no longer matches its Pet: reconcile it now.
+    Drifted,
+}
+
+impl Verdict {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Unrelated => "unrelated",
+            Verdict::InSync => "in_sync",
+            Verdict::Drifted => "drifted",
+        }
+    }
+}
+
+/// Pure: what `change` means for `pet` (see [`Verdict`]).
+pub fn verdict(change: &RecordChange, pet: Option<&Pet>) -> Verdict {
+    let Some(pet) = pet else {
+        return Verdict::Unrelated;
+    };
+    if pet.metadata.deletion_timestamp.is_some() {
+        return Verdict::InSync;
+    }
+    let Some(record) = &change.record else {
+        // Deleted: drift only if it was the Pet's record.
+        return if pet.status_id() == Some(change.id.as_str()) {
+            Verdict::Drifted
+        } else {
+            Verdict::InSync
+        };
+    };
+    let owned = pet.uid().is_some_and(|uid| uid == record.key);
+    let named = pet.status_id().is_none_or(|id| id == record.id);
+    if owned && named && record.data == PetData::from(&pet.spec) {
+        Verdict::InSync
+    } else {
+        Verdict::Drifted
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    use super::*;
+
+    const UID: &str = "uid-1";
+    const ID: &str = "record-1";
+
+    /// Thor, whose record is `ID`, owned by `UID`.
+    fn pet() -> Pet {
+        Pet::test().with_uid(UID).with_status_id(ID)
+    }
+
+    #[test]
+    fn verdicts() {
+        let deleting = {
+            let mut pet = pet();
+            pet.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
+            pet
+        };
+        let unsynced = {
+            let mut pet = pet();
+            pet.status = None;
+            pet
+        };
+        let cases: [(&str, RecordChange, Option<&Pet>, Verdict); 10] = [
+            (
+                "a record no Pet owns or names",
+                RecordChange::changed("other", "", "Rex"),
+                None,
+                Verdict::Unrelated,
+            ),
+            (
+                "the echo of our own write",
+                RecordChange::changed(ID, UID, "Thor"),
+                Some(&pet()),
+                Verdict::InSync,
+            ),
+            (
+                "our create, before the status names it",
+                RecordChange::changed(ID, UID, "Thor"),
+                Some(&unsynced),
+                Verdict::InSync,
+            ),
+            (
+                "renamed out of band",
+                RecordChange::changed(ID, UID, "Loki"),
+                Some(&pet()),
+                Verdict::Drifted,
+            ),
+            (
+                "its key taken away",
+                RecordChange::changed(ID, "", "Thor"),
+                Some(&pet()),
+                Verdict::Drifted,
+            ),
+            (
+                "another record with its key",
+                RecordChange::changed("record-2", UID, "Thor"),
+                Some(&pet()),
+                Verdict::Drifted,
+            ),
+            (
+                "its record deleted out of band",
+                RecordChange::deleted(ID),
+                Some(&pet()),
+                Verdict::Drifted,
+            ),
+            (
+                "a record it no longer names deleted",
+                RecordChange::deleted("record-0"),
+                Some(&pet()),
+                Verdict::InSync,
+            ),
+            (
+                "deleted while the Pet is deleted",
+                RecordChange::deleted(ID),
+                Some(&deleting),
+                Verdict::InSync,
+            ),
+            (
+                "changed while the Pet is deleted",
+                RecordChange::changed(ID, "", "Thor"),
+                Some(&deleting),
+                Verdict::InSync,
+            ),
+        ];
+        for (name, change, pet, expected) in cases {
+            assert_eq!(verdict(&change, pet), expected, "{name}");
+        }
+    }
+}
