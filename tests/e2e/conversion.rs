@@ -2,7 +2,8 @@
 //! webhook: the book's unchanged v1alpha1 sample applies and reads back
 //! exactly as written, `kubectl get pets` (v1) shows the calendar date,
 //! kubectl prints the deprecation warning, the Pets become Ready with the
-//! right store records, and replicas starting at once share one Secret.
+//! right store records, and replicas starting at once share one Secret, so
+//! that the one that did not create it converts with the writer gone.
 
 use std::process::Command;
 use std::time::Duration;
@@ -198,7 +199,7 @@ fn two_operators_starting_at_once_share_one_secret_and_either_converts() -> fixt
         Ok((options, url))
     };
     let (options_a, url_a) = webhook("operator-a")?;
-    let (options_b, _) = webhook("operator-b")?;
+    let (options_b, url_b) = webhook("operator-b")?;
     let log = |identity: &str| env.cp.dir().join(format!("{identity}.log"));
     let mut a = Operator::start(&options_a, &log("operator-a"))?;
     let mut b = Operator::start(&options_b, &log("operator-b"))?;
@@ -225,20 +226,42 @@ fn two_operators_starting_at_once_share_one_secret_and_either_converts() -> fixt
     assert_eq!(client_config["caBundle"], ca.as_str());
     assert!(client_config["url"].as_str().is_some(), "{client_config}");
 
-    // Point the API server at the replica that did not write the CRD last:
-    // it serves a certificate from the same Secret, so conversion works.
+    // Exactly one replica created the Secret (and so the certificate the
+    // CRD's bundle trusts); the other read it.
+    const CREATED: &str = "created the webhook certificates";
+    let (a_created, b_created) = (a.log_contains(CREATED), b.log_contains(CREATED));
+    assert!(
+        a_created != b_created,
+        "one replica creates the Secret: a {a_created}, b {b_created}"
+    );
+    let (mut writer, mut reader, reader_url) = if a_created {
+        (a, b, url_b)
+    } else {
+        (b, a, url_a)
+    };
+    // The writer gone, the API server pointed at the other replica: it
+    // must serve a certificate the CRD's bundle trusts, the Secret's, for
+    // the v1alpha1 create (converted to the stored v1) and the v1alpha1
+    // read (converted back) to work.
+    writer.process().terminate(Duration::from_secs(10));
     env.cp.kubectl(&[
         "patch",
         "crd",
         "pets.petstore.example.com",
         "--type=merge",
         "-p",
-        &json!({"spec": {"conversion": {"webhook": {"clientConfig": {"url": url_a}}}}}).to_string(),
+        &json!({"spec": {"conversion": {"webhook": {"clientConfig": {"url": reader_url}}}}})
+            .to_string(),
     ])?;
     kubectl(&env, &["apply", "-f", "-"], Some(OFFSET_PET))?;
     let pet = alpha_pet(&env, "late-bird")?;
     assert_eq!(pet["spec"]["birthday"], "2021-04-01T23:30:00-05:00");
     env.wait_ready("default", "late-bird", TIMEOUT)?;
+    assert!(
+        reader.process().is_running() && !writer.process().is_running(),
+        "only the replica that read the Secret serves: {}",
+        reader.process().log_tail(20)
+    );
 
     let after = secret(&env)?;
     assert_eq!(

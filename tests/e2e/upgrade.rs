@@ -1,8 +1,10 @@
 //! The in-place upgrade from the previous release (built from a pinned
 //! commit, see `fixtures::previous_release`) to this tree, and the rollback,
 //! on the real API server with a durable store holding 500 Ready Pets: the
-//! upgrade and the rollback write nothing, neither to the store nor to the
-//! Pets, and lose or duplicate no record.
+//! upgrade writes nothing to the store and rewrites each Pet exactly once
+//! (the storage migration, counted in etcd), the rollback's operator runs,
+//! leads, fails its conversions and writes nothing, and no record is lost or
+//! duplicated.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -27,14 +29,19 @@ const READY_TIMEOUT: Duration = Duration::from_secs(300);
 const QUIET_WINDOW: Duration = Duration::from_secs(8);
 /// Every Pet name, as the API server lists them.
 const PETS_RESOURCE: &str = "pets.v1alpha1.petstore.example.com";
+/// Where the API server keeps [`NAMESPACE`]'s Pets in etcd.
+const ETCD_PETS: &str = "/registry/petstore.example.com/pets/herd/";
+/// The leader Lease, in both releases.
+const LEASE: &str = "petstore-operator";
 
 /// What the upgrade may do to the Pets stored in the API server.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum PetRewrites {
     /// Nothing: every Pet keeps its resourceVersion.
     None,
-    /// A documented storage-version migration rewrites each Pet once (a
-    /// new resourceVersion), changing nothing else a client can read.
+    /// A documented storage-version migration rewrites every Pet (a new
+    /// resourceVersion), changing nothing else a client can read; that it
+    /// is once each is counted in etcd ([`assert_migrated_once`]).
     StorageMigration,
 }
 
@@ -233,6 +240,193 @@ fn readable(pet: &Value) -> Value {
     pet
 }
 
+/// A Pet as etcd holds it.
+#[derive(Debug)]
+struct StoredPet {
+    /// Writes to the key since it was created (etcd's `version`).
+    writes: u64,
+    /// The etcd revision of its last write: the Pet's resourceVersion.
+    mod_revision: String,
+    /// The version it is stored in.
+    api_version: String,
+}
+
+/// Every Pet of [`NAMESPACE`] as etcd holds it, by `namespace/name`, read
+/// from etcd's JSON gateway: the API server's writes, whoever asked for
+/// them, and the version each Pet is stored in.
+fn stored_pets(cp: &ControlPlane) -> fixtures::Result<BTreeMap<String, StoredPet>> {
+    use std::io::{Read, Write};
+    let bad = |what: String| fixtures::Error::Command {
+        command: format!("etcd range {ETCD_PETS}"),
+        status: "unexpected answer".into(),
+        stderr: what,
+    };
+    // The prefix's range: up to the prefix with its last byte incremented.
+    let end = format!("{}0", ETCD_PETS.trim_end_matches('/'));
+    let body = serde_json::json!({
+        "key": base64_encode(ETCD_PETS.as_bytes()),
+        "range_end": base64_encode(end.as_bytes()),
+    })
+    .to_string();
+    let mut stream =
+        std::net::TcpStream::connect(cp.etcd_addr()).map_err(fixtures::io("connecting to etcd"))?;
+    write!(
+        stream,
+        "POST /v3/kv/range HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .map_err(fixtures::io("asking etcd"))?;
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .map_err(fixtures::io("reading etcd's answer"))?;
+    let json = response
+        .split_once("\r\n\r\n")
+        .and_then(|(_, json)| serde_json::from_str::<Value>(json).ok())
+        .ok_or_else(|| bad(response.chars().take(300).collect()))?;
+    let text = |kv: &Value, field: &str| -> fixtures::Result<String> {
+        kv[field]
+            .as_str()
+            .map(str::to_owned)
+            .ok_or_else(|| bad(format!("no {field} in {kv}")))
+    };
+    let decode = |kv: &Value, field: &str| -> fixtures::Result<Vec<u8>> {
+        base64_decode(&text(kv, field)?).ok_or_else(|| bad(format!("{field} is not base64")))
+    };
+    let mut pets = BTreeMap::new();
+    for kv in json["kvs"].as_array().into_iter().flatten() {
+        let key = String::from_utf8_lossy(&decode(kv, "key")?).into_owned();
+        let name = key.strip_prefix(ETCD_PETS).unwrap_or(&key);
+        let value: Value = serde_json::from_slice(&decode(kv, "value")?)
+            .map_err(|err| bad(format!("{key} is not JSON: {err}")))?;
+        let writes = text(kv, "version")?;
+        let stored = StoredPet {
+            writes: writes
+                .parse()
+                .map_err(|_| bad(format!("{key}: version {writes}")))?,
+            mod_revision: text(kv, "mod_revision")?,
+            api_version: value["apiVersion"].as_str().unwrap_or_default().to_owned(),
+        };
+        pets.insert(format!("{NAMESPACE}/{name}"), stored);
+    }
+    Ok(pets)
+}
+
+/// The storage migration wrote every Pet exactly once, in v1: one more
+/// write per key in etcd, that write being the resourceVersion `pets`
+/// (read afterwards) show.
+fn assert_migrated_once(
+    before: &BTreeMap<String, StoredPet>,
+    after: &BTreeMap<String, StoredPet>,
+    pets: &BTreeMap<String, Value>,
+) {
+    assert_eq!(
+        after.keys().collect::<Vec<_>>(),
+        before.keys().collect::<Vec<_>>(),
+        "the Pets in etcd"
+    );
+    for (key, stored) in after {
+        let old = &before[key];
+        assert_eq!(
+            stored.writes,
+            old.writes + 1,
+            "{key}: etcd's write count went from {} to {}, not up by one",
+            old.writes,
+            stored.writes
+        );
+        assert_eq!(
+            stored.api_version, "petstore.example.com/v1",
+            "{key}: not stored as v1"
+        );
+        assert_eq!(
+            pets.get(key).map(|pet| &pet["metadata"]["resourceVersion"]),
+            Some(&Value::from(stored.mod_revision.as_str())),
+            "{key}: the API server shows another write than etcd's last"
+        );
+    }
+}
+
+const BASE64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+fn base64_encode(bytes: &[u8]) -> String {
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
+        for i in 0..4 {
+            out.push(if i <= chunk.len() {
+                char::from(BASE64[(n >> (18 - 6 * i) & 63) as usize])
+            } else {
+                '='
+            });
+        }
+    }
+    out
+}
+
+fn base64_decode(text: &str) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(text.len() / 4 * 3);
+    let (mut bits, mut count) = (0u32, 0);
+    for c in text.bytes().take_while(|&c| c != b'=') {
+        let value = match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => return None,
+        };
+        bits = bits << 6 | u32::from(value);
+        count += 6;
+        if count >= 8 {
+            count -= 8;
+            out.push((bits >> count) as u8);
+            bits &= (1 << count) - 1;
+        }
+    }
+    Some(out)
+}
+
+/// `kubectl -v=6 args...` with `input` on stdin, expected to fail: the
+/// error, and each request it sent for a Pet as `VERB status`, so a test
+/// can tell which request was refused.
+fn kubectl_refused(
+    cp: &ControlPlane,
+    args: &[&str],
+    input: &str,
+) -> fixtures::Result<(String, Vec<String>)> {
+    let mut verbose = vec!["-v=6"];
+    verbose.extend_from_slice(args);
+    let err = match cp.kubectl_stdin(&verbose, input) {
+        Ok(out) => panic!("kubectl {} went through: {out}", args.join(" ")),
+        Err(err) => err.to_string(),
+    };
+    // kubectl 1.34 logs each response as
+    // `"Response" verb="PATCH" url="https://.../pets/pet-000?..." status="500 ..."`.
+    let field = |line: &str, name: &str| -> Option<String> {
+        let rest = line.split_once(&format!("{name}=\""))?.1;
+        Some(rest.split_once('"')?.0.to_owned())
+    };
+    let requests = err
+        .lines()
+        .filter(|line| line.contains("\"Response\""))
+        .filter_map(|line| {
+            let url = field(line, "url")?;
+            let path = url.split('?').next().unwrap_or_default();
+            // A Pet or the Pets, not the group's OpenAPI (`/apis/petstore...`).
+            (path.ends_with("/pets") || path.contains("/pets/")).then(|| {
+                let verb = field(line, "verb").unwrap_or_default();
+                let status = field(line, "status").unwrap_or_default();
+                format!("{verb} {status}")
+            })
+        })
+        .collect();
+    Ok((err, requests))
+}
+
 /// What the test compares before and after a change of binaries.
 struct Snapshot {
     pets: BTreeMap<String, Value>,
@@ -303,9 +497,12 @@ impl Snapshot {
                 rewritten, 0,
                 "{what}: {rewritten} Pets written (a new resourceVersion)"
             ),
-            // A new resourceVersion is allowed; what clients read is
-            // still compared above.
-            PetRewrites::StorageMigration => {}
+            // What clients read is still compared above.
+            PetRewrites::StorageMigration => assert_eq!(
+                rewritten,
+                self.pets.len(),
+                "{what}: every Pet must be rewritten (a new resourceVersion)"
+            ),
         }
     }
 }
@@ -387,7 +584,7 @@ fn upgrading_from_the_previous_release_and_back_writes_nothing_and_loses_nothing
     let previous = PreviousRelease::get()?;
     let built = started.elapsed();
 
-    let cp = ControlPlane::start()?;
+    let mut cp = ControlPlane::start()?;
     let dir = cp.dir().to_path_buf();
     let config = repo_root().join("config");
     // The previous release's CRD, and the RBAC of this tree (both releases
@@ -440,6 +637,15 @@ fn upgrading_from_the_previous_release_and_back_writes_nothing_and_loses_nothing
     let created = creating.elapsed();
     let before = Snapshot::take(&cp, &store)?;
     before.assert_consistent(PETS);
+    // Stored as v1alpha1, so the upgrade's migration has each to rewrite.
+    let stored_before = stored_pets(&cp)?;
+    assert_eq!(stored_before.len(), PETS, "Pets in etcd");
+    for (key, stored) in &stored_before {
+        assert_eq!(
+            stored.api_version, "petstore.example.com/v1alpha1",
+            "{key} before the upgrade"
+        );
+    }
     // The counters the upgrade must leave at zero count these writes, so a
     // zero later means nothing was written, not that nothing was counted.
     assert_eq!(operator.store_actions()?, PETS as f64, "one create per Pet");
@@ -490,6 +696,28 @@ fn upgrading_from_the_previous_release_and_back_writes_nothing_and_loses_nothing
     let upgraded = Snapshot::take(&cp, &store)?;
     upgraded.assert_consistent(PETS);
     upgraded.assert_unchanged_since(&before, UPGRADE_REWRITES, "upgrade");
+    // Each Pet written once in etcd, and by the migration, which counted
+    // every one as rewritten and finished once.
+    assert_migrated_once(&stored_before, &stored_pets(&cp)?, &upgraded.pets);
+    let metrics = operator.metrics()?;
+    assert_eq!(
+        sum_series(
+            &metrics,
+            "petstore_operator_storage_migration_pets_total",
+            "outcome=\"rewritten\""
+        ),
+        PETS as f64,
+        "Pets the migration rewrote"
+    );
+    assert_eq!(
+        sum_series(
+            &metrics,
+            "petstore_operator_storage_migrations_total",
+            "result=\"done\""
+        ),
+        1.0,
+        "migrations done"
+    );
     let upgrade_took = upgrading.elapsed();
 
     // The book's commands still work against the new release.
@@ -513,6 +741,9 @@ fn upgrading_from_the_previous_release_and_back_writes_nothing_and_loses_nothing
     // which holds every Pet converted while the webhook answered (the list
     // snapshot of Kubernetes 1.34); a v1alpha1 write needs the webhook, and
     // is refused naming it. (-A: the samples are in the default namespace.)
+    // The write is a create, which sends no read first (`kubectl patch`
+    // and `annotate` GET the Pet first, and that read is refused already):
+    // its only request for a Pet is the write, and it is the one refused.
     let listed = cp.kubectl(&["get", "pets.v1.petstore.example.com", "-A", "-o", "name"])?;
     assert_eq!(listed.lines().count(), PETS + 2, "v1 with the webhook down");
     let listed = cp.kubectl(&["get", PETS_RESOURCE, "-A", "-o", "name"])?;
@@ -521,14 +752,20 @@ fn upgrading_from_the_previous_release_and_back_writes_nothing_and_loses_nothing
         PETS + 2,
         "v1alpha1 from the watch cache with the webhook down"
     );
-    let pet = format!("{PETS_RESOURCE}/pet-000");
-    match cp.kubectl(&["annotate", &pet, "-n", NAMESPACE, "example.com/touched=yes"]) {
-        Ok(out) => panic!("a v1alpha1 write went through with the webhook down: {out}"),
-        Err(err) => assert!(
-            err.to_string().contains("conversion webhook"),
-            "a v1alpha1 write with the webhook down: {err}"
-        ),
-    }
+    let (err, requests) = kubectl_refused(&cp, &["create", "-f", "-"], &pet_yaml(PETS))?;
+    assert_eq!(requests, ["POST 500 Internal Server Error"], "{err}");
+    assert!(err.contains("conversion webhook"), "create: {err}");
+    // Nothing was written.
+    let refused_pet = format!("pet-{PETS:03}");
+    let found = cp.kubectl(&[
+        "get",
+        "pets.v1.petstore.example.com",
+        &refused_pet,
+        "-n",
+        NAMESPACE,
+        "--ignore-not-found",
+    ])?;
+    assert_eq!(found.trim(), "", "the refused create made a Pet");
     store.stop();
     let mut store = Store::start(
         &previous.bin("petstore-server"),
@@ -541,15 +778,67 @@ fn upgrading_from_the_previous_release_and_back_writes_nothing_and_loses_nothing
         &previous_options("operator-rollback"),
         &dir.join("operator-rollback.log"),
     )?;
-    // Its reads of v1alpha1 need the new operator's conversion webhook,
-    // which is gone: they are answered 500 (at start-up or later, as the
-    // API server's caches allow) and retried. Whatever it manages to read,
-    // it must not write.
-    std::thread::sleep(QUIET_WINDOW);
-    assert!(
-        operator.metrics().is_err() || operator.store_actions()? == 0.0,
-        "rollback: the previous operator wrote to the store"
+    // It runs and leads: the Lease names it.
+    let leading = wait_for(
+        Duration::from_secs(60),
+        "the previous operator to hold the Lease",
+        || {
+            let lease = cp
+                .kubectl_json(&["get", "lease", LEASE, "-n", OPERATOR_NAMESPACE])
+                .ok()?;
+            (lease["spec"]["holderIdentity"] == "operator-rollback").then_some(())
+        },
     );
+    if let Err(err) = leading {
+        panic!("{err}\n{}", operator.process().log_tail(40));
+    }
+    // While the API server's watch cache holds every Pet converted, its
+    // list and watch are answered from there and it finds nothing to do:
+    // it writes nothing, still running and leading.
+    let until = Instant::now() + QUIET_WINDOW;
+    while Instant::now() < until {
+        assert!(
+            operator.process().is_running(),
+            "the previous operator exited: {}",
+            operator.process().log_tail(40)
+        );
+        let metrics = operator.metrics()?;
+        assert_eq!(
+            sum_series(&metrics, "petstore_operator_leader", ""),
+            1.0,
+            "rollback: the previous operator leads"
+        );
+        assert_eq!(
+            operator.store_actions()?,
+            0.0,
+            "rollback: the previous operator wrote to the store"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    operator.stop();
+    // An API server restart (as in any cluster upgrade) empties that cache:
+    // then its reads of v1alpha1 need the new operator's conversion
+    // webhook, which is gone. They are answered 500 naming the webhook, and
+    // it refuses to start, saying so.
+    cp.restart_apiserver(&[])?;
+    let mut operator = RunningOperator::previous(
+        &previous.bin("petstore-operator"),
+        &previous_options("operator-rollback-restarted"),
+        &dir.join("operator-rollback-restarted.log"),
+    )?;
+    let refused = wait_for(
+        Duration::from_secs(60),
+        "the previous operator's reads answered 500 naming the webhook",
+        || {
+            let log = std::fs::read_to_string(operator.process().log_path()).ok()?;
+            log.lines()
+                .any(|line| line.contains("conversion webhook") && line.contains("code: 500"))
+                .then_some(())
+        },
+    );
+    if let Err(err) = refused {
+        panic!("{err}\n{}", operator.process().log_tail(40));
+    }
     operator.stop();
     assert_eq!(store.writes()?, 0.0, "rollback: the store was written");
     store.stop();
