@@ -143,7 +143,7 @@ enum FloorAs {
 
 /// A window for --idle: a duration up to an hour.
 fn idle_window(text: &str) -> Result<std::time::Duration, String> {
-    let window = petstore_operator::cli::parse_duration(text)?;
+    let window = petstore_process::parse_duration(text).map_err(|e| e.to_string())?;
     if window.is_zero() || window > bench::idle::MAX_WINDOW {
         return Err(format!(
             "{text:?}: the window is more than 0 and at most 1h"
