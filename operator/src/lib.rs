@@ -28,6 +28,8 @@ pub mod store;
 pub mod webhook;
 
 #[cfg(test)]
+mod api_server;
+#[cfg(test)]
 mod fixtures;
 
 use status::Reason;

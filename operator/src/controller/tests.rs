@@ -1,22 +1,18 @@
-//! The reconcile path against a strict mock API server and a fake store.
-//! Like controller-rs's `ApiServerVerifier`, the mock answers only the calls
-//! a test scripted, in order; any other call fails the test, and so does a
-//! scripted call that never came or an Event the test did not name.
+//! The reconcile path against the strict mock API server and a fake store:
+//! an unscripted call fails the test, and so does a scripted call that never
+//! came or an Event the test did not name.
 
-use std::collections::VecDeque;
-use std::pin::pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
-use http::{Method, Request, Response};
-use kube::Client;
-use kube::client::Body;
+use http::Method;
 use kube::runtime::events::Reporter;
 use kube::runtime::{reflector, watcher};
 use serde_json::{Value, json};
 
 use super::*;
+use crate::api_server::{ApiServerVerifier, failure};
 use crate::crd::{
     DELETION_POLICY_ANNOTATION, DeletionPolicy, EXTERNAL_ID_ANNOTATION, PAUSED_ANNOTATION,
 };
@@ -31,98 +27,14 @@ fn status_path() -> String {
     format!("{PETS}/status")
 }
 
-#[derive(Clone, Debug)]
-struct Call {
-    method: Method,
-    path: String,
-    body: Value,
+/// What the reconcile tests read back from the mock's calls.
+trait ReconcileCalls {
+    fn status_patches(&self) -> Vec<Value>;
+    fn metadata_patches(&self) -> Vec<Value>;
+    fn events(&self) -> Vec<Written>;
 }
 
-/// One scripted call: what must come, and the answer.
-struct Expected {
-    method: Method,
-    path: String,
-    code: u16,
-    reply: Value,
-}
-
-/// The strict mock API server.
-#[derive(Clone, Default)]
-struct ApiServerVerifier {
-    script: Arc<Mutex<VecDeque<Expected>>>,
-    calls: Arc<Mutex<Vec<Call>>>,
-    unexpected: Arc<Mutex<Vec<String>>>,
-}
-
-impl ApiServerVerifier {
-    fn start(&self) -> Client {
-        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let api = self.clone();
-        tokio::spawn(async move {
-            let mut handle = pin!(handle);
-            while let Some((request, send)) = handle.next_request().await {
-                let method = request.method().clone();
-                let path = request.uri().path().to_owned();
-                let bytes = request
-                    .into_body()
-                    .collect_bytes()
-                    .await
-                    .expect("request body");
-                let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-                api.calls.lock().expect("calls").push(Call {
-                    method: method.clone(),
-                    path: path.clone(),
-                    body: body.clone(),
-                });
-                // Events are written by a background queue, so their order
-                // against other calls is not fixed; they are checked as a
-                // list by `verify`.
-                let (code, reply) = if path.contains("/events") {
-                    (201, body)
-                } else {
-                    let next = api.script.lock().expect("script").pop_front();
-                    match next {
-                        Some(e) if e.method == method && e.path == path => (e.code, e.reply),
-                        other => {
-                            let wanted = other
-                                .map_or("nothing".into(), |e| format!("{} {}", e.method, e.path));
-                            api.unexpected
-                                .lock()
-                                .expect("unexpected")
-                                .push(format!("{method} {path} (expected {wanted})"));
-                            (500, failure(500))
-                        }
-                    }
-                };
-                let response = Response::builder()
-                    .status(code)
-                    .body(Body::from(serde_json::to_vec(&reply).expect("json")))
-                    .expect("response");
-                send.send_response(response);
-            }
-        });
-        Client::new(service, "default")
-    }
-
-    fn expect(&self, method: Method, path: &str, code: u16, reply: Value) {
-        self.script.lock().expect("script").push_back(Expected {
-            method,
-            path: path.to_owned(),
-            code,
-            reply,
-        });
-    }
-
-    fn calls(&self, filter: impl Fn(&Call) -> bool) -> Vec<Call> {
-        self.calls
-            .lock()
-            .expect("calls")
-            .iter()
-            .filter(|c| filter(c))
-            .cloned()
-            .collect()
-    }
-
+impl ReconcileCalls for ApiServerVerifier {
     fn status_patches(&self) -> Vec<Value> {
         self.calls(|c| c.method == Method::PATCH && c.path.ends_with("/status"))
             .into_iter()
@@ -162,16 +74,6 @@ struct Written {
     note: String,
 }
 
-fn failure(code: u16) -> Value {
-    let reason = if code == 409 {
-        "Conflict"
-    } else {
-        "InternalError"
-    };
-    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-           "message": "scripted failure", "reason": reason, "code": code})
-}
-
 struct Harness {
     api: ApiServerVerifier,
     store: Arc<FakeStore>,
@@ -179,7 +81,7 @@ struct Harness {
 }
 
 fn harness() -> Harness {
-    let api = ApiServerVerifier::default();
+    let api = ApiServerVerifier::with_events();
     let client = api.start();
     // The writer production uses: the mock sees its Event POSTs.
     let writer = crate::events::EventWriter::new(
@@ -238,20 +140,7 @@ impl Harness {
     /// Fails unless every scripted call came, nothing else did, and the
     /// Events are exactly `reasons`, in order.
     fn verify(&self, reasons: &[&str]) {
-        let unexpected = self.api.unexpected.lock().expect("unexpected").clone();
-        assert!(
-            unexpected.is_empty(),
-            "unscripted API calls: {unexpected:?}"
-        );
-        let left: Vec<String> = self
-            .api
-            .script
-            .lock()
-            .expect("script")
-            .iter()
-            .map(|e| format!("{} {}", e.method, e.path))
-            .collect();
-        assert!(left.is_empty(), "scripted API calls never made: {left:?}");
+        self.api.verify();
         let events: Vec<String> = self.api.events().into_iter().map(|e| e.reason).collect();
         assert_eq!(events, reasons, "Events: {:?}", self.api.events());
     }

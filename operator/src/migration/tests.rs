@@ -2,16 +2,11 @@
 //! controller's: the mock answers only the calls a test scripted, in order;
 //! any other call, or a scripted call that never came, fails the test.
 
-use std::collections::VecDeque;
-use std::pin::pin;
-use std::sync::{Arc, Mutex};
-
-use http::{Method, Request, Response};
-use kube::Client;
-use kube::client::Body;
+use http::Method;
 use serde_json::{Value, json};
 
 use super::*;
+use crate::api_server::{ApiServerVerifier, Call, failure};
 
 const CRD: &str = "pets.petstore.example.com";
 const CRD_PATH: &str =
@@ -24,114 +19,6 @@ fn pet_path(name: &str) -> String {
 
 fn crd_status_path() -> String {
     format!("{CRD_PATH}/status")
-}
-
-#[derive(Clone, Debug)]
-struct Call {
-    method: Method,
-    path: String,
-    query: String,
-    body: Value,
-}
-
-struct Expected {
-    method: Method,
-    path: String,
-    code: u16,
-    reply: Value,
-}
-
-#[derive(Clone, Default)]
-struct ApiServerVerifier {
-    script: Arc<Mutex<VecDeque<Expected>>>,
-    calls: Arc<Mutex<Vec<Call>>>,
-    unexpected: Arc<Mutex<Vec<String>>>,
-}
-
-impl ApiServerVerifier {
-    fn start(&self) -> Client {
-        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let api = self.clone();
-        tokio::spawn(async move {
-            let mut handle = pin!(handle);
-            while let Some((request, send)) = handle.next_request().await {
-                let method = request.method().clone();
-                let path = request.uri().path().to_owned();
-                let query = request.uri().query().unwrap_or_default().to_owned();
-                let bytes = request
-                    .into_body()
-                    .collect_bytes()
-                    .await
-                    .expect("request body");
-                let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-                api.calls.lock().expect("calls").push(Call {
-                    method: method.clone(),
-                    path: path.clone(),
-                    query,
-                    body,
-                });
-                let next = api.script.lock().expect("script").pop_front();
-                let (code, reply) = match next {
-                    Some(e) if e.method == method && e.path == path => (e.code, e.reply),
-                    other => {
-                        let wanted =
-                            other.map_or("nothing".into(), |e| format!("{} {}", e.method, e.path));
-                        api.unexpected
-                            .lock()
-                            .expect("unexpected")
-                            .push(format!("{method} {path} (expected {wanted})"));
-                        (500, failure(500))
-                    }
-                };
-                let response = Response::builder()
-                    .status(code)
-                    .body(Body::from(serde_json::to_vec(&reply).expect("json")))
-                    .expect("response");
-                send.send_response(response);
-            }
-        });
-        Client::new(service, "default")
-    }
-
-    fn expect(&self, method: Method, path: &str, code: u16, reply: Value) {
-        self.script.lock().expect("script").push_back(Expected {
-            method,
-            path: path.to_owned(),
-            code,
-            reply,
-        });
-    }
-
-    fn calls(&self, method: Method) -> Vec<Call> {
-        let calls = self.calls.lock().expect("calls");
-        calls
-            .iter()
-            .filter(|c| c.method == method)
-            .cloned()
-            .collect()
-    }
-
-    /// Every scripted call came, and nothing else.
-    fn verify(&self) {
-        let unexpected = self.unexpected.lock().expect("unexpected");
-        assert!(unexpected.is_empty(), "unexpected calls: {unexpected:?}");
-        let left = self.script.lock().expect("script");
-        let left: Vec<_> = left
-            .iter()
-            .map(|e| format!("{} {}", e.method, e.path))
-            .collect();
-        assert!(left.is_empty(), "scripted calls that never came: {left:?}");
-    }
-}
-
-fn failure(code: u16) -> Value {
-    let reason = match code {
-        404 => "NotFound",
-        409 => "Conflict",
-        _ => "InternalError",
-    };
-    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-           "message": "scripted failure", "reason": reason, "code": code})
 }
 
 fn crd(stored: &[&str]) -> Value {
@@ -182,13 +69,31 @@ fn encoded(metrics: &MigrationMetrics) -> String {
     text
 }
 
-fn has_sample(text: &str, sample: &str) -> bool {
-    text.lines().any(|line| line == sample)
+/// The calls received with this method, in order.
+fn calls(api: &ApiServerVerifier, method: Method) -> Vec<Call> {
+    api.calls(|c| c.method == method)
 }
 
-/// The CRD read, migration needed.
-fn migrating(api: &ApiServerVerifier) {
+/// A mock API server whose first answer is the CRD read, migration needed.
+fn migrating() -> (ApiServerVerifier, kube::Client, MigrationMetrics) {
+    let api = ApiServerVerifier::default();
+    let client = api.start();
     api.expect(Method::GET, CRD_PATH, 200, crd(&["v1alpha1", "v1"]));
+    (api, client, MigrationMetrics::default())
+}
+
+/// The migration left `storedVersions` as it was.
+fn assert_stored_versions_kept(api: &ApiServerVerifier) {
+    assert!(
+        calls(api, Method::PATCH).is_empty(),
+        "storedVersions not set"
+    );
+}
+
+/// The metrics hold this exact sample line.
+fn assert_sample(metrics: &MigrationMetrics, sample: &str) {
+    let text = encoded(metrics);
+    assert!(text.lines().any(|line| line == sample), "{text}");
 }
 
 fn stored_versions_set(api: &ApiServerVerifier) {
@@ -208,10 +113,7 @@ async fn nothing_to_do_when_the_storage_version_alone_is_stored() {
 
 #[tokio::test]
 async fn every_page_is_rewritten_and_then_stored_versions_is_set() {
-    let api = ApiServerVerifier::default();
-    let client = api.start();
-    let metrics = MigrationMetrics::default();
-    migrating(&api);
+    let (api, client, metrics) = migrating();
     api.expect(
         Method::GET,
         LIST,
@@ -238,40 +140,30 @@ async fn every_page_is_rewritten_and_then_stored_versions_is_set() {
         })
     );
     // The second page is asked for with the first page's token.
-    let lists = api.calls(Method::GET);
+    let lists = calls(&api, Method::GET);
     let lists: Vec<_> = lists.iter().filter(|c| c.path == LIST).collect();
     assert!(lists[0].query.contains("limit=500"), "{:?}", lists[0]);
     assert!(!lists[0].query.contains("continue"), "{:?}", lists[0]);
     assert!(lists[1].query.contains("continue=page-2"), "{:?}", lists[1]);
     // Each Pet is written back as listed, at the resourceVersion listed.
-    let puts = api.calls(Method::PUT);
+    let puts = calls(&api, Method::PUT);
     assert_eq!(puts[0].body, pet("a", "11"));
     assert_eq!(puts[2].body, pet("c", "13"));
-    let patch = &api.calls(Method::PATCH)[0];
+    let patch = &calls(&api, Method::PATCH)[0];
     assert_eq!(patch.body, json!({"status": {"storedVersions": ["v1"]}}));
-    let text = encoded(&metrics);
-    assert!(
-        has_sample(
-            &text,
-            r#"petstore_operator_storage_migration_pets_total{outcome="rewritten"} 2"#
-        ),
-        "{text}"
+    assert_sample(
+        &metrics,
+        r#"petstore_operator_storage_migration_pets_total{outcome="rewritten"} 2"#,
     );
-    assert!(
-        has_sample(
-            &text,
-            r#"petstore_operator_storage_migration_pets_total{outcome="current"} 1"#
-        ),
-        "{text}"
+    assert_sample(
+        &metrics,
+        r#"petstore_operator_storage_migration_pets_total{outcome="current"} 1"#,
     );
 }
 
 #[tokio::test]
 async fn a_conflict_is_read_again_and_rewritten_and_a_pet_gone_is_counted() {
-    let api = ApiServerVerifier::default();
-    let client = api.start();
-    let metrics = MigrationMetrics::default();
-    migrating(&api);
+    let (api, client, metrics) = migrating();
     api.expect(
         Method::GET,
         LIST,
@@ -296,24 +188,17 @@ async fn a_conflict_is_read_again_and_rewritten_and_a_pet_gone_is_counted() {
         (migrated.rewritten, migrated.current, migrated.gone),
         (1, 0, 2)
     );
-    let puts = api.calls(Method::PUT);
+    let puts = calls(&api, Method::PUT);
     assert_eq!(puts[1].body, pet("a", "50"), "the fresh read is written");
-    let text = encoded(&metrics);
-    assert!(
-        has_sample(
-            &text,
-            r#"petstore_operator_storage_migration_pets_total{outcome="gone"} 2"#
-        ),
-        "{text}"
+    assert_sample(
+        &metrics,
+        r#"petstore_operator_storage_migration_pets_total{outcome="gone"} 2"#,
     );
 }
 
 #[tokio::test]
 async fn a_pet_that_keeps_conflicting_fails_the_migration_and_stored_versions_stays() {
-    let api = ApiServerVerifier::default();
-    let client = api.start();
-    let metrics = MigrationMetrics::default();
-    migrating(&api);
+    let (api, client, metrics) = migrating();
     api.expect(Method::GET, LIST, 200, page(&[pet("a", "11")], None));
     for attempt in 0..ATTEMPTS {
         api.expect(Method::PUT, &pet_path("a"), 409, failure(409));
@@ -324,27 +209,17 @@ async fn a_pet_that_keeps_conflicting_fails_the_migration_and_stored_versions_st
 
     run(&client, CRD, &metrics).await;
     api.verify();
-    assert_eq!(api.calls(Method::PUT).len(), ATTEMPTS);
-    assert!(
-        api.calls(Method::PATCH).is_empty(),
-        "storedVersions not set"
-    );
-    let text = encoded(&metrics);
-    assert!(
-        has_sample(
-            &text,
-            r#"petstore_operator_storage_migrations_total{result="failed"} 1"#
-        ),
-        "{text}"
+    assert_eq!(calls(&api, Method::PUT).len(), ATTEMPTS);
+    assert_stored_versions_kept(&api);
+    assert_sample(
+        &metrics,
+        r#"petstore_operator_storage_migrations_total{result="failed"} 1"#,
     );
 }
 
 #[tokio::test]
 async fn a_run_that_writes_none_of_the_pets_it_listed_fails() {
-    let api = ApiServerVerifier::default();
-    let client = api.start();
-    let metrics = MigrationMetrics::default();
-    migrating(&api);
+    let (api, client, metrics) = migrating();
     api.expect(
         Method::GET,
         LIST,
@@ -362,18 +237,12 @@ async fn a_run_that_writes_none_of_the_pets_it_listed_fails() {
         matches!(err, MigrationError::NothingMigrated { listed: 2, gone: 2 }),
         "{err}"
     );
-    assert!(
-        api.calls(Method::PATCH).is_empty(),
-        "storedVersions not set"
-    );
+    assert_stored_versions_kept(&api);
 }
 
 #[tokio::test]
 async fn a_write_refused_otherwise_fails_the_migration() {
-    let api = ApiServerVerifier::default();
-    let client = api.start();
-    let metrics = MigrationMetrics::default();
-    migrating(&api);
+    let (api, client, metrics) = migrating();
     api.expect(Method::GET, LIST, 200, page(&[pet("a", "11")], None));
     api.expect(Method::PUT, &pet_path("a"), 500, failure(500));
 
@@ -382,8 +251,5 @@ async fn a_write_refused_otherwise_fails_the_migration() {
         .expect_err("refused");
     api.verify();
     assert!(matches!(err, MigrationError::Rewrite { .. }), "{err}");
-    assert!(
-        api.calls(Method::PATCH).is_empty(),
-        "storedVersions not set"
-    );
+    assert_stored_versions_kept(&api);
 }
