@@ -221,12 +221,6 @@ impl Cause {
     }
 }
 
-impl std::fmt::Display for Cause {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
 impl Story {
     /// Why the story's writes were made.
     pub fn cause(&self, facts: &Facts) -> Cause {
@@ -379,6 +373,17 @@ fn invalid(annotation: &str, value: &str, allowed: &str, effect: &str) -> String
     format!("the annotation {annotation} is {value:?}, which is not {allowed}; {effect}")
 }
 
+/// Held until a misspelled annotation is fixed.
+fn invalid_hold(annotation: &str, value: &str, allowed: &str, effect: &str) -> Step {
+    Step::Hold {
+        outcome: Outcome::held(
+            Reason::InvalidAnnotation,
+            invalid(annotation, value, allowed, effect),
+        ),
+        next: Next::AwaitChange,
+    }
+}
+
 /// Before any store call: paused, finalizer, deletion policy, and the
 /// reconciles that need no store read.
 pub fn first_step(facts: &Facts) -> Step {
@@ -395,18 +400,12 @@ pub fn first_step(facts: &Facts) -> Step {
             };
         }
         Setting::Invalid { annotation, value } => {
-            return Step::Hold {
-                outcome: Outcome::held(
-                    Reason::InvalidAnnotation,
-                    invalid(
-                        annotation,
-                        value,
-                        "\"true\" or \"false\"",
-                        "treated as paused: nothing is reconciled (deletion included) until it is fixed",
-                    ),
-                ),
-                next: Next::AwaitChange,
-            };
+            return invalid_hold(
+                annotation,
+                value,
+                "\"true\" or \"false\"",
+                "treated as paused: nothing is reconciled (deletion included) until it is fixed",
+            );
         }
         Setting::Valid(false) => {}
     }
@@ -415,18 +414,12 @@ pub fn first_step(facts: &Facts) -> Step {
             return Step::Wait(Next::AwaitChange);
         }
         if let Setting::Invalid { annotation, value } = &facts.deletion_policy {
-            return Step::Hold {
-                outcome: Outcome::held(
-                    Reason::InvalidAnnotation,
-                    invalid(
-                        annotation,
-                        value,
-                        "Delete or Orphan",
-                        "deletion waits, and the store record is kept, until it is fixed",
-                    ),
-                ),
-                next: Next::AwaitChange,
-            };
+            return invalid_hold(
+                annotation,
+                value,
+                "Delete or Orphan",
+                "deletion waits, and the store record is kept, until it is fixed",
+            );
         }
         // Ownership is by key alone; status.id is read only to name an
         // already released record in the Orphaned Event.

@@ -27,6 +27,19 @@ pub mod status;
 pub mod store;
 pub mod webhook;
 
+/// `Display` as the type's `as_str`, for the label-like enums.
+macro_rules! display_as_str {
+    ($($t:ty),+ $(,)?) => {$(
+        impl std::fmt::Display for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    )+};
+}
+
+display_as_str!(decision::Cause, store::Operation, status::Reason);
+
 #[cfg(test)]
 mod api_server;
 #[cfg(test)]

@@ -125,12 +125,6 @@ impl Reason {
     }
 }
 
-impl std::fmt::Display for Reason {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
 /// How a reconcile ended, as far as the user should know: the conditions to
 /// show and one message for both.
 #[derive(Clone, Debug, PartialEq, Eq)]

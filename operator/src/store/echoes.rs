@@ -139,51 +139,23 @@ impl Expectations {
 
 #[cfg(test)]
 mod tests {
-    use chrono::NaiveDate;
-
     use super::*;
-    use crate::crd::PetKind;
-    use crate::store::Record;
-
-    fn data(name: &str) -> PetData {
-        PetData {
-            name: name.into(),
-            kind: PetKind::Cat,
-            birthday: NaiveDate::from_ymd_opt(2020, 6, 25).expect("a date"),
-        }
-    }
-
-    fn change(id: &str, key: &str, name: &str) -> RecordChange {
-        RecordChange {
-            revision: 1,
-            id: id.into(),
-            record: Some(Record {
-                id: id.into(),
-                key: key.into(),
-                data: data(name),
-            }),
-        }
-    }
 
     #[test]
     fn each_write_meets_its_own_change_once() {
         let echoes = Echoes::default();
         echoes.set_enabled(true);
-        echoes.create("uid-1", &data("Tron"));
-        echoes.update("r-2", &data("Thor"));
+        echoes.create("uid-1", &PetData::named("Tron"));
+        echoes.update("r-2", &PetData::named("Thor"));
         echoes.set_key("r-3", "");
         echoes.delete("r-4");
-        assert!(echoes.is_echo(&change("r-1", "uid-1", "Tron")));
-        assert!(echoes.is_echo(&change("r-2", "uid-2", "Thor")));
-        assert!(echoes.is_echo(&change("r-3", "", "Rex")));
-        let deleted = RecordChange {
-            revision: 4,
-            id: "r-4".into(),
-            record: None,
-        };
+        assert!(echoes.is_echo(&RecordChange::changed("r-1", "uid-1", "Tron")));
+        assert!(echoes.is_echo(&RecordChange::changed("r-2", "uid-2", "Thor")));
+        assert!(echoes.is_echo(&RecordChange::changed("r-3", "", "Rex")));
+        let deleted = RecordChange::deleted("r-4");
         assert!(echoes.is_echo(&deleted));
         // Met once: the same change again is someone else's.
-        assert!(!echoes.is_echo(&change("r-2", "uid-2", "Thor")));
+        assert!(!echoes.is_echo(&RecordChange::changed("r-2", "uid-2", "Thor")));
         assert!(!echoes.is_echo(&deleted));
     }
 
@@ -191,28 +163,24 @@ mod tests {
     fn a_change_unlike_the_write_is_not_an_echo() {
         let echoes = Echoes::default();
         echoes.set_enabled(true);
-        echoes.update("r-2", &data("Thor"));
-        echoes.create("uid-1", &data("Tron"));
+        echoes.update("r-2", &PetData::named("Thor"));
+        echoes.create("uid-1", &PetData::named("Tron"));
         // Renamed by someone else right after our write.
-        assert!(!echoes.is_echo(&change("r-2", "uid-2", "Loki")));
-        assert!(!echoes.is_echo(&change("r-9", "uid-1", "Loki")));
+        assert!(!echoes.is_echo(&RecordChange::changed("r-2", "uid-2", "Loki")));
+        assert!(!echoes.is_echo(&RecordChange::changed("r-9", "uid-1", "Loki")));
         // Deleted where we updated.
-        let deleted = RecordChange {
-            revision: 3,
-            id: "r-2".into(),
-            record: None,
-        };
+        let deleted = RecordChange::deleted("r-2");
         assert!(!echoes.is_echo(&deleted));
     }
 
     #[test]
     fn nothing_is_expected_while_the_feed_is_not_followed() {
         let echoes = Echoes::default();
-        echoes.update("r-2", &data("Thor"));
-        assert!(!echoes.is_echo(&change("r-2", "uid-2", "Thor")));
+        echoes.update("r-2", &PetData::named("Thor"));
+        assert!(!echoes.is_echo(&RecordChange::changed("r-2", "uid-2", "Thor")));
         echoes.set_enabled(true);
-        echoes.update("r-2", &data("Thor"));
+        echoes.update("r-2", &PetData::named("Thor"));
         echoes.set_enabled(false);
-        assert!(!echoes.is_echo(&change("r-2", "uid-2", "Thor")));
+        assert!(!echoes.is_echo(&RecordChange::changed("r-2", "uid-2", "Thor")));
     }
 }

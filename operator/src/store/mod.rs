@@ -247,12 +247,6 @@ impl Operation {
     }
 }
 
-impl std::fmt::Display for Operation {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
 #[derive(Clone, Debug, thiserror::Error)]
 pub enum StoreError {
     /// The store could not be reached or did not answer in time; retry later.
