@@ -11,6 +11,8 @@ use crate::crd::{DeletionPolicy, FINALIZER, Pet, PetKind, PetSpec, PetStatus};
 use crate::store::{PetData, Record, RecordChange};
 
 pub const UID: &str = "8d3c7c51-uid";
+/// The id of Thor's store record, where a test needs it fixed.
+pub const RECORD_ID: &str = "record-1";
 
 impl Pet {
     /// Thor, a dog, just created in namespace `default`: generation 1, no

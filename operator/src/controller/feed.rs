@@ -331,16 +331,14 @@ mod tests {
     use super::*;
     use crate::controller::Settings;
     use crate::events::{EventQueue, EventWriter};
+    use crate::fixtures::{RECORD_ID as ID, UID};
     use crate::metrics::Metrics;
     use crate::store::FeedBatch;
     use crate::store::fake::FakeStore;
 
-    const UID: &str = "uid-1";
-    const ID: &str = "record-1";
-
     /// Thor, whose record is `ID`, owned by `UID`.
     fn pet() -> Pet {
-        Pet::test().with_uid(UID).with_status_id(ID)
+        Pet::test().with_status_id(ID)
     }
 
     /// The follower against a fake store whose feed each test scripts, with

@@ -58,30 +58,19 @@ pub fn verdict(change: &RecordChange, pet: Option<&Pet>) -> Verdict {
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-
     use super::*;
-
-    const UID: &str = "uid-1";
-    const ID: &str = "record-1";
+    use crate::fixtures::{RECORD_ID as ID, UID};
 
     /// Thor, whose record is `ID`, owned by `UID`.
     fn pet() -> Pet {
-        Pet::test().with_uid(UID).with_status_id(ID)
+        Pet::test().with_status_id(ID)
     }
 
     #[test]
     fn verdicts() {
-        let deleting = {
-            let mut pet = pet();
-            pet.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
-            pet
-        };
-        let unsynced = {
-            let mut pet = pet();
-            pet.status = None;
-            pet
-        };
+        let deleting = pet().deleted();
+        // Created, but no status written yet.
+        let unsynced = Pet::test();
         let cases: [(&str, RecordChange, Option<&Pet>, Verdict); 10] = [
             (
                 "a record no Pet owns or names",
