@@ -318,6 +318,22 @@ mod tests {
             .expect("valid time")
     }
 
+    /// The status after a first successful reconcile of generation 1.
+    fn synced_at(seconds: i64) -> PetStatus {
+        next_status(None, Some(1), Some("id-1"), &Outcome::synced(), at(seconds))
+    }
+
+    /// `previous` after a reconcile of generation 1 that failed this way.
+    fn failed_at(previous: &PetStatus, reason: Reason, message: &str, seconds: i64) -> PetStatus {
+        next_status(
+            Some(previous),
+            Some(1),
+            None,
+            &Outcome::from_error(reason, message),
+            at(seconds),
+        )
+    }
+
     fn condition<'a>(status: &'a PetStatus, type_: &str) -> &'a Condition {
         status
             .conditions
@@ -342,7 +358,7 @@ mod tests {
 
     #[test]
     fn unchanged_outcome_gives_an_identical_status() {
-        let first = next_status(None, Some(1), Some("id-1"), &Outcome::synced(), at(0));
+        let first = synced_at(0);
         let again = next_status(
             Some(&first),
             Some(1),
@@ -355,14 +371,8 @@ mod tests {
 
     #[test]
     fn transition_time_moves_only_when_status_flips() {
-        let ok = next_status(None, Some(1), Some("id-1"), &Outcome::synced(), at(0));
-        let down = next_status(
-            Some(&ok),
-            Some(1),
-            None,
-            &Outcome::from_error(Reason::StoreUnavailable, "connection refused"),
-            at(10),
-        );
+        let ok = synced_at(0);
+        let down = failed_at(&ok, Reason::StoreUnavailable, "connection refused", 10);
         let ready = condition(&down, READY);
         assert_eq!(ready.status, ConditionStatus::False);
         assert_eq!(ready.reason, "StoreUnavailable");
@@ -370,13 +380,7 @@ mod tests {
         assert_eq!(ready.last_transition_time, at(10));
         assert_eq!(down.id.as_deref(), Some("id-1"), "the ID is kept");
 
-        let still_down = next_status(
-            Some(&down),
-            Some(1),
-            None,
-            &Outcome::from_error(Reason::ReconcileError, "boom"),
-            at(20),
-        );
+        let still_down = failed_at(&down, Reason::ReconcileError, "boom", 20);
         assert_eq!(condition(&still_down, READY).last_transition_time, at(10));
         assert_eq!(condition(&still_down, READY).reason, "ReconcileError");
     }
@@ -452,7 +456,7 @@ mod tests {
 
     #[test]
     fn paused_keeps_ready_and_says_why_in_synced() {
-        let ok = next_status(None, Some(1), Some("id-1"), &Outcome::synced(), at(0));
+        let ok = synced_at(0);
         let paused = next_status(Some(&ok), Some(2), None, &paused_outcome(), at(5));
         assert_eq!(condition(&paused, READY).status, ConditionStatus::True);
         let synced = condition(&paused, SYNCED);

@@ -121,6 +121,13 @@ fn held_reason(plan: &Plan) -> Option<Reason> {
     }
 }
 
+/// The first step reads the record with this ID, and by UID.
+fn observe(id: &str) -> Result<Step, Reason> {
+    Ok(Step::Observe {
+        id: Some(id.into()),
+    })
+}
+
 #[test]
 fn first_step_table() {
     let paused_typo = Setting::Invalid {
@@ -141,16 +148,12 @@ fn first_step_table() {
         (
             "a Pet with status.id is looked up by that ID and by UID",
             facts().status_id("a"),
-            Ok(Step::Observe {
-                id: Some("a".into()),
-            }),
+            observe("a"),
         ),
         (
             "the external-id annotation is what is looked up, not status.id",
             facts().status_id("a").external_id("x"),
-            Ok(Step::Observe {
-                id: Some("x".into()),
-            }),
+            observe("x"),
         ),
         (
             "paused touches nothing, not even a new Pet's finalizer",
@@ -170,9 +173,7 @@ fn first_step_table() {
         (
             "paused=false reconciles",
             facts().status_id("a").paused(Setting::Valid(false)),
-            Ok(Step::Observe {
-                id: Some("a".into()),
-            }),
+            observe("a"),
         ),
         (
             "a rejected generation waits for a change without a store call",
@@ -192,9 +193,7 @@ fn first_step_table() {
         (
             "deletion reads status.id's record too (decide trusts only the key)",
             facts().deleting().status_id("a"),
-            Ok(Step::Observe {
-                id: Some("a".into()),
-            }),
+            observe("a"),
         ),
         (
             "deletion goes ahead even if the spec was rejected",
@@ -209,9 +208,7 @@ fn first_step_table() {
         (
             "a misspelled deletion policy does not stop a live Pet's sync",
             facts().status_id("a").policy_typo(),
-            Ok(Step::Observe {
-                id: Some("a".into()),
-            }),
+            observe("a"),
         ),
         (
             "with no ID known, a create that says what it found is the read",
@@ -221,16 +218,12 @@ fn first_step_table() {
         (
             "a known status.id is read, not created over",
             facts().create_observes().status_id("a"),
-            Ok(Step::Observe {
-                id: Some("a".into()),
-            }),
+            observe("a"),
         ),
         (
             "a record to adopt is read, never created",
             facts().create_observes().external_id("x"),
-            Ok(Step::Observe {
-                id: Some("x".into()),
-            }),
+            observe("x"),
         ),
         (
             "deletion reads; it never creates",

@@ -141,10 +141,16 @@ impl Expectations {
 mod tests {
     use super::*;
 
-    #[test]
-    fn each_write_meets_its_own_change_once() {
+    /// Echoes as while the change feed is followed.
+    fn followed() -> Echoes {
         let echoes = Echoes::default();
         echoes.set_enabled(true);
+        echoes
+    }
+
+    #[test]
+    fn each_write_meets_its_own_change_once() {
+        let echoes = followed();
         echoes.create("uid-1", &PetData::named("Tron"));
         echoes.update("r-2", &PetData::named("Thor"));
         echoes.set_key("r-3", "");
@@ -161,8 +167,7 @@ mod tests {
 
     #[test]
     fn a_change_unlike_the_write_is_not_an_echo() {
-        let echoes = Echoes::default();
-        echoes.set_enabled(true);
+        let echoes = followed();
         echoes.update("r-2", &PetData::named("Thor"));
         echoes.create("uid-1", &PetData::named("Tron"));
         // Renamed by someone else right after our write.
