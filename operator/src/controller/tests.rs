@@ -159,14 +159,16 @@ impl Harness {
         self.event(reason).note
     }
 
-    /// The first Event with this reason is of this type and action.
-    fn assert_event(&self, reason: &str, type_: &str, action: &str) {
+    /// The first Event with this reason is of this type and action; its note,
+    /// for the checks of what it says.
+    fn assert_event(&self, reason: &str, type_: &str, action: &str) -> String {
         let event = self.event(reason);
         assert_eq!(
             (event.type_.as_str(), event.action.as_str()),
             (type_, action),
             "{event:?}"
         );
+        event.note
     }
 }
 
@@ -177,6 +179,17 @@ fn condition(status: &Value, type_: &str) -> (String, String, String) {
         .unwrap_or_else(|| panic!("{type_} condition in {status}"));
     let text = |k: &str| c[k].as_str().unwrap_or_default().to_owned();
     (text("status"), text("reason"), text("message"))
+}
+
+/// The condition of this type has this status and reason; its message.
+fn assert_condition(status: &Value, type_: &str, want: &str, reason: &str) -> String {
+    let (got, got_reason, message) = condition(status, type_);
+    assert_eq!(
+        (got.as_str(), got_reason.as_str()),
+        (want, reason),
+        "{type_}: {message}"
+    );
+    message
 }
 
 fn store_writes(store: &FakeStore) -> Vec<String> {
@@ -704,12 +717,11 @@ async fn orphan_keeps_the_record_and_releases_it_for_adoption() {
         assert_eq!(store_writes(&h.store), [format!("set_key:{id}:{UID}->")]);
         let kept = h.store.record(&id).expect("the record stays");
         assert_eq!(kept.key, "", "released: nobody owns it now");
-        let note = h.event_note("Orphaned");
+        let note = h.assert_event("Orphaned", "Normal", "Orphan");
         assert!(
             note.contains(&format!("{EXTERNAL_ID_ANNOTATION}: {id}")),
             "{note}"
         );
-        h.assert_event("Orphaned", "Normal", "Orphan");
         h.verify(&["Orphaned"]);
     }
 }
@@ -727,10 +739,11 @@ async fn a_misspelled_deletion_policy_stops_deletion_and_says_why() {
     let action = h.reconcile(&pet).await.expect("reconcile");
     assert_eq!(action, Action::await_change());
     assert!(h.store.calls().is_empty(), "nothing deleted, nothing read");
-    let (status, reason, message) = condition(&h.api.status_patches()[0], "Synced");
-    assert_eq!(
-        (status.as_str(), reason.as_str()),
-        ("False", "InvalidAnnotation")
+    let message = assert_condition(
+        &h.api.status_patches()[0],
+        "Synced",
+        "False",
+        "InvalidAnnotation",
     );
     assert!(message.contains("\"Orhpan\""), "{message}");
     h.verify(&["InvalidAnnotation"]);
@@ -782,16 +795,9 @@ async fn a_status_id_naming_another_pets_record_is_corrected_and_theirs_untouche
     assert_eq!(h.store.record(&alpha).expect("alpha").data.name, "Alpha");
     let status = &h.api.status_patches()[0];
     assert_eq!(status["id"], mine.as_str());
-    let (synced, reason, _) = condition(status, "Synced");
-    assert_eq!(
-        (synced.as_str(), reason.as_str()),
-        ("True", "StatusIdCorrected")
-    );
-    assert!(
-        h.event_note("StatusIdCorrected")
-            .contains("belongs to another owner")
-    );
-    h.assert_event("StatusIdCorrected", "Warning", "IgnoreForeignRecord");
+    assert_condition(status, "Synced", "True", "StatusIdCorrected");
+    let note = h.assert_event("StatusIdCorrected", "Warning", "IgnoreForeignRecord");
+    assert!(note.contains("belongs to another owner"), "{note}");
     h.verify(&["StatusIdCorrected"]);
 }
 
@@ -807,12 +813,11 @@ async fn a_status_id_naming_nothing_finds_the_pets_own_record_without_claiming_a
         h.store.calls()
     );
     assert_eq!(h.api.status_patches()[0]["id"], mine.as_str());
-    let note = h.event_note("StatusIdCorrected");
+    let note = h.assert_event("StatusIdCorrected", "Warning", "ReplaceUnknownId");
     assert!(
         note.contains("does not exist") && !note.contains("created"),
         "{note}"
     );
-    h.assert_event("StatusIdCorrected", "Warning", "ReplaceUnknownId");
     h.verify(&["StatusIdCorrected"]);
 }
 
@@ -991,11 +996,7 @@ async fn a_misspelled_deletion_policy_on_a_live_pet_is_shown_while_the_record_is
     assert_eq!(store_writes(&h.store), [format!("update:{id}")]);
     let status = &h.api.status_patches()[0];
     assert_eq!(condition(status, "Ready").0, "True");
-    let (synced, reason, message) = condition(status, "Synced");
-    assert_eq!(
-        (synced.as_str(), reason.as_str()),
-        ("False", "InvalidAnnotation")
-    );
+    let message = assert_condition(status, "Synced", "False", "InvalidAnnotation");
     assert!(message.contains("deleting this Pet will wait"), "{message}");
     h.verify(&["InvalidAnnotation", "Updated"]);
 }
