@@ -103,11 +103,25 @@ fn harness() -> Harness {
     Harness { api, store, ctx }
 }
 
+/// A harness whose store already holds the Pet's record, under its UID,
+/// with `data`; and that record's ID.
+fn harness_with_record(data: PetData) -> (Harness, String) {
+    let h = harness();
+    let id = h.store.insert(UID, data);
+    (h, id)
+}
+
 impl Harness {
     /// The API server accepts a status write.
     fn expect_status_write(&self, pet: &Pet) {
         self.api
             .expect(Method::PATCH, &status_path(), 200, pet.json());
+    }
+
+    /// The API server refuses a status write with this code.
+    fn refuse_status_write(&self, code: u16) {
+        self.api
+            .expect(Method::PATCH, &status_path(), code, failure(code));
     }
 
     /// The API server accepts a finalizer change and returns `after`.
@@ -251,8 +265,7 @@ async fn create_uses_the_uid_and_writes_the_id_at_once() {
 async fn status_conflict_is_retried_without_creating_again() {
     let h = harness();
     let pet = Pet::test().finalized();
-    h.api
-        .expect(Method::PATCH, &status_path(), 409, failure(409));
+    h.refuse_status_write(409);
     h.api.expect(Method::GET, &status_path(), 200, pet.json());
     h.expect_status_write(&pet);
     h.reconcile(&pet)
@@ -267,8 +280,7 @@ async fn status_conflict_is_retried_without_creating_again() {
 async fn a_lost_status_write_is_recovered_by_key_not_by_a_second_record() {
     let h = harness();
     let pet = Pet::test().finalized();
-    h.api
-        .expect(Method::PATCH, &status_path(), 500, failure(500));
+    h.refuse_status_write(500);
     // The failure is then shown in status.
     h.expect_status_write(&pet);
     let first = h.reconcile(&pet).await;
@@ -297,8 +309,7 @@ async fn a_lost_status_write_is_recovered_by_key_not_by_a_second_record() {
 
 #[tokio::test]
 async fn steady_state_makes_no_writes() {
-    let h = harness();
-    let id = h.store.insert(UID, PetData::test());
+    let (h, id) = harness_with_record(PetData::test());
     let synced = next_status(None, Some(1), Some(&id), &Outcome::synced(), Utc::now());
     let pet = Pet::test()
         .finalized()
@@ -314,8 +325,7 @@ async fn steady_state_makes_no_writes() {
 
 #[tokio::test]
 async fn drift_is_put_back_on_the_same_id() {
-    let h = harness();
-    let id = h.store.insert(UID, PetData::named("Changed out of band"));
+    let (h, id) = harness_with_record(PetData::named("Changed out of band"));
     let pet = Pet::test().finalized().with_status_id(&id);
     h.reconcile_writing_status(&pet).await;
     assert_eq!(store_writes(&h.store), [format!("update:{id}")]);
@@ -326,8 +336,7 @@ async fn drift_is_put_back_on_the_same_id() {
 
 #[tokio::test]
 async fn drift_is_told_with_its_cause_and_fields_in_the_event_and_metrics() {
-    let h = harness();
-    let id = h.store.insert(UID, PetData::named("Thorbert"));
+    let (h, id) = harness_with_record(PetData::named("Thorbert"));
     // Ready at this generation: the difference was made outside.
     let pet = Pet::test().finalized().ready(&id);
     h.reconcile_writing_status(&pet).await;
@@ -349,8 +358,7 @@ async fn drift_is_told_with_its_cause_and_fields_in_the_event_and_metrics() {
 
 #[tokio::test]
 async fn a_spec_edit_is_told_as_one_not_as_drift() {
-    let h = harness();
-    let id = h.store.insert(UID, PetData::named("Thorbert"));
+    let (h, id) = harness_with_record(PetData::named("Thorbert"));
     // The spec was edited: generation 2, status still shows generation 1.
     let pet = Pet::test().finalized().ready(&id).with_generation(2);
     h.reconcile_writing_status(&pet).await;
@@ -399,8 +407,7 @@ async fn a_new_pet_is_counted_from_its_first_trigger_until_ready() {
 
 #[tokio::test]
 async fn an_update_whose_record_vanished_recreates_at_once() {
-    let h = harness();
-    let id = h.store.insert(UID, PetData::named("Changed out of band"));
+    let (h, id) = harness_with_record(PetData::named("Changed out of band"));
     h.store.vanish_before_next_update();
     let pet = Pet::test().finalized().with_status_id(&id);
     h.expect_status_write(&pet);
@@ -665,8 +672,7 @@ async fn rejection_is_terminal_until_the_spec_changes() {
 
 #[tokio::test]
 async fn deletion_deletes_this_pets_record_then_releases_the_finalizer() {
-    let h = harness();
-    let id = h.store.insert(UID, PetData::test());
+    let (h, id) = harness_with_record(PetData::test());
     let pet = Pet::test().finalized().with_status_id(&id).deleted();
     h.reconcile_releasing(&pet).await;
     assert_eq!(store_writes(&h.store), [format!("delete:{id}")]);
@@ -708,8 +714,7 @@ async fn orphan_keeps_the_record_and_releases_it_for_adoption() {
         Pet::test().annotated(DELETION_POLICY_ANNOTATION, "Orphan"),
         Pet::test().with_deletion_policy(DeletionPolicy::Orphan),
     ] {
-        let h = harness();
-        let id = h.store.insert(UID, PetData::test());
+        let (h, id) = harness_with_record(PetData::test());
         h.expect_finalizer_write(&pet.clone().with_status_id(&id).deleted());
         h.reconcile(&pet.finalized().with_status_id(&id).deleted())
             .await
@@ -728,8 +733,7 @@ async fn orphan_keeps_the_record_and_releases_it_for_adoption() {
 
 #[tokio::test]
 async fn a_misspelled_deletion_policy_stops_deletion_and_says_why() {
-    let h = harness();
-    let id = h.store.insert(UID, PetData::test());
+    let (h, id) = harness_with_record(PetData::test());
     let pet = Pet::test()
         .annotated(DELETION_POLICY_ANNOTATION, "Orhpan")
         .finalized()
@@ -803,8 +807,7 @@ async fn a_status_id_naming_another_pets_record_is_corrected_and_theirs_untouche
 
 #[tokio::test]
 async fn a_status_id_naming_nothing_finds_the_pets_own_record_without_claiming_a_create() {
-    let h = harness();
-    let mine = h.store.insert(UID, PetData::test());
+    let (h, mine) = harness_with_record(PetData::test());
     let pet = Pet::test().finalized().with_status_id("nowhere");
     h.reconcile_writing_status(&pet).await;
     assert!(
@@ -986,8 +989,7 @@ async fn the_watch_events_of_our_own_writes_are_not_reconciled_again() {
 
 #[tokio::test]
 async fn a_misspelled_deletion_policy_on_a_live_pet_is_shown_while_the_record_is_kept_in_line() {
-    let h = harness();
-    let id = h.store.insert(UID, PetData::named("Drifted"));
+    let (h, id) = harness_with_record(PetData::named("Drifted"));
     let pet = Pet::test()
         .annotated(DELETION_POLICY_ANNOTATION, "Orhpan")
         .finalized()
