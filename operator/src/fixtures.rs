@@ -124,6 +124,18 @@ impl PetData {
             ..PetData::test()
         }
     }
+
+    /// Another kind of animal.
+    pub fn of_kind(mut self, kind: PetKind) -> Self {
+        self.kind = kind;
+        self
+    }
+
+    /// Born on another day.
+    pub fn born(mut self, year: i32, month: u32, day: u32) -> Self {
+        self.birthday = NaiveDate::from_ymd_opt(year, month, day).expect("a date");
+        self
+    }
 }
 
 impl RecordChange {

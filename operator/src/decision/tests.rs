@@ -5,7 +5,6 @@
 use super::*;
 use crate::crd::PetKind;
 use crate::store::Field;
-use chrono::NaiveDate;
 
 const UID: &str = "uid-thor";
 const OTHER_UID: &str = "uid-loki";
@@ -774,11 +773,9 @@ fn events_tell_the_cause_and_the_fields_changed() {
 
 #[test]
 fn a_diff_names_every_changed_field_in_spec_order() {
-    let before = PetData {
-        name: "Loki".into(),
-        kind: PetKind::Cat,
-        birthday: NaiveDate::from_ymd_opt(2020, 1, 2).expect("a date"),
-    };
+    let before = PetData::named("Loki")
+        .of_kind(PetKind::Cat)
+        .born(2020, 1, 2);
     let changes = before.changes_to(&PetData::test());
     assert_eq!(
         changes.to_string(),

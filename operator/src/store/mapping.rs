@@ -56,7 +56,6 @@ pub fn from_proto(pet: &pb::Pet) -> Option<Record> {
 
 #[cfg(test)]
 mod tests {
-    use chrono::NaiveDate;
     use petstore_proto::google::r#type::Date;
     use petstore_proto::petstore::PetType;
 
@@ -75,11 +74,7 @@ mod tests {
             assert_eq!(PetType::from(Species::from(kind)).as_str_name(), wire);
             assert_eq!(PetKind::from(Species::from(kind)), kind);
         }
-        let data = PetData {
-            name: "x".into(),
-            kind: PetKind::Bird,
-            birthday: NaiveDate::from_ymd_opt(2020, 1, 1).expect("date"),
-        };
+        let data = PetData::named("x").of_kind(PetKind::Bird).born(2020, 1, 1);
         for unknown in [PetType::PtUnknown.into(), 99] {
             let proto = pb::Pet {
                 r#type: unknown,
@@ -112,11 +107,9 @@ mod tests {
 
     #[test]
     fn proto_round_trip_keeps_the_data() {
-        let data = PetData {
-            name: "Tron".into(),
-            kind: PetKind::Cat,
-            birthday: NaiveDate::from_ymd_opt(2020, 6, 25).expect("date"),
-        };
+        let data = PetData::named("Tron")
+            .of_kind(PetKind::Cat)
+            .born(2020, 6, 25);
         let proto = to_proto("id-1", "uid-1", &data);
         assert_eq!(proto.idempotency_key, "uid-1");
         let record = from_proto(&proto).expect("valid record");
@@ -130,11 +123,7 @@ mod tests {
         let mut proto = to_proto(
             "id",
             "",
-            &PetData {
-                name: "x".into(),
-                kind: PetKind::Bird,
-                birthday: NaiveDate::from_ymd_opt(2020, 1, 1).expect("date"),
-            },
+            &PetData::named("x").of_kind(PetKind::Bird).born(2020, 1, 1),
         );
         proto.birthday = Some(Date {
             year: 2021,
