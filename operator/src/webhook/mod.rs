@@ -98,12 +98,19 @@ mod tests {
         .expect("serialisable")
     }
 
-    fn alpha_pet(name: &str, birthday: &str) -> Value {
-        json!({
-            "apiVersion": V1ALPHA1, "kind": "Pet",
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": {"name": "Thor", "type": "dog", "birthday": birthday},
-        })
+    /// A review asking for these v1alpha1 Pets, by name and birthday, in v1.
+    fn alpha_pets_to_v1(pets: &[(&str, &str)]) -> Vec<u8> {
+        let objects: Vec<Value> = pets
+            .iter()
+            .map(|(name, birthday)| {
+                json!({
+                    "apiVersion": V1ALPHA1, "kind": "Pet",
+                    "metadata": {"name": name, "namespace": "default"},
+                    "spec": {"name": "Thor", "type": "dog", "birthday": birthday},
+                })
+            })
+            .collect();
+        request(V1, Value::Array(objects))
     }
 
     /// The response as the API server reads it.
@@ -113,13 +120,10 @@ mod tests {
 
     #[test]
     fn converts_every_object_and_echoes_the_uid() {
-        let body = request(
-            V1,
-            json!([
-                alpha_pet("a", "2021-04-01T00:00:00Z"),
-                alpha_pet("b", "2021-04-01T23:30:00-05:00")
-            ]),
-        );
+        let body = alpha_pets_to_v1(&[
+            ("a", "2021-04-01T00:00:00Z"),
+            ("b", "2021-04-01T23:30:00-05:00"),
+        ]);
         let answer = answer(&body);
         assert_eq!(answer["apiVersion"], "apiextensions.k8s.io/v1");
         assert_eq!(answer["kind"], "ConversionReview");
@@ -135,13 +139,7 @@ mod tests {
 
     #[test]
     fn an_object_that_cannot_be_converted_fails_the_review_with_its_name() {
-        let body = request(
-            V1,
-            json!([
-                alpha_pet("fine", "2021-04-01T00:00:00Z"),
-                alpha_pet("odd", "next tuesday")
-            ]),
-        );
+        let body = alpha_pets_to_v1(&[("fine", "2021-04-01T00:00:00Z"), ("odd", "next tuesday")]);
         let review = review(&body);
         let response = review.response.expect("a response");
         assert_eq!(response.uid, "req-1");
