@@ -461,9 +461,12 @@ mod tests {
         /// Lets the one waiting write through; the queue must then drain.
         async fn release_one(&self, queue: &EventQueue) {
             self.gate.add_permits(1);
-            tokio::time::timeout(Duration::from_secs(10), queue.flush())
-                .await
-                .expect("written");
+            drained(queue, "written").await;
+        }
+
+        /// Writes waiting at the gate now.
+        fn in_flight(&self) -> usize {
+            self.in_flight.load(Ordering::Acquire)
         }
     }
 
@@ -491,18 +494,27 @@ mod tests {
         }
     }
 
-    /// The queue as production starts it, writing to the gated server.
-    fn start(writes: &Arc<GatedWrites>) -> EventQueue {
-        EventQueue::start(
+    /// The queue as production starts it, writing to a gated server that
+    /// lets no write through yet.
+    fn gated() -> (Arc<GatedWrites>, EventQueue) {
+        let writes = GatedWrites::closed();
+        let queue = EventQueue::start(
             EventWriter::new(writes.client(), reporter()),
             Arc::new(Metrics::default()),
-        )
+        );
+        (writes, queue)
+    }
+
+    /// Waits (up to 10 s) until the queue has written everything.
+    async fn drained(queue: &EventQueue, what: &str) {
+        tokio::time::timeout(Duration::from_secs(10), queue.flush())
+            .await
+            .expect(what);
     }
 
     #[tokio::test]
     async fn writes_several_events_at_once_but_no_more_than_the_limit() {
-        let writes = GatedWrites::closed();
-        let queue = start(&writes);
+        let (writes, queue) = gated();
         let total = CONCURRENT_WRITES * 3;
         for i in 0..total {
             queue.publish(event(&format!("Reason{i}")), ObjectReference::default());
@@ -521,25 +533,18 @@ mod tests {
         assert_eq!(queue.pending(), total);
 
         writes.gate.add_permits(total);
-        tokio::time::timeout(Duration::from_secs(10), queue.flush())
-            .await
-            .expect("every event written");
+        drained(&queue, "every event written").await;
         assert_eq!(writes.written.load(Ordering::Acquire), total);
         assert_eq!(queue.pending(), 0);
     }
 
     #[tokio::test]
     async fn normal_events_wait_while_any_pet_is_being_reconciled() {
-        let writes = GatedWrites::closed();
-        let queue = start(&writes);
+        let (writes, queue) = gated();
         let busy = queue.reconciling();
         queue.publish(event("Created"), ObjectReference::default());
         tokio::time::sleep(BUSY_RECHECK * 5).await;
-        assert_eq!(
-            writes.in_flight.load(Ordering::Acquire),
-            0,
-            "written while busy"
-        );
+        assert_eq!(writes.in_flight(), 0, "written while busy");
 
         drop(busy);
         assert!(
@@ -551,19 +556,14 @@ mod tests {
 
     #[tokio::test]
     async fn normal_events_wait_for_a_quiet_moment_between_reconciles() {
-        let writes = GatedWrites::closed();
-        let queue = start(&writes);
+        let (writes, queue) = gated();
         queue.publish(event("Created"), ObjectReference::default());
         // Reconciles that follow one another closely, as in a burst, with
         // none running at the moments the writer looks.
         for _ in 0..10 {
             drop(queue.reconciling());
             tokio::time::sleep(QUIET / 4).await;
-            assert_eq!(
-                writes.in_flight.load(Ordering::Acquire),
-                0,
-                "written in a gap of a burst"
-            );
+            assert_eq!(writes.in_flight(), 0, "written in a gap of a burst");
         }
         assert!(
             writes.until_in_flight(1).await,
@@ -574,8 +574,7 @@ mod tests {
 
     #[tokio::test]
     async fn warnings_are_written_at_once_even_behind_waiting_normal_events() {
-        let writes = GatedWrites::closed();
-        let queue = start(&writes);
+        let (writes, queue) = gated();
         let _busy = queue.reconciling();
         // More waiting Normal Events than writers: none may block a Warning.
         for i in 0..CONCURRENT_WRITES * 2 {
@@ -588,7 +587,7 @@ mod tests {
         );
         tokio::time::sleep(BUSY_RECHECK * 3).await;
         assert_eq!(
-            writes.in_flight.load(Ordering::Acquire),
+            writes.in_flight(),
             1,
             "only the Warning is written while busy"
         );
@@ -599,8 +598,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_filling_queue_is_written_even_while_busy() {
-        let writes = GatedWrites::closed();
-        let queue = start(&writes);
+        let (writes, queue) = gated();
         let busy = queue.reconciling();
         let burst = QUEUE_CAPACITY / 2 + CONCURRENT_WRITES;
         for _ in 0..burst {
@@ -619,9 +617,7 @@ mod tests {
         assert!(queue.pending() >= QUEUE_CAPACITY / 2 - CONCURRENT_WRITES);
 
         drop(busy);
-        tokio::time::timeout(Duration::from_secs(10), queue.flush())
-            .await
-            .expect("every event written once the burst ended");
+        drained(&queue, "every event written once the burst ended").await;
         assert_eq!(writes.written.load(Ordering::Acquire), burst);
     }
 
