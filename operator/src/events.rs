@@ -458,8 +458,10 @@ mod tests {
             .is_ok()
         }
 
-        /// Lets the one waiting write through; the queue must then drain.
-        async fn release_one(&self, queue: &EventQueue) {
+        /// The one held Event reaches the server (else fails with `held`),
+        /// is let through, and the queue drains.
+        async fn writes_the_held_one(&self, queue: &EventQueue, held: &str) {
+            assert!(self.until_in_flight(1).await, "{held}");
             self.gate.add_permits(1);
             drained(queue, "written").await;
         }
@@ -547,11 +549,9 @@ mod tests {
         assert_eq!(writes.in_flight(), 0, "written while busy");
 
         drop(busy);
-        assert!(
-            writes.until_in_flight(1).await,
-            "not written once the reconcile ended"
-        );
-        writes.release_one(&queue).await;
+        writes
+            .writes_the_held_one(&queue, "not written once the reconcile ended")
+            .await;
     }
 
     #[tokio::test]
@@ -565,11 +565,9 @@ mod tests {
             tokio::time::sleep(QUIET / 4).await;
             assert_eq!(writes.in_flight(), 0, "written in a gap of a burst");
         }
-        assert!(
-            writes.until_in_flight(1).await,
-            "not written once the burst was over"
-        );
-        writes.release_one(&queue).await;
+        writes
+            .writes_the_held_one(&queue, "not written once the burst was over")
+            .await;
     }
 
     #[tokio::test]
