@@ -129,6 +129,20 @@ impl Harness {
         self.api.expect(Method::PATCH, PETS, 200, after.json());
     }
 
+    /// The metrics text holds each of these series.
+    fn assert_metrics(&self, present: &[&str]) {
+        let metrics = self.ctx.metrics.encode().expect("metrics");
+        for series in present {
+            assert!(metrics.contains(series), "{series} in {metrics}");
+        }
+    }
+
+    /// The metrics text holds no series with this text.
+    fn assert_no_metric(&self, absent: &str) {
+        let metrics = self.ctx.metrics.encode().expect("metrics");
+        assert!(!metrics.contains(absent), "no {absent} in {metrics}");
+    }
+
     /// One reconcile that writes the Pet's status and succeeds.
     async fn reconcile_writing_status(&self, pet: &Pet) -> Action {
         self.expect_status_write(pet);
@@ -346,13 +360,10 @@ async fn drift_is_told_with_its_cause_and_fields_in_the_event_and_metrics() {
             "drift corrected: name \"Thorbert\" -> \"Thor\" (store record {id} was changed outside the operator)"
         )
     );
-    let metrics = h.ctx.metrics.encode().expect("metrics");
-    for series in [
+    h.assert_metrics(&[
         "petstore_operator_store_actions_total{action=\"update\",cause=\"drift\"} 1",
         "petstore_operator_drift_detected_total{field=\"name\"} 1",
-    ] {
-        assert!(metrics.contains(series), "{series} in {metrics}");
-    }
+    ]);
     h.verify(&["Updated"]);
 }
 
@@ -366,14 +377,10 @@ async fn a_spec_edit_is_told_as_one_not_as_drift() {
         h.event_note("Updated"),
         format!("spec change applied to store record {id}: name \"Thorbert\" -> \"Thor\"")
     );
-    let metrics = h.ctx.metrics.encode().expect("metrics");
-    assert!(
-        metrics.contains(
-            "petstore_operator_store_actions_total{action=\"update\",cause=\"spec_change\"} 1"
-        ),
-        "{metrics}"
-    );
-    assert!(!metrics.contains("drift_detected_total{"), "{metrics}");
+    h.assert_metrics(&[
+        "petstore_operator_store_actions_total{action=\"update\",cause=\"spec_change\"} 1",
+    ]);
+    h.assert_no_metric("drift_detected_total{");
     h.verify(&["Updated"]);
 }
 
@@ -391,17 +398,10 @@ async fn a_new_pet_is_counted_from_its_first_trigger_until_ready() {
         (0, 0),
         "started, then Ready, and requeued for its poll in the future"
     );
-    let metrics = h.ctx.metrics.encode().expect("metrics");
-    assert!(
-        metrics.contains("petstore_operator_time_to_ready_seconds_count 1"),
-        "{metrics}"
-    );
-    assert!(
-        metrics.contains(
-            "petstore_operator_store_actions_total{action=\"create\",cause=\"new_pet\"} 1"
-        ),
-        "{metrics}"
-    );
+    h.assert_metrics(&[
+        "petstore_operator_time_to_ready_seconds_count 1",
+        "petstore_operator_store_actions_total{action=\"create\",cause=\"new_pet\"} 1",
+    ]);
     h.verify(&["Created"]);
 }
 
@@ -451,11 +451,7 @@ async fn unreachable_store_sets_conditions_and_backs_off() {
     assert!(backoff(&h.ctx.settings, 30) <= Duration::from_secs(330));
     assert!(backoff(&h.ctx.settings, 1) < Duration::from_secs(2));
     assert!(backoff(&h.ctx.settings, 4) >= Duration::from_secs(8));
-    let metrics = h.ctx.metrics.encode().expect("metrics");
-    assert!(
-        metrics.contains("reconcile_errors_total{reason=\"store_unavailable\"} 13"),
-        "{metrics}"
-    );
+    h.assert_metrics(&["reconcile_errors_total{reason=\"store_unavailable\"} 13"]);
     h.assert_event("StoreUnavailable", "Warning", "Reconcile");
     h.verify(&["StoreUnavailable"]);
 }
@@ -1183,11 +1179,7 @@ async fn a_create_after_a_read_that_finds_its_record_already_there_reads_it_and_
         id.as_str()
     );
     // The create that made nothing is neither logged nor counted as one.
-    let metrics = h.ctx.metrics.encode().expect("metrics");
-    assert!(!metrics.contains("action=\"create\""), "{metrics}");
-    assert!(
-        metrics.contains("petstore_operator_store_actions_total{action=\"update\""),
-        "{metrics}"
-    );
+    h.assert_metrics(&["petstore_operator_store_actions_total{action=\"update\""]);
+    h.assert_no_metric("action=\"create\"");
     h.verify(&["StoreUnavailable", "Adopted"]);
 }
