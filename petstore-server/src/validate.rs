@@ -255,10 +255,11 @@ pub fn change_sampler_request(req: &pb::ChangeSamplerReq) -> Result<SamplerSetti
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn thor() -> pb::Pet {
+    /// The book's dog, valid as sent; other modules' tests start from it too.
+    pub(crate) fn thor() -> pb::Pet {
         pb::Pet {
             name: "Thor".into(),
             r#type: PetType::PtCanine.into(),

@@ -4,31 +4,18 @@
 use std::sync::Arc;
 
 use petstore_proto::PetStoreClient;
-use petstore_proto::google::r#type::Date;
 use petstore_proto::petstore::{self as pb, PetType};
 use petstore_server::admission::{Admission, PUSHBACK_TRAILER};
 use petstore_server::model::{NewPet, PetFields, PetRecord, SearchFilter, Species};
 use petstore_server::server::ServeOptions;
-use petstore_server::storage::{Cursor, PostgresConfig, Storage, StorageConfig, search_all};
+use petstore_server::storage::{Cursor, Storage, StorageConfig, search_all};
 use tonic::Code;
 use tonic::transport::Channel;
 
-struct Running {
-    client: PetStoreClient<Channel>,
-    channel: Channel,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    server: tokio::task::JoinHandle<()>,
-    _dir: tempfile::TempDir,
-}
+#[macro_use]
+mod support;
 
-impl Running {
-    async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        (&mut self.server).await.expect("server task");
-    }
-}
+use support::{Backend, Running, add, date, keyed, pet, thor, tron};
 
 async fn start_with(storage: Arc<dyn Storage>, dir: tempfile::TempDir) -> Running {
     start_with_options(storage, dir, ServeOptions::default()).await
@@ -39,105 +26,18 @@ async fn start_with_options(
     dir: tempfile::TempDir,
     options: ServeOptions,
 ) -> Running {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(async move {
-        petstore_server::server::serve(listener, storage, options, async {
-            let _ = stopped.await;
-        })
-        .await
-        .expect("serve");
-    });
-    let channel = Channel::from_shared(format!("http://{addr}"))
-        .expect("uri")
-        .connect()
-        .await
-        .expect("connect");
-    Running {
-        client: PetStoreClient::new(channel.clone()),
-        channel,
-        stop: Some(stop),
-        server,
-        _dir: dir,
-    }
+    Running::serve(storage, Arc::new(dir), options).await
 }
 
-/// A fresh, empty database on the PostgreSQL server this test binary
-/// started (a real one, on 127.0.0.1; see fixtures::postgres).
-fn postgres_config() -> PostgresConfig {
-    let server = fixtures::postgres::shared().expect("start PostgreSQL");
-    let url = server.new_database("conformance").expect("create database");
-    let mut config: tokio_postgres::Config = url.parse().expect("url");
-    let password = std::fs::read_to_string(&server.password_file).expect("password");
-    config.password(password.trim_end());
-    PostgresConfig {
-        config,
-        pool_size: 4,
-        connect_timeout: std::time::Duration::from_secs(10),
-    }
-}
-
-/// The storage backends the suite runs against.
-#[derive(Clone, Copy, Debug)]
-enum Backend {
-    Memory,
-    Durable,
-    Postgres,
-}
-
-impl Backend {
-    /// An empty store; the durable one keeps its file in `dir`.
-    async fn open(self, dir: &tempfile::TempDir) -> Arc<dyn Storage> {
-        let config = match self {
-            Backend::Memory => StorageConfig::Memory,
-            Backend::Durable => StorageConfig::durable(dir.path().join("pets.redb")),
-            Backend::Postgres => StorageConfig::Postgres(Box::new(
-                tokio::task::spawn_blocking(postgres_config)
-                    .await
-                    .expect("postgres config"),
-            )),
-        };
-        config.open().await.expect("open storage")
-    }
+async fn open(backend: Backend, dir: &tempfile::TempDir) -> Arc<dyn Storage> {
+    let config = backend.config(dir, "conformance").await;
+    config.open().await.expect("open storage")
 }
 
 async fn start(backend: Backend) -> Running {
     let dir = tempfile::tempdir().expect("tempdir");
-    let storage = backend.open(&dir).await;
+    let storage = open(backend, &dir).await;
     start_with(storage, dir).await
-}
-
-fn date(year: i32, month: i32, day: i32) -> Option<Date> {
-    Some(Date { year, month, day })
-}
-
-fn pet(name: &str, kind: PetType, birthday: Option<Date>) -> pb::Pet {
-    pb::Pet {
-        name: name.into(),
-        r#type: kind.into(),
-        birthday,
-        ..Default::default()
-    }
-}
-
-fn thor() -> pb::Pet {
-    pet("Thor", PetType::PtCanine, date(2021, 4, 1))
-}
-
-fn tron() -> pb::Pet {
-    pet("Tron", PetType::PtFeline, date(2020, 6, 25))
-}
-
-async fn add(client: &mut PetStoreClient<Channel>, pets: Vec<pb::Pet>) -> Vec<String> {
-    client
-        .add_pets(pb::AddPetsReq { pets })
-        .await
-        .expect("add")
-        .into_inner()
-        .ids
 }
 
 async fn search(client: &mut PetStoreClient<Channel>, req: pb::SearchPetsReq) -> Vec<pb::Pet> {
@@ -718,7 +618,7 @@ async fn racing_claims_have_one_winner(backend: Backend) {
 /// index with the data.
 async fn search_equals_a_full_scan_page_by_page(backend: Backend) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let storage = backend.open(&dir).await;
+    let storage = open(backend, &dir).await;
     let names = ["Ada", "Bo", "Cy", "Dee", "Bo ", "bo", "Zoë"];
     let species = [
         Species::Canine,
@@ -910,7 +810,7 @@ async fn search_streams_more_than_a_page(backend: Backend) {
 async fn a_page_scans_limit_entries_whatever_matches(backend: Backend) {
     const LIMIT: usize = 8;
     let dir = tempfile::tempdir().expect("tempdir");
-    let storage = backend.open(&dir).await;
+    let storage = open(backend, &dir).await;
     let born = chrono::NaiveDate::from_ymd_opt(2020, 1, 1).expect("date");
     let names = ["Ada", "Bo", "Cy"];
     // 60 pets, 20 of each name, one in twenty a reptile.
@@ -1017,20 +917,6 @@ async fn a_page_scans_limit_entries_whatever_matches(backend: Backend) {
     }
 }
 
-macro_rules! suite {
-    ($($case:ident),* $(,)?) => {
-        mod memory {
-            $( #[tokio::test] async fn $case() { super::$case(super::Backend::Memory).await } )*
-        }
-        mod durable {
-            $( #[tokio::test] async fn $case() { super::$case(super::Backend::Durable).await } )*
-        }
-        mod postgres {
-            $( #[tokio::test] async fn $case() { super::$case(super::Backend::Postgres).await } )*
-        }
-    };
-}
-
 suite!(
     add_returns_ids_in_request_order,
     update_replaces_fields_and_unknown_id_changes_nothing,
@@ -1053,34 +939,20 @@ suite!(
 async fn durable_store_keeps_pets_and_keys_across_reopen() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("pets.redb");
-    let storage = StorageConfig::durable(path.clone())
-        .open()
-        .await
-        .expect("open");
-    let mut s = start_with(storage, tempfile::tempdir().expect("tempdir")).await;
-    let ids = add(
-        &mut s.client,
-        vec![pb::Pet {
-            idempotency_key: "uid-1".into(),
-            ..thor()
-        }],
-    )
-    .await;
+    // A server on the same file each time, as after a restart.
+    let reopen = || async {
+        let storage = StorageConfig::durable(path.clone())
+            .open()
+            .await
+            .expect("open");
+        start_with(storage, tempfile::tempdir().expect("tempdir")).await
+    };
+    let mut s = reopen().await;
+    let ids = add(&mut s.client, vec![keyed("Thor", "uid-1")]).await;
     s.stop().await;
 
-    let storage = StorageConfig::durable(path.clone())
-        .open()
-        .await
-        .expect("reopen");
-    let mut s = start_with(storage, tempfile::tempdir().expect("tempdir")).await;
-    let again = add(
-        &mut s.client,
-        vec![pb::Pet {
-            idempotency_key: "uid-1".into(),
-            ..thor()
-        }],
-    )
-    .await;
+    let mut s = reopen().await;
+    let again = add(&mut s.client, vec![keyed("Thor", "uid-1")]).await;
     assert_eq!(again, ids);
     assert_eq!(all(&mut s.client).await.len(), 1);
     // A changed key is durable too.
@@ -1089,23 +961,9 @@ async fn durable_store_keeps_pets_and_keys_across_reopen() {
         .expect("change key");
     s.stop().await;
 
-    let storage = StorageConfig::durable(path)
-        .open()
-        .await
-        .expect("reopen again");
-    let mut s = start_with(storage, tempfile::tempdir().expect("tempdir")).await;
+    let mut s = reopen().await;
     assert_eq!(keys_of(&mut s.client, &ids).await, ["uid-2"]);
-    assert_eq!(
-        add(
-            &mut s.client,
-            vec![pb::Pet {
-                idempotency_key: "uid-2".into(),
-                ..thor()
-            }]
-        )
-        .await,
-        ids
-    );
+    assert_eq!(add(&mut s.client, vec![keyed("Thor", "uid-2")]).await, ids);
     s.stop().await;
     drop(dir);
 }
@@ -1198,7 +1056,7 @@ async fn durable_files_keep_their_format() {
 #[tokio::test]
 async fn beyond_the_bound_a_request_is_shed_with_a_pushback() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let storage = Backend::Memory.open(&dir).await;
+    let storage = open(Backend::Memory, &dir).await;
     let options = ServeOptions {
         admission: Some(Admission::new(1)),
         ..Default::default()
