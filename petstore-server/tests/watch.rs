@@ -134,19 +134,25 @@ fn kinds(changes: &[pb::PetChange]) -> Vec<Kind> {
     changes.iter().map(|c| c.kind()).collect()
 }
 
+/// UpdatePets, which must succeed: the pet `id` becomes a keyless dog
+/// named `name`.
+async fn update(client: &mut PetStoreClient<Channel>, id: &str, name: &str) {
+    client
+        .update_pets(pb::UpdatePetsReq {
+            pets: vec![pb::Pet {
+                id: id.to_owned(),
+                ..keyed(name, "")
+            }],
+        })
+        .await
+        .unwrap_or_else(|status| panic!("update {id} to {name}: {status:?}"));
+}
+
 /// Makes one change of each kind: creates two pets, updates the first,
 /// gives it a key and deletes the second. Returns the two IDs.
 async fn one_of_each(client: &mut PetStoreClient<Channel>) -> Vec<String> {
     let ids = add(client, vec![keyed("Thor", ""), keyed("Tron", "uid-tron")]).await;
-    client
-        .update_pets(pb::UpdatePetsReq {
-            pets: vec![pb::Pet {
-                id: ids[0].clone(),
-                ..keyed("Thor II", "")
-            }],
-        })
-        .await
-        .expect("update");
+    update(client, &ids[0], "Thor II").await;
     client
         .set_idempotency_keys(pb::SetIdempotencyKeysReq {
             changes: vec![pb::KeyChange {
@@ -169,15 +175,7 @@ async fn one_of_each(client: &mut PetStoreClient<Channel>) -> Vec<String> {
 /// Writes that change no record: each must announce nothing.
 async fn no_ops(client: &mut PetStoreClient<Channel>, id: &str) {
     // Same values as stored.
-    client
-        .update_pets(pb::UpdatePetsReq {
-            pets: vec![pb::Pet {
-                id: id.to_owned(),
-                ..keyed("Thor II", "")
-            }],
-        })
-        .await
-        .expect("identical update");
+    update(client, id, "Thor II").await;
     // A missing ID.
     client
         .delete_pets(pb::DeletePetsReq {
@@ -531,15 +529,7 @@ async fn postgres_replicas_see_one_sequence() {
     let (a, b) = replicas.split_at_mut(1);
     let (a, b) = (&mut a[0], &mut b[0]);
     let ids = add(&mut a.client, vec![keyed("Thor", "")]).await;
-    b.client
-        .update_pets(pb::UpdatePetsReq {
-            pets: vec![pb::Pet {
-                id: ids[0].clone(),
-                ..keyed("Thor II", "")
-            }],
-        })
-        .await
-        .expect("update through b");
+    update(&mut b.client, &ids[0], "Thor II").await;
     // Concurrent writes through both.
     let mut writers = Vec::new();
     for (n, replica) in [&*a, &*b].into_iter().enumerate() {
