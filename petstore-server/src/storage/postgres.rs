@@ -450,6 +450,24 @@ fn record(row: &Row) -> Result<PetRecord, StorageError> {
     })
 }
 
+/// The rows' two text columns as a map, for a key change's checks: the
+/// query takes the values as its one parameter, and a NULL second column (a
+/// pet without a key) reads as empty, as keys do everywhere else.
+async fn text_pairs(
+    txn: &deadpool_postgres::Transaction<'_>,
+    sql: &str,
+    values: &[String],
+) -> Result<HashMap<String, String>, StorageError> {
+    let rows = txn.query(sql, &[&values]).await.or_engine("reading keys")?;
+    let mut pairs = HashMap::with_capacity(rows.len());
+    for row in &rows {
+        let first: String = row.try_get(0).or_engine("reading keys")?;
+        let second: Option<String> = row.try_get(1).or_engine("reading keys")?;
+        pairs.insert(first, second.unwrap_or_default());
+    }
+    Ok(pairs)
+}
+
 #[tonic::async_trait]
 impl Storage for PostgresStorage {
     async fn add(&self, pets: &[NewPet]) -> Result<Vec<Added>, StorageError> {
@@ -636,33 +654,18 @@ impl Storage for PostgresStorage {
             .collect();
         // Locks the pets in ID order (two requests cannot deadlock), so
         // their keys cannot change between this check and the write.
-        let rows = txn
-            .query(
-                "SELECT id, idempotency_key FROM petstore_pets WHERE id = ANY($1) ORDER BY id FOR UPDATE",
-                &[&ids],
-            )
-            .await
-            .or_engine("reading keys")?;
-        let mut current: HashMap<String, String> = HashMap::with_capacity(rows.len());
-        for row in &rows {
-            let id: String = row.try_get(0).or_engine("reading keys")?;
-            let key: Option<String> = row.try_get(1).or_engine("reading keys")?;
-            current.insert(id, key.unwrap_or_default());
-        }
-        let rows = txn
-            .query(
-                "SELECT idempotency_key, id FROM petstore_pets WHERE idempotency_key = ANY($1)",
-                &[&new_keys],
-            )
-            .await
-            .or_engine("reading keys")?;
-        let mut holders: HashMap<String, String> = HashMap::with_capacity(rows.len());
-        for row in &rows {
-            holders.insert(
-                row.try_get(0).or_engine("reading keys")?,
-                row.try_get(1).or_engine("reading keys")?,
-            );
-        }
+        let current = text_pairs(
+            &txn,
+            "SELECT id, idempotency_key FROM petstore_pets WHERE id = ANY($1) ORDER BY id FOR UPDATE",
+            &ids,
+        )
+        .await?;
+        let holders = text_pairs(
+            &txn,
+            "SELECT idempotency_key, id FROM petstore_pets WHERE idempotency_key = ANY($1)",
+            &new_keys,
+        )
+        .await?;
         // The same decision as every other backend.
         if let Some(refusal) = check_key_changes(
             changes,
