@@ -8,7 +8,7 @@ use petstore_proto::petstore::{self as pb, PetType};
 use petstore_server::admission::{Admission, PUSHBACK_TRAILER};
 use petstore_server::model::{NewPet, PetFields, PetRecord, SearchFilter, Species};
 use petstore_server::server::ServeOptions;
-use petstore_server::storage::{Cursor, Storage, StorageConfig, search_all};
+use petstore_server::storage::{Cursor, PageRequest, Storage, StorageConfig, search_all};
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -882,7 +882,7 @@ async fn a_page_scans_limit_entries_whatever_matches(backend: Backend) {
         let mut empty_yet_not_last = 0;
         for (number, entries) in walk.chunks(LIMIT).enumerate() {
             let page = storage
-                .search_page(filter, after, LIMIT)
+                .search_page(PageRequest::new(filter, after, LIMIT))
                 .await
                 .expect("page");
             let want: Vec<&str> = entries

@@ -28,11 +28,10 @@ use tokio_postgres::{AsyncMessage, NoTls, Row};
 use super::codec::{self, corrupt};
 use super::feed::{Change, ChangeFeed, ChangeKind, DEFAULT_HISTORY, PendingChange};
 use super::{
-    Cursor, OrEngine, PageFill, SearchPage, Storage, StorageError, check_key_changes, new_id,
+    Cursor, OrEngine, PageFill, PageRequest, SearchPage, Storage, StorageError, check_key_changes,
+    new_id,
 };
-use crate::model::{
-    Added, KeyChange, NewPet, PetFields, PetRecord, PetUpdate, SearchFilter, Species,
-};
+use crate::model::{Added, KeyChange, NewPet, PetFields, PetRecord, PetUpdate, Species};
 
 /// Serialises schema changes between replicas that start together.
 const MIGRATION_LOCK: i64 = 0x7065_7473_746f_7265; // "petstore"
@@ -735,13 +734,9 @@ impl Storage for PostgresStorage {
         Ok(())
     }
 
-    async fn search_page(
-        &self,
-        filter: &SearchFilter,
-        after: Option<Cursor>,
-        limit: usize,
-    ) -> Result<SearchPage, StorageError> {
+    async fn search_page(&self, page: PageRequest<'_>) -> Result<SearchPage, StorageError> {
         let client = self.client().await?;
+        let (filter, after, limit) = (page.filter, page.after, page.limit);
         let by_name = !filter.names.is_empty();
         let after = after.unwrap_or_default();
         // The walk's next `limit` entries and one more, which tells whether
