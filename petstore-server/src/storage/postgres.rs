@@ -184,10 +184,7 @@ impl PostgresStorage {
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object, StorageError> {
-        self.pool
-            .get()
-            .await
-            .or_engine("getting a database connection")
+        connection(&self.pool).await
     }
 
     /// Wakes this replica's reader after its own commit, so its watchers
@@ -197,11 +194,13 @@ impl PostgresStorage {
     }
 }
 
+/// A connection from the pool, for the store's calls and its own work.
+async fn connection(pool: &Pool) -> Result<deadpool_postgres::Object, StorageError> {
+    pool.get().await.or_engine("getting a database connection")
+}
+
 async fn migrate(pool: &Pool) -> Result<(), StorageError> {
-    let mut client = pool
-        .get()
-        .await
-        .or_engine("getting a database connection")?;
+    let mut client = connection(pool).await?;
     let txn = client
         .transaction()
         .await
@@ -224,10 +223,7 @@ async fn migrate(pool: &Pool) -> Result<(), StorageError> {
 /// The feed as the database holds it: the revision and the latest
 /// `history` changes, read in one snapshot.
 async fn load_feed(pool: &Pool, history: usize) -> Result<ChangeFeed, StorageError> {
-    let mut client = pool
-        .get()
-        .await
-        .or_engine("getting a database connection")?;
+    let mut client = connection(pool).await?;
     let txn = client
         .build_transaction()
         .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
@@ -292,11 +288,7 @@ impl FeedReader {
     /// Publishes every change committed after the feed's revision.
     async fn read_new(&self) -> Result<(), StorageError> {
         let _reading = self.reading.lock().await;
-        let client = self
-            .pool
-            .get()
-            .await
-            .or_engine("getting a database connection")?;
+        let client = connection(&self.pool).await?;
         let statement = client
             .prepare_cached(&format!(
                 "SELECT {CHANGE_COLUMNS} FROM petstore_changes
