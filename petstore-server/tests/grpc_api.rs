@@ -40,6 +40,24 @@ async fn start(backend: Backend) -> Running {
     start_with(storage, dir).await
 }
 
+/// The call was refused with `code`, its message naming `field` first.
+fn assert_refused(err: &tonic::Status, code: Code, field: &str) {
+    assert_eq!(err.code(), code, "{err:?}");
+    assert!(
+        err.message().starts_with(field),
+        "{field}: {}",
+        err.message()
+    );
+}
+
+/// A search for the pets with any of `names`.
+fn by_names(names: &[&str]) -> pb::SearchPetsReq {
+    pb::SearchPetsReq {
+        names: names.iter().map(|name| (*name).to_owned()).collect(),
+        ..Default::default()
+    }
+}
+
 async fn search(client: &mut PetStoreClient<Channel>, req: pb::SearchPetsReq) -> Vec<pb::Pet> {
     let mut stream = client.search_pets(req).await.expect("search").into_inner();
     let mut pets = Vec::new();
@@ -144,14 +162,7 @@ async fn search_filters_narrow_and_range_is_half_open(backend: Backend) {
     let names = |pets: Vec<pb::Pet>| pets.into_iter().map(|p| p.name).collect::<Vec<_>>();
 
     assert_eq!(all(&mut s.client).await.len(), 5);
-    let by_name = search(
-        &mut s.client,
-        pb::SearchPetsReq {
-            names: vec!["Thor".into()],
-            ..Default::default()
-        },
-    )
-    .await;
+    let by_name = search(&mut s.client, by_names(&["Thor"])).await;
     assert_eq!(by_name.len(), 2);
     let by_name_and_type = search(
         &mut s.client,
@@ -250,12 +261,7 @@ async fn every_validation_rule_names_field_and_pet_and_stores_nothing(backend: B
     for (bad, field) in cases {
         // A valid pet first: the whole batch must be refused.
         let err = add_rejected(&mut s.client, vec![tron(), bad.clone()]).await;
-        assert_eq!(err.code(), Code::InvalidArgument, "{field}");
-        assert!(
-            err.message().starts_with(field),
-            "{field}: {}",
-            err.message()
-        );
+        assert_refused(&err, Code::InvalidArgument, field);
         assert!(err.message().contains("pet #1"), "{}", err.message());
     }
     assert!(all(&mut s.client).await.is_empty(), "nothing may be stored");
@@ -267,8 +273,7 @@ async fn every_validation_rule_names_field_and_pet_and_stores_nothing(backend: B
         .update_pets(pb::UpdatePetsReq { pets: vec![tron()] })
         .await
         .expect_err("missing id");
-    assert_eq!(err.code(), Code::InvalidArgument);
-    assert!(err.message().starts_with("pets[0].id"), "{}", err.message());
+    assert_refused(&err, Code::InvalidArgument, "pets[0].id");
     let mut renamed = thor();
     renamed.id = ids[0].clone();
     renamed.name = "Renamed".into();
@@ -290,8 +295,7 @@ async fn every_validation_rule_names_field_and_pet_and_stores_nothing(backend: B
 
     // Batches over the documented size.
     let err = add_rejected(&mut s.client, vec![thor(); 1001]).await;
-    assert_eq!(err.code(), Code::InvalidArgument);
-    assert!(err.message().starts_with("pets:"), "{}", err.message());
+    assert_refused(&err, Code::InvalidArgument, "pets:");
     let err = s
         .client
         .delete_pets(pb::DeletePetsReq {
@@ -466,12 +470,8 @@ async fn key_changes_are_compare_and_set(backend: Backend) {
     let lost = set_keys(&mut s.client, vec![change(&free, "", "uid-c")])
         .await
         .expect_err("a second claim with a stale expected key");
-    assert_eq!(lost.code(), Code::FailedPrecondition, "{lost:?}");
-    assert!(
-        lost.message().starts_with("changes[0].expected_key:") && lost.message().contains("uid-a"),
-        "{}",
-        lost.message()
-    );
+    assert_refused(&lost, Code::FailedPrecondition, "changes[0].expected_key:");
+    assert!(lost.message().contains("uid-a"), "{}", lost.message());
     set_keys(&mut s.client, vec![change(&free, "uid-a", "uid-a")])
         .await
         .expect("setting the key it has");
@@ -518,12 +518,7 @@ async fn key_changes_are_compare_and_set(backend: Backend) {
     )
     .await
     .expect_err("the same pet twice");
-    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
-    assert!(
-        err.message().starts_with("changes[2].id:"),
-        "{}",
-        err.message()
-    );
+    assert_refused(&err, Code::InvalidArgument, "changes[2].id:");
     // A key another pet holds is refused, and the batch changes nothing.
     add(&mut s.client, vec![keyed("uid-held")]).await;
     let err = set_keys(
@@ -535,12 +530,7 @@ async fn key_changes_are_compare_and_set(backend: Backend) {
     )
     .await
     .expect_err("a key held by another pet");
-    assert_eq!(err.code(), Code::AlreadyExists, "{err:?}");
-    assert!(
-        err.message().starts_with("changes[1].new_key:"),
-        "{}",
-        err.message()
-    );
+    assert_refused(&err, Code::AlreadyExists, "changes[1].new_key:");
     assert_eq!(keys_of(&mut s.client, &ids).await, ["uid-y", "uid-x"]);
 
     // An unknown ID is NOT_FOUND and the rest of the batch is not applied.
@@ -550,12 +540,7 @@ async fn key_changes_are_compare_and_set(backend: Backend) {
     )
     .await
     .expect_err("unknown id");
-    assert_eq!(err.code(), Code::NotFound, "{err:?}");
-    assert!(
-        err.message().starts_with("changes[1].id:"),
-        "{}",
-        err.message()
-    );
+    assert_refused(&err, Code::NotFound, "changes[1].id:");
     assert_eq!(keys_of(&mut s.client, &ids).await, ["uid-y", "uid-x"]);
 
     // Released keys no longer find anything; a released pet is claimable.
@@ -575,12 +560,7 @@ async fn key_changes_are_compare_and_set(backend: Backend) {
     let err = set_keys(&mut s.client, vec![change(&free, "", &"k".repeat(129))])
         .await
         .expect_err("key too long");
-    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
-    assert!(
-        err.message().starts_with("changes[0].new_key:"),
-        "{}",
-        err.message()
-    );
+    assert_refused(&err, Code::InvalidArgument, "changes[0].new_key:");
     s.stop().await;
 }
 
@@ -754,18 +734,16 @@ async fn search_streams_more_than_a_page(backend: Backend) {
     let ids: std::collections::HashSet<_> = streamed.iter().map(|p| p.id.clone()).collect();
     assert_eq!(streamed.len(), total);
     assert_eq!(ids, added);
-    let evens = search(
-        &mut s.client,
-        pb::SearchPetsReq {
-            names: vec!["Even".into()],
-            ..Default::default()
-        },
-    )
-    .await;
+    let evens = search(&mut s.client, by_names(&["Even"])).await;
     assert_eq!(evens.len(), total.div_ceil(2));
     assert!(evens.iter().all(|p| p.name == "Even"));
 
-    let ids_of = |pets: &[pb::Pet]| pets.iter().map(|p| p.id.clone()).collect::<Vec<_>>();
+    // The same pets whatever the order they come in.
+    let ids_of = |pets: &[pb::Pet]| {
+        let mut ids: Vec<_> = pets.iter().map(|p| p.id.clone()).collect();
+        ids.sort();
+        ids
+    };
     let is_reptile = |p: &&pb::Pet| p.r#type == i32::from(PetType::PtReptile);
     let reptiles: Vec<_> = streamed.iter().filter(is_reptile).cloned().collect();
     assert_eq!(reptiles.len(), (0..total).filter(|&n| reptile(n)).count());
@@ -778,11 +756,11 @@ async fn search_streams_more_than_a_page(backend: Backend) {
         },
     )
     .await;
-    let mut want = ids_of(&reptiles);
-    let mut got = ids_of(&found);
-    want.sort();
-    got.sort();
-    assert_eq!(got, want, "reptiles, walking every record");
+    assert_eq!(
+        ids_of(&found),
+        ids_of(&reptiles),
+        "reptiles, walking every record"
+    );
     let even_reptiles: Vec<_> = reptiles.into_iter().filter(|p| p.name == "Even").collect();
     let found = search(
         &mut s.client,
@@ -793,11 +771,11 @@ async fn search_streams_more_than_a_page(backend: Backend) {
         },
     )
     .await;
-    let mut want = ids_of(&even_reptiles);
-    let mut got = ids_of(&found);
-    want.sort();
-    got.sort();
-    assert_eq!(got, want, "reptiles named Even, walking the name index");
+    assert_eq!(
+        ids_of(&found),
+        ids_of(&even_reptiles),
+        "reptiles named Even, walking the name index"
+    );
     s.stop().await;
 }
 
