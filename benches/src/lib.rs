@@ -113,15 +113,30 @@ impl BenchConfig {
     }
 }
 
+/// /proc/loadavg at the start and at the end of a group of runs.
+#[derive(Debug, Default)]
+pub struct LoadAverages {
+    pub start: String,
+    pub end: String,
+}
+
+impl LoadAverages {
+    /// Started now; `end` is set when the group finishes.
+    fn now() -> Self {
+        Self {
+            start: report::load_average(),
+            end: String::new(),
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct BenchResults {
     pub convergence: Vec<ConvergenceResult>,
-    /// /proc/loadavg before the first and after the last operator run.
-    pub load_start: String,
-    pub load_end: String,
-    /// /proc/loadavg before and after the store runs.
-    pub store_load_start: String,
-    pub store_load_end: String,
+    /// Around the operator runs: before the first, after the last.
+    pub load: LoadAverages,
+    /// Around the store runs.
+    pub store_load: LoadAverages,
     pub store: Vec<LoadResult>,
     pub durability: Option<DurabilityCheck>,
     pub ghz: Vec<GhzResult>,
@@ -206,7 +221,7 @@ pub(crate) fn convergence_config(config: &BenchConfig, pets: usize) -> Convergen
 pub fn run_all(config: &BenchConfig, progress: impl Fn(&str)) -> Result<BenchResults> {
     let rt = runtime()?;
     let mut results = BenchResults {
-        load_start: report::load_average(),
+        load: LoadAverages::now(),
         ..BenchResults::default()
     };
     for &pets in &config.sizes {
@@ -247,13 +262,13 @@ pub fn run_all(config: &BenchConfig, progress: impl Fn(&str)) -> Result<BenchRes
             .collect();
         results.convergence.push(result);
     }
-    results.load_end = report::load_average();
+    results.load.end = report::load_average();
     let setups = if config.store_concurrencies.is_empty() {
         vec![]
     } else {
         config.store_setups.clone()
     };
-    results.store_load_start = report::load_average();
+    results.store_load = LoadAverages::now();
     for setup in setups {
         progress(&format!("store, {}", setup.label()));
         let dir = tempfile::tempdir().map_err(fixtures::io("creating a directory"))?;
@@ -292,7 +307,7 @@ pub fn run_all(config: &BenchConfig, progress: impl Fn(&str)) -> Result<BenchRes
         results.feed_cost =
             feed_cost::measure(&rt, dir.path(), config.feed_creates, &config.feed_watchers)?;
     }
-    results.store_load_end = report::load_average();
+    results.store_load.end = report::load_average();
     Ok(results)
 }
 
@@ -364,7 +379,7 @@ pub fn markdown(results: &BenchResults, environment: &str, plot: Option<&str>) -
     let _ = writeln!(
         out,
         "- Load average (1, 5, 15 min) at the start: {}; at the end of the operator runs: {}\n",
-        results.load_start, results.load_end
+        results.load.start, results.load.end
     );
     report::operator(&mut out, &results.convergence, plot);
     out.push_str(&store_markdown(results));
@@ -382,7 +397,7 @@ pub fn store_markdown(results: &BenchResults) -> String {
     let _ = writeln!(
         out,
         "- Load average (1, 5, 15 min) at the start of the store runs: {}; at the end: {}\n",
-        results.store_load_start, results.store_load_end
+        results.store_load.start, results.store_load.end
     );
     let _ = writeln!(out, "### ghz (grpc-go client)\n");
     let _ = writeln!(

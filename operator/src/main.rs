@@ -10,12 +10,10 @@ use petstore_operator::{app, cli};
 async fn main() -> ExitCode {
     let args = cli::Args::parse();
     // Inside the runtime: the span exporter's gRPC channel lives on it.
-    let telemetry = match petstore_telemetry::init("petstore-operator", args.log_format, None) {
-        Ok(telemetry) => telemetry,
-        Err(err) => {
-            eprintln!("cannot set up logging and tracing: {err}");
-            return ExitCode::FAILURE;
-        }
+    let Some(telemetry) =
+        petstore_telemetry::init_for_main("petstore-operator", args.log_format, None)
+    else {
+        return ExitCode::FAILURE;
     };
     tracing::info!(
         exporting_spans = telemetry.is_exporting(),

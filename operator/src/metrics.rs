@@ -62,36 +62,26 @@ impl StoreAction {
     }
 }
 
-impl EncodeLabelValue for StoreAction {
-    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
-        std::fmt::Write::write_str(encoder, self.label())
-    }
+/// Each type's label value is the word it already has for itself.
+macro_rules! label_values {
+    ($($(#[$doc:meta])* $kind:ty => $word:ident;)*) => {$(
+        $(#[$doc])*
+        impl EncodeLabelValue for $kind {
+            fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+                std::fmt::Write::write_str(encoder, self.$word())
+            }
+        }
+    )*};
 }
 
-/// The snake_case reason, as conditions and Events give it in CamelCase.
-impl EncodeLabelValue for Reason {
-    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
-        std::fmt::Write::write_str(encoder, self.metric_label())
-    }
-}
-
-impl EncodeLabelValue for Cause {
-    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
-        std::fmt::Write::write_str(encoder, self.as_str())
-    }
-}
-
-impl EncodeLabelValue for Field {
-    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
-        std::fmt::Write::write_str(encoder, self.as_str())
-    }
-}
-
-/// The RPC's method name.
-impl EncodeLabelValue for Operation {
-    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
-        std::fmt::Write::write_str(encoder, self.method())
-    }
+label_values! {
+    StoreAction => label;
+    /// The snake_case reason, as conditions and Events give it in CamelCase.
+    Reason => metric_label;
+    Cause => as_str;
+    Field => as_str;
+    /// The RPC's method name.
+    Operation => method;
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

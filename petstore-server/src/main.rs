@@ -183,16 +183,12 @@ fn main() -> ExitCode {
     runtime.block_on(async {
         let sampler = SharedSampler::new(args.trace_sampler);
         // Inside the runtime: the span exporter's gRPC channel lives on it.
-        let telemetry = match petstore_telemetry::init(
+        let Some(telemetry) = petstore_telemetry::init_for_main(
             "petstore-server",
             args.log_format,
             Some(sampler.clone()),
-        ) {
-            Ok(telemetry) => telemetry,
-            Err(err) => {
-                eprintln!("cannot set up logging and tracing: {err}");
-                return ExitCode::FAILURE;
-            }
+        ) else {
+            return ExitCode::FAILURE;
         };
         tracing::info!(
             exporting_spans = telemetry.is_exporting(),

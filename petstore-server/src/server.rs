@@ -85,6 +85,21 @@ pub fn incoming(listener: TcpListener) -> TcpIncoming {
     TcpIncoming::from(listener).with_nodelay(Some(true))
 }
 
+/// Sets `status` for the pet store service and for the server as a whole
+/// (the empty service name), which probes without a service name ask about.
+async fn report_health(
+    health: &tonic_health::server::HealthReporter,
+    status: tonic_health::ServingStatus,
+) {
+    health
+        .set_service_status(
+            <PetStoreServer<PetStoreService> as tonic::server::NamedService>::NAME,
+            status,
+        )
+        .await;
+    health.set_service_status("", status).await;
+}
+
 /// Serves on `listener` until `shutdown` resolves, then reports NOT_SERVING,
 /// stops accepting, and finishes in-flight calls before returning.
 pub async fn serve(
@@ -119,12 +134,7 @@ pub async fn serve(
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
 
     // Storage is already open when we get here, so we can serve at once.
-    health
-        .set_serving::<PetStoreServer<PetStoreService>>()
-        .await;
-    health
-        .set_service_status("", tonic_health::ServingStatus::Serving)
-        .await;
+    report_health(&health, tonic_health::ServingStatus::Serving).await;
 
     let draining_health = health.clone();
     let shutdown = async move {
@@ -133,12 +143,7 @@ pub async fn serve(
         // Watch streams never end by themselves; the drain would wait for
         // them forever.
         stop_watchers.send_replace(true);
-        draining_health
-            .set_not_serving::<PetStoreServer<PetStoreService>>()
-            .await;
-        draining_health
-            .set_service_status("", tonic_health::ServingStatus::NotServing)
-            .await;
+        report_health(&draining_health, tonic_health::ServingStatus::NotServing).await;
     };
 
     if let Ok(addr) = listener.local_addr() {

@@ -13,7 +13,7 @@ use tonic::{Request, Response, Status};
 use tracing::{Instrument, Span};
 
 use crate::metrics::ServerMetrics;
-use crate::storage::{SearchPage, Storage, StorageError};
+use crate::storage::{PageRequest, SearchPage, Storage, StorageError};
 use crate::watch::{WatchOptions, WatchStream};
 use crate::{validate, watch, wire};
 
@@ -224,7 +224,7 @@ impl PetStoreService {
         // status rather than a broken stream.
         let first = self
             .storage
-            .search_page(&filter, None, SEARCH_PAGE)
+            .search_page(PageRequest::new(&filter, None, SEARCH_PAGE))
             .instrument(self.span(|| tracing::info_span!("storage.search_page")))
             .await?;
         let storage = Arc::clone(&self.storage);
@@ -245,7 +245,7 @@ impl PetStoreService {
                 }
                 let Some(after) = next else { break };
                 page = match storage
-                    .search_page(&filter, Some(after), SEARCH_PAGE)
+                    .search_page(PageRequest::new(&filter, Some(after), SEARCH_PAGE))
                     .instrument(if rpc_span.is_none() {
                         Span::none()
                     } else {

@@ -20,7 +20,15 @@ struct At<'a> {
     pet: Option<(usize, &'a str)>,
 }
 
-impl At<'_> {
+impl<'a> At<'a> {
+    /// `pets[index].field`, naming the pet.
+    fn pet_field(index: usize, pet: &'a pb::Pet, field: &str) -> Self {
+        At {
+            path: format!("pets[{index}].{field}"),
+            pet: Some((index, pet.name.as_str())),
+        }
+    }
+
     fn invalid(&self, problem: impl std::fmt::Display) -> Status {
         let message = match self.pet {
             Some((index, name)) => format!("{}: {problem} (pet #{index} {name:?})", self.path),
@@ -47,10 +55,7 @@ fn date(at: &At<'_>, value: Option<&Date>) -> Result<NaiveDate, Status> {
 
 /// The name, type and birthday of `pets[index]`, validated.
 fn pet_fields(index: usize, pet: &pb::Pet) -> Result<PetFields, Status> {
-    let at = |field: &str| At {
-        path: format!("pets[{index}].{field}"),
-        pet: Some((index, pet.name.as_str())),
-    };
+    let at = |field: &str| At::pet_field(index, pet, field);
     let name_chars = pet.name.chars().count();
     if pet.name.trim().is_empty() {
         return Err(at("name").invalid("must not be empty or only whitespace"));
@@ -83,10 +88,7 @@ fn idempotency_key(index: usize, pet: &pb::Pet) -> Result<Option<String>, Status
     }
     let chars = key.chars().count();
     if chars > MAX_KEY_CHARS {
-        let at = At {
-            path: format!("pets[{index}].idempotency_key"),
-            pet: Some((index, pet.name.as_str())),
-        };
+        let at = At::pet_field(index, pet, "idempotency_key");
         return Err(at.invalid(format!(
             "must be at most {MAX_KEY_CHARS} characters, got {chars}"
         )));
@@ -94,46 +96,42 @@ fn idempotency_key(index: usize, pet: &pb::Pet) -> Result<Option<String>, Status
     Ok(Some(key.to_owned()))
 }
 
-pub fn add_request(req: &pb::AddPetsReq) -> Result<Vec<NewPet>, Status> {
-    check_batch_size("pets", req.pets.len())?;
-    req.pets
-        .iter()
+/// A batch of pets within the size limit, each checked by `check`.
+fn each_pet<T>(
+    pets: &[pb::Pet],
+    check: impl Fn(usize, &pb::Pet) -> Result<T, Status>,
+) -> Result<Vec<T>, Status> {
+    check_batch_size("pets", pets.len())?;
+    pets.iter()
         .enumerate()
-        .map(|(index, pet)| {
-            if !pet.id.is_empty() {
-                return Err(At {
-                    path: format!("pets[{index}].id"),
-                    pet: Some((index, pet.name.as_str())),
-                }
-                .invalid("must be empty: the store assigns IDs"));
-            }
-            Ok(NewPet {
-                fields: pet_fields(index, pet)?,
-                idempotency_key: idempotency_key(index, pet)?,
-            })
-        })
+        .map(|(index, pet)| check(index, pet))
         .collect()
 }
 
-pub fn update_request(req: &pb::UpdatePetsReq) -> Result<Vec<PetUpdate>, Status> {
-    check_batch_size("pets", req.pets.len())?;
-    req.pets
-        .iter()
-        .enumerate()
-        .map(|(index, pet)| {
-            if pet.id.trim().is_empty() {
-                return Err(At {
-                    path: format!("pets[{index}].id"),
-                    pet: Some((index, pet.name.as_str())),
-                }
-                .invalid("is required to update a pet"));
-            }
-            Ok(PetUpdate {
-                id: pet.id.clone(),
-                fields: pet_fields(index, pet)?,
-            })
+pub fn add_request(req: &pb::AddPetsReq) -> Result<Vec<NewPet>, Status> {
+    each_pet(&req.pets, |index, pet| {
+        if !pet.id.is_empty() {
+            return Err(
+                At::pet_field(index, pet, "id").invalid("must be empty: the store assigns IDs")
+            );
+        }
+        Ok(NewPet {
+            fields: pet_fields(index, pet)?,
+            idempotency_key: idempotency_key(index, pet)?,
         })
-        .collect()
+    })
+}
+
+pub fn update_request(req: &pb::UpdatePetsReq) -> Result<Vec<PetUpdate>, Status> {
+    each_pet(&req.pets, |index, pet| {
+        if pet.id.trim().is_empty() {
+            return Err(At::pet_field(index, pet, "id").invalid("is required to update a pet"));
+        }
+        Ok(PetUpdate {
+            id: pet.id.clone(),
+            fields: pet_fields(index, pet)?,
+        })
+    })
 }
 
 /// Validates SetIdempotencyKeys: IDs required, keys within the limit, and no
@@ -255,10 +253,11 @@ pub fn change_sampler_request(req: &pb::ChangeSamplerReq) -> Result<SamplerSetti
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn thor() -> pb::Pet {
+    /// The book's dog, valid as sent; other modules' tests start from it too.
+    pub(crate) fn thor() -> pb::Pet {
         pb::Pet {
             name: "Thor".into(),
             r#type: PetType::PtCanine.into(),

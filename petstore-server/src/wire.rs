@@ -33,24 +33,14 @@ pub fn change_to_proto(change: &Change) -> pb::PetChange {
 
 #[cfg(test)]
 mod tests {
-    use petstore_proto::google::r#type::Date;
-    use petstore_proto::petstore::PetType;
-
     use super::*;
     use crate::validate;
 
     #[test]
     fn a_validated_pet_comes_back_as_it_was_sent() {
         let sent = pb::Pet {
-            id: String::new(),
-            name: "Thor".into(),
-            r#type: PetType::PtCanine.into(),
-            birthday: Some(Date {
-                year: 2021,
-                month: 4,
-                day: 1,
-            }),
             idempotency_key: "uid-1".into(),
+            ..validate::tests::thor()
         };
         let new = validate::add_request(&pb::AddPetsReq {
             pets: vec![sent.clone()],

@@ -4,31 +4,18 @@
 use std::sync::Arc;
 
 use petstore_proto::PetStoreClient;
-use petstore_proto::google::r#type::Date;
 use petstore_proto::petstore::{self as pb, PetType};
 use petstore_server::admission::{Admission, PUSHBACK_TRAILER};
 use petstore_server::model::{NewPet, PetFields, PetRecord, SearchFilter, Species};
 use petstore_server::server::ServeOptions;
-use petstore_server::storage::{Cursor, PostgresConfig, Storage, StorageConfig, search_all};
+use petstore_server::storage::{Cursor, PageRequest, Storage, StorageConfig, search_all};
 use tonic::Code;
 use tonic::transport::Channel;
 
-struct Running {
-    client: PetStoreClient<Channel>,
-    channel: Channel,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    server: tokio::task::JoinHandle<()>,
-    _dir: tempfile::TempDir,
-}
+#[macro_use]
+mod support;
 
-impl Running {
-    async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        (&mut self.server).await.expect("server task");
-    }
-}
+use support::{Backend, Running, add, date, keyed, pet, thor, tron};
 
 async fn start_with(storage: Arc<dyn Storage>, dir: tempfile::TempDir) -> Running {
     start_with_options(storage, dir, ServeOptions::default()).await
@@ -39,105 +26,36 @@ async fn start_with_options(
     dir: tempfile::TempDir,
     options: ServeOptions,
 ) -> Running {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(async move {
-        petstore_server::server::serve(listener, storage, options, async {
-            let _ = stopped.await;
-        })
-        .await
-        .expect("serve");
-    });
-    let channel = Channel::from_shared(format!("http://{addr}"))
-        .expect("uri")
-        .connect()
-        .await
-        .expect("connect");
-    Running {
-        client: PetStoreClient::new(channel.clone()),
-        channel,
-        stop: Some(stop),
-        server,
-        _dir: dir,
-    }
+    Running::serve(storage, Arc::new(dir), options).await
 }
 
-/// A fresh, empty database on the PostgreSQL server this test binary
-/// started (a real one, on 127.0.0.1; see fixtures::postgres).
-fn postgres_config() -> PostgresConfig {
-    let server = fixtures::postgres::shared().expect("start PostgreSQL");
-    let url = server.new_database("conformance").expect("create database");
-    let mut config: tokio_postgres::Config = url.parse().expect("url");
-    let password = std::fs::read_to_string(&server.password_file).expect("password");
-    config.password(password.trim_end());
-    PostgresConfig {
-        config,
-        pool_size: 4,
-        connect_timeout: std::time::Duration::from_secs(10),
-    }
-}
-
-/// The storage backends the suite runs against.
-#[derive(Clone, Copy, Debug)]
-enum Backend {
-    Memory,
-    Durable,
-    Postgres,
-}
-
-impl Backend {
-    /// An empty store; the durable one keeps its file in `dir`.
-    async fn open(self, dir: &tempfile::TempDir) -> Arc<dyn Storage> {
-        let config = match self {
-            Backend::Memory => StorageConfig::Memory,
-            Backend::Durable => StorageConfig::durable(dir.path().join("pets.redb")),
-            Backend::Postgres => StorageConfig::Postgres(Box::new(
-                tokio::task::spawn_blocking(postgres_config)
-                    .await
-                    .expect("postgres config"),
-            )),
-        };
-        config.open().await.expect("open storage")
-    }
+async fn open(backend: Backend, dir: &tempfile::TempDir) -> Arc<dyn Storage> {
+    let config = backend.config(dir, "conformance").await;
+    config.open().await.expect("open storage")
 }
 
 async fn start(backend: Backend) -> Running {
     let dir = tempfile::tempdir().expect("tempdir");
-    let storage = backend.open(&dir).await;
+    let storage = open(backend, &dir).await;
     start_with(storage, dir).await
 }
 
-fn date(year: i32, month: i32, day: i32) -> Option<Date> {
-    Some(Date { year, month, day })
+/// The call was refused with `code`, its message naming `field` first.
+fn assert_refused(err: &tonic::Status, code: Code, field: &str) {
+    assert_eq!(err.code(), code, "{err:?}");
+    assert!(
+        err.message().starts_with(field),
+        "{field}: {}",
+        err.message()
+    );
 }
 
-fn pet(name: &str, kind: PetType, birthday: Option<Date>) -> pb::Pet {
-    pb::Pet {
-        name: name.into(),
-        r#type: kind.into(),
-        birthday,
+/// A search for the pets with any of `names`.
+fn by_names(names: &[&str]) -> pb::SearchPetsReq {
+    pb::SearchPetsReq {
+        names: names.iter().map(|name| (*name).to_owned()).collect(),
         ..Default::default()
     }
-}
-
-fn thor() -> pb::Pet {
-    pet("Thor", PetType::PtCanine, date(2021, 4, 1))
-}
-
-fn tron() -> pb::Pet {
-    pet("Tron", PetType::PtFeline, date(2020, 6, 25))
-}
-
-async fn add(client: &mut PetStoreClient<Channel>, pets: Vec<pb::Pet>) -> Vec<String> {
-    client
-        .add_pets(pb::AddPetsReq { pets })
-        .await
-        .expect("add")
-        .into_inner()
-        .ids
 }
 
 async fn search(client: &mut PetStoreClient<Channel>, req: pb::SearchPetsReq) -> Vec<pb::Pet> {
@@ -244,14 +162,7 @@ async fn search_filters_narrow_and_range_is_half_open(backend: Backend) {
     let names = |pets: Vec<pb::Pet>| pets.into_iter().map(|p| p.name).collect::<Vec<_>>();
 
     assert_eq!(all(&mut s.client).await.len(), 5);
-    let by_name = search(
-        &mut s.client,
-        pb::SearchPetsReq {
-            names: vec!["Thor".into()],
-            ..Default::default()
-        },
-    )
-    .await;
+    let by_name = search(&mut s.client, by_names(&["Thor"])).await;
     assert_eq!(by_name.len(), 2);
     let by_name_and_type = search(
         &mut s.client,
@@ -350,12 +261,7 @@ async fn every_validation_rule_names_field_and_pet_and_stores_nothing(backend: B
     for (bad, field) in cases {
         // A valid pet first: the whole batch must be refused.
         let err = add_rejected(&mut s.client, vec![tron(), bad.clone()]).await;
-        assert_eq!(err.code(), Code::InvalidArgument, "{field}");
-        assert!(
-            err.message().starts_with(field),
-            "{field}: {}",
-            err.message()
-        );
+        assert_refused(&err, Code::InvalidArgument, field);
         assert!(err.message().contains("pet #1"), "{}", err.message());
     }
     assert!(all(&mut s.client).await.is_empty(), "nothing may be stored");
@@ -367,8 +273,7 @@ async fn every_validation_rule_names_field_and_pet_and_stores_nothing(backend: B
         .update_pets(pb::UpdatePetsReq { pets: vec![tron()] })
         .await
         .expect_err("missing id");
-    assert_eq!(err.code(), Code::InvalidArgument);
-    assert!(err.message().starts_with("pets[0].id"), "{}", err.message());
+    assert_refused(&err, Code::InvalidArgument, "pets[0].id");
     let mut renamed = thor();
     renamed.id = ids[0].clone();
     renamed.name = "Renamed".into();
@@ -390,8 +295,7 @@ async fn every_validation_rule_names_field_and_pet_and_stores_nothing(backend: B
 
     // Batches over the documented size.
     let err = add_rejected(&mut s.client, vec![thor(); 1001]).await;
-    assert_eq!(err.code(), Code::InvalidArgument);
-    assert!(err.message().starts_with("pets:"), "{}", err.message());
+    assert_refused(&err, Code::InvalidArgument, "pets:");
     let err = s
         .client
         .delete_pets(pb::DeletePetsReq {
@@ -566,12 +470,8 @@ async fn key_changes_are_compare_and_set(backend: Backend) {
     let lost = set_keys(&mut s.client, vec![change(&free, "", "uid-c")])
         .await
         .expect_err("a second claim with a stale expected key");
-    assert_eq!(lost.code(), Code::FailedPrecondition, "{lost:?}");
-    assert!(
-        lost.message().starts_with("changes[0].expected_key:") && lost.message().contains("uid-a"),
-        "{}",
-        lost.message()
-    );
+    assert_refused(&lost, Code::FailedPrecondition, "changes[0].expected_key:");
+    assert!(lost.message().contains("uid-a"), "{}", lost.message());
     set_keys(&mut s.client, vec![change(&free, "uid-a", "uid-a")])
         .await
         .expect("setting the key it has");
@@ -618,12 +518,7 @@ async fn key_changes_are_compare_and_set(backend: Backend) {
     )
     .await
     .expect_err("the same pet twice");
-    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
-    assert!(
-        err.message().starts_with("changes[2].id:"),
-        "{}",
-        err.message()
-    );
+    assert_refused(&err, Code::InvalidArgument, "changes[2].id:");
     // A key another pet holds is refused, and the batch changes nothing.
     add(&mut s.client, vec![keyed("uid-held")]).await;
     let err = set_keys(
@@ -635,12 +530,7 @@ async fn key_changes_are_compare_and_set(backend: Backend) {
     )
     .await
     .expect_err("a key held by another pet");
-    assert_eq!(err.code(), Code::AlreadyExists, "{err:?}");
-    assert!(
-        err.message().starts_with("changes[1].new_key:"),
-        "{}",
-        err.message()
-    );
+    assert_refused(&err, Code::AlreadyExists, "changes[1].new_key:");
     assert_eq!(keys_of(&mut s.client, &ids).await, ["uid-y", "uid-x"]);
 
     // An unknown ID is NOT_FOUND and the rest of the batch is not applied.
@@ -650,12 +540,7 @@ async fn key_changes_are_compare_and_set(backend: Backend) {
     )
     .await
     .expect_err("unknown id");
-    assert_eq!(err.code(), Code::NotFound, "{err:?}");
-    assert!(
-        err.message().starts_with("changes[1].id:"),
-        "{}",
-        err.message()
-    );
+    assert_refused(&err, Code::NotFound, "changes[1].id:");
     assert_eq!(keys_of(&mut s.client, &ids).await, ["uid-y", "uid-x"]);
 
     // Released keys no longer find anything; a released pet is claimable.
@@ -675,12 +560,7 @@ async fn key_changes_are_compare_and_set(backend: Backend) {
     let err = set_keys(&mut s.client, vec![change(&free, "", &"k".repeat(129))])
         .await
         .expect_err("key too long");
-    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
-    assert!(
-        err.message().starts_with("changes[0].new_key:"),
-        "{}",
-        err.message()
-    );
+    assert_refused(&err, Code::InvalidArgument, "changes[0].new_key:");
     s.stop().await;
 }
 
@@ -718,7 +598,7 @@ async fn racing_claims_have_one_winner(backend: Backend) {
 /// index with the data.
 async fn search_equals_a_full_scan_page_by_page(backend: Backend) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let storage = backend.open(&dir).await;
+    let storage = open(backend, &dir).await;
     let names = ["Ada", "Bo", "Cy", "Dee", "Bo ", "bo", "Zoë"];
     let species = [
         Species::Canine,
@@ -854,18 +734,16 @@ async fn search_streams_more_than_a_page(backend: Backend) {
     let ids: std::collections::HashSet<_> = streamed.iter().map(|p| p.id.clone()).collect();
     assert_eq!(streamed.len(), total);
     assert_eq!(ids, added);
-    let evens = search(
-        &mut s.client,
-        pb::SearchPetsReq {
-            names: vec!["Even".into()],
-            ..Default::default()
-        },
-    )
-    .await;
+    let evens = search(&mut s.client, by_names(&["Even"])).await;
     assert_eq!(evens.len(), total.div_ceil(2));
     assert!(evens.iter().all(|p| p.name == "Even"));
 
-    let ids_of = |pets: &[pb::Pet]| pets.iter().map(|p| p.id.clone()).collect::<Vec<_>>();
+    // The same pets whatever the order they come in.
+    let ids_of = |pets: &[pb::Pet]| {
+        let mut ids: Vec<_> = pets.iter().map(|p| p.id.clone()).collect();
+        ids.sort();
+        ids
+    };
     let is_reptile = |p: &&pb::Pet| p.r#type == i32::from(PetType::PtReptile);
     let reptiles: Vec<_> = streamed.iter().filter(is_reptile).cloned().collect();
     assert_eq!(reptiles.len(), (0..total).filter(|&n| reptile(n)).count());
@@ -878,11 +756,11 @@ async fn search_streams_more_than_a_page(backend: Backend) {
         },
     )
     .await;
-    let mut want = ids_of(&reptiles);
-    let mut got = ids_of(&found);
-    want.sort();
-    got.sort();
-    assert_eq!(got, want, "reptiles, walking every record");
+    assert_eq!(
+        ids_of(&found),
+        ids_of(&reptiles),
+        "reptiles, walking every record"
+    );
     let even_reptiles: Vec<_> = reptiles.into_iter().filter(|p| p.name == "Even").collect();
     let found = search(
         &mut s.client,
@@ -893,11 +771,11 @@ async fn search_streams_more_than_a_page(backend: Backend) {
         },
     )
     .await;
-    let mut want = ids_of(&even_reptiles);
-    let mut got = ids_of(&found);
-    want.sort();
-    got.sort();
-    assert_eq!(got, want, "reptiles named Even, walking the name index");
+    assert_eq!(
+        ids_of(&found),
+        ids_of(&even_reptiles),
+        "reptiles named Even, walking the name index"
+    );
     s.stop().await;
 }
 
@@ -910,7 +788,7 @@ async fn search_streams_more_than_a_page(backend: Backend) {
 async fn a_page_scans_limit_entries_whatever_matches(backend: Backend) {
     const LIMIT: usize = 8;
     let dir = tempfile::tempdir().expect("tempdir");
-    let storage = backend.open(&dir).await;
+    let storage = open(backend, &dir).await;
     let born = chrono::NaiveDate::from_ymd_opt(2020, 1, 1).expect("date");
     let names = ["Ada", "Bo", "Cy"];
     // 60 pets, 20 of each name, one in twenty a reptile.
@@ -982,7 +860,7 @@ async fn a_page_scans_limit_entries_whatever_matches(backend: Backend) {
         let mut empty_yet_not_last = 0;
         for (number, entries) in walk.chunks(LIMIT).enumerate() {
             let page = storage
-                .search_page(filter, after, LIMIT)
+                .search_page(PageRequest::new(filter, after, LIMIT))
                 .await
                 .expect("page");
             let want: Vec<&str> = entries
@@ -1017,20 +895,6 @@ async fn a_page_scans_limit_entries_whatever_matches(backend: Backend) {
     }
 }
 
-macro_rules! suite {
-    ($($case:ident),* $(,)?) => {
-        mod memory {
-            $( #[tokio::test] async fn $case() { super::$case(super::Backend::Memory).await } )*
-        }
-        mod durable {
-            $( #[tokio::test] async fn $case() { super::$case(super::Backend::Durable).await } )*
-        }
-        mod postgres {
-            $( #[tokio::test] async fn $case() { super::$case(super::Backend::Postgres).await } )*
-        }
-    };
-}
-
 suite!(
     add_returns_ids_in_request_order,
     update_replaces_fields_and_unknown_id_changes_nothing,
@@ -1053,34 +917,20 @@ suite!(
 async fn durable_store_keeps_pets_and_keys_across_reopen() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("pets.redb");
-    let storage = StorageConfig::durable(path.clone())
-        .open()
-        .await
-        .expect("open");
-    let mut s = start_with(storage, tempfile::tempdir().expect("tempdir")).await;
-    let ids = add(
-        &mut s.client,
-        vec![pb::Pet {
-            idempotency_key: "uid-1".into(),
-            ..thor()
-        }],
-    )
-    .await;
+    // A server on the same file each time, as after a restart.
+    let reopen = || async {
+        let storage = StorageConfig::durable(path.clone())
+            .open()
+            .await
+            .expect("open");
+        start_with(storage, tempfile::tempdir().expect("tempdir")).await
+    };
+    let mut s = reopen().await;
+    let ids = add(&mut s.client, vec![keyed("Thor", "uid-1")]).await;
     s.stop().await;
 
-    let storage = StorageConfig::durable(path.clone())
-        .open()
-        .await
-        .expect("reopen");
-    let mut s = start_with(storage, tempfile::tempdir().expect("tempdir")).await;
-    let again = add(
-        &mut s.client,
-        vec![pb::Pet {
-            idempotency_key: "uid-1".into(),
-            ..thor()
-        }],
-    )
-    .await;
+    let mut s = reopen().await;
+    let again = add(&mut s.client, vec![keyed("Thor", "uid-1")]).await;
     assert_eq!(again, ids);
     assert_eq!(all(&mut s.client).await.len(), 1);
     // A changed key is durable too.
@@ -1089,23 +939,9 @@ async fn durable_store_keeps_pets_and_keys_across_reopen() {
         .expect("change key");
     s.stop().await;
 
-    let storage = StorageConfig::durable(path)
-        .open()
-        .await
-        .expect("reopen again");
-    let mut s = start_with(storage, tempfile::tempdir().expect("tempdir")).await;
+    let mut s = reopen().await;
     assert_eq!(keys_of(&mut s.client, &ids).await, ["uid-2"]);
-    assert_eq!(
-        add(
-            &mut s.client,
-            vec![pb::Pet {
-                idempotency_key: "uid-2".into(),
-                ..thor()
-            }]
-        )
-        .await,
-        ids
-    );
+    assert_eq!(add(&mut s.client, vec![keyed("Thor", "uid-2")]).await, ids);
     s.stop().await;
     drop(dir);
 }
@@ -1198,7 +1034,7 @@ async fn durable_files_keep_their_format() {
 #[tokio::test]
 async fn beyond_the_bound_a_request_is_shed_with_a_pushback() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let storage = Backend::Memory.open(&dir).await;
+    let storage = open(Backend::Memory, &dir).await;
     let options = ServeOptions {
         admission: Some(Admission::new(1)),
         ..Default::default()

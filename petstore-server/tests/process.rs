@@ -7,11 +7,14 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use petstore_proto::PetStoreClient;
-use petstore_proto::google::r#type::Date;
-use petstore_proto::petstore::{self as pb, PetType};
+use petstore_proto::petstore as pb;
 use tonic::transport::Channel;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+
+mod support;
+
+use support::keyed;
 
 struct Server {
     child: Child,
@@ -53,26 +56,8 @@ async fn spawn(data_file: &Path) -> (Server, Channel) {
         .recv_timeout(Duration::from_secs(20))
         .expect("server reports its address");
     let server = Server { child, addr };
-    let channel = Channel::from_shared(format!("http://{}", server.addr))
-        .expect("uri")
-        .connect()
-        .await
-        .expect("connect");
+    let channel = support::connect(&server.addr).await;
     (server, channel)
-}
-
-fn keyed(name: &str, key: &str) -> pb::Pet {
-    pb::Pet {
-        name: name.into(),
-        r#type: PetType::PtCanine.into(),
-        birthday: Some(Date {
-            year: 2021,
-            month: 4,
-            day: 1,
-        }),
-        idempotency_key: key.into(),
-        ..Default::default()
-    }
 }
 
 async fn count(channel: &Channel) -> usize {

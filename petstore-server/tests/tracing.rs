@@ -4,11 +4,12 @@
 //! tasks see the subscriber the test installs for its own thread only, and
 //! tests run side by side without sharing spans or samplers.
 
+use std::sync::Arc;
+
 use opentelemetry::trace::{SpanId, TraceId, TracerProvider as _};
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
 use petstore_proto::PetStoreClient;
-use petstore_proto::google::r#type::Date;
-use petstore_proto::petstore::{self as pb, PetType, SamplerType};
+use petstore_proto::petstore::{self as pb, SamplerType};
 use petstore_server::server::ServeOptions;
 use petstore_server::service::Observability;
 use petstore_server::storage::StorageConfig;
@@ -18,12 +19,18 @@ use tonic::transport::Channel;
 use tracing::subscriber::DefaultGuard;
 use tracing_subscriber::layer::SubscriberExt;
 
+mod support;
+
+use support::Running;
+
 const ADD_PETS_SPAN: &str = "petstore.PetStore/AddPets";
 
 struct Store {
     client: PetStoreClient<Channel>,
     spans: InMemorySpanExporter,
     observability: Observability,
+    /// Serves until the test ends.
+    _server: Running,
     _provider: SdkTracerProvider,
     _subscriber: DefaultGuard,
 }
@@ -40,30 +47,18 @@ async fn start() -> Store {
         .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
     let guard = tracing::subscriber::set_default(subscriber);
 
-    let observability = Observability::new(sampler, true);
     let storage = StorageConfig::Memory.open().await.expect("memory storage");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
     let options = ServeOptions {
-        observability: observability.clone(),
+        observability: Observability::new(sampler, true),
         ..Default::default()
     };
-    tokio::spawn(async move {
-        petstore_server::server::serve(listener, storage, options, std::future::pending())
-            .await
-            .expect("serve");
-    });
-    let channel = Channel::from_shared(format!("http://{addr}"))
-        .expect("uri")
-        .connect()
-        .await
-        .expect("connect");
+    let dir = Arc::new(tempfile::tempdir().expect("tempdir"));
+    let server = Running::serve(storage, dir, options).await;
     Store {
-        client: PetStoreClient::new(channel),
+        client: server.client.clone(),
         spans,
-        observability,
+        observability: server.observability.clone(),
+        _server: server,
         _provider: provider,
         _subscriber: guard,
     }
@@ -71,16 +66,7 @@ async fn start() -> Store {
 
 fn add_request() -> pb::AddPetsReq {
     pb::AddPetsReq {
-        pets: vec![pb::Pet {
-            name: "Thor".into(),
-            r#type: PetType::PtCanine.into(),
-            birthday: Some(Date {
-                year: 2021,
-                month: 4,
-                day: 1,
-            }),
-            ..Default::default()
-        }],
+        pets: vec![support::thor()],
     }
 }
 
@@ -96,6 +82,13 @@ fn sampler(kind: SamplerType, float_value: f64) -> pb::ChangeSamplerReq {
 impl Store {
     async fn change_sampler(&mut self, request: pb::ChangeSamplerReq) -> Result<(), tonic::Status> {
         self.client.change_sampler(request).await.map(|_| ())
+    }
+
+    /// ChangeSampler, which must succeed.
+    async fn set_sampler(&mut self, kind: SamplerType, float_value: f64) {
+        self.change_sampler(sampler(kind, float_value))
+            .await
+            .unwrap_or_else(|status| panic!("{kind:?} {float_value}: {status:?}"));
     }
 
     async fn add_pets(&mut self, count: usize) {
@@ -132,18 +125,12 @@ async fn never_and_always_switch_new_traces_off_and_on() {
         "the default is never"
     );
 
-    store
-        .change_sampler(sampler(SamplerType::StAlways, 0.0))
-        .await
-        .expect("STAlways");
+    store.set_sampler(SamplerType::StAlways, 0.0).await;
     assert_eq!(store.sampler_gauge(), "1.0");
     store.add_pets(20).await;
     assert_eq!(store.finished(ADD_PETS_SPAN).len(), 20);
 
-    store
-        .change_sampler(sampler(SamplerType::StNever, 0.0))
-        .await
-        .expect("STNever");
+    store.set_sampler(SamplerType::StNever, 0.0).await;
     assert_eq!(store.sampler_gauge(), "0.0");
     store.add_pets(20).await;
     assert_eq!(store.finished(ADD_PETS_SPAN).len(), 20, "no new traces");
@@ -160,10 +147,7 @@ async fn never_and_always_switch_new_traces_off_and_on() {
 #[tokio::test]
 async fn a_float_sampler_samples_about_that_fraction() {
     let mut store = start().await;
-    store
-        .change_sampler(sampler(SamplerType::StFloat, 0.2))
-        .await
-        .expect("STFloat 0.2");
+    store.set_sampler(SamplerType::StFloat, 0.2).await;
     assert_eq!(store.sampler_gauge(), "0.2");
     // 0.2, not 0.5, so a sampler that keeps 1 - p of the traces fails too.
     // Each call is a new trace with a random ID, so the count is
@@ -179,10 +163,7 @@ async fn a_float_sampler_samples_about_that_fraction() {
 #[tokio::test]
 async fn invalid_samplers_are_rejected_naming_the_field() {
     let mut store = start().await;
-    store
-        .change_sampler(sampler(SamplerType::StFloat, 0.25))
-        .await
-        .expect("STFloat 0.25");
+    store.set_sampler(SamplerType::StFloat, 0.25).await;
     let cases = [
         (sampler(SamplerType::StUnknown, 0.5), "sampler.type"),
         (sampler(SamplerType::StFloat, 0.0), "sampler.float_value"),

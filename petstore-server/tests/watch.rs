@@ -7,11 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use petstore_proto::PetStoreClient;
-use petstore_proto::google::r#type::Date;
-use petstore_proto::petstore::{self as pb, PetType, pet_change::Kind};
+use petstore_proto::petstore::{self as pb, pet_change::Kind};
 use petstore_server::server::ServeOptions;
 use petstore_server::service::Observability;
-use petstore_server::storage::{PostgresConfig, Storage, StorageConfig};
+use petstore_server::storage::{Storage, StorageConfig};
 use petstore_server::watch::WatchOptions;
 use tonic::transport::Channel;
 use tonic::{Code, Streaming};
@@ -21,72 +20,22 @@ const PROGRESS: Duration = Duration::from_millis(200);
 /// Longest wait for any one expected message.
 const PATIENCE: Duration = Duration::from_secs(10);
 
-struct Running {
-    client: PetStoreClient<Channel>,
-    addr: std::net::SocketAddr,
-    observability: Observability,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    server: tokio::task::JoinHandle<()>,
-    _dir: Arc<tempfile::TempDir>,
-}
+#[macro_use]
+mod support;
 
-impl Running {
-    /// A client on a connection of its own, as another process would have.
-    async fn another_client(&self) -> PetStoreClient<Channel> {
-        connect(self.addr).await
-    }
-
-    async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        tokio::time::timeout(PATIENCE, &mut self.server)
-            .await
-            .expect("the server drains in time")
-            .expect("server task");
-    }
-}
-
-async fn connect(addr: std::net::SocketAddr) -> PetStoreClient<Channel> {
-    let channel = Channel::from_shared(format!("http://{addr}"))
-        .expect("uri")
-        .connect()
-        .await
-        .expect("connect");
-    PetStoreClient::new(channel)
-}
+use support::{Backend, Running, add, keyed};
 
 async fn serve(
     storage: Arc<dyn Storage>,
     dir: Arc<tempfile::TempDir>,
     watch: WatchOptions,
 ) -> Running {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let observability = Observability::default();
     let options = ServeOptions {
-        observability: observability.clone(),
+        observability: Observability::default(),
         watch,
         ..Default::default()
     };
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(async move {
-        petstore_server::server::serve(listener, storage, options, async {
-            let _ = stopped.await;
-        })
-        .await
-        .expect("serve");
-    });
-    Running {
-        client: connect(addr).await,
-        addr,
-        observability,
-        stop: Some(stop),
-        server,
-        _dir: dir,
-    }
+    Running::serve(storage, dir, options).await
 }
 
 fn watch_options() -> WatchOptions {
@@ -96,46 +45,10 @@ fn watch_options() -> WatchOptions {
     }
 }
 
-/// A fresh, empty database on the PostgreSQL server this test binary
-/// started (a real one, on 127.0.0.1; see fixtures::postgres).
-fn postgres_config() -> PostgresConfig {
-    let server = fixtures::postgres::shared().expect("start PostgreSQL");
-    let url = server.new_database("watch").expect("create database");
-    let mut config: tokio_postgres::Config = url.parse().expect("url");
-    let password = std::fs::read_to_string(&server.password_file).expect("password");
-    config.password(password.trim_end());
-    PostgresConfig {
-        config,
-        pool_size: 4,
-        connect_timeout: Duration::from_secs(10),
-    }
-}
-
-#[derive(Clone, Copy, Debug)]
-enum Backend {
-    Memory,
-    Durable,
-    Postgres,
-}
-
-impl Backend {
-    async fn config(self, dir: &tempfile::TempDir) -> StorageConfig {
-        match self {
-            Backend::Memory => StorageConfig::Memory,
-            Backend::Durable => StorageConfig::durable(dir.path().join("pets.redb")),
-            Backend::Postgres => StorageConfig::Postgres(Box::new(
-                tokio::task::spawn_blocking(postgres_config)
-                    .await
-                    .expect("postgres config"),
-            )),
-        }
-    }
-}
-
 async fn start_with_history(backend: Backend, history: usize) -> Running {
     let dir = tempfile::tempdir().expect("tempdir");
     let storage = backend
-        .config(&dir)
+        .config(&dir, "watch")
         .await
         .open_with_history(history)
         .await
@@ -145,29 +58,6 @@ async fn start_with_history(backend: Backend, history: usize) -> Running {
 
 async fn start(backend: Backend) -> Running {
     start_with_history(backend, 1000).await
-}
-
-fn pet(name: &str, key: &str) -> pb::Pet {
-    pb::Pet {
-        name: name.into(),
-        r#type: PetType::PtCanine.into(),
-        birthday: Some(Date {
-            year: 2021,
-            month: 4,
-            day: 1,
-        }),
-        idempotency_key: key.into(),
-        ..Default::default()
-    }
-}
-
-async fn add(client: &mut PetStoreClient<Channel>, pets: Vec<pb::Pet>) -> Vec<String> {
-    client
-        .add_pets(pb::AddPetsReq { pets })
-        .await
-        .expect("add")
-        .into_inner()
-        .ids
 }
 
 async fn watch(
@@ -244,19 +134,25 @@ fn kinds(changes: &[pb::PetChange]) -> Vec<Kind> {
     changes.iter().map(|c| c.kind()).collect()
 }
 
-/// Makes one change of each kind: creates two pets, updates the first,
-/// gives it a key and deletes the second. Returns the two IDs.
-async fn one_of_each(client: &mut PetStoreClient<Channel>) -> Vec<String> {
-    let ids = add(client, vec![pet("Thor", ""), pet("Tron", "uid-tron")]).await;
+/// UpdatePets, which must succeed: the pet `id` becomes a keyless dog
+/// named `name`.
+async fn update(client: &mut PetStoreClient<Channel>, id: &str, name: &str) {
     client
         .update_pets(pb::UpdatePetsReq {
             pets: vec![pb::Pet {
-                id: ids[0].clone(),
-                ..pet("Thor II", "")
+                id: id.to_owned(),
+                ..keyed(name, "")
             }],
         })
         .await
-        .expect("update");
+        .unwrap_or_else(|status| panic!("update {id} to {name}: {status:?}"));
+}
+
+/// Makes one change of each kind: creates two pets, updates the first,
+/// gives it a key and deletes the second. Returns the two IDs.
+async fn one_of_each(client: &mut PetStoreClient<Channel>) -> Vec<String> {
+    let ids = add(client, vec![keyed("Thor", ""), keyed("Tron", "uid-tron")]).await;
+    update(client, &ids[0], "Thor II").await;
     client
         .set_idempotency_keys(pb::SetIdempotencyKeysReq {
             changes: vec![pb::KeyChange {
@@ -279,15 +175,7 @@ async fn one_of_each(client: &mut PetStoreClient<Channel>) -> Vec<String> {
 /// Writes that change no record: each must announce nothing.
 async fn no_ops(client: &mut PetStoreClient<Channel>, id: &str) {
     // Same values as stored.
-    client
-        .update_pets(pb::UpdatePetsReq {
-            pets: vec![pb::Pet {
-                id: id.to_owned(),
-                ..pet("Thor II", "")
-            }],
-        })
-        .await
-        .expect("identical update");
+    update(client, id, "Thor II").await;
     // A missing ID.
     client
         .delete_pets(pb::DeletePetsReq {
@@ -307,18 +195,18 @@ async fn no_ops(client: &mut PetStoreClient<Channel>, id: &str) {
         .await
         .expect("same key");
     // A key that already names a pet: AddPets creates nothing.
-    add(client, vec![pet("Thor", "uid-thor")]).await;
+    add(client, vec![keyed("Thor", "uid-thor")]).await;
     // A refused update.
     client
         .update_pets(pb::UpdatePetsReq {
             pets: vec![
                 pb::Pet {
                     id: id.to_owned(),
-                    ..pet("Changed", "")
+                    ..keyed("Changed", "")
                 },
                 pb::Pet {
                     id: "no-such-pet".into(),
-                    ..pet("Ghost", "")
+                    ..keyed("Ghost", "")
                 },
             ],
         })
@@ -384,7 +272,7 @@ async fn a_client_resumes_after_the_revision_it_saw(backend: Backend) {
     // At the current revision: progress at once, then new changes.
     let mut current = watch(&mut s.client, all[4].revision).await;
     assert_eq!(progress(&mut current).await, all[4].revision);
-    add(&mut s.client, vec![pet("Late", "")]).await;
+    add(&mut s.client, vec![keyed("Late", "")]).await;
     let late = changes(&mut current, 1).await;
     assert_eq!(late[0].kind(), Kind::Created);
     assert!(late[0].revision > all[4].revision);
@@ -394,7 +282,7 @@ async fn a_client_resumes_after_the_revision_it_saw(backend: Backend) {
 async fn compacted_history_is_out_of_range(backend: Backend) {
     let mut s = start_with_history(backend, 3).await;
     for name in ["a", "b", "c", "d", "e", "f"] {
-        add(&mut s.client, vec![pet(name, "")]).await;
+        add(&mut s.client, vec![keyed(name, "")]).await;
     }
     let mut stream = watch(&mut s.client, 0).await;
     let current = progress(&mut stream).await;
@@ -415,7 +303,7 @@ async fn compacted_history_is_out_of_range(backend: Backend) {
 
 async fn idle_streams_get_progress(backend: Backend) {
     let mut s = start(backend).await;
-    add(&mut s.client, vec![pet("Thor", "")]).await;
+    add(&mut s.client, vec![keyed("Thor", "")]).await;
     let mut stream = watch(&mut s.client, 0).await;
     let started = tokio::time::Instant::now();
     for _ in 0..4 {
@@ -430,7 +318,7 @@ async fn idle_streams_get_progress(backend: Backend) {
 
 async fn bad_revisions_are_invalid_arguments(backend: Backend) {
     let mut s = start(backend).await;
-    add(&mut s.client, vec![pet("Thor", "")]).await;
+    add(&mut s.client, vec![keyed("Thor", "")]).await;
     for after in [-1, 2, i64::MAX] {
         let status = watch_refused(&mut s.client, after).await;
         assert_eq!(status.code(), Code::InvalidArgument, "{after}: {status:?}");
@@ -440,20 +328,6 @@ async fn bad_revisions_are_invalid_arguments(backend: Backend) {
         );
     }
     s.stop().await;
-}
-
-macro_rules! suite {
-    ($($case:ident),* $(,)?) => {
-        mod memory {
-            $( #[tokio::test] async fn $case() { super::$case(super::Backend::Memory).await } )*
-        }
-        mod durable {
-            $( #[tokio::test] async fn $case() { super::$case(super::Backend::Durable).await } )*
-        }
-        mod postgres {
-            $( #[tokio::test] async fn $case() { super::$case(super::Backend::Postgres).await } )*
-        }
-    };
 }
 
 suite!(
@@ -500,7 +374,7 @@ async fn a_slow_watcher_is_ended_and_others_are_not() {
     });
     for batch in 0..WRITES / 100 {
         let pets = (0..100)
-            .map(|i| pet(&format!("pet-{batch}-{i}"), ""))
+            .map(|i| keyed(&format!("pet-{batch}-{i}"), ""))
             .collect();
         add(&mut s.client, pets).await;
     }
@@ -569,7 +443,7 @@ async fn a_slow_watcher_is_ended_and_others_are_not() {
 #[tokio::test]
 async fn stopping_the_server_ends_watch_streams() {
     let mut s = start(Backend::Memory).await;
-    add(&mut s.client, vec![pet("Thor", "")]).await;
+    add(&mut s.client, vec![keyed("Thor", "")]).await;
     let mut stream = watch(&mut s.client, 0).await;
     assert_eq!(progress(&mut stream).await, 1);
     let metrics = s.observability.metrics.encode().expect("metrics");
@@ -621,7 +495,7 @@ async fn durable_history_survives_a_reopen() {
     let mut s = serve(config.open().await.expect("reopen"), dir, watch_options()).await;
     let mut resumed = watch(&mut s.client, before[1].revision).await;
     assert_eq!(changes(&mut resumed, 3).await, before[2..]);
-    add(&mut s.client, vec![pet("After", "")]).await;
+    add(&mut s.client, vec![keyed("After", "")]).await;
     let after = changes(&mut resumed, 1).await;
     assert_eq!(after[0].revision, before[4].revision + 1);
     s.stop().await;
@@ -634,7 +508,7 @@ async fn durable_history_survives_a_reopen() {
 // the same revision order, with no gap.
 #[tokio::test]
 async fn postgres_replicas_see_one_sequence() {
-    let config = tokio::task::spawn_blocking(postgres_config)
+    let config = tokio::task::spawn_blocking(|| support::postgres_config("watch"))
         .await
         .expect("postgres config");
     let dir = Arc::new(tempfile::tempdir().expect("tempdir"));
@@ -654,16 +528,8 @@ async fn postgres_replicas_see_one_sequence() {
     }
     let (a, b) = replicas.split_at_mut(1);
     let (a, b) = (&mut a[0], &mut b[0]);
-    let ids = add(&mut a.client, vec![pet("Thor", "")]).await;
-    b.client
-        .update_pets(pb::UpdatePetsReq {
-            pets: vec![pb::Pet {
-                id: ids[0].clone(),
-                ..pet("Thor II", "")
-            }],
-        })
-        .await
-        .expect("update through b");
+    let ids = add(&mut a.client, vec![keyed("Thor", "")]).await;
+    update(&mut b.client, &ids[0], "Thor II").await;
     // Concurrent writes through both.
     let mut writers = Vec::new();
     for (n, replica) in [&*a, &*b].into_iter().enumerate() {
@@ -671,7 +537,7 @@ async fn postgres_replicas_see_one_sequence() {
             let mut client = replica.another_client().await;
             writers.push(tokio::spawn(async move {
                 for i in 0..4 {
-                    add(&mut client, vec![pet(&format!("r{n}-w{w}-{i}"), "")]).await;
+                    add(&mut client, vec![keyed(&format!("r{n}-w{w}-{i}"), "")]).await;
                 }
             }));
         }

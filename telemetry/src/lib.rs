@@ -196,6 +196,18 @@ pub fn init(
     Ok(TelemetryGuard { provider })
 }
 
+/// [`init`] for a binary's `main`: a failure is said on stderr, as no
+/// logger exists yet, and gives `None`, for `main` to exit with a failure.
+pub fn init_for_main(
+    service_name: &str,
+    log_format: LogFormat,
+    sampler: Option<SharedSampler>,
+) -> Option<TelemetryGuard> {
+    init(service_name, log_format, sampler)
+        .inspect_err(|err| eprintln!("cannot set up logging and tracing: {err}"))
+        .ok()
+}
+
 /// Records the span's trace ID in its [`TRACE_ID_FIELD`] field, so log lines
 /// lead to the trace. Does nothing unless the span is sampled for export.
 pub fn record_trace_id(span: &tracing::Span) {

@@ -564,74 +564,60 @@ mod tests {
         }
     }
 
-    fn unimplemented<T>() -> Result<tonic::Response<T>, Status> {
-        Err(Status::unimplemented("not in this test"))
+    /// Implements the pet store with `$called`; the RPCs these tests do
+    /// not call answer UNIMPLEMENTED.
+    macro_rules! pet_store {
+        (
+            $store:ty { $($called:tt)* }
+            not_in_this_test { $($rpc:ident($req:ident) -> $resp:ty;)* }
+        ) => {
+            #[tonic::async_trait]
+            impl petstore_proto::PetStore for $store {
+                $($called)*
+                $(
+                    async fn $rpc(
+                        &self,
+                        _: tonic::Request<pb::$req>,
+                    ) -> Result<tonic::Response<$resp>, Status> {
+                        Err(Status::unimplemented("not in this test"))
+                    }
+                )*
+            }
+        };
     }
 
-    #[tonic::async_trait]
-    impl petstore_proto::PetStore for RecordingStore {
-        async fn add_pets(
-            &self,
-            request: tonic::Request<pb::AddPetsReq>,
-        ) -> Result<tonic::Response<pb::AddPetsResp>, Status> {
-            let names: Vec<String> = request
-                .get_ref()
-                .pets
-                .iter()
-                .map(|p| p.name.clone())
-                .collect();
-            self.calls.lock().expect("calls").push(names.clone());
-            if names.iter().any(|name| name == "refused") {
-                return Err(Status::invalid_argument("pets[0].name: refused"));
+    pet_store! {
+        RecordingStore {
+            async fn add_pets(
+                &self,
+                request: tonic::Request<pb::AddPetsReq>,
+            ) -> Result<tonic::Response<pb::AddPetsResp>, Status> {
+                let names: Vec<String> = request
+                    .get_ref()
+                    .pets
+                    .iter()
+                    .map(|p| p.name.clone())
+                    .collect();
+                self.calls.lock().expect("calls").push(names.clone());
+                if names.iter().any(|name| name == "refused") {
+                    return Err(Status::invalid_argument("pets[0].name: refused"));
+                }
+                Ok(tonic::Response::new(pb::AddPetsResp {
+                    created: vec![true; names.len()],
+                    ids: names.iter().map(|name| format!("id-{name}")).collect(),
+                }))
             }
-            Ok(tonic::Response::new(pb::AddPetsResp {
-                created: vec![true; names.len()],
-                ids: names.iter().map(|name| format!("id-{name}")).collect(),
-            }))
+            type SearchPetsStream = futures::stream::Empty<Result<pb::Pet, Status>>;
+            type WatchPetsStream = futures::stream::Empty<Result<pb::WatchPetsResp, Status>>;
         }
-        async fn update_pets(
-            &self,
-            _: tonic::Request<pb::UpdatePetsReq>,
-        ) -> Result<tonic::Response<pb::UpdatePetsResp>, Status> {
-            unimplemented()
-        }
-        async fn delete_pets(
-            &self,
-            _: tonic::Request<pb::DeletePetsReq>,
-        ) -> Result<tonic::Response<pb::DeletePetsResp>, Status> {
-            unimplemented()
-        }
-        type SearchPetsStream = futures::stream::Empty<Result<pb::Pet, Status>>;
-        async fn search_pets(
-            &self,
-            _: tonic::Request<pb::SearchPetsReq>,
-        ) -> Result<tonic::Response<Self::SearchPetsStream>, Status> {
-            unimplemented()
-        }
-        async fn get_pets(
-            &self,
-            _: tonic::Request<pb::GetPetsReq>,
-        ) -> Result<tonic::Response<pb::GetPetsResp>, Status> {
-            unimplemented()
-        }
-        async fn set_idempotency_keys(
-            &self,
-            _: tonic::Request<pb::SetIdempotencyKeysReq>,
-        ) -> Result<tonic::Response<pb::SetIdempotencyKeysResp>, Status> {
-            unimplemented()
-        }
-        async fn change_sampler(
-            &self,
-            _: tonic::Request<pb::ChangeSamplerReq>,
-        ) -> Result<tonic::Response<pb::ChangeSamplerResp>, Status> {
-            unimplemented()
-        }
-        type WatchPetsStream = futures::stream::Empty<Result<pb::WatchPetsResp, Status>>;
-        async fn watch_pets(
-            &self,
-            _: tonic::Request<pb::WatchPetsReq>,
-        ) -> Result<tonic::Response<Self::WatchPetsStream>, Status> {
-            unimplemented()
+        not_in_this_test {
+            update_pets(UpdatePetsReq) -> pb::UpdatePetsResp;
+            delete_pets(DeletePetsReq) -> pb::DeletePetsResp;
+            search_pets(SearchPetsReq) -> Self::SearchPetsStream;
+            get_pets(GetPetsReq) -> pb::GetPetsResp;
+            set_idempotency_keys(SetIdempotencyKeysReq) -> pb::SetIdempotencyKeysResp;
+            change_sampler(ChangeSamplerReq) -> pb::ChangeSamplerResp;
+            watch_pets(WatchPetsReq) -> Self::WatchPetsStream;
         }
     }
 

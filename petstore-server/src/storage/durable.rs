@@ -23,8 +23,8 @@ use tokio::sync::oneshot;
 use super::codec::{decode, decode_change, encode, encode_change};
 use super::feed::{Change, ChangeFeed, ChangeKind, DEFAULT_HISTORY, PendingChange};
 use super::{
-    Cursor, OrEngine, PageFill, SearchPage, Storage, StorageError, check_key_changes, names_from,
-    new_id,
+    Cursor, OrEngine, PageFill, PageRequest, SearchPage, Storage, StorageError, check_key_changes,
+    names_from, new_id,
 };
 use crate::model::{Added, KeyChange, NewPet, PetRecord, PetUpdate, SearchFilter};
 
@@ -501,14 +501,10 @@ impl Storage for DurableStorage {
         read_by_keys(&self.db, keys)
     }
 
-    async fn search_page(
-        &self,
-        filter: &SearchFilter,
-        after: Option<Cursor>,
-        limit: usize,
-    ) -> Result<SearchPage, StorageError> {
-        let filter = filter.clone();
-        self.read(move |db| search_page(db, &filter, after.as_ref(), limit.max(1)))
+    async fn search_page(&self, page: PageRequest<'_>) -> Result<SearchPage, StorageError> {
+        let filter = page.filter.clone();
+        let (after, limit) = (page.after, page.limit.max(1));
+        self.read(move |db| search_page(db, &filter, after.as_ref(), limit))
             .await
     }
 

@@ -7,9 +7,10 @@ use std::sync::{PoisonError, RwLock};
 
 use super::feed::{ChangeFeed, ChangeKind, DEFAULT_HISTORY, PendingChange};
 use super::{
-    Cursor, PageFill, SearchPage, Storage, StorageError, check_key_changes, names_from, new_id,
+    Cursor, PageFill, PageRequest, SearchPage, Storage, StorageError, check_key_changes,
+    names_from, new_id,
 };
-use crate::model::{Added, KeyChange, NewPet, PetRecord, PetUpdate, SearchFilter};
+use crate::model::{Added, KeyChange, NewPet, PetRecord, PetUpdate};
 
 pub struct MemoryStorage {
     inner: RwLock<Inner>,
@@ -212,13 +213,9 @@ impl Storage for MemoryStorage {
         Ok(())
     }
 
-    async fn search_page(
-        &self,
-        filter: &SearchFilter,
-        after: Option<Cursor>,
-        limit: usize,
-    ) -> Result<SearchPage, StorageError> {
+    async fn search_page(&self, page: PageRequest<'_>) -> Result<SearchPage, StorageError> {
         let inner = self.read();
+        let (filter, after, limit) = (page.filter, page.after, page.limit);
         let mut fill = PageFill::new(filter, limit);
         if filter.names.is_empty() {
             let start = match &after {

@@ -108,12 +108,7 @@ pub trait Storage: Send + Sync + 'static {
     /// when more entries follow it, to pass as `after` for the next page,
     /// and `None` when the walk is done. Only `None` ends a search; an empty
     /// page does not.
-    async fn search_page(
-        &self,
-        filter: &SearchFilter,
-        after: Option<Cursor>,
-        limit: usize,
-    ) -> Result<SearchPage, StorageError>;
+    async fn search_page(&self, page: PageRequest<'_>) -> Result<SearchPage, StorageError>;
     /// The feed of this store's changes: every write that changes records
     /// publishes one change per record to it, in revision order, after it
     /// commits.
@@ -144,6 +139,26 @@ impl Cursor {
                 String::new()
             },
             id: record.id.clone(),
+        }
+    }
+}
+
+/// What one call of [`Storage::search_page`] asks for.
+#[derive(Clone, Debug)]
+pub struct PageRequest<'f> {
+    pub filter: &'f SearchFilter,
+    /// The previous page's `next`; `None` starts the walk.
+    pub after: Option<Cursor>,
+    /// Entries to scan, at least one.
+    pub limit: usize,
+}
+
+impl<'f> PageRequest<'f> {
+    pub fn new(filter: &'f SearchFilter, after: Option<Cursor>, limit: usize) -> Self {
+        Self {
+            filter,
+            after,
+            limit,
         }
     }
 }
@@ -222,7 +237,9 @@ pub async fn search_all(
     let mut found = Vec::new();
     let mut after = None;
     loop {
-        let SearchPage { pets, next } = storage.search_page(filter, after, page).await?;
+        let SearchPage { pets, next } = storage
+            .search_page(PageRequest::new(filter, after, page))
+            .await?;
         found.extend(pets);
         match next {
             Some(cursor) => after = Some(cursor),

@@ -28,11 +28,10 @@ use tokio_postgres::{AsyncMessage, NoTls, Row};
 use super::codec::{self, corrupt};
 use super::feed::{Change, ChangeFeed, ChangeKind, DEFAULT_HISTORY, PendingChange};
 use super::{
-    Cursor, OrEngine, PageFill, SearchPage, Storage, StorageError, check_key_changes, new_id,
+    Cursor, OrEngine, PageFill, PageRequest, SearchPage, Storage, StorageError, check_key_changes,
+    new_id,
 };
-use crate::model::{
-    Added, KeyChange, NewPet, PetFields, PetRecord, PetUpdate, SearchFilter, Species,
-};
+use crate::model::{Added, KeyChange, NewPet, PetFields, PetRecord, PetUpdate, Species};
 
 /// Serialises schema changes between replicas that start together.
 const MIGRATION_LOCK: i64 = 0x7065_7473_746f_7265; // "petstore"
@@ -185,10 +184,7 @@ impl PostgresStorage {
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object, StorageError> {
-        self.pool
-            .get()
-            .await
-            .or_engine("getting a database connection")
+        connection(&self.pool).await
     }
 
     /// Wakes this replica's reader after its own commit, so its watchers
@@ -198,11 +194,13 @@ impl PostgresStorage {
     }
 }
 
+/// A connection from the pool, for the store's calls and its own work.
+async fn connection(pool: &Pool) -> Result<deadpool_postgres::Object, StorageError> {
+    pool.get().await.or_engine("getting a database connection")
+}
+
 async fn migrate(pool: &Pool) -> Result<(), StorageError> {
-    let mut client = pool
-        .get()
-        .await
-        .or_engine("getting a database connection")?;
+    let mut client = connection(pool).await?;
     let txn = client
         .transaction()
         .await
@@ -225,10 +223,7 @@ async fn migrate(pool: &Pool) -> Result<(), StorageError> {
 /// The feed as the database holds it: the revision and the latest
 /// `history` changes, read in one snapshot.
 async fn load_feed(pool: &Pool, history: usize) -> Result<ChangeFeed, StorageError> {
-    let mut client = pool
-        .get()
-        .await
-        .or_engine("getting a database connection")?;
+    let mut client = connection(pool).await?;
     let txn = client
         .build_transaction()
         .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
@@ -293,11 +288,7 @@ impl FeedReader {
     /// Publishes every change committed after the feed's revision.
     async fn read_new(&self) -> Result<(), StorageError> {
         let _reading = self.reading.lock().await;
-        let client = self
-            .pool
-            .get()
-            .await
-            .or_engine("getting a database connection")?;
+        let client = connection(&self.pool).await?;
         let statement = client
             .prepare_cached(&format!(
                 "SELECT {CHANGE_COLUMNS} FROM petstore_changes
@@ -448,6 +439,24 @@ fn record(row: &Row) -> Result<PetRecord, StorageError> {
         },
         idempotency_key: row.try_get(4).map_err(corrupt)?,
     })
+}
+
+/// The rows' two text columns as a map, for a key change's checks: the
+/// query takes the values as its one parameter, and a NULL second column (a
+/// pet without a key) reads as empty, as keys do everywhere else.
+async fn text_pairs(
+    txn: &deadpool_postgres::Transaction<'_>,
+    sql: &str,
+    values: &[String],
+) -> Result<HashMap<String, String>, StorageError> {
+    let rows = txn.query(sql, &[&values]).await.or_engine("reading keys")?;
+    let mut pairs = HashMap::with_capacity(rows.len());
+    for row in &rows {
+        let first: String = row.try_get(0).or_engine("reading keys")?;
+        let second: Option<String> = row.try_get(1).or_engine("reading keys")?;
+        pairs.insert(first, second.unwrap_or_default());
+    }
+    Ok(pairs)
 }
 
 #[tonic::async_trait]
@@ -636,33 +645,18 @@ impl Storage for PostgresStorage {
             .collect();
         // Locks the pets in ID order (two requests cannot deadlock), so
         // their keys cannot change between this check and the write.
-        let rows = txn
-            .query(
-                "SELECT id, idempotency_key FROM petstore_pets WHERE id = ANY($1) ORDER BY id FOR UPDATE",
-                &[&ids],
-            )
-            .await
-            .or_engine("reading keys")?;
-        let mut current: HashMap<String, String> = HashMap::with_capacity(rows.len());
-        for row in &rows {
-            let id: String = row.try_get(0).or_engine("reading keys")?;
-            let key: Option<String> = row.try_get(1).or_engine("reading keys")?;
-            current.insert(id, key.unwrap_or_default());
-        }
-        let rows = txn
-            .query(
-                "SELECT idempotency_key, id FROM petstore_pets WHERE idempotency_key = ANY($1)",
-                &[&new_keys],
-            )
-            .await
-            .or_engine("reading keys")?;
-        let mut holders: HashMap<String, String> = HashMap::with_capacity(rows.len());
-        for row in &rows {
-            holders.insert(
-                row.try_get(0).or_engine("reading keys")?,
-                row.try_get(1).or_engine("reading keys")?,
-            );
-        }
+        let current = text_pairs(
+            &txn,
+            "SELECT id, idempotency_key FROM petstore_pets WHERE id = ANY($1) ORDER BY id FOR UPDATE",
+            &ids,
+        )
+        .await?;
+        let holders = text_pairs(
+            &txn,
+            "SELECT idempotency_key, id FROM petstore_pets WHERE idempotency_key = ANY($1)",
+            &new_keys,
+        )
+        .await?;
         // The same decision as every other backend.
         if let Some(refusal) = check_key_changes(
             changes,
@@ -732,13 +726,9 @@ impl Storage for PostgresStorage {
         Ok(())
     }
 
-    async fn search_page(
-        &self,
-        filter: &SearchFilter,
-        after: Option<Cursor>,
-        limit: usize,
-    ) -> Result<SearchPage, StorageError> {
+    async fn search_page(&self, page: PageRequest<'_>) -> Result<SearchPage, StorageError> {
         let client = self.client().await?;
+        let (filter, after, limit) = (page.filter, page.after, page.limit);
         let by_name = !filter.names.is_empty();
         let after = after.unwrap_or_default();
         // The walk's next `limit` entries and one more, which tells whether

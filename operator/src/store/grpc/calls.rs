@@ -311,6 +311,18 @@ mod tests {
         service.ready().await?.call(request).await
     }
 
+    /// One `method` call through the layer to a channel answering `status`,
+    /// which adds the headers it is sent to `seen`.
+    async fn call_through(
+        metrics: &Arc<Metrics>,
+        status: Status,
+        seen: &Arc<Mutex<Vec<HeaderMap>>>,
+        method: &str,
+    ) {
+        let mut service = layer(metrics).layer(channel(status, Arc::clone(seen)));
+        send(&mut service, method).await.expect("answered");
+    }
+
     fn layer(metrics: &Arc<Metrics>) -> StoreCallLayer {
         StoreCallLayer {
             metrics: Arc::clone(metrics),
@@ -333,13 +345,14 @@ mod tests {
 
         let metrics = Arc::new(Metrics::default());
         let seen = Arc::default();
-        let mut service = layer(&metrics).layer(channel(Status::ok(""), Arc::clone(&seen)));
-        send(&mut service, "AddPets").await.expect("answered");
-        let mut refusing = layer(&metrics).layer(channel(
+        call_through(&metrics, Status::ok(""), &seen, "AddPets").await;
+        call_through(
+            &metrics,
             Status::resource_exhausted("busy"),
-            Arc::clone(&seen),
-        ));
-        send(&mut refusing, "GetPets").await.expect("answered");
+            &seen,
+            "GetPets",
+        )
+        .await;
 
         let finished = spans.get_finished_spans().expect("spans");
         let [add, get] = finished.as_slice() else {
@@ -381,8 +394,7 @@ mod tests {
     async fn the_feed_is_neither_timed_nor_given_a_span() {
         let metrics = Arc::new(Metrics::default());
         let seen = Arc::default();
-        let mut service = layer(&metrics).layer(channel(Status::ok(""), Arc::clone(&seen)));
-        send(&mut service, "WatchPets").await.expect("answered");
+        call_through(&metrics, Status::ok(""), &seen, "WatchPets").await;
         assert_eq!(seen.lock().expect("lock").len(), 1, "sent");
         let text = metrics.encode().expect("encode");
         assert!(!text.contains("WatchPets"), "{text}");
@@ -392,8 +404,7 @@ mod tests {
     async fn without_tracing_no_traceparent_is_sent() {
         let metrics = Arc::new(Metrics::default());
         let seen = Arc::default();
-        let mut service = layer(&metrics).layer(channel(Status::ok(""), Arc::clone(&seen)));
-        send(&mut service, "AddPets").await.expect("answered");
+        call_through(&metrics, Status::ok(""), &seen, "AddPets").await;
         assert!(seen.lock().expect("lock")[0].get("traceparent").is_none());
     }
 
