@@ -83,9 +83,7 @@ fn kill_9_of_one_replica_during_a_burst_loses_and_duplicates_nothing() -> fixtur
         tls: None,
         cp,
     };
-    let mut options = env.operator_options("operator");
-    options.store_addr = service.addr.clone();
-    let _operator = env.start_operator_with(&options)?;
+    let _operator = env.start_operator_on("operator", &service.addr)?;
 
     // The first wave is applied from another thread (kubectl creates the
     // Pets one by one, and the operator reconciles them as they come), while
