@@ -3,7 +3,7 @@
 
 use std::process::Command;
 
-use fixtures::{ControlPlane, Tools, repo_root};
+use fixtures::{ControlPlane, Kubectl, Tools, repo_root};
 
 const SA: &str = "system:serviceaccount:petstore-system:petstore-operator";
 
@@ -89,20 +89,17 @@ fn config_default_passes_server_side_validation_and_installs() -> fixtures::Resu
         "jsonpath={.spec.ports[0].name}:{.spec.ports[0].port}",
     ])?;
     assert_eq!(port, "grpc:6742");
-    let probe = cp.kubectl(&[
-        "get",
-        "deployment",
+    let probe = cp.deployment(
         "petstore",
-        "-n",
         "petstore",
-        "-o",
         "jsonpath={.spec.template.spec.containers[0].readinessProbe.grpc.port}",
-    ])?;
+    )?;
     assert_eq!(probe, "6742");
-    let security = cp.kubectl(&[
-        "get", "deployment", "petstore-operator", "-n", "petstore-system", "-o",
+    let security = cp.deployment(
+        "petstore-system",
+        "petstore-operator",
         "jsonpath={.spec.replicas}/{.spec.template.spec.securityContext.runAsNonRoot}/{.spec.template.spec.containers[0].securityContext.readOnlyRootFilesystem}/{.spec.template.spec.containers[0].securityContext.capabilities.drop[0]}/{.spec.template.spec.securityContext.seccompProfile.type}",
-    ])?;
+    )?;
     assert_eq!(security, "2/true/true/ALL/RuntimeDefault");
     // Both namespaces enforce the restricted Pod Security Standard, so the
     // API server would refuse pods that broke it.

@@ -83,6 +83,14 @@ fn pods(cluster: &Cluster, namespace: &str, app: &str) -> Vec<Value> {
         .unwrap_or_default()
 }
 
+/// Asserts that `found`, as [`search`] returns it, holds every (name, id).
+fn assert_found(found: &[(String, String)], expected: &[(&str, &str)]) {
+    for (name, id) in expected {
+        let pet = ((*name).to_owned(), (*id).to_owned());
+        assert!(found.contains(&pet), "{pet:?} not in {found:?}");
+    }
+}
+
 /// The image a Deployment's pods run.
 fn image(cluster: &Cluster, namespace: &str, deployment: &str) -> fixtures::Result<String> {
     cluster.deployment(
@@ -318,14 +326,7 @@ fn tilt_quick_start_on_a_one_node_cluster() -> TestResult {
     );
     // Step 4.
     let found = search("{}")?;
-    assert!(
-        found.contains(&("Thor".to_owned(), thor_id.clone())),
-        "{found:?}"
-    );
-    assert!(
-        found.contains(&("Tron".to_owned(), tron_id.clone())),
-        "{found:?}"
-    );
+    assert_found(&found, &[("Thor", &thor_id), ("Tron", &tron_id)]);
     assert_eq!(found.len(), 2, "{found:?}");
     // Step 5: the rename keeps the ID.
     cluster.rename_pet("pet-sample1", "Thorbert")?;
@@ -482,14 +483,7 @@ fn tilt_quick_start_on_a_one_node_cluster() -> TestResult {
         },
     )
     .map_err(|e| format!("{e}\n{}", tilt_log_text()))?;
-    assert!(
-        found.contains(&("Thorbert".to_owned(), thor_id.clone())),
-        "{found:?}"
-    );
-    assert!(
-        found.contains(&("Tron".to_owned(), tron_id.clone())),
-        "{found:?}"
-    );
+    assert_found(&found, &[("Thorbert", &thor_id), ("Tron", &tron_id)]);
     eprintln!(
         "[{}] PVC bound; records survived the store pod's deletion",
         elapsed(start)
