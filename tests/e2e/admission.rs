@@ -22,6 +22,8 @@ const RECORD_ID: &str = "0b3a5f1e-7c2d-4e8f-9a6b-1c2d3e4f5a6b";
 const HOLD: &str = "test.petstore.example.com/hold";
 /// How long the API server may take to start enforcing a new policy.
 const POLICY_ACTIVE_TIMEOUT: Duration = Duration::from_secs(60);
+/// A JSON patch that drops every finalizer.
+const REMOVE_FINALIZERS: &str = r#"[{"op":"remove","path":"/metadata/finalizers"}]"#;
 
 fn pet_yaml(name: &str, annotations: &[(&str, &str)], finalizers: &[&str]) -> String {
     let mut yaml = format!(
@@ -58,17 +60,22 @@ fn install_policy(cp: &ControlPlane) -> fixtures::Result<()> {
     Ok(())
 }
 
-fn patch_spec(cp: &ControlPlane, pet: &str, spec: &str) -> fixtures::Result<String> {
+/// `kubectl patch pet <pet> --type=<kind> -p <patch>` in default.
+fn patch(cp: &ControlPlane, pet: &str, kind: &str, patch: &str) -> fixtures::Result<String> {
     cp.kubectl(&[
         "patch",
         "pet",
         pet,
         "-n",
         "default",
-        "--type=merge",
+        &format!("--type={kind}"),
         "-p",
-        &format!(r#"{{"spec":{spec}}}"#),
+        patch,
     ])
+}
+
+fn patch_spec(cp: &ControlPlane, pet: &str, spec: &str) -> fixtures::Result<String> {
+    patch(cp, pet, "merge", &format!(r#"{{"spec":{spec}}}"#))
 }
 
 /// The refusal's message, or a panic if `result` was accepted.
@@ -77,6 +84,11 @@ fn refusal(case: &str, result: fixtures::Result<String>) -> String {
         Ok(out) => panic!("{case}: accepted ({out})"),
         Err(err) => err.to_string(),
     }
+}
+
+/// Asserts that `result` was refused with a message naming every fragment.
+fn assert_refused(case: &str, result: fixtures::Result<String>, fragments: &[&str]) {
+    assert_names(case, &refusal(case, result), fragments);
 }
 
 fn assert_names(case: &str, message: &str, fragments: &[&str]) {
@@ -162,9 +174,12 @@ fn the_policy_refuses_annotation_typos_on_create_and_new_ones_on_update() -> fix
         ),
     ];
     for (name, key, value, allowed) in bad {
-        let message = refusal(name, cp.apply(&pet_yaml(name, &[(key, value)], &[])));
-        assert_names(name, &message, &[key]);
-        assert_names(name, &message, allowed);
+        let fragments = [&[key][..], allowed].concat();
+        assert_refused(
+            name,
+            cp.apply(&pet_yaml(name, &[(key, value)], &[])),
+            &fragments,
+        );
         assert!(cp.kubectl(&["get", "pet", name]).is_err(), "{name} stored");
     }
 
@@ -224,67 +239,48 @@ fn the_policy_refuses_annotation_typos_on_create_and_new_ones_on_update() -> fix
             object.remove("status");
         }
         let case = format!("a bad Pet in {version}");
-        let message = refusal(
+        assert_refused(
             &case,
             cp.kubectl_stdin(&["create", "-f", "-"], &pet.to_string()),
+            &[PAUSED, "\"true\" or \"false\""],
         );
-        assert_names(&case, &message, &[PAUSED, "\"true\" or \"false\""]);
     }
 
     // UPDATE, ratcheting: the bad values the Pet already had do not block
     // other changes, fixing them, or removing the finalizer...
     cp.kubectl(&["label", "pet", "legacy", "-n", "default", "tier=gold"])?;
-    cp.kubectl(&[
-        "patch",
-        "pet",
-        "legacy",
-        "-n",
-        "default",
-        "--type=merge",
-        "-p",
-        r#"{"spec":{"name":"Thorbert"}}"#,
-    ])?;
-    cp.kubectl(&[
-        "patch",
-        "pet",
-        "legacy",
-        "-n",
-        "default",
-        "--type=json",
-        "-p",
-        r#"[{"op":"remove","path":"/metadata/finalizers"}]"#,
-    ])?;
+    patch_spec(cp, "legacy", r#"{"name":"Thorbert"}"#)?;
+    patch(cp, "legacy", "json", REMOVE_FINALIZERS)?;
     let legacy = cp.kubectl_json(&["get", "pet", "legacy", "-n", "default"])?;
     assert!(legacy["metadata"].get("finalizers").is_none(), "{legacy}");
     assert_eq!(legacy["metadata"]["annotations"][PAUSED], "yes");
     // ...but a changed bad value, or a new one, is refused.
-    let message = refusal(
-        "paused changed to another bad value",
-        annotate(cp, "legacy", PAUSED, "maybe"),
-    );
-    assert_names(
-        "paused changed",
-        &message,
-        &[PAUSED, "\"true\" or \"false\""],
-    );
-    let message = refusal(
-        "a bad external-id added",
-        annotate(cp, "legacy", EXTERNAL_ID, "rex"),
-    );
-    assert_names(
-        "external-id added",
-        &message,
-        &[EXTERNAL_ID, "lowercase UUID"],
-    );
-    let message = refusal(
-        "a good Pet given a bad value",
-        annotate(cp, "good-lower", DELETION_POLICY, "Keep"),
-    );
-    assert_names(
-        "deletion policy changed",
-        &message,
-        &[DELETION_POLICY, "\"Delete\" or \"Orphan\""],
-    );
+    let refused: [(&str, &str, &str, &str, &[&str]); 3] = [
+        (
+            "paused changed to another bad value",
+            "legacy",
+            PAUSED,
+            "maybe",
+            &[PAUSED, "\"true\" or \"false\""],
+        ),
+        (
+            "a bad external-id added",
+            "legacy",
+            EXTERNAL_ID,
+            "rex",
+            &[EXTERNAL_ID, "lowercase UUID"],
+        ),
+        (
+            "a good Pet given a bad value",
+            "good-lower",
+            DELETION_POLICY,
+            "Keep",
+            &[DELETION_POLICY, "\"Delete\" or \"Orphan\""],
+        ),
+    ];
+    for (case, pet, key, value, fragments) in refused {
+        assert_refused(case, annotate(cp, pet, key, value), fragments);
+    }
     annotate(cp, "legacy", PAUSED, "false")?;
     annotate(cp, "legacy", DELETION_POLICY, "Orphan")?;
     let legacy = cp.kubectl_json(&["get", "pet", "legacy", "-n", "default"])?;
@@ -297,36 +293,32 @@ fn the_policy_refuses_annotation_typos_on_create_and_new_ones_on_update() -> fix
     const FIXED: &str = "cannot change once the Pet is being deleted";
     cp.apply(&pet_yaml("leaving", &[], &[HOLD]))?;
     cp.kubectl(&["delete", "pet", "leaving", "-n", "default", "--wait=false"])?;
-    let message = refusal(
+    assert_refused(
         "the annotation set to Delete while deleting",
         annotate(cp, "leaving", DELETION_POLICY, "Delete"),
+        &[FIXED],
     );
-    assert_names("annotation added while deleting", &message, &[FIXED]);
     patch_spec(cp, "leaving", r#"{"deletionPolicy":"Orphan"}"#)?;
-    let message = refusal(
+    assert_refused(
         "spec.deletionPolicy changed from Orphan while deleting",
         patch_spec(cp, "leaving", r#"{"deletionPolicy":"Delete"}"#),
+        &[FIXED],
     );
-    assert_names("spec changed while deleting", &message, &[FIXED]);
     // Orphan wins if either says so: an annotation that keeps it Orphan is
     // no change of policy, one that says Orphan is allowed too.
     annotate(cp, "leaving", DELETION_POLICY, "Orphan")?;
-    let message = refusal(
+    assert_refused(
         "both set back to Delete while deleting",
-        cp.kubectl(&[
-            "patch",
-            "pet",
+        patch(
+            cp,
             "leaving",
-            "-n",
-            "default",
-            "--type=merge",
-            "-p",
+            "merge",
             &json!({"metadata": {"annotations": {DELETION_POLICY: null}},
                     "spec": {"deletionPolicy": "Delete"}})
             .to_string(),
-        ]),
+        ),
+        &[FIXED],
     );
-    assert_names("both back to Delete while deleting", &message, &[FIXED]);
     cp.kubectl(&["label", "pet", "leaving", "-n", "default", "tier=gold"])?;
     // ...except that a misspelled annotation, which holds the deletion, can
     // still be corrected; once corrected, it is fixed too.
@@ -339,11 +331,11 @@ fn the_policy_refuses_annotation_typos_on_create_and_new_ones_on_update() -> fix
         "--wait=false",
     ])?;
     annotate(cp, "legacy-leaving", DELETION_POLICY, "Orphan")?;
-    let message = refusal(
+    assert_refused(
         "a corrected annotation changed again while deleting",
         annotate(cp, "legacy-leaving", DELETION_POLICY, "Delete"),
+        &[FIXED],
     );
-    assert_names("corrected, then changed", &message, &[FIXED]);
     // Once the operator is done with them (the record deleted for one,
     // released for the other), releasing the test's finalizer, a change
     // that keeps the policy, lets both go.
@@ -358,27 +350,20 @@ fn the_policy_refuses_annotation_typos_on_create_and_new_ones_on_update() -> fix
                 (pet["metadata"]["finalizers"] == json!([HOLD])).then_some(())
             },
         )?;
-        cp.kubectl(&[
-            "patch",
-            "pet",
+        patch(
+            cp,
             name,
-            "-n",
-            "default",
-            "--type=json",
-            "-p",
+            "json",
             &json!([
                 {"op": "test", "path": "/metadata/finalizers", "value": [HOLD]},
                 {"op": "remove", "path": "/metadata/finalizers"},
             ])
             .to_string(),
-        ])?;
+        )?;
     }
-    wait_for(POLICY_ACTIVE_TIMEOUT, "the deleted Pets to go", || {
-        ["leaving", "legacy-leaving"]
-            .iter()
-            .all(|name| cp.kubectl(&["get", "pet", name, "-n", "default"]).is_err())
-            .then_some(())
-    })?;
+    for name in ["leaving", "legacy-leaving"] {
+        env.wait_gone("default", name, POLICY_ACTIVE_TIMEOUT)?;
+    }
     Ok(())
 }
 
@@ -392,9 +377,7 @@ fn the_policy_refuses_annotation_typos_on_create_and_new_ones_on_update() -> fix
 fn a_deletion_waiting_on_the_books_store_is_let_go_as_its_message_says() -> fixtures::Result<()> {
     let env = Env::start(Storage::Durable)?;
     let legacy = LegacyStore::start()?;
-    let mut options = env.operator_options("operator");
-    options.store_addr = legacy.addr.clone();
-    let _operator = env.start_operator_with(&options)?;
+    let _operator = env.start_operator_on("operator", &legacy.addr)?;
     let cp = &env.cp;
     install_policy(cp)?;
 
@@ -414,12 +397,8 @@ fn a_deletion_waiting_on_the_books_store_is_let_go_as_its_message_says() -> fixt
         cp.kubectl(&["delete", "pet", name, "-n", "default", "--wait=false"])?;
     }
     for name in names {
-        let message = wait_for(POLICY_ACTIVE_TIMEOUT, "the deletion to wait", || {
-            let pet = env.pet("default", name).ok()?;
-            let synced = condition(&pet, "Synced")?;
-            (pet["metadata"]["deletionTimestamp"].is_string()
-                && synced["reason"] == "StoreLacksExtensions")
-                .then(|| synced["message"].as_str().unwrap_or_default().to_owned())
+        let message = env.wait_deleting("default", name, POLICY_ACTIVE_TIMEOUT, |synced| {
+            synced["reason"] == "StoreLacksExtensions"
         })?;
         assert_names(
             name,
@@ -457,31 +436,18 @@ fn a_deletion_waiting_on_the_books_store_is_let_go_as_its_message_says() -> fixt
         annotate(cp, "by-annotation", DELETION_POLICY, "Delete"),
     ];
     for (name, result) in names.iter().zip(changed_back) {
-        let message = refusal(name, result);
-        assert_names(
+        assert_refused(
             name,
-            &message,
+            result,
             &["cannot change once the Pet is being deleted"],
         );
     }
     for name in names {
-        cp.kubectl(&[
-            "patch",
-            "pet",
-            name,
-            "-n",
-            "default",
-            "--type=json",
-            "-p",
-            r#"[{"op":"remove","path":"/metadata/finalizers"}]"#,
-        ])?;
+        patch(cp, name, "json", REMOVE_FINALIZERS)?;
     }
-    wait_for(POLICY_ACTIVE_TIMEOUT, "both Pets to go", || {
-        names
-            .iter()
-            .all(|name| env.pet("default", name).is_err())
-            .then_some(())
-    })?;
+    for name in names {
+        env.wait_gone("default", name, POLICY_ACTIVE_TIMEOUT)?;
+    }
     assert!(legacy.ids().is_empty(), "nothing was created or kept");
     Ok(())
 }

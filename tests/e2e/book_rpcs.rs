@@ -97,6 +97,13 @@ fn pet_json(name: &str) -> String {
     )
 }
 
+/// An UpdatePets body that sets the pet `id` to these fields.
+fn update_body(id: &str, name: &str, type_: &str, (year, month, day): (u32, u32, u32)) -> String {
+    format!(
+        r#"{{"pets":[{{"id":"{id}","name":"{name}","type":"{type_}","birthday":{{"year":{year},"month":{month},"day":{day}}}}}]}}"#
+    )
+}
+
 fn id_of(pet: &Value) -> String {
     pet["id"].as_str().unwrap_or_default().to_owned()
 }
@@ -118,9 +125,7 @@ fn grpcurl_drives_the_five_book_rpcs() -> Result<()> {
     let first = ids[0].as_str().unwrap_or_default();
     store.grpcurl(
         "UpdatePets",
-        &format!(
-            r#"{{"pets":[{{"id":"{first}","name":"Curled","type":"PTBird","birthday":{{"year":2019,"month":1,"day":2}}}}]}}"#
-        ),
+        &update_body(first, "Curled", "PTBird", (2019, 1, 2)),
     )?;
     let renamed = store.pets_named("Curled")?;
     assert_eq!(renamed.len(), 1, "{renamed:?}");
@@ -173,9 +178,7 @@ fn ghz_drives_the_five_book_rpcs() -> Result<()> {
     let target = id_of(&added[0]);
     store.ghz(
         "UpdatePets",
-        &format!(
-            r#"{{"pets":[{{"id":"{target}","name":"Ghzed","type":"PTReptile","birthday":{{"year":2018,"month":3,"day":4}}}}]}}"#
-        ),
+        &update_body(&target, "Ghzed", "PTReptile", (2018, 3, 4)),
         3,
     )?;
     let renamed = store.pets_named("Ghzed")?;

@@ -7,12 +7,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use fixtures::env::{OPERATOR_ACCOUNT, OPERATOR_NAMESPACE, install_crd_and_rbac, is_ready};
-use fixtures::forwarder::Forwarder;
-use fixtures::postgres::Postgres;
-use fixtures::{
-    ControlPlane, Env, Operator, OperatorOptions, PetStoreServer, PostgresTarget, Result, Storage,
-};
+use fixtures::env::{PostgresReplicas, is_ready};
+use fixtures::{Env, Operator, OperatorOptions, Result, Storage};
 
 #[derive(Clone, Debug)]
 pub struct SoakConfig {
@@ -163,15 +159,6 @@ impl Fault {
     }
 }
 
-/// The PostgreSQL soak's second store replica, and the round-robin
-/// forwarder in front of both (as a Service would be); the first replica is
-/// `env.store`.
-struct Replicas {
-    other: PetStoreServer,
-    service: Forwarder,
-    _database: Postgres,
-}
-
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Replica {
     First,
@@ -180,7 +167,7 @@ enum Replica {
 
 struct Soak<'a> {
     env: &'a mut Env,
-    replicas: Option<Replicas>,
+    replicas: Option<PostgresReplicas>,
     config: SoakConfig,
     rng: fastrand::Rng,
     operators: Vec<Operator>,
@@ -715,38 +702,12 @@ pub enum Backend {
 
 /// The control plane and the stores for `backend`; for PostgreSQL, the
 /// first replica is the environment's store.
-fn environment(backend: Backend) -> Result<(Env, Option<Replicas>)> {
+fn environment(backend: Backend) -> Result<(Env, Option<PostgresReplicas>)> {
     if backend == Backend::Durable {
         return Ok((Env::start(Storage::Durable)?, None));
     }
-    let cp = ControlPlane::start()?;
-    install_crd_and_rbac(&cp)?;
-    let operator_kubeconfig =
-        cp.service_account_kubeconfig(OPERATOR_NAMESPACE, OPERATOR_ACCOUNT)?;
-    let database = Postgres::start()?;
-    let target = PostgresTarget {
-        url: database.create_database("petstore")?,
-        password_file: database.password_file.clone(),
-    };
-    let first = PetStoreServer::spawn_postgres(cp.dir(), "store-a", target.clone())?;
-    let other = PetStoreServer::spawn_postgres(cp.dir(), "store-b", target)?;
-    first.wait_serving()?;
-    other.wait_serving()?;
-    let service = Forwarder::start(vec![first.addr.clone(), other.addr.clone()])?;
-    let env = Env {
-        store: first,
-        operator_kubeconfig,
-        tls: None,
-        cp,
-    };
-    Ok((
-        env,
-        Some(Replicas {
-            other,
-            service,
-            _database: database,
-        }),
-    ))
+    let (env, replicas) = Env::start_postgres_replicas()?;
+    Ok((env, Some(replicas)))
 }
 
 /// Runs the soak on a fresh environment and returns its report, or an error

@@ -79,41 +79,36 @@ fn config_default_passes_server_side_validation_and_installs() -> fixtures::Resu
 
     // Install for real and read back what the API server stored.
     cp.kubectl(&["apply", "-k", &default.to_string_lossy()])?;
-    let port = cp.kubectl(&[
-        "get",
-        "service",
-        "petstore-service",
-        "-n",
-        "petstore",
-        "-o",
-        "jsonpath={.spec.ports[0].name}:{.spec.ports[0].port}",
-    ])?;
-    assert_eq!(port, "grpc:6742");
-    let probe = cp.kubectl(&[
-        "get",
-        "deployment",
-        "petstore",
-        "-n",
-        "petstore",
-        "-o",
-        "jsonpath={.spec.template.spec.containers[0].readinessProbe.grpc.port}",
-    ])?;
-    assert_eq!(probe, "6742");
-    let security = cp.kubectl(&[
-        "get", "deployment", "petstore-operator", "-n", "petstore-system", "-o",
-        "jsonpath={.spec.replicas}/{.spec.template.spec.securityContext.runAsNonRoot}/{.spec.template.spec.containers[0].securityContext.readOnlyRootFilesystem}/{.spec.template.spec.containers[0].securityContext.capabilities.drop[0]}/{.spec.template.spec.securityContext.seccompProfile.type}",
-    ])?;
-    assert_eq!(security, "2/true/true/ALL/RuntimeDefault");
-    // Both namespaces enforce the restricted Pod Security Standard, so the
-    // API server would refuse pods that broke it.
-    let enforce = cp.kubectl(&[
-        "get",
-        "namespace",
-        "petstore",
-        "-o",
-        "jsonpath={.metadata.labels.pod-security\\.kubernetes\\.io/enforce}",
-    ])?;
-    assert_eq!(enforce, "restricted");
+    // Each object with a JSONPath into it and what it must read. Both
+    // namespaces enforce the restricted Pod Security Standard, so the API
+    // server would refuse pods that broke it.
+    let stored: [(&[&str], &str, &str); 4] = [
+        (
+            &["service", "petstore-service", "-n", "petstore"],
+            "{.spec.ports[0].name}:{.spec.ports[0].port}",
+            "grpc:6742",
+        ),
+        (
+            &["deployment", "petstore", "-n", "petstore"],
+            "{.spec.template.spec.containers[0].readinessProbe.grpc.port}",
+            "6742",
+        ),
+        (
+            &["deployment", "petstore-operator", "-n", "petstore-system"],
+            "{.spec.replicas}/{.spec.template.spec.securityContext.runAsNonRoot}/{.spec.template.spec.containers[0].securityContext.readOnlyRootFilesystem}/{.spec.template.spec.containers[0].securityContext.capabilities.drop[0]}/{.spec.template.spec.securityContext.seccompProfile.type}",
+            "2/true/true/ALL/RuntimeDefault",
+        ),
+        (
+            &["namespace", "petstore"],
+            "{.metadata.labels.pod-security\\.kubernetes\\.io/enforce}",
+            "restricted",
+        ),
+    ];
+    for (object, jsonpath, expected) in stored {
+        let output = format!("jsonpath={jsonpath}");
+        let read = cp.kubectl(&[&["get"], object, &["-o", &output]].concat())?;
+        assert_eq!(read, expected, "{object:?} {jsonpath}");
+    }
     Ok(())
 }
 

@@ -19,7 +19,8 @@ use fixtures::monitoring::{
 };
 use fixtures::petstore::grpcurl;
 use fixtures::{
-    ControlPlane, Operator, OperatorOptions, Process, cargo_bin, free_port, repo_root, wait_for,
+    ControlPlane, Kubectl, Operator, OperatorOptions, Process, cargo_bin, free_port, repo_root,
+    wait_for,
 };
 
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -251,47 +252,46 @@ fn rules_and_dashboard_query_the_documented_metrics() {
         .count();
     assert_eq!(dashboard_queries(&dashboard()).len(), targets);
 
-    let rule_names: Vec<String> = rule_expressions(&rule)
+    assert_metrics_named(
+        &rule_expressions(&rule),
+        &[
+            "petstore_operator_store_call_duration_seconds_count",
+            "petstore_operator_reconcile_errors_total",
+            "petstore_operator_not_ready_oldest_seconds",
+            "petstore_operator_repeated_drift_pets",
+            "up",
+        ],
+    );
+    assert_metrics_named(
+        &dashboard_queries(&dashboard()),
+        &[
+            "petstore_operator_reconciles_total",
+            "petstore_operator_reconcile_errors_total",
+            "petstore_operator_reconcile_duration_seconds_bucket",
+            "petstore_operator_store_call_duration_seconds_bucket",
+            "petstore_operator_store_call_duration_seconds_count",
+            "petstore_operator_store_actions_total",
+            "petstore_operator_time_to_ready_seconds_bucket",
+            "petstore_operator_drift_detected_total",
+            "petstore_operator_queue_depth",
+            "petstore_operator_queue_oldest_age_seconds",
+            "petstore_operator_not_ready_pets",
+            "petstore_operator_leader",
+            "petstore_server_rpc_duration_seconds_count",
+            "petstore_server_rpc_duration_seconds_bucket",
+            "petstore_server_rpcs_in_flight",
+        ],
+    );
+}
+
+/// Every one of `names` is a metric some of `expressions` query.
+fn assert_metrics_named(expressions: &[String], names: &[&str]) {
+    let queried: Vec<String> = expressions
         .iter()
         .flat_map(|expr| promql_metric_names(expr))
         .collect();
-    for name in [
-        "petstore_operator_store_call_duration_seconds_count",
-        "petstore_operator_reconcile_errors_total",
-        "petstore_operator_not_ready_oldest_seconds",
-        "petstore_operator_repeated_drift_pets",
-        "up",
-    ] {
-        assert!(
-            rule_names.iter().any(|n| n == name),
-            "{name} in {rule_names:?}"
-        );
-    }
-    let dashboard_names: Vec<String> = dashboard_queries(&dashboard())
-        .iter()
-        .flat_map(|expr| promql_metric_names(expr))
-        .collect();
-    for name in [
-        "petstore_operator_reconciles_total",
-        "petstore_operator_reconcile_errors_total",
-        "petstore_operator_reconcile_duration_seconds_bucket",
-        "petstore_operator_store_call_duration_seconds_bucket",
-        "petstore_operator_store_call_duration_seconds_count",
-        "petstore_operator_store_actions_total",
-        "petstore_operator_time_to_ready_seconds_bucket",
-        "petstore_operator_drift_detected_total",
-        "petstore_operator_queue_depth",
-        "petstore_operator_queue_oldest_age_seconds",
-        "petstore_operator_not_ready_pets",
-        "petstore_operator_leader",
-        "petstore_server_rpc_duration_seconds_count",
-        "petstore_server_rpc_duration_seconds_bucket",
-        "petstore_server_rpcs_in_flight",
-    ] {
-        assert!(
-            dashboard_names.iter().any(|n| n == name),
-            "{name} in {dashboard_names:?}"
-        );
+    for name in names {
+        assert!(queried.iter().any(|n| n == name), "{name} in {queried:?}");
     }
 }
 
@@ -413,14 +413,7 @@ fn scrapes_pass_promtool_and_hold_every_queried_metric() -> fixtures::Result<()>
     // Reconcile errors (store_unavailable): the store down while a rename
     // needs it. Back up with no records (memory), it gets the Pet recreated.
     store.kill();
-    cp.kubectl(&[
-        "patch",
-        "pet",
-        "pet-sample1",
-        "--type=merge",
-        "-p",
-        r#"{"spec":{"name":"Thorbert"}}"#,
-    ])?;
+    cp.rename_pet("pet-sample1", "Thorbert")?;
     wait_for(TIMEOUT, "Synced reason StoreUnavailable", || {
         let pet = pet().ok()?;
         (condition(&pet, "Synced")?["reason"] == "StoreUnavailable").then_some(())

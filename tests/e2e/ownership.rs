@@ -94,6 +94,12 @@ fn wait_synced_reason(env: &Env, name: &str, reason: &str) -> fixtures::Result<S
     })
 }
 
+fn message_contains(condition: &Value, fragment: &str) -> bool {
+    condition["message"]
+        .as_str()
+        .is_some_and(|message| message.contains(fragment))
+}
+
 fn add_pet(store: &fixtures::PetStoreServer, name: &str) -> fixtures::Result<String> {
     let out = store.grpcurl(
         "petstore.PetStore/AddPets",
@@ -363,12 +369,8 @@ fn a_misspelled_deletion_policy_never_deletes() -> fixtures::Result<()> {
     let message = wait_synced_reason(&env, "typo", "InvalidAnnotation")?;
     assert!(message.contains("\"Orhpan\""), "{message}");
     env.cp.kubectl(&["delete", "pet", "typo", "--wait=false"])?;
-    let message = wait_for(TIMEOUT, "deletion to be held", || {
-        let pet = env.pet("default", "typo").ok()?;
-        let synced = condition(&pet, "Synced")?;
-        let message = synced["message"].as_str()?;
-        (pet["metadata"]["deletionTimestamp"].is_string() && message.contains("deletion waits"))
-            .then(|| message.to_owned())
+    let message = env.wait_deleting("default", "typo", TIMEOUT, |synced| {
+        message_contains(synced, "deletion waits")
     })?;
     assert!(message.contains("Delete or Orphan"), "{message}");
     std::thread::sleep(Duration::from_secs(3));
@@ -386,9 +388,7 @@ fn a_misspelled_deletion_policy_never_deletes() -> fixtures::Result<()> {
         "--overwrite",
         "petstore.example.com/deletion-policy=Orphan",
     ])?;
-    wait_for(TIMEOUT, "the Pet to go", || {
-        env.pet("default", "typo").is_err().then_some(())
-    })?;
+    env.wait_gone("default", "typo", TIMEOUT)?;
     assert!(record(&env.store_pets()?, &id).is_some(), "Orphan kept it");
     Ok(())
 }
@@ -397,9 +397,7 @@ fn a_misspelled_deletion_policy_never_deletes() -> fixtures::Result<()> {
 fn a_store_without_the_extensions_is_named_and_orphan_lets_go() -> fixtures::Result<()> {
     let env = Env::start(Storage::Durable)?;
     let legacy = LegacyStore::start()?;
-    let mut options = env.operator_options("operator");
-    options.store_addr = legacy.addr.clone();
-    let _operator = env.start_operator_with(&options)?;
+    let _operator = env.start_operator_on("operator", &legacy.addr)?;
 
     env.cp.apply(&pet_yaml("old", "Old", &[], ""))?;
     let message = wait_synced_reason(&env, "old", "StoreLacksExtensions")?;
@@ -417,11 +415,8 @@ fn a_store_without_the_extensions_is_named_and_orphan_lets_go() -> fixtures::Res
 
     // Deleting waits, and says how to let the Pet go.
     env.cp.kubectl(&["delete", "pet", "old", "--wait=false"])?;
-    wait_for(TIMEOUT, "the Orphan hint", || {
-        let pet = env.pet("default", "old").ok()?;
-        let message = condition(&pet, "Synced")?["message"].as_str()?.to_owned();
-        (pet["metadata"]["deletionTimestamp"].is_string() && message.contains("Orphan"))
-            .then_some(())
+    env.wait_deleting("default", "old", TIMEOUT, |synced| {
+        message_contains(synced, "Orphan")
     })?;
     env.cp.kubectl(&[
         "annotate",
@@ -429,9 +424,7 @@ fn a_store_without_the_extensions_is_named_and_orphan_lets_go() -> fixtures::Res
         "old",
         "petstore.example.com/deletion-policy=Orphan",
     ])?;
-    wait_for(TIMEOUT, "the Pet to go", || {
-        env.pet("default", "old").is_err().then_some(())
-    })?;
+    env.wait_gone("default", "old", TIMEOUT)?;
     Ok(())
 }
 

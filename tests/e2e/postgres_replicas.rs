@@ -6,13 +6,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use fixtures::env::{
-    OPERATOR_ACCOUNT, OPERATOR_NAMESPACE, create_config_namespaces, install_crd_and_rbac, is_ready,
-};
-use fixtures::forwarder::Forwarder;
+use fixtures::env::{create_config_namespaces, is_ready};
 use fixtures::petstore::grpcurl;
-use fixtures::postgres::Postgres;
-use fixtures::{ControlPlane, Env, PetStoreServer, PostgresTarget, wait_for};
+use fixtures::{ControlPlane, Env, wait_for};
 use serde_json::Value;
 
 /// Pets per wave; two waves, the second applied right after the kill.
@@ -40,23 +36,10 @@ fn pets(env: &Env) -> fixtures::Result<Vec<Value>> {
 
 #[test]
 fn kill_9_of_one_replica_during_a_burst_loses_and_duplicates_nothing() -> fixtures::Result<()> {
-    let cp = ControlPlane::start()?;
-    install_crd_and_rbac(&cp)?;
-    let operator_kubeconfig =
-        cp.service_account_kubeconfig(OPERATOR_NAMESPACE, OPERATOR_ACCOUNT)?;
-    let database = Postgres::start()?;
-    let target = PostgresTarget {
-        url: database.create_database("petstore")?,
-        password_file: database.password_file.clone(),
-    };
-
     // Both replicas start at once, so their schema migrations race (the
     // advisory lock must serialise them).
-    let a = PetStoreServer::spawn_postgres(cp.dir(), "store-a", target.clone())?;
-    let mut b = PetStoreServer::spawn_postgres(cp.dir(), "store-b", target.clone())?;
-    a.wait_serving()?;
-    b.wait_serving()?;
-    let service = Forwarder::start(vec![a.addr.clone(), b.addr.clone()])?;
+    let (env, replicas) = Env::start_postgres_replicas()?;
+    let (a, mut b, service) = (&env.store, replicas.other, replicas.service);
 
     // A record written through one replica is read through the other.
     let added = grpcurl(
@@ -77,15 +60,7 @@ fn kill_9_of_one_replica_during_a_burst_loses_and_duplicates_nothing() -> fixtur
         &format!(r#"{{"ids":["{canary}"]}}"#),
     )?;
 
-    let env = Env {
-        store: a,
-        operator_kubeconfig,
-        tls: None,
-        cp,
-    };
-    let mut options = env.operator_options("operator");
-    options.store_addr = service.addr.clone();
-    let _operator = env.start_operator_with(&options)?;
+    let _operator = env.start_operator_on("operator", &service.addr)?;
 
     // The first wave is applied from another thread (kubectl creates the
     // Pets one by one, and the operator reconciles them as they come), while

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use fixtures::cluster::Cluster;
 use fixtures::env::is_ready;
 use fixtures::petstore::grpcurl;
-use fixtures::{Tools, free_port, repo_root, wait_for};
+use fixtures::{Kubectl, Tools, free_port, repo_root, wait_for};
 use serde_json::Value;
 
 /// Tilt's port-forward to the store, as in the quick start.
@@ -83,17 +83,21 @@ fn pods(cluster: &Cluster, namespace: &str, app: &str) -> Vec<Value> {
         .unwrap_or_default()
 }
 
+/// Asserts that `found`, as [`search`] returns it, holds every (name, id).
+fn assert_found(found: &[(String, String)], expected: &[(&str, &str)]) {
+    for (name, id) in expected {
+        let pet = ((*name).to_owned(), (*id).to_owned());
+        assert!(found.contains(&pet), "{pet:?} not in {found:?}");
+    }
+}
+
 /// The image a Deployment's pods run.
 fn image(cluster: &Cluster, namespace: &str, deployment: &str) -> fixtures::Result<String> {
-    cluster.kubectl(&[
-        "get",
-        "deployment",
-        "-n",
+    cluster.deployment(
         namespace,
         deployment,
-        "-o",
         "jsonpath={.spec.template.spec.containers[0].image}",
-    ])
+    )
 }
 
 fn pod_ready(pod: &Value) -> bool {
@@ -322,24 +326,10 @@ fn tilt_quick_start_on_a_one_node_cluster() -> TestResult {
     );
     // Step 4.
     let found = search("{}")?;
-    assert!(
-        found.contains(&("Thor".to_owned(), thor_id.clone())),
-        "{found:?}"
-    );
-    assert!(
-        found.contains(&("Tron".to_owned(), tron_id.clone())),
-        "{found:?}"
-    );
+    assert_found(&found, &[("Thor", &thor_id), ("Tron", &tron_id)]);
     assert_eq!(found.len(), 2, "{found:?}");
     // Step 5: the rename keeps the ID.
-    cluster.kubectl(&[
-        "patch",
-        "pet",
-        "pet-sample1",
-        "--type=merge",
-        "-p",
-        r#"{"spec":{"name":"Thorbert"}}"#,
-    ])?;
+    cluster.rename_pet("pet-sample1", "Thorbert")?;
     wait_for(Duration::from_secs(120), "Thorbert in the store", || {
         let found = search(r#"{"names":["Thorbert"]}"#).ok()?;
         (found == vec![("Thorbert".to_owned(), thor_id.clone())]).then_some(())
@@ -412,18 +402,7 @@ fn tilt_quick_start_on_a_one_node_cluster() -> TestResult {
         ("petstore-system", "petstore-operator"),
     ] {
         let live = cluster.dir().join(format!("{deployment}-live.json"));
-        std::fs::write(
-            &live,
-            cluster.kubectl(&[
-                "get",
-                "deployment",
-                "-n",
-                namespace,
-                deployment,
-                "-o",
-                "json",
-            ])?,
-        )?;
+        std::fs::write(&live, cluster.deployment(namespace, deployment, "json")?)?;
         let kubectl = Tools::get()?.kubectl();
         let (ok, out, err) = output(cluster.command(&kubectl).args([
             "replace",
@@ -461,15 +440,11 @@ fn tilt_quick_start_on_a_one_node_cluster() -> TestResult {
     // Nothing restarted, no liveness probe failed, and the operator runs
     // on its ServiceAccount without a single Forbidden.
     assert_pods_healthy(&cluster)?;
-    let sa = cluster.kubectl(&[
-        "get",
-        "deployment",
-        "-n",
+    let sa = cluster.deployment(
         "petstore-system",
         "petstore-operator",
-        "-o",
         "jsonpath={.spec.template.spec.serviceAccountName}",
-    ])?;
+    )?;
     assert_eq!(sa.trim(), "petstore-operator");
     assert_no_forbidden(&cluster)?;
 
@@ -508,14 +483,7 @@ fn tilt_quick_start_on_a_one_node_cluster() -> TestResult {
         },
     )
     .map_err(|e| format!("{e}\n{}", tilt_log_text()))?;
-    assert!(
-        found.contains(&("Thorbert".to_owned(), thor_id.clone())),
-        "{found:?}"
-    );
-    assert!(
-        found.contains(&("Tron".to_owned(), tron_id.clone())),
-        "{found:?}"
-    );
+    assert_found(&found, &[("Thorbert", &thor_id), ("Tron", &tron_id)]);
     eprintln!(
         "[{}] PVC bound; records survived the store pod's deletion",
         elapsed(start)

@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fixtures::env::{OPERATOR_ACCOUNT, OPERATOR_NAMESPACE, install_crd_and_rbac, is_ready};
 use fixtures::trace_receiver::{Trace, TraceReceiver, TracedPetStore};
-use fixtures::{ControlPlane, Operator, OperatorOptions, wait_for};
+use fixtures::{ControlPlane, Kubectl, Operator, OperatorOptions, wait_for};
 use serde_json::Value;
 
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -214,14 +214,7 @@ fn each_store_write_is_one_trace_across_operator_and_store() -> fixtures::Result
         })
     };
     let id = ready("the Pet Ready")?;
-    cp.kubectl(&[
-        "patch",
-        "pet",
-        "traced",
-        "--type=merge",
-        "-p",
-        r#"{"spec":{"name":"Thorbert"}}"#,
-    ])?;
+    cp.rename_pet("traced", "Thorbert")?;
     wait_for(TIMEOUT, "the rename in the store", || {
         store_pet(&store, &id).filter(|pet| pet["name"] == "Thorbert")
     })?;

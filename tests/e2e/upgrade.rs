@@ -130,20 +130,7 @@ impl RunningOperator {
     /// release (`Operator::start` follows this tree's).
     fn previous(binary: &Path, options: &OperatorOptions, log: &Path) -> fixtures::Result<Self> {
         let metrics_addr = format!("127.0.0.1:{}", free_port()?);
-        let mut command = Command::new(binary);
-        command
-            .env("KUBECONFIG", &options.kubeconfig)
-            .env("RUST_LOG", options.log_filter)
-            .args(["--petstore-addr", &options.store_addr])
-            .args(["--metrics-addr", &metrics_addr])
-            .args(["--poll-interval", options.poll_interval])
-            .args(["--backoff-base", "200ms", "--backoff-max"])
-            .arg(options.backoff_max)
-            .args(["--petstore-timeout", "2s"])
-            .args(["--lease-namespace", &options.lease_namespace])
-            .args(["--lease-duration", "4s"])
-            .args(["--identity", &options.identity])
-            .arg(format!("--leader-election={}", options.leader_election));
+        let command = options.command(binary, &metrics_addr);
         Ok(Self {
             release: Release::Previous(Process::spawn(&options.identity, command, log)?),
             metrics_addr,
@@ -157,6 +144,11 @@ impl RunningOperator {
             metrics_addr: operator.metrics_addr.clone(),
             release: Release::Current(operator),
         })
+    }
+
+    /// `result`'s value, or a panic with its error and this operator's log.
+    fn or_log_tail<T>(&mut self, result: fixtures::Result<T>) -> T {
+        result.unwrap_or_else(|err| panic!("{err}\n{}", self.process().log_tail(40)))
     }
 
     fn process(&mut self) -> &mut Process {
@@ -564,9 +556,7 @@ fn assert_quiet(operator: &mut RunningOperator, store: &Store, pets: usize, what
                 .map(drop)
         },
     );
-    if let Err(err) = seen {
-        panic!("{err}\n{}", operator.process().log_tail(40));
-    }
+    operator.or_log_tail(seen);
     let until = Instant::now() + QUIET_WINDOW;
     while Instant::now() < until {
         let actions = operator.store_actions().unwrap_or(f64::NAN);
@@ -614,23 +604,30 @@ fn upgrading_from_the_previous_release_and_back_writes_nothing_and_loses_nothing
     };
     let data_file = dir.join("petstore.redb");
     let store_log = dir.join("petstore.log");
-    let previous_options = |identity: &str| OperatorOptions {
-        identity: identity.into(),
-        ..options.clone()
+    let start_store =
+        |binary: &Path| Store::start(binary, &options.store_addr, &data_file, &store_log);
+    // The previous release's operator, logging to <identity>.log.
+    let start_previous = |identity: &str| {
+        let options = OperatorOptions {
+            identity: identity.into(),
+            ..options.clone()
+        };
+        let log = dir.join(format!("{identity}.log"));
+        RunningOperator::previous(&previous.bin("petstore-operator"), &options, &log)
+    };
+    // This tree's operator, serving the conversion webhook.
+    let start_current = |identity: &str| {
+        let options = OperatorOptions {
+            identity: identity.into(),
+            extra_args: fixtures::env::webhook_args()?,
+            ..options.clone()
+        };
+        RunningOperator::current(&options, &dir.join(format!("{identity}.log")))
     };
 
     // The previous release, with 500 Ready Pets.
-    let mut store = Store::start(
-        &previous.bin("petstore-server"),
-        &options.store_addr,
-        &data_file,
-        &store_log,
-    )?;
-    let mut operator = RunningOperator::previous(
-        &previous.bin("petstore-operator"),
-        &previous_options("operator-previous"),
-        &dir.join("operator-previous.log"),
-    )?;
+    let mut store = start_store(&previous.bin("petstore-server"))?;
+    let mut operator = start_previous("operator-previous")?;
     let creating = Instant::now();
     create_pets(&cp)?;
     wait_all_ready(&cp, PETS)?;
@@ -658,19 +655,8 @@ fn upgrading_from_the_previous_release_and_back_writes_nothing_and_loses_nothing
     cp.kubectl(&["apply", "-k", &config.join("crd").to_string_lossy()])?;
     cp.kubectl(&established)?;
     store.stop();
-    let mut store = Store::start(
-        &cargo_bin("petstore-server")?,
-        &options.store_addr,
-        &data_file,
-        &store_log,
-    )?;
-    let current_options = OperatorOptions {
-        identity: "operator-current".into(),
-        extra_args: fixtures::env::webhook_args()?,
-        ..options.clone()
-    };
-    let mut operator =
-        RunningOperator::current(&current_options, &dir.join("operator-current.log"))?;
+    let mut store = start_store(&cargo_bin("petstore-server")?)?;
+    let mut operator = start_current("operator-current")?;
     assert_quiet(&mut operator, &store, PETS, "upgrade");
     // The new leader's storage migration: every Pet stored as v1, and the
     // CRD lists v1 alone.
@@ -690,9 +676,7 @@ fn upgrading_from_the_previous_release_and_back_writes_nothing_and_loses_nothing
             (versions.trim() == r#"["v1"]"#).then_some(versions)
         },
     );
-    if let Err(err) = stored {
-        panic!("{err}\n{}", operator.process().log_tail(40));
-    }
+    operator.or_log_tail(stored);
     let upgraded = Snapshot::take(&cp, &store)?;
     upgraded.assert_consistent(PETS);
     upgraded.assert_unchanged_since(&before, UPGRADE_REWRITES, "upgrade");
@@ -767,17 +751,8 @@ fn upgrading_from_the_previous_release_and_back_writes_nothing_and_loses_nothing
     ])?;
     assert_eq!(found.trim(), "", "the refused create made a Pet");
     store.stop();
-    let mut store = Store::start(
-        &previous.bin("petstore-server"),
-        &options.store_addr,
-        &data_file,
-        &store_log,
-    )?;
-    let mut operator = RunningOperator::previous(
-        &previous.bin("petstore-operator"),
-        &previous_options("operator-rollback"),
-        &dir.join("operator-rollback.log"),
-    )?;
+    let mut store = start_store(&previous.bin("petstore-server"))?;
+    let mut operator = start_previous("operator-rollback")?;
     // It runs and leads: the Lease names it.
     let leading = wait_for(
         Duration::from_secs(60),
@@ -789,9 +764,7 @@ fn upgrading_from_the_previous_release_and_back_writes_nothing_and_loses_nothing
             (lease["spec"]["holderIdentity"] == "operator-rollback").then_some(())
         },
     );
-    if let Err(err) = leading {
-        panic!("{err}\n{}", operator.process().log_tail(40));
-    }
+    operator.or_log_tail(leading);
     // While the API server's watch cache holds every Pet converted, its
     // list and watch are answered from there and it finds nothing to do:
     // it writes nothing, still running and leading.
@@ -821,11 +794,7 @@ fn upgrading_from_the_previous_release_and_back_writes_nothing_and_loses_nothing
     // webhook, which is gone. They are answered 500 naming the webhook, and
     // it refuses to start, saying so.
     cp.restart_apiserver(&[])?;
-    let mut operator = RunningOperator::previous(
-        &previous.bin("petstore-operator"),
-        &previous_options("operator-rollback-restarted"),
-        &dir.join("operator-rollback-restarted.log"),
-    )?;
+    let mut operator = start_previous("operator-rollback-restarted")?;
     let refused = wait_for(
         Duration::from_secs(60),
         "the previous operator's reads answered 500 naming the webhook",
@@ -836,25 +805,12 @@ fn upgrading_from_the_previous_release_and_back_writes_nothing_and_loses_nothing
                 .then_some(())
         },
     );
-    if let Err(err) = refused {
-        panic!("{err}\n{}", operator.process().log_tail(40));
-    }
+    operator.or_log_tail(refused);
     operator.stop();
     assert_eq!(store.writes()?, 0.0, "rollback: the store was written");
     store.stop();
-    let store = Store::start(
-        &cargo_bin("petstore-server")?,
-        &options.store_addr,
-        &data_file,
-        &store_log,
-    )?;
-    let forward_options = OperatorOptions {
-        identity: "operator-forward".into(),
-        extra_args: fixtures::env::webhook_args()?,
-        ..options.clone()
-    };
-    let mut operator =
-        RunningOperator::current(&forward_options, &dir.join("operator-forward.log"))?;
+    let store = start_store(&cargo_bin("petstore-server")?)?;
+    let mut operator = start_current("operator-forward")?;
     assert_quiet(&mut operator, &store, PETS + 2, "roll forward");
     let rolled_back = Snapshot::take(&cp, &store)?;
     rolled_back.assert_consistent(PETS + 2);
