@@ -1,6 +1,6 @@
 //! Conversions and limits that both ends of the wire share, so the store's
-//! validation and the operator's client cannot drift apart: the species a
-//! `PetType` names, `google.type.Date` to and from a calendar date, and the
+//! validation and the operator's client cannot drift apart: the valid
+//! `PetType`s, `google.type.Date` to and from a calendar date, and the
 //! longest name and key the store accepts.
 
 use chrono::{Datelike, NaiveDate};
@@ -13,50 +13,51 @@ pub const MAX_NAME_CHARS: usize = 128;
 /// Longest idempotency key, in characters.
 pub const MAX_KEY_CHARS: usize = 128;
 
-/// The species a pet can be: `PetType` without its `PT_UNKNOWN` zero value.
+/// A type the store accepts: the wire's `PetType` without its `PT_UNKNOWN`
+/// zero value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Species {
+pub enum ValidPetType {
     Canine,
     Feline,
     Bird,
     Reptile,
 }
 
-impl Species {
-    pub const ALL: [Species; 4] = [
-        Species::Canine,
-        Species::Feline,
-        Species::Bird,
-        Species::Reptile,
+impl ValidPetType {
+    pub const ALL: [ValidPetType; 4] = [
+        ValidPetType::Canine,
+        ValidPetType::Feline,
+        ValidPetType::Bird,
+        ValidPetType::Reptile,
     ];
 
-    /// The species a wire `type` field names; `None` for `PT_UNKNOWN` and
+    /// The type a wire `type` field names; `None` for `PT_UNKNOWN` and
     /// for numbers the enum does not define.
-    pub fn from_wire(value: i32) -> Option<Species> {
+    pub fn from_wire(value: i32) -> Option<ValidPetType> {
         match PetType::try_from(value).ok()? {
             PetType::PtUnknown => None,
-            PetType::PtCanine => Some(Species::Canine),
-            PetType::PtFeline => Some(Species::Feline),
-            PetType::PtBird => Some(Species::Bird),
-            PetType::PtReptile => Some(Species::Reptile),
+            PetType::PtCanine => Some(ValidPetType::Canine),
+            PetType::PtFeline => Some(ValidPetType::Feline),
+            PetType::PtBird => Some(ValidPetType::Bird),
+            PetType::PtReptile => Some(ValidPetType::Reptile),
         }
     }
 }
 
-impl From<Species> for PetType {
-    fn from(species: Species) -> PetType {
-        match species {
-            Species::Canine => PetType::PtCanine,
-            Species::Feline => PetType::PtFeline,
-            Species::Bird => PetType::PtBird,
-            Species::Reptile => PetType::PtReptile,
+impl From<ValidPetType> for PetType {
+    fn from(valid: ValidPetType) -> PetType {
+        match valid {
+            ValidPetType::Canine => PetType::PtCanine,
+            ValidPetType::Feline => PetType::PtFeline,
+            ValidPetType::Bird => PetType::PtBird,
+            ValidPetType::Reptile => PetType::PtReptile,
         }
     }
 }
 
-impl From<Species> for i32 {
-    fn from(species: Species) -> i32 {
-        PetType::from(species).into()
+impl From<ValidPetType> for i32 {
+    fn from(valid: ValidPetType) -> i32 {
+        PetType::from(valid).into()
     }
 }
 
@@ -104,12 +105,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_species_round_trips_through_the_wire() {
-        for species in Species::ALL {
-            assert_eq!(Species::from_wire(i32::from(species)), Some(species));
+    fn every_valid_type_round_trips_through_the_wire() {
+        for valid in ValidPetType::ALL {
+            assert_eq!(ValidPetType::from_wire(i32::from(valid)), Some(valid));
         }
-        assert_eq!(Species::from_wire(PetType::PtUnknown.into()), None);
-        assert_eq!(Species::from_wire(99), None);
+        assert_eq!(ValidPetType::from_wire(PetType::PtUnknown.into()), None);
+        assert_eq!(ValidPetType::from_wire(99), None);
     }
 
     #[test]

@@ -10,7 +10,7 @@ use futures::{StreamExt, TryStreamExt};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::watcher;
-use petstore_operator::crd::{FINALIZER, Pet, PetKind, PetSpec};
+use petstore_operator::crd::{FINALIZER, Pet, PetSpec, PetType};
 use serde_json::json;
 use tokio::sync::watch;
 
@@ -500,14 +500,14 @@ fn kube_error(err: impl std::fmt::Display) -> Error {
 }
 
 fn pet(i: usize) -> Pet {
-    let kinds = [PetKind::Dog, PetKind::Cat, PetKind::Bird, PetKind::Reptile];
+    let types = [PetType::Dog, PetType::Cat, PetType::Bird, PetType::Reptile];
     let birthday = chrono::NaiveDate::from_ymd_opt(2020, 1, 1).expect("constant date")
         + chrono::Duration::days((i % 365) as i64);
     Pet::new(
         &format!("pet-{i}"),
         PetSpec {
             name: format!("Pet {i}"),
-            kind: kinds[i % kinds.len()],
+            pet_type: types[i % types.len()],
             birthday,
             deletion_policy: None,
         },

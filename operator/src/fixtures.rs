@@ -7,7 +7,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::core::ObjectMeta;
 use serde_json::Value;
 
-use crate::crd::{DeletionPolicy, FINALIZER, Pet, PetKind, PetSpec, PetStatus};
+use crate::crd::{DeletionPolicy, FINALIZER, Pet, PetSpec, PetStatus, PetType};
 use crate::store::{PetData, Record, RecordChange};
 
 pub const UID: &str = "8d3c7c51-uid";
@@ -112,7 +112,7 @@ impl PetData {
     pub fn test() -> PetData {
         PetData {
             name: "Thor".into(),
-            kind: PetKind::Dog,
+            pet_type: PetType::Dog,
             birthday: NaiveDate::from_ymd_opt(2021, 4, 1).expect("a date"),
         }
     }
@@ -126,8 +126,8 @@ impl PetData {
     }
 
     /// Another kind of animal.
-    pub fn of_kind(mut self, kind: PetKind) -> Self {
-        self.kind = kind;
+    pub fn of_type(mut self, kind: PetType) -> Self {
+        self.pet_type = kind;
         self
     }
 

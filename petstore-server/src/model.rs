@@ -3,10 +3,10 @@
 
 use chrono::NaiveDate;
 
-// The species (`PetType` without `PTUnknown`, which is never valid) and the
+// The valid types (`PetType` without `PTUnknown`, which is never valid) and the
 // longest name and key are shared with the operator's client, so both ends
 // of the wire agree on them.
-pub use petstore_proto::convert::{MAX_KEY_CHARS, MAX_NAME_CHARS, Species};
+pub use petstore_proto::convert::{MAX_KEY_CHARS, MAX_NAME_CHARS, ValidPetType};
 
 /// Most pets, IDs or keys accepted in one repeated request field.
 pub const MAX_BATCH: usize = 1000;
@@ -17,7 +17,7 @@ pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PetFields {
     pub name: String,
-    pub species: Species,
+    pub pet_type: ValidPetType,
     pub birthday: NaiveDate,
 }
 
@@ -75,7 +75,7 @@ pub struct KeyChange {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SearchFilter {
     pub names: Vec<String>,
-    pub species: Vec<Species>,
+    pub types: Vec<ValidPetType>,
     /// Inclusive lower bound.
     pub born_on_or_after: Option<NaiveDate>,
     /// Exclusive upper bound.
@@ -85,7 +85,7 @@ pub struct SearchFilter {
 impl SearchFilter {
     pub fn matches(&self, pet: &PetFields) -> bool {
         (self.names.is_empty() || self.names.contains(&pet.name))
-            && (self.species.is_empty() || self.species.contains(&pet.species))
+            && (self.types.is_empty() || self.types.contains(&pet.pet_type))
             && self
                 .born_on_or_after
                 .is_none_or(|start| pet.birthday >= start)
@@ -97,35 +97,35 @@ impl SearchFilter {
 mod tests {
     use super::*;
 
-    fn pet(name: &str, species: Species, y: i32, m: u32, d: u32) -> PetFields {
+    fn pet(name: &str, pet_type: ValidPetType, y: i32, m: u32, d: u32) -> PetFields {
         PetFields {
             name: name.into(),
-            species,
+            pet_type,
             birthday: NaiveDate::from_ymd_opt(y, m, d).expect("valid test date"),
         }
     }
 
     #[test]
     fn empty_filter_matches_everything() {
-        assert!(SearchFilter::default().matches(&pet("Thor", Species::Canine, 2021, 4, 1)));
+        assert!(SearchFilter::default().matches(&pet("Thor", ValidPetType::Canine, 2021, 4, 1)));
     }
 
     #[test]
     fn every_criterion_narrows() {
-        let thor = pet("Thor", Species::Canine, 2021, 4, 1);
+        let thor = pet("Thor", ValidPetType::Canine, 2021, 4, 1);
         let by_name = SearchFilter {
             names: vec!["Tron".into()],
             ..Default::default()
         };
         assert!(!by_name.matches(&thor));
-        let by_species = SearchFilter {
-            species: vec![Species::Feline, Species::Bird],
+        let by_type = SearchFilter {
+            types: vec![ValidPetType::Feline, ValidPetType::Bird],
             ..Default::default()
         };
-        assert!(!by_species.matches(&thor));
+        assert!(!by_type.matches(&thor));
         let both = SearchFilter {
             names: vec!["Thor".into()],
-            species: vec![Species::Canine],
+            types: vec![ValidPetType::Canine],
             ..Default::default()
         };
         assert!(both.matches(&thor));
@@ -139,9 +139,9 @@ mod tests {
             born_before: Some(day(3)),
             ..Default::default()
         };
-        assert!(range.matches(&pet("a", Species::Bird, 2021, 4, 1)));
-        assert!(range.matches(&pet("b", Species::Bird, 2021, 4, 2)));
-        assert!(!range.matches(&pet("c", Species::Bird, 2021, 4, 3)));
-        assert!(!range.matches(&pet("d", Species::Bird, 2021, 3, 31)));
+        assert!(range.matches(&pet("a", ValidPetType::Bird, 2021, 4, 1)));
+        assert!(range.matches(&pet("b", ValidPetType::Bird, 2021, 4, 2)));
+        assert!(!range.matches(&pet("c", ValidPetType::Bird, 2021, 4, 3)));
+        assert!(!range.matches(&pet("d", ValidPetType::Bird, 2021, 3, 31)));
     }
 }

@@ -10,7 +10,7 @@ use tonic::Status;
 
 use crate::model::{
     KeyChange, MAX_BATCH, MAX_KEY_CHARS, MAX_NAME_CHARS, NewPet, PetFields, PetUpdate,
-    SearchFilter, Species,
+    SearchFilter, ValidPetType,
 };
 
 /// Where in a request a problem was found, used to build messages such as
@@ -65,7 +65,7 @@ fn pet_fields(index: usize, pet: &pb::Pet) -> Result<PetFields, Status> {
             "must be at most {MAX_NAME_CHARS} characters, got {name_chars}"
         )));
     }
-    let species = Species::from_wire(pet.r#type).ok_or_else(|| {
+    let pet_type = ValidPetType::from_wire(pet.r#type).ok_or_else(|| {
         at("type").invalid(format!(
             "must be PTCanine, PTFeline, PTBird or PTReptile, got {}",
             PetType::try_from(pet.r#type)
@@ -76,7 +76,7 @@ fn pet_fields(index: usize, pet: &pb::Pet) -> Result<PetFields, Status> {
     let birthday = date(&at("birthday"), pet.birthday.as_ref())?;
     Ok(PetFields {
         name: pet.name.clone(),
-        species,
+        pet_type,
         birthday,
     })
 }
@@ -190,12 +190,12 @@ pub fn ids(field: &str, ids: &[String]) -> Result<(), Status> {
 pub fn search_request(req: &pb::SearchPetsReq) -> Result<SearchFilter, Status> {
     check_batch_size("names", req.names.len())?;
     check_batch_size("types", req.types.len())?;
-    let species = req
+    let types = req
         .types
         .iter()
         .enumerate()
         .map(|(index, &value)| {
-            Species::from_wire(value).ok_or_else(|| {
+            ValidPetType::from_wire(value).ok_or_else(|| {
                 Status::invalid_argument(format!(
                     "types[{index}]: must be PTCanine, PTFeline, PTBird or PTReptile, got {value}"
                 ))
@@ -219,7 +219,7 @@ pub fn search_request(req: &pb::SearchPetsReq) -> Result<SearchFilter, Status> {
     let range = req.birthdate_range.unwrap_or_default();
     Ok(SearchFilter {
         names: req.names.clone(),
-        species,
+        types,
         born_on_or_after: bound("start", &range.start)?,
         born_before: bound("end", &range.end)?,
     })
@@ -281,7 +281,7 @@ pub(crate) mod tests {
     fn a_valid_pet_converts() {
         let pets = add_request(&pb::AddPetsReq { pets: vec![thor()] }).expect("valid");
         assert_eq!(pets[0].fields.name, "Thor");
-        assert_eq!(pets[0].fields.species, Species::Canine);
+        assert_eq!(pets[0].fields.pet_type, ValidPetType::Canine);
         assert_eq!(
             pets[0].fields.birthday,
             NaiveDate::from_ymd_opt(2021, 4, 1).expect("date")

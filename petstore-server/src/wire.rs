@@ -10,7 +10,7 @@ pub fn to_proto(record: &PetRecord) -> pb::Pet {
     pb::Pet {
         id: record.id.clone(),
         name: record.fields.name.clone(),
-        r#type: record.fields.species.into(),
+        r#type: record.fields.pet_type.into(),
         birthday: Some(record.fields.birthday.into()),
         idempotency_key: record.idempotency_key.clone().unwrap_or_default(),
     }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use petstore_proto::PetStoreClient;
 use petstore_proto::petstore::{self as pb, PetType};
 use petstore_server::admission::{Admission, PUSHBACK_TRAILER};
-use petstore_server::model::{NewPet, PetFields, PetRecord, SearchFilter, Species};
+use petstore_server::model::{NewPet, PetFields, PetRecord, SearchFilter, ValidPetType};
 use petstore_server::server::ServeOptions;
 use petstore_server::storage::{Cursor, PageRequest, Storage, StorageConfig, search_all};
 use tonic::Code;
@@ -601,17 +601,17 @@ async fn search_equals_a_full_scan_page_by_page(backend: Backend) {
     let storage = open(backend, &dir).await;
     let names = ["Ada", "Bo", "Cy", "Dee", "Bo ", "bo", "Zoë"];
     let species = [
-        Species::Canine,
-        Species::Feline,
-        Species::Bird,
-        Species::Reptile,
+        ValidPetType::Canine,
+        ValidPetType::Feline,
+        ValidPetType::Bird,
+        ValidPetType::Reptile,
     ];
     let day = |n: u32| chrono::NaiveDate::from_ymd_opt(2020, 1 + n % 12, 1 + n % 28).expect("date");
     let pets: Vec<_> = (0..240u32)
         .map(|n| NewPet {
             fields: PetFields {
                 name: names[(n as usize * 7 + n as usize / 5) % names.len()].into(),
-                species: species[n as usize % 4],
+                pet_type: species[n as usize % 4],
                 birthday: day(n),
             },
             idempotency_key: None,
@@ -632,7 +632,7 @@ async fn search_equals_a_full_scan_page_by_page(backend: Backend) {
             id: id.clone(),
             fields: PetFields {
                 name: "Renamed".into(),
-                species: Species::Bird,
+                pet_type: ValidPetType::Bird,
                 birthday: day(3),
             },
         })
@@ -663,11 +663,11 @@ async fn search_equals_a_full_scan_page_by_page(backend: Backend) {
         },
         SearchFilter {
             names: vec!["Zoë".into(), "nobody".into()],
-            species: vec![Species::Feline],
+            types: vec![ValidPetType::Feline],
             ..Default::default()
         },
         SearchFilter {
-            species: vec![Species::Bird, Species::Reptile],
+            types: vec![ValidPetType::Bird, ValidPetType::Reptile],
             ..Default::default()
         },
         SearchFilter {
@@ -677,7 +677,7 @@ async fn search_equals_a_full_scan_page_by_page(backend: Backend) {
         },
         SearchFilter {
             names: vec!["Cy".into(), "Dee".into(), "bo".into()],
-            species: vec![Species::Canine, Species::Bird],
+            types: vec![ValidPetType::Canine, ValidPetType::Bird],
             born_on_or_after: Some(day(2)),
             ..Default::default()
         },
@@ -796,10 +796,10 @@ async fn a_page_scans_limit_entries_whatever_matches(backend: Backend) {
         .map(|n| NewPet {
             fields: PetFields {
                 name: names[n % 3].into(),
-                species: if n % 20 == 7 {
-                    Species::Reptile
+                pet_type: if n % 20 == 7 {
+                    ValidPetType::Reptile
                 } else {
-                    Species::Canine
+                    ValidPetType::Canine
                 },
                 birthday: born,
             },
@@ -813,7 +813,7 @@ async fn a_page_scans_limit_entries_whatever_matches(backend: Backend) {
     assert_eq!(everything.len(), pets.len());
 
     let reptiles = SearchFilter {
-        species: vec![Species::Reptile],
+        types: vec![ValidPetType::Reptile],
         ..Default::default()
     };
     let nobody = SearchFilter {
@@ -988,7 +988,7 @@ async fn durable_files_keep_their_format() {
     let record = by_key[0].clone().expect("the old record");
     assert_eq!(record.id, "old-id");
     assert_eq!(record.fields.name, "Thor");
-    assert_eq!(record.fields.species, Species::Canine);
+    assert_eq!(record.fields.pet_type, ValidPetType::Canine);
     let by_name = SearchFilter {
         names: vec!["Thor".into()],
         ..Default::default()
@@ -1000,7 +1000,7 @@ async fn durable_files_keep_their_format() {
         .add(&[NewPet {
             fields: PetFields {
                 name: "Tron".into(),
-                species: Species::Feline,
+                pet_type: ValidPetType::Feline,
                 birthday: chrono::NaiveDate::from_ymd_opt(2020, 6, 25).expect("date"),
             },
             idempotency_key: Some("uid-new".into()),

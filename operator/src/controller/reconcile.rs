@@ -574,7 +574,7 @@ fn created_fields(data: &PetData) -> Changes {
     };
     Changes(vec![
         new(Field::Name, format!("{:?}", data.name)),
-        new(Field::Type, data.kind.as_str().to_owned()),
+        new(Field::Type, data.pet_type.as_str().to_owned()),
         new(Field::Birthday, data.birthday.to_string()),
     ])
 }

@@ -80,7 +80,7 @@ macro_rules! pet_version {
 
             /// The kind of animal: one of dog, cat, bird or reptile.
             #[serde(rename = "type")]
-            pub kind: PetKind,
+            pub pet_type: PetType,
 
             $(#[doc = $birthday_doc])*
             pub birthday: $birthday,
@@ -154,24 +154,24 @@ pub enum Setting<T> {
     },
 }
 
-/// The kind of animal.
+/// The type of animal, as the spec spells it (`spec.type`).
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
 #[serde(rename_all = "lowercase")]
-pub enum PetKind {
+pub enum PetType {
     Dog,
     Cat,
     Bird,
     Reptile,
 }
 
-impl PetKind {
+impl PetType {
     /// As the spec spells it.
     pub const fn as_str(self) -> &'static str {
         match self {
-            PetKind::Dog => "dog",
-            PetKind::Cat => "cat",
-            PetKind::Bird => "bird",
-            PetKind::Reptile => "reptile",
+            PetType::Dog => "dog",
+            PetType::Cat => "cat",
+            PetType::Bird => "bird",
+            PetType::Reptile => "reptile",
         }
     }
 }

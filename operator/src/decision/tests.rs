@@ -3,7 +3,7 @@
 //! expected step or plan.
 
 use super::*;
-use crate::crd::PetKind;
+use crate::crd::PetType;
 use crate::store::Field;
 
 const UID: &str = "uid-thor";
@@ -774,7 +774,7 @@ fn events_tell_the_cause_and_the_fields_changed() {
 #[test]
 fn a_diff_names_every_changed_field_in_spec_order() {
     let before = PetData::named("Loki")
-        .of_kind(PetKind::Cat)
+        .of_type(PetType::Cat)
         .born(2020, 1, 2);
     let changes = before.changes_to(&PetData::test());
     assert_eq!(

@@ -649,7 +649,7 @@ mod tests {
     fn pet(name: &str) -> PetData {
         PetData {
             name: name.to_owned(),
-            kind: crate::crd::PetKind::Dog,
+            pet_type: crate::crd::PetType::Dog,
             birthday: chrono::NaiveDate::from_ymd_opt(2021, 4, 1).expect("a date"),
         }
     }

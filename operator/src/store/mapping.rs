@@ -1,31 +1,31 @@
 //! Conversions between the CRD's types and the store's wire types. The
-//! species and date rules are the wire contract's own
+//! type and date rules are the wire contract's own
 //! ([`petstore_proto::convert`]), which the store validates with too.
 
-use petstore_proto::convert::Species;
+use petstore_proto::convert::ValidPetType;
 use petstore_proto::petstore as pb;
 
 use super::{PetData, Record};
-use crate::crd::PetKind;
+use crate::crd::PetType;
 
-impl From<PetKind> for Species {
-    fn from(kind: PetKind) -> Species {
-        match kind {
-            PetKind::Dog => Species::Canine,
-            PetKind::Cat => Species::Feline,
-            PetKind::Bird => Species::Bird,
-            PetKind::Reptile => Species::Reptile,
+impl From<PetType> for ValidPetType {
+    fn from(pet_type: PetType) -> ValidPetType {
+        match pet_type {
+            PetType::Dog => ValidPetType::Canine,
+            PetType::Cat => ValidPetType::Feline,
+            PetType::Bird => ValidPetType::Bird,
+            PetType::Reptile => ValidPetType::Reptile,
         }
     }
 }
 
-impl From<Species> for PetKind {
-    fn from(species: Species) -> PetKind {
-        match species {
-            Species::Canine => PetKind::Dog,
-            Species::Feline => PetKind::Cat,
-            Species::Bird => PetKind::Bird,
-            Species::Reptile => PetKind::Reptile,
+impl From<ValidPetType> for PetType {
+    fn from(valid: ValidPetType) -> PetType {
+        match valid {
+            ValidPetType::Canine => PetType::Dog,
+            ValidPetType::Feline => PetType::Cat,
+            ValidPetType::Bird => PetType::Bird,
+            ValidPetType::Reptile => PetType::Reptile,
         }
     }
 }
@@ -34,7 +34,7 @@ pub fn to_proto(id: &str, key: &str, pet: &PetData) -> pb::Pet {
     pb::Pet {
         id: id.to_owned(),
         name: pet.name.clone(),
-        r#type: Species::from(pet.kind).into(),
+        r#type: ValidPetType::from(pet.pet_type).into(),
         birthday: Some(pet.birthday.into()),
         idempotency_key: key.to_owned(),
     }
@@ -48,7 +48,7 @@ pub fn from_proto(pet: &pb::Pet) -> Option<Record> {
         key: pet.idempotency_key.clone(),
         data: PetData {
             name: pet.name.clone(),
-            kind: Species::from_wire(pet.r#type)?.into(),
+            pet_type: ValidPetType::from_wire(pet.r#type)?.into(),
             birthday: pet.birthday.as_ref()?.to_naive().ok()?,
         },
     })
@@ -57,25 +57,28 @@ pub fn from_proto(pet: &pb::Pet) -> Option<Record> {
 #[cfg(test)]
 mod tests {
     use petstore_proto::google::r#type::Date;
-    use petstore_proto::petstore::PetType;
+    use petstore_proto::petstore::PetType as WirePetType;
 
     use super::*;
     use crate::crd::v1alpha1::PetSpec;
 
     #[test]
-    fn every_kind_round_trips_and_matches_the_wire_names() {
+    fn every_type_round_trips_and_matches_the_wire_names() {
         let expected = [
-            (PetKind::Dog, "PTCanine"),
-            (PetKind::Cat, "PTFeline"),
-            (PetKind::Bird, "PTBird"),
-            (PetKind::Reptile, "PTReptile"),
+            (PetType::Dog, "PTCanine"),
+            (PetType::Cat, "PTFeline"),
+            (PetType::Bird, "PTBird"),
+            (PetType::Reptile, "PTReptile"),
         ];
-        for (kind, wire) in expected {
-            assert_eq!(PetType::from(Species::from(kind)).as_str_name(), wire);
-            assert_eq!(PetKind::from(Species::from(kind)), kind);
+        for (pet_type, wire) in expected {
+            assert_eq!(
+                WirePetType::from(ValidPetType::from(pet_type)).as_str_name(),
+                wire
+            );
+            assert_eq!(PetType::from(ValidPetType::from(pet_type)), pet_type);
         }
-        let data = PetData::named("x").of_kind(PetKind::Bird).born(2020, 1, 1);
-        for unknown in [PetType::PtUnknown.into(), 99] {
+        let data = PetData::named("x").of_type(PetType::Bird).born(2020, 1, 1);
+        for unknown in [WirePetType::PtUnknown.into(), 99] {
             let proto = pb::Pet {
                 r#type: unknown,
                 ..to_proto("id", "", &data)
@@ -108,7 +111,7 @@ mod tests {
     #[test]
     fn proto_round_trip_keeps_the_data() {
         let data = PetData::named("Tron")
-            .of_kind(PetKind::Cat)
+            .of_type(PetType::Cat)
             .born(2020, 6, 25);
         let proto = to_proto("id-1", "uid-1", &data);
         assert_eq!(proto.idempotency_key, "uid-1");
@@ -123,7 +126,7 @@ mod tests {
         let mut proto = to_proto(
             "id",
             "",
-            &PetData::named("x").of_kind(PetKind::Bird).born(2020, 1, 1),
+            &PetData::named("x").of_type(PetType::Bird).born(2020, 1, 1),
         );
         proto.birthday = Some(Date {
             year: 2021,

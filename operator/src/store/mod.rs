@@ -13,13 +13,13 @@ pub mod fake;
 
 use chrono::NaiveDate;
 
-use crate::crd::{PetKind, PetSpec};
+use crate::crd::{PetSpec, PetType};
 
 /// A pet's data as the store holds it; what reconciliation compares.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct PetData {
     pub name: String,
-    pub kind: PetKind,
+    pub pet_type: PetType,
     pub birthday: NaiveDate,
 }
 
@@ -27,7 +27,7 @@ impl From<&PetSpec> for PetData {
     fn from(spec: &PetSpec) -> Self {
         Self {
             name: spec.name.clone(),
-            kind: spec.kind,
+            pet_type: spec.pet_type,
             birthday: spec.birth_date(),
         }
     }
@@ -44,11 +44,11 @@ impl PetData {
                 to: format!("{:?}", to.name),
             });
         }
-        if self.kind != to.kind {
+        if self.pet_type != to.pet_type {
             changes.push(FieldChange {
                 field: Field::Type,
-                from: self.kind.as_str().to_owned(),
-                to: to.kind.as_str().to_owned(),
+                from: self.pet_type.as_str().to_owned(),
+                to: to.pet_type.as_str().to_owned(),
             });
         }
         if self.birthday != to.birthday {
@@ -68,7 +68,7 @@ impl PetData {
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub enum Field {
     Name,
-    /// The spec's `type` (the store's species).
+    /// The spec's `type` (the wire's `PetType`).
     Type,
     Birthday,
     /// The idempotency key: who owns the record (never drift).

@@ -9,7 +9,7 @@ use prost::Message;
 
 use super::StorageError;
 use super::feed::{Change, ChangeKind};
-use crate::model::{PetFields, PetRecord, Species};
+use crate::model::{PetFields, PetRecord, ValidPetType};
 
 /// A record in the durable store: byte for byte the `petstore.Pet` (with its
 /// `google.type.Date`) that the store has always written, so every file
@@ -42,12 +42,12 @@ struct StoredDate {
 
 /// A species as records hold it: its `PetType` number (1 to 4), which
 /// protobuf's own compatibility rules already keep from changing.
-pub(crate) fn species_code(species: Species) -> i32 {
+pub(crate) fn species_code(species: ValidPetType) -> i32 {
     i32::from(species)
 }
 
-pub(crate) fn species_from_code(code: i32) -> Result<Species, StorageError> {
-    Species::from_wire(code).ok_or_else(|| corrupt(format!("unknown species {code}")))
+pub(crate) fn species_from_code(code: i32) -> Result<ValidPetType, StorageError> {
+    ValidPetType::from_wire(code).ok_or_else(|| corrupt(format!("unknown species {code}")))
 }
 
 /// A stored record that does not decode: the file or the table was written
@@ -107,7 +107,7 @@ fn stored(record: &PetRecord) -> StoredPet {
     StoredPet {
         id: record.id.clone(),
         name: record.fields.name.clone(),
-        species: species_code(record.fields.species),
+        species: species_code(record.fields.pet_type),
         birthday: Some(StoredDate {
             year: birthday.year(),
             // Both are at most 31, so the casts are lossless.
@@ -136,7 +136,7 @@ fn from_stored(stored: StoredPet) -> Result<PetRecord, StorageError> {
     Ok(PetRecord {
         fields: PetFields {
             name: stored.name,
-            species: species_from_code(stored.species)?,
+            pet_type: species_from_code(stored.species)?,
             birthday,
         },
         idempotency_key: Some(stored.idempotency_key).filter(|key| !key.is_empty()),

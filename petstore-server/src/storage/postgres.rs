@@ -31,7 +31,7 @@ use super::{
     Cursor, OrEngine, PageFill, PageRequest, SearchPage, Storage, StorageError, check_key_changes,
     new_id,
 };
-use crate::model::{Added, KeyChange, NewPet, PetFields, PetRecord, PetUpdate, Species};
+use crate::model::{Added, KeyChange, NewPet, PetFields, PetRecord, PetUpdate, ValidPetType};
 
 /// Serialises schema changes between replicas that start together.
 const MIGRATION_LOCK: i64 = 0x7065_7473_746f_7265; // "petstore"
@@ -269,7 +269,7 @@ fn change(row: &Row) -> Result<Change, StorageError> {
             id: id.clone(),
             fields: PetFields {
                 name,
-                species: codec::species_from_code(i32::from(species))?,
+                pet_type: codec::species_from_code(i32::from(species))?,
                 birthday,
             },
             idempotency_key: row.try_get(6).map_err(corrupt)?,
@@ -391,7 +391,7 @@ async fn record_changes(
         .map(|r| r.map(|r| r.fields.name.as_str()))
         .collect();
     let species: Vec<Option<i16>> = records()
-        .map(|r| r.map(|r| species_code(r.fields.species)))
+        .map(|r| r.map(|r| species_code(r.fields.pet_type)))
         .collect();
     let birthdays: Vec<Option<NaiveDate>> =
         records().map(|r| r.map(|r| r.fields.birthday)).collect();
@@ -423,8 +423,8 @@ async fn record_changes(
     Ok(())
 }
 
-fn species_code(species: Species) -> i16 {
-    // Species codes are 1 to 4, so the cast is lossless.
+fn species_code(species: ValidPetType) -> i16 {
+    // ValidPetType codes are 1 to 4, so the cast is lossless.
     codec::species_code(species) as i16
 }
 
@@ -434,7 +434,7 @@ fn record(row: &Row) -> Result<PetRecord, StorageError> {
         id: row.try_get(0).map_err(corrupt)?,
         fields: PetFields {
             name: row.try_get(1).map_err(corrupt)?,
-            species: codec::species_from_code(i32::from(species))?,
+            pet_type: codec::species_from_code(i32::from(species))?,
             birthday: row.try_get::<_, NaiveDate>(3).map_err(corrupt)?,
         },
         idempotency_key: row.try_get(4).map_err(corrupt)?,
@@ -485,7 +485,7 @@ impl Storage for PostgresStorage {
                 (
                     id.clone(),
                     pet.fields.name.clone(),
-                    species_code(pet.fields.species),
+                    species_code(pet.fields.pet_type),
                     pet.fields.birthday,
                     pet.idempotency_key.clone(),
                 )
@@ -563,7 +563,7 @@ impl Storage for PostgresStorage {
         let txn = client.transaction().await.or_engine("starting an update")?;
         let codes: Vec<i16> = pets
             .iter()
-            .map(|p| species_code(p.fields.species))
+            .map(|p| species_code(p.fields.pet_type))
             .collect();
         let params: Vec<[&(dyn ToSql + Sync); 4]> = pets
             .iter()

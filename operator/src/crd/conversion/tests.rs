@@ -260,7 +260,7 @@ fn record(pet: &Value) -> PetData {
         let birthday = spec.birth_date();
         PetData {
             name: spec.name,
-            kind: spec.kind,
+            pet_type: spec.pet_type,
             birthday,
         }
     }
