@@ -16,18 +16,26 @@
 //! record exactly one wins. No plan ever updates or deletes a record whose
 //! key is not the Pet's UID, whatever `status.id` says.
 //!
+//! [`preview`] turns a plan into the store writes it makes, which a
+//! reconcile either executes or, by the change policy, shows as
+//! `status.plan` ([`preview::gate`]).
+//!
 //! [`feed`] judges what a change on the store's change feed means for its
 //! Pet.
 
 use std::time::Duration;
 
 use crate::crd::{
-    DELETION_POLICY_ANNOTATION, DeletionPolicy, EXTERNAL_ID_ANNOTATION, PAUSED_ANNOTATION, Setting,
+    ChangePolicy, DELETION_POLICY_ANNOTATION, DeletionPolicy, EXTERNAL_ID_ANNOTATION,
+    PAUSED_ANNOTATION, Setting,
 };
 use crate::status::{Outcome, Reason};
 use crate::store::{Changes, Created, Lookup, Operation, PetData, Record};
 
 pub mod feed;
+pub mod preview;
+
+pub use preview::{Gate, Preview, StoreAction, Write, gate, preview};
 
 /// What the controller knows about a Pet before any store call.
 #[derive(Clone, Debug, PartialEq)]
@@ -53,6 +61,13 @@ pub struct Facts {
     /// The store's create has been seen to say whether the key already named
     /// a record, so for a Pet with no known ID the create is the read.
     pub create_observes: bool,
+    /// The Pet's metadata.generation, which a plan's hash names.
+    pub generation: Option<i64>,
+    pub change_policy: ChangePolicy,
+    /// The plan hash the approve-plan annotation names.
+    pub approved_plan: Option<String>,
+    /// The hash of the approved plan last applied (status.appliedPlan).
+    pub applied_plan: Option<String>,
 }
 
 impl Facts {
@@ -68,6 +83,8 @@ impl Facts {
             &self.paused,
             &self.deletion_policy,
             &self.external_id,
+            self.change_policy,
+            &self.approved_plan,
         )
             .hash(&mut hasher);
         hasher.finish()
@@ -186,6 +203,11 @@ pub enum Story {
     Orphaned {
         id: Option<String>,
     },
+    /// `changePolicy: Observe`: the Pet went and its record (if any) was
+    /// left exactly as it was.
+    LeftAlone {
+        id: Option<String>,
+    },
     /// Orphan on a store without keys: nothing to release.
     OrphanedUnkeyed {
         status_id: Option<String>,
@@ -230,9 +252,10 @@ impl Story {
             Story::Recreated { .. } | Story::Corrected { .. } => Cause::Drift,
             Story::Updated | Story::InSync if facts.spec_changed => Cause::SpecChange,
             Story::Updated | Story::InSync => Cause::Drift,
-            Story::Deleted { .. } | Story::Orphaned { .. } | Story::OrphanedUnkeyed { .. } => {
-                Cause::Deletion
-            }
+            Story::Deleted { .. }
+            | Story::Orphaned { .. }
+            | Story::OrphanedUnkeyed { .. }
+            | Story::LeftAlone { .. } => Cause::Deletion,
         }
     }
 
@@ -252,6 +275,7 @@ impl Story {
             Story::Corrected { foreign: false, .. } => "ReplaceUnknownId",
             Story::Deleted { .. } => "Delete",
             Story::Orphaned { .. } | Story::OrphanedUnkeyed { .. } => "Orphan",
+            Story::LeftAlone { .. } => "LeaveAlone",
         }
     }
 
@@ -316,6 +340,13 @@ impl Story {
             Story::Orphaned { id: None } => (
                 Reason::Orphaned,
                 "deletion policy is Orphan, and no store record belongs to this Pet any more; nothing to release".into(),
+            ),
+            Story::LeftAlone { id } => (
+                Reason::Orphaned,
+                format!(
+                    "changePolicy is Observe: left store record {} exactly as it was",
+                    id.as_deref().unwrap_or("(none)")
+                ),
             ),
             Story::OrphanedUnkeyed { status_id, missing } => (
                 Reason::Orphaned,
@@ -436,7 +467,12 @@ pub fn first_step(facts: &Facts) -> Step {
     if let Some(left) = facts.recently_synced {
         return Step::Wait(Next::After(left));
     }
-    if facts.create_observes && facts.external_id.is_none() && facts.status_id.is_none() {
+    // Only Automatic may write before the plan is known.
+    if facts.create_observes
+        && facts.change_policy == ChangePolicy::Automatic
+        && facts.external_id.is_none()
+        && facts.status_id.is_none()
+    {
         return Step::Create;
     }
     Step::Observe {
@@ -612,6 +648,16 @@ pub fn decide(facts: &Facts, observation: Observation) -> Plan {
 
 fn finish(facts: &Facts, lookup: Lookup) -> Plan {
     let mine = lookup.by_key.filter(|r| r.key == facts.uid).map(|r| r.id);
+    if facts.change_policy == ChangePolicy::Observe {
+        // Observe never writes: not even the release an Orphan would make.
+        return Plan::Finish(Finish {
+            release: None,
+            delete: None,
+            story: Story::LeftAlone {
+                id: mine.or_else(|| facts.status_id.clone()),
+            },
+        });
+    }
     Plan::Finish(match facts.deletion_policy {
         Setting::Valid(DeletionPolicy::Orphan) => Finish {
             release: mine.clone(),

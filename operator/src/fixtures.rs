@@ -7,7 +7,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::core::ObjectMeta;
 use serde_json::Value;
 
-use crate::crd::{DeletionPolicy, FINALIZER, Pet, PetSpec, PetStatus, PetType};
+use crate::crd::{ChangePolicy, DeletionPolicy, FINALIZER, Pet, PetSpec, PetStatus, PetType};
 use crate::store::{PetData, Record, RecordChange};
 
 pub const UID: &str = "8d3c7c51-uid";
@@ -68,6 +68,11 @@ impl Pet {
 
     pub fn with_deletion_policy(mut self, policy: DeletionPolicy) -> Self {
         self.spec.deletion_policy = Some(policy);
+        self
+    }
+
+    pub fn with_change_policy(mut self, policy: ChangePolicy) -> Self {
+        self.spec.change_policy = Some(policy);
         self
     }
 

@@ -17,50 +17,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::decision::Cause;
 use crate::decision::feed::Verdict as FeedVerdict;
+use crate::decision::{Cause, StoreAction};
 use crate::status::Reason;
 use crate::store::{Field, Operation};
-
-/// A change the reconciler made in the store: the `action` label of
-/// `store_actions_total`.
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
-pub enum StoreAction {
-    Create,
-    /// A create in place of a record that vanished from the store.
-    Recreate,
-    Update,
-    /// Adoption: the record's key set from empty to the Pet's UID.
-    Claim,
-    /// Orphan: the record's key cleared.
-    Release,
-    Delete,
-}
-
-impl StoreAction {
-    pub const fn label(self) -> &'static str {
-        match self {
-            StoreAction::Create => "create",
-            StoreAction::Recreate => "recreate",
-            StoreAction::Update => "update",
-            StoreAction::Claim => "claim",
-            StoreAction::Release => "release",
-            StoreAction::Delete => "delete",
-        }
-    }
-
-    /// For the change log: "store record created".
-    pub const fn past_tense(self) -> &'static str {
-        match self {
-            StoreAction::Create => "created",
-            StoreAction::Recreate => "recreated",
-            StoreAction::Update => "updated",
-            StoreAction::Claim => "claimed",
-            StoreAction::Release => "released",
-            StoreAction::Delete => "deleted",
-        }
-    }
-}
 
 /// Each type's label value is the word it already has for itself.
 macro_rules! label_values {
@@ -117,6 +77,9 @@ pub struct PetGauges {
     pub not_ready: i64,
     pub not_ready_oldest: Duration,
     pub repeated_drift: i64,
+    /// Pets showing a plan they have not written.
+    pub plans_pending: i64,
+    pub plan_oldest_age: Duration,
 }
 
 type GaugeSource = Box<dyn Fn() -> PetGauges + Send + Sync>;
@@ -137,6 +100,8 @@ pub struct Metrics {
     not_ready: Gauge,
     not_ready_oldest: Gauge<f64, AtomicU64>,
     repeated_drift: Gauge,
+    plans_pending: Gauge,
+    plan_oldest_age: Gauge<f64, AtomicU64>,
     gauge_source: OnceLock<GaugeSource>,
     leader: Gauge,
     events_dropped: Counter,
@@ -186,6 +151,8 @@ impl Default for Metrics {
         let not_ready = Gauge::default();
         let not_ready_oldest = Gauge::<f64, AtomicU64>::default();
         let repeated_drift = Gauge::default();
+        let plans_pending = Gauge::default();
+        let plan_oldest_age = Gauge::<f64, AtomicU64>::default();
         let leader = Gauge::default();
         let events_dropped = Counter::default();
         let events_pending = Gauge::default();
@@ -274,6 +241,16 @@ impl Default for Metrics {
             repeated_drift.clone(),
         );
         registry.register(
+            "plans_pending",
+            "Pets showing a plan (status.plan) that is not written: changePolicy Approve waiting for approval, or Observe with a record that differs",
+            plans_pending.clone(),
+        );
+        registry.register(
+            "plan_oldest_age_seconds",
+            "How long the longest-waiting of the plans_pending Pets has shown a plan",
+            plan_oldest_age.clone(),
+        );
+        registry.register(
             "leader",
             "1 while this replica holds the leader lease",
             leader.clone(),
@@ -294,6 +271,8 @@ impl Default for Metrics {
             not_ready,
             not_ready_oldest,
             repeated_drift,
+            plans_pending,
+            plan_oldest_age,
             gauge_source: OnceLock::new(),
             leader,
             events_dropped,
@@ -399,6 +378,9 @@ impl Metrics {
             self.not_ready_oldest
                 .set(gauges.not_ready_oldest.as_secs_f64());
             self.repeated_drift.set(gauges.repeated_drift);
+            self.plans_pending.set(gauges.plans_pending);
+            self.plan_oldest_age
+                .set(gauges.plan_oldest_age.as_secs_f64());
         }
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
@@ -465,6 +447,8 @@ mod tests {
             not_ready: 2,
             not_ready_oldest: Duration::from_secs(61),
             repeated_drift: 1,
+            plans_pending: 4,
+            plan_oldest_age: Duration::from_secs(90),
         });
         let text = metrics.encode().expect("metrics");
         for action in ["create", "recreate", "update", "claim", "release", "delete"] {
@@ -482,6 +466,8 @@ mod tests {
             "petstore_operator_not_ready_pets 2",
             "petstore_operator_not_ready_oldest_seconds 61.0",
             "petstore_operator_repeated_drift_pets 1",
+            "petstore_operator_plans_pending 4",
+            "petstore_operator_plan_oldest_age_seconds 90.0",
         ] {
             assert!(text.contains(series), "{series} in {text}");
         }

@@ -4,7 +4,7 @@
 
 use chrono::{DateTime, Utc};
 
-use crate::crd::{Condition, ConditionStatus, PetStatus};
+use crate::crd::{Condition, ConditionStatus, PetStatus, PlanStatus};
 
 pub const READY: &str = "Ready";
 pub const SYNCED: &str = "Synced";
@@ -40,6 +40,14 @@ pub enum Reason {
     AdoptionConflict,
     /// Another error; retried with backoff.
     ReconcileError,
+    /// changePolicy is Approve: a plan waits for its approval (status.plan).
+    PlanPending,
+    /// changePolicy is Observe: the record differs from the spec, and is
+    /// left as it is (status.plan shows what differs).
+    RecordDiffers,
+    /// Event: the approve-plan annotation names a plan that is no longer
+    /// the pending one (the spec or the record changed); nothing written.
+    ApprovalStale,
     /// Event: a record was created for the Pet.
     Created,
     /// Event: the record was changed to match the spec.
@@ -73,6 +81,9 @@ impl Reason {
             Reason::RecordNotFound => "RecordNotFound",
             Reason::AdoptionConflict => "AdoptionConflict",
             Reason::ReconcileError => "ReconcileError",
+            Reason::PlanPending => "PlanPending",
+            Reason::RecordDiffers => "RecordDiffers",
+            Reason::ApprovalStale => "ApprovalStale",
             Reason::Created => "Created",
             Reason::Updated => "Updated",
             Reason::Adopted => "Adopted",
@@ -98,6 +109,9 @@ impl Reason {
             Reason::RecordNotFound => "record_not_found",
             Reason::AdoptionConflict => "adoption_conflict",
             Reason::ReconcileError => "reconcile_error",
+            Reason::PlanPending => "plan_pending",
+            Reason::RecordDiffers => "record_differs",
+            Reason::ApprovalStale => "approval_stale",
             Reason::Created => "created",
             Reason::Updated => "updated",
             Reason::Adopted => "adopted",
@@ -116,6 +130,8 @@ impl Reason {
                 | Reason::ReconcileSuccess
                 | Reason::Pending
                 | Reason::ReconcilePaused
+                | Reason::PlanPending
+                | Reason::RecordDiffers
                 | Reason::Created
                 | Reason::Updated
                 | Reason::Adopted
@@ -291,6 +307,33 @@ pub fn next_status(
         status.observed_generation = generation;
     }
     status
+}
+
+/// What a status write does to `status.plan` and `status.appliedPlan`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PlanUpdate {
+    /// Leave both as they are (a failure: the plan shown still waits).
+    Keep,
+    /// Show this plan: nothing was written.
+    Show(PlanStatus),
+    /// The store is in line: no plan waits. `applied` is the approval just
+    /// used up, if any.
+    Clear { applied: Option<String> },
+}
+
+impl PlanUpdate {
+    pub fn apply_to(&self, status: &mut PetStatus) {
+        match self {
+            PlanUpdate::Keep => {}
+            PlanUpdate::Show(plan) => status.plan = Some(plan.clone()),
+            PlanUpdate::Clear { applied } => {
+                status.plan = None;
+                if applied.is_some() {
+                    status.applied_plan.clone_from(applied);
+                }
+            }
+        }
+    }
 }
 
 /// True when the Pet already shows a terminal rejection of this generation:

@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 const PAUSED: &str = "petstore.example.com/paused";
 const DELETION_POLICY: &str = "petstore.example.com/deletion-policy";
 const EXTERNAL_ID: &str = "petstore.example.com/external-id";
+const APPROVE_PLAN: &str = "petstore.example.com/approve-plan";
 /// An ID as the store mints them.
 const RECORD_ID: &str = "0b3a5f1e-7c2d-4e8f-9a6b-1c2d3e4f5a6b";
 /// A finalizer of the test's own, which keeps a deleted Pet in view.
@@ -134,7 +135,7 @@ fn the_policy_refuses_annotation_typos_on_create_and_new_ones_on_update() -> fix
 
     install_policy(cp)?;
 
-    let bad: [(&str, &str, &str, &[&str]); 7] = [
+    let bad: [(&str, &str, &str, &[&str]); 9] = [
         (
             "paused-yes",
             PAUSED,
@@ -172,6 +173,18 @@ fn the_policy_refuses_annotation_typos_on_create_and_new_ones_on_update() -> fix
             "0b3a5f1e-7c2d-4e8f-9a6b",
             &["lowercase UUID"],
         ),
+        (
+            "plan-word",
+            APPROVE_PLAN,
+            "yes",
+            &["status.plan.hash", "16 lowercase hex digits", "\"yes\""],
+        ),
+        (
+            "plan-upper",
+            APPROVE_PLAN,
+            "3F2A9C0D1E4B5A67",
+            &["16 lowercase hex digits"],
+        ),
     ];
     for (name, key, value, allowed) in bad {
         let fragments = [&[key][..], allowed].concat();
@@ -183,6 +196,22 @@ fn the_policy_refuses_annotation_typos_on_create_and_new_ones_on_update() -> fix
         assert!(cp.kubectl(&["get", "pet", name]).is_err(), "{name} stored");
     }
 
+    // The change policy is refused by the CRD's schema, naming the three
+    // allowed values.
+    let sometimes = pet_yaml("policy-sometimes", &[], &[])
+        .replace("spec:\n", "spec:\n  changePolicy: Sometimes\n");
+    assert_refused(
+        "change-policy",
+        cp.apply(&sometimes),
+        &[
+            "changePolicy",
+            "\"Sometimes\"",
+            "Automatic",
+            "Approve",
+            "Observe",
+        ],
+    );
+
     // Exactly what the operator accepts: any case, and for the ID,
     // surrounding spaces and a blank value (none).
     let spaced_id = format!(" {RECORD_ID} ");
@@ -193,6 +222,7 @@ fn the_policy_refuses_annotation_typos_on_create_and_new_ones_on_update() -> fix
                 (PAUSED, "false"),
                 (DELETION_POLICY, "orphan"),
                 (EXTERNAL_ID, RECORD_ID),
+                (APPROVE_PLAN, "3f2a9c0d1e4b5a67"),
             ],
         ),
         (

@@ -18,6 +18,7 @@ mod faults;
 mod kubernetes;
 mod monitoring;
 mod ownership;
+mod plans;
 mod postgres_replicas;
 mod security;
 mod tilt;

@@ -50,7 +50,7 @@ enum PetRewrites {
 const UPGRADE_REWRITES: PetRewrites = PetRewrites::StorageMigration;
 
 /// The store's RPCs that write.
-const STORE_WRITES: [&str; 4] = ["AddPets", "UpdatePets", "DeletePets", "SetIdempotencyKeys"];
+use fixtures::petstore::WRITE_RPCS as STORE_WRITES;
 
 /// A durable store process on a fixed address, so operators find it again
 /// after a restart with another binary, as through a Service.
@@ -92,7 +92,7 @@ impl Store {
         Ok(STORE_WRITES
             .iter()
             .map(|method| {
-                sum_series(
+                fixtures::http::sum_series(
                     &metrics,
                     "petstore_server_rpc_duration_seconds_count",
                     &format!("method=\"{method}\""),
@@ -164,7 +164,7 @@ impl RunningOperator {
 
     /// `petstore_operator_store_actions_total`, every action and cause.
     fn store_actions(&self) -> fixtures::Result<f64> {
-        Ok(sum_series(
+        Ok(fixtures::http::sum_series(
             &self.metrics()?,
             "petstore_operator_store_actions_total",
             "",
@@ -172,7 +172,7 @@ impl RunningOperator {
     }
 
     fn reconciles(&self) -> fixtures::Result<f64> {
-        Ok(sum_series(
+        Ok(fixtures::http::sum_series(
             &self.metrics()?,
             "petstore_operator_reconciles_total",
             "",
@@ -183,24 +183,6 @@ impl RunningOperator {
     fn stop(&mut self) {
         self.process().terminate(Duration::from_secs(10));
     }
-}
-
-/// The sum of every sample of `name` whose labels contain `label`.
-fn sum_series(metrics: &str, name: &str, label: &str) -> f64 {
-    metrics
-        .lines()
-        .filter(|line| !line.starts_with('#'))
-        .filter_map(|line| {
-            let rest = line.strip_prefix(name)?;
-            let (labels, value) = match rest.strip_prefix('{') {
-                Some(rest) => rest.split_once("} ")?,
-                None => ("", rest.strip_prefix(' ')?),
-            };
-            labels
-                .contains(label)
-                .then(|| value.trim().parse::<f64>().ok())?
-        })
-        .sum()
 }
 
 /// Every Pet in every namespace, read as v1alpha1, by `namespace/name`.
@@ -685,7 +667,7 @@ fn upgrading_from_the_previous_release_and_back_writes_nothing_and_loses_nothing
     assert_migrated_once(&stored_before, &stored_pets(&cp)?, &upgraded.pets);
     let metrics = operator.metrics()?;
     assert_eq!(
-        sum_series(
+        fixtures::http::sum_series(
             &metrics,
             "petstore_operator_storage_migration_pets_total",
             "outcome=\"rewritten\""
@@ -694,7 +676,7 @@ fn upgrading_from_the_previous_release_and_back_writes_nothing_and_loses_nothing
         "Pets the migration rewrote"
     );
     assert_eq!(
-        sum_series(
+        fixtures::http::sum_series(
             &metrics,
             "petstore_operator_storage_migrations_total",
             "result=\"done\""
@@ -777,7 +759,7 @@ fn upgrading_from_the_previous_release_and_back_writes_nothing_and_loses_nothing
         );
         let metrics = operator.metrics()?;
         assert_eq!(
-            sum_series(&metrics, "petstore_operator_leader", ""),
+            fixtures::http::sum_series(&metrics, "petstore_operator_leader", ""),
             1.0,
             "rollback: the previous operator leads"
         );

@@ -43,7 +43,8 @@ const RECONNECT_MAX: Duration = Duration::from_secs(10);
 const INDEX_REFRESH: Duration = Duration::from_secs(1);
 
 /// The Pets a batch of changes may concern, found by the record's key (the
-/// owner's UID) or by the ID in their status.
+/// owner's UID) or by the ID in their status, else in their external-id
+/// annotation (a record watched by a Pet in Observe is not keyed to it).
 pub struct PetIndex {
     by_uid: HashMap<String, Arc<Pet>>,
     by_record: HashMap<String, Arc<Pet>>,
@@ -54,7 +55,7 @@ impl PetIndex {
         let mut by_uid = HashMap::new();
         let mut by_record = HashMap::new();
         for pet in pets {
-            if let Some(id) = pet.status_id() {
+            if let Some(id) = pet.status_id().or_else(|| pet.external_id()) {
                 by_record.insert(id.to_owned(), Arc::clone(&pet));
             }
             if let Some(uid) = pet.uid() {
@@ -71,11 +72,11 @@ impl PetIndex {
             .as_ref()
             .filter(|record| !record.key.is_empty())
             .is_some_and(|record| pet.uid().as_deref() == Some(record.key.as_str()));
-        owner || pet.status_id() == Some(change.id.as_str())
+        owner || pet.status_id().or_else(|| pet.external_id()) == Some(change.id.as_str())
     }
 
     /// The Pet the change concerns: the record's owner, else the Pet whose
-    /// status names the record.
+    /// status (or external-id annotation) names the record.
     pub fn pet_for(&self, change: &RecordChange) -> Option<&Arc<Pet>> {
         change
             .record

@@ -72,6 +72,27 @@ struct Rare {
     /// After a failure: until when it backs off, and the intent
     /// ([`crate::decision::Facts::intent`]) that failed.
     backoff: Option<Backoff>,
+    /// While it shows a plan it has not written (changePolicy Approve or
+    /// Observe).
+    plan: Option<PendingPlan>,
+}
+
+/// A plan shown and not written.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct PendingPlan {
+    /// A hash of the plan's hash: its Event is written once.
+    hash: u64,
+    /// Since when the Pet has shown a plan, whichever: the oldest-plan gauge.
+    since: Moment,
+    /// A hash of the stale approval last warned of: warned once.
+    stale_warned: Option<u64>,
+}
+
+/// What is new about a plan shown: each is told once.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PlanNews {
+    pub new_plan: bool,
+    pub new_stale_approval: bool,
 }
 
 impl Remembered {
@@ -180,6 +201,9 @@ impl Memory {
         self.update(pet, uid, |remembered| {
             waited = remembered.not_ready_since.take().map(Moment::elapsed);
             remembered.failures = 0;
+            if let Some(rare) = &mut remembered.rare {
+                rare.plan = None;
+            }
             remembered.end_backoff();
             remembered.synced = Some(Synced {
                 generation,
@@ -346,6 +370,10 @@ impl Memory {
             if is_repeated(remembered.drifts(), now) {
                 gauges.repeated_drift += 1;
             }
+            if let Some(plan) = remembered.rare.as_ref().and_then(|rare| rare.plan) {
+                gauges.plans_pending += 1;
+                gauges.plan_oldest_age = gauges.plan_oldest_age.max(now - plan.since.instant());
+            }
         }
         gauges
     }
@@ -392,14 +420,43 @@ impl Memory {
         before
     }
 
+    /// It shows plan `hash` and wrote nothing; `stale` is an approval that
+    /// names another plan. Says which of the two it has not told before.
+    pub fn plan_shown(&self, pet: &Pet, uid: &str, hash: &str, stale: Option<&str>) -> PlanNews {
+        let (hash, stale) = (id_hash(Some(hash)), stale.map(|s| id_hash(Some(s))));
+        let mut news = PlanNews::default();
+        self.update(pet, uid, |remembered| {
+            let plan = remembered.rare().plan.get_or_insert(PendingPlan {
+                hash: !hash,
+                since: Moment::now(),
+                stale_warned: None,
+            });
+            news.new_plan = plan.hash != hash;
+            plan.hash = hash;
+            if stale.is_some() && plan.stale_warned != stale {
+                news.new_stale_approval = true;
+                plan.stale_warned = stale;
+            }
+        });
+        news
+    }
+
     /// Held until a change or the next poll: neither in sync nor failing,
-    /// so all but the warning it was shown is forgotten.
+    /// so all but the warning it was shown and the plan it shows is
+    /// forgotten.
     pub fn held(&self, uid: &str) {
         let key = UidKey::new(uid);
         let mut pets = self.pets();
         if let Some(remembered) = pets.get_mut(&key) {
+            let plan = remembered.rare.as_ref().and_then(|rare| rare.plan);
             *remembered = Remembered {
                 warned: remembered.warned,
+                rare: plan.map(|plan| {
+                    Box::new(Rare {
+                        plan: Some(plan),
+                        ..Rare::default()
+                    })
+                }),
                 ..Remembered::default()
             };
             if *remembered == Remembered::default() {

@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info};
 
 use crate::crd::{FINALIZER, Pet};
-use crate::decision::{Facts, Next, Step, first_step};
+use crate::decision::{Cause, Facts, Next, Step, first_step};
 use crate::events::EventQueue;
 use crate::metrics::Metrics;
 use crate::status;
@@ -213,27 +213,11 @@ impl Context {
 
     /// Everything the decision step needs to know about the Pet.
     fn facts(&self, pet: &Pet) -> Result<Facts, Error> {
-        let uid = pet
-            .uid()
-            .ok_or_else(|| Error::MalformedPet(pet.name_any()))?;
-        Ok(Facts {
-            recently_synced: self.recently_synced(&uid, pet.metadata.generation, pet.status_id()),
-            uid,
-            desired: PetData::from(&pet.spec),
-            deleting: pet.meta().deletion_timestamp.is_some(),
-            has_finalizer: pet.finalizers().iter().any(|f| f == FINALIZER),
-            paused: pet.paused(),
-            deletion_policy: pet.deletion_policy(),
-            external_id: pet.external_id().map(str::to_owned),
-            status_id: pet.status_id().map(str::to_owned),
-            rejected_this_generation: status::rejected_this_generation(
-                pet.status.as_ref(),
-                pet.metadata.generation,
-            ),
-            spec_changed: pet.status.as_ref().and_then(|s| s.observed_generation)
-                != pet.metadata.generation,
-            create_observes: self.create_observes.load(Ordering::Relaxed),
-        })
+        let mut facts = facts_of(pet)?;
+        facts.recently_synced =
+            self.recently_synced(&facts.uid, pet.metadata.generation, pet.status_id());
+        facts.create_observes = self.create_observes.load(Ordering::Relaxed);
+        Ok(facts)
     }
 
     /// The controller action for `next`; a failure's backoff comes from
@@ -449,3 +433,48 @@ pub fn backoff(settings: &Settings, failures: u32) -> Duration {
 
 #[cfg(test)]
 mod tests;
+
+/// Whether the spec changed since the operator last acted on the Pet: its
+/// status does not observe this generation, or it shows a plan made for
+/// this generation's spec change and not yet written (showing the plan
+/// observed the generation; the change is still the edit's, not drift).
+fn spec_changed(pet: &Pet) -> bool {
+    let generation = pet.metadata.generation;
+    let Some(status) = &pet.status else {
+        return true;
+    };
+    status.observed_generation != generation
+        || status.plan.as_ref().is_some_and(|plan| {
+            plan.generation == generation && plan.cause == Cause::SpecChange.as_str()
+        })
+}
+
+/// What the decision step knows from the Pet alone, without this process's
+/// memory: for a reconcile ([`Context::facts`] adds the memory) and for
+/// `kubectl petstore plan`, so both plan from the same facts.
+pub fn facts_of(pet: &Pet) -> Result<Facts, Error> {
+    let uid = pet
+        .uid()
+        .ok_or_else(|| Error::MalformedPet(pet.name_any()))?;
+    Ok(Facts {
+        recently_synced: None,
+        uid,
+        desired: PetData::from(&pet.spec),
+        deleting: pet.meta().deletion_timestamp.is_some(),
+        has_finalizer: pet.finalizers().iter().any(|f| f == FINALIZER),
+        paused: pet.paused(),
+        deletion_policy: pet.deletion_policy(),
+        external_id: pet.external_id().map(str::to_owned),
+        status_id: pet.status_id().map(str::to_owned),
+        rejected_this_generation: status::rejected_this_generation(
+            pet.status.as_ref(),
+            pet.metadata.generation,
+        ),
+        spec_changed: spec_changed(pet),
+        create_observes: false,
+        generation: pet.metadata.generation,
+        change_policy: pet.change_policy(),
+        approved_plan: pet.approved_plan().map(str::to_owned),
+        applied_plan: pet.status.as_ref().and_then(|s| s.applied_plan.clone()),
+    })
+}

@@ -23,13 +23,13 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use super::{Context, finalizer, status_write};
 use crate::crd::Pet;
 // `Sync` would shadow the marker trait.
+use crate::decision::preview::created_fields;
 use crate::decision::{
-    Cause, Facts, Finish, Next, Observation, Plan, Step, Story, Sync as SyncPlan, Target,
-    after_create, decide, first_step, read_after_create,
+    Cause, Facts, Gate, Next, Observation, Plan, Preview, Step, StoreAction, Story,
+    Sync as SyncPlan, after_create, decide, first_step, gate, preview, read_after_create,
 };
-use crate::metrics::StoreAction;
-use crate::status::{self, Outcome, Reason};
-use crate::store::{Changes, Created, Field, FieldChange, Lookup, PetData, StoreError};
+use crate::status::{self, Outcome, PlanUpdate, Reason};
+use crate::store::{Changes, Created, Field, Lookup, StoreError};
 use crate::{Error, Fault};
 
 /// Observations per reconcile: a record that vanishes before an update, or
@@ -54,6 +54,14 @@ enum Ending {
         id: String,
         sync: SyncPlan,
         changes: Changes,
+        /// The approval this write used up, if any.
+        approved: Option<String>,
+    },
+    /// The change policy kept the plan from being written: show it.
+    Planned {
+        preview: Preview,
+        outcome: Outcome,
+        stale: Option<String>,
     },
     /// The store side of a deletion is done.
     Finished(Story),
@@ -172,9 +180,21 @@ impl<'a> Reconcile<'a> {
                         Observation::Found(lookup) => lookup.clone(),
                         Observation::StoreLacks { .. } => Lookup::default(),
                     };
-                    let plan = petstore_telemetry::span(|| info_span!("decide"))
-                        .in_scope(|| decide(&self.facts, observation));
-                    self.execute(plan, &observed).await
+                    let (plan, preview, gate) = petstore_telemetry::span(|| info_span!("decide"))
+                        .in_scope(|| {
+                            let plan = decide(&self.facts, observation);
+                            let preview = preview(&self.facts, &plan, &observed);
+                            let gate = gate(&self.facts, &preview);
+                            (plan, preview, gate)
+                        });
+                    match gate {
+                        Gate::Apply { approved } => self.execute(plan, &preview, approved).await,
+                        Gate::Show { outcome, stale } => Ok(Some(Ending::Planned {
+                            preview,
+                            outcome,
+                            stale,
+                        })),
+                    }
                 }
                 Err(error) => Err(error),
             };
@@ -211,19 +231,41 @@ impl<'a> Reconcile<'a> {
         }
     }
 
-    /// `None`: a create found the record already there; read it.
-    async fn execute(&self, plan: Plan, observed: &Lookup) -> Result<Option<Ending>, Error> {
+    /// Executes the plan by its writes (`preview`): `None` when a create
+    /// found the record already there; read it.
+    async fn execute(
+        &self,
+        plan: Plan,
+        preview: &Preview,
+        approved: Option<String>,
+    ) -> Result<Option<Ending>, Error> {
         debug!(?plan, "decided");
         Ok(Some(match plan {
             Plan::Hold { outcome, next } => Ending::Problem(Problem::held(outcome, next)),
             Plan::Sync(sync) => {
-                let Some((id, changes)) = self.sync(&sync, observed).await? else {
+                let Applied::Done { created, changes } = self.apply(&sync.story, preview).await?
+                else {
                     return Ok(None);
                 };
-                Ending::Synced { id, sync, changes }
+                let id = match (created, &sync.target) {
+                    (Some(id), _) => id,
+                    (None, crate::decision::Target::Existing(id)) => id.clone(),
+                    (None, crate::decision::Target::Create) => {
+                        return Err(Error::Held(
+                            Reason::ReconcileError,
+                            "a plan to create wrote no record".into(),
+                        ));
+                    }
+                };
+                Ending::Synced {
+                    id,
+                    sync,
+                    changes,
+                    approved,
+                }
             }
             Plan::Finish(finish) => {
-                self.finish(&finish).await?;
+                self.apply(&finish.story, preview).await?;
                 Ending::Finished(finish.story)
             }
         }))
@@ -243,10 +285,11 @@ impl<'a> Reconcile<'a> {
         let cause = sync.story.cause(&self.facts);
         let changes = created_fields(&self.facts.desired);
         self.wrote(StoreAction::Create, cause, created.id(), &changes);
-        match self.sync(&sync, &Lookup::default()).await {
-            Ok(Some((id, _))) => Ending::Synced { id, sync, changes },
-            Ok(None) => self.observe_and_execute(None).await,
-            Err(error) => Ending::Problem(Problem::failed(error)),
+        Ending::Synced {
+            id: created.into_id(),
+            sync,
+            changes,
+            approved: None,
         }
     }
 
@@ -260,66 +303,41 @@ impl<'a> Reconcile<'a> {
         );
     }
 
-    /// Brings the record in line with the Pet; returns its ID and what was
-    /// written to it, or `None` when its create found a record already
-    /// there: the read that planned the create did not show it (an earlier
-    /// create that committed after its timeout), so it is read now, as
-    /// after a create without a read ([`Reconcile::read_after_create`]).
-    /// `observed` holds the record as it was read.
-    async fn sync(
-        &self,
-        sync: &SyncPlan,
-        observed: &Lookup,
-    ) -> Result<Option<(String, Changes)>, Error> {
+    /// Makes the plan's writes, in order, as [`preview`] listed them: the
+    /// list a pending plan shows is the list written. A create that finds
+    /// its record already there ([`read_after_create`]: an earlier create
+    /// that committed after its timeout, which the read that planned this
+    /// one did not show) stops it: the record is read again.
+    async fn apply(&self, story: &Story, preview: &Preview) -> Result<Applied, Error> {
         let (store, uid) = (&self.ctx.store, &self.facts.uid);
-        let cause = sync.story.cause(&self.facts);
-        let mut written = Changes::default();
-        match &sync.target {
-            Target::Existing(id) => {
-                if sync.claim {
-                    store.set_key(id, "", uid).await?;
-                    self.wrote(StoreAction::Claim, cause, id, &key_change("", uid));
+        let cause = story.cause(&self.facts);
+        let mut created = None;
+        let mut changes = Changes::default();
+        for write in &preview.writes {
+            let record = write.record.as_deref().unwrap_or_default();
+            match write.action {
+                StoreAction::Create | StoreAction::Recreate => {
+                    let answer = self.create().await?;
+                    if read_after_create(&answer, true) {
+                        self.created_nothing(&answer);
+                        return Ok(Applied::ReadAgain);
+                    }
+                    self.wrote(write.action, cause, answer.id(), &write.changes);
+                    created = Some(answer.into_id());
+                    changes = write.changes.clone();
+                    continue;
                 }
-                if sync.update {
-                    store.update(id, &self.facts.desired).await?;
-                    let before = [&observed.by_id, &observed.by_key]
-                        .into_iter()
-                        .flatten()
-                        .find(|record| record.id == *id);
-                    let changes = match before {
-                        Some(record) => record.data.changes_to(&self.facts.desired),
-                        None => created_fields(&self.facts.desired),
-                    };
-                    self.wrote(StoreAction::Update, cause, id, &changes);
-                    written = changes;
+                StoreAction::Claim => store.set_key(record, "", uid).await?,
+                StoreAction::Update => {
+                    store.update(record, &self.facts.desired).await?;
+                    changes = write.changes.clone();
                 }
-                Ok(Some((id.clone(), written)))
+                StoreAction::Release => store.set_key(record, uid, "").await?,
+                StoreAction::Delete => store.delete(record).await?,
             }
-            Target::Create => {
-                let created = self.create().await?;
-                if read_after_create(&created, true) {
-                    self.created_nothing(&created);
-                    return Ok(None);
-                }
-                let action = match sync.story {
-                    Story::Recreated { .. } => StoreAction::Recreate,
-                    _ => StoreAction::Create,
-                };
-                let mut changes = created_fields(&self.facts.desired);
-                if let Story::Recreated { lost } = &sync.story {
-                    changes.0.insert(
-                        0,
-                        FieldChange {
-                            field: Field::Record,
-                            from: "(none)".into(),
-                            to: format!("{lost} recreated"),
-                        },
-                    );
-                }
-                self.wrote(action, cause, created.id(), &changes);
-                Ok(Some((created.into_id(), changes)))
-            }
+            self.wrote(write.action, cause, record, &write.changes);
         }
+        Ok(Applied::Done { created, changes })
     }
 
     /// Tells one store write: the change log line, `store_actions_total`,
@@ -377,26 +395,6 @@ impl<'a> Reconcile<'a> {
         Ok(created)
     }
 
-    /// Deletion: deletes or releases the Pet's record.
-    async fn finish(&self, finish: &Finish) -> Result<(), Error> {
-        let (store, uid) = (&self.ctx.store, &self.facts.uid);
-        let cause = finish.story.cause(&self.facts);
-        if let Some(id) = &finish.release {
-            store.set_key(id, uid, "").await?;
-            self.wrote(StoreAction::Release, cause, id, &key_change(uid, ""));
-        }
-        if let Some(id) = &finish.delete {
-            store.delete(id).await?;
-            let gone = Changes(vec![FieldChange {
-                field: Field::Record,
-                from: id.clone(),
-                to: "(none)".into(),
-            }]);
-            self.wrote(StoreAction::Delete, cause, id, &gone);
-        }
-        Ok(())
-    }
-
     /// Makes the ending known. A write that fails here (the status, the
     /// finalizer's release) becomes the problem shown.
     async fn record(&self, ending: Ending) -> Result<Action, Error> {
@@ -411,10 +409,12 @@ impl<'a> Reconcile<'a> {
                 }
                 return Ok(self.ctx.action(next, &self.pet, uid));
             }
-            Ending::Synced { id, sync, changes } => match self
-                .record_sync(&id, &sync, &changes)
-                .await
-            {
+            Ending::Synced {
+                id,
+                sync,
+                changes,
+                approved,
+            } => match self.record_sync(&id, &sync, &changes, approved).await {
                 Ok(()) => return Ok(self.ctx.requeue(&self.pet, uid, self.ctx.poll_delay(uid))),
                 Err(error) => Problem::failed(error),
             },
@@ -422,10 +422,21 @@ impl<'a> Reconcile<'a> {
                 Ok(()) => return Ok(Action::await_change()),
                 Err(error) => Problem::failed(error),
             },
+            Ending::Planned {
+                preview,
+                outcome,
+                stale,
+            } => match self.record_plan(&preview, &outcome, stale).await {
+                Ok(()) => {
+                    let held = Problem::held(outcome, Next::Poll);
+                    return count(self.ctx, &self.pet, Some(uid), held);
+                }
+                Err(error) => Problem::failed(error),
+            },
             Ending::Problem(problem) => problem,
         };
         if let Some(outcome) = &problem.outcome {
-            if let Err(error) = self.write_status(None, outcome).await {
+            if let Err(error) = self.write_status(None, outcome, &PlanUpdate::Keep).await {
                 debug!(%error, "could not record the outcome in status");
             }
             self.show(outcome, true);
@@ -435,9 +446,16 @@ impl<'a> Reconcile<'a> {
 
     /// The ID and conditions to status, then the story's Event: after the
     /// status write, so Ready is never held up by an Event.
-    async fn record_sync(&self, id: &str, sync: &SyncPlan, changes: &Changes) -> Result<(), Error> {
+    async fn record_sync(
+        &self,
+        id: &str,
+        sync: &SyncPlan,
+        changes: &Changes,
+        approved: Option<String>,
+    ) -> Result<(), Error> {
         let outcome = sync.outcome(id);
-        self.write_status(Some(id), &outcome).await?;
+        let plan = PlanUpdate::Clear { applied: approved };
+        self.write_status(Some(id), &outcome, &plan).await?;
         // A warning (a misspelled annotation) can be shown although the
         // record is in line; any other is told by the story's Event.
         self.show(&outcome, sync.warning.is_some());
@@ -474,8 +492,54 @@ impl<'a> Reconcile<'a> {
         Ok(())
     }
 
-    async fn write_status(&self, id: Option<&str>, outcome: &Outcome) -> Result<(), Error> {
-        status_write::write(&self.ctx.client, &self.api, &self.pet, id, outcome)
+    /// A plan the change policy keeps from being written: shown in
+    /// `status.plan` and the conditions, with one Event per new plan (and
+    /// one Warning per stale approval), not per reconcile. Held until the
+    /// Pet or its record changes.
+    async fn record_plan(
+        &self,
+        preview: &Preview,
+        outcome: &Outcome,
+        stale: Option<String>,
+    ) -> Result<(), Error> {
+        let shown = PlanUpdate::Show(preview.to_status());
+        self.write_status(None, outcome, &shown).await?;
+        self.ctx
+            .memory
+            .shown(&self.pet, &self.facts.uid, outcome.synced_reason());
+        let news =
+            self.ctx
+                .memory
+                .plan_shown(&self.pet, &self.facts.uid, &preview.hash, stale.as_deref());
+        if news.new_stale_approval {
+            let stale = stale.as_deref().unwrap_or_default();
+            let note = format!(
+                "the annotation {} names plan {stale}, but the pending plan is now {}: the spec or the store record changed since; nothing was written. Review status.plan and approve {} to apply it",
+                crate::crd::APPROVE_PLAN_ANNOTATION,
+                preview.hash,
+                preview.hash
+            );
+            warn!(%stale, plan = %preview.hash, "approval is stale; nothing written");
+            self.publish(Reason::ApprovalStale, "RefuseStaleApproval", note);
+        }
+        if news.new_plan {
+            let reason = outcome.synced_reason();
+            self.publish(
+                reason,
+                "ShowPlan",
+                format!("plan {}: {}", preview.hash, preview.describe()),
+            );
+        }
+        Ok(())
+    }
+
+    async fn write_status(
+        &self,
+        id: Option<&str>,
+        outcome: &Outcome,
+        plan: &PlanUpdate,
+    ) -> Result<(), Error> {
+        status_write::write(&self.ctx.client, &self.api, &self.pet, id, outcome, plan)
             .instrument(petstore_telemetry::span(|| info_span!("kube.patch_status")))
             .await
     }
@@ -565,25 +629,14 @@ pub fn count(
     Err(error)
 }
 
-/// A new record's fields, each from nothing.
-fn created_fields(data: &PetData) -> Changes {
-    let new = |field, to: String| FieldChange {
-        field,
-        from: "(none)".into(),
-        to,
-    };
-    Changes(vec![
-        new(Field::Name, format!("{:?}", data.name)),
-        new(Field::Type, data.pet_type.as_str().to_owned()),
-        new(Field::Birthday, data.birthday.to_string()),
-    ])
-}
-
-/// An ownership change: the record's idempotency key.
-fn key_change(from: &str, to: &str) -> Changes {
-    Changes(vec![FieldChange {
-        field: Field::Key,
-        from: format!("{from:?}"),
-        to: format!("{to:?}"),
-    }])
+/// How [`Reconcile::apply`] ended.
+enum Applied {
+    /// Every write made: the ID of the record created, if one was, and what
+    /// was written to the record's fields.
+    Done {
+        created: Option<String>,
+        changes: Changes,
+    },
+    /// A create found the record already there: read it, and plan again.
+    ReadAgain,
 }

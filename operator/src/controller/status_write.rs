@@ -8,7 +8,7 @@ use tracing::debug;
 
 use crate::Error;
 use crate::crd::{Pet, PetStatus};
-use crate::status::{Outcome, next_status};
+use crate::status::{Outcome, PlanUpdate, next_status};
 
 /// Status writes tried after a 409 before giving up (and retrying the whole
 /// reconcile with backoff, which never creates again: the create is keyed by
@@ -16,7 +16,7 @@ use crate::status::{Outcome, next_status};
 const ATTEMPTS: u32 = 5;
 
 /// Writes the status for `outcome`, with `id` as the record's ID (`None`
-/// keeps the current one). On a 409 it re-reads the status and recomputes
+/// keeps the current one) and `plan` applied to `status.plan`. On a 409 it re-reads the status and recomputes
 /// from it.
 pub async fn write(
     client: &Client,
@@ -24,6 +24,7 @@ pub async fn write(
     pet: &Pet,
     id: Option<&str>,
     outcome: &Outcome,
+    plan: &PlanUpdate,
 ) -> Result<(), Error> {
     let name = pet.name_any();
     // The generation acted upon, even if a re-read shows a newer one.
@@ -31,11 +32,13 @@ pub async fn write(
     let mut current = pet.status.clone();
     let mut attempt = 1;
     loop {
-        let next = next_status(current.as_ref(), generation, id, outcome, Utc::now());
+        let mut next = next_status(current.as_ref(), generation, id, outcome, Utc::now());
+        plan.apply_to(&mut next);
         if current.as_ref() == Some(&next) {
             return Ok(());
         }
-        match patch(client, pet, &name, &next).await {
+        let clear_plan = matches!(plan, PlanUpdate::Clear { .. });
+        match patch(client, pet, &name, &next, clear_plan).await {
             Ok(()) => return Ok(()),
             Err(kube::Error::Api(status)) if status.is_conflict() && attempt < ATTEMPTS => {
                 debug!(attempt, "status write conflicted; re-reading the Pet");
@@ -62,8 +65,14 @@ async fn patch(
     pet: &Pet,
     name: &str,
     status: &PetStatus,
+    clear_plan: bool,
 ) -> Result<(), kube::Error> {
-    let patch = Patch::Merge(serde_json::json!({ "status": status }));
+    let mut body = serde_json::json!({ "status": status });
+    if clear_plan && status.plan.is_none() {
+        // A merge patch removes only what it sets to null.
+        body["status"]["plan"] = serde_json::Value::Null;
+    }
+    let patch = Patch::Merge(body);
     let request = kube::core::Request::new(Pet::url_path(&(), pet.namespace().as_deref()))
         .patch_subresource("status", name, &PatchParams::default(), &patch)
         .map_err(kube::Error::BuildRequest)?;

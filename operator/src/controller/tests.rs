@@ -14,7 +14,8 @@ use serde_json::{Value, json};
 use super::*;
 use crate::api_server::{ApiServerVerifier, failure};
 use crate::crd::{
-    DELETION_POLICY_ANNOTATION, DeletionPolicy, EXTERNAL_ID_ANNOTATION, PAUSED_ANNOTATION,
+    APPROVE_PLAN_ANNOTATION, ChangePolicy, DELETION_POLICY_ANNOTATION, DeletionPolicy,
+    EXTERNAL_ID_ANNOTATION, PAUSED_ANNOTATION,
 };
 use crate::fixtures::UID;
 use crate::status::{Outcome, Reason, next_status};
@@ -1182,4 +1183,106 @@ async fn a_create_after_a_read_that_finds_its_record_already_there_reads_it_and_
     h.assert_metrics(&["petstore_operator_store_actions_total{action=\"update\""]);
     h.assert_no_metric("action=\"create\"");
     h.verify(&["StoreUnavailable", "Adopted"]);
+}
+
+/// A Pet in Approve whose spec renames its record: the plan, as the
+/// reconcile wrote it to status.
+async fn approve_pending_rename(h: &Harness, id: &str) -> (Pet, Value) {
+    let mut pet = Pet::test()
+        .finalized()
+        .with_change_policy(ChangePolicy::Approve)
+        .with_status_id(id);
+    pet.spec.name = "Thorbert".into();
+    h.reconcile_writing_status(&pet).await;
+    let status = h.api.status_patches().pop().expect("a status write");
+    (pet, status)
+}
+
+#[tokio::test]
+async fn approve_shows_the_plan_and_writes_nothing_until_its_hash_is_approved() {
+    let (h, id) = harness_with_record(PetData::test());
+    let (pet, status) = approve_pending_rename(&h, &id).await;
+    assert!(store_writes(&h.store).is_empty(), "{:?}", h.store.calls());
+    let plan = &status["plan"];
+    assert_eq!(plan["summary"], "update name");
+    assert_eq!(plan["cause"], "spec_change");
+    assert_eq!(
+        plan["actions"][0]["changes"][0],
+        json!({"field": "name", "from": "\"Thor\"", "to": "\"Thorbert\""})
+    );
+    let hash = plan["hash"].as_str().expect("a hash").to_owned();
+    assert_condition(&status, "Ready", "False", "PlanPending");
+    let note = h.assert_event("PlanPending", "Normal", "ShowPlan");
+    assert!(note.contains(&hash), "{note}");
+    h.verify(&["PlanPending"]);
+
+    // The same plan again: no second Event.
+    let shown = pet.clone().with_status(status.clone());
+    h.reconcile(&shown).await.expect("reconcile");
+    h.verify(&["PlanPending"]);
+
+    // Another plan's hash: nothing written, one Warning.
+    let stale = shown
+        .clone()
+        .annotated(APPROVE_PLAN_ANNOTATION, "0123456789abcdef");
+    h.reconcile(&stale).await.expect("reconcile");
+    h.reconcile(&stale).await.expect("reconcile");
+    assert!(store_writes(&h.store).is_empty(), "{:?}", h.store.calls());
+    h.verify(&["PlanPending", "ApprovalStale"]);
+    let note = h.assert_event("ApprovalStale", "Warning", "RefuseStaleApproval");
+    assert!(note.contains(&hash), "{note}");
+
+    // This plan's hash: exactly its write, and the approval is used up.
+    let approved = shown.annotated(APPROVE_PLAN_ANNOTATION, &hash);
+    h.reconcile_writing_status(&approved).await;
+    assert_eq!(store_writes(&h.store), [format!("update:{id}")]);
+    let status = h.api.status_patches().pop().expect("a status write");
+    assert_eq!(status["plan"], Value::Null, "the plan is cleared: {status}");
+    assert_eq!(status["appliedPlan"], hash.as_str());
+    assert_condition(&status, "Ready", "True", "Available");
+}
+
+#[tokio::test]
+async fn an_approval_is_used_once() {
+    let (h, id) = harness_with_record(PetData::test());
+    let (pet, status) = approve_pending_rename(&h, &id).await;
+    let hash = status["plan"]["hash"].as_str().expect("a hash").to_owned();
+    // The record was put back out of band after the approved write: the
+    // same plan, the same hash, but its approval is spent.
+    let spent = pet
+        .with_status(json!({"id": id, "appliedPlan": hash}))
+        .annotated(APPROVE_PLAN_ANNOTATION, &hash);
+    h.reconcile_writing_status(&spent).await;
+    assert!(store_writes(&h.store).is_empty(), "{:?}", h.store.calls());
+    let status = h.api.status_patches().pop().expect("a status write");
+    assert_eq!(status["plan"]["hash"], hash.as_str());
+    // The same plan as before: told once.
+    h.verify(&["PlanPending"]);
+}
+
+#[tokio::test]
+async fn observe_never_writes_not_even_when_the_pet_goes() {
+    let (h, id) = harness_with_record(PetData::named("Changed outside"));
+    let pet = Pet::test()
+        .finalized()
+        .with_change_policy(ChangePolicy::Observe)
+        .with_status_id(&id);
+    h.reconcile_writing_status(&pet).await;
+    let status = h.api.status_patches().pop().expect("a status write");
+    assert_eq!(status["plan"]["summary"], "update name");
+    assert_condition(&status, "Ready", "False", "RecordDiffers");
+    // Even approved, Observe writes nothing.
+    let hash = status["plan"]["hash"].as_str().expect("a hash").to_owned();
+    let shown = pet.with_status(status.clone());
+    let approved = shown.clone().annotated(APPROVE_PLAN_ANNOTATION, &hash);
+    h.reconcile(&approved).await.expect("reconcile");
+    // Deleted: the finalizer goes, the record stays as it was, keyed.
+    h.reconcile_releasing(&shown.deleted()).await;
+    assert!(store_writes(&h.store).is_empty(), "{:?}", h.store.calls());
+    let record = h.store.record(&id).expect("the record is kept");
+    assert_eq!(
+        (record.key.as_str(), record.data.name.as_str()),
+        (UID, "Changed outside")
+    );
+    h.verify(&["RecordDiffers", "Orphaned"]);
 }

@@ -56,6 +56,12 @@ macro_rules! pet_version {
                 description = "ID of the pet's record in the store"
             ),
             printcolumn(
+                name = "Plan",
+                type_ = "string",
+                json_path = ".status.plan.summary",
+                description = "What the pending plan would do: create, update and the fields, claim, release, delete"
+            ),
+            printcolumn(
                 name = "Ready",
                 type_ = "string",
                 json_path = ".status.conditions[?(@.type==\"Ready\")].status"
@@ -95,6 +101,18 @@ macro_rules! pet_version {
                 skip_serializing_if = "Option::is_none"
             )]
             pub deletion_policy: Option<DeletionPolicy>,
+
+            /// When the operator may write the store: Automatic (the default)
+            /// writes as soon as it decides; Approve shows each change as
+            /// status.plan and writes it once the annotation
+            /// petstore.example.com/approve-plan names the plan's hash;
+            /// Observe never writes and shows what differs as status.plan.
+            #[serde(
+                default,
+                rename = "changePolicy",
+                skip_serializing_if = "Option::is_none"
+            )]
+            pub change_policy: Option<ChangePolicy>,
         }
     };
 }
@@ -132,6 +150,9 @@ pub const PAUSED_ANNOTATION: &str = "petstore.example.com/paused";
 /// (after Crossplane's external-name). Only a record with no owner (an empty
 /// idempotency key) can be adopted.
 pub const EXTERNAL_ID_ANNOTATION: &str = "petstore.example.com/external-id";
+/// Annotation: the hash of the plan (status.plan.hash) a Pet in
+/// `changePolicy: Approve` may apply, once.
+pub const APPROVE_PLAN_ANNOTATION: &str = "petstore.example.com/approve-plan";
 
 /// What deleting the Pet does to its store record: Delete (the default)
 /// deletes it; Orphan keeps it and clears its owner, so another Pet can adopt
@@ -142,6 +163,28 @@ pub enum DeletionPolicy {
     Delete,
     /// Keep the record and release it (clear its idempotency key).
     Orphan,
+}
+
+/// When the operator may write the store for a Pet.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+pub enum ChangePolicy {
+    /// Write as soon as the operator decides.
+    #[default]
+    Automatic,
+    /// Show each change as status.plan; write it once approved.
+    Approve,
+    /// Never write; show what differs as status.plan.
+    Observe,
+}
+
+impl ChangePolicy {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ChangePolicy::Automatic => "Automatic",
+            ChangePolicy::Approve => "Approve",
+            ChangePolicy::Observe => "Observe",
+        }
+    }
 }
 
 /// An annotation's value, parsed. `Invalid` carries the value as written.
@@ -197,6 +240,57 @@ pub struct PetStatus {
     // status write (BENCHMARKS.md).
     #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
     pub conditions: Vec<Condition>,
+
+    /// What the operator would write to the store and has not, because the
+    /// change policy is Approve (until approved) or Observe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<PlanStatus>,
+
+    /// The hash of the last approved plan applied: an approval is used once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied_plan: Option<String>,
+}
+
+/// A pending plan: the store writes one reconcile would make.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlanStatus {
+    /// Identifies exactly this plan, for this spec generation and this state
+    /// of the record; approve it with the annotation
+    /// petstore.example.com/approve-plan.
+    pub hash: String,
+    /// One line: `create`, `update name,type`, `claim, update name`, `delete`.
+    pub summary: String,
+    /// Why: new_pet, spec_change, drift, adoption or deletion.
+    pub cause: String,
+    /// The metadata.generation the plan was made for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<i64>,
+    /// Each store write, in order.
+    pub actions: Vec<PlannedAction>,
+}
+
+/// One store write of a plan.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlannedAction {
+    /// create, claim, update, release or delete.
+    pub action: String,
+    /// The record written; none for a create.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub record_id: Option<String>,
+    /// Each field's value in the record now and after the write.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub changes: Vec<PlannedChange>,
+}
+
+/// One field of a planned write: `from` as the record holds it, `to` as
+/// the spec asks.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct PlannedChange {
+    pub field: String,
+    pub from: String,
+    pub to: String,
 }
 
 /// A Kubernetes-style condition.
@@ -304,6 +398,19 @@ impl Pet {
         } else {
             DeletionPolicy::Delete
         })
+    }
+
+    /// The change policy: Automatic when unset.
+    pub fn change_policy(&self) -> ChangePolicy {
+        self.spec.change_policy.unwrap_or_default()
+    }
+
+    /// The plan hash approved by the annotation, if any (blank counts as
+    /// none).
+    pub fn approved_plan(&self) -> Option<&str> {
+        self.annotation(APPROVE_PLAN_ANNOTATION)
+            .map(str::trim)
+            .filter(|hash| !hash.is_empty())
     }
 
     /// The record ID named for adoption, if any (blank counts as none).

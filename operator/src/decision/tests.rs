@@ -10,7 +10,7 @@ const UID: &str = "uid-thor";
 const OTHER_UID: &str = "uid-loki";
 
 /// A live Pet with its finalizer, nothing else set.
-fn facts() -> Facts {
+pub(super) fn facts() -> Facts {
     Facts {
         uid: UID.into(),
         desired: PetData::test(),
@@ -24,19 +24,35 @@ fn facts() -> Facts {
         spec_changed: false,
         recently_synced: None,
         create_observes: false,
+        generation: Some(1),
+        change_policy: ChangePolicy::Automatic,
+        approved_plan: None,
+        applied_plan: None,
     }
 }
 
 impl Facts {
-    fn status_id(mut self, id: &str) -> Self {
+    pub(super) fn policy(mut self, policy: ChangePolicy) -> Self {
+        self.change_policy = policy;
+        self
+    }
+    pub(super) fn approving(mut self, hash: &str) -> Self {
+        self.approved_plan = Some(hash.into());
+        self
+    }
+    pub(super) fn applied(mut self, hash: &str) -> Self {
+        self.applied_plan = Some(hash.into());
+        self
+    }
+    pub(super) fn status_id(mut self, id: &str) -> Self {
         self.status_id = Some(id.into());
         self
     }
-    fn external_id(mut self, id: &str) -> Self {
+    pub(super) fn external_id(mut self, id: &str) -> Self {
         self.external_id = Some(id.into());
         self
     }
-    fn deleting(mut self) -> Self {
+    pub(super) fn deleting(mut self) -> Self {
         self.deleting = true;
         self
     }
@@ -48,7 +64,7 @@ impl Facts {
         self.paused = paused;
         self
     }
-    fn orphan(mut self) -> Self {
+    pub(super) fn orphan(mut self) -> Self {
         self.deletion_policy = Setting::Valid(DeletionPolicy::Orphan);
         self
     }
@@ -64,12 +80,12 @@ impl Facts {
         self.recently_synced = Some(left);
         self
     }
-    fn wanting(mut self, desired: PetData) -> Self {
+    pub(super) fn wanting(mut self, desired: PetData) -> Self {
         self.desired = desired;
         self
     }
     /// The store's create says whether the key already named a record.
-    fn create_observes(mut self) -> Self {
+    pub(super) fn create_observes(mut self) -> Self {
         self.create_observes = true;
         self
     }
@@ -82,7 +98,7 @@ fn invalid_policy() -> Setting<DeletionPolicy> {
     }
 }
 
-fn record(id: &str, key: &str, data: PetData) -> Record {
+pub(super) fn record(id: &str, key: &str, data: PetData) -> Record {
     Record {
         id: id.into(),
         key: key.into(),
@@ -90,11 +106,11 @@ fn record(id: &str, key: &str, data: PetData) -> Record {
     }
 }
 
-fn found(by_id: Option<Record>, by_key: Option<Record>) -> Observation {
+pub(super) fn found(by_id: Option<Record>, by_key: Option<Record>) -> Observation {
     Observation::Found(Lookup { by_id, by_key })
 }
 
-fn mine(id: &str) -> Option<Record> {
+pub(super) fn mine(id: &str) -> Option<Record> {
     Some(record(id, UID, PetData::test()))
 }
 

@@ -1,0 +1,191 @@
+//! `kubectl petstore plan -f pets.yaml`: the plan the operator would make
+//! for each Pet in the manifests, before they are applied. It asks the API
+//! server for a server-side dry run (defaults, validation, conversion and
+//! admission applied; nothing stored), reads each Pet's record from the
+//! store, and plans with the operator's own decision step, printing each
+//! plan as `status.plan` holds it. It writes nothing anywhere.
+//!
+//! Exit codes, as `terraform plan -detailed-exitcode`: 0 when no Pet would
+//! change the store, 2 when some would, 1 on an error.
+
+use std::io::Read as _;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use clap::{Parser, Subcommand};
+use kube::api::{Api, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+use petstore_operator::controller::facts_of;
+use petstore_operator::crd::Pet;
+use petstore_operator::decision::{Observation, Plan, Preview, decide, preview};
+use petstore_operator::metrics::Metrics;
+use petstore_operator::store::grpc::GrpcPetStore;
+use petstore_operator::store::{Lookup, PetStore, StoreError};
+use serde_json::Value;
+
+#[derive(Parser)]
+#[command(name = "kubectl-petstore", about = "Pet store tools for kubectl")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print the store writes the operator would make for these Pets,
+    /// without applying them. Exit 0: none; 2: some; 1: an error.
+    Plan {
+        /// A manifest file of Pets (several documents allowed); `-` reads
+        /// standard input.
+        #[arg(short = 'f', long = "filename")]
+        file: String,
+        /// The pet store, as the operator's --petstore-addr.
+        #[arg(long, env = "PETSTORE_ADDR", default_value = "localhost:6742")]
+        petstore_addr: String,
+        /// Namespace for Pets whose manifest names none (default: the
+        /// kubeconfig context's).
+        #[arg(short = 'n', long)]
+        namespace: Option<String>,
+    },
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let Cli {
+        command:
+            Command::Plan {
+                file,
+                petstore_addr,
+                namespace,
+            },
+    } = Cli::parse();
+    match plan(&file, &petstore_addr, namespace).await {
+        Ok(false) => ExitCode::SUCCESS,
+        Ok(true) => ExitCode::from(2),
+        Err(error) => {
+            eprintln!("kubectl petstore plan: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Plans every Pet in `file`; says whether any would write.
+async fn plan(file: &str, petstore_addr: &str, namespace: Option<String>) -> anyhow::Result<bool> {
+    let manifests = read_manifests(file)?;
+    let client = Client::try_default()
+        .await
+        .context("connecting to the API server (KUBECONFIG)")?;
+    let namespace = namespace.unwrap_or_else(|| client.default_namespace().to_owned());
+    let metrics = std::sync::Arc::new(Metrics::default());
+    let store = GrpcPetStore::connect_lazy(petstore_addr, Duration::from_secs(10), None, metrics)
+        .context("the pet store address")?;
+    let mut changes = false;
+    for manifest in manifests {
+        let pet = dry_run(&client, &namespace, &manifest).await?;
+        let preview = plan_pet(&pet, &store).await?;
+        let name = format!("{}/{}", pet.namespace().unwrap_or_default(), pet.name_any());
+        eprintln!("pet {name}: {} (plan {})", preview.summary(), preview.hash);
+        println!("{}", status_plan_json(&preview)?);
+        changes |= !preview.is_empty();
+    }
+    Ok(changes)
+}
+
+/// Every Pet document in the file, as JSON.
+fn read_manifests(file: &str) -> anyhow::Result<Vec<Value>> {
+    let text = if file == "-" {
+        let mut text = String::new();
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .context("reading standard input")?;
+        text
+    } else {
+        std::fs::read_to_string(file).with_context(|| format!("reading {file}"))?
+    };
+    let mut pets = Vec::new();
+    for document in serde_norway::Deserializer::from_str(&text) {
+        let value: Value = serde::Deserialize::deserialize(document)
+            .with_context(|| format!("{file} is not YAML"))?;
+        match value["kind"].as_str() {
+            Some("Pet") => pets.push(value),
+            _ if value.is_null() => {}
+            other => bail!("{file} holds a {other:?}, not a Pet"),
+        }
+    }
+    Ok(pets)
+}
+
+/// The Pet as the API server would store it: a server-side dry-run apply.
+async fn dry_run(client: &Client, namespace: &str, manifest: &Value) -> anyhow::Result<Pet> {
+    let name = manifest["metadata"]["name"]
+        .as_str()
+        .context("a Pet without metadata.name")?;
+    let namespace = manifest["metadata"]["namespace"]
+        .as_str()
+        .unwrap_or(namespace);
+    let api: Api<Pet> = Api::namespaced(client.clone(), namespace);
+    // Forced: the fields belong to whoever applied the Pet before; nothing
+    // is stored either way.
+    let params = PatchParams::apply("kubectl-petstore").force().dry_run();
+    api.patch(name, &params, &Patch::Apply(manifest))
+        .await
+        .with_context(|| format!("server-side dry run of Pet {namespace}/{name}"))
+}
+
+/// The operator's plan for `pet`: the same facts, read and decision as a
+/// reconcile. The finalizer, which precedes every store write, is taken as
+/// written.
+async fn plan_pet(pet: &Pet, store: &GrpcPetStore) -> anyhow::Result<Preview> {
+    let mut pet = pet.clone();
+    // A Pet not created yet has no UID: no record can be keyed by it.
+    pet.metadata
+        .uid
+        .get_or_insert_with(|| "(not created yet)".into());
+    let mut facts = facts_of(&pet)?;
+    facts.has_finalizer = true;
+    let id = facts
+        .external_id
+        .clone()
+        .or_else(|| facts.status_id.clone());
+    let observation = match store.observe(id.as_deref(), &facts.uid).await {
+        Ok(lookup) => Observation::Found(lookup),
+        Err(StoreError::Unimplemented { operation }) => {
+            Observation::StoreLacks { missing: operation }
+        }
+        Err(error) => return Err(error).context("reading the store"),
+    };
+    let observed = match &observation {
+        Observation::Found(lookup) => lookup.clone(),
+        Observation::StoreLacks { .. } => Lookup::default(),
+    };
+    // A paused Pet, or one whose spec the store rejected, plans nothing.
+    let plan = match petstore_operator::decision::first_step(&facts) {
+        petstore_operator::decision::Step::Observe { .. }
+        | petstore_operator::decision::Step::Create => decide(&facts, observation),
+        _ => Plan::Hold {
+            outcome: petstore_operator::status::Outcome::synced(),
+            next: petstore_operator::decision::Next::AwaitChange,
+        },
+    };
+    Ok(preview(&facts, &plan, &observed))
+}
+
+/// As `kubectl get pet -o jsonpath='{.status.plan}'` prints it: the API
+/// server's JSON, keys in order.
+fn status_plan_json(preview: &Preview) -> anyhow::Result<String> {
+    let value = serde_json::to_value(preview.to_status())?;
+    Ok(serde_json::to_string(&sorted(value))?)
+}
+
+fn sorted(value: Value) -> Value {
+    match value {
+        Value::Object(map) => {
+            let mut entries: Vec<(String, Value)> = map.into_iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            Value::Object(entries.into_iter().map(|(k, v)| (k, sorted(v))).collect())
+        }
+        Value::Array(items) => Value::Array(items.into_iter().map(sorted).collect()),
+        other => other,
+    }
+}

@@ -1,0 +1,354 @@
+//! A plan as the list of store writes it makes: what `status.plan` shows a
+//! person and what the reconcile executes. Both read the one list that
+//! [`preview`] makes from [`decide`](super::decide)'s plan, so a plan shown
+//! under `changePolicy: Approve` or `Observe` is exactly what `Automatic`
+//! writes for the same Pet and record. [`gate`] then decides, by the change
+//! policy and the approval, whether the list is written now.
+
+use super::{Cause, Facts, Plan, Story, Target};
+use crate::crd::{APPROVE_PLAN_ANNOTATION, ChangePolicy, PlanStatus, PlannedAction, PlannedChange};
+use crate::status::{Outcome, Reason};
+use crate::store::{Changes, Field, FieldChange, Lookup, PetData, Record};
+
+/// A write to the store: the `action` label of `store_actions_total`, the
+/// change log's `action`, and a plan's `actions[].action`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StoreAction {
+    Create,
+    /// A create in place of a record that vanished from the store.
+    Recreate,
+    Update,
+    /// Adoption: the record's key set from empty to the Pet's UID.
+    Claim,
+    /// Orphan: the record's key cleared.
+    Release,
+    Delete,
+}
+
+impl StoreAction {
+    pub const fn label(self) -> &'static str {
+        match self {
+            StoreAction::Create => "create",
+            StoreAction::Recreate => "recreate",
+            StoreAction::Update => "update",
+            StoreAction::Claim => "claim",
+            StoreAction::Release => "release",
+            StoreAction::Delete => "delete",
+        }
+    }
+
+    /// For the change log: "store record created".
+    pub const fn past_tense(self) -> &'static str {
+        match self {
+            StoreAction::Create => "created",
+            StoreAction::Recreate => "recreated",
+            StoreAction::Update => "updated",
+            StoreAction::Claim => "claimed",
+            StoreAction::Release => "released",
+            StoreAction::Delete => "deleted",
+        }
+    }
+}
+
+/// One store write of a plan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Write {
+    pub action: StoreAction,
+    /// The record written; `None` for a create, whose ID the store mints.
+    pub record: Option<String>,
+    /// Each field's value before and after, as the change log tells it.
+    pub changes: Changes,
+}
+
+/// A plan's store writes, in the order they are made, and what identifies
+/// them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Preview {
+    pub writes: Vec<Write>,
+    /// Why the writes would be made; `None` when there are none.
+    pub cause: Option<Cause>,
+    /// The metadata.generation the plan was made for.
+    pub generation: Option<i64>,
+    /// Identifies these writes against this generation and the records as
+    /// read: a change to the spec or to the record gives another hash.
+    pub hash: String,
+}
+
+/// The writes `plan` makes; `observed` is the store as read for it.
+pub fn preview(facts: &Facts, plan: &Plan, observed: &Lookup) -> Preview {
+    let uid = facts.uid.as_str();
+    let (writes, story) = match plan {
+        Plan::Hold { .. } => (Vec::new(), None),
+        Plan::Sync(sync) => {
+            let mut writes = Vec::new();
+            match &sync.target {
+                Target::Existing(id) => {
+                    if sync.claim {
+                        writes.push(Write {
+                            action: StoreAction::Claim,
+                            record: Some(id.clone()),
+                            changes: key_change("", uid),
+                        });
+                    }
+                    if sync.update {
+                        let changes = match find(observed, id) {
+                            Some(record) => record.data.changes_to(&facts.desired),
+                            None => created_fields(&facts.desired),
+                        };
+                        writes.push(Write {
+                            action: StoreAction::Update,
+                            record: Some(id.clone()),
+                            changes,
+                        });
+                    }
+                }
+                Target::Create => {
+                    let mut changes = created_fields(&facts.desired);
+                    let action = match &sync.story {
+                        Story::Recreated { lost } => {
+                            changes.0.insert(
+                                0,
+                                FieldChange {
+                                    field: Field::Record,
+                                    from: "(none)".into(),
+                                    to: format!("{lost} recreated"),
+                                },
+                            );
+                            StoreAction::Recreate
+                        }
+                        _ => StoreAction::Create,
+                    };
+                    writes.push(Write {
+                        action,
+                        record: None,
+                        changes,
+                    });
+                }
+            }
+            (writes, Some(&sync.story))
+        }
+        Plan::Finish(finish) => {
+            let mut writes = Vec::new();
+            if let Some(id) = &finish.release {
+                writes.push(Write {
+                    action: StoreAction::Release,
+                    record: Some(id.clone()),
+                    changes: key_change(uid, ""),
+                });
+            }
+            if let Some(id) = &finish.delete {
+                writes.push(Write {
+                    action: StoreAction::Delete,
+                    record: Some(id.clone()),
+                    changes: Changes(vec![FieldChange {
+                        field: Field::Record,
+                        from: id.clone(),
+                        to: "(none)".into(),
+                    }]),
+                });
+            }
+            (writes, Some(&finish.story))
+        }
+    };
+    let cause = story.filter(|_| !writes.is_empty()).map(|s| s.cause(facts));
+    let hash = plan_hash(facts, &writes, cause, observed);
+    Preview {
+        writes,
+        cause,
+        generation: facts.generation,
+        hash,
+    }
+}
+
+fn find<'a>(observed: &'a Lookup, id: &str) -> Option<&'a Record> {
+    [&observed.by_id, &observed.by_key]
+        .into_iter()
+        .flatten()
+        .find(|record| record.id == id)
+}
+
+/// FNV-1a, 64 bits, over a canonical text of the plan: stable across
+/// builds and platforms (std's hasher promises neither), so a hash shown
+/// by one operator is approved against another, and short enough to type.
+fn plan_hash(facts: &Facts, writes: &[Write], cause: Option<Cause>, observed: &Lookup) -> String {
+    let mut text = format!(
+        "generation={:?};uid={};cause={};",
+        facts.generation,
+        facts.uid,
+        cause.map_or("none", Cause::as_str)
+    );
+    for write in writes {
+        text.push_str(&format!(
+            "write={},{},{};",
+            write.action.label(),
+            write.record.as_deref().unwrap_or(""),
+            write.changes
+        ));
+    }
+    for record in [&observed.by_id, &observed.by_key].into_iter().flatten() {
+        let PetData {
+            name,
+            pet_type,
+            birthday,
+        } = &record.data;
+        text.push_str(&format!(
+            "record={},{:?},{name:?},{},{birthday};",
+            record.id,
+            record.key,
+            pet_type.as_str()
+        ));
+    }
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in text.bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{hash:016x}")
+}
+
+impl Preview {
+    /// Whether the plan writes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.writes.is_empty()
+    }
+
+    /// One line for `kubectl get pets`: `none`, `create`, `update
+    /// name,type`, `claim, update name`, `release`, `delete`.
+    pub fn summary(&self) -> String {
+        if self.writes.is_empty() {
+            return "none".into();
+        }
+        self.writes
+            .iter()
+            .map(|write| match write.action {
+                StoreAction::Update => {
+                    let fields: Vec<&str> = write.changes.fields().map(Field::as_str).collect();
+                    format!("update {}", fields.join(","))
+                }
+                StoreAction::Recreate => "create".into(),
+                action => action.label().into(),
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// Each write and its fields, for a condition or an Event.
+    pub fn describe(&self) -> String {
+        self.writes
+            .iter()
+            .map(|write| {
+                let record = write
+                    .record
+                    .as_deref()
+                    .map_or_else(|| "a new record".to_owned(), |id| format!("record {id}"));
+                format!("{} {record} ({})", write.action.label(), write.changes)
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
+    /// As `status.plan` shows it.
+    pub fn to_status(&self) -> PlanStatus {
+        PlanStatus {
+            hash: self.hash.clone(),
+            summary: self.summary(),
+            cause: self.cause.map_or("none", Cause::as_str).to_owned(),
+            generation: self.generation,
+            actions: self
+                .writes
+                .iter()
+                .map(|write| PlannedAction {
+                    action: write.action.label().to_owned(),
+                    record_id: write.record.clone(),
+                    changes: write
+                        .changes
+                        .0
+                        .iter()
+                        .map(|change| PlannedChange {
+                            field: change.field.as_str().to_owned(),
+                            from: change.from.clone(),
+                            to: change.to.clone(),
+                        })
+                        .collect(),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Whether a plan is written now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Gate {
+    /// Write it; `approved` is the approval it uses up, if any.
+    Apply { approved: Option<String> },
+    /// Write nothing: show the plan and `outcome`. `stale` is an approval
+    /// that names another plan than this one.
+    Show {
+        outcome: Outcome,
+        stale: Option<String>,
+    },
+}
+
+/// By the change policy: `Automatic` writes every plan; `Approve` writes a
+/// plan whose hash the annotation names, once; `Observe` never writes. A
+/// plan that writes nothing is always "applied" (the status is brought in
+/// line).
+pub fn gate(facts: &Facts, preview: &Preview) -> Gate {
+    if preview.is_empty() || facts.change_policy == ChangePolicy::Automatic {
+        return Gate::Apply { approved: None };
+    }
+    let what = preview.describe();
+    if facts.change_policy == ChangePolicy::Observe {
+        return Gate::Show {
+            outcome: Outcome::failed(
+                Reason::RecordDiffers,
+                format!(
+                    "changePolicy is Observe, so nothing is written; bringing the store in line would {what}"
+                ),
+            ),
+            stale: None,
+        };
+    }
+    let used = |hash: &str| facts.applied_plan.as_deref() == Some(hash);
+    match facts.approved_plan.as_deref() {
+        Some(hash) if hash == preview.hash && !used(hash) => Gate::Apply {
+            approved: Some(hash.to_owned()),
+        },
+        approved => Gate::Show {
+            outcome: Outcome::failed(
+                Reason::PlanPending,
+                format!(
+                    "changePolicy is Approve: plan {} waits for approval: {what}. Approve it with the annotation {APPROVE_PLAN_ANNOTATION}={}",
+                    preview.hash, preview.hash
+                ),
+            ),
+            stale: approved.filter(|hash| !used(hash)).map(str::to_owned),
+        },
+    }
+}
+
+/// A new record's fields, each from nothing.
+pub fn created_fields(data: &PetData) -> Changes {
+    let new = |field, to: String| FieldChange {
+        field,
+        from: "(none)".into(),
+        to,
+    };
+    Changes(vec![
+        new(Field::Name, format!("{:?}", data.name)),
+        new(Field::Type, data.pet_type.as_str().to_owned()),
+        new(Field::Birthday, data.birthday.to_string()),
+    ])
+}
+
+/// An ownership change: the record's idempotency key.
+pub fn key_change(from: &str, to: &str) -> Changes {
+    Changes(vec![FieldChange {
+        field: Field::Key,
+        from: format!("{from:?}"),
+        to: format!("{to:?}"),
+    }])
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,313 @@
+//! The plan a person sees, and whether it is written: one table per step,
+//! each case named for its reason, and a property that the plan shown
+//! under Approve or Observe is the one Automatic writes.
+
+use proptest::prelude::*;
+
+use super::super::tests::{facts, found, mine, record};
+use super::*;
+use crate::crd::{ChangePolicy, PetType};
+use crate::decision::{Observation, Step, decide, first_step};
+use crate::status::Reason;
+use crate::store::Lookup;
+
+const UID: &str = "uid-thor";
+
+fn lookup(observation: &Observation) -> Lookup {
+    match observation {
+        Observation::Found(lookup) => lookup.clone(),
+        Observation::StoreLacks { .. } => Lookup::default(),
+    }
+}
+
+/// The writes a decision makes.
+fn planned(facts: &Facts, observation: Observation) -> Preview {
+    let observed = lookup(&observation);
+    preview(facts, &decide(facts, observation), &observed)
+}
+
+fn approve(facts: Facts) -> Facts {
+    facts.policy(ChangePolicy::Approve)
+}
+
+#[test]
+fn preview_table() {
+    let cases: Vec<(&str, Facts, Observation, &str)> = vec![
+        ("a new Pet creates", facts(), found(None, None), "create"),
+        (
+            "a record in line writes nothing",
+            facts().status_id("a"),
+            found(mine("a"), mine("a")),
+            "none",
+        ),
+        (
+            "a spec edit names the fields it changes",
+            facts()
+                .status_id("a")
+                .wanting(PetData::named("Thorbert").of_type(PetType::Cat)),
+            found(mine("a"), mine("a")),
+            "update name,type",
+        ),
+        (
+            "adopting a keyless record that differs claims it, then updates",
+            facts().external_id("x").wanting(PetData::named("Thorbert")),
+            found(Some(record("x", "", PetData::test())), None),
+            "claim, update name",
+        ),
+        (
+            "a vanished record is created again",
+            facts().status_id("gone"),
+            found(None, None),
+            "create",
+        ),
+        (
+            "deleting deletes the Pet's record",
+            facts().deleting(),
+            found(None, mine("a")),
+            "delete",
+        ),
+        (
+            "deleting with Orphan releases it",
+            facts().deleting().orphan(),
+            found(None, mine("a")),
+            "release",
+        ),
+        (
+            "deleting in Observe leaves the record alone",
+            facts().deleting().policy(ChangePolicy::Observe),
+            found(None, mine("a")),
+            "none",
+        ),
+        (
+            "a record owned elsewhere is held, not written",
+            facts().external_id("x"),
+            found(Some(record("x", "uid-loki", PetData::test())), None),
+            "none",
+        ),
+    ];
+    for (name, facts, observation, summary) in cases {
+        assert_eq!(planned(&facts, observation).summary(), summary, "{name}");
+    }
+}
+
+#[test]
+fn the_diff_shows_each_field_as_the_record_holds_it_and_as_the_spec_asks() {
+    let facts = facts().status_id("a").wanting(PetData::named("Thorbert"));
+    let plan = planned(&facts, found(mine("a"), mine("a"))).to_status();
+    assert_eq!(plan.summary, "update name");
+    assert_eq!(plan.cause, "drift");
+    assert_eq!(plan.generation, Some(1));
+    assert_eq!(plan.actions.len(), 1);
+    let action = &plan.actions[0];
+    let change = &action.changes[0];
+    assert_eq!(
+        (
+            action.action.as_str(),
+            action.record_id.as_deref(),
+            change.field.as_str(),
+            change.from.as_str(),
+            change.to.as_str()
+        ),
+        ("update", Some("a"), "name", "\"Thor\"", "\"Thorbert\"")
+    );
+}
+
+#[test]
+fn the_hash_changes_with_the_generation_and_with_the_record() {
+    let facts = facts().status_id("a").wanting(PetData::named("Thorbert"));
+    let base = planned(&facts, found(mine("a"), mine("a")));
+    assert_eq!(base.hash.len(), 16);
+    assert!(
+        base.hash
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    );
+    assert_eq!(
+        planned(&facts, found(mine("a"), mine("a"))).hash,
+        base.hash,
+        "the same plan has the same hash"
+    );
+    let mut next_generation = facts.clone();
+    next_generation.generation = Some(2);
+    assert_ne!(
+        planned(&next_generation, found(mine("a"), mine("a"))).hash,
+        base.hash,
+        "another generation"
+    );
+    let edited = Some(record("a", UID, PetData::test().born(2019, 1, 1)));
+    assert_ne!(
+        planned(&facts, found(edited.clone(), edited)).hash,
+        base.hash,
+        "the record changed out of band"
+    );
+}
+
+#[test]
+fn gate_table() {
+    let pending = planned(
+        &facts().status_id("a").wanting(PetData::named("Thorbert")),
+        found(mine("a"), mine("a")),
+    );
+    let hash = pending.hash.clone();
+    let nothing = planned(&facts().status_id("a"), found(mine("a"), mine("a")));
+    // Ok(approval used) when written; Err((reason shown, stale approval)).
+    type Expected = Result<Option<String>, (Reason, Option<String>)>;
+    let stale = "0123456789abcdef".to_owned();
+    let cases: Vec<(&str, Facts, &Preview, Expected)> = vec![
+        (
+            "Automatic writes without approval",
+            facts(),
+            &pending,
+            Ok(None),
+        ),
+        (
+            "Approve without an approval shows the plan",
+            approve(facts()),
+            &pending,
+            Err((Reason::PlanPending, None)),
+        ),
+        (
+            "Approve with this plan's hash writes it and uses the approval",
+            approve(facts()).approving(&hash),
+            &pending,
+            Ok(Some(hash.clone())),
+        ),
+        (
+            "Approve with another plan's hash writes nothing and calls it stale",
+            approve(facts()).approving(&stale),
+            &pending,
+            Err((Reason::PlanPending, Some(stale.clone()))),
+        ),
+        (
+            "an approval already used is not used again, and not called stale",
+            approve(facts()).approving(&hash).applied(&hash),
+            &pending,
+            Err((Reason::PlanPending, None)),
+        ),
+        (
+            "Observe never writes, approved or not",
+            facts().policy(ChangePolicy::Observe).approving(&hash),
+            &pending,
+            Err((Reason::RecordDiffers, None)),
+        ),
+        (
+            "a plan that writes nothing needs no approval",
+            approve(facts()),
+            &nothing,
+            Ok(None),
+        ),
+        (
+            "Observe with nothing to write is in line",
+            facts().policy(ChangePolicy::Observe),
+            &nothing,
+            Ok(None),
+        ),
+    ];
+    for (name, facts, preview, expected) in cases {
+        let got = match gate(&facts, preview) {
+            Gate::Apply { approved } => Ok(approved),
+            Gate::Show { outcome, stale } => {
+                assert!(
+                    outcome.message.contains("update record a"),
+                    "{name}: {}",
+                    outcome.message
+                );
+                Err((outcome.synced_reason(), stale))
+            }
+        };
+        assert_eq!(got, expected, "{name}");
+    }
+}
+
+#[test]
+fn only_automatic_creates_before_reading() {
+    let new_pet = facts().create_observes();
+    assert_eq!(first_step(&new_pet), Step::Create);
+    for policy in [ChangePolicy::Approve, ChangePolicy::Observe] {
+        assert_eq!(
+            first_step(&new_pet.clone().policy(policy)),
+            Step::Observe { id: None },
+            "{policy:?}"
+        );
+    }
+}
+
+fn arb_data() -> impl Strategy<Value = PetData> {
+    (
+        prop::sample::select(vec!["Thor", "Thorbert", "Loki"]),
+        prop::sample::select(vec![PetType::Dog, PetType::Cat]),
+        1..3u32,
+    )
+        .prop_map(|(name, pet_type, day)| PetData::named(name).of_type(pet_type).born(2021, 4, day))
+}
+
+fn arb_record(id: &'static str) -> impl Strategy<Value = Option<Record>> {
+    prop::option::of((prop::sample::select(vec![UID, "", "uid-loki"]), arb_data()))
+        .prop_map(move |r| r.map(|(key, data)| record(id, key, data)))
+}
+
+fn arb_facts() -> impl Strategy<Value = Facts> {
+    (
+        arb_data(),
+        any::<bool>(),
+        any::<bool>(),
+        prop::option::of(prop::sample::select(vec!["a", "x"])),
+        prop::option::of(prop::sample::select(vec!["a", "gone"])),
+        1..4i64,
+    )
+        .prop_map(
+            |(desired, deleting, orphan, external, status, generation)| {
+                let mut facts = facts().wanting(desired);
+                facts.deleting = deleting;
+                if orphan {
+                    facts = facts.orphan();
+                }
+                facts.external_id = external.map(str::to_owned);
+                facts.status_id = status.map(str::to_owned);
+                facts.generation = Some(generation);
+                facts
+            },
+        )
+}
+
+proptest! {
+    /// For any spec, records, annotations and deletion state: the plan
+    /// shown under Approve is, write for write, what Automatic writes, and
+    /// approving its hash writes exactly it; Observe shows the same writes
+    /// and writes none, and a Pet going in Observe plans none at all.
+    #[test]
+    fn the_plan_shown_is_the_plan_automatic_writes(
+        facts in arb_facts(),
+        by_id in arb_record("a"),
+        by_key in arb_record("k"),
+    ) {
+        // The lookup by key only ever returns a record with that key.
+        let by_key = by_key.map(|mut r| {
+            r.key = UID.into();
+            r
+        });
+        let observation = || found(by_id.clone(), by_key.clone());
+        let automatic = planned(&facts, observation());
+        prop_assert_eq!(gate(&facts, &automatic), Gate::Apply { approved: None });
+
+        let approving = approve(facts.clone());
+        let shown = planned(&approving, observation());
+        prop_assert_eq!(&shown.writes, &automatic.writes);
+        let approved = approving.approving(&shown.hash);
+        let used = (!shown.is_empty()).then(|| shown.hash.clone());
+        prop_assert_eq!(
+            gate(&approved, &planned(&approved, observation())),
+            Gate::Apply { approved: used }
+        );
+
+        let observing = facts.clone().policy(ChangePolicy::Observe);
+        let observed = planned(&observing, observation());
+        if facts.deleting {
+            prop_assert!(observed.is_empty());
+        } else {
+            prop_assert_eq!(&observed.writes, &automatic.writes);
+        }
+        let writes = matches!(gate(&observing, &observed), Gate::Apply { .. });
+        prop_assert_eq!(writes, observed.is_empty());
+    }
+}

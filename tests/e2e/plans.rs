@@ -1,0 +1,315 @@
+//! Change policies on the real API server and store, counted by the
+//! store's own write RPCs: a Pet in `Approve` shows its plan and writes
+//! nothing through two audits, refuses a wrong or stale approval, writes
+//! exactly the approved plan once, and shows a new plan for a spec edit; a
+//! Pet in `Observe` adopts nothing, shows what differs, shows an
+//! out-of-band edit within seconds without reverting it, and switched to
+//! `Automatic` writes exactly the plan it showed.
+
+use std::time::{Duration, Instant};
+
+use fixtures::env::condition;
+use fixtures::{Env, Storage, Tools, cargo_bin, wait_for};
+use serde_json::Value;
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+const APPROVE_PLAN: &str = "petstore.example.com/approve-plan";
+/// The audit's interval here: "nothing for two audits" is then 2 × this.
+const AUDIT: &str = "2s";
+const TWO_AUDITS: Duration = Duration::from_secs(5);
+/// The change feed shows an out-of-band edit within about a second; one
+/// sample on a shared machine gets some room, far below any audit or poll.
+const SHOWN_WITHIN: Duration = Duration::from_secs(3);
+
+fn pet_yaml(name: &str, spec: &str, annotations: &[(&str, &str)]) -> String {
+    let mut yaml = format!(
+        "apiVersion: petstore.example.com/v1\nkind: Pet\nmetadata:\n  name: {name}\n  namespace: default\n"
+    );
+    if !annotations.is_empty() {
+        yaml.push_str("  annotations:\n");
+        for (key, value) in annotations {
+            yaml.push_str(&format!("    {key}: \"{value}\"\n"));
+        }
+    }
+    yaml.push_str(&format!("spec: {spec}\n"));
+    yaml
+}
+
+fn plan(env: &Env, name: &str) -> Option<Value> {
+    let pet = env.pet("default", name).ok()?;
+    let plan = pet["status"]["plan"].clone();
+    (!plan.is_null()).then_some(plan)
+}
+
+/// Waits for a plan with this summary, other than `not` (a hash); returns it.
+fn wait_plan(env: &Env, name: &str, summary: &str, not: Option<&str>) -> fixtures::Result<Value> {
+    wait_for(TIMEOUT, &format!("{name}'s plan: {summary}"), || {
+        plan(env, name)
+            .filter(|p| p["summary"] == summary && not.is_none_or(|hash| p["hash"] != hash))
+    })
+}
+
+fn hash(plan: &Value) -> String {
+    plan["hash"].as_str().unwrap_or_default().to_owned()
+}
+
+fn annotate(env: &Env, name: &str, key: &str, value: &str) -> fixtures::Result<String> {
+    env.cp.kubectl(&[
+        "annotate",
+        "pet",
+        name,
+        "-n",
+        "default",
+        "--overwrite",
+        &format!("{key}={value}"),
+    ])
+}
+
+fn record(env: &Env, id: &str) -> fixtures::Result<Value> {
+    let found = env.store.grpcurl(
+        "petstore.PetStore/GetPets",
+        &format!(r#"{{"ids":["{id}"]}}"#),
+    )?;
+    Ok(found
+        .first()
+        .and_then(|reply| reply["pets"].get(0))
+        .cloned()
+        .unwrap_or(Value::Null))
+}
+
+fn update_record(
+    env: &Env,
+    id: &str,
+    name: &str,
+    pet_type: &str,
+    year: u32,
+) -> fixtures::Result<()> {
+    env.store.grpcurl(
+        "petstore.PetStore/UpdatePets",
+        &format!(
+            r#"{{"pets":[{{"id":"{id}","name":"{name}","type":"{pet_type}","birthday":{{"year":{year},"month":3,"day":1}}}}]}}"#
+        ),
+    )?;
+    Ok(())
+}
+
+/// `kubectl petstore plan -f <manifest>`, through kubectl's plugin lookup
+/// on PATH, as a user runs it: its exit code and its standard output.
+fn kubectl_petstore_plan(env: &Env, manifest: &str) -> fixtures::Result<(Option<i32>, String)> {
+    let dir = tempfile::tempdir().map_err(fixtures::io("making a temporary directory"))?;
+    let file = dir.path().join("pets.yaml");
+    std::fs::write(&file, manifest).map_err(fixtures::io("writing the manifest"))?;
+    let plugin = cargo_bin("kubectl-petstore")?;
+    let plugin_dir = plugin.parent().unwrap_or(std::path::Path::new("."));
+    let path = std::env::join_paths(std::iter::once(plugin_dir.to_path_buf()).chain(
+        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
+    ))
+    .map_err(|e| fixtures::io("PATH")(std::io::Error::other(e)))?;
+    let output = std::process::Command::new(Tools::get()?.kubectl())
+        .env("KUBECONFIG", &env.cp.kubeconfig)
+        .env("PATH", path)
+        .args(["petstore", "plan", "--petstore-addr", &env.store.addr, "-f"])
+        .arg(&file)
+        .output()
+        .map_err(fixtures::io("running kubectl petstore plan"))?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.code() != Some(1),
+        "kubectl petstore plan failed: {stderr}"
+    );
+    Ok((
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+    ))
+}
+
+fn reason(pet: &Value, type_: &str) -> String {
+    condition(pet, type_)
+        .and_then(|c| c["reason"].as_str())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[test]
+fn approve_writes_only_the_approved_plan_once() -> fixtures::Result<()> {
+    let env = Env::start(Storage::Durable)?;
+    let mut options = env.operator_options("operator");
+    options
+        .extra_args
+        .extend(["--audit-interval".into(), AUDIT.into()]);
+    let _operator = env.start_operator_with(&options)?;
+    let writes = || env.store.writes();
+    let start = writes()?;
+
+    // A new Pet in Approve: a create plan, and nothing written for two
+    // audits.
+    env.cp.apply(&pet_yaml(
+        "rex",
+        r#"{name: Rex, type: dog, birthday: "2022-03-01", changePolicy: Approve}"#,
+        &[],
+    ))?;
+    let create = wait_plan(&env, "rex", "create", None)?;
+    assert_eq!(create["cause"], "new_pet");
+    let listed = env.cp.kubectl(&["get", "pet", "rex", "-n", "default"])?;
+    assert!(
+        listed.contains("PLAN") && listed.contains("create"),
+        "{listed}"
+    );
+    std::thread::sleep(TWO_AUDITS);
+    let pet = env.pet("default", "rex")?;
+    assert_eq!(reason(&pet, "Ready"), "PlanPending", "{pet}");
+    assert_eq!(
+        pet["status"]["plan"]["hash"], create["hash"],
+        "the plan held still"
+    );
+    assert_eq!(writes()?, start, "written before approval");
+
+    // A wrong hash writes nothing, and is called stale.
+    annotate(&env, "rex", APPROVE_PLAN, "0123456789abcdef")?;
+    env.wait_event("ApprovalStale/rex", TIMEOUT)?;
+    assert_eq!(writes()?, start, "written on a wrong hash");
+
+    // The right hash writes exactly the create.
+    annotate(&env, "rex", APPROVE_PLAN, &hash(&create))?;
+    let id = env.wait_ready("default", "rex", TIMEOUT)?;
+    assert_eq!(writes()?, start + 1.0, "one AddPets");
+    let pet = env.pet("default", "rex")?;
+    assert_eq!(pet["status"]["appliedPlan"], create["hash"]);
+    assert!(pet["status"]["plan"].is_null(), "{pet}");
+
+    // A spec edit makes a new plan; the spent approval does not apply it.
+    env.rename("default", "rex", "Rexford")?;
+    let rename = wait_plan(&env, "rex", "update name", None)?;
+    assert_eq!(rename["cause"], "spec_change");
+
+    // The plugin, for the Pet as it stands: the very plan in its status,
+    // byte for byte, and exit code 2 (a change would be made).
+    let rexford = pet_yaml(
+        "rex",
+        r#"{name: Rexford, type: dog, birthday: "2022-03-01", changePolicy: Approve}"#,
+        &[],
+    );
+    let (code, printed) = kubectl_petstore_plan(&env, &rexford)?;
+    let shown = env.cp.kubectl(&[
+        "get",
+        "pet",
+        "rex",
+        "-n",
+        "default",
+        "-o",
+        "jsonpath={.status.plan}",
+    ])?;
+    assert_eq!(code, Some(2), "{printed}");
+    assert_eq!(printed.trim_end(), shown.trim_end());
+    // A Pet not created yet: a create, and nothing written anywhere.
+    let fido = pet_yaml(
+        "fido",
+        r#"{name: Fido, type: dog, birthday: "2023-01-01"}"#,
+        &[],
+    );
+    let (code, printed) = kubectl_petstore_plan(&env, &fido)?;
+    assert_eq!(code, Some(2), "{printed}");
+    assert!(printed.contains(r#""summary":"create""#), "{printed}");
+    assert!(
+        env.pet("default", "fido").is_err(),
+        "the plugin created fido"
+    );
+    std::thread::sleep(TWO_AUDITS);
+    assert_eq!(record(&env, &id)?["name"], "Rex");
+    assert_eq!(writes()?, start + 1.0, "written without a new approval");
+
+    // An out-of-band edit while the plan waits: a new plan, and the
+    // approval of the old one is stale.
+    update_record(&env, &id, "Rex", "PTCanine", 2020)?;
+    let both = wait_plan(&env, "rex", "update name,birthday", None)?;
+    let after_edit = start + 2.0;
+    annotate(&env, "rex", APPROVE_PLAN, &hash(&rename))?;
+    std::thread::sleep(TWO_AUDITS);
+    assert_eq!(writes()?, after_edit, "a stale approval was written");
+    assert_eq!(plan(&env, "rex").map(|p| hash(&p)), Some(hash(&both)));
+
+    // Its own hash writes it: one UpdatePets with both fields.
+    annotate(&env, "rex", APPROVE_PLAN, &hash(&both))?;
+    env.wait_ready("default", "rex", TIMEOUT)?;
+    let record = record(&env, &id)?;
+    assert_eq!(record["name"], "Rexford");
+    assert_eq!(record["birthday"]["year"], 2022);
+    assert_eq!(writes()?, after_edit + 1.0, "one UpdatePets");
+
+    // In line: the plugin plans nothing and exits 0.
+    let (code, printed) = kubectl_petstore_plan(&env, &rexford)?;
+    assert_eq!(code, Some(0), "{printed}");
+    assert!(printed.contains(r#""summary":"none""#), "{printed}");
+    assert_eq!(writes()?, after_edit + 1.0, "the plugin wrote");
+    Ok(())
+}
+
+#[test]
+fn observe_shows_drift_without_reverting_it_and_automatic_applies_the_plan() -> fixtures::Result<()>
+{
+    let env = Env::start(Storage::Durable)?;
+    let _operator = env.start_operator("operator")?;
+    let writes = || env.store.writes();
+
+    // A record made outside Kubernetes, then a Pet in Observe naming it.
+    let added = env.store.grpcurl(
+        "petstore.PetStore/AddPets",
+        r#"{"pets":[{"name":"Old Tom","type":"PTFeline","birthday":{"year":2015,"month":3,"day":1}}]}"#,
+    )?;
+    let id = added
+        .first()
+        .and_then(|reply| reply["pets"][0]["id"].as_str())
+        .expect("AddPets returns the new record's ID")
+        .to_owned();
+    let start = writes()?;
+    env.cp.apply(&pet_yaml(
+        "tom",
+        r#"{name: Tom, type: cat, birthday: "2015-03-01", changePolicy: Observe}"#,
+        &[("petstore.example.com/external-id", &id)],
+    ))?;
+    let adopt = wait_plan(&env, "tom", "claim, update name", None)?;
+    assert_eq!(adopt["cause"], "adoption");
+    let rename = &adopt["actions"][1]["changes"][0];
+    assert_eq!(
+        (&rename["field"], &rename["from"], &rename["to"]),
+        (&"name".into(), &"\"Old Tom\"".into(), &"\"Tom\"".into()),
+        "{adopt}"
+    );
+    assert_eq!(
+        reason(&env.pet("default", "tom")?, "Ready"),
+        "RecordDiffers"
+    );
+
+    // An out-of-band edit shows up as a plan within seconds, and stays.
+    update_record(&env, &id, "Older Tom", "PTFeline", 2015)?;
+    let edited = Instant::now();
+    let shown = wait_for(TIMEOUT, "the edit in tom's plan", || {
+        plan(&env, "tom").filter(|p| p["actions"][1]["changes"][0]["from"] == "\"Older Tom\"")
+    })?;
+    let took = edited.elapsed();
+    assert!(took < SHOWN_WITHIN, "the edit was shown after {took:?}");
+    // Even approved, Observe writes nothing.
+    annotate(&env, "tom", APPROVE_PLAN, &hash(&shown))?;
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(writes()?, start + 1.0, "only the test's own UpdatePets");
+    assert_eq!(record(&env, &id)?["name"], "Older Tom");
+
+    // Automatic applies exactly the plan shown: a claim and an update.
+    env.patch_spec("default", "tom", r#"{"changePolicy":"Automatic"}"#)?;
+    env.wait_ready("default", "tom", TIMEOUT)?;
+    let record = record(&env, &id)?;
+    assert_eq!(record["name"], "Tom");
+    assert_eq!(writes()?, start + 3.0, "SetIdempotencyKeys and UpdatePets");
+
+    // In line: Observe, then Automatic again, costs no write.
+    env.patch_spec("default", "tom", r#"{"changePolicy":"Observe"}"#)?;
+    env.patch_spec("default", "tom", r#"{"changePolicy":"Automatic"}"#)?;
+    env.wait_ready("default", "tom", TIMEOUT)?;
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        writes()?,
+        start + 3.0,
+        "a switch with nothing to change wrote"
+    );
+    Ok(())
+}
