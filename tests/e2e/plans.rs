@@ -1,10 +1,13 @@
 //! Change policies on the real API server and store, counted by the
 //! store's own write RPCs: a Pet in `Approve` shows its plan and writes
 //! nothing through two audits, refuses a wrong or stale approval, writes
-//! exactly the approved plan once, and shows a new plan for a spec edit; a
+//! exactly the approved plan once, shows a new plan for a spec edit, and
+//! waits to be deleted until its delete plan is approved; the kubectl
+//! plugin prints the same plan before anything is applied; a
 //! Pet in `Observe` adopts nothing, shows what differs, shows an
 //! out-of-band edit within seconds without reverting it, and switched to
-//! `Automatic` writes exactly the plan it showed.
+//! `Automatic` writes exactly the plan it showed; deleted in `Observe`, it
+//! leaves its record untouched.
 
 use std::time::{Duration, Instant};
 
@@ -231,9 +234,9 @@ fn approve_writes_only_the_approved_plan_once() -> fixtures::Result<()> {
     // Its own hash writes it: one UpdatePets with both fields.
     annotate(&env, "rex", APPROVE_PLAN, &hash(&both))?;
     env.wait_ready("default", "rex", TIMEOUT)?;
-    let record = record(&env, &id)?;
-    assert_eq!(record["name"], "Rexford");
-    assert_eq!(record["birthday"]["year"], 2022);
+    let stored = record(&env, &id)?;
+    assert_eq!(stored["name"], "Rexford");
+    assert_eq!(stored["birthday"]["year"], 2022);
     assert_eq!(writes()?, after_edit + 1.0, "one UpdatePets");
 
     // In line: the plugin plans nothing and exits 0.
@@ -241,6 +244,27 @@ fn approve_writes_only_the_approved_plan_once() -> fixtures::Result<()> {
     assert_eq!(code, Some(0), "{printed}");
     assert!(printed.contains(r#""summary":"none""#), "{printed}");
     assert_eq!(writes()?, after_edit + 1.0, "the plugin wrote");
+
+    // Deleted in Approve: the Pet waits with a delete plan until that is
+    // approved too.
+    env.cp
+        .kubectl(&["delete", "pet", "rex", "-n", "default", "--wait=false"])?;
+    let delete = wait_plan(&env, "rex", "delete", None)?;
+    assert_eq!(delete["cause"], "deletion");
+    std::thread::sleep(TWO_AUDITS);
+    assert!(env.pet("default", "rex").is_ok(), "gone without approval");
+    assert_eq!(
+        record(&env, &id)?["id"],
+        id.as_str(),
+        "deleted without approval"
+    );
+    annotate(&env, "rex", APPROVE_PLAN, &hash(&delete))?;
+    env.wait_gone("default", "rex", TIMEOUT)?;
+    assert!(
+        record(&env, &id)?.is_null(),
+        "the record outlived its approved delete"
+    );
+    assert_eq!(writes()?, after_edit + 2.0, "one DeletePets");
     Ok(())
 }
 
@@ -297,8 +321,7 @@ fn observe_shows_drift_without_reverting_it_and_automatic_applies_the_plan() -> 
     // Automatic applies exactly the plan shown: a claim and an update.
     env.patch_spec("default", "tom", r#"{"changePolicy":"Automatic"}"#)?;
     env.wait_ready("default", "tom", TIMEOUT)?;
-    let record = record(&env, &id)?;
-    assert_eq!(record["name"], "Tom");
+    assert_eq!(record(&env, &id)?["name"], "Tom");
     assert_eq!(writes()?, start + 3.0, "SetIdempotencyKeys and UpdatePets");
 
     // In line: Observe, then Automatic again, costs no write.
@@ -311,5 +334,17 @@ fn observe_shows_drift_without_reverting_it_and_automatic_applies_the_plan() -> 
         start + 3.0,
         "a switch with nothing to change wrote"
     );
+
+    // Deleted in Observe: the Pet goes, its record stays as it was.
+    env.patch_spec("default", "tom", r#"{"changePolicy":"Observe"}"#)?;
+    env.wait_ready("default", "tom", TIMEOUT)?;
+    env.cp.kubectl(&["delete", "pet", "tom", "-n", "default"])?;
+    env.wait_gone("default", "tom", TIMEOUT)?;
+    assert_eq!(
+        record(&env, &id)?["name"],
+        "Tom",
+        "the record went with the Pet"
+    );
+    assert_eq!(writes()?, start + 3.0, "deleting an observed Pet wrote");
     Ok(())
 }
