@@ -510,6 +510,7 @@ fn pet(i: usize) -> Pet {
             pet_type: types[i % types.len()],
             birthday,
             deletion_policy: None,
+            change_policy: None,
         },
     )
 }
