@@ -272,7 +272,7 @@ fn approve_writes_only_the_approved_plan_once() -> fixtures::Result<()> {
 fn observe_shows_drift_without_reverting_it_and_automatic_applies_the_plan() -> fixtures::Result<()>
 {
     let env = Env::start(Storage::Durable)?;
-    let _operator = env.start_operator("operator")?;
+    let mut operator = env.start_operator("operator")?;
     let writes = || env.store.writes();
 
     // A record made outside Kubernetes, then a Pet in Observe naming it.
@@ -282,7 +282,7 @@ fn observe_shows_drift_without_reverting_it_and_automatic_applies_the_plan() -> 
     )?;
     let id = added
         .first()
-        .and_then(|reply| reply["pets"][0]["id"].as_str())
+        .and_then(|reply| reply["ids"][0].as_str())
         .expect("AddPets returns the new record's ID")
         .to_owned();
     let start = writes()?;
@@ -309,7 +309,17 @@ fn observe_shows_drift_without_reverting_it_and_automatic_applies_the_plan() -> 
     let edited = Instant::now();
     let shown = wait_for(TIMEOUT, "the edit in tom's plan", || {
         plan(&env, "tom").filter(|p| p["actions"][1]["changes"][0]["from"] == "\"Older Tom\"")
-    })?;
+    })
+    .unwrap_or_else(|error| {
+        let feed: Vec<String> = operator
+            .metrics()
+            .unwrap_or_default()
+            .lines()
+            .filter(|line| line.starts_with("petstore_operator_change_feed"))
+            .map(str::to_owned)
+            .collect();
+        panic!("{error}; the operator's feed: {feed:?}")
+    });
     let took = edited.elapsed();
     assert!(took < SHOWN_WITHIN, "the edit was shown after {took:?}");
     // Even approved, Observe writes nothing.

@@ -15,12 +15,14 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::StreamExt as _;
 use futures::channel::mpsc::UnboundedSender;
 use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
+// Tokio's clock: the index's age and the retry of missed changes share one.
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -37,9 +39,9 @@ const RECONNECT_FIRST: Duration = Duration::from_millis(200);
 const RECONNECT_MAX: Duration = Duration::from_secs(10);
 /// The Pet index is rebuilt (a pass over every cached Pet) at most this
 /// often. Rebuilding it for every batch made drift at N = 20,000 wait
-/// about 40 s behind a thousand one-change batches. A lookup that misses a
-/// Pet newer than the index waits at most this long for the next rebuild
-/// and is otherwise left to the audit.
+/// about 40 s behind a thousand one-change batches. A change whose Pet the
+/// index misses (a Pet newer than the index) waits for the next rebuild,
+/// at most this long, and is judged again then.
 const INDEX_REFRESH: Duration = Duration::from_secs(1);
 
 /// The Pets a batch of changes may concern, found by the record's key (the
@@ -102,6 +104,7 @@ pub async fn follow(
         revision: 0,
         state: State::Starting,
         index: None,
+        missed: Vec::new(),
     };
     tokio::select! {
         () = stop.cancelled() => {}
@@ -131,6 +134,9 @@ struct Follower {
     /// The Pets by UID and record ID, and when that was read from the
     /// cache; entries are checked against the cache's current copy.
     index: Option<(PetIndex, Instant)>,
+    /// Changes whose Pet the index missed, to judge again once it may be
+    /// rebuilt.
+    missed: Vec<RecordChange>,
 }
 
 impl Follower {
@@ -160,7 +166,20 @@ impl Follower {
                 }
             };
             let mut first = true;
-            while let Some(message) = feed.next().await {
+            loop {
+                let message = match self.retry_at() {
+                    None => feed.next().await,
+                    Some(at) => tokio::select! {
+                        message = feed.next() => message,
+                        () = tokio::time::sleep_until(at) => {
+                            self.judge_missed();
+                            continue;
+                        }
+                    },
+                };
+                let Some(message) = message else {
+                    break;
+                };
                 match message {
                     Ok(batch) => {
                         wait = RECONNECT_FIRST;
@@ -222,6 +241,13 @@ impl Follower {
         self.set_live(false);
     }
 
+    /// Whether the index was built too recently to be built again.
+    fn index_is_fresh(&self) -> bool {
+        self.index
+            .as_ref()
+            .is_some_and(|(_, built)| built.elapsed() < INDEX_REFRESH)
+    }
+
     /// The current Pet `change` concerns. The kept index finds it; the
     /// cache's current copy confirms it, so a stale entry never decides a
     /// verdict. A miss rebuilds the index, at most every INDEX_REFRESH.
@@ -252,6 +278,26 @@ impl Follower {
         pet
     }
 
+    /// When the changes the index missed can be judged again.
+    fn retry_at(&self) -> Option<Instant> {
+        if self.missed.is_empty() {
+            return None;
+        }
+        let built = self
+            .index
+            .as_ref()
+            .map_or_else(Instant::now, |(_, built)| *built);
+        Some(built + INDEX_REFRESH)
+    }
+
+    /// Judges again the changes the index missed, with a fresh index; a
+    /// change that finds no Pet now concerns none.
+    fn judge_missed(&mut self) {
+        for change in std::mem::take(&mut self.missed) {
+            self.judge(&change, false);
+        }
+    }
+
     fn handle(&mut self, changes: &[RecordChange]) {
         // Our own writes coming back, recognised in O(1) (see
         // crate::store::echoes); only the rest look for their Pet.
@@ -270,19 +316,32 @@ impl Follower {
             return;
         }
         for change in others {
-            let pet = self.current_pet_for(change);
-            let pet = pet.as_ref();
-            let verdict = verdict(change, pet.map(Arc::as_ref));
-            self.ctx.metrics.feed_change(verdict);
-            if let (Verdict::Drifted, Some(pet)) = (verdict, pet) {
-                debug!(
-                    id = %change.id,
-                    revision = change.revision,
-                    pet = %pet.name_any(),
-                    "the store changed a Pet's record; reconciling it"
-                );
-                self.queue(pet);
-            }
+            self.judge(change, true);
+        }
+    }
+
+    /// Queues the Pet `change` drifted, if any; counts the verdict. With
+    /// `defer`, a change whose Pet the index cannot find yet is kept for
+    /// [`Follower::judge_missed`].
+    fn judge(&mut self, change: &RecordChange, defer: bool) {
+        // A lookup on a stale index rebuilds it: a miss then is final.
+        let could_rebuild = !self.index_is_fresh();
+        let pet = self.current_pet_for(change);
+        if pet.is_none() && defer && !could_rebuild {
+            self.missed.push(change.clone());
+            return;
+        }
+        let pet = pet.as_ref();
+        let verdict = verdict(change, pet.map(Arc::as_ref));
+        self.ctx.metrics.feed_change(verdict);
+        if let (Verdict::Drifted, Some(pet)) = (verdict, pet) {
+            debug!(
+                id = %change.id,
+                revision = change.revision,
+                pet = %pet.name_any(),
+                "the store changed a Pet's record; reconciling it"
+            );
+            self.queue(pet);
         }
     }
 
@@ -349,6 +408,8 @@ mod tests {
         ctx: Arc<Context>,
         queued: UnboundedReceiver<ObjectRef<Pet>>,
         stop: CancellationToken,
+        /// Adds Pets to the follower's watch cache.
+        cache: reflector::store::Writer<Pet>,
     }
 
     fn following(pets: &[Pet]) -> Following {
@@ -387,6 +448,7 @@ mod tests {
             ctx,
             queued,
             stop,
+            cache: writer,
         }
     }
 
@@ -468,6 +530,40 @@ mod tests {
         // Past the reconnect's wait.
         tokio::time::sleep(Duration::from_secs(1)).await;
         second
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_change_for_a_pet_newer_than_the_index_is_judged_once_it_is_rebuilt() {
+        let mut f = following(&[]);
+        let feed = scripted_feed(&f.store);
+        settle().await;
+        // The index is built for this change, before the Pet exists.
+        let unrelated = RecordChange::changed("r-other", "", "Rex");
+        feed.unbounded_send(Ok(FeedBatch {
+            revision: 1,
+            changes: vec![unrelated],
+        }))
+        .expect("send");
+        settle().await;
+        // A Pet in Observe watching a record it does not own, created now,
+        // and its record changed out of band within the index's refresh.
+        let mut observer = Pet::test()
+            .with_uid("uid-o")
+            .annotated(crate::crd::EXTERNAL_ID_ANNOTATION, "r-obs");
+        observer.metadata.name = Some("observer".into());
+        f.cache
+            .apply_watcher_event(&watcher::Event::Apply(observer));
+        feed.unbounded_send(Ok(FeedBatch {
+            revision: 2,
+            changes: vec![RecordChange::changed("r-obs", "", "Older Tom")],
+        }))
+        .expect("send");
+        settle().await;
+        assert!(queued_now(&mut f.queued).is_empty(), "not before a rebuild");
+        tokio::time::sleep(INDEX_REFRESH).await;
+        settle().await;
+        assert_eq!(queued_now(&mut f.queued), ["observer"]);
+        f.stop.cancel();
     }
 
     #[tokio::test(start_paused = true)]
