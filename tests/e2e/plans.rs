@@ -272,7 +272,7 @@ fn approve_writes_only_the_approved_plan_once() -> fixtures::Result<()> {
 fn observe_shows_drift_without_reverting_it_and_automatic_applies_the_plan() -> fixtures::Result<()>
 {
     let env = Env::start(Storage::Durable)?;
-    let mut operator = env.start_operator("operator")?;
+    let operator = env.start_operator("operator")?;
     let writes = || env.store.writes();
 
     // A record made outside Kubernetes, then a Pet in Observe naming it.
