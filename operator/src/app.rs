@@ -20,7 +20,7 @@ use crate::events::{EventQueue, EventWriter};
 use crate::leader::{self, Lease, Reign};
 use crate::metrics::{self, Metrics};
 use crate::store::budget::CallBudget;
-use crate::store::grpc::{GrpcPetStore, TlsFiles};
+use crate::store::grpc::GrpcPetStore;
 use crate::webhook::certs::{self, WebhookTarget};
 use crate::webhook::server::{self, ServingCertificate};
 
@@ -121,15 +121,7 @@ pub async fn run(args: Args, fault: Option<Fault>) -> Result<ExitCode, String> {
     ));
     metrics.set_ready();
 
-    let tls =
-        (args.petstore_ca_file.is_some() || args.petstore_cert_file.is_some()).then(|| TlsFiles {
-            ca: args.petstore_ca_file.clone(),
-            client_cert_and_key: args
-                .petstore_cert_file
-                .clone()
-                .zip(args.petstore_key_file.clone()),
-            server_name: args.petstore_tls_server_name.clone(),
-        });
+    let tls = args.petstore_tls.files();
     let store = GrpcPetStore::connect_lazy(
         &args.petstore_addr,
         args.petstore_timeout,

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{ArgAction, Parser};
+use clap::{ArgAction, Args as ClapArgs, Parser};
 use petstore_process::parse_duration;
 
 /// Kubernetes operator that keeps each Pet resource in the gRPC pet store.
@@ -25,22 +25,8 @@ pub struct Args {
     )]
     pub petstore_addr: String,
 
-    /// Use TLS to the store, trusting this CA (PEM) for its certificate.
-    #[arg(long, env = "PETSTORE_CA_FILE")]
-    pub petstore_ca_file: Option<PathBuf>,
-
-    /// Client certificate (PEM) for mutual TLS with the store. Needs
-    /// --petstore-key-file.
-    #[arg(long, env = "PETSTORE_CERT_FILE", requires = "petstore_key_file")]
-    pub petstore_cert_file: Option<PathBuf>,
-
-    /// Private key (PEM) for --petstore-cert-file.
-    #[arg(long, env = "PETSTORE_KEY_FILE", requires = "petstore_cert_file")]
-    pub petstore_key_file: Option<PathBuf>,
-
-    /// Name to verify in the store's certificate, if not the address's host.
-    #[arg(long, env = "PETSTORE_TLS_SERVER_NAME")]
-    pub petstore_tls_server_name: Option<String>,
+    #[command(flatten)]
+    pub petstore_tls: StoreTlsArgs,
 
     /// Timeout for each pet store call (and for connecting). The old
     /// spelling --store-timeout is still accepted.
@@ -287,5 +273,42 @@ mod tests {
     fn cli_is_well_formed() {
         use clap::CommandFactory;
         Args::command().debug_assert();
+    }
+}
+
+/// TLS to the store: the operator's flags, shared with `kubectl petstore`.
+#[derive(ClapArgs, Debug, Clone, Default)]
+pub struct StoreTlsArgs {
+    /// Use TLS to the store, trusting this CA (PEM) for its certificate.
+    #[arg(long, env = "PETSTORE_CA_FILE")]
+    pub petstore_ca_file: Option<PathBuf>,
+
+    /// Client certificate (PEM) for mutual TLS with the store. Needs
+    /// --petstore-key-file.
+    #[arg(long, env = "PETSTORE_CERT_FILE", requires = "petstore_key_file")]
+    pub petstore_cert_file: Option<PathBuf>,
+
+    /// Private key (PEM) for --petstore-cert-file.
+    #[arg(long, env = "PETSTORE_KEY_FILE", requires = "petstore_cert_file")]
+    pub petstore_key_file: Option<PathBuf>,
+
+    /// Name to verify in the store's certificate, if not the address's host.
+    #[arg(long, env = "PETSTORE_TLS_SERVER_NAME")]
+    pub petstore_tls_server_name: Option<String>,
+}
+
+impl StoreTlsArgs {
+    /// The files to read, or `None` for plaintext.
+    pub fn files(&self) -> Option<crate::store::grpc::TlsFiles> {
+        (self.petstore_ca_file.is_some() || self.petstore_cert_file.is_some()).then(|| {
+            crate::store::grpc::TlsFiles {
+                ca: self.petstore_ca_file.clone(),
+                client_cert_and_key: self
+                    .petstore_cert_file
+                    .clone()
+                    .zip(self.petstore_key_file.clone()),
+                server_name: self.petstore_tls_server_name.clone(),
+            }
+        })
     }
 }

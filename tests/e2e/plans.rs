@@ -12,7 +12,7 @@
 use std::time::{Duration, Instant};
 
 use fixtures::env::condition;
-use fixtures::{Env, Storage, Tools, cargo_bin, wait_for};
+use fixtures::{Env, Storage, wait_for};
 use serde_json::Value;
 
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -96,34 +96,18 @@ fn update_record(
     Ok(())
 }
 
-/// `kubectl petstore plan -f <manifest>`, through kubectl's plugin lookup
-/// on PATH, as a user runs it: its exit code and its standard output.
+/// `kubectl petstore plan -f <manifest>` against the plaintext store: its
+/// exit code and the plans it printed, failing on an error.
 fn kubectl_petstore_plan(env: &Env, manifest: &str) -> fixtures::Result<(Option<i32>, String)> {
-    let dir = tempfile::tempdir().map_err(fixtures::io("making a temporary directory"))?;
-    let file = dir.path().join("pets.yaml");
-    std::fs::write(&file, manifest).map_err(fixtures::io("writing the manifest"))?;
-    let plugin = cargo_bin("kubectl-petstore")?;
-    let plugin_dir = plugin.parent().unwrap_or(std::path::Path::new("."));
-    let path = std::env::join_paths(std::iter::once(plugin_dir.to_path_buf()).chain(
-        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
-    ))
-    .map_err(|e| fixtures::io("PATH")(std::io::Error::other(e)))?;
-    let output = std::process::Command::new(Tools::get()?.kubectl())
-        .env("KUBECONFIG", &env.cp.kubeconfig)
-        .env("PATH", path)
-        .args(["petstore", "plan", "--petstore-addr", &env.store.addr, "-f"])
-        .arg(&file)
-        .output()
-        .map_err(fixtures::io("running kubectl petstore plan"))?;
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.code() != Some(1),
-        "kubectl petstore plan failed: {stderr}"
+    let addr = ["--petstore-addr", env.store.addr.as_str()];
+    let planned = env.kubectl_petstore_plan(manifest, &addr.map(Into::into))?;
+    assert_ne!(
+        planned.code,
+        Some(1),
+        "kubectl petstore plan failed: {}",
+        planned.stderr
     );
-    Ok((
-        output.status.code(),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-    ))
+    Ok((planned.code, planned.stdout))
 }
 
 fn reason(pet: &Value, type_: &str) -> String {

@@ -6,7 +6,7 @@ use std::ffi::OsStr;
 
 use fixtures::certs::Pki;
 use fixtures::petstore::grpcurl_with;
-use fixtures::{Env, Storage};
+use fixtures::{Env, Storage, repo_root};
 
 #[test]
 fn operator_and_store_speak_mutual_tls_and_strangers_are_refused() -> fixtures::Result<()> {
@@ -28,6 +28,40 @@ fn operator_and_store_speak_mutual_tls_and_strangers_are_refused() -> fixtures::
     assert_eq!(alpha, "2021-04-01T00:00:00Z");
 
     let tls = env.tls.as_ref().expect("mutual TLS is on");
+    // kubectl petstore plan speaks the operator's TLS flags: the samples
+    // plan nothing (exit 0); without the flags the store refuses it (1).
+    let samples = std::fs::read_to_string(repo_root().join("config/samples/petstore_v1_pet.yaml"))
+        .map_err(fixtures::io("reading the samples"))?;
+    let addr = ["--petstore-addr".into(), env.store.addr.clone().into()];
+    let with_tls = [
+        "--petstore-ca-file".into(),
+        tls.ca.clone().into_os_string(),
+        "--petstore-cert-file".into(),
+        tls.client_cert.clone().into_os_string(),
+        "--petstore-key-file".into(),
+        tls.client_key.clone().into_os_string(),
+    ];
+    let planned = env.kubectl_petstore_plan(&samples, &[&addr[..], &with_tls].concat())?;
+    assert_eq!(
+        planned.code,
+        Some(0),
+        "{}{}",
+        planned.stdout,
+        planned.stderr
+    );
+    assert_eq!(
+        planned.stdout.matches(r#""summary":"none""#).count(),
+        2,
+        "{}",
+        planned.stdout
+    );
+    let plaintext = env.kubectl_petstore_plan(&samples, &addr)?;
+    assert_eq!(plaintext.code, Some(1), "{}", plaintext.stderr);
+    assert!(
+        plaintext.stderr.contains("reading the store"),
+        "{}",
+        plaintext.stderr
+    );
     let stranger = Pki::create(&env.cp.dir().join("stranger"), "stranger", &[])?;
     let (stranger_cert, stranger_key) = stranger.issue_client("stranger")?;
     // A refused handshake makes grpcurl retry until its deadline; keep it short.

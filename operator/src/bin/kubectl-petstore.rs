@@ -16,6 +16,7 @@ use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, ResourceExt};
+use petstore_operator::cli::StoreTlsArgs;
 use petstore_operator::controller::facts_of;
 use petstore_operator::crd::Pet;
 use petstore_operator::decision::{Observation, Plan, Preview, decide, preview};
@@ -43,6 +44,8 @@ enum Command {
         /// The pet store, as the operator's --petstore-addr.
         #[arg(long, env = "PETSTORE_ADDR", default_value = "localhost:6742")]
         petstore_addr: String,
+        #[command(flatten)]
+        tls: StoreTlsArgs,
         /// Namespace for Pets whose manifest names none (default: the
         /// kubeconfig context's).
         #[arg(short = 'n', long)]
@@ -57,10 +60,11 @@ async fn main() -> ExitCode {
             Command::Plan {
                 file,
                 petstore_addr,
+                tls,
                 namespace,
             },
     } = Cli::parse();
-    match plan(&file, &petstore_addr, namespace).await {
+    match plan(&file, &petstore_addr, &tls, namespace).await {
         Ok(false) => ExitCode::SUCCESS,
         Ok(true) => ExitCode::from(2),
         Err(error) => {
@@ -71,15 +75,26 @@ async fn main() -> ExitCode {
 }
 
 /// Plans every Pet in `file`; says whether any would write.
-async fn plan(file: &str, petstore_addr: &str, namespace: Option<String>) -> anyhow::Result<bool> {
+async fn plan(
+    file: &str,
+    petstore_addr: &str,
+    tls: &StoreTlsArgs,
+    namespace: Option<String>,
+) -> anyhow::Result<bool> {
     let manifests = read_manifests(file)?;
     let client = Client::try_default()
         .await
         .context("connecting to the API server (KUBECONFIG)")?;
     let namespace = namespace.unwrap_or_else(|| client.default_namespace().to_owned());
     let metrics = std::sync::Arc::new(Metrics::default());
-    let store = GrpcPetStore::connect_lazy(petstore_addr, Duration::from_secs(10), None, metrics)
-        .context("the pet store address")?;
+    let tls = tls.files();
+    let store = GrpcPetStore::connect_lazy(
+        petstore_addr,
+        Duration::from_secs(10),
+        tls.as_ref(),
+        metrics,
+    )
+    .context("the pet store address")?;
     let mut changes = false;
     for manifest in manifests {
         let pet = dry_run(&client, &namespace, &manifest).await?;
