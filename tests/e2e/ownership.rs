@@ -8,6 +8,7 @@
 use std::time::{Duration, Instant};
 
 use fixtures::env::condition;
+use fixtures::env::pet_manifest;
 use fixtures::forwarder::Forwarder;
 use fixtures::legacy_store::LegacyStore;
 use fixtures::{Env, Storage, wait_for};
@@ -17,19 +18,9 @@ const TIMEOUT: Duration = Duration::from_secs(60);
 const EXTERNAL_ID: &str = "petstore.example.com/external-id";
 
 fn pet_yaml(name: &str, pet_name: &str, annotations: &[(&str, &str)], extra_spec: &str) -> String {
-    let mut yaml = format!(
-        "apiVersion: petstore.example.com/v1\nkind: Pet\nmetadata:\n  name: {name}\n  namespace: default\n"
-    );
-    if !annotations.is_empty() {
-        yaml.push_str("  annotations:\n");
-        for (key, value) in annotations {
-            yaml.push_str(&format!("    {key}: \"{value}\"\n"));
-        }
-    }
-    yaml.push_str(&format!(
-        "spec:\n  name: {pet_name}\n  type: dog\n  birthday: \"2021-04-01\"\n{extra_spec}"
-    ));
-    yaml
+    let spec =
+        format!("\n  name: {pet_name}\n  type: dog\n  birthday: \"2021-04-01\"\n{extra_spec}");
+    pet_manifest(name, annotations, spec.trim_end_matches('\n'))
 }
 
 /// Every Event as (reason, object, note).

@@ -11,7 +11,7 @@
 
 use std::time::{Duration, Instant};
 
-use fixtures::env::condition;
+use fixtures::env::{condition, pet_manifest};
 use fixtures::{Env, Storage, wait_for};
 use serde_json::Value;
 
@@ -25,17 +25,7 @@ const TWO_AUDITS: Duration = Duration::from_secs(5);
 const SHOWN_WITHIN: Duration = Duration::from_secs(3);
 
 fn pet_yaml(name: &str, spec: &str, annotations: &[(&str, &str)]) -> String {
-    let mut yaml = format!(
-        "apiVersion: petstore.example.com/v1\nkind: Pet\nmetadata:\n  name: {name}\n  namespace: default\n"
-    );
-    if !annotations.is_empty() {
-        yaml.push_str("  annotations:\n");
-        for (key, value) in annotations {
-            yaml.push_str(&format!("    {key}: \"{value}\"\n"));
-        }
-    }
-    yaml.push_str(&format!("spec: {spec}\n"));
-    yaml
+    pet_manifest(name, annotations, &format!(" {spec}"))
 }
 
 fn plan(env: &Env, name: &str) -> Option<Value> {

@@ -33,14 +33,7 @@ fn operator_and_store_speak_mutual_tls_and_strangers_are_refused() -> fixtures::
     let samples = std::fs::read_to_string(repo_root().join("config/samples/petstore_v1_pet.yaml"))
         .map_err(fixtures::io("reading the samples"))?;
     let addr = ["--petstore-addr".into(), env.store.addr.clone().into()];
-    let with_tls = [
-        "--petstore-ca-file".into(),
-        tls.ca.clone().into_os_string(),
-        "--petstore-cert-file".into(),
-        tls.client_cert.clone().into_os_string(),
-        "--petstore-key-file".into(),
-        tls.client_key.clone().into_os_string(),
-    ];
+    let with_tls = tls.client_flags();
     let planned = env.kubectl_petstore_plan(&samples, &[&addr[..], &with_tls].concat())?;
     assert_eq!(
         planned.code,

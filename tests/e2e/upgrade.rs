@@ -49,9 +49,6 @@ enum PetRewrites {
 /// new operator rewrites every Pet once in it (see docs/upgrading.md).
 const UPGRADE_REWRITES: PetRewrites = PetRewrites::StorageMigration;
 
-/// The store's RPCs that write.
-use fixtures::petstore::WRITE_RPCS as STORE_WRITES;
-
 /// A durable store process on a fixed address, so operators find it again
 /// after a restart with another binary, as through a Service.
 struct Store {
@@ -88,17 +85,7 @@ impl Store {
 
     /// The store's write RPCs answered since it started, by its /metrics.
     fn writes(&self) -> fixtures::Result<f64> {
-        let metrics = fixtures::http::scrape(&self.metrics_addr)?;
-        Ok(STORE_WRITES
-            .iter()
-            .map(|method| {
-                fixtures::http::sum_series(
-                    &metrics,
-                    "petstore_server_rpc_duration_seconds_count",
-                    &format!("method=\"{method}\""),
-                )
-            })
-            .sum())
+        fixtures::petstore::write_rpcs_answered(&self.metrics_addr)
     }
 
     /// Every record, sorted by ID, one JSON line each, as SearchPets gives
