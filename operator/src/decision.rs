@@ -133,6 +133,16 @@ pub enum Observation {
     },
 }
 
+impl Observation {
+    /// The records read; none when the store lacks the read.
+    pub fn lookup(&self) -> Lookup {
+        match self {
+            Observation::Found(lookup) => lookup.clone(),
+            Observation::StoreLacks { .. } => Lookup::default(),
+        }
+    }
+}
+
 /// The plan for the store.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Plan {

@@ -460,10 +460,11 @@ mod tests {
     }
 
     fn batch(revision: i64) -> Result<FeedBatch, StoreError> {
-        Ok(FeedBatch {
-            revision,
-            changes: Vec::new(),
-        })
+        batch_of(revision, Vec::new())
+    }
+
+    fn batch_of(revision: i64, changes: Vec<RecordChange>) -> Result<FeedBatch, StoreError> {
+        Ok(FeedBatch { revision, changes })
     }
 
     /// Lets the follower run until it is idle (time is paused: until it
@@ -539,11 +540,8 @@ mod tests {
         settle().await;
         // The index is built for this change, before the Pet exists.
         let unrelated = RecordChange::changed("r-other", "", "Rex");
-        feed.unbounded_send(Ok(FeedBatch {
-            revision: 1,
-            changes: vec![unrelated],
-        }))
-        .expect("send");
+        feed.unbounded_send(batch_of(1, vec![unrelated]))
+            .expect("send");
         settle().await;
         // A Pet in Observe watching a record it does not own, created now,
         // and its record changed out of band within the index's refresh.
@@ -553,11 +551,9 @@ mod tests {
         observer.metadata.name = Some("observer".into());
         f.cache
             .apply_watcher_event(&watcher::Event::Apply(observer));
-        feed.unbounded_send(Ok(FeedBatch {
-            revision: 2,
-            changes: vec![RecordChange::changed("r-obs", "", "Older Tom")],
-        }))
-        .expect("send");
+        let edited = RecordChange::changed("r-obs", "", "Older Tom");
+        feed.unbounded_send(batch_of(2, vec![edited]))
+            .expect("send");
         settle().await;
         assert!(queued_now(&mut f.queued).is_empty(), "not before a rebuild");
         tokio::time::sleep(INDEX_REFRESH).await;

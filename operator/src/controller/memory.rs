@@ -426,12 +426,13 @@ impl Memory {
         let (hash, stale) = (id_hash(Some(hash)), stale.map(|s| id_hash(Some(s))));
         let mut news = PlanNews::default();
         self.update(pet, uid, |remembered| {
-            let plan = remembered.rare().plan.get_or_insert(PendingPlan {
-                hash: !hash,
+            let rare = remembered.rare();
+            news.new_plan = rare.plan.is_none_or(|plan| plan.hash != hash);
+            let plan = rare.plan.get_or_insert(PendingPlan {
+                hash,
                 since: Moment::now(),
                 stale_warned: None,
             });
-            news.new_plan = plan.hash != hash;
             plan.hash = hash;
             if stale.is_some() && plan.stale_warned != stale {
                 news.new_stale_approval = true;

@@ -35,11 +35,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info};
 
 use crate::crd::{FINALIZER, Pet};
-use crate::decision::{Cause, Facts, Next, Step, first_step};
+use crate::decision::{Cause, Facts, Next, Observation, Step, first_step};
 use crate::events::EventQueue;
 use crate::metrics::Metrics;
 use crate::status;
-use crate::store::{PetData, PetStore, Probe};
+use crate::store::{PetData, PetStore, Probe, StoreError};
 use crate::{Error, Fault};
 use memory::Memory;
 use poll::PollSchedule;
@@ -447,6 +447,23 @@ fn spec_changed(pet: &Pet) -> bool {
         || status.plan.as_ref().is_some_and(|plan| {
             plan.generation == generation && plan.cause == Cause::SpecChange.as_str()
         })
+}
+
+/// Reads the store for [`crate::decision::decide`]: the record with ID `id`
+/// and the one keyed `key`; a store without the read is an observation
+/// too. For a reconcile and for `kubectl petstore plan`.
+pub async fn observe(
+    store: &dyn PetStore,
+    id: Option<&str>,
+    key: &str,
+) -> Result<Observation, StoreError> {
+    match store.observe(id, key).await {
+        Ok(lookup) => Ok(Observation::Found(lookup)),
+        Err(StoreError::Unimplemented { operation }) => {
+            Ok(Observation::StoreLacks { missing: operation })
+        }
+        Err(error) => Err(error),
+    }
 }
 
 /// What the decision step knows from the Pet alone, without this process's

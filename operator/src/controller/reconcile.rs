@@ -29,7 +29,7 @@ use crate::decision::{
     Sync as SyncPlan, after_create, decide, first_step, gate, preview, read_after_create,
 };
 use crate::status::{self, Outcome, PlanUpdate, Reason};
-use crate::store::{Changes, Created, Field, Lookup, StoreError};
+use crate::store::{Changes, Created, Field, StoreError};
 use crate::{Error, Fault};
 
 /// Observations per reconcile: a record that vanishes before an update, or
@@ -176,10 +176,7 @@ impl<'a> Reconcile<'a> {
         loop {
             let result = match self.observe(id).await {
                 Ok(observation) => {
-                    let observed = match &observation {
-                        Observation::Found(lookup) => lookup.clone(),
-                        Observation::StoreLacks { .. } => Lookup::default(),
-                    };
+                    let observed = observation.lookup();
                     let (plan, preview, gate) = petstore_telemetry::span(|| info_span!("decide"))
                         .in_scope(|| {
                             let plan = decide(&self.facts, observation);
@@ -222,13 +219,7 @@ impl<'a> Reconcile<'a> {
     }
 
     async fn observe(&self, id: Option<&str>) -> Result<Observation, Error> {
-        match self.ctx.store.observe(id, &self.facts.uid).await {
-            Ok(lookup) => Ok(Observation::Found(lookup)),
-            Err(StoreError::Unimplemented { operation }) => {
-                Ok(Observation::StoreLacks { missing: operation })
-            }
-            Err(error) => Err(error.into()),
-        }
+        Ok(super::observe(self.ctx.store.as_ref(), id, &self.facts.uid).await?)
     }
 
     /// Executes the plan by its writes (`preview`): `None` when a create

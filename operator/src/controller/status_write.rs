@@ -37,7 +37,9 @@ pub async fn write(
         if current.as_ref() == Some(&next) {
             return Ok(());
         }
-        let clear_plan = matches!(plan, PlanUpdate::Clear { .. });
+        // Only a plan the Pet shows needs removing: most writes send none.
+        let clear_plan = matches!(plan, PlanUpdate::Clear { .. })
+            && current.as_ref().is_some_and(|status| status.plan.is_some());
         match patch(client, pet, &name, &next, clear_plan).await {
             Ok(()) => return Ok(()),
             Err(kube::Error::Api(status)) if status.is_conflict() && attempt < ATTEMPTS => {
@@ -68,7 +70,7 @@ async fn patch(
     clear_plan: bool,
 ) -> Result<(), kube::Error> {
     let mut body = serde_json::json!({ "status": status });
-    if clear_plan && status.plan.is_none() {
+    if clear_plan {
         // A merge patch removes only what it sets to null.
         body["status"]["plan"] = serde_json::Value::Null;
     }

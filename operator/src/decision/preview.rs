@@ -71,6 +71,7 @@ pub struct Preview {
     pub generation: Option<i64>,
     /// Identifies these writes against this generation and the records as
     /// read: a change to the spec or to the record gives another hash.
+    /// Empty when there are no writes: nothing to approve.
     pub hash: String,
 }
 
@@ -151,7 +152,12 @@ pub fn preview(facts: &Facts, plan: &Plan, observed: &Lookup) -> Preview {
         }
     };
     let cause = story.filter(|_| !writes.is_empty()).map(|s| s.cause(facts));
-    let hash = plan_hash(facts, &writes, cause, observed);
+    // Most reconciles find the record in line: they hash nothing.
+    let hash = if writes.is_empty() {
+        String::new()
+    } else {
+        plan_hash(facts, &writes, cause, observed)
+    };
     Preview {
         writes,
         cause,
@@ -207,6 +213,16 @@ fn plan_hash(facts: &Facts, writes: &[Write], cause: Option<Cause>, observed: &L
 }
 
 impl Preview {
+    /// A plan that writes nothing (a paused Pet, say).
+    pub fn nothing(facts: &Facts) -> Self {
+        Self {
+            writes: Vec::new(),
+            cause: None,
+            generation: facts.generation,
+            hash: String::new(),
+        }
+    }
+
     /// Whether the plan writes nothing.
     pub fn is_empty(&self) -> bool {
         self.writes.is_empty()

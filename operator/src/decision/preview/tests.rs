@@ -9,20 +9,12 @@ use super::*;
 use crate::crd::{ChangePolicy, PetType};
 use crate::decision::{Observation, Step, decide, first_step};
 use crate::status::Reason;
-use crate::store::Lookup;
 
 const UID: &str = "uid-thor";
 
-fn lookup(observation: &Observation) -> Lookup {
-    match observation {
-        Observation::Found(lookup) => lookup.clone(),
-        Observation::StoreLacks { .. } => Lookup::default(),
-    }
-}
-
 /// The writes a decision makes.
 fn planned(facts: &Facts, observation: Observation) -> Preview {
-    let observed = lookup(&observation);
+    let observed = observation.lookup();
     preview(facts, &decide(facts, observation), &observed)
 }
 
