@@ -5,8 +5,12 @@
 # cache mounts are shared, and a rebuild compiles only what changed.
 
 ARG RUST_VERSION=1.95
+# release for images you ship; the Tiltfile asks for dev-image (Cargo.toml),
+# which compiles an edit unoptimised. The images carry it as a label.
+ARG CARGO_PROFILE=release
 
 FROM rust:${RUST_VERSION}-slim-bookworm AS build
+ARG CARGO_PROFILE
 WORKDIR /src
 # Manifests first: this layer (and cargo's fetch) stays cached until a
 # Cargo.toml or Cargo.lock changes.
@@ -38,18 +42,22 @@ COPY process process
 # edit recompiles only the crates it touches.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --locked --release -p petstore-server -p petstore-operator --bins \
+    cargo build --locked --profile "${CARGO_PROFILE}" -p petstore-server -p petstore-operator --bins \
  && mkdir -p /out \
- && cp target/release/petstore-server target/release/petstore-operator /out/
+ && cp "target/${CARGO_PROFILE}/petstore-server" "target/${CARGO_PROFILE}/petstore-operator" /out/
 
 # distroless/cc has glibc and libgcc and nothing else; :nonroot runs as 65532.
 FROM gcr.io/distroless/cc-debian12:nonroot AS petstore-server
+ARG CARGO_PROFILE
+LABEL com.example.petstore.cargo-profile="${CARGO_PROFILE}"
 COPY --from=build /out/petstore-server /usr/local/bin/petstore-server
 USER 65532:65532
 EXPOSE 6742 9090
 ENTRYPOINT ["/usr/local/bin/petstore-server"]
 
 FROM gcr.io/distroless/cc-debian12:nonroot AS petstore-operator
+ARG CARGO_PROFILE
+LABEL com.example.petstore.cargo-profile="${CARGO_PROFILE}"
 COPY --from=build /out/petstore-operator /usr/local/bin/petstore-operator
 USER 65532:65532
 EXPOSE 8080

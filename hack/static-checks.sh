@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Checks what cannot run here (no Docker, so no kind and no Tilt):
-#  - hadolint lints the Dockerfile;
+#  - hadolint lints the Dockerfile, and its CARGO_PROFILE defaults to release;
 #  - tiltcheck runs the Tiltfile with recording stubs and verifies every
 #    path, Dockerfile target, image, workload, object and dependency it names.
 # Tools are installed once into the cache outside the clone.
@@ -17,6 +17,12 @@ if [[ ! -x "$cache/venv/bin/hadolint" ]]; then
 fi
 "$cache/venv/bin/hadolint" Dockerfile
 echo "hadolint: Dockerfile OK"
+# `docker build` without build arguments must make release images; only
+# Tilt asks for the dev-image profile.
+if ! grep -qx 'ARG CARGO_PROFILE=release' Dockerfile; then
+  echo "Dockerfile: CARGO_PROFILE must default to release (ARG CARGO_PROFILE=release)" >&2
+  exit 1
+fi
 
 (cd hack/tiltcheck && go build -o "$cache/tiltcheck" .)
 "$cache/tiltcheck"

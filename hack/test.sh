@@ -37,7 +37,10 @@ stop_tools() {
   kill "$pid" 2>/dev/null || true
 }
 on_exit() {
-  if [[ -n ${tools_pid:-} ]] && kill -0 "$tools_pid" 2>/dev/null; then stop_tools "$tools_pid"; fi
+  local pid
+  for pid in ${tools_pid:-} ${release_pid:-}; do
+    if kill -0 "$pid" 2>/dev/null; then stop_tools "$pid"; fi
+  done
   summary
 }
 trap on_exit EXIT
@@ -59,59 +62,112 @@ check_prerequisites() {
 
 phase "prerequisites" check_prerequisites
 
-# The Go tools build in the background while cargo builds the workspace. Each
+# The tools build in the background while cargo builds the workspace. Each
 # alone leaves a core idle for long stretches (module downloads, cgo's serial
 # C compiles, links, the long single-threaded crates near the end of cargo's
-# graph), so on 2 cores the two together take less than one after the other.
-# Each tool is cached by version outside the clone: warm, this is a few
-# seconds of checks.
-#   control plane: kube-apiserver, kube-controller-manager, etcd, grpcurl, ghz, kubectl
-#   one-node cluster and Tilt: the nodes of tests/e2e/tilt.rs
-#   promtool: checks the alert rules and real scrapes (tests/e2e/monitoring.rs)
-#   trace receiver: an OpenTelemetry Collector for the traces of tests/e2e/traces.rs
-#   static checks: hadolint and the Tiltfile check
+# graph), so on 2 cores they take less together than one after the other.
+# Each is cached by version outside the clone: warm, this is a few seconds
+# of checks. Two lanes:
+#  - "tests": what `cargo test` needs, at normal priority, waited for before
+#    it starts:
+#      control plane: kube-apiserver, kube-controller-manager, etcd, grpcurl, ghz, kubectl
+#      promtool: checks the alert rules and real scrapes (tests/e2e/monitoring.rs)
+#      trace receiver: an OpenTelemetry Collector for the traces of tests/e2e/traces.rs
+#      static checks: hadolint and the Tiltfile check
+#  - "tilt": what only the last phase needs, the nodes of tests/e2e/tilt.rs
+#    and Tilt, at the lowest CPU and I/O priority, so it builds on the cores
+#    the tests leave idle instead of before them.
+# Separately, the previous release (a cargo build for the upgrade test,
+# cached by commit) builds from the start at the lowest priority, beside
+# everything, and is waited for before the tests.
 tool_steps=(
-  "control plane (cached build):hack/control-plane/build.sh"
-  "one-node cluster and Tilt (cached build):hack/cluster/build.sh"
-  "promtool (cached build):hack/monitoring/build.sh"
-  "trace receiver (cached build):hack/tracing/build.sh"
-  "static checks (Dockerfile, Tiltfile):hack/static-checks.sh"
+  "tests:control plane (cached build):hack/control-plane/build.sh"
+  "tests:promtool (cached build):hack/monitoring/build.sh"
+  "tests:trace receiver (cached build):hack/tracing/build.sh"
+  "tests:static checks (Dockerfile, Tiltfile):hack/static-checks.sh"
+  "tilt:one-node cluster and Tilt (cached build):hack/cluster/build.sh"
 )
+idle_priority() { nice -n 19 ionice -c 3 "$@"; }
 tools_dir=$(mktemp -d)
 build_tools() {
-  local i step name script start
+  local i step lane script start
   for i in "${!tool_steps[@]}"; do
-    step=${tool_steps[$i]}; name=${step%%:*}; script=${step#*:}
+    step=${tool_steps[$i]}; lane=${step%%:*}; script=${step##*:}
     start=$SECONDS
-    if ! bash "$script" >"$tools_dir/$i.log" 2>&1; then
-      echo "failed" >"$tools_dir/$i.status"
-      return 1
+    if [[ $lane == tilt ]]; then
+      idle_priority bash "$script" >"$tools_dir/$i.log" 2>&1 || { echo failed >"$tools_dir/$i.status"; return 1; }
+    else
+      bash "$script" >"$tools_dir/$i.log" 2>&1 || { echo failed >"$tools_dir/$i.status"; return 1; }
     fi
     echo "$((SECONDS - start))" >"$tools_dir/$i.status"
   done
 }
 build_tools &
 tools_pid=$!
-phase "cargo build (Go tools building beside it)" cargo build --locked --workspace --all-targets
-wait_for_tools() {
-  local failed=0 i name
-  wait "$tools_pid" || failed=1
+release_dir=$(mktemp -d)
+build_previous_release() {
+  local start=$SECONDS
+  idle_priority bash hack/previous-release/build.sh >/dev/null 2>"$release_dir/log" || return 1
+  echo "$((SECONDS - start))" >"$release_dir/seconds"
+}
+build_previous_release &
+release_pid=$!
+phase "cargo build (tools building beside it)" cargo build --locked --workspace --all-targets
+
+# Waits until every tool of one lane is built (or one failed), shows each
+# one's output and records its time as a line under the current phase.
+wait_for_lane() { # lane
+  local lane=$1 i step name pending
+  while :; do
+    pending=0
+    for i in "${!tool_steps[@]}"; do
+      [[ ${tool_steps[$i]%%:*} == "$lane" ]] || continue
+      [[ -f "$tools_dir/$i.status" ]] || pending=1
+      [[ -f "$tools_dir/$i.status" && $(cat "$tools_dir/$i.status") == failed ]] && break 2
+    done
+    ((pending)) || break
+    kill -0 "$tools_pid" 2>/dev/null || break
+    sleep 1
+  done
+  local failed=0
   for i in "${!tool_steps[@]}"; do
-    name=${tool_steps[$i]%%:*}
-    [[ -f "$tools_dir/$i.status" ]] || continue
+    step=${tool_steps[$i]}
+    [[ ${step%%:*} == "$lane" ]] || continue
+    name=${step#*:}; name=${name%%:*}
+    if [[ ! -f "$tools_dir/$i.status" ]]; then
+      failed=1
+      continue
+    fi
     printf '\n--> %s\n' "$name"
     cat "$tools_dir/$i.log"
     if [[ $(cat "$tools_dir/$i.status") == failed ]]; then
       echo "$name failed" >&2
+      failed=1
     else
-      phase_names+=("  $name (beside cargo)")
+      phase_names+=("  $name (built beside)")
       phase_seconds+=("$(cat "$tools_dir/$i.status")")
     fi
   done
-  rm -rf "$tools_dir"
   return "$failed"
 }
-phase "Go tools (rest of their build)" wait_for_tools
+wait_for_test_tools() {
+  local failed=0
+  wait_for_lane tests || failed=1
+  printf '\n--> previous release (cached build)\n'
+  if wait "$release_pid"; then
+    cat "$release_dir/log"
+    phase_names+=("  previous release (built beside, idle priority)")
+    phase_seconds+=("$(cat "$release_dir/seconds")")
+  else
+    cat "$release_dir/log"
+    echo "previous release failed" >&2
+    failed=1
+  fi
+  rm -rf "$release_dir"
+  return "$failed"
+}
+phase "tools for the tests (rest of their build)" wait_for_test_tools
+
 # The tests start the binaries this build made. Without this, the fixtures
 # would build them again for two packages only, a different feature set, and
 # cargo would compile the workspace's crates a second time.
@@ -130,4 +186,10 @@ run_tilt_test() {
   # compiling for the feature set of one package.
   cargo test --locked --workspace -- tilt:: --nocapture 2>&1 | tee -a "$test_log"
 }
+wait_for_tilt_tools() {
+  wait_for_lane tilt || return 1
+  wait "$tools_pid"
+  rm -rf "$tools_dir"
+}
+phase "one-node cluster and Tilt (rest of their build)" wait_for_tilt_tools
 phase "Tilt quick start on a one-node cluster" run_tilt_test

@@ -64,8 +64,9 @@ func strings_(v starlark.Value) []string {
 func (c *checker) dockerBuild(_ *starlark.Thread, b *starlark.Builtin, args starlark.Tuple, kwargs []starlark.Tuple) (starlark.Value, error) {
 	var ref, context, dockerfile, target string
 	var only starlark.Value = starlark.NewList(nil)
+	var buildArgs *starlark.Dict
 	if err := starlark.UnpackArgs(b.Name(), args, kwargs, "ref", &ref, "context", &context,
-		"dockerfile?", &dockerfile, "target?", &target, "only?", &only); err != nil {
+		"dockerfile?", &dockerfile, "target?", &target, "only?", &only, "build_args?", &buildArgs); err != nil {
 		return nil, err
 	}
 	c.images[ref] = true
@@ -77,11 +78,22 @@ func (c *checker) dockerBuild(_ *starlark.Thread, b *starlark.Builtin, args star
 	for _, p := range strings_(only) {
 		c.mustExist("docker_build only", filepath.Join(context, p))
 	}
+	text, _ := os.ReadFile(filepath.Join(c.root, dockerfile))
 	if target != "" {
-		text, _ := os.ReadFile(filepath.Join(c.root, dockerfile))
 		re := regexp.MustCompile(`(?mi)^FROM\s+\S+\s+AS\s+` + regexp.QuoteMeta(target) + `\s*$`)
 		if !re.Match(text) {
 			c.fail("docker_build %s: target %q is not a stage in %s", ref, target, dockerfile)
+		}
+	}
+	// A build argument the Dockerfile does not declare is ignored by the
+	// build (only a warning), so a misspelt one would pass silently.
+	if buildArgs != nil {
+		for _, key := range buildArgs.Keys() {
+			name, ok := starlark.AsString(key)
+			re := regexp.MustCompile(`(?mi)^ARG\s+` + regexp.QuoteMeta(name) + `(=|\s*$)`)
+			if !ok || !re.Match(text) {
+				c.fail("docker_build %s: build argument %s is not an ARG in %s", ref, key, dockerfile)
+			}
 		}
 	}
 	return starlark.None, nil

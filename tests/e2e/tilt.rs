@@ -263,6 +263,17 @@ fn tilt_quick_start_on_a_one_node_cluster() -> TestResult {
             image.starts_with("localhost:5005/"),
             "{deployment} runs {image}, not an image Tilt pushed to localhost:5005"
         );
+        // The Tiltfile's build argument reached the build: the dev-image
+        // profile, not the Dockerfile's default release.
+        let (ok, profile, err) = output(Command::new("docker").args([
+            "image",
+            "inspect",
+            "--format",
+            "{{index .Config.Labels \"com.example.petstore.cargo-profile\"}}",
+            &image,
+        ]))?;
+        assert!(ok, "docker image inspect {image}: {err}");
+        assert_eq!(profile.trim(), "dev-image", "{image}'s cargo profile");
     }
     eprintln!("[{}] tilt ci: all resources healthy", elapsed(start));
 
