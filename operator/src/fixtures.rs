@@ -7,7 +7,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::core::ObjectMeta;
 use serde_json::Value;
 
-use crate::crd::{ChangePolicy, DeletionPolicy, FINALIZER, Pet, PetSpec, PetStatus, PetType};
+use crate::crd::{
+    ChangePolicy, DeletionPolicy, FINALIZER, Pet, PetSpec, PetStatus, PetType, PlanStatus,
+};
 use crate::store::{PetData, Record, RecordChange};
 
 pub const UID: &str = "8d3c7c51-uid";
@@ -97,6 +99,19 @@ impl Pet {
             "observedGeneration": generation,
             "conditions": [condition("Ready", "Available"), condition("Synced", "Synced")],
         }))
+    }
+
+    /// Showing a pending plan (Approve or Observe) for its generation.
+    pub fn showing_plan(mut self) -> Self {
+        let generation = self.metadata.generation;
+        self.status.get_or_insert_default().plan = Some(PlanStatus {
+            hash: "0123456789abcdef".into(),
+            summary: "update name".into(),
+            cause: "drift".into(),
+            generation,
+            actions: Vec::new(),
+        });
+        self
     }
 
     /// With the status the operator wrote (as the API server saw it).

@@ -19,6 +19,7 @@ mod kubernetes;
 mod monitoring;
 mod ownership;
 mod plans;
+mod plans_soak;
 mod postgres_replicas;
 mod security;
 mod tilt;

@@ -1248,16 +1248,18 @@ async fn an_approval_is_used_once() {
     let (pet, status) = approve_pending_rename(&h, &id).await;
     let hash = status["plan"]["hash"].as_str().expect("a hash").to_owned();
     // The record was put back out of band after the approved write: the
-    // same plan, the same hash, but its approval is spent.
+    // same writes again, but a new plan with a hash of its own (it follows
+    // the applied one); the spent approval does not apply it.
     let spent = pet
         .with_status(json!({"id": id, "appliedPlan": hash}))
         .annotated(APPROVE_PLAN_ANNOTATION, &hash);
     h.reconcile_writing_status(&spent).await;
     assert!(store_writes(&h.store).is_empty(), "{:?}", h.store.calls());
     let status = h.api.status_patches().pop().expect("a status write");
-    assert_eq!(status["plan"]["hash"], hash.as_str());
-    // The same plan as before: told once.
-    h.verify(&["PlanPending"]);
+    assert_eq!(status["plan"]["summary"], "update name");
+    assert_ne!(status["plan"]["hash"], hash.as_str(), "the spent hash");
+    // Each plan told once: the approved one, then this one.
+    h.verify(&["PlanPending", "PlanPending"]);
 }
 
 #[tokio::test]

@@ -17,7 +17,8 @@ pub enum Verdict {
     /// operator's own write), or the Pet is being deleted, which its own
     /// reconcile handles.
     InSync,
-    /// The record no longer matches its Pet: reconcile it now.
+    /// The record no longer matches its Pet, or the Pet shows a plan made
+    /// from the record as it was: reconcile it now.
     Drifted,
 }
 
@@ -36,6 +37,12 @@ pub fn verdict(change: &RecordChange, pet: Option<&Pet>) -> Verdict {
     let Some(pet) = pet else {
         return Verdict::Unrelated;
     };
+    // A plan shown (Approve, Observe) describes the record as it was read:
+    // any change makes it stale, even one back to what the spec asks.
+    let shows_plan = pet.status.as_ref().is_some_and(|s| s.plan.is_some());
+    if shows_plan {
+        return Verdict::Drifted;
+    }
     if pet.metadata.deletion_timestamp.is_some() {
         return Verdict::InSync;
     }
@@ -71,7 +78,9 @@ mod tests {
         let deleting = pet().deleted();
         // Created, but no status written yet.
         let unsynced = Pet::test();
-        let cases: [(&str, RecordChange, Option<&Pet>, Verdict); 10] = [
+        let planning = pet().showing_plan();
+        let deleting_planning = pet().deleted().showing_plan();
+        let cases: [(&str, RecordChange, Option<&Pet>, Verdict); 12] = [
             (
                 "a record no Pet owns or names",
                 RecordChange::changed("other", "", "Rex"),
@@ -131,6 +140,18 @@ mod tests {
                 RecordChange::changed(ID, "", "Thor"),
                 Some(&deleting),
                 Verdict::InSync,
+            ),
+            (
+                "back to what the spec asks while a plan shows it otherwise",
+                RecordChange::changed(ID, UID, "Thor"),
+                Some(&planning),
+                Verdict::Drifted,
+            ),
+            (
+                "changed while a deleted Pet's plan waits",
+                RecordChange::changed(ID, UID, "Loki"),
+                Some(&deleting_planning),
+                Verdict::Drifted,
             ),
         ];
         for (name, change, pet, expected) in cases {

@@ -177,11 +177,15 @@ fn find<'a>(observed: &'a Lookup, id: &str) -> Option<&'a Record> {
 /// builds and platforms (std's hasher promises neither), so a hash shown
 /// by one operator is approved against another, and short enough to type.
 fn plan_hash(facts: &Facts, writes: &[Write], cause: Option<Cause>, observed: &Lookup) -> String {
+    // The last plan applied is part of it: a plan that comes back after
+    // an approval (the same writes against the same record) is a new one,
+    // not the spent approval's.
     let mut text = format!(
-        "generation={:?};uid={};cause={};",
+        "generation={:?};uid={};cause={};after={};",
         facts.generation,
         facts.uid,
-        cause.map_or("none", Cause::as_str)
+        cause.map_or("none", Cause::as_str),
+        facts.applied_plan.as_deref().unwrap_or("")
     );
     for write in writes {
         text.push_str(&format!(

@@ -132,6 +132,18 @@ fn the_hash_changes_with_the_generation_and_with_the_record() {
         base.hash,
         "the record changed out of band"
     );
+    // Approved and applied, then the record put back as it was: the same
+    // writes again are a new plan, which the spent approval cannot apply.
+    let mut after = facts.clone();
+    after.applied_plan = Some(base.hash.clone());
+    after.approved_plan = Some(base.hash.clone());
+    after.change_policy = ChangePolicy::Approve;
+    let again = planned(&after, found(mine("a"), mine("a")));
+    assert_ne!(again.hash, base.hash, "a plan after an applied one");
+    assert!(
+        matches!(gate(&after, &again), Gate::Show { .. }),
+        "the spent approval applied the recurring plan"
+    );
 }
 
 #[test]
