@@ -210,7 +210,7 @@ fn utc_now() -> String {
 }
 
 /// The commit measured, marked when the tree differs from it.
-fn commit() -> String {
+pub(crate) fn commit() -> String {
     let git = |args: &[&str]| {
         std::process::Command::new("git")
             .args(args)
@@ -292,35 +292,12 @@ pub fn markdown(result: &IdleResult, command: &str) -> String {
 /// `report` with the idle section of `existing` in place of its own (or
 /// added at the end): the runs that do not measure idle calls keep them.
 pub fn keep_section(report: &str, existing: &str) -> String {
-    let Some(old) = section(existing) else {
-        return report.to_owned();
-    };
-    replace_section(report, old)
+    crate::report::keep_section(report, existing, SECTION)
 }
 
 /// `report` with `idle` as its idle section, replacing one it has.
 pub fn replace_section(report: &str, idle: &str) -> String {
-    let idle = idle.trim();
-    match report.find(SECTION) {
-        Some(at) => {
-            let rest = &report[at + SECTION.len()..];
-            let end = rest
-                .find("\n## ")
-                .map_or(report.len(), |i| at + SECTION.len() + i);
-            format!("{}\n\n{idle}\n{}", report[..at].trim_end(), &report[end..])
-        }
-        None => format!("{}\n\n{idle}\n", report.trim_end()),
-    }
-}
-
-/// The idle section of a report, if it has one.
-fn section(report: &str) -> Option<&str> {
-    let at = report.find(SECTION)?;
-    let rest = &report[at + SECTION.len()..];
-    let end = rest
-        .find("\n## ")
-        .map_or(report.len(), |i| at + SECTION.len() + i);
-    Some(&report[at..end])
+    crate::report::replace_section(report, SECTION, idle)
 }
 
 #[cfg(test)]

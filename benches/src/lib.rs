@@ -7,6 +7,7 @@ pub mod convergence;
 pub mod drift;
 pub mod feed_cost;
 pub mod idle;
+pub mod plans;
 pub mod procstat;
 pub mod report;
 pub mod side_by_side;

@@ -116,6 +116,18 @@ struct Args {
     )]
     idle: Option<std::time::Duration>,
 
+    /// Only plans under `Approve`: this many Pets converged, switched to
+    /// `changePolicy: Approve`, then all renamed at once; each rename timed
+    /// until its plan is shown. Rewrites only the report's plans section,
+    /// which every other run keeps.
+    #[arg(
+        long,
+        value_name = "N",
+        value_parser = at_least_one,
+        conflicts_with_all = ["store_only", "skip_store", "pairs_only", "side_by_side", "smoke", "tracing", "scale", "idle"]
+    )]
+    plans: Option<usize>,
+
     /// Where to write the report; the plot goes to docs/convergence.svg in
     /// the report's folder [default: BENCHMARKS.md at the repository root].
     #[arg(long, value_name = "PATH")]
@@ -275,17 +287,7 @@ fn idle(args: &Args, window: std::time::Duration, out: &Path) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    // What was run: hack/bench.sh runs the release build.
-    let runner = if cfg!(debug_assertions) {
-        "cargo run -p petstore-bench --"
-    } else {
-        "hack/bench.sh"
-    };
-    let command = std::iter::once(runner.to_owned())
-        .chain(std::env::args().skip(1))
-        .collect::<Vec<_>>()
-        .join(" ");
-    let section = bench::idle::markdown(&result, &command);
+    let section = bench::idle::markdown(&result, &command_line());
     println!("{section}");
     let existing = std::fs::read_to_string(out).unwrap_or_default();
     if let Err(err) = std::fs::write(out, bench::idle::replace_section(&existing, &section)) {
@@ -293,6 +295,49 @@ fn idle(args: &Args, window: std::time::Duration, out: &Path) -> ExitCode {
         return ExitCode::FAILURE;
     }
     eprintln!("wrote the idle section of {}", out.display());
+    if result.goal_met() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// The command line this run was started with, as a user types it.
+fn command_line() -> String {
+    // What was run: hack/bench.sh runs the release build.
+    let runner = if cfg!(debug_assertions) {
+        "cargo run -p petstore-bench --"
+    } else {
+        "hack/bench.sh"
+    };
+    std::iter::once(runner.to_owned())
+        .chain(std::env::args().skip(1))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The --plans run: measures, then rewrites the report's plans section.
+fn plans(args: &Args, pets: usize, out: &Path) -> ExitCode {
+    let config = bench::plans::PlansConfig {
+        pets,
+        concurrency: args.config().concurrency,
+    };
+    let result = match bench::plans::measure(&config, &|step| eprintln!("[bench] {step}")) {
+        Ok(result) => result,
+        Err(err) => {
+            eprintln!("petstore-bench: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let section = bench::plans::markdown(&result, &command_line());
+    println!("{section}");
+    let existing = std::fs::read_to_string(out).unwrap_or_default();
+    let report = bench::report::replace_section(&existing, bench::plans::SECTION, &section);
+    if let Err(err) = std::fs::write(out, report) {
+        eprintln!("petstore-bench: writing {}: {err}", out.display());
+        return ExitCode::FAILURE;
+    }
+    eprintln!("wrote the plans section of {}", out.display());
     if result.goal_met() {
         ExitCode::SUCCESS
     } else {
@@ -362,6 +407,9 @@ fn main() -> ExitCode {
     if let Some(window) = args.idle {
         return idle(&args, window, &out);
     }
+    if let Some(pets) = args.plans {
+        return plans(&args, pets, &out);
+    }
     if args.pairs_only {
         let config = args.config();
         return match bench::run_pairs(&config, |step| eprintln!("[bench] {step}")) {
@@ -391,6 +439,7 @@ fn main() -> ExitCode {
     };
     let existing = std::fs::read_to_string(&out).unwrap_or_default();
     let report = bench::idle::keep_section(&report(&args, &results, &out), &existing);
+    let report = bench::report::keep_section(&report, &existing, bench::plans::SECTION);
     if let Err(err) = std::fs::write(&out, &report) {
         eprintln!("petstore-bench: writing {}: {err}", out.display());
         return ExitCode::FAILURE;
@@ -503,6 +552,9 @@ mod tests {
             &["--idle", "2h"],
             &["--idle", "soon"],
             &["--idle", "10m", "--store-only"],
+            &["--plans", "0"],
+            &["--plans", "1000", "--idle", "10m"],
+            &["--plans", "1000", "--smoke"],
             &["--unknown"],
         ] {
             assert!(parse(args).is_err(), "{args:?} accepted");

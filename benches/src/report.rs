@@ -625,3 +625,39 @@ fn draw(results: &[ConvergenceResult], path: &Path) -> Drawn {
     root.present()?;
     Ok(())
 }
+
+/// `report` with the section under `heading` of `existing` in place of its
+/// own (or added at the end): a run that does not measure a section keeps
+/// the last one measured.
+pub fn keep_section(report: &str, existing: &str, heading: &str) -> String {
+    let Some(old) = section(existing, heading) else {
+        return report.to_owned();
+    };
+    replace_section(report, heading, old)
+}
+
+/// `report` with `text` as its section under `heading` (which `text`
+/// starts with), replacing one it has.
+pub fn replace_section(report: &str, heading: &str, text: &str) -> String {
+    let text = text.trim();
+    match report.find(heading) {
+        Some(at) => {
+            let rest = &report[at + heading.len()..];
+            let end = rest
+                .find("\n## ")
+                .map_or(report.len(), |i| at + heading.len() + i);
+            format!("{}\n\n{text}\n{}", report[..at].trim_end(), &report[end..])
+        }
+        None => format!("{}\n\n{text}\n", report.trim_end()),
+    }
+}
+
+/// The section under `heading` of a report, if it has one.
+fn section<'a>(report: &'a str, heading: &str) -> Option<&'a str> {
+    let at = report.find(heading)?;
+    let rest = &report[at + heading.len()..];
+    let end = rest
+        .find("\n## ")
+        .map_or(report.len(), |i| at + heading.len() + i);
+    Some(&report[at..end])
+}
