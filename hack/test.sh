@@ -78,8 +78,8 @@ phase "prerequisites" check_prerequisites
 #    and Tilt, at the lowest CPU and I/O priority, so it builds on the cores
 #    the tests leave idle instead of before them.
 # Separately, the previous release (a cargo build for the upgrade test,
-# cached by commit) builds from the start at the lowest priority, beside
-# everything, and is waited for before the tests.
+# cached by commit) builds from the start at a low priority, above the
+# "tilt" lane's, beside everything, and is waited for before the tests.
 tool_steps=(
   "tests:control plane (cached build):hack/control-plane/build.sh"
   "tests:promtool (cached build):hack/monitoring/build.sh"
@@ -87,7 +87,10 @@ tool_steps=(
   "tests:static checks (Dockerfile, Tiltfile):hack/static-checks.sh"
   "tilt:one-node cluster and Tilt (cached build):hack/cluster/build.sh"
 )
+# Lower priorities for what is needed later: the previous release before the
+# cluster's tools, both after the build and the test tools.
 idle_priority() { nice -n 19 ionice -c 3 "$@"; }
+low_priority() { nice -n 10 ionice -c 2 -n 7 "$@"; }
 tools_dir=$(mktemp -d)
 build_tools() {
   local i step lane script start
@@ -107,7 +110,7 @@ tools_pid=$!
 release_dir=$(mktemp -d)
 build_previous_release() {
   local start=$SECONDS
-  idle_priority bash hack/previous-release/build.sh >/dev/null 2>"$release_dir/log" || return 1
+  low_priority bash hack/previous-release/build.sh >/dev/null 2>"$release_dir/log" || return 1
   echo "$((SECONDS - start))" >"$release_dir/seconds"
 }
 build_previous_release &
@@ -156,7 +159,7 @@ wait_for_test_tools() {
   printf '\n--> previous release (cached build)\n'
   if wait "$release_pid"; then
     cat "$release_dir/log"
-    phase_names+=("  previous release (built beside, idle priority)")
+    phase_names+=("  previous release (built beside, low priority)")
     phase_seconds+=("$(cat "$release_dir/seconds")")
   else
     cat "$release_dir/log"
