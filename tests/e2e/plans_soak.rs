@@ -10,7 +10,8 @@
 //! - no record of an `Observe` or unapproved `Approve` Pet, nor one a Pet
 //!   left behind, changes but by the test's own edits.
 //!
-//! `PETSTORE_SOAK_SEED` replays another seed; the seed is printed.
+//! The seed is printed; `PETSTORE_SOAK_SEED` replays another, and
+//! `PETSTORE_SOAK_TRACE=1` prints each step as it starts.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -573,10 +574,12 @@ impl Soak {
 
 #[test]
 fn a_thousand_random_steps_write_only_what_was_decided_or_approved() -> Result<(), Error> {
-    let seed = std::env::var("PETSTORE_SOAK_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(SEED);
+    let seed = match std::env::var("PETSTORE_SOAK_SEED") {
+        Ok(text) => text
+            .parse()
+            .map_err(|e| format!("PETSTORE_SOAK_SEED={text:?}: {e}"))?,
+        Err(_) => SEED,
+    };
     eprintln!("plans soak: seed {seed} (PETSTORE_SOAK_SEED={seed} replays it)");
     let mut soak = Soak::start(seed)?;
     let started = Instant::now();
