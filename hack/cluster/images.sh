@@ -16,12 +16,13 @@
 # keyed by version.
 #
 #   hack/cluster/images.sh BIN_DIR      (BIN_DIR: what build.sh printed)
+#   hack/cluster/images.sh --base-only  (only the Dockerfile's base images)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 # shellcheck source=versions.env
 source "$here/versions.env"
-bin_dir=${1:?usage: images.sh BIN_DIR}
+bin_dir=${1:?usage: images.sh BIN_DIR | --base-only}
 docker=${DOCKER:-docker}
 cache_root="${PETSTORE_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/petstore-operator}"
 log() { printf '[images] %s\n' "$*" >&2; }
@@ -119,6 +120,8 @@ for image in $(base_images); do
   esac
   log "$image cannot be pulled here: made a local stand-in under that tag"
 done
+
+[[ $bin_dir == --base-only ]] && exit 0
 
 # The node's images, saved for ctr.
 out="$cache_root/node-images-coredns-$COREDNS_VERSION-lpp-$LOCAL_PATH_PROVISIONER_VERSION-${PAUSE_IMAGE##*:}"
