@@ -137,7 +137,9 @@ prebuild_images() {
   local start=$SECONDS target
   if ! docker_answers; then
     idle_priority bash hack/cluster/host-packages.sh --engine
-    idle_priority dockerd --host=unix:///var/run/docker.sock >"$images_dir/dockerd.log" 2>&1 &
+    # Not through idle_priority: $! must be dockerd's own PID (nice and
+    # ionice exec it), for stop_dockerd.
+    nice -n 19 ionice -c 3 dockerd --host=unix:///var/run/docker.sock >"$images_dir/dockerd.log" 2>&1 &
     echo $! >"$images_dir/dockerd.pid"
     for _ in $(seq 120); do docker_answers && break; sleep 0.5; done
     docker_answers || { echo "dockerd did not answer; its log:"; cat "$images_dir/dockerd.log"; return 1; }
