@@ -145,9 +145,17 @@ prebuild_images() {
     docker_answers || { echo "dockerd did not answer; its log:"; cat "$images_dir/dockerd.log"; return 1; }
   fi
   idle_priority bash hack/cluster/images.sh --base-only
+  # The Dockerfile needs BuildKit. Tilt speaks to the engine's own; a CLI
+  # does so through buildx, or by itself as Debian's docker.io does
+  # (/usr/bin/docker), while a newer CLI without buildx refuses.
+  local cli=docker
+  if ! docker buildx version >/dev/null 2>&1; then
+    [[ -x /usr/bin/docker ]] || { echo "no docker CLI here can build with BuildKit (install buildx)"; return 1; }
+    cli=/usr/bin/docker
+  fi
   # The Tiltfile's build argument (tiltcheck checks it is declared).
   for target in petstore-server petstore-operator; do
-    DOCKER_BUILDKIT=1 docker build -q --build-arg CARGO_PROFILE=dev-image \
+    DOCKER_BUILDKIT=1 "$cli" build -q --build-arg CARGO_PROFILE=dev-image \
       --target "$target" -t "$target:prebuilt" . >/dev/null
   done
   echo "$((SECONDS - start))" >"$images_dir/seconds"
