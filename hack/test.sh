@@ -202,19 +202,24 @@ wait_for_lane() { # lane
   done
   return "$failed"
 }
+# Waits for a background job that keeps its output in DIR/log and, when it
+# succeeds, its time in DIR/seconds; shows both.
+wait_for_job() { # name, pid, dir
+  printf '\n--> %s\n' "$1"
+  if wait "$2"; then
+    cat "$3/log"
+    phase_names+=("  $1 (built beside)")
+    phase_seconds+=("$(cat "$3/seconds")")
+  else
+    cat "$3/log"
+    echo "$1 failed" >&2
+    return 1
+  fi
+}
 wait_for_test_tools() {
   local failed=0
   wait_for_lane tests || failed=1
-  printf '\n--> previous release (cached build)\n'
-  if wait "$release_pid"; then
-    cat "$release_dir/log"
-    phase_names+=("  previous release (built beside, low priority)")
-    phase_seconds+=("$(cat "$release_dir/seconds")")
-  else
-    cat "$release_dir/log"
-    echo "previous release failed" >&2
-    failed=1
-  fi
+  wait_for_job "previous release (low priority)" "$release_pid" "$release_dir" || failed=1
   rm -rf "$release_dir"
   return "$failed"
 }
@@ -243,16 +248,7 @@ wait_for_tilt_tools() {
   wait "$tools_pid"
   rm -rf "$tools_dir"
   [[ -n ${images_pid:-} ]] || return 0
-  printf '\n--> images for Tilt (engine, base images, both images)\n'
-  if wait "$images_pid"; then
-    cat "$images_dir/log"
-    phase_names+=("  images for Tilt (built beside, idle priority)")
-    phase_seconds+=("$(cat "$images_dir/seconds")")
-  else
-    cat "$images_dir/log"
-    echo "building the images for Tilt failed" >&2
-    return 1
-  fi
+  wait_for_job "images for Tilt (idle priority)" "$images_pid" "$images_dir"
 }
 phase "one-node cluster, Tilt and images (rest of their build)" wait_for_tilt_tools
 phase "Tilt quick start on a one-node cluster" run_tilt_test

@@ -493,18 +493,10 @@ impl Soak {
                 break now;
             }
             if Instant::now() > deadline {
-                let states: Vec<String> = self
-                    .slots
-                    .iter()
-                    .map(|slot| {
-                        let status = now.pets.get(&slot.name).map(|p| &p.status);
-                        format!("{slot:?}\n  {status:?}")
-                    })
-                    .collect();
                 return Err(format!(
                     "step {step}: not settled after {SETTLE:?}; records {:?}\n{}",
                     now.records,
-                    states.join("\n")
+                    self.describe(&now)
                 )
                 .into());
             }
@@ -547,23 +539,28 @@ impl Soak {
         Ok(())
     }
 
+    /// Each slot as the soak sees it and its Pet's status, for a failure.
+    fn describe(&self, now: &Snapshot) -> String {
+        let slots: Vec<String> = self
+            .slots
+            .iter()
+            .map(|slot| {
+                let status = now.pets.get(&slot.name).map(|p| &p.status);
+                format!("{slot:?}\n  {status:?}")
+            })
+            .collect();
+        slots.join("\n")
+    }
+
     /// Every record the soak knows holds what the soak last saw or made.
     fn check_records(&self, step: usize, what: Step) -> Result<(), Error> {
         let now = self.snapshot()?;
         for (id, want) in &self.records {
             let got = now.records.get(id);
             if got != Some(want) {
-                let statuses: Vec<String> = self
-                    .slots
-                    .iter()
-                    .map(|slot| {
-                        let status = now.pets.get(&slot.name).map(|p| &p.status);
-                        format!("{slot:?}\n  {status:?}")
-                    })
-                    .collect();
                 return Err(format!(
                     "step {step} ({what:?}): record {id} is {got:?}, the soak last saw {want:?}\n{}",
-                    statuses.join("\n")
+                    self.describe(&now)
                 )
                 .into());
             }
