@@ -97,8 +97,9 @@ tool_steps=(
   "tests:static checks (Dockerfile, Tiltfile):hack/static-checks.sh"
   "tilt:one-node cluster and Tilt (cached build):hack/cluster/build.sh"
 )
-# Lower priorities for what is needed later: the previous release before the
-# cluster's tools, both after the build and the test tools.
+# Lower priorities for what is needed later: the previous release, then the
+# images (a cold cargo build in Docker, the longest of the last two lanes),
+# then the cluster's tools; all after the build and the test tools.
 idle_priority() { nice -n 19 ionice -c 3 "$@"; }
 low_priority() { nice -n 10 ionice -c 2 -n 7 "$@"; }
 tools_dir=$(mktemp -d)
@@ -125,10 +126,10 @@ build_previous_release() {
 }
 build_previous_release &
 release_pid=$!
-# The images lane, at the lowest priority from the start, as root only (the
+# The images lane, at a low priority from the start, as root only (the
 # Tilt phase needs root anyway): the Docker engine (Debian's docker.io,
-# installed and started when none answers; started at the lowest priority,
-# so its builds are too), the Dockerfile's base images, and both images
+# installed and started when none answers; started at nice 15, so its
+# builds are too), the Dockerfile's base images, and both images
 # built as Tilt builds them. tilt ci then finds BuildKit's layers and cargo
 # cache warm instead of compiling the workspace after everything else.
 images_dir=$(mktemp -d)
@@ -139,7 +140,7 @@ prebuild_images() {
     idle_priority bash hack/cluster/host-packages.sh --engine
     # Not through idle_priority: $! must be dockerd's own PID (nice and
     # ionice exec it), for stop_dockerd.
-    nice -n 19 ionice -c 3 dockerd --host=unix:///var/run/docker.sock >"$images_dir/dockerd.log" 2>&1 &
+    nice -n 15 ionice -c 3 dockerd --host=unix:///var/run/docker.sock >"$images_dir/dockerd.log" 2>&1 &
     echo $! >"$images_dir/dockerd.pid"
     for _ in $(seq 120); do docker_answers && break; sleep 0.5; done
     docker_answers || { echo "dockerd did not answer; its log:"; cat "$images_dir/dockerd.log"; return 1; }
@@ -248,7 +249,7 @@ wait_for_tilt_tools() {
   wait "$tools_pid"
   rm -rf "$tools_dir"
   [[ -n ${images_pid:-} ]] || return 0
-  wait_for_job "images for Tilt (idle priority)" "$images_pid" "$images_dir"
+  wait_for_job "images for Tilt (low priority)" "$images_pid" "$images_dir"
 }
 phase "one-node cluster, Tilt and images (rest of their build)" wait_for_tilt_tools
 phase "Tilt quick start on a one-node cluster" run_tilt_test
