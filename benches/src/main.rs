@@ -288,14 +288,25 @@ fn idle(args: &Args, window: std::time::Duration, out: &Path) -> ExitCode {
         }
     };
     let section = bench::idle::markdown(&result, &command_line());
+    write_section(out, bench::idle::SECTION, &section, result.goal_met())
+}
+
+/// Prints a section measured on its own, writes it in place of the
+/// report's section under `heading`, and fails unless its goal was met.
+fn write_section(out: &Path, heading: &str, section: &str, goal_met: bool) -> ExitCode {
     println!("{section}");
     let existing = std::fs::read_to_string(out).unwrap_or_default();
-    if let Err(err) = std::fs::write(out, bench::idle::replace_section(&existing, &section)) {
+    let report = bench::report::replace_section(&existing, heading, section);
+    if let Err(err) = std::fs::write(out, report) {
         eprintln!("petstore-bench: writing {}: {err}", out.display());
         return ExitCode::FAILURE;
     }
-    eprintln!("wrote the idle section of {}", out.display());
-    if result.goal_met() {
+    eprintln!(
+        "wrote the section \"{}\" of {}",
+        heading.trim_start_matches(['\n', '#', ' ']),
+        out.display()
+    );
+    if goal_met {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
@@ -330,19 +341,7 @@ fn plans(args: &Args, pets: usize, out: &Path) -> ExitCode {
         }
     };
     let section = bench::plans::markdown(&result, &command_line());
-    println!("{section}");
-    let existing = std::fs::read_to_string(out).unwrap_or_default();
-    let report = bench::report::replace_section(&existing, bench::plans::SECTION, &section);
-    if let Err(err) = std::fs::write(out, report) {
-        eprintln!("petstore-bench: writing {}: {err}", out.display());
-        return ExitCode::FAILURE;
-    }
-    eprintln!("wrote the plans section of {}", out.display());
-    if result.goal_met() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
+    write_section(out, bench::plans::SECTION, &section, result.goal_met())
 }
 
 fn main() -> ExitCode {

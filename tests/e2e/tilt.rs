@@ -74,6 +74,15 @@ fn ready_id(cluster: &Cluster, name: &str) -> Option<String> {
 }
 
 /// Pods of a workload, as JSON items.
+/// Waits until the Pet is Ready with a store ID, and returns the ID.
+fn wait_ready_id(cluster: &Cluster, name: &str) -> fixtures::Result<String> {
+    wait_for(
+        Duration::from_secs(120),
+        &format!("{name} Ready with a store ID"),
+        || ready_id(cluster, name),
+    )
+}
+
 fn pods(cluster: &Cluster, namespace: &str, app: &str) -> Vec<Value> {
     let selector = format!("app.kubernetes.io/name={app}");
     cluster
@@ -320,16 +329,8 @@ fn tilt_quick_start_on_a_one_node_cluster() -> TestResult {
         "--dry-run=server",
     ])?;
     cluster.kubectl(&["apply", "-k", &samples.to_string_lossy()])?;
-    let thor_id = wait_for(
-        Duration::from_secs(120),
-        "Thor Ready with a store ID",
-        || ready_id(&cluster, "pet-sample1"),
-    )?;
-    let tron_id = wait_for(
-        Duration::from_secs(120),
-        "Tron Ready with a store ID",
-        || ready_id(&cluster, "pet-sample2"),
-    )?;
+    let thor_id = wait_ready_id(&cluster, "pet-sample1")?;
+    let tron_id = wait_ready_id(&cluster, "pet-sample2")?;
     let table = cluster.kubectl(&["get", "pets"])?;
     assert!(
         table.contains(&thor_id) && table.contains(&tron_id),
@@ -364,11 +365,7 @@ fn tilt_quick_start_on_a_one_node_cluster() -> TestResult {
     cluster.apply(
         "apiVersion: petstore.example.com/v1alpha1\nkind: Pet\nmetadata:\n  name: pet-alpha\n  namespace: default\nspec:\n  name: Alpha\n  type: bird\n  birthday: \"2019-02-03T23:30:00-05:00\"\n",
     )?;
-    let alpha_id = wait_for(
-        Duration::from_secs(120),
-        "the v1alpha1 Pet Ready with a store ID",
-        || ready_id(&cluster, "pet-alpha"),
-    )?;
+    let alpha_id = wait_ready_id(&cluster, "pet-alpha")?;
     let as_v1 = cluster.kubectl_json(&["get", "pets.v1.petstore.example.com", "pet-alpha"])?;
     assert_eq!(as_v1["spec"]["birthday"], "2019-02-03", "{as_v1}");
     let as_alpha =
@@ -542,11 +539,7 @@ spec: {name: Rex, type: dog, birthday: \"2022-02-02\"}
                     .any(|p| p["metadata"]["name"] == h.as_str())
         })
     })?;
-    let rex_id = wait_for(
-        Duration::from_secs(120),
-        "Rex Ready with a store ID",
-        || ready_id(&cluster, "after-handover"),
-    )?;
+    let rex_id = wait_ready_id(&cluster, "after-handover")?;
     let found = search(r#"{"names":["Rex"]}"#)?;
     assert_eq!(found, vec![("Rex".to_owned(), rex_id)]);
     eprintln!(
