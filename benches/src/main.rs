@@ -280,15 +280,23 @@ fn idle(args: &Args, window: std::time::Duration, out: &Path) -> ExitCode {
         window,
         concurrency: config.concurrency,
     };
-    let result = match bench::idle::measure(&idle, &|step| eprintln!("[bench] {step}")) {
-        Ok(result) => result,
-        Err(err) => {
-            eprintln!("petstore-bench: {err}");
-            return ExitCode::FAILURE;
-        }
+    let Some(result) = reported(bench::idle::measure(&idle, &progress)) else {
+        return ExitCode::FAILURE;
     };
     let section = bench::idle::markdown(&result, &command_line());
     write_section(out, bench::idle::SECTION, &section, result.goal_met())
+}
+
+/// A step of a run, as it starts.
+fn progress(step: &str) {
+    eprintln!("[bench] {step}");
+}
+
+/// The measurement, or nothing once its error is printed.
+fn reported<T>(result: fixtures::Result<T>) -> Option<T> {
+    result
+        .map_err(|err| eprintln!("petstore-bench: {err}"))
+        .ok()
 }
 
 /// Prints a section measured on its own, writes it in place of the
@@ -333,12 +341,8 @@ fn plans(args: &Args, pets: usize, out: &Path) -> ExitCode {
         pets,
         concurrency: args.config().concurrency,
     };
-    let result = match bench::plans::measure(&config, &|step| eprintln!("[bench] {step}")) {
-        Ok(result) => result,
-        Err(err) => {
-            eprintln!("petstore-bench: {err}");
-            return ExitCode::FAILURE;
-        }
+    let Some(result) = reported(bench::plans::measure(&config, &progress)) else {
+        return ExitCode::FAILURE;
     };
     let section = bench::plans::markdown(&result, &command_line());
     write_section(out, bench::plans::SECTION, &section, result.goal_met())
