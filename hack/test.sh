@@ -50,7 +50,7 @@ on_exit() {
     if kill -0 "$pid" 2>/dev/null; then stop_tools "$pid"; fi
   done
   stop_dockerd
-  rm -rf "${images_dir:-}"
+  rm -rf "${tools_dir:-}" "${release_dir:-}" "${images_dir:-}"
   summary
 }
 trap on_exit EXIT
@@ -77,7 +77,8 @@ phase "prerequisites" check_prerequisites
 # C compiles, links, the long single-threaded crates near the end of cargo's
 # graph), so on 2 cores they take less together than one after the other.
 # Each is cached by version outside the clone: warm, this is a few seconds
-# of checks. Two lanes:
+# of checks. Two lanes of tool_steps (the previous release and the images
+# have a lane each, below):
 #  - "tests": what `cargo test` needs, at normal priority, waited for before
 #    it starts:
 #      control plane: kube-apiserver, kube-controller-manager, etcd, grpcurl, ghz, kubectl
@@ -104,14 +105,15 @@ idle_priority() { nice -n 19 ionice -c 3 "$@"; }
 low_priority() { nice -n 10 ionice -c 2 -n 7 "$@"; }
 tools_dir=$(mktemp -d)
 build_tools() {
-  local i step lane script start
+  local i step lane script start priority
   for i in "${!tool_steps[@]}"; do
     step=${tool_steps[$i]}; lane=${step%%:*}; script=${step##*:}
     start=$SECONDS
-    if [[ $lane == tilt ]]; then
-      idle_priority bash "$script" >"$tools_dir/$i.log" 2>&1 || { echo failed >"$tools_dir/$i.status"; return 1; }
-    else
-      bash "$script" >"$tools_dir/$i.log" 2>&1 || { echo failed >"$tools_dir/$i.status"; return 1; }
+    priority=()
+    [[ $lane == tilt ]] && priority=(idle_priority)
+    if ! "${priority[@]}" bash "$script" >"$tools_dir/$i.log" 2>&1; then
+      echo failed >"$tools_dir/$i.status"
+      return 1
     fi
     echo "$((SECONDS - start))" >"$tools_dir/$i.status"
   done

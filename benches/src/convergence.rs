@@ -304,6 +304,9 @@ pub struct Floor {
 struct Seen {
     /// name -> (generation, ready-for-that-generation)
     pets: HashMap<String, (i64, bool)>,
+    /// name -> the generation of the newest `status.plan` seen, and when it
+    /// was first seen (Pets in `Approve` or `Observe`).
+    planned: HashMap<String, (i64, Instant)>,
 }
 
 impl Seen {
@@ -312,6 +315,32 @@ impl Seen {
             .values()
             .filter(|(g, ready)| *ready && *g >= generation)
             .count()
+    }
+
+    fn planned_at_least(&self, generation: i64) -> usize {
+        self.planned
+            .values()
+            .filter(|(g, _)| *g >= generation)
+            .count()
+    }
+
+    fn note_plan(&mut self, name: &str, pet: &Pet) {
+        let Some(generation) = pet
+            .status
+            .as_ref()
+            .and_then(|s| s.plan.as_ref())
+            .and_then(|p| p.generation)
+        else {
+            return;
+        };
+        if self
+            .planned
+            .get(name)
+            .is_none_or(|(seen, _)| *seen < generation)
+        {
+            self.planned
+                .insert(name.to_owned(), (generation, Instant::now()));
+        }
     }
 }
 
@@ -343,6 +372,7 @@ impl Tracker {
                     watcher::Event::Apply(pet) | watcher::Event::InitApply(pet) => {
                         let name = pet.metadata.name.clone().unwrap_or_default();
                         let generation = pet.metadata.generation.unwrap_or(0);
+                        seen.note_plan(&name, &pet);
                         seen.pets.insert(name, (generation, ready(&pet)));
                     }
                     watcher::Event::Delete(pet) => {
@@ -391,6 +421,28 @@ impl Tracker {
     ) -> Result<()> {
         self.until(timeout, what, |s| s.ready_at_least(generation) == n)
             .await
+    }
+
+    /// Resolves when `n` Pets show a plan for `generation` or a later one.
+    pub(crate) async fn all_planned(
+        &mut self,
+        n: usize,
+        generation: i64,
+        timeout: Duration,
+        what: &str,
+    ) -> Result<()> {
+        self.until(timeout, what, |s| s.planned_at_least(generation) == n)
+            .await
+    }
+
+    /// When each Pet first showed a plan for `generation` or a later one.
+    pub(crate) fn planned_since(&self, generation: i64) -> HashMap<String, Instant> {
+        let seen = self.seen.lock().expect("seen");
+        seen.planned
+            .iter()
+            .filter(|(_, (g, _))| *g >= generation)
+            .map(|(name, (_, at))| (name.clone(), *at))
+            .collect()
     }
 }
 
@@ -515,17 +567,22 @@ fn pet(i: usize) -> Pet {
     )
 }
 
-async fn for_each_pet<F, Fut>(n: usize, concurrency: usize, action: F) -> Result<()>
+/// Runs `action` for pet-0 to pet-(n - 1), `concurrency` at a time; their
+/// results in the order they finished.
+pub(crate) async fn for_each_pet<F, Fut, T>(
+    n: usize,
+    concurrency: usize,
+    action: F,
+) -> Result<Vec<T>>
 where
     F: Fn(usize) -> Fut,
-    Fut: Future<Output = std::result::Result<(), kube::Error>>,
+    Fut: Future<Output = std::result::Result<T, kube::Error>>,
 {
     futures::stream::iter(0..n)
         .map(action)
         .buffer_unordered(concurrency)
-        .try_collect::<Vec<()>>()
+        .try_collect::<Vec<T>>()
         .await
-        .map(drop)
         .map_err(kube_error)
 }
 
@@ -536,6 +593,7 @@ pub(crate) async fn create_pets(api: &Api<Pet>, n: usize, concurrency: usize) ->
         async move { api.create(&PostParams::default(), &pet(i)).await.map(drop) }
     })
     .await
+    .map(drop)
 }
 
 /// The operator's store RPCs so far, by method.

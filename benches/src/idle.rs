@@ -289,17 +289,6 @@ pub fn markdown(result: &IdleResult, command: &str) -> String {
     out
 }
 
-/// `report` with the idle section of `existing` in place of its own (or
-/// added at the end): the runs that do not measure idle calls keep them.
-pub fn keep_section(report: &str, existing: &str) -> String {
-    crate::report::keep_section(report, existing, SECTION)
-}
-
-/// `report` with `idle` as its idle section, replacing one it has.
-pub fn replace_section(report: &str, idle: &str) -> String {
-    crate::report::replace_section(report, SECTION, idle)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -335,27 +324,5 @@ mod tests {
         let mut long = result(0, 9000);
         long.window = Duration::from_secs(7200);
         assert!(!long.goal_met(), "two hours may read each Pet twice");
-    }
-
-    #[test]
-    fn the_section_is_kept_or_replaced_in_place() {
-        let report = "# B\n\nops\n\n## Pet store\n\nstore\n";
-        let idle = "## Idle store calls\n\nfirst\n";
-        let with = replace_section(report, idle);
-        assert_eq!(
-            with,
-            "# B\n\nops\n\n## Pet store\n\nstore\n\n## Idle store calls\n\nfirst\n"
-        );
-        let again = replace_section(&with, "## Idle store calls\n\nsecond");
-        assert_eq!(again, with.replace("first", "second"));
-        // A run without it keeps the existing one.
-        assert_eq!(keep_section(report, &again), again);
-        assert_eq!(keep_section(report, report), report);
-        // In the middle, the sections after it stay.
-        let middle = "# B\n\n## Idle store calls\n\nold\n\n## Pet store\n\nstore\n";
-        assert_eq!(
-            replace_section(middle, "## Idle store calls\n\nnew"),
-            "# B\n\n## Idle store calls\n\nnew\n\n## Pet store\n\nstore\n"
-        );
     }
 }

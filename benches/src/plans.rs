@@ -4,22 +4,18 @@
 //! on the Pets shows that Pet's plan for the new generation. The store's
 //! own count of write RPCs over the whole edit must not move.
 
-use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::{StreamExt, TryStreamExt};
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::watcher;
 use petstore_operator::crd::Pet;
-use tokio::sync::watch;
 
 use crate::convergence::{
-    NAMESPACE, Tracker, client_from, create_pets, events_drained, shipped_options, start_leader,
+    NAMESPACE, Tracker, client_from, create_pets, events_drained, for_each_pet, shipped_options,
+    start_leader,
 };
 use crate::store_load::percentile;
-use fixtures::{Env, Error, Result, Storage};
+use fixtures::{Env, Result, Storage};
 
 /// Where the section of the report starts; runs that do not measure it
 /// keep it as it is.
@@ -95,59 +91,8 @@ pub fn measure(config: &PlansConfig, progress: &dyn Fn(&str)) -> Result<PlansRes
             .await?;
         events_drained(&operator, timeout).await?;
 
-        // A watch of its own, listed before the first edit, notes when each
-        // Pet first shows a plan for the renamed generation.
-        let shown = Arc::new(Mutex::new(HashMap::<String, Instant>::new()));
-        let (tick, mut ticks) = watch::channel((false, 0usize));
-        let watched = Arc::clone(&shown);
-        let watch_api = api.clone();
-        let follower = tokio::spawn(async move {
-            let mut stream = watcher(watch_api, watcher::Config::default()).boxed();
-            while let Ok(Some(event)) = stream.try_next().await {
-                match event {
-                    watcher::Event::InitDone => tick.send_modify(|(listed, _)| *listed = true),
-                    watcher::Event::Apply(pet) | watcher::Event::InitApply(pet) => {
-                        let for_edit = pet
-                            .status
-                            .as_ref()
-                            .and_then(|s| s.plan.as_ref())
-                            .and_then(|p| p.generation)
-                            .is_some_and(|g| g >= EDITED_GENERATION);
-                        if for_edit {
-                            let name = pet.metadata.name.clone().unwrap_or_default();
-                            let mut shown = watched.lock().expect("shown");
-                            shown.entry(name).or_insert_with(Instant::now);
-                            let n = shown.len();
-                            drop(shown);
-                            tick.send_modify(|(_, count)| *count = n);
-                        }
-                    }
-                    _ => {}
-                }
-            }
-        });
-        let deadline = tokio::time::Instant::now() + timeout;
-        let wait_until = |ticks: &mut watch::Receiver<(bool, usize)>,
-                          done: fn(&(bool, usize), usize) -> bool| {
-            let mut ticks = ticks.clone();
-            let pets = config.pets;
-            async move {
-                while !done(&ticks.borrow(), pets) {
-                    match tokio::time::timeout_at(deadline, ticks.changed()).await {
-                        Ok(Ok(())) => {}
-                        _ => return false,
-                    }
-                }
-                true
-            }
-        };
-        if !wait_until(&mut ticks, |(listed, _), _| *listed).await {
-            return Err(Error::Timeout(
-                timeout,
-                "the plans watch's first list".into(),
-            ));
-        }
-
+        // The tracker's watch, running since before the Pets were made,
+        // notes when each first shows a plan for the renamed generation.
         let started_at = chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string();
         progress(&format!("plans: renaming {} Pets in Approve", config.pets));
         let answered = patch_all(
@@ -156,11 +101,14 @@ pub fn measure(config: &PlansConfig, progress: &dyn Fn(&str)) -> Result<PlansRes
             |i| serde_json::json!({"spec": {"name": format!("Renamed {i}")}}),
         )
         .await?;
-        wait_until(&mut ticks, |(_, count), pets| *count >= pets).await;
-        follower.abort();
+        // A timeout is a result too: the plans not shown are left out of
+        // the count, and the goal is not met.
+        let _ = tracker
+            .all_planned(config.pets, EDITED_GENERATION, timeout, "every plan shown")
+            .await;
         let store_writes = env.store.writes()? - writes_before;
 
-        let shown = shown.lock().expect("shown").clone();
+        let shown = tracker.planned_since(EDITED_GENERATION);
         let mut latencies: Vec<Duration> = (0..config.pets)
             .filter_map(|i| {
                 let at = shown.get(&format!("pet-{i}"))?;
@@ -199,28 +147,20 @@ async fn patch_all(
     config: &PlansConfig,
     patch: impl Fn(usize) -> serde_json::Value,
 ) -> Result<Vec<Instant>> {
-    let answered = futures::stream::iter(0..config.pets)
-        .map(|i| {
-            let api = api.clone();
-            let body = patch(i);
-            async move {
-                api.patch(
-                    &format!("pet-{i}"),
-                    &PatchParams::default(),
-                    &Patch::Merge(&body),
-                )
-                .await
-                .map(|_| (i, Instant::now()))
-            }
-        })
-        .buffer_unordered(config.concurrency)
-        .try_collect::<Vec<(usize, Instant)>>()
-        .await
-        .map_err(|err| Error::Command {
-            command: "patching the Pets".into(),
-            status: "error".into(),
-            stderr: err.to_string(),
-        })?;
+    let answered = for_each_pet(config.pets, config.concurrency, |i| {
+        let api = api.clone();
+        let body = patch(i);
+        async move {
+            api.patch(
+                &format!("pet-{i}"),
+                &PatchParams::default(),
+                &Patch::Merge(&body),
+            )
+            .await
+            .map(|_| (i, Instant::now()))
+        }
+    })
+    .await?;
     let mut at = vec![Instant::now(); config.pets];
     for (i, when) in answered {
         at[i] = when;

@@ -661,3 +661,32 @@ fn section<'a>(report: &'a str, heading: &str) -> Option<&'a str> {
         .map_or(report.len(), |i| at + heading.len() + i);
     Some(&report[at..end])
 }
+
+#[cfg(test)]
+mod section_tests {
+    use super::*;
+
+    const IDLE: &str = crate::idle::SECTION;
+
+    #[test]
+    fn the_section_is_kept_or_replaced_in_place() {
+        let report = "# B\n\nops\n\n## Pet store\n\nstore\n";
+        let idle = "## Idle store calls\n\nfirst\n";
+        let with = replace_section(report, IDLE, idle);
+        assert_eq!(
+            with,
+            "# B\n\nops\n\n## Pet store\n\nstore\n\n## Idle store calls\n\nfirst\n"
+        );
+        let again = replace_section(&with, IDLE, "## Idle store calls\n\nsecond");
+        assert_eq!(again, with.replace("first", "second"));
+        // A run without it keeps the existing one.
+        assert_eq!(keep_section(report, &again, IDLE), again);
+        assert_eq!(keep_section(report, report, IDLE), report);
+        // In the middle, the sections after it stay.
+        let middle = "# B\n\n## Idle store calls\n\nold\n\n## Pet store\n\nstore\n";
+        assert_eq!(
+            replace_section(middle, IDLE, "## Idle store calls\n\nnew"),
+            "# B\n\n## Idle store calls\n\nnew\n\n## Pet store\n\nstore\n"
+        );
+    }
+}

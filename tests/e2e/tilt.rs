@@ -73,7 +73,6 @@ fn ready_id(cluster: &Cluster, name: &str) -> Option<String> {
     is_ready(&pet).then(|| pet["status"]["id"].as_str().map(str::to_owned))?
 }
 
-/// Pods of a workload, as JSON items.
 /// Waits until the Pet is Ready with a store ID, and returns the ID.
 fn wait_ready_id(cluster: &Cluster, name: &str) -> fixtures::Result<String> {
     wait_for(
@@ -83,6 +82,7 @@ fn wait_ready_id(cluster: &Cluster, name: &str) -> fixtures::Result<String> {
     )
 }
 
+/// Pods of a workload, as JSON items.
 fn pods(cluster: &Cluster, namespace: &str, app: &str) -> Vec<Value> {
     let selector = format!("app.kubernetes.io/name={app}");
     cluster
