@@ -46,7 +46,7 @@ stop_dockerd() {
 }
 on_exit() {
   local pid
-  for pid in ${tools_pid:-} ${release_pid:-} ${images_pid:-}; do
+  for pid in ${tools_pid:-} ${release_pid:-} ${images_pid:-} ${e2e_pid:-}; do
     if kill -0 "$pid" 2>/dev/null; then stop_tools "$pid"; fi
   done
   stop_dockerd
@@ -90,7 +90,8 @@ phase "prerequisites" check_prerequisites
 #    the tests leave idle instead of before them.
 # Separately, the previous release (a cargo build for the upgrade test,
 # cached by commit) builds from the start at a low priority, above the
-# "tilt" lane's, beside everything, and is waited for before the tests.
+# "tilt" lane's, beside everything. The tests do not wait for it: the
+# upgrade test, which needs it, waits on the build's lock when it starts.
 tool_steps=(
   "tests:control plane (cached build):hack/control-plane/build.sh"
   "tests:promtool (cached build):hack/monitoring/build.sh"
@@ -219,26 +220,44 @@ wait_for_job() { # name, pid, dir
     return 1
   fi
 }
-wait_for_test_tools() {
-  local failed=0
-  wait_for_lane tests || failed=1
-  wait_for_job "previous release (low priority)" "$release_pid" "$release_dir" || failed=1
-  rm -rf "$release_dir"
-  return "$failed"
-}
-phase "tools for the tests (rest of their build)" wait_for_test_tools
+phase "tools for the tests (rest of their build)" wait_for_lane tests
 
 # The tests start the binaries this build made. Without this, the fixtures
 # would build them again for two packages only, a different feature set, and
 # cargo would compile the workspace's crates a second time.
 export PETSTORE_BIN_DIR="${CARGO_TARGET_DIR:-$PWD/target}/debug"
-# Both suites run together: unit tests with fakes and a mock API server, and
-# tests/e2e's end-to-end stories with the real binaries.
+# tests/e2e's end-to-end stories with the real binaries mostly wait (for a
+# watch, a Lease, a backoff): run two at a time, the CPU sat half idle, so
+# they run four at a time. Beside them, at the same time, everything else:
+# unit tests with fakes and a mock API server, and the benchmarks' smoke run.
+# cargo holds its build lock only while it builds, so both commands run
+# their test binaries at once. The end-to-end lines are marked "e2e |".
 # The Tilt quick start on the one-node cluster runs in a phase of its own.
+e2e_threads=${PETSTORE_E2E_THREADS:-4}
 run_tests() {
-  cargo test --locked --workspace -- --skip tilt:: 2>&1 | tee "$test_log"
+  local e2e_log status=0
+  e2e_log=$(mktemp)
+  # --workspace everywhere: the features of the whole workspace, so that
+  # cargo reuses the build instead of compiling again for one package.
+  (cargo test --locked --workspace --test e2e --bin petstore-operator-faults \
+     -- --skip tilt:: --test-threads="$e2e_threads" 2>&1 \
+     | tee "$e2e_log" | sed -u 's/^/e2e | /') &
+  e2e_pid=$!
+  cargo test --locked --workspace --exclude e2e 2>&1 | tee "$test_log" || status=1
+  wait "$e2e_pid" || status=1
+  e2e_pid=
+  cat "$e2e_log" >>"$test_log"
+  rm -f "$e2e_log"
+  return "$status"
 }
 phase "cargo test" run_tests
+# The upgrade test waited for it (hack/previous-release/build.sh takes a
+# lock), so it has ended: this shows its time and output.
+wait_for_previous_release() {
+  wait_for_job "previous release (low priority)" "$release_pid" "$release_dir" || return 1
+  rm -rf "$release_dir"
+}
+phase "previous release (built during the tests)" wait_for_previous_release
 # Builds both images (BuildKit caches persist in the engine's data root) and
 # runs the README's Tilt quick start against real pods; needs root.
 run_tilt_test() {

@@ -34,6 +34,15 @@ if ! git -C "$root" cat-file -e "$commit^{commit}" 2>/dev/null; then
 fi
 
 mkdir -p "$cache_root"
+# One build at a time. hack/test.sh starts this script in the background and
+# its tests start before it ends: the upgrade test's own call waits here for
+# that build and then finds it finished, instead of starting a second one.
+exec 9>"$cache_root/release-$commit.lock"
+flock 9
+if complete "$dest"; then
+  echo "$dest"
+  exit 0
+fi
 partial="$cache_root/release-$commit.partial-$$"
 rm -rf "$partial"
 mkdir -p "$partial"

@@ -730,7 +730,12 @@ fn upgrading_from_the_previous_release_and_back_writes_nothing_and_loses_nothing
             let lease = cp
                 .kubectl_json(&["get", "lease", LEASE, "-n", OPERATOR_NAMESPACE])
                 .ok()?;
-            (lease["spec"]["holderIdentity"] == "operator-rollback").then_some(())
+            // The process sets its gauge just after its Lease write lands;
+            // under load a scrape can fall between the two.
+            let metrics = operator.metrics().ok()?;
+            (lease["spec"]["holderIdentity"] == "operator-rollback"
+                && fixtures::http::sum_series(&metrics, "petstore_operator_leader", "") == 1.0)
+                .then_some(())
         },
     );
     operator.or_log_tail(leading);
