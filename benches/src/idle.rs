@@ -5,6 +5,11 @@
 //! default intervals (a 5-minute poll, an hourly audit). Then every store
 //! call each makes over the same wall-clock window with nothing changing.
 //! Nothing is scaled: the figures are the window's counts.
+//!
+//! With `observe`, once converged every Pet is switched to `changePolicy:
+//! Observe` and renamed in the same patch, so that each holds a pending
+//! plan through the window: what a team watching a store it does not let
+//! the operator write costs.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -22,6 +27,10 @@ use fixtures::{Env, Operator, Result, Storage};
 /// Where the idle section of the report starts; runs that do not measure
 /// it keep it as it is.
 pub const SECTION: &str = "\n## Idle store calls";
+/// The same for the Observe run.
+// Not "Idle store calls ...": the report finds a section by its heading's
+// first occurrence, so neither heading may contain the other.
+pub const OBSERVE_SECTION: &str = "\n## Observe: idle store calls";
 
 /// The longest window: the goal is per audit interval (an hour), and a
 /// window at most that long reads each Pet at most once while the feed is
@@ -33,6 +42,8 @@ pub struct IdleConfig {
     pub pets: usize,
     pub window: Duration,
     pub concurrency: usize,
+    /// Every Pet in `Observe` with a pending plan through the window.
+    pub observe: bool,
 }
 
 /// One operator's side of the window.
@@ -70,6 +81,8 @@ impl IdleSide {
 #[derive(Clone, Debug, Default)]
 pub struct IdleResult {
     pub pets: usize,
+    /// Measured with every Pet in `Observe` and a plan pending.
+    pub observe: bool,
     /// The window as timed by its first and last scrape.
     pub window: Duration,
     /// From the later of the two convergences to the window's start.
@@ -148,6 +161,7 @@ pub fn measure(config: &IdleConfig, progress: &dyn Fn(&str)) -> Result<IdleResul
         };
         Ok(IdleResult {
             pets: config.pets,
+            observe: config.observe,
             window,
             after_convergence: window_started - converged,
             started_at,
@@ -202,6 +216,17 @@ async fn converge(
         .all_ready(config.pets, 1, timeout, "all Pets Ready")
         .await?;
     events_drained(operator, timeout).await?;
+    if config.observe {
+        crate::plans::patch_all(&api, config.pets, config.concurrency, |i| {
+            serde_json::json!({"spec": {"changePolicy": "Observe", "name": format!("Renamed {i}")}})
+        })
+        .await?;
+        // Generation 2: the switch and the rename, one patch.
+        tracker
+            .all_planned(config.pets, 2, timeout, "every Pet's plan shown in Observe")
+            .await?;
+        events_drained(operator, timeout).await?;
+    }
     Ok(started.elapsed())
 }
 
@@ -229,21 +254,31 @@ pub(crate) fn commit() -> String {
     }
 }
 
-/// The report's idle section.
+/// The report's section for this run.
+pub fn section(observe: bool) -> &'static str {
+    if observe { OBSERVE_SECTION } else { SECTION }
+}
+
+/// The report's idle section (or its Observe section).
 pub fn markdown(result: &IdleResult, command: &str) -> String {
     let mut out = String::new();
     let window = crate::report::duration_words(result.window);
     let n = result.pets;
-    let _ = writeln!(out, "{}\n", SECTION.trim_start());
+    let _ = writeln!(out, "{}\n", section(result.observe).trim_start());
     let _ = writeln!(
         out,
-        "Measured with `{command}` on commit {commit}, window from {started} ({profile} build). {n} Pets were converged on each of two control planes at once, each with its own durable store: one operator with the defaults (the store's change feed followed, each Pet audited every hour, `--audit-interval 1h`), one with the defaults but `--follow-store-changes=false` (each Pet polled every 5 minutes, `--poll-interval 5m`). Once both were Ready and their Events written, every store call each operator made was counted over the same {window} window with nothing changing (its `petstore_operator_store_call_duration_seconds_count`, by method). The figures are the window's counts, **not scaled to an hour**{full}. The audit reads a Pet at least half an audit interval after its last reconcile, at a phase fixed by its UID, so a window that starts at convergence holds no audit reads in its first 30 minutes, and any window of at most an hour reads each Pet at most once: the goal, N calls an hour, applies to the window's count as it is.\n",
+        "Measured with `{command}` on commit {commit}, window from {started} ({profile} build). {n} Pets were converged on each of two control planes at once, each with its own durable store: one operator with the defaults (the store's change feed followed, each Pet audited every hour, `--audit-interval 1h`), one with the defaults but `--follow-store-changes=false` (each Pet polled every 5 minutes, `--poll-interval 5m`). {observe}Once both were Ready and their Events written, every store call each operator made was counted over the same {window} window with nothing changing (its `petstore_operator_store_call_duration_seconds_count`, by method). The figures are the window's counts, **not scaled to an hour**{full}. The audit reads a Pet at least half an audit interval after its last reconcile, at a phase fixed by its UID, so a window that starts at convergence holds no audit reads in its first 30 minutes, and any window of at most an hour reads each Pet at most once: the goal, N calls an hour, applies to the window's count as it is.\n",
         commit = result.commit,
         started = result.started_at,
         profile = if cfg!(debug_assertions) {
             "debug"
         } else {
             "release"
+        },
+        observe = if result.observe {
+            "Once converged, every Pet was switched to `changePolicy: Observe` and renamed in the same patch, so each held a pending `update name` plan, never applied, through the window. "
+        } else {
+            ""
         },
         full = if result.window >= MAX_WINDOW {
             " (the window is a full hour)"
@@ -257,10 +292,15 @@ pub fn markdown(result: &IdleResult, command: &str) -> String {
     );
     let _ = writeln!(
         out,
-        "| store calls in a {window} idle window at N = {n}, with the defaults (the feed followed) | ≤ {n} | {} ({}) | {} |",
+        "| store calls in a {window} idle window at N = {n}{observe}, with the defaults (the feed followed) | ≤ {n} | {} ({}) | {} |",
         result.feed.total(),
         result.feed.by_method(),
         if result.goal_met() { "met" } else { "not met" },
+        observe = if result.observe {
+            " in `Observe`, each with a plan pending"
+        } else {
+            ""
+        },
     );
     let _ = writeln!(
         out,
@@ -281,7 +321,12 @@ pub fn markdown(result: &IdleResult, command: &str) -> String {
     );
     let _ = writeln!(
         out,
-        "\nConverging took {:.1} s with the feed and {:.1} s polling (both at once); the window started {:.1} s after the later one. *Met* needs the feed-on count within the goal, the feed connected on that side and not on the other, and the polling side above N, so that a window too short to tell the two apart shows nothing.",
+        "\nConverging{} took {:.1} s with the feed and {:.1} s polling (both at once); the window started {:.1} s after the later one. *Met* needs the feed-on count within the goal, the feed connected on that side and not on the other, and the polling side above N, so that a window too short to tell the two apart shows nothing.",
+        if result.observe {
+            " (and every plan shown in Observe)"
+        } else {
+            ""
+        },
         result.feed.converge.as_secs_f64(),
         result.polling.converge.as_secs_f64(),
         result.after_convergence.as_secs_f64(),
@@ -324,5 +369,25 @@ mod tests {
         let mut long = result(0, 9000);
         long.window = Duration::from_secs(7200);
         assert!(!long.goal_met(), "two hours may read each Pet twice");
+    }
+
+    #[test]
+    fn the_observe_run_has_a_section_of_its_own_and_says_what_it_measured() {
+        let automatic = markdown(&result(10, 9000), "bench --idle 50m");
+        assert!(automatic.starts_with(SECTION.trim_start()), "{automatic}");
+        assert!(!automatic.contains("Observe"), "{automatic}");
+        let mut observed = result(10, 9000);
+        observed.observe = true;
+        let observed = markdown(&observed, "bench --idle 50m --idle-observe");
+        assert!(
+            observed.starts_with(OBSERVE_SECTION.trim_start()),
+            "{observed}"
+        );
+        assert!(
+            observed.contains("N = 1000 in `Observe`, each with a plan pending"),
+            "{observed}"
+        );
+        // A section is found by its heading's first occurrence.
+        assert!(!OBSERVE_SECTION.contains(SECTION) && !SECTION.contains(OBSERVE_SECTION));
     }
 }

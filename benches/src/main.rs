@@ -116,6 +116,12 @@ struct Args {
     )]
     idle: Option<std::time::Duration>,
 
+    /// With --idle: once converged, every Pet is switched to
+    /// `changePolicy: Observe` and renamed, so each holds a pending plan
+    /// through the window. Rewrites the report's Observe section instead.
+    #[arg(long, requires = "idle")]
+    idle_observe: bool,
+
     /// Only plans under `Approve`: this many Pets converged, switched to
     /// `changePolicy: Approve`, then all renamed at once; each rename timed
     /// until its plan is shown. Rewrites only the report's plans section,
@@ -279,12 +285,18 @@ fn idle(args: &Args, window: std::time::Duration, out: &Path) -> ExitCode {
         pets: config.sizes.iter().copied().max().unwrap_or(1),
         window,
         concurrency: config.concurrency,
+        observe: args.idle_observe,
     };
     let Some(result) = reported(bench::idle::measure(&idle, &progress)) else {
         return ExitCode::FAILURE;
     };
     let section = bench::idle::markdown(&result, &command_line());
-    write_section(out, bench::idle::SECTION, &section, result.goal_met())
+    write_section(
+        out,
+        bench::idle::section(result.observe),
+        &section,
+        result.goal_met(),
+    )
 }
 
 /// A step of a run, as it starts.
@@ -443,7 +455,11 @@ fn main() -> ExitCode {
     let existing = std::fs::read_to_string(&out).unwrap_or_default();
     // The sections measured by runs of their own stay as they were.
     let mut report = report(&args, &results, &out);
-    for heading in [bench::idle::SECTION, bench::plans::SECTION] {
+    for heading in [
+        bench::idle::SECTION,
+        bench::idle::OBSERVE_SECTION,
+        bench::plans::SECTION,
+    ] {
         report = bench::report::keep_section(&report, &existing, heading);
     }
     if let Err(err) = std::fs::write(&out, &report) {
@@ -558,6 +574,7 @@ mod tests {
             &["--idle", "2h"],
             &["--idle", "soon"],
             &["--idle", "10m", "--store-only"],
+            &["--idle-observe"],
             &["--plans", "0"],
             &["--plans", "1000", "--idle", "10m"],
             &["--plans", "1000", "--smoke"],

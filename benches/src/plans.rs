@@ -82,7 +82,8 @@ pub fn measure(config: &PlansConfig, progress: &dyn Fn(&str)) -> Result<PlansRes
         progress("plans: switching every Pet to Approve");
         patch_all(
             &api,
-            config,
+            config.pets,
+            config.concurrency,
             |_| serde_json::json!({"spec": {"changePolicy": "Approve"}}),
         )
         .await?;
@@ -97,7 +98,8 @@ pub fn measure(config: &PlansConfig, progress: &dyn Fn(&str)) -> Result<PlansRes
         progress(&format!("plans: renaming {} Pets in Approve", config.pets));
         let answered = patch_all(
             &api,
-            config,
+            config.pets,
+            config.concurrency,
             |i| serde_json::json!({"spec": {"name": format!("Renamed {i}")}}),
         )
         .await?;
@@ -142,12 +144,15 @@ pub fn measure(config: &PlansConfig, progress: &dyn Fn(&str)) -> Result<PlansRes
     })
 }
 
-async fn patch_all(
+/// Merge-patches `pet-0` to `pet-{pets - 1}`, `concurrency` at a time; when
+/// each patch was answered, by Pet.
+pub(crate) async fn patch_all(
     api: &Api<Pet>,
-    config: &PlansConfig,
+    pets: usize,
+    concurrency: usize,
     patch: impl Fn(usize) -> serde_json::Value,
 ) -> Result<Vec<Instant>> {
-    let answered = for_each_pet(config.pets, config.concurrency, |i| {
+    let answered = for_each_pet(pets, concurrency, |i| {
         let api = api.clone();
         let body = patch(i);
         async move {
@@ -161,7 +166,7 @@ async fn patch_all(
         }
     })
     .await?;
-    let mut at = vec![Instant::now(); config.pets];
+    let mut at = vec![Instant::now(); pets];
     for (i, when) in answered {
         at[i] = when;
     }

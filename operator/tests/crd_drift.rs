@@ -81,10 +81,24 @@ fn crd_has_the_promised_shape() {
         .iter()
         .map(|c| c["name"].as_str().unwrap_or_default().to_owned())
         .collect();
-    for column in ["Pet Name", "Type", "Birthday", "Store ID", "Ready", "Age"] {
+    for column in [
+        "Pet Name", "Type", "Birthday", "Store ID", "Plan", "Ready", "Age",
+    ] {
         assert!(
             columns.contains(&column.to_owned()),
             "{column} in {columns:?}"
         );
+    }
+    // The Plan column prints `none` when nothing waits, Pets written before
+    // the field existed included: the API server fills the default on read.
+    for v in [alpha, version] {
+        let plan = v["additionalPrinterColumns"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["name"] == "Plan"))
+            .expect("a Plan column");
+        assert_eq!(plan["jsonPath"], ".status.pendingPlan");
+        let status = &v["schema"]["openAPIV3Schema"]["properties"]["status"];
+        assert_eq!(status["properties"]["pendingPlan"]["default"], "none");
+        assert_eq!(status["properties"]["pendingPlan"]["type"], "string");
     }
 }

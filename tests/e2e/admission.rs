@@ -4,7 +4,9 @@
 //! every value the operator accepts; refuses on UPDATE only a bad value
 //! that the update adds or changes (ratcheting); and keeps a Pet's deletion
 //! policy fixed once it is being deleted, but for a change to Orphan, which
-//! is how a deletion waiting on the book's store is let go.
+//! is how a deletion waiting on the book's store is let go. A protected
+//! Pet is refused deletion, by name, in bulk and by its namespace's
+//! deletion, and its record stays until the annotation goes.
 
 use std::time::Duration;
 
@@ -17,6 +19,7 @@ const PAUSED: &str = "petstore.example.com/paused";
 const DELETION_POLICY: &str = "petstore.example.com/deletion-policy";
 const EXTERNAL_ID: &str = "petstore.example.com/external-id";
 const APPROVE_PLAN: &str = "petstore.example.com/approve-plan";
+const PROTECTED: &str = "petstore.example.com/protected";
 /// An ID as the store mints them.
 const RECORD_ID: &str = "0b3a5f1e-7c2d-4e8f-9a6b-1c2d3e4f5a6b";
 /// A finalizer of the test's own, which keeps a deleted Pet in view.
@@ -479,5 +482,119 @@ fn a_deletion_waiting_on_the_books_store_is_let_go_as_its_message_says() -> fixt
         env.wait_gone("default", name, POLICY_ACTIVE_TIMEOUT)?;
     }
     assert!(legacy.ids().is_empty(), "nothing was created or kept");
+    Ok(())
+}
+
+#[test]
+fn a_protected_pet_and_its_record_stay_until_the_annotation_goes() -> fixtures::Result<()> {
+    let env = Env::start(Storage::Durable)?;
+    let _operator = env.start_operator("operator")?;
+    let cp = &env.cp;
+    install_policy(cp)?;
+    let timeout = Duration::from_secs(60);
+
+    assert_refused(
+        "protected: yes",
+        cp.apply(&pet_yaml("unsure", &[(PROTECTED, "yes")], &[])),
+        &[PROTECTED, r#""true""#, r#""false""#, r#"not "yes""#],
+    );
+    cp.apply(&pet_yaml("guarded", &[(PROTECTED, "True")], &[]))?;
+    let id = env.wait_ready("default", "guarded", timeout)?;
+    // The API server enforces a new policy once its informer has it; a
+    // server-side dry run deletes nothing while the probe waits.
+    let message = wait_for(POLICY_ACTIVE_TIMEOUT, "the protection enforced", || {
+        let dry_run = [
+            "delete",
+            "pet",
+            "guarded",
+            "-n",
+            "default",
+            "--dry-run=server",
+        ];
+        cp.kubectl(&dry_run)
+            .err()
+            .map(|err| err.to_string())
+            .filter(|message| message.contains(PROTECTED))
+    })?;
+    assert_names(
+        "delete",
+        &message,
+        &[
+            "Pet default/guarded is protected",
+            "petstore.example.com/protected=true",
+            "kubectl annotate pet guarded -n default petstore.example.com/protected-",
+        ],
+    );
+    let writes = env.store.writes()?;
+    assert_refused(
+        "delete by name",
+        cp.kubectl(&["delete", "pet", "guarded", "-n", "default", "--wait=false"]),
+        &[PROTECTED],
+    );
+    assert_refused(
+        "delete --all",
+        cp.kubectl(&["delete", "pets", "--all", "-n", "default", "--wait=false"]),
+        &[PROTECTED],
+    );
+    // A namespace's deletion cannot take it either: the namespace waits.
+    cp.ensure_namespace("kept")?;
+    cp.apply(
+        &pet_yaml("guarded", &[(PROTECTED, "true")], &[])
+            .replace("namespace: default", "namespace: kept"),
+    )?;
+    env.wait_ready("kept", "guarded", timeout)?;
+    let writes = writes + 1.0; // its create
+    cp.kubectl(&["delete", "namespace", "kept", "--wait=false"])?;
+    let refused = wait_for(timeout, "the namespace's deletion to be refused", || {
+        let namespace = cp.kubectl_json(&["get", "namespace", "kept"]).ok()?;
+        namespace["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .filter_map(|c| c["message"].as_str())
+            .find(|message| message.contains(PROTECTED))
+            .map(str::to_owned)
+    })?;
+    assert_names("namespace", &refused, &["Pet kept/guarded is protected"]);
+    for namespace in ["default", "kept"] {
+        let pet = env.pet(namespace, "guarded")?;
+        assert!(
+            pet["metadata"]["deletionTimestamp"].is_null(),
+            "{namespace}: {pet}"
+        );
+    }
+    assert_eq!(env.store.writes()?, writes, "the store was written");
+    let records = env.store.all_pets()?;
+    assert!(
+        records.iter().any(|r| r["id"] == id.as_str()),
+        "{records:?}"
+    );
+
+    // Lifted: the deletion proceeds, and deletes the record.
+    cp.kubectl(&[
+        "annotate",
+        "pet",
+        "guarded",
+        "-n",
+        "default",
+        &format!("{PROTECTED}-"),
+    ])?;
+    cp.kubectl(&["delete", "pet", "guarded", "-n", "default", "--wait=false"])?;
+    env.wait_gone("default", "guarded", timeout)?;
+    let records = env.store.all_pets()?;
+    assert!(
+        !records.iter().any(|r| r["id"] == id.as_str()),
+        "{records:?}"
+    );
+    // "false" protects nothing.
+    cp.kubectl(&[
+        "annotate",
+        "pet",
+        "guarded",
+        "-n",
+        "kept",
+        &format!("{PROTECTED}=false"),
+        "--overwrite",
+    ])?;
+    env.wait_gone("kept", "guarded", timeout)?;
     Ok(())
 }

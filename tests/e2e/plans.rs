@@ -100,6 +100,26 @@ fn kubectl_petstore_plan(env: &Env, manifest: &str) -> fixtures::Result<(Option<
     Ok((planned.code, planned.stdout))
 }
 
+/// The PLAN column of `kubectl get pet NAME`, as printed. kubectl aligns
+/// its columns, so the cell spans from its header to the next one's.
+fn plan_column(env: &Env, name: &str) -> fixtures::Result<String> {
+    let listed = env.cp.kubectl(&["get", "pet", name, "-n", "default"])?;
+    let mut lines = listed.lines();
+    let (header, row) = (
+        lines.next().unwrap_or_default(),
+        lines.next().unwrap_or_default(),
+    );
+    let start = header.find("PLAN").expect("a PLAN column");
+    let end = header[start..]
+        .find("READY")
+        .map_or(row.len(), |i| start + i);
+    Ok(row
+        .get(start..end.min(row.len()))
+        .unwrap_or_default()
+        .trim()
+        .to_owned())
+}
+
 fn reason(pet: &Value, type_: &str) -> String {
     condition(pet, type_)
         .and_then(|c| c["reason"].as_str())
@@ -127,11 +147,7 @@ fn approve_writes_only_the_approved_plan_once() -> fixtures::Result<()> {
     ))?;
     let create = wait_plan(&env, "rex", "create", None)?;
     assert_eq!(create["cause"], "new_pet");
-    let listed = env.cp.kubectl(&["get", "pet", "rex", "-n", "default"])?;
-    assert!(
-        listed.contains("PLAN") && listed.contains("create"),
-        "{listed}"
-    );
+    assert_eq!(plan_column(&env, "rex")?, "create");
     std::thread::sleep(TWO_AUDITS);
     let pet = env.pet("default", "rex")?;
     assert_eq!(reason(&pet, "Ready"), "PlanPending", "{pet}");
@@ -153,11 +169,13 @@ fn approve_writes_only_the_approved_plan_once() -> fixtures::Result<()> {
     let pet = env.pet("default", "rex")?;
     assert_eq!(pet["status"]["appliedPlan"], create["hash"]);
     assert!(pet["status"]["plan"].is_null(), "{pet}");
+    assert_eq!(plan_column(&env, "rex")?, "none");
 
     // A spec edit makes a new plan; the spent approval does not apply it.
     env.rename("default", "rex", "Rexford")?;
     let rename = wait_plan(&env, "rex", "update name", None)?;
     assert_eq!(rename["cause"], "spec_change");
+    assert_eq!(plan_column(&env, "rex")?, "update name");
 
     // The plugin, for the Pet as it stands: the very plan in its status,
     // byte for byte, and exit code 2 (a change would be made).

@@ -7,7 +7,7 @@ use kube::{Client, Resource, ResourceExt};
 use tracing::debug;
 
 use crate::Error;
-use crate::crd::{Pet, PetStatus};
+use crate::crd::{PENDING_PLAN_FIELD, Pet, PetStatus};
 use crate::status::{Outcome, PlanUpdate, next_status};
 
 /// Status writes tried after a 409 before giving up (and retrying the whole
@@ -70,9 +70,14 @@ async fn patch(
     clear_plan: bool,
 ) -> Result<(), kube::Error> {
     let mut body = serde_json::json!({ "status": status });
-    if clear_plan {
-        // A merge patch removes only what it sets to null.
+    // The Plan column's field follows the plan in the same write.
+    if let Some(plan) = &status.plan {
+        body["status"][PENDING_PLAN_FIELD] = plan.summary.clone().into();
+    } else if clear_plan {
+        // A merge patch removes only what it sets to null; the API server
+        // then fills the field's default, `none`.
         body["status"]["plan"] = serde_json::Value::Null;
+        body["status"][PENDING_PLAN_FIELD] = serde_json::Value::Null;
     }
     let patch = Patch::Merge(body);
     let request = kube::core::Request::new(Pet::url_path(&(), pet.namespace().as_deref()))

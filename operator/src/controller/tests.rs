@@ -1205,6 +1205,7 @@ async fn approve_shows_the_plan_and_writes_nothing_until_its_hash_is_approved() 
     assert!(store_writes(&h.store).is_empty(), "{:?}", h.store.calls());
     let plan = &status["plan"];
     assert_eq!(plan["summary"], "update name");
+    assert_eq!(status["pendingPlan"], "update name", "the Plan column");
     assert_eq!(plan["cause"], "spec_change");
     assert_eq!(
         plan["actions"][0]["changes"][0],
@@ -1238,6 +1239,14 @@ async fn approve_shows_the_plan_and_writes_nothing_until_its_hash_is_approved() 
     assert_eq!(store_writes(&h.store), [format!("update:{id}")]);
     let status = h.api.status_patches().pop().expect("a status write");
     assert_eq!(status["plan"], Value::Null, "the plan is cleared: {status}");
+    // Removed, so that the API server fills its default, `none`.
+    assert_eq!(status["pendingPlan"], Value::Null, "{status}");
+    assert!(
+        status
+            .as_object()
+            .is_some_and(|s| s.contains_key("pendingPlan")),
+        "a merge patch removes only what it sets to null: {status}"
+    );
     assert_eq!(status["appliedPlan"], hash.as_str());
     assert_condition(&status, "Ready", "True", "Available");
 }

@@ -58,8 +58,8 @@ macro_rules! pet_version {
             printcolumn(
                 name = "Plan",
                 type_ = "string",
-                json_path = ".status.plan.summary",
-                description = "What the pending plan would do: create, update and the fields, claim, release, delete"
+                json_path = ".status.pendingPlan",
+                description = "What the pending plan would do (create, update and the fields, claim, release, delete), or none"
             ),
             printcolumn(
                 name = "Ready",
@@ -222,6 +222,7 @@ impl PetType {
 /// What the operator last observed and did.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = with_pending_plan)]
 pub struct PetStatus {
     /// ID of this Pet's record in the pet store.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -249,6 +250,32 @@ pub struct PetStatus {
     /// The hash of the last approved plan applied: an approval is used once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub applied_plan: Option<String>,
+}
+
+/// `status.pendingPlan`, what the Plan column prints: the pending plan's
+/// summary, or `none`. The schema defaults it to `none`, and the API server
+/// fills a default on every read, so a Pet written before the field existed
+/// shows `none` with no write. The operator sets it in the same status write
+/// that shows or clears `status.plan` and never reads it: it is not in
+/// [`PetStatus`], so it cannot make an unchanged status look changed.
+pub const PENDING_PLAN_FIELD: &str = "pendingPlan";
+/// What `status.pendingPlan` says when no plan waits.
+pub const NO_PENDING_PLAN: &str = "none";
+
+fn with_pending_plan(schema: &mut schemars::Schema) {
+    if let Some(properties) = schema
+        .get_mut("properties")
+        .and_then(serde_json::Value::as_object_mut)
+    {
+        properties.insert(
+            PENDING_PLAN_FIELD.into(),
+            serde_json::json!({
+                "type": "string",
+                "default": NO_PENDING_PLAN,
+                "description": "What the pending plan would do, as status.plan.summary says it, or none. For kubectl's Plan column.",
+            }),
+        );
+    }
 }
 
 /// A pending plan: the store writes one reconcile would make.
