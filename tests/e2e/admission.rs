@@ -526,10 +526,13 @@ fn a_protected_pet_and_its_record_stay_until_the_annotation_goes() -> fixtures::
         ],
     );
     let writes = env.store.writes()?;
+    // As docs/upgrading.md quotes it.
     assert_refused(
         "delete by name",
         cp.kubectl(&["delete", "pet", "guarded", "-n", "default", "--wait=false"]),
-        &[PROTECTED],
+        &[
+            r#"Error from server (Forbidden): pets.petstore.example.com "guarded" is forbidden: ValidatingAdmissionPolicy 'petstore-pet-protection' with binding 'petstore-pet-protection' denied request: Pet default/guarded is protected"#,
+        ],
     );
     assert_refused(
         "delete --all",
