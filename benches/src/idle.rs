@@ -123,8 +123,8 @@ pub fn measure(config: &IdleConfig, progress: &dyn Fn(&str)) -> Result<IdleResul
             config.pets
         ));
         let (feed_converge, polling_converge) = futures::try_join!(
-            converge(&feed_env, &feed, config, timeout),
-            converge(&polling_env, &polling, config, timeout),
+            converge(&feed_env, &feed, config, timeout, true),
+            converge(&polling_env, &polling, config, timeout, false),
         )?;
         let converged = Instant::now();
         let commit = commit();
@@ -198,13 +198,18 @@ fn defaults(env: &Env, identity: &str, follow_feed: bool) -> fixtures::OperatorO
     options
 }
 
-/// Creates the Pets and waits until every one is Ready and its Event is
-/// written; how long that took.
+/// Creates the Pets and waits until every one is Ready (and, with
+/// `events`, its Events written); how long that took. The polling side's
+/// Events are not waited for: its writer yields to reconciles, and a
+/// 5-minute poll of 20,000 Pets keeps it busy, so they trail by an hour and
+/// more (17,792 still queued ten minutes after 20,000 Pets converged). Its
+/// window then counts them as API writes, shown beside the feed side's.
 async fn converge(
     env: &Env,
     operator: &Operator,
     config: &IdleConfig,
     timeout: Duration,
+    events: bool,
 ) -> Result<Duration> {
     env.cp.ensure_namespace(NAMESPACE)?;
     let client = client_from(&env.cp.kubeconfig).await?;
@@ -215,7 +220,9 @@ async fn converge(
     tracker
         .all_ready(config.pets, 1, timeout, "all Pets Ready")
         .await?;
-    events_drained(operator, timeout).await?;
+    if events {
+        events_drained(operator, timeout).await?;
+    }
     if config.observe {
         crate::plans::patch_all(&api, config.pets, config.concurrency, |i| {
             serde_json::json!({"spec": {"changePolicy": "Observe", "name": format!("Renamed {i}")}})
@@ -225,7 +232,9 @@ async fn converge(
         tracker
             .all_planned(config.pets, 2, timeout, "every Pet's plan shown in Observe")
             .await?;
-        events_drained(operator, timeout).await?;
+        if events {
+            events_drained(operator, timeout).await?;
+        }
     }
     Ok(started.elapsed())
 }
@@ -267,7 +276,7 @@ pub fn markdown(result: &IdleResult, command: &str) -> String {
     let _ = writeln!(out, "{}\n", section(result.observe).trim_start());
     let _ = writeln!(
         out,
-        "Measured with `{command}` on commit {commit}, window from {started} ({profile} build). {n} Pets were converged on each of two control planes at once, each with its own durable store: one operator with the defaults (the store's change feed followed, each Pet audited every hour, `--audit-interval 1h`), one with the defaults but `--follow-store-changes=false` (each Pet polled every 5 minutes, `--poll-interval 5m`). {observe}Once both were Ready and their Events written, every store call each operator made was counted over the same {window} window with nothing changing (its `petstore_operator_store_call_duration_seconds_count`, by method). The figures are the window's counts, **not scaled to an hour**{full}. The audit reads a Pet at least half an audit interval after its last reconcile, at a phase fixed by its UID, so a window that starts at convergence holds no audit reads in its first 30 minutes, and any window of at most an hour reads each Pet at most once: the goal, N calls an hour, applies to the window's count as it is.\n",
+        "Measured with `{command}` on commit {commit}, window from {started} ({profile} build). {n} Pets were converged on each of two control planes at once, each with its own durable store: one operator with the defaults (the store's change feed followed, each Pet audited every hour, `--audit-interval 1h`), one with the defaults but `--follow-store-changes=false` (each Pet polled every 5 minutes, `--poll-interval 5m`). {observe}Once both were Ready, and the feed side's Events written, every store call each operator made was counted over the same {window} window with nothing changing (its `petstore_operator_store_call_duration_seconds_count`, by method). The figures are the window's counts, **not scaled to an hour**{full}. The audit reads a Pet at least half an audit interval after its last reconcile, at a phase fixed by its UID, so a window that starts at convergence holds no audit reads in its first 30 minutes, and any window of at most an hour reads each Pet at most once: the goal, N calls an hour, applies to the window's count as it is.\n",
         commit = result.commit,
         started = result.started_at,
         profile = if cfg!(debug_assertions) {
@@ -310,10 +319,10 @@ pub fn markdown(result: &IdleResult, command: &str) -> String {
     );
     let _ = writeln!(
         out,
-        "| API writes (Pets and Events) in the window, feed and polling | 0 | {} and {} | {} |",
+        "| API writes (Pets and Events) in the window with the feed (beside it, polling, whose Events were not waited for) | 0 | {} ({}) | {} |",
         result.feed.api_writes,
         result.polling.api_writes,
-        if result.feed.api_writes == 0 && result.polling.api_writes == 0 {
+        if result.feed.api_writes == 0 {
             "met"
         } else {
             "not met"
