@@ -352,6 +352,15 @@ fn ready(pet: &Pet) -> bool {
             .is_some_and(|c| c.status == "True" && c.observed_generation == generation)
 }
 
+/// What a Pet shows that [`Tracker::all`] waits for.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Shows {
+    /// Ready, for the generation.
+    Ready,
+    /// A plan made for the generation.
+    Plan,
+}
+
 /// A watch on one namespace's Pets: what it has seen, and a tick on every
 /// change.
 pub(crate) struct Tracker {
@@ -411,28 +420,20 @@ impl Tracker {
         }
     }
 
-    /// Resolves when `n` Pets are Ready for `generation` or a later one.
-    pub(crate) async fn all_ready(
+    /// Resolves when `n` Pets show `shows` for `generation` or a later one.
+    pub(crate) async fn all(
         &mut self,
+        shows: Shows,
         n: usize,
         generation: i64,
         timeout: Duration,
         what: &str,
     ) -> Result<()> {
-        self.until(timeout, what, |s| s.ready_at_least(generation) == n)
-            .await
-    }
-
-    /// Resolves when `n` Pets show a plan for `generation` or a later one.
-    pub(crate) async fn all_planned(
-        &mut self,
-        n: usize,
-        generation: i64,
-        timeout: Duration,
-        what: &str,
-    ) -> Result<()> {
-        self.until(timeout, what, |s| s.planned_at_least(generation) == n)
-            .await
+        self.until(timeout, what, |s| match shows {
+            Shows::Ready => s.ready_at_least(generation) == n,
+            Shows::Plan => s.planned_at_least(generation) == n,
+        })
+        .await
     }
 
     /// When each Pet first showed a plan for `generation` or a later one.
@@ -473,7 +474,7 @@ const WARMUP_PETS: usize = 20;
 async fn warmed_up(env: &Env, timeout: Duration) -> Result<kube::Client> {
     let client = prepare(env).await?;
     Tracker::start(Api::namespaced(client.clone(), "warmup"))
-        .all_ready(WARMUP_PETS, 1, timeout, "warm-up Pets Ready")
+        .all(Shows::Ready, WARMUP_PETS, 1, timeout, "warm-up Pets Ready")
         .await?;
     Ok(client)
 }
@@ -565,6 +566,35 @@ fn pet(i: usize) -> Pet {
             change_policy: None,
         },
     )
+}
+
+/// Merge-patches `pet-0` to `pet-{pets - 1}`, `concurrency` at a time; when
+/// each patch was answered, by Pet.
+pub(crate) async fn patch_all(
+    api: &Api<Pet>,
+    pets: usize,
+    concurrency: usize,
+    patch: impl Fn(usize) -> serde_json::Value,
+) -> Result<Vec<Instant>> {
+    let answered = for_each_pet(pets, concurrency, |i| {
+        let api = api.clone();
+        let body = patch(i);
+        async move {
+            api.patch(
+                &format!("pet-{i}"),
+                &PatchParams::default(),
+                &Patch::Merge(&body),
+            )
+            .await
+            .map(|_| (i, Instant::now()))
+        }
+    })
+    .await?;
+    let mut at = vec![Instant::now(); pets];
+    for (i, when) in answered {
+        at[i] = when;
+    }
+    Ok(at)
 }
 
 /// Runs `action` for pet-0 to pet-(n - 1), `concurrency` at a time; their
@@ -731,14 +761,23 @@ fn measure_operator_with(
         let api_before = apimetrics::scrape(&env.cp)?;
         let calls_before = store_calls(&operator.metrics()?);
 
-        let conversions_before = conversion_calls(&env.cp)?;
-        let cpu = CpuSplit::meter(&env, operator.process().pid());
-        let started = Instant::now();
-        create_pets(&api, n, config.concurrency).await?;
-        tracker.all_ready(n, 1, timeout, "all Pets Ready").await?;
-        let converge = started.elapsed();
-        let cpu = CpuSplit::read(&cpu);
-        let conversions = conversion_calls(&env.cp)?.saturating_sub(conversions_before);
+        let pid = operator.process().pid();
+        let TimedCreate {
+            started,
+            took: converge,
+            cpu,
+            conversions,
+        } = create_all_timed(
+            &env,
+            &api,
+            &mut tracker,
+            n,
+            config.concurrency,
+            pid,
+            timeout,
+            "all Pets Ready",
+        )
+        .await?;
         if !everything {
             let pid = operator.process().pid().unwrap_or(0);
             return Ok(ConvergenceResult {
@@ -986,6 +1025,43 @@ fn list_times(cp: &ControlPlane, webhook_pid: Option<u32>, n: usize) -> Result<L
 /// Conversion webhook calls the API server has made for Pets and the webhook
 /// answered, from its
 /// `apiserver_crd_conversion_webhook_duration_seconds` histogram.
+/// A timed creation of N Pets, from the first create until all are Ready.
+struct TimedCreate {
+    started: Instant,
+    took: Duration,
+    /// CPU over that span, the process `pid` named split out.
+    cpu: CpuSplit,
+    /// Conversion webhook calls over that span.
+    conversions: u64,
+}
+
+/// Creates `n` Pets and waits until all are Ready: the operator's run and
+/// the floor's time the same span the same way.
+#[allow(clippy::too_many_arguments)]
+async fn create_all_timed(
+    env: &Env,
+    api: &Api<Pet>,
+    tracker: &mut Tracker,
+    n: usize,
+    concurrency: usize,
+    pid: Option<u32>,
+    timeout: Duration,
+    what: &str,
+) -> Result<TimedCreate> {
+    let conversions_before = conversion_calls(&env.cp)?;
+    let meter = CpuSplit::meter(env, pid);
+    let started = Instant::now();
+    create_pets(api, n, concurrency).await?;
+    tracker.all(Shows::Ready, n, 1, timeout, what).await?;
+    let took = started.elapsed();
+    Ok(TimedCreate {
+        started,
+        took,
+        cpu: CpuSplit::read(&meter),
+        conversions: conversion_calls(&env.cp)?.saturating_sub(conversions_before),
+    })
+}
+
 fn conversion_calls(cp: &ControlPlane) -> Result<u64> {
     let metrics = cp.kubectl(&["get", "--raw", "/metrics"])?;
     Ok(apimetrics::samples(
@@ -1043,7 +1119,7 @@ pub fn measure_drift_on_postgres(
         let mut tracker = Tracker::start(api.clone());
         create_pets(&api, n, config.concurrency).await?;
         tracker
-            .all_ready(n, 1, timeout, "all Pets Ready on PostgreSQL")
+            .all(Shows::Ready, n, 1, timeout, "all Pets Ready on PostgreSQL")
             .await?;
         events_drained(&operator, timeout).await?;
         let (edits, deletes) = drift_counts(n);
@@ -1091,7 +1167,9 @@ async fn churn(
         }
     })
     .await?;
-    tracker.all_ready(n, 2, timeout, "renames applied").await?;
+    tracker
+        .all(Shows::Ready, n, 2, timeout, "renames applied")
+        .await?;
     let rename = started.elapsed();
     let renamed = super::store_load::count_named(&env.store.addr, "Renamed ").await?;
     if renamed != n {
@@ -1214,16 +1292,22 @@ pub fn measure_floor_gated(
 
         quiet(&env, webhook_pid).await;
         tokio::task::block_in_place(gate);
-        let conversions_before = conversion_calls(&env.cp)?;
-        let cpu = CpuSplit::meter(&env, webhook_pid);
-        let started = Instant::now();
-        create_pets(&api, n, config.concurrency).await?;
-        tracker
-            .all_ready(n, 1, timeout, "baseline: all Pets Ready")
-            .await?;
-        let floor = started.elapsed();
-        let cpu = CpuSplit::read(&cpu);
-        let conversions = conversion_calls(&env.cp)?.saturating_sub(conversions_before);
+        let TimedCreate {
+            took: floor,
+            cpu,
+            conversions,
+            ..
+        } = create_all_timed(
+            &env,
+            &api,
+            &mut tracker,
+            n,
+            config.concurrency,
+            webhook_pid,
+            timeout,
+            "baseline: all Pets Ready",
+        )
+        .await?;
         baseline.abort();
         Ok::<_, Error>(Floor {
             time: floor,

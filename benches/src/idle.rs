@@ -19,8 +19,8 @@ use kube::api::Api;
 use petstore_operator::crd::Pet;
 
 use crate::convergence::{
-    NAMESPACE, Tracker, client_from, create_pets, events_drained, metric_sum, shipped_options,
-    start_leader, store_calls, writes_since,
+    NAMESPACE, Shows, Tracker, client_from, create_pets, events_drained, metric_sum,
+    shipped_options, start_leader, store_calls, writes_since,
 };
 use fixtures::{Env, Operator, Result, Storage};
 
@@ -218,19 +218,25 @@ async fn converge(
     let started = Instant::now();
     create_pets(&api, config.pets, config.concurrency).await?;
     tracker
-        .all_ready(config.pets, 1, timeout, "all Pets Ready")
+        .all(Shows::Ready, config.pets, 1, timeout, "all Pets Ready")
         .await?;
     if events {
         events_drained(operator, timeout).await?;
     }
     if config.observe {
-        crate::plans::patch_all(&api, config.pets, config.concurrency, |i| {
+        crate::convergence::patch_all(&api, config.pets, config.concurrency, |i| {
             serde_json::json!({"spec": {"changePolicy": "Observe", "name": format!("Renamed {i}")}})
         })
         .await?;
         // Generation 2: the switch and the rename, one patch.
         tracker
-            .all_planned(config.pets, 2, timeout, "every Pet's plan shown in Observe")
+            .all(
+                Shows::Plan,
+                config.pets,
+                2,
+                timeout,
+                "every Pet's plan shown in Observe",
+            )
             .await?;
         if events {
             events_drained(operator, timeout).await?;

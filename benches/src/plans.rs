@@ -5,14 +5,14 @@
 //! own count of write RPCs over the whole edit must not move.
 
 use std::fmt::Write as _;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use petstore_operator::crd::Pet;
 
 use crate::convergence::{
-    NAMESPACE, Tracker, client_from, create_pets, events_drained, for_each_pet, shipped_options,
-    start_leader,
+    NAMESPACE, Shows, Tracker, client_from, create_pets, events_drained, patch_all,
+    shipped_options, start_leader,
 };
 use crate::store_load::percentile;
 use fixtures::{Env, Result, Storage};
@@ -74,7 +74,7 @@ pub fn measure(config: &PlansConfig, progress: &dyn Fn(&str)) -> Result<PlansRes
         progress(&format!("plans: converging {} Pets", config.pets));
         create_pets(&api, config.pets, config.concurrency).await?;
         tracker
-            .all_ready(config.pets, 1, timeout, "all Pets Ready")
+            .all(Shows::Ready, config.pets, 1, timeout, "all Pets Ready")
             .await?;
         events_drained(&operator, timeout).await?;
 
@@ -88,7 +88,13 @@ pub fn measure(config: &PlansConfig, progress: &dyn Fn(&str)) -> Result<PlansRes
         )
         .await?;
         tracker
-            .all_ready(config.pets, 2, timeout, "all Pets Ready in Approve")
+            .all(
+                Shows::Ready,
+                config.pets,
+                2,
+                timeout,
+                "all Pets Ready in Approve",
+            )
             .await?;
         events_drained(&operator, timeout).await?;
 
@@ -106,7 +112,13 @@ pub fn measure(config: &PlansConfig, progress: &dyn Fn(&str)) -> Result<PlansRes
         // A timeout is a result too: the plans not shown are left out of
         // the count, and the goal is not met.
         let _ = tracker
-            .all_planned(config.pets, EDITED_GENERATION, timeout, "every plan shown")
+            .all(
+                Shows::Plan,
+                config.pets,
+                EDITED_GENERATION,
+                timeout,
+                "every plan shown",
+            )
             .await;
         let store_writes = env.store.writes()? - writes_before;
 
@@ -142,35 +154,6 @@ pub fn measure(config: &PlansConfig, progress: &dyn Fn(&str)) -> Result<PlansRes
             commit: crate::idle::commit(),
         })
     })
-}
-
-/// Merge-patches `pet-0` to `pet-{pets - 1}`, `concurrency` at a time; when
-/// each patch was answered, by Pet.
-pub(crate) async fn patch_all(
-    api: &Api<Pet>,
-    pets: usize,
-    concurrency: usize,
-    patch: impl Fn(usize) -> serde_json::Value,
-) -> Result<Vec<Instant>> {
-    let answered = for_each_pet(pets, concurrency, |i| {
-        let api = api.clone();
-        let body = patch(i);
-        async move {
-            api.patch(
-                &format!("pet-{i}"),
-                &PatchParams::default(),
-                &Patch::Merge(&body),
-            )
-            .await
-            .map(|_| (i, Instant::now()))
-        }
-    })
-    .await?;
-    let mut at = vec![Instant::now(); pets];
-    for (i, when) in answered {
-        at[i] = when;
-    }
-    Ok(at)
 }
 
 /// The report's section.

@@ -566,38 +566,34 @@ fn a_protected_pet_and_its_record_stay_until_the_annotation_goes() -> fixtures::
         );
     }
     assert_eq!(env.store.writes()?, writes, "the store was written");
-    let records = env.store.all_pets()?;
-    assert!(
-        records.iter().any(|r| r["id"] == id.as_str()),
-        "{records:?}"
-    );
+    let record_kept = || -> fixtures::Result<bool> {
+        Ok(env.store.all_pets()?.iter().any(|r| r["id"] == id.as_str()))
+    };
+    assert!(record_kept()?, "the record went");
+    let set_protected = |namespace: &str, value: &str| {
+        let annotation = match value {
+            "" => format!("{PROTECTED}-"),
+            value => format!("{PROTECTED}={value}"),
+        };
+        let args = [
+            "annotate",
+            "pet",
+            "guarded",
+            "-n",
+            namespace,
+            &annotation,
+            "--overwrite",
+        ];
+        cp.kubectl(&args)
+    };
 
     // Lifted: the deletion proceeds, and deletes the record.
-    cp.kubectl(&[
-        "annotate",
-        "pet",
-        "guarded",
-        "-n",
-        "default",
-        &format!("{PROTECTED}-"),
-    ])?;
+    set_protected("default", "")?;
     cp.kubectl(&["delete", "pet", "guarded", "-n", "default", "--wait=false"])?;
     env.wait_gone("default", "guarded", timeout)?;
-    let records = env.store.all_pets()?;
-    assert!(
-        !records.iter().any(|r| r["id"] == id.as_str()),
-        "{records:?}"
-    );
+    assert!(!record_kept()?, "the record stayed");
     // "false" protects nothing.
-    cp.kubectl(&[
-        "annotate",
-        "pet",
-        "guarded",
-        "-n",
-        "kept",
-        &format!("{PROTECTED}=false"),
-        "--overwrite",
-    ])?;
+    set_protected("kept", "false")?;
     env.wait_gone("kept", "guarded", timeout)?;
     Ok(())
 }
