@@ -1,5 +1,6 @@
 //! Scenarios 6 and 8: the API server rejects bad Pets with messages that name
-//! the field, and deleting a namespace full of Pets completes.
+//! the field, and deleting a namespace full of Pets completes. And
+//! `kubectl wait --for=condition=Ready` after an update waits for it.
 
 use std::time::Duration;
 
@@ -174,5 +175,55 @@ fn deleting_a_namespace_full_of_pets_completes_and_empties_the_store() -> fixtur
     let left = env.store_pets()?;
     assert_eq!(left.len(), 1, "{left:?}");
     assert_eq!(left[0]["name"], "Rex");
+    Ok(())
+}
+
+/// `kubectl wait --for=condition=Ready` right after an update waits for
+/// that update: Ready carries the `observedGeneration` it was set for, and
+/// kubectl does not take a condition of an older generation. With the
+/// operator stopped, the wait times out on the Ready of the previous
+/// generation; once it runs, the wait returns with the record renamed.
+#[test]
+fn kubectl_wait_for_ready_waits_for_the_update_just_made() -> fixtures::Result<()> {
+    let env = Env::start(Storage::Durable)?;
+    let mut operator = env.start_operator("operator")?;
+    env.cp.apply(&pet_yaml(
+        "rex",
+        "  name: Rex\n  type: dog\n  birthday: 2021-04-01T00:00:00Z\n",
+    ))?;
+    let id = env.wait_ready("default", "rex", TIMEOUT)?;
+    let wait = |timeout: &str| {
+        env.cp.kubectl(&[
+            "wait",
+            "--for=condition=Ready",
+            "pet/rex",
+            "-n",
+            "default",
+            &format!("--timeout={timeout}"),
+        ])
+    };
+    wait("5s")?;
+
+    operator.kill();
+    env.rename("default", "rex", "Rexford")?;
+    let pet = env.pet("default", "rex")?;
+    let ready = fixtures::env::condition(&pet, "Ready").expect("a Ready condition");
+    assert_eq!(ready["status"], "True", "the previous generation's: {pet}");
+    assert_eq!(ready["observedGeneration"], 1, "{pet}");
+    let early = wait("5s");
+    assert!(
+        early
+            .as_ref()
+            .is_err_and(|err| err.to_string().contains("timed out")),
+        "kubectl wait took generation 1's Ready for generation 2's: {early:?}"
+    );
+
+    let _operator = env.start_operator("operator-2")?;
+    wait("60s")?;
+    let record = env.store.grpcurl(
+        "petstore.PetStore/GetPets",
+        &format!(r#"{{"ids":["{id}"]}}"#),
+    )?;
+    assert_eq!(record[0]["pets"][0]["name"], "Rexford", "{record:?}");
     Ok(())
 }
