@@ -2,7 +2,9 @@
 # Checks what cannot run here (no Docker, so no kind and no Tilt):
 #  - hadolint lints the Dockerfile, and its CARGO_PROFILE defaults to release;
 #  - tiltcheck runs the Tiltfile with recording stubs and verifies every
-#    path, Dockerfile target, image, workload, object and dependency it names.
+#    path, Dockerfile target, image, workload, object and dependency it names;
+#  - the e2e package has exactly the targets hack/test.sh names (it runs
+#    that package's targets by name, and a new one would run nowhere).
 # Tools are installed once into the cache outside the clone.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -26,3 +28,15 @@ fi
 
 (cd hack/tiltcheck && go build -o "$cache/tiltcheck" .)
 "$cache/tiltcheck"
+
+# hack/test.sh's run_tests runs the e2e package by target name.
+targets=$(cargo metadata --locked --no-deps --format-version 1 | python3 -c '
+import json, sys
+for package in json.load(sys.stdin)["packages"]:
+    if package["name"] == "e2e":
+        print(" ".join(sorted(t["kind"][0] + ":" + t["name"] for t in package["targets"])))')
+if [[ $targets != "bin:petstore-operator-faults test:e2e" ]]; then
+  echo "tests/e2e has the targets [$targets]; hack/test.sh runs only bin:petstore-operator-faults and test:e2e: name the new one in its run_tests" >&2
+  exit 1
+fi
+echo "e2e targets: as hack/test.sh runs them"
