@@ -762,22 +762,13 @@ fn measure_operator_with(
         let calls_before = store_calls(&operator.metrics()?);
 
         let pid = operator.process().pid();
+        let run = create_all_timed(&env, &api, &mut tracker, config, pid, "all Pets Ready").await?;
         let TimedCreate {
             started,
             took: converge,
             cpu,
             conversions,
-        } = create_all_timed(
-            &env,
-            &api,
-            &mut tracker,
-            n,
-            config.concurrency,
-            pid,
-            timeout,
-            "all Pets Ready",
-        )
-        .await?;
+        } = run;
         if !everything {
             let pid = operator.process().pid().unwrap_or(0);
             return Ok(ConvergenceResult {
@@ -1022,9 +1013,6 @@ fn list_times(cp: &ControlPlane, webhook_pid: Option<u32>, n: usize) -> Result<L
     })
 }
 
-/// Conversion webhook calls the API server has made for Pets and the webhook
-/// answered, from its
-/// `apiserver_crd_conversion_webhook_duration_seconds` histogram.
 /// A timed creation of N Pets, from the first create until all are Ready.
 struct TimedCreate {
     started: Instant,
@@ -1035,24 +1023,23 @@ struct TimedCreate {
     conversions: u64,
 }
 
-/// Creates `n` Pets and waits until all are Ready: the operator's run and
-/// the floor's time the same span the same way.
-#[allow(clippy::too_many_arguments)]
+/// Creates the configured number of Pets and waits until all are Ready: the
+/// operator's run and the floor's time the same span the same way.
 async fn create_all_timed(
     env: &Env,
     api: &Api<Pet>,
     tracker: &mut Tracker,
-    n: usize,
-    concurrency: usize,
+    config: &ConvergenceConfig,
     pid: Option<u32>,
-    timeout: Duration,
     what: &str,
 ) -> Result<TimedCreate> {
     let conversions_before = conversion_calls(&env.cp)?;
     let meter = CpuSplit::meter(env, pid);
     let started = Instant::now();
-    create_pets(api, n, concurrency).await?;
-    tracker.all(Shows::Ready, n, 1, timeout, what).await?;
+    create_pets(api, config.pets, config.concurrency).await?;
+    tracker
+        .all(Shows::Ready, config.pets, 1, config.timeout(), what)
+        .await?;
     let took = started.elapsed();
     Ok(TimedCreate {
         started,
@@ -1062,6 +1049,9 @@ async fn create_all_timed(
     })
 }
 
+/// Conversion webhook calls the API server has made for Pets and the webhook
+/// answered, from its
+/// `apiserver_crd_conversion_webhook_duration_seconds` histogram.
 fn conversion_calls(cp: &ControlPlane) -> Result<u64> {
     let metrics = cp.kubectl(&["get", "--raw", "/metrics"])?;
     Ok(apimetrics::samples(
@@ -1234,7 +1224,6 @@ pub fn measure_floor_gated(
     let mut webhook = env.start_operator_with(&options)?;
     let webhook_pid = webhook.process().pid();
     let n = config.pets;
-    let timeout = config.timeout();
     let mut floor = rt.block_on(async {
         let client = prepare(&env).await?;
         let api: Api<Pet> = Api::namespaced(client.clone(), NAMESPACE);
@@ -1292,22 +1281,14 @@ pub fn measure_floor_gated(
 
         quiet(&env, webhook_pid).await;
         tokio::task::block_in_place(gate);
+        let what = "baseline: all Pets Ready";
+        let run = create_all_timed(&env, &api, &mut tracker, config, webhook_pid, what);
         let TimedCreate {
             took: floor,
             cpu,
             conversions,
             ..
-        } = create_all_timed(
-            &env,
-            &api,
-            &mut tracker,
-            n,
-            config.concurrency,
-            webhook_pid,
-            timeout,
-            "baseline: all Pets Ready",
-        )
-        .await?;
+        } = run.await?;
         baseline.abort();
         Ok::<_, Error>(Floor {
             time: floor,
