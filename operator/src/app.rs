@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ListParams};
@@ -22,6 +23,7 @@ use crate::metrics::{self, Metrics};
 use crate::store::budget::CallBudget;
 use crate::store::grpc::GrpcPetStore;
 use crate::webhook::certs::{self, WebhookTarget};
+use crate::webhook::guard;
 use crate::webhook::server::{self, ServingCertificate};
 
 /// A token cancelled by SIGTERM or Ctrl-C.
@@ -69,9 +71,12 @@ pub async fn run(args: Args, fault: Option<Fault>) -> Result<ExitCode, String> {
         ServingCertificate::from_pem(&webhook_certs.cert, &webhook_certs.key)
             .map_err(|e| e.to_string())?,
     );
+    let counted: Api<Pet> = Api::all(client.clone());
+    let count_pets: server::CountPets = Arc::new(move || Box::pin(guard::count(counted.clone())));
     let webhook_server = tokio::spawn(server::serve(
         webhook_listener,
         Arc::clone(&serving),
+        count_pets,
         shutdown.clone().cancelled_owned(),
     ));
     let target = match &args.webhook_url {
@@ -84,9 +89,15 @@ pub async fn run(args: Args, fault: Option<Fault>) -> Result<ExitCode, String> {
         .await
         .map_err(|e| format!("cannot point the Pet CRD at the conversion webhook: {e}"))?;
     tracing::info!(listen = %args.webhook_listen, ?target, "conversion webhook serving");
+    let guards: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    if let Err(err) = certs::inject_guard(&guards, &webhook_certs.ca_cert, &target).await {
+        // The guard keeps the CRD while it cannot reach us: nothing lost.
+        tracing::warn!(error = %err, "cannot point the CRD deletion guard at this operator");
+    }
     tokio::spawn(certs::keep_fresh(
         secrets,
         crds,
+        (guards, target.clone()),
         names,
         serving,
         webhook_certs,
@@ -154,13 +165,16 @@ pub async fn run(args: Args, fault: Option<Fault>) -> Result<ExitCode, String> {
     };
     tracing::info!(store = %args.petstore_addr, tls = tls.is_some(), ?settings, %identity, "starting");
     let events = EventQueue::start(recorder, Arc::clone(&metrics));
-    let ctx = Arc::new(Context::new(
-        client.clone(),
-        Arc::new(store),
-        events.clone(),
-        Arc::clone(&metrics),
-        settings,
-    ));
+    let ctx = Arc::new(
+        Context::new(
+            client.clone(),
+            Arc::new(store),
+            events.clone(),
+            Arc::clone(&metrics),
+            settings,
+        )
+        .watching_uninstall(args.lease_namespace.clone()),
+    );
 
     let mut exit = ExitCode::SUCCESS;
     if args.leader_election {

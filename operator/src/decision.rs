@@ -26,8 +26,8 @@
 use std::time::Duration;
 
 use crate::crd::{
-    ChangePolicy, DELETION_POLICY_ANNOTATION, DeletionPolicy, EXTERNAL_ID_ANNOTATION,
-    PAUSED_ANNOTATION, Setting,
+    CONFIRM_DELETE_PETS_ANNOTATION, ChangePolicy, DELETION_POLICY_ANNOTATION, DeletionPolicy,
+    EXTERNAL_ID_ANNOTATION, PAUSED_ANNOTATION, Setting,
 };
 use crate::status::{Outcome, Reason};
 use crate::store::{Changes, Created, Lookup, Operation, PetData, Record};
@@ -68,6 +68,21 @@ pub struct Facts {
     pub approved_plan: Option<String>,
     /// The hash of the approved plan last applied (status.appliedPlan).
     pub applied_plan: Option<String>,
+    /// Looked up only for a Pet being deleted: the installation is going
+    /// away, so its deletion keeps the record whatever the policy says.
+    pub uninstalling: Option<Uninstall>,
+}
+
+/// Why a deletion keeps and releases its record although the Pet's policy
+/// is Delete: removing the operator is not asking for the records to go.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum Uninstall {
+    /// The Pet CRD is being deleted without the confirmation
+    /// [`CONFIRM_DELETE_PETS_ANNOTATION`] (its guard was removed, or the
+    /// deletion went around it).
+    CrdDeleting,
+    /// The operator's own namespace is being deleted.
+    NamespaceDeleting,
 }
 
 impl Facts {
@@ -223,6 +238,12 @@ pub enum Story {
         status_id: Option<String>,
         missing: Operation,
     },
+    /// Delete, but the installation is going away: `id` was kept and
+    /// released, as an Orphan's is.
+    KeptOnUninstall {
+        id: Option<String>,
+        why: Uninstall,
+    },
 }
 
 /// Why the store was written: the `cause` label of `store_actions_total`,
@@ -265,6 +286,7 @@ impl Story {
             Story::Deleted { .. }
             | Story::Orphaned { .. }
             | Story::OrphanedUnkeyed { .. }
+            | Story::KeptOnUninstall { .. }
             | Story::LeftAlone { .. } => Cause::Deletion,
         }
     }
@@ -286,6 +308,7 @@ impl Story {
             Story::Deleted { .. } => "Delete",
             Story::Orphaned { .. } | Story::OrphanedUnkeyed { .. } => "Orphan",
             Story::LeftAlone { .. } => "LeaveAlone",
+            Story::KeptOnUninstall { .. } => "KeepOnUninstall",
         }
     }
 
@@ -358,6 +381,23 @@ impl Story {
                     id.as_deref().unwrap_or("(none)")
                 ),
             ),
+            Story::KeptOnUninstall { id, why } => {
+                let because = match why {
+                    Uninstall::CrdDeleting => format!(
+                        "the Pet CRD is being deleted without the confirmation {CONFIRM_DELETE_PETS_ANNOTATION}"
+                    ),
+                    Uninstall::NamespaceDeleting => {
+                        "the operator's namespace is being deleted".to_owned()
+                    }
+                };
+                let kept = match id {
+                    Some(id) => format!(
+                        "kept store record {id} and released it instead of deleting it; a new Pet can adopt it with the annotation {EXTERNAL_ID_ANNOTATION}: {id}"
+                    ),
+                    None => "no store record belongs to this Pet; nothing to keep".to_owned(),
+                };
+                (Reason::Orphaned, format!("{because}: {kept}"))
+            }
             Story::OrphanedUnkeyed { status_id, missing } => (
                 Reason::Orphaned,
                 format!(
@@ -668,27 +708,34 @@ fn finish(facts: &Facts, lookup: Lookup) -> Plan {
             },
         });
     }
-    Plan::Finish(match facts.deletion_policy {
-        Setting::Valid(DeletionPolicy::Orphan) => Finish {
+    // A retry after the release (the finalizer removal failed) still names
+    // the released record, so the user can adopt it.
+    let kept = || {
+        mine.clone().or(lookup
+            .by_id
+            .clone()
+            .filter(|r| r.key.is_empty() && facts.status_id.as_ref() == Some(&r.id))
+            .map(|r| r.id))
+    };
+    Plan::Finish(match (&facts.deletion_policy, facts.uninstalling) {
+        (Setting::Valid(DeletionPolicy::Orphan), _) => Finish {
             release: mine.clone(),
             delete: None,
-            // A retry after the release (the finalizer removal failed) still
-            // names the released record, so the user can adopt it.
-            story: Story::Orphaned {
-                id: mine.or(lookup
-                    .by_id
-                    .filter(|r| r.key.is_empty() && facts.status_id.as_ref() == Some(&r.id))
-                    .map(|r| r.id)),
-            },
+            story: Story::Orphaned { id: kept() },
+        },
+        (Setting::Valid(DeletionPolicy::Delete), Some(why)) => Finish {
+            release: mine.clone(),
+            delete: None,
+            story: Story::KeptOnUninstall { id: kept(), why },
         },
         // first_step never observes for deletion with an invalid policy;
         // should it happen, keeping the record is the safe side.
-        Setting::Invalid { .. } => Finish {
+        (Setting::Invalid { .. }, _) => Finish {
             release: None,
             delete: None,
             story: Story::Orphaned { id: None },
         },
-        Setting::Valid(DeletionPolicy::Delete) => Finish {
+        (Setting::Valid(DeletionPolicy::Delete), None) => Finish {
             release: None,
             delete: mine.clone(),
             story: Story::Deleted { id: mine },
@@ -705,6 +752,17 @@ fn lacks_extensions(facts: &Facts, missing: Operation) -> Plan {
             story: Story::OrphanedUnkeyed {
                 status_id: facts.status_id.clone(),
                 missing,
+            },
+        });
+    }
+    if let (true, Some(why)) = (facts.deleting, facts.uninstalling) {
+        // No keys to clear, and nothing may be deleted: let the Pet go.
+        return Plan::Finish(Finish {
+            release: None,
+            delete: None,
+            story: Story::KeptOnUninstall {
+                id: facts.status_id.clone(),
+                why,
             },
         });
     }

@@ -86,6 +86,15 @@ pub enum Error {
         source: kube::Error,
     },
 
+    /// Whether the installation is being removed could not be read, so a
+    /// deletion does not delete its record yet.
+    #[error("reading {what}, to tell whether the installation is being removed: {}", api_message(.source))]
+    ReadInstallation {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+
     #[error("Pet {0} has no namespace or UID")]
     MalformedPet(String),
 
@@ -107,7 +116,6 @@ fn api_message(error: &kube::Error) -> String {
 }
 
 impl Error {
-    /// The reason for conditions, the Warning Event and the errors metric.
     /// How long the store asked to wait before the next attempt, if it did.
     pub fn retry_after(&self) -> Option<std::time::Duration> {
         match self {
@@ -116,6 +124,7 @@ impl Error {
         }
     }
 
+    /// The reason for conditions, the Warning Event and the errors metric.
     pub fn reason(&self) -> Reason {
         match self {
             Error::Store(StoreError::Unavailable { .. }) => Reason::StoreUnavailable,

@@ -24,5 +24,6 @@ mod postgres_replicas;
 mod security;
 mod tilt;
 mod traces;
+mod uninstall;
 mod upgrade;
 mod user_story;

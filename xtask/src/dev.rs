@@ -48,6 +48,8 @@ pub fn dev(stop: &AtomicBool) -> fixtures::Result<()> {
         "starting etcd, kube-apiserver and the namespace controller (the first run builds them)..."
     );
     let env = Env::start(Storage::Durable)?;
+    // As config/default has it: the CRD is not deleted while Pets exist.
+    fixtures::env::install_crd_guard(&env.cp)?;
     let operator = env.start_operator("petstore-operator-dev")?;
     env.apply_samples()?;
     let dir = env.cp.dir().display().to_string();

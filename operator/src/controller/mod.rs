@@ -51,6 +51,7 @@ mod memory;
 mod poll;
 mod reconcile;
 mod status_write;
+pub mod uninstall;
 
 /// Pets reconciled at once unless told otherwise. A reconcile spends part
 /// of its time waiting on the store (its create gathers for
@@ -112,6 +113,9 @@ pub struct Context {
     /// one has, every create is read for first (see [`Step::Create`]), so a
     /// store that ignores keys never gets a create without a read.
     create_observes: AtomicBool,
+    /// Set in a real run: a Pet deleted while the installation goes keeps
+    /// its record.
+    uninstall: Option<uninstall::UninstallProbe>,
 }
 
 impl Context {
@@ -132,7 +136,18 @@ impl Context {
             settings,
             memory: Memory::default(),
             create_observes: AtomicBool::new(false),
+            uninstall: None,
         }
+    }
+
+    /// Keeps records when the Pet CRD (unconfirmed) or `namespace`, the
+    /// operator's own, is being deleted.
+    pub fn watching_uninstall(mut self, namespace: String) -> Self {
+        self.uninstall = Some(uninstall::UninstallProbe::new(
+            self.client.clone(),
+            namespace,
+        ));
+        self
     }
 
     /// If this generation was synced, and its status written, less than half
@@ -492,6 +507,8 @@ pub fn facts_of(pet: &Pet) -> Result<Facts, Error> {
         generation: pet.metadata.generation,
         change_policy: pet.change_policy(),
         approved_plan: pet.approved_plan().map(str::to_owned),
+        // Looked up by the reconcile, and only for a Pet being deleted.
+        uninstalling: None,
         applied_plan: pet.status.as_ref().and_then(|s| s.applied_plan.clone()),
     })
 }

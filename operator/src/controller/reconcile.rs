@@ -21,7 +21,7 @@ use kube::{Resource, ResourceExt};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::{Context, finalizer, status_write};
-use crate::crd::Pet;
+use crate::crd::{DeletionPolicy, Pet, Setting};
 // `Sync` would shadow the marker trait.
 use crate::decision::preview::created_fields;
 use crate::decision::{
@@ -137,8 +137,22 @@ impl<'a> Reconcile<'a> {
         if let Some(left) = self.ctx.memory.backoff_left(&self.facts) {
             return Ok(Action::requeue(left));
         }
-        let ending = self.act().await;
+        let ending = match self.look_for_uninstall().await {
+            Ok(()) => self.act().await,
+            Err(error) => Ending::Problem(Problem::failed(error)),
+        };
         self.record(ending).await
+    }
+
+    /// Only a deletion that would delete a record needs to know.
+    async fn look_for_uninstall(&mut self) -> Result<(), Error> {
+        let would_delete = self.facts.deleting
+            && self.facts.has_finalizer
+            && self.facts.deletion_policy == Setting::Valid(DeletionPolicy::Delete);
+        if let (true, Some(probe)) = (would_delete, &self.ctx.uninstall) {
+            self.facts.uninstalling = probe.check().await?;
+        }
+        Ok(())
     }
 
     async fn act(&mut self) -> Ending {

@@ -138,6 +138,16 @@ pub const GROUP: &str = "petstore.example.com";
 /// The CRD's name.
 pub const CRD_NAME: &str = "pets.petstore.example.com";
 
+/// On the Pet CRD: how many Pets its deletion may take (with their store
+/// records). The CRD's deletion guard refuses the deletion unless this
+/// names the number of Pets there are; the operator deletes records on a
+/// CRD being deleted only with it.
+pub const CONFIRM_DELETE_PETS_ANNOTATION: &str = "petstore.example.com/confirm-delete-pets";
+/// `"true"` on a Pet: the API server refuses to delete it
+/// (`config/admission/protection.yaml`), and the CRD's deletion guard
+/// refuses to delete the CRD while it exists.
+pub const PROTECTED_ANNOTATION: &str = "petstore.example.com/protected";
+
 /// Finalizer that keeps a Pet until its store record is deleted.
 pub const FINALIZER: &str = "pet.petstore.example.com";
 /// Annotation kept for compatibility with `spec.deletionPolicy`: `Delete` or
@@ -473,6 +483,11 @@ pub const WEBHOOK_SERVICE_NAMESPACE: &str = "petstore-system";
 pub const WEBHOOK_SERVICE_PORT: i32 = 443;
 /// The webhook's path.
 pub const WEBHOOK_PATH: &str = "/convert";
+/// The path of the guard on the Pet CRD's deletion, behind the same
+/// Service (`config/operator/crd-guard.yaml`).
+pub const CRD_GUARD_PATH: &str = "/guard-crd-deletion";
+/// The ValidatingWebhookConfiguration of that guard.
+pub const CRD_GUARD_CONFIGURATION: &str = "petstore-operator-crd-guard";
 
 /// The CRD: both versions, v1 stored, converted by the operator's webhook
 /// behind [`WEBHOOK_SERVICE`]. The operator adds the CA bundle (and, run

@@ -28,6 +28,7 @@ pub(super) fn facts() -> Facts {
         change_policy: ChangePolicy::Automatic,
         approved_plan: None,
         applied_plan: None,
+        uninstalling: None,
     }
 }
 
@@ -62,6 +63,10 @@ impl Facts {
     }
     fn paused(mut self, paused: Setting<bool>) -> Self {
         self.paused = paused;
+        self
+    }
+    pub(super) fn uninstalling(mut self, why: Uninstall) -> Self {
+        self.uninstalling = Some(why);
         self
     }
     pub(super) fn orphan(mut self) -> Self {
@@ -565,6 +570,89 @@ fn decide_table() {
                 story: Story::Deleted { id: None },
             })),
         ),
+        // The installation going away: Delete keeps and releases.
+        (
+            "CRD deleted without confirmation: keep this Pet's record and release it",
+            facts()
+                .deleting()
+                .status_id("a")
+                .uninstalling(Uninstall::CrdDeleting),
+            found(None, mine("a")),
+            Ok(Plan::Finish(Finish {
+                release: Some("a".into()),
+                delete: None,
+                story: Story::KeptOnUninstall {
+                    id: Some("a".into()),
+                    why: Uninstall::CrdDeleting,
+                },
+            })),
+        ),
+        (
+            "operator's namespace going: the retry after the release still names the record",
+            facts()
+                .deleting()
+                .status_id("a")
+                .uninstalling(Uninstall::NamespaceDeleting),
+            found(Some(record("a", "", PetData::test())), None),
+            Ok(Plan::Finish(Finish {
+                release: None,
+                delete: None,
+                story: Story::KeptOnUninstall {
+                    id: Some("a".into()),
+                    why: Uninstall::NamespaceDeleting,
+                },
+            })),
+        ),
+        (
+            "uninstalling with status.id naming another's record: touch nothing",
+            facts()
+                .deleting()
+                .status_id("alpha")
+                .uninstalling(Uninstall::CrdDeleting),
+            found(Some(record("alpha", OTHER_UID, PetData::test())), None),
+            Ok(Plan::Finish(Finish {
+                release: None,
+                delete: None,
+                story: Story::KeptOnUninstall {
+                    id: None,
+                    why: Uninstall::CrdDeleting,
+                },
+            })),
+        ),
+        (
+            "uninstalling an Orphan is an Orphan",
+            facts()
+                .deleting()
+                .orphan()
+                .status_id("a")
+                .uninstalling(Uninstall::CrdDeleting),
+            found(None, mine("a")),
+            Ok(Plan::Finish(Finish {
+                release: Some("a".into()),
+                delete: None,
+                story: Story::Orphaned {
+                    id: Some("a".into()),
+                },
+            })),
+        ),
+        (
+            "uninstalling on a store without GetPets lets the Pet go, deleting nothing",
+            facts()
+                .deleting()
+                .status_id("a")
+                .uninstalling(Uninstall::CrdDeleting),
+            Observation::StoreLacks {
+                missing: Operation::Observe,
+            },
+            Ok(Plan::Finish(Finish {
+                release: None,
+                delete: None,
+                story: Story::KeptOnUninstall {
+                    id: Some("a".into()),
+                    why: Uninstall::CrdDeleting,
+                },
+            })),
+        ),
         // A store without the extension RPCs.
         (
             "without GetPets a live Pet says the store lacks extensions",
@@ -683,6 +771,25 @@ fn events_never_claim_what_did_not_happen() {
         "{note}"
     );
     assert_eq!(Story::InSync.notice(Some("a")), None);
+    // Kept on uninstall: says why, and names the ID to adopt it with.
+    for (why, because) in [
+        (Uninstall::CrdDeleting, CONFIRM_DELETE_PETS_ANNOTATION),
+        (Uninstall::NamespaceDeleting, "namespace is being deleted"),
+    ] {
+        let kept = Story::KeptOnUninstall {
+            id: Some("r-1".into()),
+            why,
+        };
+        let (reason, note) = kept.notice(None).expect("an event");
+        assert_eq!(reason, Reason::Orphaned);
+        assert!(note.contains(because), "{note}");
+        assert!(
+            note.contains("instead of deleting")
+                && note.contains(&format!("{EXTERNAL_ID_ANNOTATION}: r-1")),
+            "{note}"
+        );
+        assert_ne!(kept.action(), Story::Orphaned { id: None }.action());
+    }
 }
 
 #[test]

@@ -15,6 +15,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::ByteString;
+use k8s_openapi::api::admissionregistration::v1::{
+    ServiceReference, ValidatingWebhookConfiguration, WebhookClientConfig,
+};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -28,7 +31,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::server::ServingCertificate;
 
-use crate::crd::{CRD_NAME, WEBHOOK_PATH, WEBHOOK_SERVICE, WEBHOOK_SERVICE_PORT};
+use crate::crd::{
+    CRD_GUARD_CONFIGURATION, CRD_GUARD_PATH, CRD_NAME, WEBHOOK_PATH, WEBHOOK_SERVICE,
+    WEBHOOK_SERVICE_PORT,
+};
 
 /// The Secret all replicas share, in the operator's namespace.
 pub const SECRET_NAME: &str = "petstore-operator-webhook-tls";
@@ -64,6 +70,12 @@ pub enum CertError {
     },
     #[error("{action} (CRD {CRD_NAME}): {source}")]
     Crd {
+        action: &'static str,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("{action} (ValidatingWebhookConfiguration {CRD_GUARD_CONFIGURATION}): {source}")]
+    Guard {
         action: &'static str,
         #[source]
         source: kube::Error,
@@ -390,14 +402,98 @@ pub async fn inject_ca_bundle(
     Ok(true)
 }
 
+/// The CRD deletion guard's address beside the conversion webhook's
+/// `convert_url`: the same host and port, the guard's path.
+pub fn guard_url(convert_url: &str) -> String {
+    let host_start = convert_url.find("://").map_or(0, |i| i + 3);
+    let path_start = convert_url[host_start..]
+        .find('/')
+        .map_or(convert_url.len(), |i| host_start + i);
+    format!("{}{CRD_GUARD_PATH}", &convert_url[..path_start])
+}
+
+/// The guard's client config for `target`, trusting `ca_cert`.
+fn guard_client_config(ca_cert: &str, target: &WebhookTarget) -> WebhookClientConfig {
+    let ca_bundle = Some(ByteString(ca_cert.as_bytes().to_vec()));
+    match target {
+        WebhookTarget::Url(url) => WebhookClientConfig {
+            ca_bundle,
+            url: Some(guard_url(url)),
+            service: None,
+        },
+        WebhookTarget::Service { namespace } => WebhookClientConfig {
+            ca_bundle,
+            url: None,
+            service: Some(ServiceReference {
+                name: WEBHOOK_SERVICE.into(),
+                namespace: namespace.clone(),
+                path: Some(CRD_GUARD_PATH.into()),
+                port: Some(WEBHOOK_SERVICE_PORT),
+            }),
+        },
+    }
+}
+
+/// Makes the CRD deletion guard (`config/operator/crd-guard.yaml`), if it
+/// is installed, trust `ca_cert` and reach `target`; returns whether it
+/// changed it. A guard that is not installed stays so: deleting it is how
+/// a user goes around it on purpose.
+pub async fn inject_guard(
+    configs: &Api<ValidatingWebhookConfiguration>,
+    ca_cert: &str,
+    target: &WebhookTarget,
+) -> Result<bool, CertError> {
+    let guard_error = |action| move |source| CertError::Guard { action, source };
+    let Some(config) = configs
+        .get_opt(CRD_GUARD_CONFIGURATION)
+        .await
+        .map_err(guard_error("reading"))?
+    else {
+        return Ok(false);
+    };
+    let wanted = guard_client_config(ca_cert, target);
+    let webhooks = config.webhooks.unwrap_or_default();
+    if webhooks
+        .iter()
+        .all(|webhook| webhook.client_config == wanted)
+    {
+        return Ok(false);
+    }
+    // A strategic merge by webhook name; the null removes the other way
+    // of reaching it.
+    let mut client_config = serde_json::to_value(&wanted).unwrap_or_default();
+    match target {
+        WebhookTarget::Url(_) => client_config["service"] = serde_json::Value::Null,
+        WebhookTarget::Service { .. } => client_config["url"] = serde_json::Value::Null,
+    }
+    let patch = json!({"webhooks": webhooks
+        .iter()
+        .map(|webhook| json!({"name": webhook.name, "clientConfig": client_config}))
+        .collect::<Vec<_>>()});
+    configs
+        .patch(
+            CRD_GUARD_CONFIGURATION,
+            &PatchParams::default(),
+            &Patch::Strategic(&patch),
+        )
+        .await
+        .map_err(guard_error("pointing at this operator"))?;
+    tracing::info!(
+        configuration = CRD_GUARD_CONFIGURATION,
+        "pointed the CRD deletion guard at this operator"
+    );
+    Ok(true)
+}
+
 /// Every [`REFRESH_INTERVAL`] until `stop`: renews the serving certificate
 /// when due (or picks up another replica's renewal) and swaps it into the
-/// running server, and puts the CA bundle back if the CRD lost it (a
-/// `kubectl apply` of config/crd/ does). Failures are logged and retried:
+/// running server, and puts the CA bundle back if the CRD or the CRD
+/// deletion guard lost it (a `kubectl apply` of config/ does). Failures are logged and retried:
 /// the current certificate stays valid for weeks.
 pub async fn keep_fresh(
     secrets: Api<Secret>,
     crds: Api<CustomResourceDefinition>,
+    (guards, target): (Api<ValidatingWebhookConfiguration>, WebhookTarget),
     names: Vec<String>,
     serving: Arc<ServingCertificate>,
     mut current: WebhookCerts,
@@ -427,6 +523,9 @@ pub async fn keep_fresh(
         if let Err(err) = inject_ca_bundle(&crds, &current.ca_cert, None).await {
             tracing::warn!(error = %err, "cannot check the CRD's CA bundle");
         }
+        if let Err(err) = inject_guard(&guards, &current.ca_cert, &target).await {
+            tracing::warn!(error = %err, "cannot check the CRD deletion guard");
+        }
     }
 }
 
@@ -435,6 +534,34 @@ mod tests {
     use super::*;
 
     const NOW: i64 = 1_800_000_000;
+
+    #[test]
+    fn the_guard_is_reached_where_the_conversion_webhook_is() {
+        assert_eq!(
+            guard_url("https://127.0.0.1:9443/convert"),
+            "https://127.0.0.1:9443/guard-crd-deletion"
+        );
+        assert_eq!(
+            guard_url("https://host.example:8443"),
+            "https://host.example:8443/guard-crd-deletion"
+        );
+        let in_cluster = guard_client_config(
+            "CA",
+            &WebhookTarget::Service {
+                namespace: "petstore-system".into(),
+            },
+        );
+        let service = in_cluster.service.expect("a service");
+        assert_eq!(
+            (service.name.as_str(), service.path.as_deref(), service.port),
+            (
+                WEBHOOK_SERVICE,
+                Some(CRD_GUARD_PATH),
+                Some(WEBHOOK_SERVICE_PORT)
+            )
+        );
+        assert_eq!(in_cluster.ca_bundle, Some(ByteString(b"CA".to_vec())));
+    }
 
     fn names() -> Vec<String> {
         serving_names("petstore-system")

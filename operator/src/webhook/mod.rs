@@ -7,9 +7,12 @@
 //! - [`server`]: the HTTPS listener, whose certificate can be swapped
 //!   without a restart;
 //! - [`certs`]: the CA and serving certificate, kept in a Secret that all
-//!   replicas share, and the CA bundle in the CRD.
+//!   replicas share, and the CA bundle in the CRD;
+//! - [`guard`]: the same server's second route, which refuses to delete the
+//!   Pet CRD while Pets exist unless the deletion is confirmed.
 
 pub mod certs;
+pub mod guard;
 pub mod server;
 
 use kube::core::Status;

@@ -22,7 +22,13 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::TcpListener;
 
-use crate::crd::WEBHOOK_PATH;
+use super::guard::{self, PetCount};
+use crate::crd::{CRD_GUARD_PATH, WEBHOOK_PATH};
+
+/// Counts the Pets for the CRD deletion guard: the API server's list in
+/// the operator, a fixed answer in tests.
+pub type CountPets =
+    Arc<dyn Fn() -> futures::future::BoxFuture<'static, Result<PetCount, String>> + Send + Sync>;
 
 /// A ConversionReview lists every object of a request; a list of many Pets
 /// is larger than axum's 2 MiB default.
@@ -104,12 +110,18 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
         .map_err(|source| ServerError::Listen { addr, source })
 }
 
-/// The webhook's routes: `POST /convert`.
-pub fn router() -> Router {
+/// The webhook's routes: `POST /convert`, and `POST /guard-crd-deletion`.
+pub fn router(count_pets: CountPets) -> Router {
     Router::new()
         .route(
             WEBHOOK_PATH,
             post(|body: Bytes| async move { axum::Json(super::review(&body)) }),
+        )
+        .route(
+            CRD_GUARD_PATH,
+            post(move |body: Bytes| async move {
+                axum::Json(guard::review(&body, || count_pets()).await)
+            }),
         )
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
 }
@@ -119,6 +131,7 @@ pub fn router() -> Router {
 pub async fn serve(
     listener: TcpListener,
     certificate: Arc<ServingCertificate>,
+    count_pets: CountPets,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
     let config = rustls::ServerConfig::builder_with_provider(provider())
@@ -141,7 +154,7 @@ pub async fn serve(
             None => tracing::warn!(error = %err, "webhook accept failed"),
             Some(peer) => tracing::debug!(%peer, error = %err, "webhook TLS handshake failed"),
         })
-        .serve(router().into_make_service())
+        .serve(router(count_pets).into_make_service())
         .await
         .map_err(ServerError::Serve)
 }
@@ -154,9 +167,9 @@ mod tests {
     use super::*;
     use crate::webhook::certs::{WebhookCerts, serving_names, unix_now};
 
-    /// POSTs `body` to /convert over TLS, trusting `ca_pem` only; returns
+    /// POSTs `body` to `path` over TLS, trusting `ca_pem` only; returns
     /// the whole HTTP response and the certificate the server presented.
-    async fn post(addr: SocketAddr, ca_pem: &str, body: &[u8]) -> (String, Vec<u8>) {
+    async fn post_to(addr: SocketAddr, path: &str, ca_pem: &str, body: &[u8]) -> (String, Vec<u8>) {
         let mut roots = rustls::RootCertStore::empty();
         for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
             roots.add(cert.expect("CA PEM")).expect("CA");
@@ -180,7 +193,7 @@ mod tests {
             .map(|cert| cert.to_vec())
             .expect("a certificate");
         let head = format!(
-            "POST /convert HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
             body.len()
         );
         tls.write_all(head.as_bytes()).await.expect("write");
@@ -189,6 +202,10 @@ mod tests {
         // The server may close without a TLS close_notify; what was read counts.
         let _ = tls.read_to_end(&mut response).await;
         (String::from_utf8_lossy(&response).into_owned(), presented)
+    }
+
+    async fn post(addr: SocketAddr, ca_pem: &str, body: &[u8]) -> (String, Vec<u8>) {
+        post_to(addr, WEBHOOK_PATH, ca_pem, body).await
     }
 
     fn der(pem: &str) -> Vec<u8> {
@@ -210,9 +227,18 @@ mod tests {
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
         let stop = tokio_util::sync::CancellationToken::new();
+        let count_pets: CountPets = Arc::new(|| {
+            Box::pin(async {
+                Ok(PetCount {
+                    pets: 2,
+                    protected: 0,
+                })
+            })
+        });
         let server = tokio::spawn(serve(
             listener,
             Arc::clone(&serving),
+            count_pets,
             stop.clone().cancelled_owned(),
         ));
 
@@ -236,6 +262,16 @@ mod tests {
             response.contains("\"birthday\":\"2021-04-01\""),
             "{response}"
         );
+
+        // The CRD deletion guard, beside it, counts the Pets.
+        let deletion = serde_json::json!({"request": {
+            "uid": "g", "name": crate::crd::CRD_NAME, "operation": "DELETE",
+            "oldObject": {"metadata": {"name": crate::crd::CRD_NAME}},
+        }});
+        let body = serde_json::to_vec(&deletion).expect("json");
+        let (response, _) = post_to(addr, CRD_GUARD_PATH, &certs.ca_cert, &body).await;
+        assert!(response.contains("\"allowed\":false"), "{response}");
+        assert!(response.contains("2 Pets exist"), "{response}");
 
         // A renewal signed by the same CA: the next handshake presents it.
         let renewed = certs.renew_serving(&names, unix_now()).expect("renew");

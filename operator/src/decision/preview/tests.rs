@@ -7,6 +7,7 @@ use proptest::prelude::*;
 use super::super::tests::{facts, found, mine, record};
 use super::*;
 use crate::crd::{ChangePolicy, PetType};
+use crate::decision::Uninstall;
 use crate::decision::{Observation, Step, decide, first_step};
 use crate::status::Reason;
 
@@ -258,11 +259,16 @@ fn arb_facts() -> impl Strategy<Value = Facts> {
         prop::option::of(prop::sample::select(vec!["a", "x"])),
         prop::option::of(prop::sample::select(vec!["a", "gone"])),
         1..4i64,
+        prop::option::of(prop::sample::select(vec![
+            Uninstall::CrdDeleting,
+            Uninstall::NamespaceDeleting,
+        ])),
     )
         .prop_map(
-            |(desired, deleting, orphan, external, status, generation)| {
+            |(desired, deleting, orphan, external, status, generation, uninstalling)| {
                 let mut facts = facts().wanting(desired);
                 facts.deleting = deleting;
+                facts.uninstalling = uninstalling;
                 if orphan {
                     facts = facts.orphan();
                 }

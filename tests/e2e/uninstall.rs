@@ -1,0 +1,289 @@
+//! Removing the operator never deletes a record by accident, on the real
+//! API server, 200 Ready Pets per path, with the operator running and
+//! stopped; the store's own count of DeletePets calls is the judge.
+//!
+//! - The guard (config/operator/crd-guard.yaml) refuses to delete the Pet
+//!   CRD while Pets exist: with the operator running, naming the count and
+//!   how to confirm; with it stopped, because nothing answers. A stale
+//!   confirmation and a protected Pet are refused too. A confirmation with
+//!   the right count deletes the Pets and their records, running or
+//!   stopped (then once the operator starts).
+//! - Without the guard, a deleted CRD takes its Pets, and the operator
+//!   keeps and releases their records instead, with one Event per Pet and
+//!   one log line; stopped, it writes nothing until it starts.
+//! - While the operator's own namespace is being deleted, a deleted Pet
+//!   keeps its record too.
+
+use std::time::Duration;
+
+use fixtures::env::{OPERATOR_NAMESPACE, install_crd_and_rbac, install_crd_guard, pet_manifest};
+use fixtures::{Env, Operator, Storage, wait_for};
+
+const PETS: usize = 200;
+const CRD: &str = "crd/pets.petstore.example.com";
+const CONFIRM: &str = "petstore.example.com/confirm-delete-pets";
+const PROTECTED: &str = "petstore.example.com/protected";
+const GUARD: &str = "validatingwebhookconfiguration/petstore-operator-crd-guard";
+const TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a stopped operator's Pets are watched for a write that must
+/// not come.
+const QUIET: Duration = Duration::from_secs(3);
+
+/// `n` Pets named `<prefix>-<i>` in `default`, applied at once, then
+/// awaited until every one is Ready.
+fn ready_pets(env: &Env, prefix: &str, n: usize) -> fixtures::Result<()> {
+    let manifests: Vec<String> = (0..n)
+        .map(|i| {
+            pet_manifest(
+                &format!("{prefix}-{i}"),
+                &[],
+                &format!(" {{name: {prefix}{i}, type: dog, birthday: \"2021-04-01\"}}"),
+            )
+        })
+        .collect();
+    env.cp
+        .kubectl_stdin(&["apply", "-f", "-"], &manifests.join("---\n"))?;
+    let ready = wait_for(TIMEOUT, &format!("{n} Pets Ready"), || {
+        let pets = env
+            .cp
+            .kubectl_json(&["get", "pets", "-n", "default"])
+            .ok()?;
+        let items = pets["items"].as_array()?;
+        let ready = items
+            .iter()
+            .filter(|pet| fixtures::env::is_ready(pet))
+            .count();
+        (ready == n).then_some(ready)
+    })?;
+    assert_eq!(ready, n);
+    Ok(())
+}
+
+fn answered(env: &Env, method: &str) -> f64 {
+    env.store.answered(method).expect("the store's /metrics")
+}
+
+fn records(env: &Env) -> usize {
+    env.store.all_pets().expect("SearchPets").len()
+}
+
+/// `kubectl delete crd` without waiting for the Pets; the error's text when
+/// the API server refuses.
+fn delete_crd(env: &Env) -> Result<(), String> {
+    env.cp
+        .kubectl(&["delete", CRD, "--wait=false"])
+        .map(drop)
+        .map_err(|err| err.to_string())
+}
+
+fn wait_crd_gone(env: &Env) -> fixtures::Result<()> {
+    wait_for(TIMEOUT, "the Pet CRD to go", || {
+        env.cp.kubectl(&["get", CRD]).is_err().then_some(())
+    })
+}
+
+/// Every Pet in `default` shows a deletion timestamp.
+fn wait_all_deleting(env: &Env, n: usize) -> fixtures::Result<()> {
+    wait_for(TIMEOUT, "every Pet to be deleting", || {
+        let pets = env
+            .cp
+            .kubectl_json(&["get", "pets", "-n", "default"])
+            .ok()?;
+        let items = pets["items"].as_array()?;
+        (items.len() == n
+            && items
+                .iter()
+                .all(|pet| pet["metadata"]["deletionTimestamp"].is_string()))
+        .then_some(())
+    })
+}
+
+/// Events in `default` whose note contains `needle`.
+fn events_saying(env: &Env, needle: &str) -> usize {
+    env.cp
+        .kubectl_json(&["get", "events.events.k8s.io", "-n", "default"])
+        .ok()
+        .and_then(|list| list["items"].as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .filter(|event| event["note"].as_str().is_some_and(|n| n.contains(needle)))
+        .count()
+}
+
+fn log_lines(operator: &mut Operator, needle: &str) -> usize {
+    std::fs::read_to_string(operator.process().log_path())
+        .unwrap_or_default()
+        .lines()
+        .filter(|line| line.contains(needle))
+        .count()
+}
+
+/// The operator, started after the guard and the CRD are in place so that
+/// it points both at itself; it waits until the API server reaches it.
+fn operator(env: &Env, identity: &str) -> fixtures::Result<Operator> {
+    env.start_operator(identity)
+}
+
+#[test]
+fn the_guard_refuses_to_delete_the_crd_unless_the_count_is_confirmed() -> fixtures::Result<()> {
+    let env = Env::start(Storage::Durable)?;
+    install_crd_guard(&env.cp)?;
+    let mut running = operator(&env, "guarded")?;
+    ready_pets(&env, "a", PETS)?;
+    let deletes = answered(&env, "DeletePets");
+
+    // Running: refused, with the count and the command that confirms it.
+    let refused = delete_crd(&env).expect_err("refused while Pets exist");
+    assert!(
+        refused.contains(&format!("{PETS} Pets exist"))
+            && refused.contains(&format!("{CONFIRM}={PETS}")),
+        "{refused}"
+    );
+    // A confirmation for fewer Pets than there are is stale.
+    let stale = format!("{CONFIRM}={}", PETS - 1);
+    env.cp.kubectl(&["annotate", CRD, &stale])?;
+    let refused = delete_crd(&env).expect_err("refused with a stale count");
+    assert!(
+        refused.contains(&format!("says \"{}\"", PETS - 1)),
+        "{refused}"
+    );
+    // The right count, but a protected Pet: still refused.
+    let confirmed = format!("{CONFIRM}={PETS}");
+    env.cp
+        .kubectl(&["annotate", CRD, &confirmed, "--overwrite"])?;
+    env.cp.kubectl(&[
+        "annotate",
+        "pet",
+        "a-7",
+        "-n",
+        "default",
+        &format!("{PROTECTED}=true"),
+    ])?;
+    let refused = delete_crd(&env).expect_err("refused while a Pet is protected");
+    assert!(refused.contains("1 of them protected"), "{refused}");
+    env.cp.kubectl(&[
+        "annotate",
+        "pet",
+        "a-7",
+        "-n",
+        "default",
+        &format!("{PROTECTED}-"),
+    ])?;
+
+    // Stopped: nothing answers for the guard, so the CRD stays, confirmed
+    // or not.
+    running.kill();
+    for confirmation in [confirmed.clone(), format!("{CONFIRM}-")] {
+        env.cp
+            .kubectl(&["annotate", CRD, &confirmation, "--overwrite"])?;
+        let refused = delete_crd(&env).expect_err("refused with no operator to answer");
+        assert!(
+            refused.contains("crd-guard.petstore.example.com"),
+            "{refused}"
+        );
+    }
+    assert_eq!(
+        answered(&env, "DeletePets"),
+        deletes,
+        "0 deletes unconfirmed"
+    );
+    assert_eq!(records(&env), PETS);
+
+    // Confirmed, running: the Pets go, and their records with them.
+    let _confirmed = operator(&env, "confirmed")?;
+    env.cp.kubectl(&["annotate", CRD, &confirmed])?;
+    delete_crd(&env).expect("a confirmed deletion is let through");
+    wait_crd_gone(&env)?;
+    assert_eq!(records(&env), 0, "a confirmed deletion deletes the records");
+    assert!(answered(&env, "DeletePets") > deletes);
+    Ok(())
+}
+
+/// Started without waiting for the conversion webhook: with the CRD being
+/// deleted, the probe's dry-run create would be refused.
+fn start_without_waiting(
+    env: &Env,
+    identity: &str,
+    leader_election: bool,
+) -> fixtures::Result<Operator> {
+    let mut options = env.operator_options(identity);
+    options.leader_election = leader_election;
+    Operator::start(&options, &env.cp.dir().join(format!("{identity}.log")))
+}
+
+const KEPT_BY_CRD: &str = "the Pet CRD is being deleted without the confirmation";
+const KEPT_BY_NAMESPACE: &str = "the operator's namespace is being deleted";
+const SAID_ONCE: &str = "the installation is being removed";
+
+#[test]
+fn without_the_guard_the_operator_keeps_every_record() -> fixtures::Result<()> {
+    let env = Env::start(Storage::Durable)?;
+    let (deletes, releases) = (
+        answered(&env, "DeletePets"),
+        answered(&env, "SetIdempotencyKeys"),
+    );
+
+    // Stopped: the CRD goes through (no guard), its Pets wait on their
+    // finalizers and nothing is written; started, it releases every record.
+    install_crd_guard(&env.cp)?;
+    let mut first = operator(&env, "stopped")?;
+    ready_pets(&env, "b", PETS)?;
+    first.kill();
+    // The user goes around the guard on purpose.
+    env.cp.kubectl(&["delete", GUARD])?;
+    delete_crd(&env).expect("the guard removed");
+    wait_all_deleting(&env, PETS)?;
+    std::thread::sleep(QUIET);
+    wait_all_deleting(&env, PETS)?;
+    assert_eq!(answered(&env, "DeletePets"), deletes);
+    assert_eq!(answered(&env, "SetIdempotencyKeys"), releases);
+    let mut started = start_without_waiting(&env, "started", true)?;
+    wait_crd_gone(&env)?;
+    assert_eq!(answered(&env, "DeletePets"), deletes, "0 deletes");
+    assert_eq!(records(&env), PETS);
+    assert!(answered(&env, "SetIdempotencyKeys") >= releases + 1.0);
+    wait_for(TIMEOUT, "one Event per Pet", || {
+        (events_saying(&env, KEPT_BY_CRD) == PETS).then_some(())
+    })?;
+    assert_eq!(log_lines(&mut started, SAID_ONCE), 1);
+    drop(started);
+
+    // Running: the same, as it happens.
+    install_crd_and_rbac(&env.cp)?;
+    let _running = operator(&env, "running")?;
+    ready_pets(&env, "c", PETS)?;
+    delete_crd(&env).expect("the guard removed");
+    wait_crd_gone(&env)?;
+    assert_eq!(answered(&env, "DeletePets"), deletes, "0 deletes");
+    assert_eq!(records(&env), 2 * PETS);
+    drop(_running);
+
+    // The operator's namespace being deleted: Pets deleted meanwhile keep
+    // their records. A ConfigMap's finalizer holds the namespace there; the
+    // operator runs without a Lease, which the namespace would lose.
+    install_crd_and_rbac(&env.cp)?;
+    let mut options = env.operator_options("namespace");
+    options.leader_election = false;
+    let _in_namespace = env.start_operator_with(&options)?;
+    ready_pets(&env, "d", PETS)?;
+    env.cp.apply(&format!(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: hold\n  namespace: {OPERATOR_NAMESPACE}\n  finalizers: [test.petstore.example.com/hold]\n"
+    ))?;
+    env.cp
+        .kubectl(&["delete", "namespace", OPERATOR_NAMESPACE, "--wait=false"])?;
+    env.cp
+        .kubectl(&["delete", "pets", "--all", "-n", "default", "--wait=false"])?;
+    wait_for(TIMEOUT, "the Pets to go", || {
+        let pets = env
+            .cp
+            .kubectl_json(&["get", "pets", "-n", "default"])
+            .ok()?;
+        pets["items"].as_array()?.is_empty().then_some(())
+    })?;
+    assert_eq!(answered(&env, "DeletePets"), deletes, "0 deletes");
+    assert_eq!(records(&env), 3 * PETS);
+    wait_for(TIMEOUT, "one Event per Pet", || {
+        (events_saying(&env, KEPT_BY_NAMESPACE) == PETS).then_some(())
+    })?;
+    Ok(())
+}
