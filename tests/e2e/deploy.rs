@@ -70,6 +70,7 @@ fn config_default_passes_server_side_validation_and_installs() -> fixtures::Resu
         "persistentvolumeclaim/petstore-data",
         "deployment.apps/petstore",
         "deployment.apps/petstore-operator",
+        "validatingwebhookconfiguration.admissionregistration.k8s.io/petstore-operator-crd-guard",
     ] {
         assert!(
             dry.contains(&format!("{object} created (server dry run)")),

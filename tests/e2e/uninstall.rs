@@ -13,6 +13,8 @@
 //!   one log line; stopped, it writes nothing until it starts.
 //! - While the operator's own namespace is being deleted, a deleted Pet
 //!   keeps its record too.
+//! - `kubectl delete -k config/default`, the whole bundle, keeps every
+//!   record, operator running or stopped.
 
 use std::time::Duration;
 
@@ -157,7 +159,8 @@ fn the_guard_refuses_to_delete_the_crd_unless_the_count_is_confirmed() -> fixtur
         "a-7",
         "-n",
         "default",
-        &format!("{PROTECTED}=true"),
+        // Matched ignoring case, as the admission policy does.
+        &format!("{PROTECTED}=True"),
     ])?;
     let refused = delete_crd(&env).expect_err("refused while a Pet is protected");
     assert!(refused.contains("1 of them protected"), "{refused}");
@@ -286,4 +289,56 @@ fn without_the_guard_the_operator_keeps_every_record() -> fixtures::Result<()> {
         (events_saying(&env, KEPT_BY_NAMESPACE) == PETS).then_some(())
     })?;
     Ok(())
+}
+
+/// config/default installed for real (its Deployments stay Pending: this
+/// control plane has no node; the operator runs beside it as a process),
+/// 200 Ready Pets, then the whole bundle deleted. kubectl deletes the
+/// namespaces first and the guard's configuration last, so the CRD's
+/// deletion reaches the guard while it is still there: refused by the count
+/// (running) or because nothing answers (stopped). `--wait=false`: without
+/// a PVC protection controller here, the store's volume would hold kubectl.
+fn delete_the_bundle(stop_first: bool) -> fixtures::Result<()> {
+    let env = Env::start(Storage::Durable)?;
+    let default = fixtures::repo_root().join("config/default");
+    env.cp
+        .kubectl(&["apply", "-k", &default.to_string_lossy()])?;
+    let mut operator = operator(&env, "bundle")?;
+    ready_pets(&env, "e", PETS)?;
+    if stop_first {
+        operator.kill();
+    }
+    let deletes = answered(&env, "DeletePets");
+    let deleted = env
+        .cp
+        .kubectl(&["delete", "-k", &default.to_string_lossy(), "--wait=false"]);
+    let refused = deleted
+        .expect_err("the CRD's deletion is refused")
+        .to_string();
+    assert!(
+        refused.contains("crd-guard.petstore.example.com"),
+        "{refused}"
+    );
+    // What the guard let go of went: the operator's namespace and the guard.
+    wait_for(TIMEOUT, "the guard's configuration to go", || {
+        env.cp.kubectl(&["get", GUARD]).is_err().then_some(())
+    })?;
+    let crd = env.cp.kubectl_json(&["get", CRD])?;
+    assert!(crd["metadata"]["deletionTimestamp"].is_null(), "{crd}");
+    let pets = env.cp.kubectl_json(&["get", "pets", "-n", "default"])?;
+    assert_eq!(pets["items"].as_array().map(Vec::len), Some(PETS));
+    std::thread::sleep(QUIET);
+    assert_eq!(answered(&env, "DeletePets"), deletes, "0 deletes");
+    assert_eq!(records(&env), PETS);
+    Ok(())
+}
+
+#[test]
+fn deleting_the_install_bundle_keeps_every_record_operator_running() -> fixtures::Result<()> {
+    delete_the_bundle(false)
+}
+
+#[test]
+fn deleting_the_install_bundle_keeps_every_record_operator_stopped() -> fixtures::Result<()> {
+    delete_the_bundle(true)
 }

@@ -130,7 +130,7 @@ pub async fn count(pets: Api<Pet>) -> Result<PetCount, String> {
             .filter(|pet| {
                 pet.annotations()
                     .get(PROTECTED_ANNOTATION)
-                    .is_some_and(|value| value == "true")
+                    .is_some_and(|value| value.eq_ignore_ascii_case("true"))
             })
             .count();
         match page.metadata.continue_ {
