@@ -84,6 +84,7 @@ phase "prerequisites" check_prerequisites
 #      control plane: kube-apiserver, kube-controller-manager, etcd, grpcurl, ghz, kubectl
 #      promtool: checks the alert rules and real scrapes (tests/e2e/monitoring.rs)
 #      trace receiver: an OpenTelemetry Collector for the traces of tests/e2e/traces.rs
+#      health: kstatus judging Pets (tests/e2e/health.rs)
 #      static checks: hadolint and the Tiltfile check
 #  - "tilt": what only the last phase needs, the nodes of tests/e2e/tilt.rs
 #    and Tilt, at the lowest CPU and I/O priority, so it builds on the cores
@@ -96,6 +97,7 @@ tool_steps=(
   "tests:control plane (cached build):hack/control-plane/build.sh"
   "tests:promtool (cached build):hack/monitoring/build.sh"
   "tests:trace receiver (cached build):hack/tracing/build.sh"
+  "tests:health, kstatus (cached build):hack/health/build.sh"
   "tests:static checks (Dockerfile, Tiltfile):hack/static-checks.sh"
   "tilt:one-node cluster and Tilt (cached build):hack/cluster/build.sh"
 )

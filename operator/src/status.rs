@@ -8,6 +8,14 @@ use crate::crd::{Condition, ConditionStatus, PetStatus, PlanStatus};
 
 pub const READY: &str = "Ready";
 pub const SYNCED: &str = "Synced";
+/// kstatus, which Flux and `kubectl wait` follow: present (True) only
+/// while the operator retries this generation after a failure. Between an
+/// edit and the operator's first status write for it, `status.
+/// observedGeneration` lags `metadata.generation`, which says the same.
+pub const RECONCILING: &str = "Reconciling";
+/// kstatus: present (True) only while the Pet will not progress without a
+/// human ([`Reason::stalls`]).
+pub const STALLED: &str = "Stalled";
 
 /// Every reason the operator gives, in a condition, an Event or the
 /// `reconcile_errors_total{reason}` metric: one type, so the three can
@@ -122,6 +130,26 @@ impl Reason {
         }
     }
 
+    /// As the Synced reason: nothing changes until a person does something
+    /// (edits the spec or an annotation, frees or creates the record, points
+    /// the operator at another store). kstatus reads it as Failed.
+    pub const fn stalls(self) -> bool {
+        matches!(
+            self,
+            Reason::InvalidSpec
+                | Reason::InvalidAnnotation
+                | Reason::RecordOwnedElsewhere
+                | Reason::RecordNotFound
+                | Reason::AdoptionConflict
+                | Reason::StoreLacksExtensions
+        )
+    }
+
+    /// As the Synced reason: the operator is retrying by itself.
+    pub const fn retries(self) -> bool {
+        matches!(self, Reason::StoreUnavailable | Reason::ReconcileError)
+    }
+
     /// Whether an Event with this reason is a Warning.
     pub const fn is_warning(self) -> bool {
         !matches!(
@@ -225,6 +253,34 @@ impl Outcome {
     }
 }
 
+/// Sets a condition that kstatus reads as abnormal when True, or removes
+/// it: present only while it holds, as kstatus recommends.
+#[allow(clippy::too_many_arguments)]
+fn set_abnormal(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    holds: bool,
+    reason: Reason,
+    message: &str,
+    generation: Option<i64>,
+    now: DateTime<Utc>,
+) {
+    if holds {
+        let status = ConditionStatus::True;
+        set_condition(
+            conditions,
+            type_,
+            status,
+            reason.as_str(),
+            message,
+            generation,
+            now,
+        );
+    } else {
+        conditions.retain(|c| c.type_ != type_);
+    }
+}
+
 fn set_condition(
     conditions: &mut Vec<Condition>,
     type_: &str,
@@ -301,9 +357,33 @@ pub fn next_status(
         generation,
         now,
     );
+    let stalled = !synced && synced_reason.stalls();
+    let retrying = !synced && synced_reason.retries();
+    let message = &outcome.message;
+    let conditions = &mut status.conditions;
+    set_abnormal(
+        conditions,
+        STALLED,
+        stalled,
+        synced_reason,
+        message,
+        generation,
+        now,
+    );
+    set_abnormal(
+        conditions,
+        RECONCILING,
+        retrying,
+        synced_reason,
+        message,
+        generation,
+        now,
+    );
     // Keep a stable order so equal statuses compare equal.
     status.conditions.sort_by(|a, b| a.type_.cmp(&b.type_));
-    if outcome.observes_generation() {
+    // A stalled generation is observed: kstatus reads Stalled only for the
+    // generation status.observedGeneration names.
+    if outcome.observes_generation() || stalled {
         status.observed_generation = generation;
     }
     status
@@ -516,6 +596,79 @@ mod tests {
 
         let fresh = next_status(None, Some(1), None, &paused_outcome(), at(0));
         assert_eq!(condition(&fresh, READY).status, ConditionStatus::Unknown);
+    }
+
+    /// A kstatus condition: type, reason, observedGeneration.
+    type Abnormal<'a> = (&'a str, &'a str, Option<i64>);
+
+    fn abnormal(status: &PetStatus) -> Vec<Abnormal<'_>> {
+        status
+            .conditions
+            .iter()
+            .filter(|c| c.type_ == STALLED || c.type_ == RECONCILING)
+            .map(|c| (c.type_.as_str(), c.reason.as_str(), c.observed_generation))
+            .collect()
+    }
+
+    #[test]
+    fn kstatus_conditions_say_retrying_or_stalled_for_this_generation_only_while_true() {
+        let ready = synced_at(0);
+        assert_eq!(abnormal(&ready), vec![]);
+        let edited = |outcome: &Outcome| next_status(Some(&ready), Some(2), None, outcome, at(1));
+        let cases: Vec<(&str, Outcome, Vec<Abnormal>)> = vec![
+            (
+                "store down: retrying",
+                Outcome::from_error(Reason::StoreUnavailable, "refused"),
+                vec![(RECONCILING, "StoreUnavailable", Some(2))],
+            ),
+            (
+                "another error: retrying",
+                Outcome::from_error(Reason::ReconcileError, "conflict"),
+                vec![(RECONCILING, "ReconcileError", Some(2))],
+            ),
+            (
+                "rejected spec: stalled",
+                Outcome::from_error(Reason::InvalidSpec, "name too long"),
+                vec![(STALLED, "InvalidSpec", Some(2))],
+            ),
+            (
+                "owned elsewhere: stalled",
+                Outcome::failed(Reason::RecordOwnedElsewhere, "owned".into()),
+                vec![(STALLED, "RecordOwnedElsewhere", Some(2))],
+            ),
+            (
+                "a held typo: stalled",
+                Outcome::held(Reason::InvalidAnnotation, "typo".into()),
+                vec![(STALLED, "InvalidAnnotation", Some(2))],
+            ),
+            (
+                "in line with a typo to fix: stalled",
+                Outcome::synced_but(Reason::InvalidAnnotation, "typo".into()),
+                vec![(STALLED, "InvalidAnnotation", Some(2))],
+            ),
+            ("paused: neither", paused_outcome(), vec![]),
+            (
+                "a plan waiting: neither",
+                Outcome::failed(Reason::PlanPending, "approve".into()),
+                vec![],
+            ),
+            ("in line again: neither", Outcome::synced(), vec![]),
+        ];
+        for (name, outcome, expected) in cases {
+            let status = edited(&outcome);
+            assert_eq!(abnormal(&status), expected, "{name}");
+            // kstatus compares status.observedGeneration first: Stalled
+            // counts only for the generation it names.
+            if !expected.is_empty() {
+                assert_eq!(status.observed_generation, Some(2), "{name}");
+            }
+        }
+        // Once the cause goes, the condition goes with it.
+        let down = edited(&Outcome::from_error(Reason::StoreUnavailable, "refused"));
+        let back = next_status(Some(&down), Some(2), None, &Outcome::synced(), at(2));
+        assert_eq!(abnormal(&back), vec![]);
+        // Paused: the generation is not observed, so kstatus waits.
+        assert_eq!(edited(&paused_outcome()).observed_generation, Some(1));
     }
 
     #[test]

@@ -15,6 +15,7 @@ mod conversion;
 mod deploy;
 mod drift;
 mod faults;
+mod health;
 mod kubernetes;
 mod monitoring;
 mod ownership;

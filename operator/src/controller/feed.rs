@@ -524,7 +524,7 @@ mod tests {
         // Synced since: the changes a lost history held may concern them.
         for pet in pets {
             let uid = pet.metadata.uid.as_deref().expect("uid");
-            f.ctx.memory.in_sync(pet, uid, Some(1), "r");
+            f.ctx.memory.in_sync(pet, uid, (Some(1), 0), "r");
         }
         queued_now(&mut f.queued);
         first.unbounded_send(Err(error)).expect("send");

@@ -21,7 +21,7 @@
 //! its own.
 
 use std::collections::{HashMap, HashSet};
-use std::num::NonZeroU64;
+use std::num::{NonZeroI64, NonZeroU64};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -136,7 +136,12 @@ struct Backoff {
 /// A generation found in sync (its status written), and when.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Synced {
-    pub generation: Option<i64>,
+    /// Non-zero (the API server starts at 1), so `None` costs no space:
+    /// the room [`Synced::intent`] takes.
+    pub generation: Option<NonZeroI64>,
+    /// [`crate::decision::Facts::intent`] as synced: an annotation edit
+    /// (external-id, say) changes it without a new generation.
+    pub intent: u64,
     pub at: Moment,
     /// A hash of the record ID the status was given: a status that names
     /// another record is not that write's echo.
@@ -186,14 +191,15 @@ impl Memory {
             .map_or(0, |pet| pet.failures)
     }
 
-    /// The Pet's generation was found in sync and its status written now,
-    /// naming record `id`: its failures are over. Returns how long it
-    /// waited to be Ready, if it was waiting.
+    /// The Pet's generation, with what the user asked for hashed as
+    /// `intent`, was found in sync and its status written now, naming
+    /// record `id`: its failures are over. Returns how long it waited to be
+    /// Ready, if it was waiting.
     pub fn in_sync(
         &self,
         pet: &Pet,
         uid: &str,
-        generation: Option<i64>,
+        (generation, intent): (Option<i64>, u64),
         id: &str,
     ) -> Option<Duration> {
         let previous_id = id_hash(pet.status_id());
@@ -206,7 +212,8 @@ impl Memory {
             }
             remembered.end_backoff();
             remembered.synced = Some(Synced {
-                generation,
+                generation: generation.and_then(NonZeroI64::new),
+                intent,
                 at: Moment::now(),
                 id: id_hash(Some(id)),
                 previous_id,
@@ -676,9 +683,12 @@ mod tests {
         assert_eq!(memory.failed(&thor, "thor"), 1);
         assert_eq!(memory.failed(&thor, "thor"), 2);
         assert_eq!(memory.failures("thor"), 2);
-        memory.in_sync(&thor, "thor", Some(3), "record-1");
+        memory.in_sync(&thor, "thor", (Some(3), 0), "record-1");
         assert_eq!(memory.failures("thor"), 0, "a sync ends the failures");
-        assert_eq!(memory.synced("thor").map(|s| s.generation), Some(Some(3)));
+        assert_eq!(
+            memory.synced("thor").map(|s| s.generation),
+            Some(NonZeroI64::new(3))
+        );
         memory.succeeded("thor");
         assert!(
             memory.synced("thor").is_some(),
@@ -697,14 +707,19 @@ mod tests {
     fn a_sync_explains_its_echo_and_the_stale_copy_but_not_another_record() {
         let memory = Memory::default();
         // Created: the copy reconciled had no ID, the status now names r-1.
-        memory.in_sync(&pet("thor"), "thor", Some(1), "r-1");
+        memory.in_sync(&pet("thor"), "thor", (Some(1), 0), "r-1");
         let synced = memory.synced("thor").expect("remembered");
         assert!(synced.explains(Some("r-1")), "the echo of the write");
         assert!(synced.explains(None), "the stale copy from before it");
         assert!(!synced.explains(Some("r-2")), "someone else's status");
         // Synced again from a copy naming r-1: a copy without an ID is now
         // someone's change, not stale.
-        memory.in_sync(&pet("thor").with_status_id("r-1"), "thor", Some(2), "r-1");
+        memory.in_sync(
+            &pet("thor").with_status_id("r-1"),
+            "thor",
+            (Some(2), 0),
+            "r-1",
+        );
         let synced = memory.synced("thor").expect("remembered");
         assert!(synced.explains(Some("r-1")));
         assert!(!synced.explains(None));
@@ -725,7 +740,7 @@ mod tests {
         writer.apply_watcher_event(&watcher::Event::Delete(thor.clone()));
         memory.forget("thor");
         memory.failed(&thor, "thor");
-        memory.in_sync(&thor, "thor", Some(1), "record-1");
+        memory.in_sync(&thor, "thor", (Some(1), 0), "record-1");
         assert_eq!(memory.len(), 0);
     }
 
@@ -769,14 +784,14 @@ mod tests {
         let thor = pet("thor");
         memory.triggered(&thor, "thor");
         assert_eq!(memory.gauges().not_ready, 1);
-        let waited = memory.in_sync(&thor, "thor", Some(1), "record-1");
+        let waited = memory.in_sync(&thor, "thor", (Some(1), 0), "record-1");
         assert!(
             waited.is_some_and(|w| w < Duration::from_secs(5)),
             "{waited:?}"
         );
         assert_eq!(memory.gauges().not_ready, 0);
         assert_eq!(
-            memory.in_sync(&thor, "thor", Some(1), "record-1"),
+            memory.in_sync(&thor, "thor", (Some(1), 0), "record-1"),
             None,
             "told once"
         );
@@ -876,7 +891,7 @@ mod tests {
         memory.succeeded("thor");
         assert_eq!(memory.len(), 0, "nothing left to remember");
         memory.drift_corrected(&thor, "thor");
-        memory.in_sync(&thor, "thor", Some(1), "record-1");
+        memory.in_sync(&thor, "thor", (Some(1), 0), "record-1");
         assert!(
             memory.pets().values().all(|r| r.rare.is_some()),
             "the drift is kept for the window"

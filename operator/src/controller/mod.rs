@@ -157,15 +157,13 @@ impl Context {
     /// only repeat the write.
     /// A status naming another record than the one synced (a restore
     /// tool's, say) is not that write's echo.
-    fn recently_synced(
-        &self,
-        uid: &str,
-        generation: Option<i64>,
-        status_id: Option<&str>,
-    ) -> Option<Duration> {
+    /// An annotation edit since (an external-id added, say) is not an echo.
+    fn recently_synced(&self, facts: &Facts) -> Option<Duration> {
+        let uid = &facts.uid;
         let synced = self.memory.synced(uid)?;
-        (synced.generation == generation
-            && synced.explains(status_id)
+        (synced.generation == facts.generation.and_then(std::num::NonZeroI64::new)
+            && synced.intent == facts.intent()
+            && synced.explains(facts.status_id.as_deref())
             && synced.at.elapsed() < self.settings.poll_interval / 2)
             .then(|| self.poll_delay(uid))
     }
@@ -229,8 +227,7 @@ impl Context {
     /// Everything the decision step needs to know about the Pet.
     fn facts(&self, pet: &Pet) -> Result<Facts, Error> {
         let mut facts = facts_of(pet)?;
-        facts.recently_synced =
-            self.recently_synced(&facts.uid, pet.metadata.generation, pet.status_id());
+        facts.recently_synced = self.recently_synced(&facts);
         facts.create_observes = self.create_observes.load(Ordering::Relaxed);
         Ok(facts)
     }
@@ -458,7 +455,14 @@ fn spec_changed(pet: &Pet) -> bool {
     let Some(status) = &pet.status else {
         return true;
     };
-    status.observed_generation != generation
+    // Ready's, not status.observedGeneration: a generation held as Stalled
+    // is observed without its spec having reached the record.
+    let handled = pet
+        .condition(status::READY)
+        .map_or(status.observed_generation, |ready| {
+            ready.observed_generation
+        });
+    handled != generation
         || status.plan.as_ref().is_some_and(|plan| {
             plan.generation == generation && plan.cause == Cause::SpecChange.as_str()
         })

@@ -464,10 +464,11 @@ impl<'a> Reconcile<'a> {
         // A warning (a misspelled annotation) can be shown although the
         // record is in line; any other is told by the story's Event.
         self.show(&outcome, sync.warning.is_some());
-        let waited =
-            self.ctx
-                .memory
-                .in_sync(&self.pet, &self.facts.uid, self.pet.metadata.generation, id);
+        let synced_as = (self.pet.metadata.generation, self.facts.intent());
+        let waited = self
+            .ctx
+            .memory
+            .in_sync(&self.pet, &self.facts.uid, synced_as, id);
         if let Some(waited) = waited {
             self.ctx.metrics.became_ready(waited);
         }

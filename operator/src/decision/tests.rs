@@ -267,10 +267,21 @@ fn first_step_table() {
                 Err(reason),
             ) => {
                 assert_eq!(outcome.synced_reason(), reason, "{name}");
-                // A hold leaves Ready alone and never claims progress.
+                // A hold never claims the record is in line. One that
+                // stalls marks its generation observed, so that kstatus
+                // reads Failed rather than waiting; a pause does not.
                 let status =
                     crate::status::next_status(None, Some(1), None, outcome, chrono::Utc::now());
-                assert_eq!(status.observed_generation, None, "{name}");
+                let ready = status
+                    .conditions
+                    .iter()
+                    .find(|c| c.type_ == crate::status::READY);
+                assert!(
+                    ready.is_some_and(|c| c.status == crate::crd::ConditionStatus::Unknown),
+                    "{name}"
+                );
+                let observed = reason.stalls().then_some(1);
+                assert_eq!(status.observed_generation, observed, "{name}");
             }
             (step, Ok(expected)) => assert_eq!(*step, expected, "{name}"),
             (step, Err(reason)) => panic!("{name}: expected a hold with {reason}, got {step:?}"),

@@ -1,0 +1,273 @@
+//! Health as GitOps tools read it, judged by kstatus itself (the library
+//! behind Flux's health checks and the conventions `kubectl wait` follows)
+//! on Pets read from the real API server:
+//!
+//! - 1,000 update races: a spec edit, the Pet as the edit's answer shows
+//!   it, read again at once and on until it settles. kstatus says Current
+//!   only for a generation whose Ready the operator has written, and every
+//!   edit's own answer reads InProgress. With the store down, edits read
+//!   InProgress (`Reconciling`) for as long as it lasts.
+//! - Each reason a Pet stalls on reads as Failed; a paused Pet does not.
+
+use std::time::{Duration, Instant};
+
+use fixtures::env::{condition, pet_manifest};
+use fixtures::health::kstatus;
+use fixtures::{Env, Storage, wait_for};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use serde_json::{Value, json};
+
+const RACERS: usize = 10;
+const RACES: usize = 1_000;
+/// Edits made while the store is down.
+const OUTAGE_EDITS: usize = 5;
+const SETTLE: Duration = Duration::from_secs(30);
+const TIMEOUT: Duration = Duration::from_secs(60);
+const EXTERNAL_ID: &str = "petstore.example.com/external-id";
+const PAUSED: &str = "petstore.example.com/paused";
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+fn spec(pet_name: &str) -> String {
+    format!(" {{name: {pet_name}, type: dog, birthday: \"2021-04-01\"}}")
+}
+
+async fn pets_api(env: &Env) -> Result<Api<DynamicObject>, Error> {
+    let kubeconfig = kube::config::Kubeconfig::read_from(&env.cp.kubeconfig)?;
+    let config = kube::Config::from_custom_kubeconfig(
+        kubeconfig,
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await?;
+    let client = kube::Client::try_from(config)?;
+    let gvk = GroupVersionKind::gvk("petstore.example.com", "v1", "Pet");
+    Ok(Api::namespaced_with(
+        client,
+        "default",
+        &ApiResource::from_gvk(&gvk),
+    ))
+}
+
+/// The operator has finished this generation: Ready for it, and
+/// `status.observedGeneration` naming it.
+fn finished(pet: &Value) -> bool {
+    let generation = &pet["metadata"]["generation"];
+    pet["status"]["observedGeneration"] == *generation
+        && condition(pet, "Ready")
+            .is_some_and(|c| c["status"] == "True" && c["observedGeneration"] == *generation)
+}
+
+/// One edit: the edit's answer, then reads until the operator has finished
+/// it (or `settle` passes). Every object, in order.
+async fn race(
+    api: &Api<DynamicObject>,
+    name: &str,
+    pet_name: &str,
+    settle: Duration,
+    until: impl Fn(&Value) -> bool,
+) -> Result<Vec<Value>, Error> {
+    let patch = json!({"spec": {"name": pet_name}});
+    let answer = api
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    let mut seen = vec![serde_json::to_value(&answer)?];
+    let deadline = Instant::now() + settle;
+    loop {
+        let pet = serde_json::to_value(api.get(name).await?)?;
+        let done = until(&pet);
+        seen.push(pet);
+        if done || Instant::now() > deadline {
+            return Ok(seen);
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+#[test]
+fn kstatus_says_current_only_once_the_operator_has_finished_the_generation() -> Result<(), Error> {
+    let env = Env::start(Storage::Durable)?;
+    let _operator = env.start_operator("health")?;
+    let names: Vec<String> = (0..RACERS).map(|i| format!("racer-{i}")).collect();
+    for name in &names {
+        env.cp.apply(&pet_manifest(name, &[], &spec("Start")))?;
+    }
+    for name in &names {
+        env.wait_ready("default", name, TIMEOUT)?;
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let api = rt.block_on(pets_api(&env))?;
+
+    // The races, RACERS Pets at a time.
+    let races: Vec<Vec<Value>> = rt.block_on(async {
+        let mut all = Vec::with_capacity(RACES);
+        for round in 0..RACES / RACERS {
+            let edits = names.iter().map(|name| {
+                let pet_name = format!("Pet{round}");
+                let api = &api;
+                async move { race(api, name, &pet_name, SETTLE, finished).await }
+            });
+            for seen in futures::future::join_all(edits).await {
+                all.push(seen?);
+            }
+        }
+        Ok::<_, Error>(all)
+    })?;
+    assert_eq!(races.len(), RACES);
+    let objects: Vec<Value> = races.iter().flatten().cloned().collect();
+    let verdicts = kstatus(&objects)?;
+    let mut current = 0;
+    for (object, (status, message)) in objects.iter().zip(&verdicts) {
+        if status == "Current" {
+            current += 1;
+            assert!(
+                finished(object),
+                "kstatus says Current ({message}) for a generation the operator has not finished: {object}"
+            );
+        }
+    }
+    // Each edit's own answer carries the new generation and the old status.
+    let mut at = 0;
+    for seen in &races {
+        let (status, message) = &verdicts[at];
+        assert_eq!(status, "InProgress", "the edit's answer: {message}");
+        let (status, message) = &verdicts[at + seen.len() - 1];
+        assert_eq!(status, "Current", "once settled: {message}");
+        at += seen.len();
+    }
+    eprintln!(
+        "{RACES} races, {} objects read, {current} Current, every one finished",
+        objects.len()
+    );
+
+    // The store down: each edit reads InProgress, with Reconciling, until
+    // it comes back.
+    let mut env = env;
+    env.store.kill();
+    let outage: Vec<Vec<Value>> = rt.block_on(async {
+        let mut all = Vec::new();
+        for edit in 0..OUTAGE_EDITS {
+            let reconciling = |pet: &Value| {
+                condition(pet, "Reconciling").is_some_and(|c| {
+                    c["status"] == "True"
+                        && c["reason"] == "StoreUnavailable"
+                        && c["observedGeneration"] == pet["metadata"]["generation"]
+                })
+            };
+            let pet_name = format!("Down{edit}");
+            all.push(race(&api, &names[0], &pet_name, SETTLE, reconciling).await?);
+        }
+        Ok::<_, Error>(all)
+    })?;
+    let objects: Vec<Value> = outage.iter().flatten().cloned().collect();
+    for (object, (status, message)) in objects.iter().zip(kstatus(&objects)?) {
+        assert_eq!(status, "InProgress", "store down: {message}: {object}");
+    }
+    for seen in &outage {
+        let last = seen.last().ok_or("no read")?;
+        assert!(
+            condition(last, "Reconciling").is_some_and(|c| c["status"] == "True"),
+            "Reconciling while the store is down: {last}"
+        );
+    }
+    env.store.restart(Storage::Durable)?;
+    let back = wait_for(SETTLE, "the Pet to settle once the store is back", || {
+        let pet = env.pet("default", &names[0]).ok()?;
+        finished(&pet).then_some(pet)
+    })?;
+    assert!(condition(&back, "Reconciling").is_none(), "{back}");
+    assert_eq!(kstatus(&[back])?[0].0, "Current");
+    Ok(())
+}
+
+fn add_record(env: &Env, name: &str) -> fixtures::Result<String> {
+    let out = env.store.grpcurl(
+        "petstore.PetStore/AddPets",
+        &format!(
+            r#"{{"pets":[{{"name":"{name}","type":"PTFeline","birthday":{{"year":2019,"month":5,"day":6}}}}]}}"#
+        ),
+    )?;
+    Ok(out[0]["ids"][0].as_str().unwrap_or_default().to_owned())
+}
+
+/// Waits until the Pet's Synced reason is `reason`; returns the Pet.
+fn wait_synced(env: &Env, name: &str, reason: &str) -> fixtures::Result<Value> {
+    wait_for(TIMEOUT, &format!("{name}: Synced {reason}"), || {
+        let pet = env.pet("default", name).ok()?;
+        condition(&pet, "Synced")
+            .is_some_and(|c| c["reason"] == reason)
+            .then_some(pet)
+    })
+}
+
+#[test]
+fn kstatus_reads_each_stalled_reason_as_failed() -> Result<(), Error> {
+    let env = Env::start(Storage::Durable)?;
+    let _operator = env.start_operator("health")?;
+    // Owned by another Pet, and a Pet that owns a record and names another.
+    env.cp.apply(&pet_manifest("owner", &[], &spec("Owner")))?;
+    let owned = env.wait_ready("default", "owner", TIMEOUT)?;
+    let unowned = add_record(&env, "Loose")?;
+    env.cp
+        .apply(&pet_manifest("holder", &[], &spec("Holder")))?;
+    env.wait_ready("default", "holder", TIMEOUT)?;
+    let cases = [
+        (
+            "named-missing",
+            vec![(
+                EXTERNAL_ID,
+                "0b3a5f1e-7c2d-4e8f-9a6b-1c2d3e4f5a6b".to_owned(),
+            )],
+            "RecordNotFound",
+        ),
+        (
+            "named-owned",
+            vec![(EXTERNAL_ID, owned)],
+            "RecordOwnedElsewhere",
+        ),
+        (
+            "typo",
+            vec![(PAUSED, "yes".to_owned())],
+            "InvalidAnnotation",
+        ),
+    ];
+    for (name, annotations, _) in &cases {
+        let annotations: Vec<(&str, &str)> =
+            annotations.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        env.cp
+            .apply(&pet_manifest(name, &annotations, &spec("Stuck")))?;
+    }
+    env.cp.kubectl(&[
+        "annotate",
+        "pet",
+        "holder",
+        "-n",
+        "default",
+        &format!("{EXTERNAL_ID}={unowned}"),
+    ])?;
+    let mut stalled: Vec<(&str, Value)> = Vec::new();
+    for (name, _, reason) in &cases {
+        stalled.push((reason, wait_synced(&env, name, reason)?));
+    }
+    stalled.push((
+        "AdoptionConflict",
+        wait_synced(&env, "holder", "AdoptionConflict")?,
+    ));
+    let objects: Vec<Value> = stalled.iter().map(|(_, pet)| pet.clone()).collect();
+    for ((reason, pet), (status, message)) in stalled.iter().zip(kstatus(&objects)?) {
+        assert_eq!(status, "Failed", "{reason}: {message}: {pet}");
+        assert!(
+            condition(pet, "Stalled").is_some_and(|c| c["reason"] == *reason),
+            "{pet}"
+        );
+    }
+
+    // Paused on purpose is not a failure.
+    env.cp
+        .apply(&pet_manifest("resting", &[(PAUSED, "true")], &spec("Rest")))?;
+    let paused = wait_synced(&env, "resting", "ReconcilePaused")?;
+    let (status, message) = kstatus(std::slice::from_ref(&paused))?.remove(0);
+    assert_ne!(status, "Failed", "{message}: {paused}");
+    Ok(())
+}
