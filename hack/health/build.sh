@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds (once) `health`, a small program over kstatus (main.go), and prints
+# Builds (once) `health` (kstatus, Argo CD's Lua health checks on gopher-lua,
+# Flux's CEL health expressions on cel-go: main.go), and prints
 # the folder that holds it. Cached outside the clone, keyed by its versions
 # and a hash of its source, so only a missing binary triggers a build.
 #
@@ -16,7 +17,7 @@ for pin in "sigs.k8s.io/cli-utils $CLI_UTILS_VERSION" "k8s.io/apimachinery $APIM
   fi
 done
 
-source_hash=$(cat "$here/go.mod" "$here/go.sum" "$here/main.go" | sha256sum | cut -c1-12)
+source_hash=$(cat "$here/go.mod" "$here/go.sum" "$here"/*.go | sha256sum | cut -c1-12)
 bin_dir=$(tool_dir "health-$CLI_UTILS_VERSION-$source_hash")
 
 if [[ ! -x "$bin_dir/health" ]]; then

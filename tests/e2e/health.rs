@@ -8,11 +8,16 @@
 //!   edit's own answer reads InProgress. With the store down, edits read
 //!   InProgress (`Reconciling`) for as long as it lasts.
 //! - Each reason a Pet stalls on reads as Failed; a paused Pet does not.
+//! - Argo CD's health check (config/health/argocd, run by gopher-lua as
+//!   Argo CD runs it) and Flux's healthCheckExprs (config/health/flux, by
+//!   cel-go as Flux evaluates them) on Pets captured in each state:
+//!   Healthy, Progressing, Degraded, Suspended. The committed test data
+//!   and its expectations hold for the live captures too.
 
 use std::time::{Duration, Instant};
 
 use fixtures::env::{condition, pet_manifest};
-use fixtures::health::kstatus;
+use fixtures::health::{argocd, flux, kstatus};
 use fixtures::{Env, Storage, wait_for};
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use serde_json::{Value, json};
@@ -269,5 +274,130 @@ fn kstatus_reads_each_stalled_reason_as_failed() -> Result<(), Error> {
     let paused = wait_synced(&env, "resting", "ReconcilePaused")?;
     let (status, message) = kstatus(std::slice::from_ref(&paused))?.remove(0);
     assert_ne!(status, "Failed", "{message}: {paused}");
+    Ok(())
+}
+
+/// The states, by the test data file each is captured into, and what Flux
+/// makes of each.
+const STATES: [(&str, &str); 5] = [
+    ("healthy", "Current"),
+    ("progressing", "InProgress"),
+    ("degraded", "Failed"),
+    ("suspended-paused", "InProgress"),
+    ("suspended-plan", "InProgress"),
+];
+
+/// What an API server adds that says nothing about health and changes on
+/// every run.
+fn captured(mut pet: Value) -> Value {
+    if let Some(metadata) = pet["metadata"].as_object_mut() {
+        for noise in [
+            "managedFields",
+            "uid",
+            "resourceVersion",
+            "creationTimestamp",
+        ] {
+            metadata.remove(noise);
+        }
+        if let Some(annotations) = metadata
+            .get_mut("annotations")
+            .and_then(Value::as_object_mut)
+        {
+            annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
+        }
+    }
+    pet
+}
+
+#[test]
+fn argo_cd_and_flux_read_each_state_right() -> Result<(), Error> {
+    let env = Env::start(Storage::Durable)?;
+    let _operator = env.start_operator("health")?;
+    env.cp.apply(&pet_manifest("healthy", &[], &spec("Fine")))?;
+    env.cp
+        .apply(&pet_manifest("progressing", &[], &spec("Busy")))?;
+    env.cp.apply(&pet_manifest(
+        "degraded",
+        &[(EXTERNAL_ID, "0b3a5f1e-7c2d-4e8f-9a6b-1c2d3e4f5a6b")],
+        &spec("Lost"),
+    ))?;
+    env.cp.apply(&pet_manifest(
+        "suspended-paused",
+        &[(PAUSED, "true")],
+        &spec("Rest"),
+    ))?;
+    env.cp.apply(&pet_manifest(
+        "suspended-plan",
+        &[],
+        " {name: Wait, type: dog, birthday: \"2021-04-01\", changePolicy: Approve}",
+    ))?;
+    env.wait_ready("default", "healthy", TIMEOUT)?;
+    let healthy = captured(env.pet("default", "healthy")?);
+    env.wait_ready("default", "progressing", TIMEOUT)?;
+    // An edit's answer: the new generation, the old status.
+    let edited = env.cp.kubectl(&[
+        "patch",
+        "pet",
+        "progressing",
+        "-n",
+        "default",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"name":"Busier"}}"#,
+        "-o",
+        "json",
+    ])?;
+    let progressing = captured(serde_json::from_str(&edited)?);
+    let degraded = captured(wait_synced(&env, "degraded", "RecordNotFound")?);
+    let paused = captured(wait_synced(&env, "suspended-paused", "ReconcilePaused")?);
+    let plan = captured(wait_synced(&env, "suspended-plan", "PlanPending")?);
+    let live = [healthy, progressing, degraded, paused, plan];
+
+    let committed = fixtures::repo_root().join("config/health/argocd/petstore.example.com/Pet");
+    if let Some(dir) = std::env::var_os("PETSTORE_CAPTURE_HEALTH") {
+        // Refreshes the committed test data from this run.
+        for ((state, _), pet) in STATES.iter().zip(&live) {
+            let path = std::path::Path::new(&dir).join(format!("{state}.yaml"));
+            std::fs::write(path, serde_json::to_string_pretty(pet)? + "\n")?;
+        }
+    }
+    // Argo CD: the committed suite, then the same expectations on the live
+    // captures.
+    let report = argocd(&committed)?;
+    assert_eq!(report.lines().count(), STATES.len(), "{report}");
+    let scratch = tempfile::tempdir()?;
+    std::fs::copy(
+        committed.join("health.lua"),
+        scratch.path().join("health.lua"),
+    )?;
+    std::fs::copy(
+        committed.join("health_test.yaml"),
+        scratch.path().join("health_test.yaml"),
+    )?;
+    std::fs::create_dir(scratch.path().join("testdata"))?;
+    for ((state, _), pet) in STATES.iter().zip(&live) {
+        let path = scratch.path().join(format!("testdata/{state}.yaml"));
+        std::fs::write(path, serde_json::to_string_pretty(pet)?)?;
+    }
+    let report = argocd(scratch.path())?;
+    assert_eq!(report.lines().count(), STATES.len(), "{report}");
+    for (state, _) in STATES {
+        let status = match state.split('-').next() {
+            Some("healthy") => "Healthy",
+            Some("progressing") => "Progressing",
+            Some("degraded") => "Degraded",
+            _ => "Suspended",
+        };
+        assert!(
+            report.contains(&format!("testdata/{state}.yaml\t{status}\t")),
+            "{state}: {report}"
+        );
+    }
+
+    // Flux, on the same objects.
+    let exprs = fixtures::repo_root().join("config/health/flux/pet.yaml");
+    let verdicts = flux(&exprs, &live)?;
+    let expected: Vec<&str> = STATES.iter().map(|(_, flux)| *flux).collect();
+    assert_eq!(verdicts, expected);
     Ok(())
 }
