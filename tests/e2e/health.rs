@@ -26,7 +26,6 @@ const RACERS: usize = 10;
 const RACES: usize = 1_000;
 /// Edits made while the store is down.
 const OUTAGE_EDITS: usize = 5;
-const SETTLE: Duration = Duration::from_secs(30);
 const TIMEOUT: Duration = Duration::from_secs(60);
 const EXTERNAL_ID: &str = "petstore.example.com/external-id";
 const PAUSED: &str = "petstore.example.com/paused";
@@ -38,16 +37,9 @@ fn spec(pet_name: &str) -> String {
 }
 
 async fn pets_api(env: &Env) -> Result<Api<DynamicObject>, Error> {
-    let kubeconfig = kube::config::Kubeconfig::read_from(&env.cp.kubeconfig)?;
-    let config = kube::Config::from_custom_kubeconfig(
-        kubeconfig,
-        &kube::config::KubeConfigOptions::default(),
-    )
-    .await?;
-    let client = kube::Client::try_from(config)?;
     let gvk = GroupVersionKind::gvk("petstore.example.com", "v1", "Pet");
     Ok(Api::namespaced_with(
-        client,
+        crate::admin_client(env).await?,
         "default",
         &ApiResource::from_gvk(&gvk),
     ))
@@ -111,7 +103,7 @@ fn kstatus_says_current_only_once_the_operator_has_finished_the_generation() -> 
             let edits = names.iter().map(|name| {
                 let pet_name = format!("Pet{round}");
                 let api = &api;
-                async move { race(api, name, &pet_name, SETTLE, finished).await }
+                async move { race(api, name, &pet_name, TIMEOUT, finished).await }
             });
             for seen in futures::future::join_all(edits).await {
                 all.push(seen?);
@@ -161,7 +153,7 @@ fn kstatus_says_current_only_once_the_operator_has_finished_the_generation() -> 
                 })
             };
             let pet_name = format!("Down{edit}");
-            all.push(race(&api, &names[0], &pet_name, SETTLE, reconciling).await?);
+            all.push(race(&api, &names[0], &pet_name, TIMEOUT, reconciling).await?);
         }
         Ok::<_, Error>(all)
     })?;
@@ -177,7 +169,7 @@ fn kstatus_says_current_only_once_the_operator_has_finished_the_generation() -> 
         );
     }
     env.store.restart(Storage::Durable)?;
-    let back = wait_for(SETTLE, "the Pet to settle once the store is back", || {
+    let back = wait_for(TIMEOUT, "the Pet to settle once the store is back", || {
         let pet = env.pet("default", &names[0]).ok()?;
         finished(&pet).then_some(pet)
     })?;

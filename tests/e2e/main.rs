@@ -28,3 +28,14 @@ mod traces;
 mod uninstall;
 mod upgrade;
 mod user_story;
+
+/// A kube client with the test's own (admin) kubeconfig, for stories whose
+/// polls need milliseconds where kubectl takes tens.
+async fn admin_client(
+    env: &fixtures::Env,
+) -> Result<kube::Client, Box<dyn std::error::Error + Send + Sync>> {
+    let kubeconfig = kube::config::Kubeconfig::read_from(&env.cp.kubeconfig)?;
+    let options = kube::config::KubeConfigOptions::default();
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &options).await?;
+    Ok(kube::Client::try_from(config)?)
+}

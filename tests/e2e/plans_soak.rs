@@ -130,13 +130,7 @@ impl Soak {
             .enable_all()
             .build()?;
         let (pets, store) = rt.block_on(async {
-            let kubeconfig = kube::config::Kubeconfig::read_from(&env.cp.kubeconfig)?;
-            let config = kube::Config::from_custom_kubeconfig(
-                kubeconfig,
-                &kube::config::KubeConfigOptions::default(),
-            )
-            .await?;
-            let client = kube::Client::try_from(config)?;
+            let client = crate::admin_client(&env).await.map_err(|e| e as Error)?;
             let store = PetStoreClient::connect(format!("http://{}", env.store.addr)).await?;
             Ok::<_, Error>((Api::namespaced(client, "default"), store))
         })?;

@@ -9,6 +9,34 @@ use crate::store::Field;
 const UID: &str = "uid-thor";
 const OTHER_UID: &str = "uid-loki";
 
+/// The Orphan plan that releases `id` and names it.
+fn orphaned(id: Option<&str>) -> Result<Plan, Reason> {
+    Ok(Plan::Finish(Finish {
+        release: id.map(str::to_owned),
+        delete: None,
+        story: Story::Orphaned {
+            id: id.map(str::to_owned),
+        },
+    }))
+}
+
+/// A Pet being deleted while the installation goes.
+fn uninstalling(why: Uninstall) -> Facts {
+    facts().deleting().uninstalling(why)
+}
+
+/// The plan that keeps (and, with `release`, releases) the record `id`.
+fn kept(release: Option<&str>, id: Option<&str>, why: Uninstall) -> Result<Plan, Reason> {
+    Ok(Plan::Finish(Finish {
+        release: release.map(str::to_owned),
+        delete: None,
+        story: Story::KeptOnUninstall {
+            id: id.map(str::to_owned),
+            why,
+        },
+    }))
+}
+
 /// A live Pet with its finalizer, nothing else set.
 pub(super) fn facts() -> Facts {
     Facts {
@@ -541,13 +569,7 @@ fn decide_table() {
             "orphan: keep the record and release it for adoption",
             facts().deleting().orphan().status_id("a"),
             found(None, mine("a")),
-            Ok(Plan::Finish(Finish {
-                release: Some("a".into()),
-                delete: None,
-                story: Story::Orphaned {
-                    id: Some("a".into()),
-                },
-            })),
+            orphaned(Some("a")),
         ),
         (
             "orphan retried after the release: nothing to release, the Event still names it",
@@ -584,85 +606,35 @@ fn decide_table() {
         // The installation going away: Delete keeps and releases.
         (
             "CRD deleted without confirmation: keep this Pet's record and release it",
-            facts()
-                .deleting()
-                .status_id("a")
-                .uninstalling(Uninstall::CrdDeleting),
+            uninstalling(Uninstall::CrdDeleting).status_id("a"),
             found(None, mine("a")),
-            Ok(Plan::Finish(Finish {
-                release: Some("a".into()),
-                delete: None,
-                story: Story::KeptOnUninstall {
-                    id: Some("a".into()),
-                    why: Uninstall::CrdDeleting,
-                },
-            })),
+            kept(Some("a"), Some("a"), Uninstall::CrdDeleting),
         ),
         (
             "operator's namespace going: the retry after the release still names the record",
-            facts()
-                .deleting()
-                .status_id("a")
-                .uninstalling(Uninstall::NamespaceDeleting),
+            uninstalling(Uninstall::NamespaceDeleting).status_id("a"),
             found(Some(record("a", "", PetData::test())), None),
-            Ok(Plan::Finish(Finish {
-                release: None,
-                delete: None,
-                story: Story::KeptOnUninstall {
-                    id: Some("a".into()),
-                    why: Uninstall::NamespaceDeleting,
-                },
-            })),
+            kept(None, Some("a"), Uninstall::NamespaceDeleting),
         ),
         (
             "uninstalling with status.id naming another's record: touch nothing",
-            facts()
-                .deleting()
-                .status_id("alpha")
-                .uninstalling(Uninstall::CrdDeleting),
+            uninstalling(Uninstall::CrdDeleting).status_id("alpha"),
             found(Some(record("alpha", OTHER_UID, PetData::test())), None),
-            Ok(Plan::Finish(Finish {
-                release: None,
-                delete: None,
-                story: Story::KeptOnUninstall {
-                    id: None,
-                    why: Uninstall::CrdDeleting,
-                },
-            })),
+            kept(None, None, Uninstall::CrdDeleting),
         ),
         (
             "uninstalling an Orphan is an Orphan",
-            facts()
-                .deleting()
-                .orphan()
-                .status_id("a")
-                .uninstalling(Uninstall::CrdDeleting),
+            uninstalling(Uninstall::CrdDeleting).orphan().status_id("a"),
             found(None, mine("a")),
-            Ok(Plan::Finish(Finish {
-                release: Some("a".into()),
-                delete: None,
-                story: Story::Orphaned {
-                    id: Some("a".into()),
-                },
-            })),
+            orphaned(Some("a")),
         ),
         (
             "uninstalling on a store without GetPets lets the Pet go, deleting nothing",
-            facts()
-                .deleting()
-                .status_id("a")
-                .uninstalling(Uninstall::CrdDeleting),
+            uninstalling(Uninstall::CrdDeleting).status_id("a"),
             Observation::StoreLacks {
                 missing: Operation::Observe,
             },
-            Ok(Plan::Finish(Finish {
-                release: None,
-                delete: None,
-                story: Story::KeptOnUninstall {
-                    id: Some("a".into()),
-                    why: Uninstall::CrdDeleting,
-                },
-            })),
+            kept(None, Some("a"), Uninstall::CrdDeleting),
         ),
         // A store without the extension RPCs.
         (
