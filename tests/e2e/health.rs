@@ -7,7 +7,9 @@
 //!   only for a generation whose Ready the operator has written, and every
 //!   edit's own answer reads InProgress. With the store down, edits read
 //!   InProgress (`Reconciling`) for as long as it lasts.
-//! - Each reason a Pet stalls on reads as Failed; a paused Pet does not.
+//! - Each reason a Pet stalls on that a real store can give reads as
+//!   Failed (InvalidSpec cannot: the CRD admits only specs this store
+//!   accepts); a paused Pet does not.
 //! - Argo CD's health check (config/health/argocd, run by gopher-lua as
 //!   Argo CD runs it) and Flux's healthCheckExprs (config/health/flux, by
 //!   cel-go as Flux evaluates them) on Pets captured in each state:
@@ -259,6 +261,19 @@ fn kstatus_reads_each_stalled_reason_as_failed() -> Result<(), Error> {
             "{pet}"
         );
     }
+
+    // A store without the extension RPCs (the book's): the operator,
+    // pointed at it alone, says so, and waits for a person.
+    drop(_operator);
+    let legacy = fixtures::legacy_store::LegacyStore::start()?;
+    let _on_legacy = env.start_operator_on("on-the-books-store", &legacy.addr)?;
+    env.cp.apply(&pet_manifest("bookish", &[], &spec("Book")))?;
+    let bookish = wait_synced(&env, "bookish", "StoreLacksExtensions")?;
+    let (status, message) = kstatus(std::slice::from_ref(&bookish))?.remove(0);
+    assert_eq!(
+        status, "Failed",
+        "StoreLacksExtensions: {message}: {bookish}"
+    );
 
     // Paused on purpose is not a failure.
     env.cp
