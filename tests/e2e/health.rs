@@ -180,16 +180,6 @@ fn kstatus_says_current_only_once_the_operator_has_finished_the_generation() -> 
     Ok(())
 }
 
-fn add_record(env: &Env, name: &str) -> fixtures::Result<String> {
-    let out = env.store.grpcurl(
-        "petstore.PetStore/AddPets",
-        &format!(
-            r#"{{"pets":[{{"name":"{name}","type":"PTFeline","birthday":{{"year":2019,"month":5,"day":6}}}}]}}"#
-        ),
-    )?;
-    Ok(out[0]["ids"][0].as_str().unwrap_or_default().to_owned())
-}
-
 /// Waits until the Pet's Synced reason is `reason`; returns the Pet.
 fn wait_synced(env: &Env, name: &str, reason: &str) -> fixtures::Result<Value> {
     wait_for(TIMEOUT, &format!("{name}: Synced {reason}"), || {
@@ -207,7 +197,7 @@ fn kstatus_reads_each_stalled_reason_as_failed() -> Result<(), Error> {
     // Owned by another Pet, and a Pet that owns a record and names another.
     env.cp.apply(&pet_manifest("owner", &[], &spec("Owner")))?;
     let owned = env.wait_ready("default", "owner", TIMEOUT)?;
-    let unowned = add_record(&env, "Loose")?;
+    let unowned = env.store.add_unowned("Loose")?;
     env.cp
         .apply(&pet_manifest("holder", &[], &spec("Holder")))?;
     env.wait_ready("default", "holder", TIMEOUT)?;

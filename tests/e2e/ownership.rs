@@ -91,16 +91,6 @@ fn message_contains(condition: &Value, fragment: &str) -> bool {
         .is_some_and(|message| message.contains(fragment))
 }
 
-fn add_pet(store: &fixtures::PetStoreServer, name: &str) -> fixtures::Result<String> {
-    let out = store.grpcurl(
-        "petstore.PetStore/AddPets",
-        &format!(
-            r#"{{"pets":[{{"name":"{name}","type":"PTFeline","birthday":{{"year":2019,"month":5,"day":6}}}}]}}"#
-        ),
-    )?;
-    Ok(out[0]["ids"][0].as_str().unwrap_or_default().to_owned())
-}
-
 #[test]
 fn a_status_id_that_is_not_the_pets_own_is_corrected_and_touches_nothing_foreign()
 -> fixtures::Result<()> {
@@ -177,7 +167,7 @@ fn records_are_adopted_explicitly_and_only_one_pet_wins_a_race() -> fixtures::Re
     let _operator = env.start_operator("operator")?;
 
     // 1. A record made with grpcurl, outside Kubernetes, is adopted.
-    let rex = add_pet(&env.store, "Rex")?;
+    let rex = env.store.add_unowned("Rex")?;
     env.cp.apply(&pet_yaml(
         "rex",
         "Rex the Second",
@@ -240,7 +230,7 @@ fn records_are_adopted_explicitly_and_only_one_pet_wins_a_race() -> fixtures::Re
     assert_eq!(env.wait_ready("default", "rex", TIMEOUT)?, rex);
 
     // 4. Two Pets race for one unowned record: exactly one wins.
-    let prize = add_pet(&env.store, "Prize")?;
+    let prize = env.store.add_unowned("Prize")?;
     let both = format!(
         "{}---\n{}",
         pet_yaml("left", "Left", &[(EXTERNAL_ID, &prize)], ""),

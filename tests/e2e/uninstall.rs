@@ -125,17 +125,11 @@ fn log_lines(operator: &mut Operator, needle: &str) -> usize {
         .count()
 }
 
-/// The operator, started after the guard and the CRD are in place so that
-/// it points both at itself; it waits until the API server reaches it.
-fn operator(env: &Env, identity: &str) -> fixtures::Result<Operator> {
-    env.start_operator(identity)
-}
-
 #[test]
 fn the_guard_refuses_to_delete_the_crd_unless_the_count_is_confirmed() -> fixtures::Result<()> {
     let env = Env::start(Storage::Durable)?;
     install_crd_guard(&env.cp)?;
-    let mut running = operator(&env, "guarded")?;
+    let mut running = env.start_operator("guarded")?;
     ready_pets(&env, "a", PETS)?;
     let deletes = answered(&env, "DeletePets");
 
@@ -184,7 +178,7 @@ fn the_guard_refuses_to_delete_the_crd_unless_the_count_is_confirmed() -> fixtur
     assert_eq!(records(&env), PETS);
 
     // Confirmed, running: the Pets go, and their records with them.
-    let _confirmed = operator(&env, "confirmed")?;
+    let _confirmed = env.start_operator("confirmed")?;
     env.cp.kubectl(&["annotate", CRD, &confirmed])?;
     delete_crd(&env).expect("a confirmed deletion is let through");
     wait_crd_gone(&env)?;
@@ -220,7 +214,7 @@ fn without_the_guard_the_operator_keeps_every_record() -> fixtures::Result<()> {
     // Stopped: the CRD goes through (no guard), its Pets wait on their
     // finalizers and nothing is written; started, it releases every record.
     install_crd_guard(&env.cp)?;
-    let mut first = operator(&env, "stopped")?;
+    let mut first = env.start_operator("stopped")?;
     ready_pets(&env, "b", PETS)?;
     first.kill();
     // The user goes around the guard on purpose.
@@ -244,7 +238,7 @@ fn without_the_guard_the_operator_keeps_every_record() -> fixtures::Result<()> {
 
     // Running: the same, as it happens.
     install_crd_and_rbac(&env.cp)?;
-    let _running = operator(&env, "running")?;
+    let _running = env.start_operator("running")?;
     ready_pets(&env, "c", PETS)?;
     delete_crd(&env).expect("the guard removed");
     wait_crd_gone(&env)?;
@@ -294,7 +288,7 @@ fn delete_the_bundle(stop_first: bool) -> fixtures::Result<()> {
     let default = fixtures::repo_root().join("config/default");
     env.cp
         .kubectl(&["apply", "-k", &default.to_string_lossy()])?;
-    let mut operator = operator(&env, "bundle")?;
+    let mut operator = env.start_operator("bundle")?;
     ready_pets(&env, "e", PETS)?;
     if stop_first {
         operator.kill();
