@@ -179,6 +179,14 @@ impl ChangeFeed {
                 );
                 continue;
             }
+            if change.revision > latest + 1 {
+                // Revisions are gapless, so the missing ones were compacted
+                // before this replica read them (PostgreSQL drops old rows
+                // in the writer's transaction). No start at or before them
+                // can be served whole: a watcher there must re-read.
+                history.changes.clear();
+                history.compacted_through = change.revision - 1;
+            }
             latest = change.revision;
             history.changes.push_back(Arc::new(change));
             while history.changes.len() > self.capacity {
@@ -277,6 +285,23 @@ mod tests {
         let empty = ChangeFeed::new(10, 9, Vec::new());
         assert!(empty.read_after(9, 10).expect("current").is_empty());
         assert!(empty.read_after(8, 10).is_err());
+    }
+
+    #[test]
+    fn revisions_compacted_before_they_were_read_refuse_starts_before_them() {
+        // A replica read revision 1, then found 4 to 6: 2 and 3 were
+        // compacted in between. A watcher after 1 would miss them.
+        let feed = ChangeFeed::new(3, 0, Vec::new());
+        feed.publish([change(1)]);
+        feed.publish((4..=6).map(change));
+        assert_eq!(
+            feed.read_after(1, 10),
+            Err(FeedError::Compacted {
+                after: 1,
+                compacted_through: 3
+            })
+        );
+        assert_eq!(revisions(&feed.read_after(3, 10).expect("kept")), [4, 5, 6]);
     }
 
     #[test]
