@@ -58,14 +58,15 @@ trap cleanup EXIT
 log "building the previous release ($commit) once; this takes several minutes"
 start=$SECONDS
 git -C "$root" worktree add --quiet --detach "$src" "$commit"
-# The dev profile (the one the tests' binaries use) without debug info: cold
-# on 2 cores it builds faster than --release, and the dependencies are
-# optimised (opt-level 1) as in every test run. The clone's own target
-# directory is not shared: the release's feature set differs, so little
-# would be reused, and the two builds would take turns on its lock.
+# The dev profile without debug info and with unoptimised dependencies (as
+# Tilt's images are built): the quickest cold build on 2 cores, and the
+# upgrade test runs these binaries only for a few Pets. The clone's own
+# target directory is not shared: the release's feature set differs, so
+# little would be reused, and the two builds would take turns on its lock.
 (cd "$src" && env -u CARGO_TARGET_DIR cargo build --locked --bins \
   -p petstore-server -p petstore-operator \
-  --config profile.dev.debug=false --target-dir "$partial/target")
+  --config profile.dev.debug=false --config 'profile.dev.package."*".opt-level=0' \
+  --config 'profile.dev.package."*".debug=false' --target-dir "$partial/target")
 mkdir -p "$partial/out"
 cp "$partial/target/debug/petstore-server" "$partial/target/debug/petstore-operator" "$partial/out/"
 git -C "$root" show "$commit:$crd_path" >"$partial/out/$(basename "$crd_path")"
