@@ -86,6 +86,16 @@ pub enum Uninstall {
 }
 
 impl Facts {
+    /// A deletion that would delete its record unless the installation is
+    /// going away: only then is [`Facts::uninstalling`] worth reading.
+    /// Observe never writes, so it never asks.
+    pub fn deletion_would_delete_record(&self) -> bool {
+        self.deleting
+            && self.has_finalizer
+            && self.deletion_policy == Setting::Valid(DeletionPolicy::Delete)
+            && self.change_policy != ChangePolicy::Observe
+    }
+
     /// What the user asked for: the spec, the deletion, and the
     /// annotations. A watch event that changes none of it (the echo of the
     /// operator's own status write) cannot cut a backoff short.

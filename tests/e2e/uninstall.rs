@@ -10,7 +10,8 @@
 //!   stopped (then once the operator starts).
 //! - Without the guard, a deleted CRD takes its Pets, and the operator
 //!   keeps and releases their records instead, with one Event per Pet and
-//!   one log line; stopped, it writes nothing until it starts.
+//!   one log line; stopped, it writes nothing until it starts, and
+//!   `kubectl petstore plan` shows the release it will make.
 //! - While the operator's own namespace is being deleted, a deleted Pet
 //!   keeps its record too.
 //! - `kubectl delete -k config/default`, the whole bundle, keeps every
@@ -225,6 +226,27 @@ fn without_the_guard_the_operator_keeps_every_record() -> fixtures::Result<()> {
     wait_all_deleting(&env, PETS)?;
     assert_eq!(answered(&env, "DeletePets"), deletes);
     assert_eq!(answered(&env, "SetIdempotencyKeys"), releases);
+    // `kubectl petstore plan` shows what the operator will do when it
+    // starts: release the record, not delete it.
+    let manifest = pet_manifest(
+        "b-0",
+        &[],
+        " {name: b0, type: dog, birthday: \"2021-04-01\"}",
+    );
+    let flags = [
+        "--petstore-addr",
+        env.store.addr.as_str(),
+        "--operator-namespace",
+        OPERATOR_NAMESPACE,
+    ];
+    let planned = env.kubectl_petstore_plan(&manifest, &flags.map(Into::into))?;
+    assert_eq!(planned.code, Some(2), "a write planned: {}", planned.stderr);
+    assert!(
+        planned.stdout.contains(r#""action":"release""#)
+            && !planned.stdout.contains(r#""action":"delete""#),
+        "a release, not a delete: {}",
+        planned.stdout
+    );
     let mut started = start_without_waiting(&env, "started", true)?;
     wait_crd_gone(&env)?;
     assert_eq!(answered(&env, "DeletePets"), deletes, "0 deletes");

@@ -3,7 +3,10 @@
 //! server for a server-side dry run (defaults, validation, conversion and
 //! admission applied; nothing stored), reads each Pet's record from the
 //! store, and plans with the operator's own decision step, printing each
-//! plan as `status.plan` holds it. It writes nothing anywhere.
+//! plan as `status.plan` holds it. It writes nothing anywhere. A Pet being
+//! deleted while the installation is being removed shows the release the
+//! operator would make instead of a delete (the same read of the CRD and the
+//! operator's namespace).
 //!
 //! Exit codes, as `terraform plan -detailed-exitcode`: 0 when no Pet would
 //! change the store, 2 when some would, 1 on an error.
@@ -17,6 +20,7 @@ use clap::{Parser, Subcommand};
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use petstore_operator::cli::StoreTlsArgs;
+use petstore_operator::controller::uninstall::UninstallProbe;
 use petstore_operator::controller::{facts_of, observe};
 use petstore_operator::crd::Pet;
 use petstore_operator::decision::{Preview, Step, decide, first_step, preview};
@@ -49,6 +53,14 @@ enum Command {
         /// kubeconfig context's).
         #[arg(short = 'n', long)]
         namespace: Option<String>,
+        /// The operator's namespace, read to tell an uninstall (config/default
+        /// installs it in petstore-system).
+        #[arg(
+            long,
+            env = "PETSTORE_OPERATOR_NAMESPACE",
+            default_value = "petstore-system"
+        )]
+        operator_namespace: String,
     },
 }
 
@@ -61,9 +73,10 @@ async fn main() -> ExitCode {
                 petstore_addr,
                 tls,
                 namespace,
+                operator_namespace,
             },
     } = Cli::parse();
-    match plan(&file, &petstore_addr, &tls, namespace).await {
+    match plan(&file, &petstore_addr, &tls, namespace, operator_namespace).await {
         Ok(false) => ExitCode::SUCCESS,
         Ok(true) => ExitCode::from(2),
         Err(error) => {
@@ -79,6 +92,7 @@ async fn plan(
     petstore_addr: &str,
     tls: &StoreTlsArgs,
     namespace: Option<String>,
+    operator_namespace: String,
 ) -> anyhow::Result<bool> {
     let manifests = read_manifests(file)?;
     let client = Client::try_default()
@@ -94,10 +108,11 @@ async fn plan(
         metrics,
     )
     .context("the pet store address")?;
+    let uninstall = UninstallProbe::new(client.clone(), operator_namespace);
     let mut changes = false;
     for manifest in manifests {
         let pet = dry_run(&client, &namespace, &manifest).await?;
-        let preview = plan_pet(&pet, &store).await?;
+        let preview = plan_pet(&pet, &store, &uninstall).await?;
         let name = format!("{}/{}", pet.namespace().unwrap_or_default(), pet.name_any());
         if preview.is_empty() {
             eprintln!("pet {name}: none");
@@ -154,7 +169,11 @@ async fn dry_run(client: &Client, namespace: &str, manifest: &Value) -> anyhow::
 /// The operator's plan for `pet`: the same facts, first step, read and
 /// decision as a reconcile. The finalizer, which precedes every store
 /// write, is taken as written.
-async fn plan_pet(pet: &Pet, store: &GrpcPetStore) -> anyhow::Result<Preview> {
+async fn plan_pet(
+    pet: &Pet,
+    store: &GrpcPetStore,
+    uninstall: &UninstallProbe,
+) -> anyhow::Result<Preview> {
     let mut pet = pet.clone();
     // A Pet not created yet has no UID: no record can be keyed by it.
     pet.metadata
@@ -162,6 +181,12 @@ async fn plan_pet(pet: &Pet, store: &GrpcPetStore) -> anyhow::Result<Preview> {
         .get_or_insert_with(|| "(not created yet)".into());
     let mut facts = facts_of(&pet)?;
     facts.has_finalizer = true;
+    if facts.deletion_would_delete_record() {
+        facts.uninstalling = uninstall
+            .check()
+            .await
+            .context("reading whether the installation is being removed")?;
+    }
     let id = match first_step(&facts) {
         Step::Observe { id } => id,
         // Only a store seen to answer creates is asked to create first.

@@ -21,7 +21,7 @@ use kube::{Resource, ResourceExt};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::{Context, finalizer, status_write};
-use crate::crd::{ChangePolicy, DeletionPolicy, Pet, Setting};
+use crate::crd::Pet;
 // `Sync` would shadow the marker trait.
 use crate::decision::preview::created_fields;
 use crate::decision::{
@@ -144,14 +144,12 @@ impl<'a> Reconcile<'a> {
         self.record(ending).await
     }
 
-    /// Only a deletion that would delete a record needs to know; Observe
-    /// never writes, so it does not.
+    /// Only a deletion that would delete a record needs to know.
     async fn look_for_uninstall(&mut self) -> Result<(), Error> {
-        let would_delete = self.facts.deleting
-            && self.facts.has_finalizer
-            && self.facts.deletion_policy == Setting::Valid(DeletionPolicy::Delete)
-            && self.facts.change_policy != ChangePolicy::Observe;
-        if let (true, Some(probe)) = (would_delete, &self.ctx.uninstall) {
+        if let (true, Some(probe)) = (
+            self.facts.deletion_would_delete_record(),
+            &self.ctx.uninstall,
+        ) {
             self.facts.uninstalling = probe.check().await?;
         }
         Ok(())
