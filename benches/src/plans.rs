@@ -10,6 +10,7 @@ use std::time::Duration;
 use kube::api::Api;
 use petstore_operator::crd::Pet;
 
+use crate::apimetrics::{self, RequestCounts};
 use crate::convergence::{
     NAMESPACE, Shows, Tracker, client_from, create_pets, events_drained, patch_all,
     shipped_options, start_leader,
@@ -30,36 +31,57 @@ pub struct PlansConfig {
     pub concurrency: usize,
 }
 
+/// Bulk renames measured, one after the other, each on an idle operator
+/// (the previous round's Events written): one burst's tail varies from run
+/// to run on 2 cores, so the goal is judged on all of them together.
+pub const ROUNDS: usize = 5;
+
+/// One bulk rename.
+#[derive(Clone, Debug, Default)]
+pub struct Round {
+    pub p99: Duration,
+    /// From the first edit's answer to the last one's.
+    pub edits_took: Duration,
+    /// From the first edit's answer to the last plan shown.
+    pub all_shown: Duration,
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct PlansResult {
     pub pets: usize,
     /// Patches in flight at once.
     pub concurrency: usize,
-    /// Pets whose plan for the edit was shown before the timeout.
+    /// Edits (of every round) whose plan was shown before the timeout.
     pub shown: usize,
+    pub edits: usize,
+    /// Over every round's edits together.
     pub p50: Duration,
     pub p99: Duration,
     pub max: Duration,
-    /// From the first edit's answer to the last one's.
-    pub edits_took: Duration,
-    /// From the first edit's answer to the last plan shown.
-    pub all_shown: Duration,
+    pub rounds: Vec<Round>,
     /// Write RPCs the store answered from before the switch to `Approve`
     /// until the last plan was shown.
     pub store_writes: f64,
+    /// API requests to Pets and Events from the first rename until the last
+    /// plan was shown, the renames included: what each edit costs the API
+    /// server, which shares the cores with everything else.
+    pub api_requests: RequestCounts,
     pub started_at: String,
     pub commit: String,
 }
 
 impl PlansResult {
     pub fn goal_met(&self) -> bool {
-        self.pets > 0 && self.shown == self.pets && self.p99 <= GOAL_P99 && self.store_writes == 0.0
+        self.edits > 0
+            && self.shown == self.edits
+            && self.p99 <= GOAL_P99
+            && self.store_writes == 0.0
     }
 }
 
-/// The Pets' generation after the rename: created (1), switched (2),
-/// renamed (3).
-const EDITED_GENERATION: i64 = 3;
+/// The Pets' generation after the first rename: created (1), switched (2),
+/// renamed (3); each round adds one.
+const FIRST_EDITED_GENERATION: i64 = 3;
 
 pub fn measure(config: &PlansConfig, progress: &dyn Fn(&str)) -> Result<PlansResult> {
     let rt = crate::runtime()?;
@@ -99,57 +121,76 @@ pub fn measure(config: &PlansConfig, progress: &dyn Fn(&str)) -> Result<PlansRes
         events_drained(&operator, timeout).await?;
 
         // The tracker's watch, running since before the Pets were made,
-        // notes when each first shows a plan for the renamed generation.
+        // notes when each first shows a plan for each renamed generation.
         let started_at = chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string();
-        progress(&format!("plans: renaming {} Pets in Approve", config.pets));
-        let answered = patch_all(
-            &api,
-            config.pets,
-            config.concurrency,
-            |i| serde_json::json!({"spec": {"name": format!("Renamed {i}")}}),
-        )
-        .await?;
-        // A timeout is a result too: the plans not shown are left out of
-        // the count, and the goal is not met.
-        let _ = tracker
-            .all(
-                Shows::Plan,
+        let api_before = apimetrics::scrape(&env.cp)?;
+        let mut latencies = Vec::new();
+        let mut rounds = Vec::new();
+        for round in 0..ROUNDS {
+            let generation = FIRST_EDITED_GENERATION + round as i64;
+            progress(&format!(
+                "plans: renaming {} Pets in Approve, round {} of {ROUNDS}",
                 config.pets,
-                EDITED_GENERATION,
-                timeout,
-                "every plan shown",
+                round + 1
+            ));
+            let answered = patch_all(
+                &api,
+                config.pets,
+                config.concurrency,
+                |i| serde_json::json!({"spec": {"name": format!("Renamed {round} {i}")}}),
             )
-            .await;
+            .await?;
+            // A timeout is a result too: the plans not shown are left out
+            // of the count, and the goal is not met.
+            let _ = tracker
+                .all(
+                    Shows::Plan,
+                    config.pets,
+                    generation,
+                    timeout,
+                    "every plan shown",
+                )
+                .await;
+            let shown = tracker.planned_since(generation);
+            let mut this_round: Vec<Duration> = (0..config.pets)
+                .filter_map(|i| {
+                    let at = shown.get(&format!("pet-{i}"))?;
+                    Some(at.saturating_duration_since(answered[i]))
+                })
+                .collect();
+            this_round.sort();
+            let first_answer = answered.iter().min().copied();
+            let since_first = |last: Option<&std::time::Instant>| match (first_answer, last) {
+                (Some(first), Some(last)) => last.saturating_duration_since(first),
+                _ => Duration::ZERO,
+            };
+            rounds.push(Round {
+                p99: percentile(&this_round, 0.99),
+                edits_took: since_first(answered.iter().max()),
+                all_shown: since_first(shown.values().max()),
+            });
+            latencies.extend(this_round);
+            // The next burst starts on an idle operator, as a user's would.
+            events_drained(&operator, timeout).await?;
+        }
         let store_writes = env.store.writes()? - writes_before;
-
-        let shown = tracker.planned_since(EDITED_GENERATION);
-        let mut latencies: Vec<Duration> = (0..config.pets)
-            .filter_map(|i| {
-                let at = shown.get(&format!("pet-{i}"))?;
-                Some(at.saturating_duration_since(answered[i]))
-            })
-            .collect();
+        let api_requests = apimetrics::diff(
+            &api_before,
+            &apimetrics::scrape(&env.cp)?,
+            &["pets", "events"],
+        );
         latencies.sort();
-        let first_answer = answered.iter().min().copied();
-        let edits_took = match (first_answer, answered.iter().max()) {
-            (Some(first), Some(last)) => last.saturating_duration_since(first),
-            _ => Duration::ZERO,
-        };
-        let last_shown = shown.values().max().copied();
-        let all_shown = match (first_answer, last_shown) {
-            (Some(first), Some(last)) => last.saturating_duration_since(first),
-            _ => Duration::ZERO,
-        };
         Ok(PlansResult {
             pets: config.pets,
             concurrency: config.concurrency,
             shown: latencies.len(),
+            edits: config.pets * ROUNDS,
             p50: percentile(&latencies, 0.50),
             p99: percentile(&latencies, 0.99),
             max: latencies.last().copied().unwrap_or_default(),
-            edits_took,
-            all_shown,
+            rounds,
             store_writes,
+            api_requests,
             started_at,
             commit: crate::idle::commit(),
         })
@@ -162,8 +203,13 @@ pub fn markdown(result: &PlansResult, command: &str) -> String {
     let _ = writeln!(out, "{}\n", SECTION.trim_start());
     let _ = writeln!(
         out,
-        "Measured with `{command}` on commit {}, from {}. {} Pets were converged (`Automatic`) on a control plane with a durable store and the operator at its defaults, then each was switched to `changePolicy: Approve` (nothing to change, so nothing shown), then all were renamed at once, {} patches at a time. Each rename is timed from the API server's answer to its patch until a watch on the Pets shows that Pet's `status.plan` for the new generation.\n",
-        result.commit, result.started_at, result.pets, result.concurrency,
+        "Measured with `{command}` on commit {}, from {}. {} Pets were converged (`Automatic`) on a control plane with a durable store and the operator at its defaults, then each was switched to `changePolicy: Approve` (nothing to change, so nothing shown), then all were renamed at once, {} patches at a time, {} times over, each time once the operator was idle again (its Events written). Each rename is timed from the API server's answer to its patch until a watch on the Pets shows that Pet's `status.plan` for the new generation; the percentiles are over all {} renames.\n",
+        result.commit,
+        result.started_at,
+        result.pets,
+        result.concurrency,
+        result.rounds.len(),
+        result.edits,
     );
     let _ = writeln!(
         out,
@@ -171,14 +217,14 @@ pub fn markdown(result: &PlansResult, command: &str) -> String {
     );
     let _ = writeln!(
         out,
-        "| plans shown after the bulk rename | {n} of {n} | {} | {} |",
+        "| plans shown after the bulk renames | {n} of {n} | {} | {} |",
         result.shown,
-        if result.shown == result.pets {
+        if result.shown == result.edits {
             "met"
         } else {
             "not met"
         },
-        n = result.pets,
+        n = result.edits,
     );
     let _ = writeln!(
         out,
@@ -205,10 +251,31 @@ pub fn markdown(result: &PlansResult, command: &str) -> String {
     );
     let _ = writeln!(
         out,
-        "\nThe {} edits were answered over {:.1} s; every plan was shown {:.1} s after the first edit's answer. Each plan is a status write: for a burst, how soon each shows is bounded by how fast the API server takes status writes (see the floor at N = 1000 in the convergence table above).",
-        result.pets,
-        result.edits_took.as_secs_f64(),
-        result.all_shown.as_secs_f64()
+        "\n| round | edits answered over | last plan shown after the first answer | p99 |\n|---:|---:|---:|---:|"
+    );
+    for (i, round) in result.rounds.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "| {} | {:.1} s | {:.1} s | {} |",
+            i + 1,
+            round.edits_took.as_secs_f64(),
+            round.all_shown.as_secs_f64(),
+            ms(round.p99)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\nEach plan is a status write: for a burst, how soon each shows is bounded by how fast the API server takes status writes (see the floor at N = 1000 in the convergence table above)."
+    );
+    let _ = writeln!(
+        out,
+        "\nAPI requests to Pets and Events over the same time, the renames included: {}.",
+        result
+            .api_requests
+            .iter()
+            .map(|((resource, verb), n)| format!("{verb} {resource} {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     out
 }
