@@ -40,9 +40,29 @@ COPY telemetry telemetry
 COPY process process
 # The registry and target caches persist across builds (BuildKit), so an
 # edit recompiles only the crates it touches.
+# cargo judges freshness by mtime, but the target cache outlives the sources:
+# a checkout older than the last build (another worktree, say) would get that
+# build's binaries, and BuildKit would then keep them as this source's layer.
+# So each crate's files get a new mtime when their content differs from the
+# last successful build's of this profile, and an old one when it is the
+# same. The record is dropped before building, so a failed build leaves none
+# to trust.
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
+    set -e; \
+    for part in build.rs src proto operator petstore-server telemetry process; do \
+      sum=$(find "$part" -type f -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -d' ' -f1); \
+      if [ "$(cat "target/.sources-${CARGO_PROFILE}-$part" 2>/dev/null)" = "$sum" ]; then \
+        find "$part" -exec touch -h -d @1 {} +; \
+      else \
+        find "$part" -exec touch -h {} +; \
+      fi; \
+      rm -f "target/.sources-${CARGO_PROFILE}-$part"; \
+      echo "$sum" > "target/.sources-${CARGO_PROFILE}-$part.next"; \
+    done; \
     cargo build --locked --profile "${CARGO_PROFILE}" -p petstore-server -p petstore-operator --bins \
+ && for next in target/.sources-"${CARGO_PROFILE}"-*.next; do mv "$next" "${next%.next}"; done \
  && mkdir -p /out \
  && cp "target/${CARGO_PROFILE}/petstore-server" "target/${CARGO_PROFILE}/petstore-operator" /out/
 
