@@ -192,6 +192,43 @@ fn assert_no_forbidden(cluster: &Cluster) -> Result<(), Box<dyn std::error::Erro
     Ok(())
 }
 
+/// The pet store's binary from the image the Dockerfile builds in `dir`
+/// with the Tiltfile's profile, built by the docker CLI (as the test
+/// command's images lane builds), as text for a search.
+fn store_binary_built_in(dir: &Path) -> Result<String, Box<dyn std::error::Error>> {
+    // BuildKit through buildx, or Debian's CLI, which speaks it by itself.
+    let cli = match output(Command::new("docker").args(["buildx", "version"])) {
+        Ok((true, _, _)) => "docker",
+        _ => "/usr/bin/docker",
+    };
+    let (ok, image, err) = output(
+        Command::new(cli)
+            .current_dir(dir)
+            .env("DOCKER_BUILDKIT", "1")
+            .args(["build", "-q", "--build-arg", "CARGO_PROFILE=dev-image"])
+            .args(["--target", "petstore-server", "."]),
+    )?;
+    if !ok {
+        return Err(format!("docker build in {}: {err}", dir.display()).into());
+    }
+    let (ok, container, err) = output(Command::new("docker").args(["create", image.trim()]))?;
+    if !ok {
+        return Err(format!("docker create: {err}").into());
+    }
+    let container = container.trim();
+    let copied = dir.join("petstore-server.bin");
+    let (ok, _, err) = output(Command::new("docker").args([
+        "cp",
+        &format!("{container}:/usr/local/bin/petstore-server"),
+        &copied.to_string_lossy(),
+    ]))?;
+    let _ = output(Command::new("docker").args(["rm", container]));
+    if !ok {
+        return Err(format!("docker cp: {err}").into());
+    }
+    Ok(String::from_utf8_lossy(&std::fs::read(&copied)?).into_owned())
+}
+
 /// A copy of the repository's tracked and untracked (not ignored) files, for
 /// an edit that must never touch the clone itself.
 fn copy_repo(to: &Path) -> Result<(), Box<dyn std::error::Error>> {
@@ -572,11 +609,24 @@ spec: {name: Rex, type: dog, birthday: \"2022-02-02\"}
     copy_repo(copy.path())?;
     let main_rs = copy.path().join("petstore-server/src/main.rs");
     let source = std::fs::read_to_string(&main_rs)?;
-    // A line that reaches the binary (a comment might not change it).
-    std::fs::write(
-        &main_rs,
-        format!("{source}\n#[used] static TILT_TEST_EDIT: [u8; 11] = *b\"tilt-edit-1\";\n"),
-    )?;
+    // A line that reaches the binary (a comment might not change it), new
+    // in every run, so that BuildKit has no layer for it and cargo builds.
+    let nonce = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_nanos();
+    let edit_marker = |n: u32| format!("tilt-edit-{n}-{nonce}");
+    let edit = |n: u32| {
+        format!(
+            "{source}\n#[used] static TILT_TEST_EDIT: &str = \"{}\";\n",
+            edit_marker(n)
+        )
+    };
+    std::fs::write(&main_rs, edit(1))?;
+    let older = tempfile::Builder::new()
+        .prefix("petstore-older-")
+        .tempdir()?;
+    copy_repo(older.path())?;
+    std::fs::write(older.path().join("petstore-server/src/main.rs"), edit(2))?;
     let image_of_store = || image(&cluster, "petstore", "petstore");
     let before = image_of_store()?;
     let edit_start = Instant::now();
@@ -594,6 +644,27 @@ spec: {name: Rex, type: dog, birthday: \"2022-02-02\"}
         "[{}] edit rolled out {after} (was {before}) in {:.0}s",
         elapsed(start),
         edit_start.elapsed().as_secs_f64()
+    );
+
+    // Two checkouts built as `docker build` builds (it keeps the files'
+    // mtimes), sharing the images' cargo cache: the edit's copy edited again
+    // and built, then the older checkout, whose edit was written before it.
+    // Each image must hold its own edit. When cargo judged the sources by
+    // mtime, the older checkout got the newer build's binary.
+    std::fs::write(&main_rs, edit(3))?;
+    let newer_binary = store_binary_built_in(copy.path())?;
+    assert!(
+        newer_binary.contains(&edit_marker(3)),
+        "the edit's image lacks it"
+    );
+    let older_binary = store_binary_built_in(older.path())?;
+    assert!(
+        older_binary.contains(&edit_marker(2)) && !older_binary.contains(&edit_marker(3)),
+        "an older checkout's image holds a newer checkout's binary, not its own edit"
+    );
+    eprintln!(
+        "[{}] two checkouts' builds each hold their own edit",
+        elapsed(start)
     );
 
     // 5. No leftovers.
