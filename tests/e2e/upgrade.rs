@@ -609,6 +609,17 @@ fn upgrading_from_the_previous_release_and_back_writes_nothing_and_loses_nothing
     create_pets(&cp)?;
     wait_all_ready(&cp, PETS)?;
     let created = creating.elapsed();
+    // The counters the upgrade must leave at zero count these writes, so a
+    // zero later means nothing was written, not that nothing was counted.
+    assert_eq!(operator.store_actions()?, PETS as f64, "one create per Pet");
+    assert!(store.writes()? >= PETS as f64, "{}", store.writes()?);
+
+    // The upgrade: the operator stopped, the new CRD, the new store on the
+    // same data, the new operator. What it starts from is read once the old
+    // operator has stopped: a status write of its own could still land
+    // after every Pet showed Ready.
+    let upgrading = Instant::now();
+    operator.stop();
     let before = Snapshot::take(&cp, &store)?;
     before.assert_consistent(PETS);
     // Stored as v1alpha1, so the upgrade's migration has each to rewrite.
@@ -620,15 +631,6 @@ fn upgrading_from_the_previous_release_and_back_writes_nothing_and_loses_nothing
             "{key} before the upgrade"
         );
     }
-    // The counters the upgrade must leave at zero count these writes, so a
-    // zero later means nothing was written, not that nothing was counted.
-    assert_eq!(operator.store_actions()?, PETS as f64, "one create per Pet");
-    assert!(store.writes()? >= PETS as f64, "{}", store.writes()?);
-
-    // The upgrade: the operator stopped, the new CRD, the new store on the
-    // same data, the new operator.
-    let upgrading = Instant::now();
-    operator.stop();
     cp.kubectl(&["apply", "-k", &config.join("crd").to_string_lossy()])?;
     cp.kubectl(&established)?;
     store.stop();
