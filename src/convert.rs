@@ -1,7 +1,7 @@
 //! Conversions and limits that both ends of the wire share, so the store's
 //! validation and the operator's client cannot drift apart: the valid
 //! `PetType`s, `google.type.Date` to and from a calendar date, and the
-//! longest name and key the store accepts.
+//! longest name, key and identity the store accepts.
 
 use chrono::{Datelike, NaiveDate};
 
@@ -12,6 +12,9 @@ use crate::petstore::PetType;
 pub const MAX_NAME_CHARS: usize = 128;
 /// Longest idempotency key, in characters.
 pub const MAX_KEY_CHARS: usize = 128;
+/// Longest identity, in characters: a Kubernetes namespace (63), a slash and
+/// a name (253) fit.
+pub const MAX_IDENTITY_CHARS: usize = 320;
 
 /// A type the store accepts: the wire's `PetType` without its `PT_UNKNOWN`
 /// zero value.

@@ -483,7 +483,7 @@ pub fn measure_backend(
                     let resp = client
                         .get_pets(pb::GetPetsReq {
                             ids: vec![id],
-                            idempotency_keys: vec![],
+                            ..Default::default()
                         })
                         .await?;
                     Ok(resp.into_inner().pets.len() as u64)

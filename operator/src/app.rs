@@ -161,6 +161,7 @@ pub async fn run(args: Args, fault: Option<Fault>) -> Result<ExitCode, String> {
         backoff_base: args.backoff_base,
         backoff_max: args.backoff_max,
         concurrency: args.concurrency,
+        installation: args.installation.clone(),
         fault,
     };
     tracing::info!(store = %args.petstore_addr, tls = tls.is_some(), ?settings, %identity, "starting");

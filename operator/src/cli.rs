@@ -81,6 +81,16 @@ pub struct Args {
     #[arg(long, env = "CREATE_BATCH_WAIT", default_value = "25ms", value_parser = parse_duration)]
     pub create_batch_wait: Duration,
 
+    /// This installation's name, kept for the life of the records it makes:
+    /// a record's key is `<installation>/<Pet UID>`. A cluster rebuilt or
+    /// restored with the same name, against the same store, takes its
+    /// Pets' records back by namespace and name; two clusters that share a
+    /// store must use different names. Empty (the default) is the unnamed
+    /// installation, whose keys are bare UIDs, as before installations. A
+    /// lowercase DNS label (at most 63 characters).
+    #[arg(long, env = "INSTALLATION", default_value = "", value_parser = parse_installation)]
+    pub installation: String,
+
     /// Pets reconciled concurrently.
     #[arg(long, env = "CONCURRENCY", default_value_t = crate::controller::DEFAULT_CONCURRENCY)]
     pub concurrency: u16,
@@ -169,6 +179,18 @@ pub fn init_tracing(format: LogFormat) {
     match petstore_telemetry::init("petstore-operator", format, None) {
         Ok(guard) => std::mem::forget(guard),
         Err(err) => eprintln!("cannot set up logging and tracing: {err}"),
+    }
+}
+
+/// An installation name: empty (the unnamed one), or
+/// [`crate::crd::is_installation_name`].
+pub fn parse_installation(value: &str) -> Result<String, String> {
+    if value.is_empty() || crate::crd::is_installation_name(value) {
+        Ok(value.to_owned())
+    } else {
+        Err(format!(
+            "{value:?} is not a lowercase DNS label: at most 63 of a-z, 0-9 and '-', starting and ending with a letter or digit"
+        ))
     }
 }
 

@@ -10,11 +10,20 @@
 //! Every branch is covered by the table tests below.
 //!
 //! Ownership: a record is this Pet's only if its idempotency key is the
-//! Pet's UID. Creating sets that key; adopting a record named by the
-//! external-id annotation sets it by compare-and-set from empty, so a record
-//! owned by anyone else is never taken, and of two Pets racing for one
-//! record exactly one wins. No plan ever updates or deletes a record whose
-//! key is not the Pet's UID, whatever `status.id` says.
+//! Pet's key (its installation and UID, [`Facts::key`]). Creating sets that
+//! key; adopting a record named by the external-id annotation sets it by
+//! compare-and-set from empty, so a record owned by anyone else is never
+//! taken, and of two Pets racing for one record exactly one wins. No plan
+//! ever updates or deletes a record whose key is not the Pet's, whatever
+//! `status.id` says.
+//!
+//! A record also carries its Pet's identity, `<namespace>/<name>`, which
+//! outlives the UID. A Pet with no record under its key takes the record
+//! holding its identity by the same compare-and-set: from empty (an Orphan
+//! deletion left it), or from a key of this installation (the cluster was
+//! rebuilt or restored: in one installation, namespace and name name one
+//! live Pet, so that key's Pet is gone). A record of another installation
+//! is never taken: the Pet is held, naming it.
 //!
 //! [`preview`] turns a plan into the store writes it makes, which a
 //! reconcile either executes or, by the change policy, shows as
@@ -27,7 +36,7 @@ use std::time::Duration;
 
 use crate::crd::{
     CONFIRM_DELETE_PETS_ANNOTATION, ChangePolicy, DELETION_POLICY_ANNOTATION, DeletionPolicy,
-    EXTERNAL_ID_ANNOTATION, PAUSED_ANNOTATION, Setting,
+    EXTERNAL_ID_ANNOTATION, HAND_OVER_TO_ANNOTATION, PAUSED_ANNOTATION, Setting,
 };
 use crate::status::{Outcome, Reason};
 use crate::store::{Changes, Created, Lookup, Operation, PetData, Record};
@@ -41,6 +50,10 @@ pub use preview::{Gate, Preview, StoreAction, Write, gate, preview};
 #[derive(Clone, Debug, PartialEq)]
 pub struct Facts {
     pub uid: String,
+    /// The operator's `--installation`; empty for the unnamed one.
+    pub installation: String,
+    /// `<namespace>/<name>`: the record's identity in the store.
+    pub identity: String,
     pub desired: PetData,
     pub deleting: bool,
     pub has_finalizer: bool,
@@ -68,9 +81,14 @@ pub struct Facts {
     pub approved_plan: Option<String>,
     /// The hash of the approved plan last applied (status.appliedPlan).
     pub applied_plan: Option<String>,
+    /// The Pet shows a plan (status.plan): it was read, and the plan may be
+    /// other than a create (a record of its name to take back).
+    pub plan_shown: bool,
     /// Looked up only for a Pet being deleted: the installation is going
     /// away, so its deletion keeps the record whatever the policy says.
     pub uninstalling: Option<Uninstall>,
+    /// The installation the hand-over-to annotation names.
+    pub hand_over_to: Option<Setting<String>>,
 }
 
 /// Why a deletion keeps and releases its record although the Pet's policy
@@ -86,6 +104,27 @@ pub enum Uninstall {
 }
 
 impl Facts {
+    /// The idempotency key that marks a record as this Pet's:
+    /// `<installation>/<uid>`, or the bare UID in the unnamed installation
+    /// (every key before installations).
+    pub fn key(&self) -> String {
+        crate::store::pet_key(&self.installation, &self.uid)
+    }
+
+    /// The other installation this Pet's record is being handed over to;
+    /// naming its own installation cancels a handover not yet taken.
+    pub fn handing_over(&self) -> Option<&str> {
+        match &self.hand_over_to {
+            Some(Setting::Valid(to)) if *to != self.installation => Some(to),
+            _ => None,
+        }
+    }
+
+    /// Whether `key` is held by a Pet of this installation.
+    pub fn same_installation(&self, key: &str) -> bool {
+        !key.is_empty() && crate::store::installation_of(key) == self.installation
+    }
+
     /// A deletion that would delete its record unless the installation is
     /// going away: only then is [`Facts::uninstalling`] worth reading.
     /// Observe never writes, so it never asks.
@@ -110,6 +149,7 @@ impl Facts {
             &self.external_id,
             self.change_policy,
             &self.approved_plan,
+            &self.hand_over_to,
         )
             .hash(&mut hasher);
         hasher.finish()
@@ -148,6 +188,9 @@ pub enum Step {
 }
 
 /// What reading the store found.
+// One per reconcile, moved straight into `decide`: boxing the three records
+// would add an allocation and save nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Observation {
     Found(Lookup),
@@ -177,14 +220,50 @@ pub enum Plan {
     Sync(Sync),
     /// Deletion: these store changes, then release the finalizer.
     Finish(Finish),
+    /// Hand the record (if the Pet still owns one) over to another
+    /// installation, then hold: this Pet writes it no more.
+    HandOver(HandOver),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HandOver {
+    /// The Pet's record, released to `to` by compare-and-set.
+    pub release: Option<String>,
+    pub to: String,
+}
+
+impl HandOver {
+    pub fn story(&self) -> Story {
+        Story::HandedOver {
+            id: self.release.clone(),
+            to: self.to.clone(),
+        }
+    }
+
+    /// What the conditions show once it is done: the Pet stalls until a
+    /// person deletes it (its record stays) or takes the annotation off.
+    pub fn outcome(&self, status_id: Option<&str>) -> Outcome {
+        let record = self.release.as_deref().or(status_id).map_or_else(
+            || "its store record".to_owned(),
+            |id| format!("store record {id}"),
+        );
+        Outcome::failed(
+            Reason::HandedOver,
+            format!(
+                "{record} is handed over to the installation {:?} (the annotation {HAND_OVER_TO_ANNOTATION}): a Pet there with this namespace and name takes it, and this Pet writes it no more. Delete this Pet (its record stays), or cancel before it is taken by setting the annotation to this installation's name",
+                self.to
+            ),
+        )
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Sync {
     pub target: Target,
-    /// Take ownership first: set the record's key from empty to the UID,
-    /// by compare-and-set.
-    pub claim: bool,
+    /// Take ownership first: set the record's key from this one (empty for
+    /// none; the Pet's own when only the identity is missing) to the Pet's,
+    /// and its identity to the Pet's, by compare-and-set.
+    pub claim: Option<String>,
     /// Write the spec to the record.
     pub update: bool,
     pub story: Story,
@@ -205,6 +284,8 @@ pub enum Target {
 pub struct Finish {
     /// Orphan: clear this record's key (UID -> empty) so it can be adopted.
     pub release: Option<String>,
+    /// Release it to this installation instead (a handover).
+    pub hand_to: Option<String>,
     pub delete: Option<String>,
     pub story: Story,
 }
@@ -224,6 +305,15 @@ pub enum Story {
     FoundByKey,
     /// The record named by the external-id annotation is now this Pet's.
     Adopted,
+    /// The record an earlier Pet of this namespace and name kept on its
+    /// deletion (Orphan, or an uninstall) is this Pet's again.
+    Reclaimed,
+    /// The record belonged to a Pet of this namespace and name in this
+    /// installation with another UID (`from`, its key): the cluster was
+    /// rebuilt or restored, and that Pet is gone.
+    TakenOver {
+        from: String,
+    },
     /// status.id named a record that is not this Pet's (`foreign`) or that
     /// does not exist; the Pet's own record was found by UID or created.
     Corrected {
@@ -254,6 +344,12 @@ pub enum Story {
         id: Option<String>,
         why: Uninstall,
     },
+    /// The hand-over-to annotation: `id` was released to the installation
+    /// `to`.
+    HandedOver {
+        id: Option<String>,
+        to: String,
+    },
 }
 
 /// Why the store was written: the `cause` label of `store_actions_total`,
@@ -270,6 +366,8 @@ pub enum Cause {
     Adoption,
     /// The Pet is being deleted.
     Deletion,
+    /// The record goes to another installation (hand-over-to).
+    HandOver,
 }
 
 impl Cause {
@@ -280,6 +378,7 @@ impl Cause {
             Cause::Drift => "drift",
             Cause::Adoption => "adoption",
             Cause::Deletion => "deletion",
+            Cause::HandOver => "handover",
         }
     }
 }
@@ -289,15 +388,18 @@ impl Story {
     pub fn cause(&self, facts: &Facts) -> Cause {
         match self {
             Story::Created | Story::FoundByKey => Cause::NewPet,
-            Story::Adopted => Cause::Adoption,
+            Story::Adopted | Story::Reclaimed | Story::TakenOver { .. } => Cause::Adoption,
             Story::Recreated { .. } | Story::Corrected { .. } => Cause::Drift,
-            Story::Updated | Story::InSync if facts.spec_changed => Cause::SpecChange,
-            Story::Updated | Story::InSync => Cause::Drift,
+            // In line, the only write is giving the record its identity.
+            Story::InSync => Cause::Adoption,
+            Story::Updated if facts.spec_changed => Cause::SpecChange,
+            Story::Updated => Cause::Drift,
             Story::Deleted { .. }
             | Story::Orphaned { .. }
             | Story::OrphanedUnkeyed { .. }
             | Story::KeptOnUninstall { .. }
             | Story::LeftAlone { .. } => Cause::Deletion,
+            Story::HandedOver { .. } => Cause::HandOver,
         }
     }
 
@@ -313,12 +415,15 @@ impl Story {
             Story::Recreated { .. } => "Recreate",
             Story::FoundByKey => "AdoptByUid",
             Story::Adopted => "AdoptNamedRecord",
+            Story::Reclaimed => "ReclaimKeptRecord",
+            Story::TakenOver { .. } => "TakeOverFromLostPet",
             Story::Corrected { foreign: true, .. } => "IgnoreForeignRecord",
             Story::Corrected { foreign: false, .. } => "ReplaceUnknownId",
             Story::Deleted { .. } => "Delete",
             Story::Orphaned { .. } | Story::OrphanedUnkeyed { .. } => "Orphan",
             Story::LeftAlone { .. } => "LeaveAlone",
             Story::KeptOnUninstall { .. } => "KeepOnUninstall",
+            Story::HandedOver { .. } => "HandOver",
         }
     }
 
@@ -345,6 +450,24 @@ impl Story {
                 Reason::Adopted,
                 format!(
                     "took ownership of store record {id}, named by the annotation {EXTERNAL_ID_ANNOTATION}"
+                ),
+            ),
+            Story::Reclaimed => (
+                Reason::Adopted,
+                format!(
+                    "took back store record {id}, which an earlier Pet of this namespace and name kept when it was deleted"
+                ),
+            ),
+            Story::TakenOver { from } if crate::store::uid_of(from).is_empty() => (
+                Reason::Adopted,
+                format!(
+                    "took over store record {id}, handed over to this installation (its key was {from:?})"
+                ),
+            ),
+            Story::TakenOver { from } => (
+                Reason::Adopted,
+                format!(
+                    "took over store record {id} from the Pet of this namespace and name that held it as {from:?}, gone from this installation (the cluster was rebuilt or restored)"
                 ),
             ),
             Story::Corrected {
@@ -408,6 +531,18 @@ impl Story {
                 };
                 (Reason::Orphaned, format!("{because}: {kept}"))
             }
+            Story::HandedOver { id: Some(id), to } => (
+                Reason::HandedOver,
+                format!(
+                    "handed store record {id} over to the installation {to:?}: a Pet there with this namespace and name takes it; this Pet writes it no more"
+                ),
+            ),
+            Story::HandedOver { id: None, to } => (
+                Reason::HandedOver,
+                format!(
+                    "no store record belongs to this Pet any more; nothing to hand over to the installation {to:?}"
+                ),
+            ),
             Story::OrphanedUnkeyed { status_id, missing } => (
                 Reason::Orphaned,
                 format!(
@@ -500,6 +635,14 @@ pub fn first_step(facts: &Facts) -> Step {
         }
         Setting::Valid(false) => {}
     }
+    if let Some(Setting::Invalid { annotation, value }) = &facts.hand_over_to {
+        return invalid_hold(
+            annotation,
+            value,
+            "an installation name (a lowercase DNS label)",
+            "nothing is handed over or written, deletion included, until it is fixed",
+        );
+    }
     if facts.deleting {
         if !facts.has_finalizer {
             return Step::Wait(Next::AwaitChange);
@@ -521,17 +664,25 @@ pub fn first_step(facts: &Facts) -> Step {
     if !facts.has_finalizer {
         return Step::AddFinalizer;
     }
+    if facts.handing_over().is_some() {
+        return Step::Observe {
+            id: facts.status_id.clone(),
+        };
+    }
     if facts.rejected_this_generation {
         return Step::Wait(Next::AwaitChange);
     }
     if let Some(left) = facts.recently_synced {
         return Step::Wait(Next::After(left));
     }
-    // Only Automatic may write before the plan is known.
+    // Only Automatic may write before the plan is known, and only for a
+    // Pet with no plan shown: a Pet switched to Automatic writes the plan
+    // it showed, which may take over a record of its name.
     if facts.create_observes
         && facts.change_policy == ChangePolicy::Automatic
         && facts.external_id.is_none()
         && facts.status_id.is_none()
+        && !facts.plan_shown
     {
         return Step::Create;
     }
@@ -551,7 +702,7 @@ pub fn after_create(facts: &Facts, created: &Created) -> Option<Sync> {
     }
     Some(Sync {
         target: Target::Existing(created.id().to_owned()),
-        claim: false,
+        claim: None,
         update: false,
         story: Story::Created,
         warning: policy_warning(facts),
@@ -594,8 +745,15 @@ pub fn decide(facts: &Facts, observation: Observation) -> Plan {
     if facts.deleting {
         return finish(facts, lookup);
     }
-    let mine = lookup.by_key.filter(|r| r.key == facts.uid);
-    let named = lookup.by_id;
+    let key = facts.key();
+    let mine = lookup.by_key.clone().filter(|r| r.key == key);
+    if let Some(to) = facts.handing_over() {
+        return Plan::HandOver(HandOver {
+            release: mine.map(|r| r.id),
+            to: to.to_owned(),
+        });
+    }
+    let named = lookup.by_id.clone();
     let drift = |r: &Record| r.data != facts.desired;
     let warning = policy_warning(facts);
     let sync = |target, claim, update, story| {
@@ -611,8 +769,29 @@ pub fn decide(facts: &Facts, observation: Observation) -> Plan {
         outcome: Outcome::failed(reason, message),
         next: Next::Poll,
     };
+    // The record holding this Pet's identity, if it is not the Pet's own.
+    let by_name = lookup.by_identity.clone().filter(|r| r.key != key);
+    // The Pet's own record still lacks the identity (made before
+    // identities): give it in the same compare-and-set, unless another
+    // record holds it.
+    let stamp = |record: &Record| {
+        (lookup.identities && record.identity != facts.identity && by_name.is_none())
+            .then(|| key.clone())
+    };
 
     if let Some(external) = &facts.external_id {
+        if let Some(holder) = by_name.as_ref().filter(|r| r.id != *external) {
+            return hold(
+                Reason::AdoptionConflict,
+                format!(
+                    "the annotation {EXTERNAL_ID_ANNOTATION} names store record {external}, but store record {} already carries this Pet's identity {:?}{}; a Pet owns one record. Remove the annotation to use record {}, or delete it first",
+                    holder.id,
+                    facts.identity,
+                    owned_by(&holder.key),
+                    holder.id
+                ),
+            );
+        }
         return match (mine, named) {
             (Some(mine), _) if mine.id == *external => {
                 let story = if facts.status_id.as_deref() != Some(external) {
@@ -624,7 +803,7 @@ pub fn decide(facts: &Facts, observation: Observation) -> Plan {
                 };
                 sync(
                     Target::Existing(mine.id.clone()),
-                    false,
+                    stamp(&mine),
                     drift(&mine),
                     story,
                 )
@@ -644,10 +823,24 @@ pub fn decide(facts: &Facts, observation: Observation) -> Plan {
             ),
             (None, Some(record)) if record.key.is_empty() => sync(
                 Target::Existing(record.id.clone()),
-                true,
+                Some(String::new()),
                 drift(&record),
                 Story::Adopted,
             ),
+            // Named, and holding this Pet's identity under a lost Pet's key
+            // of this installation: taken over, as without the annotation.
+            (None, Some(record))
+                if record.identity == facts.identity && facts.same_installation(&record.key) =>
+            {
+                sync(
+                    Target::Existing(record.id.clone()),
+                    Some(record.key.clone()),
+                    drift(&record),
+                    Story::TakenOver {
+                        from: record.key.clone(),
+                    },
+                )
+            }
             (None, Some(record)) => hold(
                 Reason::RecordOwnedElsewhere,
                 format!(
@@ -658,19 +851,54 @@ pub fn decide(facts: &Facts, observation: Observation) -> Plan {
         };
     }
 
+    if mine.is_none()
+        && let Some(record) = by_name
+    {
+        let story = if record.key.is_empty() {
+            Story::Reclaimed
+        } else if facts.same_installation(&record.key) {
+            Story::TakenOver {
+                from: record.key.clone(),
+            }
+        } else {
+            return hold(
+                Reason::RecordOwnedElsewhere,
+                format!(
+                    "store record {} carries this Pet's identity {:?}, but it is owned by {:?}, a Pet of the installation {:?}, not this one ({:?}); it was not touched. One record holds one namespace and name across every cluster that shares the store: delete the Pet in one of them",
+                    record.id,
+                    facts.identity,
+                    record.key,
+                    crate::store::installation_of(&record.key),
+                    facts.installation
+                ),
+            );
+        };
+        return sync(
+            Target::Existing(record.id.clone()),
+            Some(record.key.clone()),
+            drift(&record),
+            story,
+        );
+    }
+
     match (facts.status_id.as_deref(), named, mine) {
-        (Some(id), Some(named), _) if named.key == facts.uid => {
+        (Some(id), Some(named), _) if named.key == key => {
             let update = drift(&named);
             let story = if update {
                 Story::Updated
             } else {
                 Story::InSync
             };
-            sync(Target::Existing(id.to_owned()), false, update, story)
+            sync(
+                Target::Existing(id.to_owned()),
+                stamp(&named),
+                update,
+                story,
+            )
         }
         (Some(stale), named, Some(mine)) => sync(
             Target::Existing(mine.id.clone()),
-            false,
+            stamp(&mine),
             drift(&mine),
             Story::Corrected {
                 stale: stale.to_owned(),
@@ -680,7 +908,7 @@ pub fn decide(facts: &Facts, observation: Observation) -> Plan {
         ),
         (Some(stale), Some(_), None) => sync(
             Target::Create,
-            false,
+            None,
             false,
             Story::Corrected {
                 stale: stale.to_owned(),
@@ -690,7 +918,7 @@ pub fn decide(facts: &Facts, observation: Observation) -> Plan {
         ),
         (Some(lost), None, None) => sync(
             Target::Create,
-            false,
+            None,
             false,
             Story::Recreated {
                 lost: lost.to_owned(),
@@ -698,23 +926,46 @@ pub fn decide(facts: &Facts, observation: Observation) -> Plan {
         ),
         (None, _, Some(mine)) => sync(
             Target::Existing(mine.id.clone()),
-            false,
+            stamp(&mine),
             drift(&mine),
             Story::FoundByKey,
         ),
-        (None, _, None) => sync(Target::Create, false, false, Story::Created),
+        (None, _, None) => sync(Target::Create, None, false, Story::Created),
+    }
+}
+
+/// Who holds a record, for a message: " (owned by <key>)", or kept and
+/// owned by nobody.
+fn owned_by(key: &str) -> String {
+    if key.is_empty() {
+        " (kept by an earlier Pet of this name, owned by nobody now)".into()
+    } else {
+        format!(" (owned by {key:?})")
     }
 }
 
 fn finish(facts: &Facts, lookup: Lookup) -> Plan {
-    let mine = lookup.by_key.filter(|r| r.key == facts.uid).map(|r| r.id);
+    let key = facts.key();
+    let mine = lookup.by_key.filter(|r| r.key == key).map(|r| r.id);
     if facts.change_policy == ChangePolicy::Observe {
         // Observe never writes: not even the release an Orphan would make.
         return Plan::Finish(Finish {
+            hand_to: None,
             release: None,
             delete: None,
             story: Story::LeftAlone {
                 id: mine.or_else(|| facts.status_id.clone()),
+            },
+        });
+    }
+    if let Some(to) = facts.handing_over() {
+        return Plan::Finish(Finish {
+            release: mine.clone(),
+            hand_to: Some(to.to_owned()),
+            delete: None,
+            story: Story::HandedOver {
+                id: mine,
+                to: to.to_owned(),
             },
         });
     }
@@ -729,11 +980,13 @@ fn finish(facts: &Facts, lookup: Lookup) -> Plan {
     };
     Plan::Finish(match (&facts.deletion_policy, facts.uninstalling) {
         (Setting::Valid(DeletionPolicy::Orphan), _) => Finish {
+            hand_to: None,
             release: mine.clone(),
             delete: None,
             story: Story::Orphaned { id: kept() },
         },
         (Setting::Valid(DeletionPolicy::Delete), Some(why)) => Finish {
+            hand_to: None,
             release: mine.clone(),
             delete: None,
             story: Story::KeptOnUninstall { id: kept(), why },
@@ -741,11 +994,13 @@ fn finish(facts: &Facts, lookup: Lookup) -> Plan {
         // first_step never observes for deletion with an invalid policy;
         // should it happen, keeping the record is the safe side.
         (Setting::Invalid { .. }, _) => Finish {
+            hand_to: None,
             release: None,
             delete: None,
             story: Story::Orphaned { id: None },
         },
         (Setting::Valid(DeletionPolicy::Delete), None) => Finish {
+            hand_to: None,
             release: None,
             delete: mine.clone(),
             story: Story::Deleted { id: mine },
@@ -757,6 +1012,7 @@ fn lacks_extensions(facts: &Facts, missing: Operation) -> Plan {
     if facts.deleting && facts.deletion_policy == Setting::Valid(DeletionPolicy::Orphan) {
         // The original store keeps no keys: there is no ownership to clear.
         return Plan::Finish(Finish {
+            hand_to: None,
             release: None,
             delete: None,
             story: Story::OrphanedUnkeyed {
@@ -768,6 +1024,7 @@ fn lacks_extensions(facts: &Facts, missing: Operation) -> Plan {
     if let (true, Some(why)) = (facts.deleting, facts.uninstalling) {
         // No keys to clear, and nothing may be deleted: let the Pet go.
         return Plan::Finish(Finish {
+            hand_to: None,
             release: None,
             delete: None,
             story: Story::KeptOnUninstall {

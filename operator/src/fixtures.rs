@@ -13,6 +13,8 @@ use crate::crd::{
 use crate::store::{PetData, Record, RecordChange};
 
 pub const UID: &str = "8d3c7c51-uid";
+/// Thor's identity in the store: `<namespace>/<name>` of [`Pet::test`].
+pub const IDENTITY: &str = "default/thor";
 /// The id of Thor's store record, where a test needs it fixed.
 pub const RECORD_ID: &str = "record-1";
 
@@ -168,8 +170,10 @@ impl RecordChange {
             record: Some(Record {
                 id: id.into(),
                 key: key.into(),
+                identity: String::new(),
                 data: PetData::named(name),
             }),
+            identity: String::new(),
         }
     }
 
@@ -179,6 +183,16 @@ impl RecordChange {
             revision: 7,
             id: id.into(),
             record: None,
+            identity: String::new(),
         }
+    }
+
+    /// The same change, to a record holding this identity.
+    pub fn named(mut self, identity: &str) -> Self {
+        if let Some(record) = &mut self.record {
+            record.identity = identity.into();
+        }
+        self.identity = identity.into();
+        self
     }
 }

@@ -20,6 +20,7 @@ pub mod controller;
 pub mod crd;
 pub mod decision;
 pub mod events;
+pub mod import;
 pub mod leader;
 pub mod metrics;
 pub mod migration;

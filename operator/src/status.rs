@@ -71,6 +71,9 @@ pub enum Reason {
     Deleted,
     /// Event: the Pet was deleted and its record kept and released.
     Orphaned,
+    /// The hand-over-to annotation handed the record to another
+    /// installation; this Pet no longer writes it (Event and Synced).
+    HandedOver,
 }
 
 impl Reason {
@@ -99,6 +102,7 @@ impl Reason {
             Reason::StatusIdCorrected => "StatusIdCorrected",
             Reason::Deleted => "Deleted",
             Reason::Orphaned => "Orphaned",
+            Reason::HandedOver => "HandedOver",
         }
     }
 
@@ -127,6 +131,7 @@ impl Reason {
             Reason::StatusIdCorrected => "status_id_corrected",
             Reason::Deleted => "deleted",
             Reason::Orphaned => "orphaned",
+            Reason::HandedOver => "handed_over",
         }
     }
 
@@ -142,6 +147,7 @@ impl Reason {
                 | Reason::RecordNotFound
                 | Reason::AdoptionConflict
                 | Reason::StoreLacksExtensions
+                | Reason::HandedOver
         )
     }
 
@@ -165,6 +171,7 @@ impl Reason {
                 | Reason::Adopted
                 | Reason::Deleted
                 | Reason::Orphaned
+                | Reason::HandedOver
         )
     }
 }
@@ -554,6 +561,7 @@ mod tests {
             Reason::StatusIdCorrected,
             Reason::Deleted,
             Reason::Orphaned,
+            Reason::HandedOver,
         ];
         let words: HashSet<_> = all.iter().map(|r| r.as_str()).collect();
         let labels: HashSet<_> = all.iter().map(|r| r.metric_label()).collect();

@@ -4,11 +4,13 @@
 use chrono::NaiveDate;
 
 // The valid types (`PetType` without `PTUnknown`, which is never valid) and the
-// longest name and key are shared with the operator's client, so both ends
-// of the wire agree on them.
-pub use petstore_proto::convert::{MAX_KEY_CHARS, MAX_NAME_CHARS, ValidPetType};
+// longest name, key and identity are shared with the operator's client, so
+// both ends of the wire agree on them.
+pub use petstore_proto::convert::{
+    MAX_IDENTITY_CHARS, MAX_KEY_CHARS, MAX_NAME_CHARS, ValidPetType,
+};
 
-/// Most pets, IDs or keys accepted in one repeated request field.
+/// Most pets, IDs, keys or identities accepted in one repeated request field.
 pub const MAX_BATCH: usize = 1000;
 /// Largest gRPC message the server decodes or encodes.
 pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
@@ -26,14 +28,16 @@ pub struct PetFields {
 pub struct NewPet {
     pub fields: PetFields,
     pub idempotency_key: Option<String>,
+    /// Unique in the store; a pet whose identity is held is not added.
+    pub identity: Option<String>,
 }
 
 /// What adding one pet did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Added {
     pub id: String,
-    /// False when the idempotency key already named the pet `id`, which was
-    /// left as it was.
+    /// False when the idempotency key (checked first) or the identity
+    /// already named the pet `id`, which was left as it was.
     pub created: bool,
 }
 
@@ -53,6 +57,8 @@ pub struct PetRecord {
     pub id: String,
     pub fields: PetFields,
     pub idempotency_key: Option<String>,
+    /// Unique in the store; kept when the key is released.
+    pub identity: Option<String>,
 }
 
 /// A replacement of an existing pet's fields.
@@ -62,13 +68,23 @@ pub struct PetUpdate {
     pub fields: PetFields,
 }
 
-/// A conditional change of one pet's idempotency key: it applies only if the
-/// stored key is still `expected_key`. An empty key means "no key".
+/// A conditional change of one pet's idempotency key, and optionally of its
+/// identity: it applies only if the stored key is still `expected_key`. An
+/// empty key means "no key".
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KeyChange {
     pub id: String,
     pub expected_key: String,
     pub new_key: String,
+    /// `None` keeps the identity, `Some("")` clears it, else it is set.
+    pub new_identity: Option<String>,
+}
+
+impl KeyChange {
+    /// The identity this change gives its pet, if it gives one.
+    pub fn identity_to_hold(&self) -> Option<&str> {
+        self.new_identity.as_deref().filter(|i| !i.is_empty())
+    }
 }
 
 /// A search: every non-empty criterion narrows the result.

@@ -99,6 +99,9 @@ impl From<StorageError> for Status {
             StorageError::KeyTaken { index, key } => Status::already_exists(format!(
                 "changes[{index}].new_key: key {key:?} already belongs to another pet"
             )),
+            StorageError::IdentityTaken { index, identity } => Status::already_exists(format!(
+                "changes[{index}].new_identity: identity {identity:?} already belongs to another pet"
+            )),
             other => {
                 tracing::error!(error = %other, "storage failure");
                 Status::unavailable(other.to_string())
@@ -287,12 +290,12 @@ impl PetStoreService {
     }
 
     async fn get(&self, request: pb::GetPetsReq) -> Result<Response<pb::GetPetsResp>, Status> {
+        validate::get_request(&request)?;
         let pb::GetPetsReq {
             ids,
             idempotency_keys,
+            identities,
         } = request;
-        validate::ids("ids", &ids)?;
-        validate::ids("idempotency_keys", &idempotency_keys)?;
 
         let by_id = if ids.is_empty() {
             Vec::new()
@@ -310,25 +313,35 @@ impl PetStoreService {
                 .instrument(self.span(|| tracing::info_span!("storage.get_by_keys")))
                 .await?
         };
+        let by_identity = if identities.is_empty() {
+            Vec::new()
+        } else {
+            self.storage
+                .get_by_identities(&identities)
+                .instrument(self.span(|| tracing::info_span!("storage.get_by_identities")))
+                .await?
+        };
 
         let mut response = pb::GetPetsResp::default();
         let mut seen = std::collections::HashSet::new();
-        for (id, found) in ids.into_iter().zip(by_id) {
-            match found {
-                Some(record) if seen.insert(record.id.clone()) => {
-                    response.pets.push(wire::to_proto(&record))
+        // By ID, then by key, then by identity: each pet once, where first found.
+        for (requested, found, missing) in [
+            (ids, by_id, &mut response.missing_ids),
+            (
+                idempotency_keys,
+                by_key,
+                &mut response.missing_idempotency_keys,
+            ),
+            (identities, by_identity, &mut response.missing_identities),
+        ] {
+            for (value, found) in requested.into_iter().zip(found) {
+                match found {
+                    Some(record) if seen.insert(record.id.clone()) => {
+                        response.pets.push(wire::to_proto(&record))
+                    }
+                    Some(_) => {}
+                    None => missing.push(value),
                 }
-                Some(_) => {}
-                None => response.missing_ids.push(id),
-            }
-        }
-        for (key, found) in idempotency_keys.into_iter().zip(by_key) {
-            match found {
-                Some(record) if seen.insert(record.id.clone()) => {
-                    response.pets.push(wire::to_proto(&record))
-                }
-                Some(_) => {}
-                None => response.missing_idempotency_keys.push(key),
             }
         }
         Ok(Response::new(response))

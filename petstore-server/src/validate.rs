@@ -9,8 +9,8 @@ use petstore_telemetry::SamplerSetting;
 use tonic::Status;
 
 use crate::model::{
-    KeyChange, MAX_BATCH, MAX_KEY_CHARS, MAX_NAME_CHARS, NewPet, PetFields, PetUpdate,
-    SearchFilter, ValidPetType,
+    KeyChange, MAX_BATCH, MAX_IDENTITY_CHARS, MAX_KEY_CHARS, MAX_NAME_CHARS, NewPet, PetFields,
+    PetUpdate, SearchFilter, ValidPetType,
 };
 
 /// Where in a request a problem was found, used to build messages such as
@@ -81,19 +81,28 @@ fn pet_fields(index: usize, pet: &pb::Pet) -> Result<PetFields, Status> {
     })
 }
 
-fn idempotency_key(index: usize, pet: &pb::Pet) -> Result<Option<String>, Status> {
-    let key = &pet.idempotency_key;
-    if key.is_empty() {
+/// Refuses `value`, naming `at`, when it is longer than `max` characters.
+fn at_most(at: &At<'_>, value: &str, max: usize) -> Result<(), Status> {
+    let chars = value.chars().count();
+    if chars > max {
+        return Err(at.invalid(format!("must be at most {max} characters, got {chars}")));
+    }
+    Ok(())
+}
+
+/// An optional string field of `pets[index]`: `None` when empty.
+fn optional(
+    index: usize,
+    pet: &pb::Pet,
+    field: &str,
+    value: &str,
+    max: usize,
+) -> Result<Option<String>, Status> {
+    if value.is_empty() {
         return Ok(None);
     }
-    let chars = key.chars().count();
-    if chars > MAX_KEY_CHARS {
-        let at = At::pet_field(index, pet, "idempotency_key");
-        return Err(at.invalid(format!(
-            "must be at most {MAX_KEY_CHARS} characters, got {chars}"
-        )));
-    }
-    Ok(Some(key.to_owned()))
+    at_most(&At::pet_field(index, pet, field), value, max)?;
+    Ok(Some(value.to_owned()))
 }
 
 /// A batch of pets within the size limit, each checked by `check`.
@@ -117,7 +126,14 @@ pub fn add_request(req: &pb::AddPetsReq) -> Result<Vec<NewPet>, Status> {
         }
         Ok(NewPet {
             fields: pet_fields(index, pet)?,
-            idempotency_key: idempotency_key(index, pet)?,
+            idempotency_key: optional(
+                index,
+                pet,
+                "idempotency_key",
+                &pet.idempotency_key,
+                MAX_KEY_CHARS,
+            )?,
+            identity: optional(index, pet, "identity", &pet.identity, MAX_IDENTITY_CHARS)?,
         })
     })
 }
@@ -134,12 +150,14 @@ pub fn update_request(req: &pb::UpdatePetsReq) -> Result<Vec<PetUpdate>, Status>
     })
 }
 
-/// Validates SetIdempotencyKeys: IDs required, keys within the limit, and no
-/// pet or new key named twice (the outcome would depend on order).
+/// Validates SetIdempotencyKeys: IDs required, keys and identities within
+/// their limits, and no pet, new key or new identity named twice (the
+/// outcome would depend on order).
 pub fn set_keys_request(req: &pb::SetIdempotencyKeysReq) -> Result<Vec<KeyChange>, Status> {
     check_batch_size("changes", req.changes.len())?;
     let mut ids = std::collections::HashSet::new();
     let mut new_keys = std::collections::HashSet::new();
+    let mut new_identities = std::collections::HashSet::new();
     req.changes
         .iter()
         .enumerate()
@@ -161,12 +179,7 @@ pub fn set_keys_request(req: &pb::SetIdempotencyKeysReq) -> Result<Vec<KeyChange
                 ("expected_key", &change.expected_key),
                 ("new_key", &change.new_key),
             ] {
-                let chars = key.chars().count();
-                if chars > MAX_KEY_CHARS {
-                    return Err(at(field).invalid(format!(
-                        "must be at most {MAX_KEY_CHARS} characters, got {chars}"
-                    )));
-                }
+                at_most(&at(field), key, MAX_KEY_CHARS)?;
             }
             if !change.new_key.is_empty() && !new_keys.insert(change.new_key.as_str()) {
                 return Err(at("new_key").invalid(format!(
@@ -174,10 +187,19 @@ pub fn set_keys_request(req: &pb::SetIdempotencyKeysReq) -> Result<Vec<KeyChange
                     change.new_key
                 )));
             }
+            if let Some(identity) = change.new_identity.as_deref() {
+                at_most(&at("new_identity"), identity, MAX_IDENTITY_CHARS)?;
+                if !identity.is_empty() && !new_identities.insert(identity) {
+                    return Err(at("new_identity").invalid(format!(
+                        "identity {identity:?} is given to more than one pet in this request"
+                    )));
+                }
+            }
             Ok(KeyChange {
                 id: change.id.clone(),
                 expected_key: change.expected_key.clone(),
                 new_key: change.new_key.clone(),
+                new_identity: change.new_identity.clone(),
             })
         })
         .collect()
@@ -185,6 +207,23 @@ pub fn set_keys_request(req: &pb::SetIdempotencyKeysReq) -> Result<Vec<KeyChange
 
 pub fn ids(field: &str, ids: &[String]) -> Result<(), Status> {
     check_batch_size(field, ids.len())
+}
+
+/// Validates GetPets: each list within the batch size, each identity within
+/// its limit. IDs and keys are not checked, as before identities: one longer
+/// than any stored simply matches nothing.
+pub fn get_request(req: &pb::GetPetsReq) -> Result<(), Status> {
+    check_batch_size("ids", req.ids.len())?;
+    check_batch_size("idempotency_keys", req.idempotency_keys.len())?;
+    check_batch_size("identities", req.identities.len())?;
+    for (index, identity) in req.identities.iter().enumerate() {
+        let at = At {
+            path: format!("identities[{index}]"),
+            pet: None,
+        };
+        at_most(&at, identity, MAX_IDENTITY_CHARS)?;
+    }
+    Ok(())
 }
 
 pub fn search_request(req: &pb::SearchPetsReq) -> Result<SearchFilter, Status> {
@@ -359,5 +398,112 @@ pub(crate) mod tests {
             ..thor()
         });
         assert!(msg.contains("at most 128"), "{msg}");
+    }
+
+    #[test]
+    fn identity_is_optional_and_at_most_320_characters() {
+        let pets = add_request(&pb::AddPetsReq {
+            pets: vec![
+                thor(),
+                pb::Pet {
+                    identity: "é".repeat(MAX_IDENTITY_CHARS),
+                    ..thor()
+                },
+            ],
+        })
+        .expect("valid");
+        assert_eq!(pets[0].identity, None, "empty is none");
+        assert_eq!(
+            pets[1].identity.as_deref().map(|i| i.chars().count()),
+            Some(MAX_IDENTITY_CHARS)
+        );
+        let msg = add_error(pb::Pet {
+            identity: "x".repeat(MAX_IDENTITY_CHARS + 1),
+            ..thor()
+        });
+        assert_eq!(
+            msg,
+            "pets[0].identity: must be at most 320 characters, got 321 (pet #0 \"Thor\")"
+        );
+    }
+
+    fn key_change(id: &str, new_identity: Option<&str>) -> pb::KeyChange {
+        pb::KeyChange {
+            id: id.into(),
+            new_identity: new_identity.map(str::to_owned),
+            ..Default::default()
+        }
+    }
+
+    fn set_keys_error(changes: Vec<pb::KeyChange>) -> String {
+        let err = set_keys_request(&pb::SetIdempotencyKeysReq { changes })
+            .expect_err("the changes should be rejected");
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        err.message().to_owned()
+    }
+
+    #[test]
+    fn new_identities_are_checked_like_new_keys() {
+        let changes = set_keys_request(&pb::SetIdempotencyKeysReq {
+            changes: vec![
+                key_change("a", None),
+                key_change("b", Some("")),
+                key_change("c", Some("")),
+                key_change("d", Some("ns/d")),
+            ],
+        })
+        .expect("unset, cleared twice and set are all valid");
+        let identities: Vec<_> = changes.iter().map(|c| c.new_identity.as_deref()).collect();
+        assert_eq!(identities, [None, Some(""), Some(""), Some("ns/d")]);
+
+        let msg = set_keys_error(vec![
+            key_change("a", None),
+            key_change("b", Some(&"x".repeat(MAX_IDENTITY_CHARS + 1))),
+        ]);
+        assert_eq!(
+            msg,
+            "changes[1].new_identity: must be at most 320 characters, got 321"
+        );
+        let msg = set_keys_error(vec![
+            key_change("a", Some("ns/x")),
+            key_change("b", Some("ns/y")),
+            key_change("c", Some("ns/x")),
+        ]);
+        assert_eq!(
+            msg,
+            "changes[2].new_identity: identity \"ns/x\" is given to more than one pet in this request"
+        );
+    }
+
+    #[test]
+    fn looked_up_identities_are_checked() {
+        let get = |identities: Vec<String>| {
+            get_request(&pb::GetPetsReq {
+                identities,
+                ..Default::default()
+            })
+        };
+        assert!(get(vec![String::new(), "x".repeat(MAX_IDENTITY_CHARS)]).is_ok());
+        let mut identities = vec!["ns/a".to_owned(); 3];
+        identities.push("x".repeat(MAX_IDENTITY_CHARS + 1));
+        let err = get(identities).expect_err("too long");
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert_eq!(
+            err.message(),
+            "identities[3]: must be at most 320 characters, got 321"
+        );
+        let err = get(vec![String::new(); MAX_BATCH + 1]).expect_err("too many");
+        assert_eq!(
+            err.message(),
+            "identities: at most 1000 entries per request, got 1001"
+        );
+        // Keys are not checked, as before identities existed.
+        assert!(
+            get_request(&pb::GetPetsReq {
+                idempotency_keys: vec!["k".repeat(MAX_KEY_CHARS + 1)],
+                ..Default::default()
+            })
+            .is_ok()
+        );
     }
 }

@@ -13,6 +13,7 @@ pub fn to_proto(record: &PetRecord) -> pb::Pet {
         r#type: record.fields.pet_type.into(),
         birthday: Some(record.fields.birthday.into()),
         idempotency_key: record.idempotency_key.clone().unwrap_or_default(),
+        identity: record.identity.clone().unwrap_or_default(),
     }
 }
 
@@ -40,6 +41,7 @@ mod tests {
     fn a_validated_pet_comes_back_as_it_was_sent() {
         let sent = pb::Pet {
             idempotency_key: "uid-1".into(),
+            identity: "default/thor".into(),
             ..validate::tests::thor()
         };
         let new = validate::add_request(&pb::AddPetsReq {
@@ -51,6 +53,7 @@ mod tests {
             id: "abc".into(),
             fields: new.fields,
             idempotency_key: new.idempotency_key,
+            identity: new.identity,
         };
         assert_eq!(
             to_proto(&record),
@@ -61,8 +64,10 @@ mod tests {
         );
         let keyless = PetRecord {
             idempotency_key: None,
+            identity: None,
             ..record
         };
         assert_eq!(to_proto(&keyless).idempotency_key, "");
+        assert_eq!(to_proto(&keyless).identity, "");
     }
 }

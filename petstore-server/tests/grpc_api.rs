@@ -257,6 +257,13 @@ async fn every_validation_rule_names_field_and_pet_and_stores_nothing(backend: B
             },
             "pets[1].idempotency_key",
         ),
+        (
+            pb::Pet {
+                identity: "i".repeat(321),
+                ..thor()
+            },
+            "pets[1].identity",
+        ),
     ];
     for (bad, field) in cases {
         // A valid pet first: the whole batch must be refused.
@@ -346,6 +353,7 @@ async fn idempotency_keys_deduplicate_and_are_findable(backend: Backend) {
         .get_pets(pb::GetPetsReq {
             ids: vec![first[0].clone(), "missing-id".into()],
             idempotency_keys: vec!["uid-2".into(), "uid-1".into(), "missing-key".into()],
+            ..Default::default()
         })
         .await
         .expect("get")
@@ -399,7 +407,7 @@ async fn concurrent_adds_get_unique_ids_and_all_are_found(backend: Backend) {
     let found = client
         .get_pets(pb::GetPetsReq {
             ids: ids.iter().take(1000).cloned().collect(),
-            idempotency_keys: vec![],
+            ..Default::default()
         })
         .await
         .expect("get")
@@ -426,6 +434,7 @@ fn change(id: &str, expected_key: &str, new_key: &str) -> pb::KeyChange {
         id: id.into(),
         expected_key: expected_key.into(),
         new_key: new_key.into(),
+        new_identity: None,
     }
 }
 
@@ -444,7 +453,7 @@ async fn keys_of(client: &mut PetStoreClient<Channel>, ids: &[String]) -> Vec<St
     let found = client
         .get_pets(pb::GetPetsReq {
             ids: ids.to_vec(),
-            idempotency_keys: vec![],
+            ..Default::default()
         })
         .await
         .expect("get")
@@ -550,8 +559,8 @@ async fn key_changes_are_compare_and_set(backend: Backend) {
     let found = s
         .client
         .get_pets(pb::GetPetsReq {
-            ids: vec![],
             idempotency_keys: vec!["uid-y".into(), "uid-a".into()],
+            ..Default::default()
         })
         .await
         .expect("get")
@@ -591,6 +600,382 @@ async fn racing_claims_have_one_winner(backend: Backend) {
     s.stop().await;
 }
 
+/// A dog born when Thor was, with idempotency key `key` and identity
+/// `identity` (either may be empty).
+fn identified(key: &str, identity: &str) -> pb::Pet {
+    pb::Pet {
+        idempotency_key: key.into(),
+        identity: identity.into(),
+        ..thor()
+    }
+}
+
+async fn add_answer(client: &mut PetStoreClient<Channel>, pets: Vec<pb::Pet>) -> pb::AddPetsResp {
+    client
+        .add_pets(pb::AddPetsReq { pets })
+        .await
+        .expect("add")
+        .into_inner()
+}
+
+async fn get_identities(
+    client: &mut PetStoreClient<Channel>,
+    identities: &[&str],
+) -> pb::GetPetsResp {
+    client
+        .get_pets(pb::GetPetsReq {
+            identities: identities.iter().map(|i| (*i).to_owned()).collect(),
+            ..Default::default()
+        })
+        .await
+        .expect("get")
+        .into_inner()
+}
+
+/// The (key, identity) each ID holds now, read back through GetPets.
+async fn held_by(client: &mut PetStoreClient<Channel>, ids: &[String]) -> Vec<(String, String)> {
+    let found = client
+        .get_pets(pb::GetPetsReq {
+            ids: ids.to_vec(),
+            ..Default::default()
+        })
+        .await
+        .expect("get")
+        .into_inner();
+    assert!(found.missing_ids.is_empty(), "{:?}", found.missing_ids);
+    found
+        .pets
+        .into_iter()
+        .map(|p| (p.idempotency_key, p.identity))
+        .collect()
+}
+
+fn held(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(key, identity)| ((*key).to_owned(), (*identity).to_owned()))
+        .collect()
+}
+
+async fn identities_deduplicate_and_are_findable(backend: Backend) {
+    let mut s = start(backend).await;
+    let created = add_answer(&mut s.client, vec![identified("uid-1", "ns/thor")]).await;
+    assert_eq!(created.created, [true]);
+    let thor_id = created.ids[0].clone();
+
+    // An identity a record holds returns that record and creates nothing,
+    // whatever key the pet brings; a repeat within the batch is the same
+    // record, as a repeated key is.
+    let answer = add_answer(
+        &mut s.client,
+        vec![
+            identified("uid-2", "ns/thor"),
+            identified("", "ns/thor"),
+            pb::Pet {
+                name: "Tron".into(),
+                ..identified("uid-3", "ns/tron")
+            },
+            identified("uid-4", "ns/tron"),
+            identified("", "ns/tron"),
+        ],
+    )
+    .await;
+    let tron_id = answer.ids[2].clone();
+    assert_eq!(
+        answer.ids,
+        [&thor_id, &thor_id, &tron_id, &tron_id, &tron_id].map(String::as_str)
+    );
+    assert_eq!(answer.created, [false, false, true, false, false]);
+    // The key is checked first: a known key wins over another's identity.
+    let answer = add_answer(
+        &mut s.client,
+        vec![identified("uid-1", "ns/tron"), identified("uid-3", "")],
+    )
+    .await;
+    assert_eq!(answer.ids, [thor_id.as_str(), tron_id.as_str()]);
+    assert_eq!(answer.created, [false, false]);
+    assert_eq!(all(&mut s.client).await.len(), 2, "nothing more created");
+    // The records are as created: the keys the refused pets brought were
+    // not stored.
+    assert_eq!(
+        held_by(&mut s.client, &[thor_id.clone(), tron_id.clone()]).await,
+        held(&[("uid-1", "ns/thor"), ("uid-3", "ns/tron")])
+    );
+
+    // By ID, then key, then identity; each pet once, where first found.
+    let got = s
+        .client
+        .get_pets(pb::GetPetsReq {
+            ids: vec![tron_id.clone()],
+            idempotency_keys: vec!["uid-2".into()],
+            identities: vec![
+                "ns/nobody".into(),
+                "ns/thor".into(),
+                "ns/tron".into(),
+                String::new(),
+            ],
+        })
+        .await
+        .expect("get")
+        .into_inner();
+    let got_ids: Vec<_> = got.pets.iter().map(|p| p.id.as_str()).collect();
+    assert_eq!(got_ids, [&tron_id, &thor_id]);
+    assert_eq!(got.pets[1].identity, "ns/thor");
+    assert_eq!(got.pets[1].name, "Thor");
+    assert!(got.missing_ids.is_empty());
+    assert_eq!(got.missing_idempotency_keys, ["uid-2"]);
+    assert_eq!(got.missing_identities, ["ns/nobody", ""]);
+    // Search shows the identity too.
+    let tron = search(&mut s.client, by_names(&["Tron"])).await;
+    assert_eq!(tron[0].identity, "ns/tron");
+
+    // Deleting a record frees its identity: the next create makes a new one.
+    s.client
+        .delete_pets(pb::DeletePetsReq {
+            ids: vec![thor_id.clone()],
+        })
+        .await
+        .expect("delete");
+    assert_eq!(
+        get_identities(&mut s.client, &["ns/thor"])
+            .await
+            .missing_identities,
+        ["ns/thor"]
+    );
+    let recreated = add_answer(&mut s.client, vec![identified("", "ns/thor")]).await;
+    assert_eq!(recreated.created, [true]);
+    assert_ne!(recreated.ids[0], thor_id);
+    let found = get_identities(&mut s.client, &["ns/thor"]).await;
+    assert_eq!(found.pets[0].id, recreated.ids[0]);
+
+    // Lookups are validated like the rest of the request.
+    let long = "i".repeat(321);
+    let err = s
+        .client
+        .get_pets(pb::GetPetsReq {
+            identities: vec!["a".into(), "b".into(), "c".into(), long],
+            ..Default::default()
+        })
+        .await
+        .expect_err("identity too long");
+    assert_refused(
+        &err,
+        Code::InvalidArgument,
+        "identities[3]: must be at most 320 characters, got 321",
+    );
+    let err = s
+        .client
+        .get_pets(pb::GetPetsReq {
+            identities: vec!["x".into(); 1001],
+            ..Default::default()
+        })
+        .await
+        .expect_err("too many identities");
+    assert_refused(&err, Code::InvalidArgument, "identities:");
+    s.stop().await;
+}
+
+fn with_identity(change: pb::KeyChange, identity: &str) -> pb::KeyChange {
+    pb::KeyChange {
+        new_identity: Some(identity.into()),
+        ..change
+    }
+}
+
+async fn identities_change_with_keys_all_or_nothing(backend: Backend) {
+    let mut s = start(backend).await;
+    let ids = add(
+        &mut s.client,
+        vec![identified("uid-a", ""), identified("uid-b", "ns/b")],
+    )
+    .await;
+    let (a, b) = (ids[0].clone(), ids[1].clone());
+
+    // The identity alone, the key kept (expected_key = new_key); the same
+    // again changes nothing and succeeds.
+    for _ in 0..2 {
+        set_keys(
+            &mut s.client,
+            vec![with_identity(change(&a, "uid-a", "uid-a"), "ns/a")],
+        )
+        .await
+        .expect("set the identity alone");
+    }
+    assert_eq!(
+        held_by(&mut s.client, &ids).await,
+        held(&[("uid-a", "ns/a"), ("uid-b", "ns/b")])
+    );
+
+    // An identity another pet holds: ALREADY_EXISTS naming it, and the
+    // rest of the batch is not applied.
+    let err = set_keys(
+        &mut s.client,
+        vec![
+            change(&a, "uid-a", "uid-a2"),
+            with_identity(change(&b, "uid-b", "uid-b"), "ns/a"),
+        ],
+    )
+    .await
+    .expect_err("an identity held by another pet");
+    assert_refused(&err, Code::AlreadyExists, "changes[1].new_identity:");
+    assert!(err.message().contains("\"ns/a\""), "{}", err.message());
+    // The key is still compared.
+    let err = set_keys(
+        &mut s.client,
+        vec![with_identity(change(&a, "stale", "uid-a"), "ns/z")],
+    )
+    .await
+    .expect_err("a stale expected key");
+    assert_refused(&err, Code::FailedPrecondition, "changes[0].expected_key:");
+    assert_eq!(
+        held_by(&mut s.client, &ids).await,
+        held(&[("uid-a", "ns/a"), ("uid-b", "ns/b")])
+    );
+
+    // A release (the key cleared, the identity unset) keeps the identity,
+    // which still finds the record, for AddPets too.
+    set_keys(&mut s.client, vec![change(&a, "uid-a", "")])
+        .await
+        .expect("release");
+    assert_eq!(
+        held_by(&mut s.client, &ids).await,
+        held(&[("", "ns/a"), ("uid-b", "ns/b")])
+    );
+    let again = add_answer(&mut s.client, vec![identified("uid-new", "ns/a")]).await;
+    assert_eq!((again.ids, again.created), (vec![a.clone()], vec![false]));
+
+    // Identities move between pets in one batch, as keys do: b gives up
+    // ns/b, which a takes.
+    set_keys(
+        &mut s.client,
+        vec![
+            with_identity(change(&a, "", "uid-a"), "ns/b"),
+            with_identity(change(&b, "uid-b", "uid-b"), "ns/c"),
+        ],
+    )
+    .await
+    .expect("an identity released and taken in one batch");
+    assert_eq!(
+        held_by(&mut s.client, &ids).await,
+        held(&[("uid-a", "ns/b"), ("uid-b", "ns/c")])
+    );
+    // An empty identity clears it.
+    set_keys(
+        &mut s.client,
+        vec![with_identity(change(&b, "uid-b", "uid-b"), "")],
+    )
+    .await
+    .expect("clear");
+    assert_eq!(
+        held_by(&mut s.client, &ids).await,
+        held(&[("uid-a", "ns/b"), ("uid-b", "")])
+    );
+    assert_eq!(
+        get_identities(&mut s.client, &["ns/c"])
+            .await
+            .missing_identities,
+        ["ns/c"]
+    );
+
+    // Validation names the field.
+    let err = set_keys(
+        &mut s.client,
+        vec![
+            with_identity(change(&a, "uid-a", "uid-a"), "ns/x"),
+            with_identity(change(&b, "uid-b", "uid-b"), "ns/x"),
+        ],
+    )
+    .await
+    .expect_err("one identity for two pets");
+    assert_refused(&err, Code::InvalidArgument, "changes[1].new_identity:");
+    let err = set_keys(
+        &mut s.client,
+        vec![with_identity(
+            change(&a, "uid-a", "uid-a"),
+            &"i".repeat(321),
+        )],
+    )
+    .await
+    .expect_err("identity too long");
+    assert_refused(
+        &err,
+        Code::InvalidArgument,
+        "changes[0].new_identity: must be at most 320 characters, got 321",
+    );
+
+    // Deleting a frees ns/b for b.
+    s.client
+        .delete_pets(pb::DeletePetsReq {
+            ids: vec![a.clone()],
+        })
+        .await
+        .expect("delete");
+    set_keys(
+        &mut s.client,
+        vec![with_identity(change(&b, "uid-b", "uid-b"), "ns/b")],
+    )
+    .await
+    .expect("a freed identity");
+    assert_eq!(
+        held_by(&mut s.client, &[b]).await,
+        held(&[("uid-b", "ns/b")])
+    );
+    s.stop().await;
+}
+
+/// Clients racing for one identity: concurrent creates make one record,
+/// and of concurrent changes giving it to different pets, one wins and the
+/// others are ALREADY_EXISTS.
+async fn racing_identity_claims_have_one_winner(backend: Backend) {
+    let mut s = start(backend).await;
+    let mut creates = Vec::new();
+    for n in 0..8 {
+        let mut client = PetStoreClient::new(s.channel.clone());
+        creates.push(tokio::spawn(async move {
+            add_answer(&mut client, vec![identified(&format!("uid-{n}"), "ns/one")]).await
+        }));
+    }
+    let mut created = Vec::new();
+    for task in creates {
+        let answer = task.await.expect("task");
+        created.push((answer.ids[0].clone(), answer.created[0]));
+    }
+    assert_eq!(
+        created.iter().filter(|(_, new)| *new).count(),
+        1,
+        "{created:?}"
+    );
+    assert!(
+        created.iter().all(|(id, _)| *id == created[0].0),
+        "{created:?}"
+    );
+
+    let pets = add(&mut s.client, vec![thor(); 8]).await;
+    let mut claims = Vec::new();
+    for id in pets.clone() {
+        let mut client = PetStoreClient::new(s.channel.clone());
+        claims.push(tokio::spawn(async move {
+            set_keys(
+                &mut client,
+                vec![with_identity(change(&id, "", ""), "ns/two")],
+            )
+            .await
+            .map(|()| id)
+        }));
+    }
+    let mut winners = Vec::new();
+    for task in claims {
+        match task.await.expect("task") {
+            Ok(id) => winners.push(id),
+            Err(status) => assert_refused(&status, Code::AlreadyExists, "changes[0].new_identity:"),
+        }
+    }
+    assert_eq!(winners.len(), 1, "{winners:?}");
+    let found = get_identities(&mut s.client, &["ns/two"]).await;
+    assert_eq!(found.pets[0].id, winners[0]);
+    s.stop().await;
+}
+
 /// Every filter shape (names through the name index, species, dates, and
 /// combinations), at page sizes small enough that pages split runs of one
 /// name, must return exactly what a full scan filtered by
@@ -615,6 +1000,7 @@ async fn search_equals_a_full_scan_page_by_page(backend: Backend) {
                 birthday: day(n),
             },
             idempotency_key: None,
+            identity: None,
         })
         .collect();
     let ids: Vec<String> = storage
@@ -804,6 +1190,7 @@ async fn a_page_scans_limit_entries_whatever_matches(backend: Backend) {
                 birthday: born,
             },
             idempotency_key: None,
+            identity: None,
         })
         .collect();
     storage.add(&pets).await.expect("add");
@@ -906,6 +1293,9 @@ suite!(
     oversized_message_is_rejected_cleanly,
     key_changes_are_compare_and_set,
     racing_claims_have_one_winner,
+    identities_deduplicate_and_are_findable,
+    identities_change_with_keys_all_or_nothing,
+    racing_identity_claims_have_one_winner,
     search_equals_a_full_scan_page_by_page,
     search_streams_more_than_a_page,
     a_page_scans_limit_entries_whatever_matches,
@@ -942,6 +1332,23 @@ async fn durable_store_keeps_pets_and_keys_across_reopen() {
     let mut s = reopen().await;
     assert_eq!(keys_of(&mut s.client, &ids).await, ["uid-2"]);
     assert_eq!(add(&mut s.client, vec![keyed("Thor", "uid-2")]).await, ids);
+    // So is an identity, with its index.
+    set_keys(
+        &mut s.client,
+        vec![with_identity(change(&ids[0], "uid-2", "uid-2"), "ns/thor")],
+    )
+    .await
+    .expect("set identity");
+    s.stop().await;
+
+    let mut s = reopen().await;
+    let found = get_identities(&mut s.client, &["ns/thor"]).await;
+    assert_eq!(found.pets.len(), 1, "{found:?}");
+    assert_eq!(found.pets[0].id, ids[0]);
+    assert_eq!(
+        add(&mut s.client, vec![identified("", "ns/thor")]).await,
+        ids
+    );
     s.stop().await;
     drop(dir);
 }
@@ -995,6 +1402,15 @@ async fn durable_files_keep_their_format() {
     };
     let found = search_all(&*storage, &by_name, 10).await.expect("search");
     assert_eq!(found, [record]);
+    // It has no identity, and the identity index starts empty.
+    assert_eq!(found[0].identity, None);
+    assert_eq!(
+        storage
+            .get_by_identities(&[String::new(), "ns/old".to_owned()])
+            .await
+            .expect("get by identity"),
+        [None, None]
+    );
 
     let added = storage
         .add(&[NewPet {
@@ -1004,6 +1420,7 @@ async fn durable_files_keep_their_format() {
                 birthday: chrono::NaiveDate::from_ymd_opt(2020, 6, 25).expect("date"),
             },
             idempotency_key: Some("uid-new".into()),
+            identity: Some("ns/tron".into()),
         }])
         .await
         .expect("add");
@@ -1019,6 +1436,7 @@ async fn durable_files_keep_their_format() {
     let expected = pb::Pet {
         id: added[0].id.clone(),
         idempotency_key: "uid-new".into(),
+        identity: "ns/tron".into(),
         ..tron()
     };
     assert_eq!(
@@ -1026,6 +1444,189 @@ async fn durable_files_keep_their_format() {
         expected
     );
     assert_eq!(stored.value(), expected.encode_to_vec(), "byte for byte");
+}
+
+/// An older server run on a later file (a rollback) keeps records but not
+/// the identity index: it may delete a record, or rewrite one without its
+/// identity, and leave the index entry behind. Such an entry names no one:
+/// lookups miss it, and the identity is free to take.
+#[tokio::test]
+async fn durable_identity_entries_an_older_server_left_behind_are_ignored() {
+    use prost::Message;
+    use redb::TableDefinition;
+    const PETS: TableDefinition<&str, &[u8]> = TableDefinition::new("pets");
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("pets.redb");
+    let storage = StorageConfig::durable(path.clone())
+        .open()
+        .await
+        .expect("open");
+    let new = |name: &str, identity: &str| NewPet {
+        fields: PetFields {
+            name: name.into(),
+            pet_type: ValidPetType::Canine,
+            birthday: chrono::NaiveDate::from_ymd_opt(2021, 4, 1).expect("date"),
+        },
+        idempotency_key: None,
+        identity: Some(identity.into()),
+    };
+    let added = storage
+        .add(&[new("Gone", "ns/gone"), new("Stripped", "ns/stripped")])
+        .await
+        .expect("add");
+    let (gone, stripped) = (added[0].id.clone(), added[1].id.clone());
+    drop(storage);
+    {
+        // What the older server does: it knows fields 1 to 5 only.
+        let db = redb::Database::create(&path).expect("open the file directly");
+        let txn = db.begin_write().expect("write");
+        {
+            let mut pets = txn.open_table(PETS).expect("pets");
+            pets.remove(gone.as_str()).expect("delete");
+            let without_identity = pb::Pet {
+                id: stripped.clone(),
+                name: "Stripped".into(),
+                ..thor()
+            };
+            pets.insert(
+                stripped.as_str(),
+                without_identity.encode_to_vec().as_slice(),
+            )
+            .expect("rewrite");
+        }
+        txn.commit().expect("commit");
+    }
+
+    let storage = StorageConfig::durable(path.clone())
+        .open()
+        .await
+        .expect("reopen");
+    let identities = ["ns/gone".to_owned(), "ns/stripped".to_owned()];
+    assert_eq!(
+        storage
+            .get_by_identities(&identities)
+            .await
+            .expect("get by identity"),
+        [None, None]
+    );
+    let again = storage
+        .add(&[new("Back", "ns/gone")])
+        .await
+        .expect("add over a stale entry");
+    assert!(again[0].created, "{again:?}");
+    storage
+        .set_keys(&[petstore_server::model::KeyChange {
+            id: stripped.clone(),
+            expected_key: String::new(),
+            new_key: String::new(),
+            new_identity: Some("ns/stripped".into()),
+        }])
+        .await
+        .expect("take an identity over a stale entry");
+    let found = storage
+        .get_by_identities(&identities)
+        .await
+        .expect("get by identity");
+    let found: Vec<_> = found.iter().map(|r| r.as_ref().map(|r| &r.id)).collect();
+    assert_eq!(found, [Some(&again[0].id), Some(&stripped)]);
+}
+
+/// A PostgreSQL database from before identities (the tables as that release
+/// created them, with a record and a change) gains the identity columns when
+/// this release opens it: the record and the change read unchanged, and
+/// identities work. Opening it again changes nothing.
+#[tokio::test]
+async fn postgres_tables_from_before_identities_gain_the_column() {
+    let config = tokio::task::spawn_blocking(|| support::postgres_config("before-identities"))
+        .await
+        .expect("postgres config");
+    let (client, connection) = config
+        .config
+        .connect(tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    let connection = tokio::spawn(connection);
+    client
+        .batch_execute(
+            "CREATE TABLE petstore_pets (
+                 id text COLLATE \"C\" PRIMARY KEY,
+                 name text COLLATE \"C\" NOT NULL,
+                 species smallint NOT NULL,
+                 birthday date NOT NULL,
+                 idempotency_key text COLLATE \"C\" UNIQUE
+             );
+             CREATE INDEX petstore_pets_by_name ON petstore_pets (name, id);
+             CREATE TABLE petstore_revision (
+                 singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+                 revision bigint NOT NULL
+             );
+             INSERT INTO petstore_revision VALUES (true, 1);
+             CREATE TABLE petstore_changes (
+                 revision bigint PRIMARY KEY,
+                 kind smallint NOT NULL,
+                 id text COLLATE \"C\" NOT NULL,
+                 name text COLLATE \"C\",
+                 species smallint,
+                 birthday date,
+                 idempotency_key text COLLATE \"C\"
+             );
+             INSERT INTO petstore_pets VALUES ('old-id', 'Thor', 1, '2021-04-01', 'uid-old');
+             INSERT INTO petstore_changes
+                 VALUES (1, 1, 'old-id', 'Thor', 1, '2021-04-01', 'uid-old');",
+        )
+        .await
+        .expect("the previous release's schema");
+    drop(client);
+    let _ = connection.await;
+
+    let open = || async {
+        StorageConfig::Postgres(Box::new(config.clone()))
+            .open()
+            .await
+            .expect("open")
+    };
+    let storage = open().await;
+    let old = storage
+        .get(&["old-id".to_owned()])
+        .await
+        .expect("get")
+        .remove(0)
+        .expect("the old record");
+    assert_eq!(
+        (old.idempotency_key.as_deref(), old.identity.as_deref()),
+        (Some("uid-old"), None)
+    );
+    let history = storage.feed().read_after(0, 10).expect("history");
+    assert_eq!(history.len(), 1);
+    assert_eq!(history[0].record.as_ref(), Some(&old));
+
+    storage
+        .set_keys(&[petstore_server::model::KeyChange {
+            id: "old-id".into(),
+            expected_key: "uid-old".into(),
+            new_key: "uid-old".into(),
+            new_identity: Some("ns/thor".into()),
+        }])
+        .await
+        .expect("set an identity");
+    drop(storage);
+    let storage = open().await;
+    let found = storage
+        .get_by_identities(&["ns/thor".to_owned()])
+        .await
+        .expect("get by identity");
+    assert_eq!(found[0].as_ref().map(|r| r.id.as_str()), Some("old-id"));
+    let added = storage
+        .add(&[NewPet {
+            fields: old.fields.clone(),
+            idempotency_key: None,
+            identity: Some("ns/thor".into()),
+        }])
+        .await
+        .expect("add");
+    assert_eq!(added[0].id, "old-id");
+    assert!(!added[0].created);
 }
 
 /// Beyond `--max-concurrent-requests` a request is refused at once with

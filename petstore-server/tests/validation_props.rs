@@ -5,13 +5,14 @@
 use chrono::NaiveDate;
 use petstore_proto::google::r#type::Date;
 use petstore_proto::petstore as pb;
-use petstore_server::model::{MAX_BATCH, MAX_KEY_CHARS, MAX_NAME_CHARS};
+use petstore_server::model::{MAX_BATCH, MAX_IDENTITY_CHARS, MAX_KEY_CHARS, MAX_NAME_CHARS};
 use petstore_server::validate;
 use proptest::prelude::*;
 use prost::Message;
 
 /// The rules for a pet's fields, written independently of the code under
-/// test. (UpdatePets ignores idempotency_key, so it is checked separately.)
+/// test. (UpdatePets ignores idempotency_key and identity, so they are
+/// checked separately.)
 fn valid_fields(pet: &pb::Pet) -> bool {
     let name_ok = !pet.name.trim().is_empty() && pet.name.chars().count() <= MAX_NAME_CHARS;
     let type_ok = (1..=4).contains(&pet.r#type);
@@ -25,7 +26,10 @@ fn valid_fields(pet: &pb::Pet) -> bool {
 }
 
 fn valid_new_pet(pet: &pb::Pet) -> bool {
-    pet.id.is_empty() && valid_fields(pet) && pet.idempotency_key.chars().count() <= MAX_KEY_CHARS
+    pet.id.is_empty()
+        && valid_fields(pet)
+        && pet.idempotency_key.chars().count() <= MAX_KEY_CHARS
+        && pet.identity.chars().count() <= MAX_IDENTITY_CHARS
 }
 
 fn arb_date() -> impl Strategy<Value = Option<Date>> {
@@ -53,14 +57,18 @@ fn arb_pet() -> impl Strategy<Value = pb::Pet> {
         prop_oneof![-1..6i32, any::<i32>()],
         arb_date(),
         prop_oneof![4 => Just(String::new()), 1 => "[a-z0-9-]{1,40}", 1 => "k{120,140}"],
+        prop_oneof![4 => Just(String::new()), 1 => "[a-z0-9/-]{1,40}", 1 => "é{315,325}"],
     )
-        .prop_map(|(id, name, r#type, birthday, idempotency_key)| pb::Pet {
-            id,
-            name,
-            r#type,
-            birthday,
-            idempotency_key,
-        })
+        .prop_map(
+            |(id, name, r#type, birthday, idempotency_key, identity)| pb::Pet {
+                id,
+                name,
+                r#type,
+                birthday,
+                idempotency_key,
+                identity,
+            },
+        )
 }
 
 proptest! {

@@ -148,10 +148,19 @@ async fn update(client: &mut PetStoreClient<Channel>, id: &str, name: &str) {
         .unwrap_or_else(|status| panic!("update {id} to {name}: {status:?}"));
 }
 
+/// Tron as [`one_of_each`] creates (and deletes) him: keyed, with an
+/// identity.
+fn keyed_tron() -> pb::Pet {
+    pb::Pet {
+        identity: "ns/tron".into(),
+        ..keyed("Tron", "uid-tron")
+    }
+}
+
 /// Makes one change of each kind: creates two pets, updates the first,
 /// gives it a key and deletes the second. Returns the two IDs.
 async fn one_of_each(client: &mut PetStoreClient<Channel>) -> Vec<String> {
-    let ids = add(client, vec![keyed("Thor", ""), keyed("Tron", "uid-tron")]).await;
+    let ids = add(client, vec![keyed("Thor", ""), keyed_tron()]).await;
     update(client, &ids[0], "Thor II").await;
     client
         .set_idempotency_keys(pb::SetIdempotencyKeysReq {
@@ -159,6 +168,7 @@ async fn one_of_each(client: &mut PetStoreClient<Channel>) -> Vec<String> {
                 id: ids[0].clone(),
                 expected_key: String::new(),
                 new_key: "uid-thor".into(),
+                new_identity: None,
             }],
         })
         .await
@@ -190,6 +200,7 @@ async fn no_ops(client: &mut PetStoreClient<Channel>, id: &str) {
                 id: id.to_owned(),
                 expected_key: "uid-thor".into(),
                 new_key: "uid-thor".into(),
+                new_identity: None,
             }],
         })
         .await
@@ -250,10 +261,101 @@ async fn every_kind_arrives_once_in_order(backend: Backend) {
         (keyed.name.as_str(), keyed.idempotency_key.as_str()),
         ("Thor II", "uid-thor")
     );
-    assert_eq!(seen[4].pet, None, "a deletion carries no record");
+    // The deletion carries Tron as he was: key and identity included.
+    assert_eq!(
+        seen[4].pet,
+        Some(pb::Pet {
+            id: ids[1].clone(),
+            ..keyed_tron()
+        }),
+        "a deletion carries the record as it was"
+    );
 
     // The no-ops announced nothing: the next message is progress, at the
     // last change's revision.
+    assert_eq!(progress(&mut stream).await, seen[4].revision);
+    s.stop().await;
+}
+
+/// SetIdempotencyKeys, which must succeed: one change of `id`'s key and,
+/// if `identity` is set, of its identity.
+async fn set_key(
+    client: &mut PetStoreClient<Channel>,
+    id: &str,
+    (expected_key, new_key): (&str, &str),
+    identity: Option<&str>,
+) {
+    client
+        .set_idempotency_keys(pb::SetIdempotencyKeysReq {
+            changes: vec![pb::KeyChange {
+                id: id.to_owned(),
+                expected_key: expected_key.into(),
+                new_key: new_key.into(),
+                new_identity: identity.map(str::to_owned),
+            }],
+        })
+        .await
+        .unwrap_or_else(|status| panic!("set key of {id}: {status:?}"));
+}
+
+/// Every change carries the record's identity; a key change that changes
+/// only the identity is KEY_CHANGED, one that changes neither is nothing.
+async fn identity_changes_are_key_changes(backend: Backend) {
+    let mut s = start(backend).await;
+    let mut stream = watch(&mut s.client, 0).await;
+    progress(&mut stream).await;
+    let thor = pb::Pet {
+        identity: "ns/thor".into(),
+        ..keyed("Thor", "uid-thor")
+    };
+    let id = add(&mut s.client, vec![thor.clone()]).await.remove(0);
+    update(&mut s.client, &id, "Thor II").await;
+    let key = ("uid-thor", "uid-thor");
+    set_key(&mut s.client, &id, key, Some("ns/thor-2")).await;
+    // No-ops: the identity and key it has, the key alone, and an AddPets
+    // whose identity names the record.
+    set_key(&mut s.client, &id, key, Some("ns/thor-2")).await;
+    set_key(&mut s.client, &id, key, None).await;
+    add(
+        &mut s.client,
+        vec![pb::Pet {
+            identity: "ns/thor-2".into(),
+            ..keyed("Thor", "uid-other")
+        }],
+    )
+    .await;
+    // A release keeps the identity; then the identity is cleared.
+    set_key(&mut s.client, &id, ("uid-thor", ""), None).await;
+    set_key(&mut s.client, &id, ("", ""), Some("")).await;
+
+    let seen = changes(&mut stream, 5).await;
+    assert_eq!(
+        kinds(&seen),
+        [
+            Kind::Created,
+            Kind::Updated,
+            Kind::KeyChanged,
+            Kind::KeyChanged,
+            Kind::KeyChanged
+        ]
+    );
+    let held: Vec<(&str, &str)> = seen
+        .iter()
+        .map(|c| {
+            let pet = c.pet.as_ref().expect("a record");
+            (pet.idempotency_key.as_str(), pet.identity.as_str())
+        })
+        .collect();
+    assert_eq!(
+        held,
+        [
+            ("uid-thor", "ns/thor"),
+            ("uid-thor", "ns/thor"),
+            ("uid-thor", "ns/thor-2"),
+            ("", "ns/thor-2"),
+            ("", ""),
+        ]
+    );
     assert_eq!(progress(&mut stream).await, seen[4].revision);
     s.stop().await;
 }
@@ -266,7 +368,13 @@ async fn a_client_resumes_after_the_revision_it_saw(backend: Backend) {
     let all = changes(&mut first, 5).await;
 
     let mut resumed = watch(&mut s.client, all[1].revision).await;
-    assert_eq!(changes(&mut resumed, 3).await, all[2..]);
+    let again = changes(&mut resumed, 3).await;
+    assert_eq!(again, all[2..]);
+    let deleted = again[2].pet.as_ref().expect("the deleted record");
+    assert_eq!(
+        (deleted.idempotency_key.as_str(), deleted.identity.as_str()),
+        ("uid-tron", "ns/tron")
+    );
     assert_eq!(progress(&mut resumed).await, all[4].revision);
 
     // At the current revision: progress at once, then new changes.
@@ -277,6 +385,94 @@ async fn a_client_resumes_after_the_revision_it_saw(backend: Backend) {
     assert_eq!(late[0].kind(), Kind::Created);
     assert!(late[0].revision > all[4].revision);
     s.stop().await;
+}
+
+/// A deletion carries the record as it was just before (after its last
+/// update and key change), one per record deleted, none for an unknown ID;
+/// live, resumed, and (durable, PostgreSQL) from the history a reopened
+/// store reads back.
+async fn a_deletion_carries_the_last_record(backend: Backend) {
+    let dir = Arc::new(tempfile::tempdir().expect("tempdir"));
+    let config = backend.config(&dir, "watch").await;
+    let mut s = serve(
+        config.open().await.expect("open"),
+        Arc::clone(&dir),
+        watch_options(),
+    )
+    .await;
+    let mut stream = watch(&mut s.client, 0).await;
+    progress(&mut stream).await;
+    let thor = pb::Pet {
+        identity: "ns/thor".into(),
+        ..keyed("Thor", "uid-thor")
+    };
+    let tron = pb::Pet {
+        idempotency_key: "uid-tron".into(),
+        identity: "ns/tron".into(),
+        ..support::tron()
+    };
+    let ids = add(&mut s.client, vec![thor.clone(), tron.clone()]).await;
+    update(&mut s.client, &ids[0], "Thor II").await;
+    set_key(
+        &mut s.client,
+        &ids[1],
+        ("uid-tron", "uid-tron-2"),
+        Some("ns/tron-2"),
+    )
+    .await;
+    s.client
+        .delete_pets(pb::DeletePetsReq {
+            ids: vec![ids[0].clone(), "no-such-pet".into(), ids[1].clone()],
+        })
+        .await
+        .expect("delete");
+    let last = [
+        pb::Pet {
+            id: ids[0].clone(),
+            name: "Thor II".into(),
+            ..thor
+        },
+        pb::Pet {
+            id: ids[1].clone(),
+            idempotency_key: "uid-tron-2".into(),
+            identity: "ns/tron-2".into(),
+            ..tron
+        },
+    ];
+    // The two deletions, in whichever order the store made them.
+    let deletions = |seen: &[pb::PetChange]| {
+        assert_eq!(kinds(seen), [Kind::Deleted, Kind::Deleted], "{seen:?}");
+        let mut pets: Vec<pb::Pet> = seen
+            .iter()
+            .map(|c| {
+                let pet = c.pet.clone().expect("a deletion carries the record");
+                assert_eq!(pet.id, c.id);
+                pet
+            })
+            .collect();
+        pets.sort_by(|a, b| a.name.cmp(&b.name));
+        pets
+    };
+
+    let seen = changes(&mut stream, 6).await;
+    assert_eq!(deletions(&seen[4..]), last);
+    let from = seen[3].revision;
+    assert_eq!(progress(&mut stream).await, seen[5].revision);
+    let mut resumed = watch(&mut s.client, from).await;
+    assert_eq!(changes(&mut resumed, 2).await, seen[4..]);
+    drop((stream, resumed));
+    s.stop().await;
+
+    // A reopened store serves them from the history it keeps.
+    if matches!(backend, Backend::Durable | Backend::Postgres) {
+        let mut s = serve(config.open().await.expect("reopen"), dir, watch_options()).await;
+        let mut resumed = watch(&mut s.client, from).await;
+        let again = changes(&mut resumed, 2).await;
+        assert_eq!(deletions(&again), last);
+        assert_eq!(again, seen[4..]);
+        drop(resumed);
+        s.stop().await;
+    }
 }
 
 async fn compacted_history_is_out_of_range(backend: Backend) {
@@ -332,7 +528,9 @@ async fn bad_revisions_are_invalid_arguments(backend: Backend) {
 
 suite!(
     every_kind_arrives_once_in_order,
+    identity_changes_are_key_changes,
     a_client_resumes_after_the_revision_it_saw,
+    a_deletion_carries_the_last_record,
     compacted_history_is_out_of_range,
     idle_streams_get_progress,
     bad_revisions_are_invalid_arguments,
@@ -494,11 +692,131 @@ async fn durable_history_survives_a_reopen() {
 
     let mut s = serve(config.open().await.expect("reopen"), dir, watch_options()).await;
     let mut resumed = watch(&mut s.client, before[1].revision).await;
-    assert_eq!(changes(&mut resumed, 3).await, before[2..]);
+    let again = changes(&mut resumed, 3).await;
+    assert_eq!(again, before[2..]);
+    assert_eq!(
+        again[2].pet.as_ref().map(|pet| pet.identity.as_str()),
+        Some("ns/tron"),
+        "the deletion, read back from the file, carries the record"
+    );
     add(&mut s.client, vec![keyed("After", "")]).await;
     let after = changes(&mut resumed, 1).await;
     assert_eq!(after[0].revision, before[4].revision + 1);
     s.stop().await;
+}
+
+// ---- history written by an older store ---------------------------------------
+
+/// Rewrites the deletion at `revision` as a store older than this one
+/// wrote it: without the record.
+async fn strip_deletion(config: &StorageConfig, revision: i64, id: &str) {
+    match config {
+        StorageConfig::Durable { path, .. } => {
+            use redb::TableDefinition;
+            const CHANGES: TableDefinition<u64, &[u8]> = TableDefinition::new("changes");
+            // The codec's `StoredChange`: kind 3 (field 1), the ID (field 2).
+            let mut old = vec![0x08, 0x03, 0x12, u8::try_from(id.len()).expect("short ID")];
+            old.extend_from_slice(id.as_bytes());
+            let db = redb::Database::create(path).expect("open the file directly");
+            let txn = db.begin_write().expect("write");
+            {
+                let mut changes = txn.open_table(CHANGES).expect("changes");
+                let revision = u64::try_from(revision).expect("positive");
+                changes
+                    .insert(revision, old.as_slice())
+                    .expect("rewrite the deletion");
+            }
+            txn.commit().expect("commit");
+        }
+        StorageConfig::Postgres(config) => {
+            let (client, connection) = config
+                .config
+                .connect(tokio_postgres::NoTls)
+                .await
+                .expect("connect");
+            let connection = tokio::spawn(connection);
+            let rewritten = client
+                .execute(
+                    "UPDATE petstore_changes
+                     SET name = NULL, species = NULL, birthday = NULL,
+                         idempotency_key = NULL, identity = NULL
+                     WHERE revision = $1 AND kind = 3 AND id = $2",
+                    &[&revision, &id],
+                )
+                .await
+                .expect("rewrite the deletion");
+            assert_eq!(rewritten, 1);
+            drop(client);
+            let _ = connection.await;
+        }
+        StorageConfig::Memory => unreachable!("memory keeps no history"),
+    }
+}
+
+/// A deletion in history from a store older than this one (no record)
+/// is served as it was, without `pet`, beside deletions that carry it.
+async fn old_deletions_come_without_the_record(backend: Backend) {
+    let dir = Arc::new(tempfile::tempdir().expect("tempdir"));
+    let config = backend.config(&dir, "watch").await;
+    let mut s = serve(
+        config.open().await.expect("open"),
+        Arc::clone(&dir),
+        watch_options(),
+    )
+    .await;
+    let mut stream = watch(&mut s.client, 0).await;
+    progress(&mut stream).await;
+    let mut ids = Vec::new();
+    for pet in [keyed("Thor", "uid-thor"), keyed_tron()] {
+        let id = add(&mut s.client, vec![pet]).await.remove(0);
+        s.client
+            .delete_pets(pb::DeletePetsReq {
+                ids: vec![id.clone()],
+            })
+            .await
+            .expect("delete");
+        ids.push(id);
+    }
+    let before = changes(&mut stream, 4).await;
+    assert_eq!(
+        kinds(&before),
+        [Kind::Created, Kind::Deleted, Kind::Created, Kind::Deleted]
+    );
+    drop(stream);
+    s.stop().await;
+
+    strip_deletion(&config, before[1].revision, &ids[0]).await;
+    let mut s = serve(config.open().await.expect("reopen"), dir, watch_options()).await;
+    let mut resumed = watch(&mut s.client, before[0].revision).await;
+    let after = changes(&mut resumed, 3).await;
+    assert_eq!(
+        after[0],
+        pb::PetChange {
+            pet: None,
+            ..before[1].clone()
+        },
+        "the old deletion, as an older store served it"
+    );
+    assert_eq!(after[1..], before[2..], "the new deletion keeps its record");
+    assert_eq!(
+        after[2].pet,
+        Some(pb::Pet {
+            id: ids[1].clone(),
+            ..keyed_tron()
+        })
+    );
+    drop(resumed);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn durable_old_deletions_come_without_the_record() {
+    old_deletions_come_without_the_record(Backend::Durable).await;
+}
+
+#[tokio::test]
+async fn postgres_old_deletions_come_without_the_record() {
+    old_deletions_come_without_the_record(Backend::Postgres).await;
 }
 
 // ---- PostgreSQL: two replicas ------------------------------------------------
@@ -559,6 +877,14 @@ async fn postgres_replicas_see_one_sequence() {
     assert_eq!(revisions, (1..=total as i64).collect::<Vec<_>>(), "no gap");
     assert_eq!(sequences[0][1].kind(), Kind::Updated);
     assert_eq!(sequences[0][total - 1].kind(), Kind::Deleted);
+    assert_eq!(
+        sequences[0][total - 1]
+            .pet
+            .as_ref()
+            .map(|pet| pet.name.as_str()),
+        Some("Thor II"),
+        "a deletion through one replica carries the record to both"
+    );
     // A revision seen on one replica resumes on the other.
     let mut resumed = watch(&mut b.client, revisions[total - 3]).await;
     assert_eq!(changes(&mut resumed, 2).await, sequences[0][total - 2..]);

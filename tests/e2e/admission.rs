@@ -19,6 +19,7 @@ const PAUSED: &str = "petstore.example.com/paused";
 const DELETION_POLICY: &str = "petstore.example.com/deletion-policy";
 const EXTERNAL_ID: &str = "petstore.example.com/external-id";
 const APPROVE_PLAN: &str = "petstore.example.com/approve-plan";
+const HAND_OVER_TO: &str = "petstore.example.com/hand-over-to";
 const PROTECTED: &str = "petstore.example.com/protected";
 /// An ID as the store mints them.
 const RECORD_ID: &str = "0b3a5f1e-7c2d-4e8f-9a6b-1c2d3e4f5a6b";
@@ -138,7 +139,19 @@ fn the_policy_refuses_annotation_typos_on_create_and_new_ones_on_update() -> fix
 
     install_policy(cp)?;
 
-    let bad: [(&str, &str, &str, &[&str]); 9] = [
+    let bad: [(&str, &str, &str, &[&str]); 11] = [
+        (
+            "handover-upper",
+            HAND_OVER_TO,
+            "Green",
+            &["--installation", "lowercase DNS label", "\"Green\""],
+        ),
+        (
+            "handover-slash",
+            HAND_OVER_TO,
+            "green/",
+            &["lowercase DNS label"],
+        ),
         (
             "paused-yes",
             PAUSED,
@@ -226,6 +239,7 @@ fn the_policy_refuses_annotation_typos_on_create_and_new_ones_on_update() -> fix
                 (DELETION_POLICY, "orphan"),
                 (EXTERNAL_ID, RECORD_ID),
                 (APPROVE_PLAN, "3f2a9c0d1e4b5a67"),
+                (HAND_OVER_TO, "green-2"),
             ],
         ),
         (

@@ -10,6 +10,11 @@
 //! - no record of an `Observe` or unapproved `Approve` Pet, nor one a Pet
 //!   left behind, changes but by the test's own edits.
 //!
+//! A Pet deleted under `Observe` leaves its record, still keyed to it and
+//! holding its namespace and name: the Pet created next under that name
+//! takes it over (a claim, shown as a plan but under `Automatic`) rather
+//! than creating another.
+//!
 //! The seed is printed; `PETSTORE_SOAK_SEED` replays another, and
 //! `PETSTORE_SOAK_TRACE=1` prints each step as it starts.
 
@@ -60,6 +65,10 @@ struct Slot {
     /// Every plan this Pet has shown, by generation and hash: stale
     /// approvals come from earlier generations' plans.
     hashes: Vec<(i64, String)>,
+    /// The record an earlier Pet of this name left (deleted under Observe).
+    left: Option<String>,
+    /// `record` was left by an earlier Pet and is not claimed yet.
+    unclaimed: bool,
 }
 
 impl Slot {
@@ -106,6 +115,14 @@ struct Soak {
     /// the step has settled (until then its Pet already looks settled).
     approved: Option<(usize, String)>,
     counts: BTreeMap<&'static str, usize>,
+    /// The store's write calls by method after the last step, for a
+    /// failure's message.
+    last_by_method: [f64; 4],
+    /// The store's AddPets calls when the running operator started: once
+    /// it has created a record, it creates a new Pet's before reading, and
+    /// that AddPets is answered (and counted) even when a record of the
+    /// Pet's name is there to take over, and nothing is created.
+    adds_at_operator_start: f64,
 }
 
 fn policy_name(policy: ChangePolicy) -> &'static str {
@@ -135,6 +152,7 @@ impl Soak {
             Ok::<_, Error>((Api::namespaced(client, "default"), store))
         })?;
         let writes = env.store.writes()?;
+        let adds_at_operator_start = env.store.answered("AddPets")?;
         let slots = (0..PETS)
             .map(|i| Slot {
                 name: format!("soak-{i}"),
@@ -145,6 +163,8 @@ impl Soak {
                 pet_type: 0,
                 record: None,
                 hashes: Vec::new(),
+                left: None,
+                unclaimed: false,
             })
             .collect();
         Ok(Self {
@@ -159,6 +179,8 @@ impl Soak {
             writes,
             approved: None,
             counts: BTreeMap::new(),
+            last_by_method: [0.0; 4],
+            adds_at_operator_start,
         })
     }
 
@@ -166,6 +188,17 @@ impl Soak {
     /// Lease back without waiting for it to expire.
     fn start_operator(env: &Env) -> Result<Operator, Error> {
         Ok(env.start_operator("soak-operator")?)
+    }
+
+    /// AddPets, UpdatePets, DeletePets and SetIdempotencyKeys answered.
+    fn writes_by_method(&self) -> Result<[f64; 4], Error> {
+        let store = &self.env.store;
+        Ok([
+            store.answered("AddPets")?,
+            store.answered("UpdatePets")?,
+            store.answered("DeletePets")?,
+            store.answered("SetIdempotencyKeys")?,
+        ])
     }
 
     fn pick(&mut self) -> Step {
@@ -282,10 +315,22 @@ impl Soak {
                 slot.pet_name = NAMES[self.rng.usize(..NAMES.len())].to_owned();
                 slot.pet_type = self.rng.usize(..TYPES.len());
                 slot.policy = policy;
-                slot.record = None;
+                // The record an earlier Pet of this name left is this one's
+                // to take over: a claim, and an update if it differs.
+                slot.record = slot.left.take();
+                slot.unclaimed = slot.record.is_some();
                 slot.hashes.clear();
                 slot.live = true;
                 slot.deleting = false;
+                let creates_first =
+                    self.env.store.answered("AddPets")? > self.adds_at_operator_start;
+                let slot = &mut self.slots[i];
+                let writes = match slot.record.as_ref().map(|id| self.records.get(id)) {
+                    None => 1,
+                    Some(found) => {
+                        usize::from(creates_first) + 1 + usize::from(found != Some(&slot.wants()))
+                    }
+                };
                 let spec = format!(
                     " {{name: {}, type: {}, birthday: \"{BIRTHDAY}\", changePolicy: {}}}",
                     slot.pet_name,
@@ -293,7 +338,14 @@ impl Soak {
                     policy_name(policy)
                 );
                 self.env.cp.apply(&pet_manifest(&slot.name, &[], &spec))?;
-                Ok((usize::from(policy == ChangePolicy::Automatic), 0))
+                Ok((
+                    if policy == ChangePolicy::Automatic {
+                        writes
+                    } else {
+                        0
+                    },
+                    0,
+                ))
             }
             Step::EditSpec(i) => {
                 let (pet_name, pet_type) = (self.slots[i].pet_name.clone(), self.slots[i].pet_type);
@@ -397,12 +449,15 @@ impl Soak {
                     .block_on(self.pets.delete(&name, &DeleteParams::default()))?;
                 let slot = &mut self.slots[i];
                 slot.deleting = true;
-                let deletes = slot.policy == ChangePolicy::Automatic && slot.record.is_some();
+                let deletes = slot.policy == ChangePolicy::Automatic
+                    && slot.record.is_some()
+                    && !slot.unclaimed;
                 Ok((usize::from(deletes), 0))
             }
             Step::KillOperator => {
                 self.operator.kill();
                 self.operator = Self::start_operator(&self.env)?;
+                self.adds_at_operator_start = self.env.store.answered("AddPets")?;
                 Ok((0, 0))
             }
         }
@@ -447,7 +502,9 @@ impl Soak {
                     return plan
                         .is_some_and(|p| p.summary == "create" && p.generation == generation);
                 };
-                if *record == slot.wants() {
+                // A record left by an earlier Pet shows a claim until the
+                // claim is applied, which leaves no plan.
+                if *record == slot.wants() && (!slot.unclaimed || plan.is_none()) {
                     return plan.is_none();
                 }
                 let Some(plan) = plan else {
@@ -455,6 +512,14 @@ impl Soak {
                 };
                 if plan.generation != generation {
                     return false;
+                }
+                if slot.unclaimed
+                    && plan.actions.first().map(|a| a.action.as_str()) != Some("claim")
+                {
+                    return false;
+                }
+                if *record == slot.wants() {
+                    return plan.actions.len() == 1;
                 }
                 let mut fields = Vec::new();
                 if record.name != slot.pet_name {
@@ -502,10 +567,13 @@ impl Soak {
                 if slot.live {
                     // Deleted: by an Automatic decision or an approved plan
                     // the record went; under Observe it stays.
-                    if let Some(id) = slot.record.take()
-                        && slot.policy != ChangePolicy::Observe
-                    {
-                        self.records.remove(&id);
+                    if let Some(id) = slot.record.take() {
+                        // Never claimed, it was never this Pet's to delete.
+                        if slot.policy == ChangePolicy::Observe || slot.unclaimed {
+                            slot.left = Some(id);
+                        } else {
+                            self.records.remove(&id);
+                        }
                     }
                     slot.live = false;
                     slot.deleting = false;
@@ -526,8 +594,10 @@ impl Soak {
                 && status.plan.is_none()
                 && !slot.deleting
             {
-                // In line with the spec (Automatic, approved, or equal).
+                // In line with the spec (Automatic, approved, or equal), and
+                // claimed.
                 self.records.insert(id.clone(), slot.wants());
+                slot.unclaimed = false;
             }
         }
         Ok(())
@@ -584,11 +654,13 @@ fn a_thousand_random_steps_write_only_what_was_decided_or_approved() -> Result<(
         soak.settle(step)?;
         let writes = soak.env.store.writes()?;
         let made = (writes - soak.writes) as i64 - own as i64;
+        let by_method = soak.writes_by_method()?;
         assert_eq!(
             made, expected as i64,
-            "step {step} ({what:?}): the operator made {made} store writes, {expected} were decided or approved; slots: {:?}",
-            soak.slots
+            "step {step} ({what:?}): the operator made {made} store writes, {expected} were decided or approved; the store's write calls so far by method {by_method:?} (before: {:?}); slots: {:?}",
+            soak.last_by_method, soak.slots
         );
+        soak.last_by_method = by_method;
         operator_writes += expected;
         soak.writes = writes;
         soak.check_records(step, what)?;

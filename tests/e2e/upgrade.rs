@@ -1,8 +1,9 @@
 //! The in-place upgrade from the previous release (built from a pinned
 //! commit, see `fixtures::previous_release`) to this tree, and the rollback,
 //! on the real API server with a durable store holding 500 Ready Pets: the
-//! upgrade writes nothing to the store and rewrites each Pet exactly once
-//! (the storage migration, counted in etcd), the rollback's operator runs,
+//! upgrade writes to the store only each record's identity, once, and
+//! rewrites each Pet exactly once (the storage migration, counted in etcd),
+//! the rollback's operator runs,
 //! leads, fails its conversions and writes nothing, and no record is lost or
 //! duplicated.
 
@@ -433,13 +434,47 @@ impl Snapshot {
         }
     }
 
-    /// The same records byte for byte, and the same Pets, allowing only
-    /// `rewrites`.
+    /// Every record carries its Pet's `<namespace>/<name>` as identity
+    /// (`given`), or none (made before identities).
+    fn assert_identities(&self, given: bool) {
+        for (key, pet) in &self.pets {
+            let id = pet["status"]["id"].as_str().unwrap_or_default();
+            let record = self.records.iter().find(|r| r["id"] == id);
+            let identity = record.map(|r| r["identity"].as_str().unwrap_or_default());
+            let namespace = pet["metadata"]["namespace"].as_str().unwrap_or_default();
+            let name = pet["metadata"]["name"].as_str().unwrap_or_default();
+            let expected = if given {
+                format!("{namespace}/{name}")
+            } else {
+                String::new()
+            };
+            assert_eq!(identity, Some(expected.as_str()), "{key}: record {id}");
+        }
+    }
+
+    /// The same records byte for byte (apart from an identity given,
+    /// `identities_given`), and the same Pets, allowing only `rewrites`.
     fn assert_unchanged_since(&self, before: &Snapshot, rewrites: PetRewrites, what: &str) {
+        self.assert_records_since(before, rewrites, false, what);
+    }
+
+    fn assert_records_since(
+        &self,
+        before: &Snapshot,
+        rewrites: PetRewrites,
+        identities_given: bool,
+        what: &str,
+    ) {
         let render = |records: &[Value]| {
             records
                 .iter()
-                .map(Value::to_string)
+                .map(|record| {
+                    let mut record = record.clone();
+                    if identities_given && let Some(fields) = record.as_object_mut() {
+                        fields.remove("identity");
+                    }
+                    record.to_string()
+                })
                 .collect::<Vec<_>>()
                 .join("\n")
         };
@@ -522,6 +557,30 @@ fn wait_all_ready(cp: &ControlPlane, count: usize) -> fixtures::Result<()> {
 /// Waits until `operator` has reconciled every Pet once, then watches it
 /// for [`QUIET_WINDOW`]: neither it nor `store` may write meanwhile.
 fn assert_quiet(operator: &mut RunningOperator, store: &Store, pets: usize, what: &str) {
+    assert_writes_then_quiet(operator, store, pets, 0, what);
+}
+
+/// As [`assert_quiet`], once `operator` has made exactly `claims` store
+/// writes, each a claim (one compare-and-set), and the store answered as
+/// many write calls: then neither may write more.
+fn assert_writes_then_quiet(
+    operator: &mut RunningOperator,
+    store: &Store,
+    pets: usize,
+    claims: usize,
+    what: &str,
+) {
+    let claims = claims as f64;
+    let written = wait_for(READY_TIMEOUT, &format!("{what}: {claims} claims"), || {
+        let metrics = operator.metrics().ok()?;
+        let claimed = fixtures::http::sum_series(
+            &metrics,
+            "petstore_operator_store_actions_total",
+            "action=\"claim\"",
+        );
+        (claimed >= claims).then_some(())
+    });
+    operator.or_log_tail(written);
     let seen = wait_for(
         READY_TIMEOUT,
         &format!("{what}: the operator to reconcile every Pet"),
@@ -537,9 +596,9 @@ fn assert_quiet(operator: &mut RunningOperator, store: &Store, pets: usize, what
     let until = Instant::now() + QUIET_WINDOW;
     while Instant::now() < until {
         let actions = operator.store_actions().unwrap_or(f64::NAN);
-        assert_eq!(actions, 0.0, "{what}: the operator wrote to the store");
+        assert_eq!(actions, claims, "{what}: the operator's store writes");
         let writes = store.writes().unwrap_or(f64::NAN);
-        assert_eq!(writes, 0.0, "{what}: the store was written");
+        assert_eq!(writes, claims, "{what}: the store's write calls");
         std::thread::sleep(Duration::from_millis(500));
     }
 }
@@ -636,7 +695,9 @@ fn upgrading_from_the_previous_release_and_back_writes_nothing_and_loses_nothing
     store.stop();
     let mut store = start_store(&cargo_bin("petstore-server")?)?;
     let mut operator = start_current("operator-current")?;
-    assert_quiet(&mut operator, &store, PETS, "upgrade");
+    // Records made before identities get their Pet's, once each (see
+    // docs/upgrading.md); nothing else is written.
+    assert_writes_then_quiet(&mut operator, &store, PETS, PETS, "upgrade");
     // The new leader's storage migration: every Pet stored as v1, and the
     // CRD lists v1 alone.
     let stored = wait_for(
@@ -658,7 +719,9 @@ fn upgrading_from_the_previous_release_and_back_writes_nothing_and_loses_nothing
     operator.or_log_tail(stored);
     let upgraded = Snapshot::take(&cp, &store)?;
     upgraded.assert_consistent(PETS);
-    upgraded.assert_unchanged_since(&before, UPGRADE_REWRITES, "upgrade");
+    before.assert_identities(false);
+    upgraded.assert_identities(true);
+    upgraded.assert_records_since(&before, UPGRADE_REWRITES, true, "upgrade");
     // Each Pet written once in etcd, and by the migration, which counted
     // every one as rewritten and finished once.
     assert_migrated_once(&stored_before, &stored_pets(&cp)?, &upgraded.pets);

@@ -10,6 +10,10 @@
 //!
 //! Exit codes, as `terraform plan -detailed-exitcode`: 0 when no Pet would
 //! change the store, 2 when some would, 1 on an error.
+//!
+//! `kubectl petstore import`: records already in the store as Pet
+//! manifests on standard output, safe to apply as they are (see
+//! [`petstore_operator::import`]). It writes nothing either.
 
 use std::io::Read as _;
 use std::process::ExitCode;
@@ -17,15 +21,22 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
-use kube::api::{Api, Patch, PatchParams};
+use std::collections::HashSet;
+
+use chrono::NaiveDate;
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
-use petstore_operator::cli::StoreTlsArgs;
+use petstore_operator::cli::{StoreTlsArgs, parse_installation};
 use petstore_operator::controller::uninstall::UninstallProbe;
 use petstore_operator::controller::{facts_of, observe};
 use petstore_operator::crd::Pet;
+use petstore_operator::crd::{ChangePolicy, PetType};
 use petstore_operator::decision::{Preview, Step, decide, first_step, preview};
+use petstore_operator::import::{Holder, holder, importable, manifest, to_yaml};
 use petstore_operator::metrics::Metrics;
 use petstore_operator::store::grpc::GrpcPetStore;
+use petstore_proto::convert::ValidPetType;
+use petstore_proto::petstore as pb;
 use serde_json::Value;
 
 #[derive(Parser)]
@@ -44,11 +55,8 @@ enum Command {
         /// standard input.
         #[arg(short = 'f', long = "filename")]
         file: String,
-        /// The pet store, as the operator's --petstore-addr.
-        #[arg(long, env = "PETSTORE_ADDR", default_value = "localhost:6742")]
-        petstore_addr: String,
         #[command(flatten)]
-        tls: StoreTlsArgs,
+        store: StoreArgs,
         /// Namespace for Pets whose manifest names none (default: the
         /// kubeconfig context's).
         #[arg(short = 'n', long)]
@@ -62,35 +70,171 @@ enum Command {
         )]
         operator_namespace: String,
     },
+    /// Print Pet manifests that adopt records already in the store: each by
+    /// its ID (external-id), kept on deletion (Orphan), observed only
+    /// (changePolicy: Observe) unless --change-policy says otherwise.
+    /// Records a live Pet of this cluster or another installation owns are
+    /// left out, and counted on standard error.
+    Import {
+        /// Only records with this pet name (repeatable).
+        #[arg(long = "name")]
+        names: Vec<String>,
+        /// Only records of this type: dog, cat, bird or reptile (repeatable).
+        #[arg(long = "type", value_parser = parse_type)]
+        types: Vec<PetType>,
+        /// Only records born on or after this date (YYYY-MM-DD).
+        #[arg(long)]
+        born_from: Option<NaiveDate>,
+        /// Only records born before this date (YYYY-MM-DD).
+        #[arg(long)]
+        born_before: Option<NaiveDate>,
+        /// The change policy of the manifests: Observe (never writes),
+        /// Approve or Automatic (claims each record at once).
+        #[arg(long, default_value = "Observe", value_parser = parse_policy)]
+        change_policy: ChangePolicy,
+        #[command(flatten)]
+        store: StoreArgs,
+        /// Namespace for records that name none (default: the kubeconfig
+        /// context's); a record keeps the namespace and name of the Pet it
+        /// last belonged to.
+        #[arg(short = 'n', long)]
+        namespace: Option<String>,
+    },
+}
+
+/// The store, and the installation whose keys are this cluster's, as the
+/// operator's flags name them.
+#[derive(clap::Args)]
+struct StoreArgs {
+    /// The pet store, as the operator's --petstore-addr.
+    #[arg(long, env = "PETSTORE_ADDR", default_value = "localhost:6742")]
+    petstore_addr: String,
+    #[command(flatten)]
+    tls: StoreTlsArgs,
+    /// The operator's --installation: part of the key its records carry.
+    #[arg(long, env = "PETSTORE_INSTALLATION", default_value = "", value_parser = parse_installation)]
+    installation: String,
+}
+
+impl StoreArgs {
+    fn connect(&self, call_timeout: Duration) -> anyhow::Result<GrpcPetStore> {
+        GrpcPetStore::connect_lazy(
+            &self.petstore_addr,
+            call_timeout,
+            self.tls.files().as_ref(),
+            std::sync::Arc::new(Metrics::default()),
+        )
+        .context("the pet store address")
+    }
 }
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
-    let Cli {
-        command:
-            Command::Plan {
-                file,
-                petstore_addr,
-                tls,
-                namespace,
-                operator_namespace,
-            },
-    } = Cli::parse();
-    match plan(&file, &petstore_addr, &tls, namespace, operator_namespace).await {
-        Ok(false) => ExitCode::SUCCESS,
-        Ok(true) => ExitCode::from(2),
-        Err(error) => {
-            eprintln!("kubectl petstore plan: {error:#}");
-            ExitCode::FAILURE
+    match Cli::parse().command {
+        Command::Plan {
+            file,
+            store,
+            namespace,
+            operator_namespace,
+        } => match plan(&file, &store, namespace, operator_namespace).await {
+            Ok(false) => ExitCode::SUCCESS,
+            Ok(true) => ExitCode::from(2),
+            Err(error) => {
+                eprintln!("kubectl petstore plan: {error:#}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Import {
+            names,
+            types,
+            born_from,
+            born_before,
+            change_policy,
+            store,
+            namespace,
+        } => {
+            let search = pb::SearchPetsReq {
+                names,
+                types: types
+                    .into_iter()
+                    .map(|t| pb::PetType::from(ValidPetType::from(t)) as i32)
+                    .collect(),
+                birthdate_range: (born_from.is_some() || born_before.is_some()).then(|| {
+                    pb::DateRange {
+                        start: born_from.map(Into::into),
+                        end: born_before.map(Into::into),
+                    }
+                }),
+            };
+            match import(search, change_policy, &store, namespace).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(error) => {
+                    eprintln!("kubectl petstore import: {error:#}");
+                    ExitCode::FAILURE
+                }
+            }
         }
     }
+}
+
+fn parse_type(value: &str) -> Result<PetType, String> {
+    serde_json::from_value(Value::String(value.to_owned()))
+        .map_err(|_| format!("{value:?} is not dog, cat, bird or reptile"))
+}
+
+fn parse_policy(value: &str) -> Result<ChangePolicy, String> {
+    serde_json::from_value(Value::String(value.to_owned()))
+        .map_err(|_| format!("{value:?} is not Automatic, Approve or Observe"))
+}
+
+/// Prints the manifests for the records `search` finds that this cluster
+/// may adopt.
+async fn import(
+    search: pb::SearchPetsReq,
+    policy: ChangePolicy,
+    store_args: &StoreArgs,
+    namespace: Option<String>,
+) -> anyhow::Result<()> {
+    let client = Client::try_default()
+        .await
+        .context("connecting to the API server (KUBECONFIG)")?;
+    let namespace = namespace.unwrap_or_else(|| client.default_namespace().to_owned());
+    let live_uids: HashSet<String> = Api::<Pet>::all(client)
+        .list(&ListParams::default())
+        .await
+        .context("listing the cluster's Pets")?
+        .into_iter()
+        .filter_map(|pet| pet.uid())
+        .collect();
+    // One streamed read of every record asked for, however many.
+    let store = store_args.connect(Duration::from_secs(60))?;
+    let records = store.search(search).await.context("searching the store")?;
+    let (mut manifests, mut live, mut elsewhere, mut nameless) = (Vec::new(), 0, 0, 0);
+    for record in &records {
+        let holder = holder(record, &store_args.installation, &live_uids);
+        if importable(record, &holder) {
+            manifests.push(manifest(record, &namespace, policy));
+            continue;
+        }
+        match holder {
+            Holder::LivePet => live += 1,
+            Holder::Elsewhere(_) => elsewhere += 1,
+            Holder::Lost | Holder::Nobody => nameless += 1,
+        }
+    }
+    print!("{}", to_yaml(&manifests)?);
+    eprintln!(
+        "{} of {} records as Pet manifests; left out: {live} owned by Pets of this cluster, {elsewhere} by other installations, {nameless} owned by Pets gone from this cluster but without an identity (release them with SetIdempotencyKeys, then import again)",
+        manifests.len(),
+        records.len()
+    );
+    Ok(())
 }
 
 /// Plans every Pet in `file`; says whether any would write.
 async fn plan(
     file: &str,
-    petstore_addr: &str,
-    tls: &StoreTlsArgs,
+    store_args: &StoreArgs,
     namespace: Option<String>,
     operator_namespace: String,
 ) -> anyhow::Result<bool> {
@@ -99,20 +243,12 @@ async fn plan(
         .await
         .context("connecting to the API server (KUBECONFIG)")?;
     let namespace = namespace.unwrap_or_else(|| client.default_namespace().to_owned());
-    let metrics = std::sync::Arc::new(Metrics::default());
-    let tls = tls.files();
-    let store = GrpcPetStore::connect_lazy(
-        petstore_addr,
-        Duration::from_secs(10),
-        tls.as_ref(),
-        metrics,
-    )
-    .context("the pet store address")?;
+    let store = store_args.connect(Duration::from_secs(10))?;
     let uninstall = UninstallProbe::new(client.clone(), operator_namespace);
     let mut changes = false;
     for manifest in manifests {
         let pet = dry_run(&client, &namespace, &manifest).await?;
-        let preview = plan_pet(&pet, &store, &uninstall).await?;
+        let preview = plan_pet(&pet, &store, &uninstall, &store_args.installation).await?;
         let name = format!("{}/{}", pet.namespace().unwrap_or_default(), pet.name_any());
         if preview.is_empty() {
             eprintln!("pet {name}: none");
@@ -173,13 +309,14 @@ async fn plan_pet(
     pet: &Pet,
     store: &GrpcPetStore,
     uninstall: &UninstallProbe,
+    installation: &str,
 ) -> anyhow::Result<Preview> {
     let mut pet = pet.clone();
     // A Pet not created yet has no UID: no record can be keyed by it.
     pet.metadata
         .uid
         .get_or_insert_with(|| "(not created yet)".into());
-    let mut facts = facts_of(&pet)?;
+    let mut facts = facts_of(&pet, installation)?;
     facts.has_finalizer = true;
     if facts.deletion_would_delete_record() {
         facts.uninstalling = uninstall
@@ -196,7 +333,7 @@ async fn plan_pet(
             return Ok(Preview::nothing(&facts));
         }
     };
-    let observation = observe(store, id.as_deref(), &facts.uid)
+    let observation = observe(store, id.as_deref(), &facts)
         .await
         .context("reading the store")?;
     let observed = observation.lookup();

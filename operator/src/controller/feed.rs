@@ -26,10 +26,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::Context;
+use super::{Context, identity_of};
 use crate::crd::Pet;
 use crate::decision::feed::{Verdict, verdict};
-use crate::store::{RecordChange, StoreError};
+use crate::store::{RecordChange, StoreError, uid_of};
 
 /// How long to wait before asking a store without a feed again: it may be
 /// replaced by one with it (the book's store by ours) at the same address.
@@ -47,6 +47,7 @@ const INDEX_REFRESH: Duration = Duration::from_secs(1);
 /// The Pets a batch of changes may concern, found by the record's key (the
 /// owner's UID) or by the ID in their status, else in their external-id
 /// annotation (a record watched by a Pet in Observe is not keyed to it).
+/// A record's identity names its Pet directly: the cache finds that one.
 pub struct PetIndex {
     by_uid: HashMap<String, Arc<Pet>>,
     by_record: HashMap<String, Arc<Pet>>,
@@ -69,12 +70,11 @@ impl PetIndex {
 
     /// Whether `change` concerns `pet`, as [`PetIndex::pet_for`] finds it.
     pub fn concerns(pet: &Pet, change: &RecordChange) -> bool {
-        let owner = change
-            .record
-            .as_ref()
-            .filter(|record| !record.key.is_empty())
-            .is_some_and(|record| pet.uid().as_deref() == Some(record.key.as_str()));
-        owner || pet.status_id().or_else(|| pet.external_id()) == Some(change.id.as_str())
+        let owner = change.record.as_ref().is_some_and(|record| {
+            !record.key.is_empty() && pet.uid().as_deref() == Some(uid_of(&record.key))
+        });
+        let named = !change.identity.is_empty() && change.identity == identity_of(pet);
+        owner || named || pet.status_id().or_else(|| pet.external_id()) == Some(change.id.as_str())
     }
 
     /// The Pet the change concerns: the record's owner, else the Pet whose
@@ -84,7 +84,7 @@ impl PetIndex {
             .record
             .as_ref()
             .filter(|record| !record.key.is_empty())
-            .and_then(|record| self.by_uid.get(&record.key))
+            .and_then(|record| self.by_uid.get(uid_of(&record.key)))
             .or_else(|| self.by_record.get(&change.id))
     }
 }
@@ -262,6 +262,16 @@ impl Follower {
             .index
             .as_ref()
             .and_then(|(index, _)| found(index, &self.cache))
+        {
+            return Some(pet);
+        }
+        // A record holding a Pet's name (kept by an earlier Pet of that
+        // name, or owned by another installation, or deleted) concerns that
+        // Pet.
+        if let Some(pet) = change
+            .identity
+            .split_once('/')
+            .and_then(|(namespace, name)| self.cache.get(&ObjectRef::new(name).within(namespace)))
         {
             return Some(pet);
         }

@@ -81,6 +81,9 @@ pub struct Settings {
     pub backoff_max: Duration,
     /// Pets reconciled at once ([`DEFAULT_CONCURRENCY`]).
     pub concurrency: u16,
+    /// This installation's name (`--installation`): part of every key it
+    /// gives a record; empty for the unnamed installation.
+    pub installation: String,
     /// A crash-test fault; `None` outside the end-to-end tests.
     pub fault: Option<Fault>,
 }
@@ -95,6 +98,7 @@ impl Default for Settings {
             backoff_base: Duration::from_secs(1),
             backoff_max: Duration::from_secs(300),
             concurrency: DEFAULT_CONCURRENCY,
+            installation: String::new(),
             fault: None,
         }
     }
@@ -226,7 +230,7 @@ impl Context {
 
     /// Everything the decision step needs to know about the Pet.
     fn facts(&self, pet: &Pet) -> Result<Facts, Error> {
-        let mut facts = facts_of(pet)?;
+        let mut facts = facts_of(pet, &self.settings.installation)?;
         facts.recently_synced = self.recently_synced(&facts);
         facts.create_observes = self.create_observes.load(Ordering::Relaxed);
         Ok(facts)
@@ -474,9 +478,9 @@ fn spec_changed(pet: &Pet) -> bool {
 pub async fn observe(
     store: &dyn PetStore,
     id: Option<&str>,
-    key: &str,
+    facts: &Facts,
 ) -> Result<Observation, StoreError> {
-    match store.observe(id, key).await {
+    match store.observe(id, &facts.key(), Some(&facts.identity)).await {
         Ok(lookup) => Ok(Observation::Found(lookup)),
         Err(StoreError::Unimplemented { operation }) => {
             Ok(Observation::StoreLacks { missing: operation })
@@ -485,16 +489,23 @@ pub async fn observe(
     }
 }
 
+/// A Pet's identity in the store: `<namespace>/<name>`.
+pub fn identity_of(pet: &Pet) -> String {
+    format!("{}/{}", pet.namespace().unwrap_or_default(), pet.name_any())
+}
+
 /// What the decision step knows from the Pet alone, without this process's
 /// memory: for a reconcile ([`Context::facts`] adds the memory) and for
 /// `kubectl petstore plan`, so both plan from the same facts.
-pub fn facts_of(pet: &Pet) -> Result<Facts, Error> {
+pub fn facts_of(pet: &Pet, installation: &str) -> Result<Facts, Error> {
     let uid = pet
         .uid()
         .ok_or_else(|| Error::MalformedPet(pet.name_any()))?;
     Ok(Facts {
         recently_synced: None,
         uid,
+        installation: installation.to_owned(),
+        identity: identity_of(pet),
         desired: PetData::from(&pet.spec),
         deleting: pet.meta().deletion_timestamp.is_some(),
         has_finalizer: pet.finalizers().iter().any(|f| f == FINALIZER),
@@ -513,6 +524,8 @@ pub fn facts_of(pet: &Pet) -> Result<Facts, Error> {
         approved_plan: pet.approved_plan().map(str::to_owned),
         // Looked up by the reconcile, and only for a Pet being deleted.
         uninstalling: None,
+        hand_over_to: pet.hand_over_to(),
         applied_plan: pet.status.as_ref().and_then(|s| s.applied_plan.clone()),
+        plan_shown: pet.status.as_ref().is_some_and(|s| s.plan.is_some()),
     })
 }

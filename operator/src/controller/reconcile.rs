@@ -233,7 +233,7 @@ impl<'a> Reconcile<'a> {
     }
 
     async fn observe(&self, id: Option<&str>) -> Result<Observation, Error> {
-        Ok(super::observe(self.ctx.store.as_ref(), id, &self.facts.uid).await?)
+        Ok(super::observe(self.ctx.store.as_ref(), id, &self.facts).await?)
     }
 
     /// Executes the plan by its writes (`preview`): `None` when a create
@@ -272,6 +272,11 @@ impl<'a> Reconcile<'a> {
             Plan::Finish(finish) => {
                 self.apply(&finish.story, preview).await?;
                 Ending::Finished(finish.story)
+            }
+            Plan::HandOver(hand_over) => {
+                self.apply(&hand_over.story(), preview).await?;
+                let outcome = hand_over.outcome(self.facts.status_id.as_deref());
+                Ending::Problem(Problem::held(outcome, Next::AwaitChange))
             }
         }))
     }
@@ -314,7 +319,7 @@ impl<'a> Reconcile<'a> {
     /// that committed after its timeout, which the read that planned this
     /// one did not show) stops it: the record is read again.
     async fn apply(&self, story: &Story, preview: &Preview) -> Result<Applied, Error> {
-        let (store, uid) = (&self.ctx.store, &self.facts.uid);
+        let store = &self.ctx.store;
         let cause = story.cause(&self.facts);
         let mut created = None;
         let mut changes = Changes::default();
@@ -332,12 +337,26 @@ impl<'a> Reconcile<'a> {
                     changes = write.changes.clone();
                     continue;
                 }
-                StoreAction::Claim => store.set_key(record, "", uid).await?,
+                StoreAction::Claim | StoreAction::Release => {
+                    let Some(ownership) = &write.ownership else {
+                        return Err(Error::Held(
+                            Reason::ReconcileError,
+                            format!("a plan to {} named no key", write.action.label()),
+                        ));
+                    };
+                    store
+                        .set_key(
+                            record,
+                            &ownership.expected,
+                            &ownership.new,
+                            ownership.identity.as_deref(),
+                        )
+                        .await?;
+                }
                 StoreAction::Update => {
                     store.update(record, &self.facts.desired).await?;
                     changes = write.changes.clone();
                 }
-                StoreAction::Release => store.set_key(record, uid, "").await?,
                 StoreAction::Delete => store.delete(record).await?,
             }
             self.wrote(write.action, cause, record, &write.changes);
@@ -384,7 +403,11 @@ impl<'a> Reconcile<'a> {
         let created = self
             .ctx
             .store
-            .create(&self.facts.uid, &self.facts.desired)
+            .create(
+                &self.facts.key(),
+                Some(&self.facts.identity),
+                &self.facts.desired,
+            )
             .await?;
         self.ctx
             .create_observes

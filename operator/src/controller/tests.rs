@@ -17,7 +17,7 @@ use crate::crd::{
     APPROVE_PLAN_ANNOTATION, ChangePolicy, DELETION_POLICY_ANNOTATION, DeletionPolicy,
     EXTERNAL_ID_ANNOTATION, PAUSED_ANNOTATION,
 };
-use crate::fixtures::UID;
+use crate::fixtures::{IDENTITY, UID};
 use crate::status::{Outcome, Reason, next_status};
 use crate::store::fake::FakeStore;
 
@@ -82,6 +82,10 @@ struct Harness {
 }
 
 fn harness() -> Harness {
+    harness_with(Settings::default())
+}
+
+fn harness_with(settings: Settings) -> Harness {
     let api = ApiServerVerifier::with_events();
     let client = api.start();
     // The writer production uses: the mock sees its Event POSTs.
@@ -99,7 +103,7 @@ fn harness() -> Harness {
         store.clone(),
         crate::events::EventQueue::start(writer, Arc::clone(&metrics)),
         metrics,
-        Settings::default(),
+        settings,
     ));
     Harness { api, store, ctx }
 }
@@ -108,7 +112,7 @@ fn harness() -> Harness {
 /// with `data`; and that record's ID.
 fn harness_with_record(data: PetData) -> (Harness, String) {
     let h = harness();
-    let id = h.store.insert(UID, data);
+    let id = h.store.insert_with_identity(UID, IDENTITY, data);
     (h, id)
 }
 
@@ -685,7 +689,7 @@ async fn deletion_deletes_this_pets_record_then_releases_the_finalizer() {
 #[tokio::test]
 async fn deletion_without_a_recorded_id_still_finds_the_record() {
     let h = harness();
-    h.store.insert(UID, PetData::test());
+    h.store.insert_with_identity(UID, IDENTITY, PetData::test());
     let pet = Pet::test().finalized().deleted();
     h.reconcile_releasing(&pet).await;
     assert_eq!(store_writes(&h.store), ["delete:id-1"]);
@@ -754,7 +758,7 @@ async fn a_misspelled_deletion_policy_stops_deletion_and_says_why() {
 async fn paused_touches_nothing_and_says_so() {
     for value in ["true", "yes"] {
         let h = harness();
-        h.store.insert(UID, PetData::test());
+        h.store.insert_with_identity(UID, IDENTITY, PetData::test());
         let pet = Pet::test()
             .annotated(PAUSED_ANNOTATION, value)
             .finalized()
@@ -789,7 +793,7 @@ async fn a_vanished_record_is_recreated_with_a_warning() {
 async fn a_status_id_naming_another_pets_record_is_corrected_and_theirs_untouched() {
     let h = harness();
     let alpha = h.store.insert(OTHER_UID, PetData::named("Alpha"));
-    let mine = h.store.insert(UID, PetData::test());
+    let mine = h.store.insert_with_identity(UID, IDENTITY, PetData::test());
     let pet = Pet::test().finalized().with_status_id(&alpha);
     h.reconcile_writing_status(&pet).await;
     assert!(store_writes(&h.store).is_empty(), "{:?}", h.store.calls());
@@ -940,6 +944,9 @@ async fn the_reconcile_after_our_own_status_write_skips_the_store() {
     );
 
     // A Pet re-created under the same name (a new UID) is synced at once.
+    // Its memory is by UID; the store is one older than identities, so the
+    // old record is not taken over (that is for the decision's tests).
+    h.store.set_without_identities(true);
     let recreated = Pet::test().finalized().with_uid("a-new-uid");
     h.reconcile_writing_status(&recreated).await;
     assert!(h.store.calls().len() > calls_after_create);
@@ -1012,6 +1019,8 @@ async fn harness_after_a_create() -> Harness {
         ["observe:-:first-uid", "create:first-uid"],
         "the first create is read for first"
     );
+    // That Pet went with its record: the next Pet of its name starts anew.
+    h.store.remove("id-1");
     h
 }
 
@@ -1035,9 +1044,9 @@ async fn a_create_that_finds_the_record_of_an_interrupted_create_reads_it_and_br
     // A create whose ID never reached status left a record under the UID,
     // with the spec of the time.
     let h = harness_after_a_create().await;
-    let left = h
-        .store
-        .insert(UID, PetData::named("Thor, as first written"));
+    let left =
+        h.store
+            .insert_with_identity(UID, IDENTITY, PetData::named("Thor, as first written"));
     let pet = Pet::test().finalized();
     h.reconcile_writing_status(&pet).await;
     assert_eq!(
@@ -1049,7 +1058,7 @@ async fn a_create_that_finds_the_record_of_an_interrupted_create_reads_it_and_br
         ]
     );
     assert_eq!(h.store.record(&left).expect("record").data, PetData::test());
-    assert_eq!(h.store.records().len(), 2, "nothing created twice");
+    assert_eq!(h.store.records().len(), 1, "nothing created twice");
     assert_eq!(h.api.status_patches()[1]["id"], left.as_str());
     h.verify(&["Created", "Adopted"]);
 }
@@ -1296,4 +1305,67 @@ async fn observe_never_writes_not_even_when_the_pet_goes() {
         (UID, "Changed outside")
     );
     h.verify(&["RecordDiffers", "Orphaned"]);
+}
+
+#[tokio::test]
+async fn a_pet_of_a_rebuilt_cluster_takes_over_its_record_and_creates_nothing() {
+    let h = harness();
+    let lost = "uid-of-the-pet-the-old-cluster-had";
+    let old = h
+        .store
+        .insert_with_identity(lost, IDENTITY, PetData::named("Thor, before"));
+    let pet = Pet::test().finalized();
+    h.reconcile_writing_status(&pet).await;
+    assert_eq!(
+        store_writes(&h.store),
+        [
+            format!("set_key:{old}:{lost}->{UID}"),
+            format!("update:{old}")
+        ]
+    );
+    let record = h.store.record(&old).expect("the old record");
+    assert_eq!((record.key.as_str(), record.data), (UID, PetData::test()));
+    assert_eq!(h.store.records().len(), 1, "no record created");
+    assert_eq!(h.api.status_patches()[0]["id"], old.as_str());
+    assert!(h.event("Adopted").note.contains(lost));
+    h.verify(&["Adopted"]);
+}
+
+#[tokio::test]
+async fn a_record_made_before_identities_is_given_its_pets_identity_with_its_own_key() {
+    let h = harness();
+    let id = h.store.insert(UID, PetData::test());
+    let pet = Pet::test().finalized();
+    h.reconcile_writing_status(&pet).await;
+    assert_eq!(
+        store_writes(&h.store),
+        [format!("set_key:{id}:{UID}->{UID}")]
+    );
+    let record = h.store.record(&id).expect("record");
+    assert_eq!(
+        (record.key.as_str(), record.identity.as_str()),
+        (UID, IDENTITY)
+    );
+    h.verify(&["Adopted"]);
+}
+
+#[tokio::test]
+async fn a_record_of_another_installation_with_the_same_name_is_held_untouched() {
+    let h = harness_with(Settings {
+        installation: "blue".into(),
+        ..Settings::default()
+    });
+    let theirs = h
+        .store
+        .insert_with_identity("green/uid-x", IDENTITY, PetData::test());
+    let pet = Pet::test().finalized();
+    h.reconcile_writing_status(&pet).await;
+    assert!(store_writes(&h.store).is_empty(), "{:?}", h.store.calls());
+    let status = h.api.status_patches().pop().expect("status");
+    let message = assert_condition(&status, "Synced", "False", "RecordOwnedElsewhere");
+    assert!(
+        message.contains("\"green\"") && message.contains(&theirs),
+        "{message}"
+    );
+    h.verify(&["RecordOwnedElsewhere"]);
 }

@@ -148,6 +148,18 @@ pub const CONFIRM_DELETE_PETS_ANNOTATION: &str = "petstore.example.com/confirm-d
 /// refuses to delete the CRD while it exists.
 pub const PROTECTED_ANNOTATION: &str = "petstore.example.com/protected";
 
+/// An installation name: a lowercase RFC 1123 label, so that it holds no
+/// slash (a key's installation ends at its last slash) and reads as one word
+/// in a message.
+pub fn is_installation_name(value: &str) -> bool {
+    let label = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-';
+    !value.is_empty()
+        && value.len() <= 63
+        && value.chars().all(label)
+        && !value.starts_with('-')
+        && !value.ends_with('-')
+}
+
 /// Finalizer that keeps a Pet until its store record is deleted.
 pub const FINALIZER: &str = "pet.petstore.example.com";
 /// Annotation kept for compatibility with `spec.deletionPolicy`: `Delete` or
@@ -163,6 +175,12 @@ pub const EXTERNAL_ID_ANNOTATION: &str = "petstore.example.com/external-id";
 /// Annotation: the hash of the plan (status.plan.hash) a Pet in
 /// `changePolicy: Approve` may apply, once.
 pub const APPROVE_PLAN_ANNOTATION: &str = "petstore.example.com/approve-plan";
+/// Annotation: hand this Pet's record over to the installation named (the
+/// `--installation` of another cluster's operator on the same store). The
+/// record's key becomes `<installation>/`, which only a Pet of that
+/// installation with the same namespace and name takes; this Pet then
+/// writes it no more, and can be deleted without touching it.
+pub const HAND_OVER_TO_ANNOTATION: &str = "petstore.example.com/hand-over-to";
 
 /// What deleting the Pet does to its store record: Delete (the default)
 /// deletes it; Orphan keeps it and clears its owner, so another Pet can adopt
@@ -451,6 +469,23 @@ impl Pet {
     }
 
     /// The record ID named for adoption, if any (blank counts as none).
+    /// The installation named by [`HAND_OVER_TO_ANNOTATION`]; blank counts
+    /// as none.
+    pub fn hand_over_to(&self) -> Option<Setting<String>> {
+        let value = self.annotation(HAND_OVER_TO_ANNOTATION)?.trim();
+        if value.is_empty() {
+            return None;
+        }
+        Some(if is_installation_name(value) {
+            Setting::Valid(value.to_owned())
+        } else {
+            Setting::Invalid {
+                annotation: HAND_OVER_TO_ANNOTATION,
+                value: value.to_owned(),
+            }
+        })
+    }
+
     pub fn external_id(&self) -> Option<&str> {
         self.annotation(EXTERNAL_ID_ANNOTATION)
             .map(str::trim)

@@ -6,7 +6,7 @@
 use kube::ResourceExt;
 
 use crate::crd::Pet;
-use crate::store::{PetData, RecordChange};
+use crate::store::{PetData, RecordChange, uid_of};
 
 /// What one change in the store means for the Pet it concerns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,15 +46,23 @@ pub fn verdict(change: &RecordChange, pet: Option<&Pet>) -> Verdict {
     if pet.metadata.deletion_timestamp.is_some() {
         return Verdict::InSync;
     }
+    // A change to a record holding this Pet's name that is not its own
+    // (kept by an earlier Pet of the name, owned by another installation,
+    // handed over) may free it for this Pet: look again.
+    let named = !change.identity.is_empty()
+        && change.identity == format!("{}/{}", pet.namespace().unwrap_or_default(), pet.name_any());
     let Some(record) = &change.record else {
-        // Deleted: drift only if it was the Pet's record.
-        return if pet.status_id() == Some(change.id.as_str()) {
+        // Deleted: drift only if it was the Pet's record; a look again if
+        // it held the Pet's name.
+        return if pet.status_id() == Some(change.id.as_str()) || named {
             Verdict::Drifted
         } else {
             Verdict::InSync
         };
     };
-    let owned = pet.uid().is_some_and(|uid| uid == record.key);
+    // UIDs are unique across clusters, so the key's UID alone names the
+    // owner; a record of another installation never matches.
+    let owned = !record.key.is_empty() && pet.uid().is_some_and(|uid| uid == uid_of(&record.key));
     let named = pet.status_id().is_none_or(|id| id == record.id);
     if owned && named && record.data == PetData::from(&pet.spec) {
         Verdict::InSync
@@ -80,7 +88,7 @@ mod tests {
         let unsynced = Pet::test();
         let planning = pet().showing_plan();
         let deleting_planning = pet().deleted().showing_plan();
-        let cases: [(&str, RecordChange, Option<&Pet>, Verdict); 12] = [
+        let cases: [(&str, RecordChange, Option<&Pet>, Verdict); 15] = [
             (
                 "a record no Pet owns or names",
                 RecordChange::changed("other", "", "Rex"),
@@ -145,6 +153,24 @@ mod tests {
                 "back to what the spec asks while a plan shows it otherwise",
                 RecordChange::changed(ID, UID, "Thor"),
                 Some(&planning),
+                Verdict::Drifted,
+            ),
+            (
+                "a record of its name, not its own, deleted: look again",
+                RecordChange::deleted("theirs").named("default/thor"),
+                Some(&unsynced),
+                Verdict::Drifted,
+            ),
+            (
+                "a record of another name deleted",
+                RecordChange::deleted("theirs").named("default/loki"),
+                Some(&unsynced),
+                Verdict::InSync,
+            ),
+            (
+                "a record of its name handed over to its installation",
+                RecordChange::changed("theirs", "green/", "Thor").named("default/thor"),
+                Some(&unsynced),
                 Verdict::Drifted,
             ),
             (

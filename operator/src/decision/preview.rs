@@ -8,7 +8,7 @@
 use super::{Cause, Facts, Plan, Story, Target};
 use crate::crd::{APPROVE_PLAN_ANNOTATION, ChangePolicy, PlanStatus, PlannedAction, PlannedChange};
 use crate::status::{Outcome, Reason};
-use crate::store::{Changes, Field, FieldChange, Lookup, PetData, Record};
+use crate::store::{Changes, Field, FieldChange, Lookup, PetData, Record, handover_key};
 
 /// A write to the store: the `action` label of `store_actions_total`, the
 /// change log's `action`, and a plan's `actions[].action`.
@@ -18,7 +18,8 @@ pub enum StoreAction {
     /// A create in place of a record that vanished from the store.
     Recreate,
     Update,
-    /// Adoption: the record's key set from empty to the Pet's UID.
+    /// Adoption: the record's key set to the Pet's (from empty, or from a
+    /// lost Pet's of this installation), with the Pet's identity.
     Claim,
     /// Orphan: the record's key cleared.
     Release,
@@ -58,6 +59,17 @@ pub struct Write {
     pub record: Option<String>,
     /// Each field's value before and after, as the change log tells it.
     pub changes: Changes,
+    /// For a claim or a release: the compare-and-set it makes.
+    pub ownership: Option<Ownership>,
+}
+
+/// A key compare-and-set: the key expected, the key set, and the identity
+/// set with it (`None` leaves it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ownership {
+    pub expected: String,
+    pub new: String,
+    pub identity: Option<String>,
 }
 
 /// A plan's store writes, in the order they are made, and what identifies
@@ -77,18 +89,45 @@ pub struct Preview {
 
 /// The writes `plan` makes; `observed` is the store as read for it.
 pub fn preview(facts: &Facts, plan: &Plan, observed: &Lookup) -> Preview {
-    let uid = facts.uid.as_str();
+    let key = facts.key();
     let (writes, story) = match plan {
         Plan::Hold { .. } => (Vec::new(), None),
+        Plan::HandOver(hand_over) => {
+            let writes = hand_over
+                .release
+                .iter()
+                .map(|id| release(id, &key, &handover_key(&hand_over.to)))
+                .collect();
+            (writes, Some(hand_over.story()))
+        }
         Plan::Sync(sync) => {
             let mut writes = Vec::new();
             match &sync.target {
                 Target::Existing(id) => {
-                    if sync.claim {
+                    if let Some(expected) = &sync.claim {
+                        // A store older than identities keeps none: give none.
+                        let identity = observed.identities.then(|| facts.identity.clone());
+                        let held = find(observed, id).map_or("", |r| r.identity.as_str());
+                        let mut changes = Changes::default();
+                        if *expected != key {
+                            changes.0.extend(key_change(expected, &key).0);
+                        }
+                        if let Some(identity) = identity.as_ref().filter(|i| *i != held) {
+                            changes.0.push(FieldChange {
+                                field: Field::Identity,
+                                from: format!("{held:?}"),
+                                to: format!("{identity:?}"),
+                            });
+                        }
                         writes.push(Write {
                             action: StoreAction::Claim,
                             record: Some(id.clone()),
-                            changes: key_change("", uid),
+                            changes,
+                            ownership: Some(Ownership {
+                                expected: expected.clone(),
+                                new: key.clone(),
+                                identity,
+                            }),
                         });
                     }
                     if sync.update {
@@ -100,6 +139,7 @@ pub fn preview(facts: &Facts, plan: &Plan, observed: &Lookup) -> Preview {
                             action: StoreAction::Update,
                             record: Some(id.clone()),
                             changes,
+                            ownership: None,
                         });
                     }
                 }
@@ -123,19 +163,21 @@ pub fn preview(facts: &Facts, plan: &Plan, observed: &Lookup) -> Preview {
                         action,
                         record: None,
                         changes,
+                        ownership: None,
                     });
                 }
             }
-            (writes, Some(&sync.story))
+            (writes, Some(sync.story.clone()))
         }
         Plan::Finish(finish) => {
             let mut writes = Vec::new();
             if let Some(id) = &finish.release {
-                writes.push(Write {
-                    action: StoreAction::Release,
-                    record: Some(id.clone()),
-                    changes: key_change(uid, ""),
-                });
+                let to = finish
+                    .hand_to
+                    .as_deref()
+                    .map(handover_key)
+                    .unwrap_or_default();
+                writes.push(release(id, &key, &to));
             }
             if let Some(id) = &finish.delete {
                 writes.push(Write {
@@ -146,9 +188,10 @@ pub fn preview(facts: &Facts, plan: &Plan, observed: &Lookup) -> Preview {
                         from: id.clone(),
                         to: "(none)".into(),
                     }]),
+                    ownership: None,
                 });
             }
-            (writes, Some(&finish.story))
+            (writes, Some(finish.story.clone()))
         }
     };
     let cause = story.filter(|_| !writes.is_empty()).map(|s| s.cause(facts));
@@ -166,11 +209,24 @@ pub fn preview(facts: &Facts, plan: &Plan, observed: &Lookup) -> Preview {
     }
 }
 
+/// Releases record `id` from `key` to `to` (empty: to nobody; or a
+/// handover's key). The identity stays: a later Pet of this name, here or
+/// in the installation handed to, takes the record back.
+fn release(id: &str, key: &str, to: &str) -> Write {
+    Write {
+        action: StoreAction::Release,
+        record: Some(id.to_owned()),
+        changes: key_change(key, to),
+        ownership: Some(Ownership {
+            expected: key.to_owned(),
+            new: to.to_owned(),
+            identity: None,
+        }),
+    }
+}
+
 fn find<'a>(observed: &'a Lookup, id: &str) -> Option<&'a Record> {
-    [&observed.by_id, &observed.by_key]
-        .into_iter()
-        .flatten()
-        .find(|record| record.id == id)
+    observed.records().find(|record| record.id == id)
 }
 
 /// FNV-1a, 64 bits, over a canonical text of the plan: stable across
@@ -195,7 +251,19 @@ fn plan_hash(facts: &Facts, writes: &[Write], cause: Option<Cause>, observed: &L
             write.changes
         ));
     }
-    for record in [&observed.by_id, &observed.by_key].into_iter().flatten() {
+    // By ID and key as before identities, so a hash shown by an older
+    // operator still approves the same plan; the identity's record and an
+    // identity are added only when there is one.
+    let by_identity = observed.by_identity.iter().filter(|r| {
+        ![&observed.by_id, &observed.by_key]
+            .iter()
+            .any(|o| o.as_ref() == Some(*r))
+    });
+    for record in [&observed.by_id, &observed.by_key]
+        .into_iter()
+        .flatten()
+        .chain(by_identity)
+    {
         let PetData {
             name,
             pet_type,
@@ -207,6 +275,9 @@ fn plan_hash(facts: &Facts, writes: &[Write], cause: Option<Cause>, observed: &L
             record.key,
             pet_type.as_str()
         ));
+        if !record.identity.is_empty() {
+            text.push_str(&format!("identity={:?};", record.identity));
+        }
     }
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for byte in text.bytes() {

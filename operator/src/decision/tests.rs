@@ -8,10 +8,13 @@ use crate::store::Field;
 
 const UID: &str = "uid-thor";
 const OTHER_UID: &str = "uid-loki";
+/// Thor's namespace and name.
+const IDENTITY: &str = "default/thor";
 
 /// The Orphan plan that releases `id` and names it.
 fn orphaned(id: Option<&str>) -> Result<Plan, Reason> {
     Ok(Plan::Finish(Finish {
+        hand_to: None,
         release: id.map(str::to_owned),
         delete: None,
         story: Story::Orphaned {
@@ -28,6 +31,7 @@ fn uninstalling(why: Uninstall) -> Facts {
 /// The plan that keeps (and, with `release`, releases) the record `id`.
 fn kept(release: Option<&str>, id: Option<&str>, why: Uninstall) -> Result<Plan, Reason> {
     Ok(Plan::Finish(Finish {
+        hand_to: None,
         release: release.map(str::to_owned),
         delete: None,
         story: Story::KeptOnUninstall {
@@ -41,6 +45,8 @@ fn kept(release: Option<&str>, id: Option<&str>, why: Uninstall) -> Result<Plan,
 pub(super) fn facts() -> Facts {
     Facts {
         uid: UID.into(),
+        installation: String::new(),
+        identity: IDENTITY.into(),
         desired: PetData::test(),
         deleting: false,
         has_finalizer: true,
@@ -56,7 +62,9 @@ pub(super) fn facts() -> Facts {
         change_policy: ChangePolicy::Automatic,
         approved_plan: None,
         applied_plan: None,
+        plan_shown: false,
         uninstalling: None,
+        hand_over_to: None,
     }
 }
 
@@ -135,22 +143,89 @@ pub(super) fn record(id: &str, key: &str, data: PetData) -> Record {
     Record {
         id: id.into(),
         key: key.into(),
+        identity: String::new(),
         data,
     }
 }
 
 pub(super) fn found(by_id: Option<Record>, by_key: Option<Record>) -> Observation {
-    Observation::Found(Lookup { by_id, by_key })
+    Observation::Found(Lookup {
+        by_id,
+        by_key,
+        ..Lookup::default()
+    })
+}
+
+/// A read from a store that keeps identities: by ID, by key, and by this
+/// Pet's identity.
+fn found_named(
+    by_id: Option<Record>,
+    by_key: Option<Record>,
+    by_identity: Option<Record>,
+) -> Observation {
+    Observation::Found(Lookup {
+        by_id,
+        by_key,
+        by_identity,
+        identities: true,
+    })
+}
+
+/// A record with this key that carries Thor's identity.
+fn named_record(id: &str, key: &str) -> Option<Record> {
+    Some(Record {
+        identity: IDENTITY.into(),
+        ..record(id, key, PetData::test())
+    })
+}
+
+/// A plan that claims `id` from `from` with this story.
+fn claim_from(id: &str, from: &str, update: bool, story: Story) -> Plan {
+    Plan::Sync(Sync {
+        target: existing(id),
+        claim: Some(from.into()),
+        update,
+        story,
+        warning: None,
+    })
+}
+
+impl Facts {
+    fn installation(mut self, name: &str) -> Self {
+        self.installation = name.into();
+        self
+    }
+    fn hand_over_to(mut self, to: &str) -> Self {
+        self.hand_over_to = Some(Setting::Valid(to.into()));
+        self
+    }
+}
+
+fn hand_over(release: Option<&str>, to: &str) -> Result<Plan, Reason> {
+    Ok(Plan::HandOver(HandOver {
+        release: release.map(str::to_owned),
+        to: to.into(),
+    }))
+}
+
+/// Thor's record in `installation`, with its identity.
+fn mine_in(id: &str, installation: &str) -> Option<Record> {
+    named_record(id, &format!("{installation}/{UID}"))
+}
+
+fn record_opt(id: &str, key: &str) -> Option<Record> {
+    Some(record(id, key, PetData::test()))
 }
 
 pub(super) fn mine(id: &str) -> Option<Record> {
     Some(record(id, UID, PetData::test()))
 }
 
+/// `claim`: the record's key is set from empty to the Pet's.
 fn sync(target: Target, claim: bool, update: bool, story: Story) -> Plan {
     Plan::Sync(Sync {
         target,
-        claim,
+        claim: claim.then(String::new),
         update,
         story,
         warning: None,
@@ -182,7 +257,39 @@ fn first_step_table() {
         annotation: PAUSED_ANNOTATION,
         value: "yes".into(),
     };
+    let mut handover_typo = facts();
+    handover_typo.hand_over_to = Some(Setting::Invalid {
+        annotation: HAND_OVER_TO_ANNOTATION,
+        value: "Green/".into(),
+    });
     let cases: Vec<(&str, Facts, Result<Step, Reason>)> = vec![
+        (
+            "a misspelled hand-over-to holds, writing nothing",
+            handover_typo.clone(),
+            Err(Reason::InvalidAnnotation),
+        ),
+        (
+            "and holds a deletion too",
+            handover_typo.deleting(),
+            Err(Reason::InvalidAnnotation),
+        ),
+        (
+            "handing over reads the store, even just synced",
+            facts()
+                .hand_over_to("green")
+                .status_id("a")
+                .create_observes()
+                .synced_ago(Duration::from_secs(5)),
+            observe("a"),
+        ),
+        (
+            "a Pet switched to Automatic with a plan shown reads, not creates",
+            Facts {
+                plan_shown: true,
+                ..facts().create_observes()
+            },
+            Ok(Step::Observe { id: None }),
+        ),
         (
             "a new Pet gets its finalizer before anything else",
             facts().without_finalizer(),
@@ -332,7 +439,7 @@ fn after_create_table() {
             Created::New("n".into()),
             Some(Sync {
                 target: existing("n"),
-                claim: false,
+                claim: None,
                 update: false,
                 story: Story::Created,
                 warning: None,
@@ -344,7 +451,7 @@ fn after_create_table() {
             Created::New("n".into()),
             Some(Sync {
                 target: existing("n"),
-                claim: false,
+                claim: None,
                 update: false,
                 story: Story::Created,
                 warning: policy_warning,
@@ -392,6 +499,235 @@ fn a_create_is_read_after_unless_it_made_a_new_record() {
 #[test]
 fn decide_table() {
     let cases: Vec<(&str, Facts, Observation, Result<Plan, Reason>)> = vec![
+        // Handover: the record goes to another installation's Pet of the
+        // same namespace and name.
+        (
+            "hand-over-to another installation: its record released to it",
+            facts()
+                .installation("blue")
+                .hand_over_to("green")
+                .status_id("a"),
+            found_named(
+                mine_in("a", "blue"),
+                mine_in("a", "blue"),
+                mine_in("a", "blue"),
+            ),
+            hand_over(Some("a"), "green"),
+        ),
+        (
+            "handed over already: nothing more to write",
+            facts()
+                .installation("blue")
+                .hand_over_to("green")
+                .status_id("a"),
+            found_named(
+                named_record("a", "green/"),
+                None,
+                named_record("a", "green/"),
+            ),
+            hand_over(None, "green"),
+        ),
+        (
+            "the installation handed to takes the record",
+            facts().installation("green"),
+            found_named(None, None, named_record("a", "green/")),
+            Ok(claim_from(
+                "a",
+                "green/",
+                false,
+                Story::TakenOver {
+                    from: "green/".into(),
+                },
+            )),
+        ),
+        (
+            "a third installation does not",
+            facts().installation("red"),
+            found_named(None, None, named_record("a", "green/")),
+            Err(Reason::RecordOwnedElsewhere),
+        ),
+        (
+            "hand-over-to its own installation cancels a handover not yet taken",
+            facts()
+                .installation("blue")
+                .hand_over_to("blue")
+                .status_id("a"),
+            found_named(
+                named_record("a", "green/"),
+                None,
+                named_record("a", "green/"),
+            ),
+            Err(Reason::RecordOwnedElsewhere),
+        ),
+        (
+            "and a handover to it comes back",
+            facts()
+                .installation("blue")
+                .hand_over_to("blue")
+                .status_id("a"),
+            found_named(named_record("a", "blue/"), None, named_record("a", "blue/")),
+            Ok(claim_from(
+                "a",
+                "blue/",
+                false,
+                Story::TakenOver {
+                    from: "blue/".into(),
+                },
+            )),
+        ),
+        (
+            "deleted while handing over: released to it, never deleted",
+            facts()
+                .installation("blue")
+                .hand_over_to("green")
+                .deleting(),
+            found_named(None, mine_in("a", "blue"), None),
+            Ok(Plan::Finish(Finish {
+                release: Some("a".into()),
+                hand_to: Some("green".into()),
+                delete: None,
+                story: Story::HandedOver {
+                    id: Some("a".into()),
+                    to: "green".into(),
+                },
+            })),
+        ),
+        // Identities: the record follows the Pet's namespace and name.
+        (
+            "its own record carries its identity: nothing to claim",
+            facts().status_id("a"),
+            found_named(
+                named_record("a", UID),
+                named_record("a", UID),
+                named_record("a", UID),
+            ),
+            Ok(sync(existing("a"), false, false, Story::InSync)),
+        ),
+        (
+            "its own record lacks the identity (made before identities): given it by compare-and-set on its own key",
+            facts().status_id("a"),
+            found_named(mine("a"), mine("a"), None),
+            Ok(claim_from("a", UID, false, Story::InSync)),
+        ),
+        (
+            "another record already holds its identity: its own keeps none, and that one is not touched",
+            facts().status_id("a"),
+            found_named(mine("a"), mine("a"), named_record("b", "")),
+            Ok(sync(existing("a"), false, false, Story::InSync)),
+        ),
+        (
+            "the record an earlier Pet of its name kept (Orphan) is taken back",
+            facts(),
+            found_named(None, None, named_record("k", "")),
+            Ok(claim_from("k", "", false, Story::Reclaimed)),
+        ),
+        (
+            "rebuilt from Git: the record of the lost Pet of its name in this installation is taken over",
+            facts(),
+            found_named(None, None, named_record("r", OTHER_UID)),
+            Ok(claim_from(
+                "r",
+                OTHER_UID,
+                false,
+                Story::TakenOver {
+                    from: OTHER_UID.into(),
+                },
+            )),
+        ),
+        (
+            "restored with its old status: the same, and the spec written if it differs",
+            facts().status_id("r").wanting(PetData::named("Thorbert")),
+            found_named(
+                named_record("r", OTHER_UID),
+                None,
+                named_record("r", OTHER_UID),
+            ),
+            Ok(claim_from(
+                "r",
+                OTHER_UID,
+                true,
+                Story::TakenOver {
+                    from: OTHER_UID.into(),
+                },
+            )),
+        ),
+        (
+            "a named installation takes over from its own lost Pet",
+            facts().installation("blue"),
+            found_named(None, None, named_record("r", "blue/uid-loki")),
+            Ok(claim_from(
+                "r",
+                "blue/uid-loki",
+                false,
+                Story::TakenOver {
+                    from: "blue/uid-loki".into(),
+                },
+            )),
+        ),
+        (
+            "another installation's record of the same name is never taken",
+            facts().installation("blue"),
+            found_named(None, None, named_record("r", "green/uid-loki")),
+            Err(Reason::RecordOwnedElsewhere),
+        ),
+        (
+            "a named installation's record is not the unnamed one's",
+            facts(),
+            found_named(None, None, named_record("r", "green/uid-loki")),
+            Err(Reason::RecordOwnedElsewhere),
+        ),
+        (
+            "nor is the unnamed one's a named installation's",
+            facts().installation("blue"),
+            found_named(None, None, named_record("r", OTHER_UID)),
+            Err(Reason::RecordOwnedElsewhere),
+        ),
+        (
+            "an external-id while another record carries its identity: held, nothing claimed",
+            facts().external_id("x"),
+            found_named(record_opt("x", ""), None, named_record("k", "")),
+            Err(Reason::AdoptionConflict),
+        ),
+        (
+            "an external-id naming the record a lost Pet of its name held: taken over",
+            facts().external_id("k"),
+            found_named(
+                named_record("k", OTHER_UID),
+                None,
+                named_record("k", OTHER_UID),
+            ),
+            Ok(claim_from(
+                "k",
+                OTHER_UID,
+                false,
+                Story::TakenOver {
+                    from: OTHER_UID.into(),
+                },
+            )),
+        ),
+        (
+            "an external-id naming a record a Pet of another name holds: not taken",
+            facts().external_id("k"),
+            found_named(record_opt("k", OTHER_UID), None, None),
+            Err(Reason::RecordOwnedElsewhere),
+        ),
+        (
+            "an external-id naming the record that carries its identity: claimed with it",
+            facts().external_id("k"),
+            found_named(named_record("k", ""), None, named_record("k", "")),
+            Ok(claim_from("k", "", false, Story::Adopted)),
+        ),
+        (
+            "deleting: a record holding its name but not its key is not deleted",
+            facts().deleting(),
+            found_named(None, None, named_record("r", OTHER_UID)),
+            Ok(Plan::Finish(Finish {
+                hand_to: None,
+                release: None,
+                delete: None,
+                story: Story::Deleted { id: None },
+            })),
+        ),
         // Plain lifecycle.
         (
             "nothing recorded and nothing found: create under the UID",
@@ -548,6 +884,7 @@ fn decide_table() {
             facts().deleting().status_id("a"),
             found(None, mine("a")),
             Ok(Plan::Finish(Finish {
+                hand_to: None,
                 release: None,
                 delete: Some("a".into()),
                 story: Story::Deleted {
@@ -560,6 +897,7 @@ fn decide_table() {
             facts().deleting().status_id("alpha"),
             found(None, None),
             Ok(Plan::Finish(Finish {
+                hand_to: None,
                 release: None,
                 delete: None,
                 story: Story::Deleted { id: None },
@@ -576,6 +914,7 @@ fn decide_table() {
             facts().deleting().orphan().status_id("a"),
             found(Some(record("a", "", PetData::test())), None),
             Ok(Plan::Finish(Finish {
+                hand_to: None,
                 release: None,
                 delete: None,
                 story: Story::Orphaned {
@@ -588,6 +927,7 @@ fn decide_table() {
             facts().deleting().orphan().status_id("alpha"),
             found(Some(record("alpha", OTHER_UID, PetData::test())), None),
             Ok(Plan::Finish(Finish {
+                hand_to: None,
                 release: None,
                 delete: None,
                 story: Story::Orphaned { id: None },
@@ -598,6 +938,7 @@ fn decide_table() {
             facts().deleting().status_id("alpha"),
             found(Some(record("alpha", OTHER_UID, PetData::test())), None),
             Ok(Plan::Finish(Finish {
+                hand_to: None,
                 release: None,
                 delete: None,
                 story: Story::Deleted { id: None },
@@ -660,6 +1001,7 @@ fn decide_table() {
                 missing: Operation::Observe,
             },
             Ok(Plan::Finish(Finish {
+                hand_to: None,
                 release: None,
                 delete: None,
                 story: Story::OrphanedUnkeyed {
@@ -671,10 +1013,9 @@ fn decide_table() {
     ];
     for (name, facts, observation, expected) in cases {
         let foreign: Vec<Record> = match &observation {
-            Observation::Found(lookup) => [&lookup.by_id, &lookup.by_key]
-                .into_iter()
-                .flatten()
-                .filter(|r| r.key != facts.uid)
+            Observation::Found(lookup) => lookup
+                .records()
+                .filter(|r| r.key != facts.key())
                 .cloned()
                 .collect(),
             Observation::StoreLacks { .. } => Vec::new(),
@@ -685,14 +1026,19 @@ fn decide_table() {
             Err(reason) => assert_eq!(held_reason(&plan), Some(reason), "{name}: {plan:?}"),
         }
         // Whatever the case, no plan writes to a record that is not this
-        // Pet's, except to claim an unowned one by compare-and-set.
+        // Pet's, except to claim, by compare-and-set from its key, one owned
+        // by nobody or by a lost Pet of this installation.
         for record in &foreign {
             let touched = match &plan {
                 Plan::Sync(Sync {
                     target: Target::Existing(id),
                     claim,
                     ..
-                }) => id == &record.id && !(*claim && record.key.is_empty()),
+                }) => {
+                    id == &record.id
+                        && !(claim.as_deref() == Some(record.key.as_str())
+                            && (record.key.is_empty() || facts.same_installation(&record.key)))
+                }
                 Plan::Finish(finish) => {
                     finish.delete.as_ref() == Some(&record.id)
                         || finish.release.as_ref() == Some(&record.id)
@@ -797,6 +1143,12 @@ fn every_write_has_one_cause() {
             Cause::Adoption,
         ),
         ("an edited spec", Story::Updated, &edited, Cause::SpecChange),
+        (
+            "in line, the record given its identity",
+            Story::InSync,
+            &edited,
+            Cause::Adoption,
+        ),
         (
             "a record changed outside, spec unchanged",
             Story::Updated,

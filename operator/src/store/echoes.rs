@@ -78,6 +78,16 @@ impl Echoes {
         self.by_id(id, Expected::Data(data.clone()));
     }
 
+    /// A create answered that its key or identity named a record already:
+    /// it made no change to expect. Left, the expectation would take a
+    /// later change someone else made to that record, with the same data,
+    /// for our own.
+    pub fn nothing_created(&self, key: &str) {
+        if self.enabled() {
+            self.expected().by_key.remove(key);
+        }
+    }
+
     pub fn delete(&self, id: &str) {
         self.by_id(id, Expected::Deleted);
     }
@@ -176,6 +186,15 @@ mod tests {
         // Deleted where we updated.
         let deleted = RecordChange::deleted("r-2");
         assert!(!echoes.is_echo(&deleted));
+    }
+
+    #[test]
+    fn a_create_that_made_nothing_expects_nothing() {
+        let echoes = followed();
+        echoes.create("uid-1", &PetData::named("Tron"));
+        echoes.nothing_created("uid-1");
+        // Someone else's edit of the record found, to the data sent.
+        assert!(!echoes.is_echo(&RecordChange::changed("r-1", "uid-1", "Tron")));
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! An in-process [`PetStore`] for unit tests: records every call, and can be
-//! told to fail. Keys behave as in the real store: unique, and changed only
-//! by compare-and-set.
+//! told to fail. Keys and identities behave as in the real store: unique,
+//! and changed only by compare-and-set.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
@@ -14,8 +14,9 @@ pub struct FakeStore {
 
 #[derive(Default)]
 struct State {
-    /// id -> (key, data)
-    records: BTreeMap<String, (String, PetData)>,
+    records: BTreeMap<String, Stored>,
+    /// Emulates a store older than identities: keeps none, finds none.
+    without_identities: bool,
     calls: Vec<String>,
     next_id: u32,
     unavailable: bool,
@@ -28,8 +29,8 @@ struct State {
     rekey_before_set_key: Option<String>,
     /// Races: the next create times out, and its record is committed later.
     commit_next_create_late: bool,
-    /// That record (key, data), committed once the next observe has answered.
-    late_create: Option<(String, PetData)>,
+    /// That record, committed once the next observe has answered.
+    late_create: Option<Stored>,
     /// The answers to the next calls of `watch`, in order; once they run
     /// out, the store has no feed (as the book's).
     watch_answers: VecDeque<Result<Feed, StoreError>>,
@@ -37,26 +38,46 @@ struct State {
     watched_at: Vec<tokio::time::Instant>,
 }
 
+#[derive(Clone, Debug)]
+struct Stored {
+    key: String,
+    identity: String,
+    data: PetData,
+}
+
 impl State {
     fn record(&self, id: &str) -> Option<Record> {
-        self.records.get(id).map(|(key, data)| Record {
+        self.records.get(id).map(|stored| Record {
             id: id.to_owned(),
-            key: key.clone(),
-            data: data.clone(),
+            key: stored.key.clone(),
+            identity: stored.identity.clone(),
+            data: stored.data.clone(),
         })
     }
 
-    /// Adds a record with this key (empty: unowned) and returns its ID.
-    fn add(&mut self, key: &str, data: PetData) -> String {
+    /// Adds a record with this key and identity (empty: none) and returns
+    /// its ID.
+    fn add(&mut self, stored: Stored) -> String {
         self.next_id += 1;
         let id = format!("id-{}", self.next_id);
-        self.records.insert(id.clone(), (key.to_owned(), data));
+        self.records.insert(id.clone(), stored);
         id
     }
 
     fn id_of_key(&self, key: &str) -> Option<String> {
         (!key.is_empty())
-            .then(|| self.records.iter().find(|(_, (k, _))| k == key))
+            .then(|| self.records.iter().find(|(_, stored)| stored.key == key))
+            .flatten()
+            .map(|(id, _)| id.clone())
+    }
+
+    fn id_of_identity(&self, identity: &str) -> Option<String> {
+        (!identity.is_empty() && !self.without_identities)
+            .then(|| {
+                self.records
+                    .iter()
+                    .find(|(_, stored)| stored.identity == identity)
+            })
             .flatten()
             .map(|(id, _)| id.clone())
     }
@@ -85,9 +106,29 @@ impl FakeStore {
         self.state().record(id)
     }
 
-    /// Adds a record with this key (empty: unowned) and returns its ID.
+    /// Adds a record with this key (empty: unowned) and no identity, as an
+    /// operator older than identities made them, and returns its ID.
     pub fn insert(&self, key: &str, data: PetData) -> String {
-        self.state().add(key, data)
+        self.insert_with_identity(key, "", data)
+    }
+
+    /// Adds a record with this key and identity and returns its ID.
+    pub fn insert_with_identity(&self, key: &str, identity: &str, data: PetData) -> String {
+        self.state().add(Stored {
+            key: key.to_owned(),
+            identity: identity.to_owned(),
+            data,
+        })
+    }
+
+    /// Removes a record without a call, as another client would.
+    pub fn remove(&self, id: &str) {
+        self.state().records.remove(id);
+    }
+
+    /// Behave as a store older than identities: keep and find none.
+    pub fn set_without_identities(&self, without: bool) {
+        self.state().without_identities = without;
     }
 
     pub fn set_unavailable(&self, unavailable: bool) {
@@ -151,7 +192,12 @@ impl FakeStore {
 
 #[tonic::async_trait]
 impl PetStore for FakeStore {
-    async fn observe(&self, id: Option<&str>, key: &str) -> Result<Lookup, StoreError> {
+    async fn observe(
+        &self,
+        id: Option<&str>,
+        key: &str,
+        identity: Option<&str>,
+    ) -> Result<Lookup, StoreError> {
         let mut state = self.enter(
             Operation::Observe,
             format!("observe:{}:{key}", id.unwrap_or("-")),
@@ -164,14 +210,23 @@ impl PetStore for FakeStore {
         let lookup = Lookup {
             by_id: id.and_then(|id| state.record(id)),
             by_key: state.id_of_key(key).and_then(|id| state.record(&id)),
+            by_identity: identity
+                .and_then(|identity| state.id_of_identity(identity))
+                .and_then(|id| state.record(&id)),
+            identities: identity.is_some() && !state.without_identities,
         };
-        if let Some((key, data)) = state.late_create.take() {
-            state.add(&key, data);
+        if let Some(stored) = state.late_create.take() {
+            state.add(stored);
         }
         Ok(lookup)
     }
 
-    async fn create(&self, key: &str, pet: &PetData) -> Result<Created, StoreError> {
+    async fn create(
+        &self,
+        key: &str,
+        identity: Option<&str>,
+        pet: &PetData,
+    ) -> Result<Created, StoreError> {
         let mut state = self.enter(Operation::Create, format!("create:{key}"))?;
         if state.reject_creates {
             return Err(StoreError::Rejected {
@@ -179,8 +234,17 @@ impl PetStore for FakeStore {
                 message: "pets[0].name: rejected by the fake".into(),
             });
         }
+        let identity = match state.without_identities {
+            true => "",
+            false => identity.unwrap_or(""),
+        };
+        let stored = Stored {
+            key: key.to_owned(),
+            identity: identity.to_owned(),
+            data: pet.clone(),
+        };
         if std::mem::take(&mut state.commit_next_create_late) {
-            state.late_create = Some((key.to_owned(), pet.clone()));
+            state.late_create = Some(stored);
             return Err(StoreError::Unavailable {
                 operation: Operation::Create,
                 message: "deadline exceeded".into(),
@@ -189,12 +253,19 @@ impl PetStore for FakeStore {
         }
         if state.without_extensions {
             // The original store drops the key and never says what it did.
-            return Ok(Created::Unknown(state.add("", pet.clone())));
+            return Ok(Created::Unknown(state.add(Stored {
+                key: String::new(),
+                identity: String::new(),
+                data: pet.clone(),
+            })));
         }
-        if let Some(id) = state.id_of_key(key) {
+        if let Some(id) = state
+            .id_of_key(key)
+            .or_else(|| state.id_of_identity(identity))
+        {
             return Ok(Created::Existing(id));
         }
-        Ok(Created::New(state.add(key, pet.clone())))
+        Ok(Created::New(state.add(stored)))
     }
 
     async fn watch(&self, after_revision: i64) -> Result<Feed, StoreError> {
@@ -214,8 +285,8 @@ impl PetStore for FakeStore {
             state.records.remove(id);
         }
         match state.records.get_mut(id) {
-            Some((_, data)) => {
-                *data = pet.clone();
+            Some(stored) => {
+                stored.data = pet.clone();
                 Ok(())
             }
             None => Err(StoreError::NotFound { id: id.to_owned() }),
@@ -228,7 +299,13 @@ impl PetStore for FakeStore {
         Ok(())
     }
 
-    async fn set_key(&self, id: &str, expected: &str, new: &str) -> Result<(), StoreError> {
+    async fn set_key(
+        &self,
+        id: &str,
+        expected: &str,
+        new: &str,
+        identity: Option<&str>,
+    ) -> Result<(), StoreError> {
         let mut state = self.enter(Operation::SetKey, format!("set_key:{id}:{expected}->{new}"))?;
         if state.without_extensions {
             return Err(StoreError::Unimplemented {
@@ -236,16 +313,16 @@ impl PetStore for FakeStore {
             });
         }
         if let Some(key) = state.rekey_before_set_key.take()
-            && let Some((k, _)) = state.records.get_mut(id)
+            && let Some(stored) = state.records.get_mut(id)
         {
-            *k = key;
+            stored.key = key;
         }
         let conflict = |message: String| StoreError::KeyConflict {
             id: id.to_owned(),
             message,
         };
         let current = match state.records.get(id) {
-            Some((key, _)) => key.clone(),
+            Some(stored) => stored.key.clone(),
             None => return Err(StoreError::NotFound { id: id.to_owned() }),
         };
         if current != expected {
@@ -254,8 +331,21 @@ impl PetStore for FakeStore {
         if state.id_of_key(new).is_some_and(|owner| owner != id) {
             return Err(conflict(format!("key {new:?} belongs to another pet")));
         }
-        if let Some((key, _)) = state.records.get_mut(id) {
-            *key = new.to_owned();
+        let identity = identity.filter(|_| !state.without_identities);
+        if let Some(identity) = identity
+            && state
+                .id_of_identity(identity)
+                .is_some_and(|holder| holder != id)
+        {
+            return Err(conflict(format!(
+                "identity {identity:?} belongs to another pet"
+            )));
+        }
+        if let Some(stored) = state.records.get_mut(id) {
+            stored.key = new.to_owned();
+            if let Some(identity) = identity {
+                stored.identity = identity.to_owned();
+            }
         }
         Ok(())
     }

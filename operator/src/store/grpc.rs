@@ -209,6 +209,25 @@ impl GrpcPetStore {
         })
     }
 
+    /// Every record `request` matches (SearchPets), for `kubectl petstore
+    /// import`.
+    pub async fn search(&self, request: pb::SearchPetsReq) -> Result<Vec<Record>, StoreError> {
+        let mut stream = self
+            .rpc
+            .call(async |mut c| c.search_pets(request).await)
+            .await
+            .map_err(classify(Operation::Search))?;
+        let mut records = Vec::new();
+        while let Some(pet) = stream
+            .message()
+            .await
+            .map_err(classify(Operation::Search))?
+        {
+            records.push(Self::record(Operation::Search, &pet)?);
+        }
+        Ok(records)
+    }
+
     fn record(operation: Operation, pet: &pb::Pet) -> Result<Record, StoreError> {
         from_proto(pet).ok_or_else(|| StoreError::Failed {
             operation,
@@ -392,6 +411,9 @@ fn feed_batch(resp: pb::WatchPetsResp) -> Result<FeedBatch, StoreError> {
         .changes
         .into_iter()
         .map(|change| {
+            // A delete carries the record as it was (from a store that
+            // says): only its identity matters, to find the Pet waiting on
+            // a record of its name.
             let record = match &change.pet {
                 Some(pet) if change.kind != pb::pet_change::Kind::Deleted as i32 => {
                     Some(GrpcPetStore::record(Operation::Watch, pet)?)
@@ -402,6 +424,7 @@ fn feed_batch(resp: pb::WatchPetsResp) -> Result<FeedBatch, StoreError> {
                 revision: change.revision,
                 id: change.id,
                 record,
+                identity: change.pet.map(|pet| pet.identity).unwrap_or_default(),
             })
         })
         .collect::<Result<_, StoreError>>()?;
@@ -433,17 +456,24 @@ impl PetStore for GrpcPetStore {
         Ok(feed.boxed())
     }
 
-    async fn observe(&self, id: Option<&str>, key: &str) -> Result<Lookup, StoreError> {
+    async fn observe(
+        &self,
+        id: Option<&str>,
+        key: &str,
+        identity: Option<&str>,
+    ) -> Result<Lookup, StoreError> {
         let request = pb::GetPetsReq {
             ids: id.into_iter().map(str::to_owned).collect(),
             idempotency_keys: vec![key.to_owned()],
+            identities: identity.into_iter().map(str::to_owned).collect(),
         };
         let resp = self
             .rpc
             .call(async |mut c| c.get_pets(request).await)
             .await
             .map_err(classify(Operation::Observe))?;
-        // A record found both ways is returned once; match each by field.
+        // A record found more than one way is returned once; match each by
+        // field.
         let mut lookup = Lookup::default();
         for pet in &resp.pets {
             if id == Some(pet.id.as_str()) {
@@ -452,7 +482,14 @@ impl PetStore for GrpcPetStore {
             if pet.idempotency_key == key {
                 lookup.by_key = Some(Self::record(Operation::Observe, pet)?);
             }
+            if identity.is_some_and(|identity| pet.identity == identity) {
+                lookup.by_identity = Some(Self::record(Operation::Observe, pet)?);
+            }
         }
+        // A store that predates identities neither finds nor lists them.
+        lookup.identities = identity.is_some_and(|identity| {
+            lookup.by_identity.is_some() || resp.missing_identities.iter().any(|m| m == identity)
+        });
         Ok(lookup)
     }
 
@@ -460,9 +497,14 @@ impl PetStore for GrpcPetStore {
         Some(&self.echoes)
     }
 
-    async fn create(&self, key: &str, pet: &PetData) -> Result<Created, StoreError> {
+    async fn create(
+        &self,
+        key: &str,
+        identity: Option<&str>,
+        pet: &PetData,
+    ) -> Result<Created, StoreError> {
         self.echoes.create(key, pet);
-        let pet = to_proto("", key, pet);
+        let pet = to_proto("", key, identity.unwrap_or(""), pet);
         let (id, created) = match self.create_queue() {
             Some(queue) => {
                 let (reply, answer) = oneshot::channel();
@@ -479,6 +521,9 @@ impl PetStore for GrpcPetStore {
                 .next()
                 .ok_or_else(no_id)?,
         };
+        if created != Some(true) {
+            self.echoes.nothing_created(key);
+        }
         // A store that predates `created` leaves it empty.
         Ok(match created {
             Some(true) => Created::New(id),
@@ -490,7 +535,7 @@ impl PetStore for GrpcPetStore {
     async fn update(&self, id: &str, pet: &PetData) -> Result<(), StoreError> {
         self.echoes.update(id, pet);
         let request = pb::UpdatePetsReq {
-            pets: vec![to_proto(id, "", pet)],
+            pets: vec![to_proto(id, "", "", pet)],
         };
         match self
             .rpc
@@ -517,13 +562,20 @@ impl PetStore for GrpcPetStore {
             .map_err(classify(Operation::Delete))
     }
 
-    async fn set_key(&self, id: &str, expected: &str, new: &str) -> Result<(), StoreError> {
+    async fn set_key(
+        &self,
+        id: &str,
+        expected: &str,
+        new: &str,
+        identity: Option<&str>,
+    ) -> Result<(), StoreError> {
         self.echoes.set_key(id, new);
         let request = pb::SetIdempotencyKeysReq {
             changes: vec![pb::KeyChange {
                 id: id.to_owned(),
                 expected_key: expected.to_owned(),
                 new_key: new.to_owned(),
+                new_identity: identity.map(str::to_owned),
             }],
         };
         match self
@@ -655,9 +707,11 @@ mod tests {
     }
 
     async fn create_all(client: &GrpcPetStore, names: &[&str]) -> Vec<Result<Created, StoreError>> {
-        let creates = names
-            .iter()
-            .map(|name| async move { client.create(&format!("key-{name}"), &pet(name)).await });
+        let creates = names.iter().map(|name| async move {
+            client
+                .create(&format!("key-{name}"), None, &pet(name))
+                .await
+        });
         futures::future::join_all(creates).await
     }
 

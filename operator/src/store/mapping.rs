@@ -30,13 +30,14 @@ impl From<ValidPetType> for PetType {
     }
 }
 
-pub fn to_proto(id: &str, key: &str, pet: &PetData) -> pb::Pet {
+pub fn to_proto(id: &str, key: &str, identity: &str, pet: &PetData) -> pb::Pet {
     pb::Pet {
         id: id.to_owned(),
         name: pet.name.clone(),
         r#type: ValidPetType::from(pet.pet_type).into(),
         birthday: Some(pet.birthday.into()),
         idempotency_key: key.to_owned(),
+        identity: identity.to_owned(),
     }
 }
 
@@ -46,6 +47,7 @@ pub fn from_proto(pet: &pb::Pet) -> Option<Record> {
         id: pet.id.clone(),
         // Ownership is decided by the key, so it must never be dropped here.
         key: pet.idempotency_key.clone(),
+        identity: pet.identity.clone(),
         data: PetData {
             name: pet.name.clone(),
             pet_type: ValidPetType::from_wire(pet.r#type)?.into(),
@@ -81,7 +83,7 @@ mod tests {
         for unknown in [WirePetType::PtUnknown.into(), 99] {
             let proto = pb::Pet {
                 r#type: unknown,
-                ..to_proto("id", "", &data)
+                ..to_proto("id", "", "", &data)
             };
             assert!(from_proto(&proto).is_none(), "type {unknown}");
         }
@@ -113,11 +115,12 @@ mod tests {
         let data = PetData::named("Tron")
             .of_type(PetType::Cat)
             .born(2020, 6, 25);
-        let proto = to_proto("id-1", "uid-1", &data);
+        let proto = to_proto("id-1", "uid-1", "default/thor", &data);
         assert_eq!(proto.idempotency_key, "uid-1");
         let record = from_proto(&proto).expect("valid record");
         assert_eq!(record.id, "id-1");
         assert_eq!(record.key, "uid-1", "the owner's key is kept");
+        assert_eq!(record.identity, "default/thor", "and its identity");
         assert_eq!(record.data, data);
     }
 
@@ -125,6 +128,7 @@ mod tests {
     fn invalid_store_data_is_not_mistaken_for_a_pet() {
         let mut proto = to_proto(
             "id",
+            "",
             "",
             &PetData::named("x").of_type(PetType::Bird).born(2020, 1, 1),
         );

@@ -73,6 +73,8 @@ pub enum Field {
     Birthday,
     /// The idempotency key: who owns the record (never drift).
     Key,
+    /// The identity: which Pet name finds the record (never drift).
+    Identity,
     Record,
 }
 
@@ -83,6 +85,7 @@ impl Field {
             Field::Type => "type",
             Field::Birthday => "birthday",
             Field::Key => "key",
+            Field::Identity => "identity",
             Field::Record => "record",
         }
     }
@@ -132,10 +135,45 @@ impl std::fmt::Display for Changes {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Record {
     pub id: String,
-    /// Its idempotency key: the UID of the Pet that owns it, or empty for a
-    /// record nobody owns (made outside Kubernetes, or released by Orphan).
+    /// Its idempotency key: the [`pet_key`] of the Pet that owns it,
+    /// or empty for a record nobody owns (made outside Kubernetes, or
+    /// released by Orphan).
     pub key: String,
+    /// The `<namespace>/<name>` of the Pet it was last owned by, kept when
+    /// it is released; empty for a record made outside Kubernetes or by an
+    /// operator older than identities.
+    pub identity: String,
     pub data: PetData,
+}
+
+/// The idempotency key of the Pet with this UID in this installation:
+/// `<installation>/<uid>`, or the bare UID for the unnamed installation (as
+/// every key was before installations). It fences the Pet's record: only
+/// that Pet writes it.
+pub fn pet_key(installation: &str, uid: &str) -> String {
+    if installation.is_empty() {
+        uid.to_owned()
+    } else {
+        format!("{installation}/{uid}")
+    }
+}
+
+/// The key a record handed over to `installation` carries until a Pet
+/// there takes it: the installation with no UID.
+pub fn handover_key(installation: &str) -> String {
+    format!("{installation}/")
+}
+
+/// The Pet UID a key names: after its last slash.
+pub fn uid_of(key: &str) -> &str {
+    key.rsplit_once('/').map_or(key, |(_, uid)| uid)
+}
+
+/// The installation a key names: before its last slash; a bare UID is the
+/// unnamed installation's.
+pub fn installation_of(key: &str) -> &str {
+    key.rsplit_once('/')
+        .map_or("", |(installation, _)| installation)
 }
 
 /// One change to a record, as the store's change feed reports it.
@@ -146,6 +184,9 @@ pub struct RecordChange {
     pub id: String,
     /// The record after the change; `None` when it was deleted.
     pub record: Option<Record>,
+    /// The record's identity: after the change, or, for a delete, as it was
+    /// before (empty from a store that does not say).
+    pub identity: String,
 }
 
 /// One message of the change feed: the store's revision, and the changes
@@ -159,12 +200,32 @@ pub struct FeedBatch {
 /// The change feed, until the store ends it or an error.
 pub type Feed = futures::stream::BoxStream<'static, Result<FeedBatch, StoreError>>;
 
-/// One observation: the record with the asked ID and the record with the
-/// asked key (the same record when the Pet's ID is right).
+/// One observation: the record with the asked ID, the record with the
+/// asked key and the record with the asked identity (one record may be all
+/// three).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Lookup {
     pub by_id: Option<Record>,
     pub by_key: Option<Record>,
+    pub by_identity: Option<Record>,
+    /// The store looked the identity up: it found it or said it was
+    /// missing. A store older than identities does neither, and keeps none.
+    pub identities: bool,
+}
+
+impl Lookup {
+    /// Every distinct record read, in the order by ID, key, identity.
+    pub fn records(&self) -> impl Iterator<Item = &Record> {
+        let mut seen: Vec<&str> = Vec::with_capacity(3);
+        [&self.by_id, &self.by_key, &self.by_identity]
+            .into_iter()
+            .flatten()
+            .filter(move |record| {
+                let new = !seen.contains(&record.id.as_str());
+                seen.push(&record.id);
+                new
+            })
+    }
 }
 
 /// What a create did, as far as the store says.
@@ -207,6 +268,8 @@ pub enum Operation {
     Delete,
     SetKey,
     Watch,
+    /// `kubectl petstore import`'s read; the operator never searches.
+    Search,
 }
 
 impl Operation {
@@ -219,6 +282,7 @@ impl Operation {
             Operation::Delete => "delete",
             Operation::SetKey => "set key",
             Operation::Watch => "watch",
+            Operation::Search => "search",
         }
     }
 
@@ -231,6 +295,7 @@ impl Operation {
             Operation::Delete => "DeletePets",
             Operation::SetKey => "SetIdempotencyKeys",
             Operation::Watch => "WatchPets",
+            Operation::Search => "SearchPets",
         }
     }
 
@@ -243,6 +308,7 @@ impl Operation {
             Operation::Delete => "petstore.PetStore/DeletePets",
             Operation::SetKey => "petstore.PetStore/SetIdempotencyKeys",
             Operation::Watch => "petstore.PetStore/WatchPets",
+            Operation::Search => "petstore.PetStore/SearchPets",
         }
     }
 }
@@ -298,20 +364,38 @@ pub enum StoreError {
 /// idempotent, so a retry after a crash or timeout is always safe.
 #[tonic::async_trait]
 pub trait PetStore: Send + Sync + 'static {
-    /// In one read: the record with ID `id` (if asked) and the record whose
-    /// idempotency key is `key`.
-    async fn observe(&self, id: Option<&str>, key: &str) -> Result<Lookup, StoreError>;
-    /// Creates a record, or returns the one already created with this key,
-    /// saying which if the store tells.
-    async fn create(&self, key: &str, pet: &PetData) -> Result<Created, StoreError>;
+    /// In one read: the record with ID `id` (if asked), the record whose
+    /// idempotency key is `key`, and the record holding `identity` (if
+    /// asked).
+    async fn observe(
+        &self,
+        id: Option<&str>,
+        key: &str,
+        identity: Option<&str>,
+    ) -> Result<Lookup, StoreError>;
+    /// Creates a record with this key and identity, or returns the one that
+    /// already holds either, saying which if the store tells.
+    async fn create(
+        &self,
+        key: &str,
+        identity: Option<&str>,
+        pet: &PetData,
+    ) -> Result<Created, StoreError>;
     /// Replaces the record's data.
     async fn update(&self, id: &str, pet: &PetData) -> Result<(), StoreError>;
     /// Deletes the record; a missing record counts as deleted.
     async fn delete(&self, id: &str) -> Result<(), StoreError>;
     /// Sets the record's key to `new` only if it is still `expected` (empty
-    /// for none): [`StoreError::KeyConflict`] otherwise. Setting the key it
-    /// already has succeeds.
-    async fn set_key(&self, id: &str, expected: &str, new: &str) -> Result<(), StoreError>;
+    /// for none), and its identity to `identity` if given:
+    /// [`StoreError::KeyConflict`] otherwise, or when another record holds
+    /// the identity. Setting the key it already has succeeds.
+    async fn set_key(
+        &self,
+        id: &str,
+        expected: &str,
+        new: &str,
+        identity: Option<&str>,
+    ) -> Result<(), StoreError>;
 
     /// The store's change feed: every change after `after_revision`, or,
     /// with 0, from now on (the first batch then carries the current
@@ -333,7 +417,7 @@ pub trait PetStore: Send + Sync + 'static {
     /// Whether the store answers, and with the extensions: one read by a
     /// key no Pet has.
     async fn probe(&self) -> Probe {
-        match self.observe(None, PROBE_KEY).await {
+        match self.observe(None, PROBE_KEY, None).await {
             Ok(_) => Probe::Extended,
             Err(StoreError::Unavailable { .. }) => Probe::Down,
             Err(_) => Probe::Answers,

@@ -28,6 +28,10 @@ struct StoredPet {
     /// Empty for none.
     #[prost(string, tag = "5")]
     idempotency_key: String,
+    /// Empty for none. Records written before identities existed lack the
+    /// field and so decode without one; an older server skips it.
+    #[prost(string, tag = "6")]
+    identity: String,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -58,7 +62,10 @@ pub(crate) fn corrupt(why: impl Into<Box<dyn std::error::Error + Send + Sync>>) 
 
 /// A change in the durable store's `changes` table (keyed by revision): its
 /// kind (the wire's `PetChange.Kind` number), the record's ID, and the
-/// record after it as a [`StoredPet`] (absent for a deletion).
+/// record after it as a [`StoredPet`]; for a deletion, the record as it was
+/// just before. Deletions written by a store older than this lack the field
+/// and decode without a record; an older server reads the field in a
+/// deletion as it reads it in any change (it was always optional).
 #[derive(Clone, PartialEq, Message)]
 struct StoredChange {
     #[prost(int32, tag = "1")]
@@ -115,6 +122,7 @@ fn stored(record: &PetRecord) -> StoredPet {
             day: birthday.day() as i32,
         }),
         idempotency_key: record.idempotency_key.clone().unwrap_or_default(),
+        identity: record.identity.clone().unwrap_or_default(),
     }
 }
 
@@ -140,6 +148,116 @@ fn from_stored(stored: StoredPet) -> Result<PetRecord, StorageError> {
             birthday,
         },
         idempotency_key: Some(stored.idempotency_key).filter(|key| !key.is_empty()),
+        identity: Some(stored.identity).filter(|identity| !identity.is_empty()),
         id: stored.id,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A record as the release before identities wrote it: Thor, key
+    /// "uid-old", fields 1 to 5 only. Spelled out byte by byte, so a change
+    /// to `StoredPet` cannot change what this test expects.
+    const OLD_PET: &[u8] = b"\x0a\x06old-id\x12\x04Thor\x18\x01\
+        \x22\x07\x08\xe5\x0f\x10\x04\x18\x01\x2a\x07uid-old";
+    /// A KEY_CHANGED change of that release, holding that record.
+    const OLD_CHANGE: &[u8] = b"\x08\x04\x12\x06old-id\x1a\x22\x0a\x06old-id\x12\x04Thor\x18\x01\
+        \x22\x07\x08\xe5\x0f\x10\x04\x18\x01\x2a\x07uid-old";
+    /// A DELETED change of that release: kind 3 and the ID, no record.
+    const OLD_DELETE: &[u8] = b"\x08\x03\x12\x06old-id";
+
+    fn old_record() -> PetRecord {
+        PetRecord {
+            id: "old-id".into(),
+            fields: PetFields {
+                name: "Thor".into(),
+                pet_type: ValidPetType::Canine,
+                birthday: NaiveDate::from_ymd_opt(2021, 4, 1).expect("date"),
+            },
+            idempotency_key: Some("uid-old".into()),
+            identity: None,
+        }
+    }
+
+    #[test]
+    fn records_from_before_identities_decode_and_encode_the_same() {
+        let record = decode(OLD_PET).expect("an old record decodes");
+        assert_eq!(record, old_record());
+        assert_eq!(encode(&record), OLD_PET, "no identity adds no byte");
+    }
+
+    #[test]
+    fn changes_from_before_identities_decode_and_encode_the_same() {
+        let change = decode_change(7, OLD_CHANGE).expect("an old change decodes");
+        assert_eq!(
+            change,
+            Change {
+                revision: 7,
+                kind: ChangeKind::KeyChanged,
+                id: "old-id".into(),
+                record: Some(old_record()),
+            }
+        );
+        assert_eq!(encode_change(&change), OLD_CHANGE);
+    }
+
+    #[test]
+    fn deletions_from_before_they_carried_the_record_decode_without_one() {
+        let change = decode_change(9, OLD_DELETE).expect("an old deletion decodes");
+        assert_eq!(
+            change,
+            Change {
+                revision: 9,
+                kind: ChangeKind::Deleted,
+                id: "old-id".into(),
+                record: None,
+            }
+        );
+        assert_eq!(encode_change(&change), OLD_DELETE);
+    }
+
+    #[test]
+    fn a_deletion_keeps_the_record_as_it_was() {
+        let record = PetRecord {
+            identity: Some("default/thor".into()),
+            ..old_record()
+        };
+        let change = Change {
+            revision: 9,
+            kind: ChangeKind::Deleted,
+            id: record.id.clone(),
+            record: Some(record),
+        };
+        let bytes = encode_change(&change);
+        assert_eq!(decode_change(9, &bytes).expect("decodes"), change);
+        // The old deletion's bytes, then the record as field 3, the field
+        // every other kind of change has always had: a server that wrote
+        // deletions without it reads this one as it reads those.
+        assert_eq!(&bytes[..OLD_DELETE.len()], OLD_DELETE);
+        let old_shape = StoredChange::decode(&bytes[..]).expect("decodes");
+        let pet = old_shape.pet.expect("the record");
+        assert_eq!(
+            (pet.idempotency_key.as_str(), pet.identity.as_str()),
+            ("uid-old", "default/thor")
+        );
+    }
+
+    #[test]
+    fn an_identity_is_field_6_of_a_petstore_pet() {
+        use petstore_proto::petstore as pb;
+        let record = PetRecord {
+            identity: Some("default/thor".into()),
+            ..old_record()
+        };
+        let bytes = encode(&record);
+        assert_eq!(decode(&bytes).expect("decodes"), record);
+        let pet = pb::Pet::decode(bytes.as_slice()).expect("a petstore.Pet");
+        assert_eq!(
+            (pet.identity.as_str(), pet.idempotency_key.as_str()),
+            ("default/thor", "uid-old")
+        );
+        assert_eq!(&bytes[..OLD_PET.len()], OLD_PET, "appended after field 5");
+    }
 }

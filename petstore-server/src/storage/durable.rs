@@ -23,8 +23,8 @@ use tokio::sync::oneshot;
 use super::codec::{decode, decode_change, encode, encode_change};
 use super::feed::{Change, ChangeFeed, ChangeKind, DEFAULT_HISTORY, PendingChange};
 use super::{
-    Cursor, OrEngine, PageFill, PageRequest, SearchPage, Storage, StorageError, check_key_changes,
-    names_from, new_id,
+    Cursor, OrEngine, PageFill, PageRequest, SearchPage, Storage, StorageError, changes_pet,
+    check_key_changes, names_from, new_id,
 };
 use crate::model::{Added, KeyChange, NewPet, PetRecord, PetUpdate, SearchFilter};
 
@@ -33,6 +33,11 @@ use crate::model::{Added, KeyChange, NewPet, PetRecord, PetUpdate, SearchFilter}
 const PETS: TableDefinition<&str, &[u8]> = TableDefinition::new("pets");
 /// Idempotency key -> pet ID.
 const IDS_BY_KEY: TableDefinition<&str, &str> = TableDefinition::new("ids_by_key");
+/// Identity -> pet ID. A file from before identities gets it empty at open,
+/// which is right: none of its records has one. An older server opening a
+/// later file keeps its records but not this table, so an entry is trusted
+/// only while its record still holds the identity (see [`identity_holder`]).
+const IDS_BY_IDENTITY: TableDefinition<&str, &str> = TableDefinition::new("ids_by_identity");
 /// (name, pet ID): the name index. Written in the same transaction as the
 /// pet, so it holds exactly the committed pets, after a `kill -9` too.
 const PETS_BY_NAME: TableDefinition<(&str, &str), ()> = TableDefinition::new("pets_by_name");
@@ -149,6 +154,8 @@ fn migrate(db: &Database) -> Result<(), StorageError> {
     {
         let pets = txn.open_table(PETS).or_engine("initialising tables")?;
         txn.open_table(IDS_BY_KEY)
+            .or_engine("initialising tables")?;
+        txn.open_table(IDS_BY_IDENTITY)
             .or_engine("initialising tables")?;
         txn.open_table(CHANGES).or_engine("initialising tables")?;
         let mut by_name = txn
@@ -314,26 +321,41 @@ fn apply(
 ) -> Result<Applied, StorageError> {
     let mut pets = txn.open_table(PETS).or_engine("writing")?;
     let mut keys = txn.open_table(IDS_BY_KEY).or_engine("writing")?;
+    let mut identities = txn.open_table(IDS_BY_IDENTITY).or_engine("writing")?;
     let mut by_name = txn.open_table(PETS_BY_NAME).or_engine("writing")?;
     match op {
         WriteOp::Add(new_pets) => {
             let mut ids = Vec::with_capacity(new_pets.len());
             for pet in new_pets {
+                // The key first, then the identity; an earlier pet of this
+                // batch is already in the tables.
                 if let Some(key) = &pet.idempotency_key
                     && let Some(existing) = keys.get(key.as_str()).or_engine("writing")?
                 {
                     ids.push(Added::existing(existing.value().to_owned()));
                     continue;
                 }
+                if let Some(identity) = &pet.identity
+                    && let Some(holder) = identity_holder(&pets, &identities, identity)?
+                {
+                    ids.push(Added::existing(holder.id));
+                    continue;
+                }
                 let record = PetRecord {
                     id: new_id(),
                     fields: pet.fields.clone(),
                     idempotency_key: pet.idempotency_key.clone(),
+                    identity: pet.identity.clone(),
                 };
                 pets.insert(record.id.as_str(), encode(&record).as_slice())
                     .or_engine("writing")?;
                 if let Some(key) = &record.idempotency_key {
                     keys.insert(key.as_str(), record.id.as_str())
+                        .or_engine("writing")?;
+                }
+                if let Some(identity) = &record.identity {
+                    identities
+                        .insert(identity.as_str(), record.id.as_str())
                         .or_engine("writing")?;
                 }
                 by_name
@@ -384,10 +406,13 @@ fn apply(
                     if let Some(key) = &record.idempotency_key {
                         keys.remove(key.as_str()).or_engine("writing")?;
                     }
+                    if let Some(identity) = &record.identity {
+                        release_identity(&mut identities, identity, id)?;
+                    }
                     by_name
                         .remove((record.fields.name.as_str(), id.as_str()))
                         .or_engine("writing")?;
-                    published.push(PendingChange::deleted(id));
+                    published.push(PendingChange::deleted(record));
                 }
             }
             Ok(Ok(Vec::new()))
@@ -411,16 +436,23 @@ fn apply(
                         .or_engine("writing")?
                         .map(|id| id.value().to_owned()))
                 },
+                |identity| Ok(identity_holder(&pets, &identities, identity)?.map(|r| r.id)),
             )?;
             if let Some(refusal) = refusal {
                 return Ok(Err(refusal));
             }
-            // Release every old key first, so keys can move between pets
-            // within one batch.
-            for change in changes.iter() {
+            // Release every old key (and every identity being replaced)
+            // first, so they can move between pets within one batch. No
+            // refusal: `records` holds every change's pet, in order.
+            for (change, record) in changes.iter().zip(&records) {
                 if !change.expected_key.is_empty() {
                     keys.remove(change.expected_key.as_str())
                         .or_engine("writing")?;
+                }
+                if change.new_identity.is_some()
+                    && let Some(old) = &record.identity
+                {
+                    release_identity(&mut identities, old, &record.id)?;
                 }
             }
             for (change, mut record) in changes.iter().zip(records) {
@@ -428,11 +460,20 @@ fn apply(
                     keys.insert(change.new_key.as_str(), change.id.as_str())
                         .or_engine("writing")?;
                 }
+                if let Some(identity) = change.identity_to_hold() {
+                    identities
+                        .insert(identity, change.id.as_str())
+                        .or_engine("writing")?;
+                }
+                // Setting the key and identity a pet already has changes nothing.
+                let changed = changes_pet(change, &change.expected_key, record.identity.as_deref());
                 record.idempotency_key = Some(change.new_key.clone()).filter(|k| !k.is_empty());
+                if let Some(identity) = &change.new_identity {
+                    record.identity = Some(identity.clone()).filter(|i| !i.is_empty());
+                }
                 pets.insert(record.id.as_str(), encode(&record).as_slice())
                     .or_engine("writing")?;
-                // Setting the key a pet already has changes nothing.
-                if change.expected_key != change.new_key {
+                if changed {
                     published.push(PendingChange::of(ChangeKind::KeyChanged, &record));
                 }
             }
@@ -471,6 +512,65 @@ fn read_by_keys(db: &Database, keys: &[String]) -> Result<Vec<Option<PetRecord>>
         .collect()
 }
 
+fn read_by_identities(
+    db: &Database,
+    identities: &[String],
+) -> Result<Vec<Option<PetRecord>>, StorageError> {
+    let txn = db.begin_read().or_engine("reading")?;
+    let ids_by_identity = txn.open_table(IDS_BY_IDENTITY).or_engine("reading")?;
+    let pets = txn.open_table(PETS).or_engine("reading")?;
+    identities
+        .iter()
+        .map(|identity| identity_holder(&pets, &ids_by_identity, identity))
+        .collect()
+}
+
+/// The pet that holds `identity`: the index's entry, while its record still
+/// holds the identity. A server from before identities, run on this file,
+/// may have deleted the record or rewritten it without the field, leaving
+/// the entry behind; such an entry names no one.
+fn identity_holder(
+    pets: &impl ReadableTable<&'static str, &'static [u8]>,
+    ids_by_identity: &impl ReadableTable<&'static str, &'static str>,
+    identity: &str,
+) -> Result<Option<PetRecord>, StorageError> {
+    let Some(id) = ids_by_identity
+        .get(identity)
+        .or_engine("reading the identity index")?
+    else {
+        return Ok(None);
+    };
+    let Some(stored) = pets
+        .get(id.value())
+        .or_engine("reading the identity index")?
+    else {
+        return Ok(None);
+    };
+    let record = decode(stored.value())?;
+    Ok(record
+        .identity
+        .as_deref()
+        .is_some_and(|held| held == identity)
+        .then_some(record))
+}
+
+/// Drops `identity`'s index entry if it names `id`: one left behind by an
+/// older server may name another pet by now.
+fn release_identity(
+    ids_by_identity: &mut redb::Table<&str, &str>,
+    identity: &str,
+    id: &str,
+) -> Result<(), StorageError> {
+    let held = ids_by_identity
+        .get(identity)
+        .or_engine("writing")?
+        .is_some_and(|holder| holder.value() == id);
+    if held {
+        ids_by_identity.remove(identity).or_engine("writing")?;
+    }
+    Ok(())
+}
+
 #[tonic::async_trait]
 impl Storage for DurableStorage {
     async fn add(&self, pets: &[NewPet]) -> Result<Vec<Added>, StorageError> {
@@ -499,6 +599,13 @@ impl Storage for DurableStorage {
 
     async fn get_by_keys(&self, keys: &[String]) -> Result<Vec<Option<PetRecord>>, StorageError> {
         read_by_keys(&self.db, keys)
+    }
+
+    async fn get_by_identities(
+        &self,
+        identities: &[String],
+    ) -> Result<Vec<Option<PetRecord>>, StorageError> {
+        read_by_identities(&self.db, identities)
     }
 
     async fn search_page(&self, page: PageRequest<'_>) -> Result<SearchPage, StorageError> {

@@ -51,7 +51,9 @@ pub struct Change {
     pub revision: i64,
     pub kind: ChangeKind,
     pub id: String,
-    /// The record after the change; `None` for a deletion.
+    /// The record after the change; for a deletion, the record as it was
+    /// just before. `None` only for a deletion read from history written by
+    /// a store older than this one.
     pub record: Option<PetRecord>,
 }
 
@@ -73,11 +75,14 @@ impl PendingChange {
         }
     }
 
-    pub(crate) fn deleted(id: &str) -> Self {
+    /// The deletion of `record`, which the change carries as it was just
+    /// before, so a watcher can tell whose record went (its key, its
+    /// identity), not only its ID.
+    pub(crate) fn deleted(record: PetRecord) -> Self {
         Self {
             kind: ChangeKind::Deleted,
-            id: id.to_owned(),
-            record: None,
+            id: record.id.clone(),
+            record: Some(record),
         }
     }
 

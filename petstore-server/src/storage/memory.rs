@@ -7,8 +7,8 @@ use std::sync::{PoisonError, RwLock};
 
 use super::feed::{ChangeFeed, ChangeKind, DEFAULT_HISTORY, PendingChange};
 use super::{
-    Cursor, PageFill, PageRequest, SearchPage, Storage, StorageError, check_key_changes,
-    names_from, new_id,
+    Cursor, PageFill, PageRequest, SearchPage, Storage, StorageError, changes_pet,
+    check_key_changes, names_from, new_id,
 };
 use crate::model::{Added, KeyChange, NewPet, PetRecord, PetUpdate};
 
@@ -28,6 +28,7 @@ struct Inner {
     /// Ordered by ID so a search can resume after the last ID it returned.
     pets: BTreeMap<String, PetRecord>,
     ids_by_key: HashMap<String, String>,
+    ids_by_identity: HashMap<String, String>,
     /// (name, ID) of every pet: the name index.
     by_name: BTreeSet<(String, String)>,
     /// The revision of the latest change.
@@ -76,11 +77,18 @@ impl Storage for MemoryStorage {
         let mut ids = Vec::with_capacity(pets.len());
         let mut changes = Vec::new();
         for pet in pets {
-            if let Some(existing) = pet
+            // The key first, then the identity; an earlier pet of this batch
+            // is already in the indexes.
+            let existing = pet
                 .idempotency_key
                 .as_ref()
                 .and_then(|key| inner.ids_by_key.get(key))
-            {
+                .or_else(|| {
+                    pet.identity
+                        .as_ref()
+                        .and_then(|identity| inner.ids_by_identity.get(identity))
+                });
+            if let Some(existing) = existing {
                 ids.push(Added::existing(existing.clone()));
                 continue;
             }
@@ -88,11 +96,15 @@ impl Storage for MemoryStorage {
             if let Some(key) = &pet.idempotency_key {
                 inner.ids_by_key.insert(key.clone(), id.clone());
             }
+            if let Some(identity) = &pet.identity {
+                inner.ids_by_identity.insert(identity.clone(), id.clone());
+            }
             inner.by_name.insert((pet.fields.name.clone(), id.clone()));
             let record = PetRecord {
                 id: id.clone(),
                 fields: pet.fields.clone(),
                 idempotency_key: pet.idempotency_key.clone(),
+                identity: pet.identity.clone(),
             };
             changes.push(PendingChange::of(ChangeKind::Created, &record));
             inner.pets.insert(id.clone(), record);
@@ -145,8 +157,13 @@ impl Storage for MemoryStorage {
                 if let Some(key) = &record.idempotency_key {
                     inner.ids_by_key.remove(key);
                 }
-                changes.push(PendingChange::deleted(id));
-                inner.by_name.remove(&(record.fields.name, record.id));
+                if let Some(identity) = &record.identity {
+                    inner.ids_by_identity.remove(identity);
+                }
+                inner
+                    .by_name
+                    .remove(&(record.fields.name.clone(), record.id.clone()));
+                changes.push(PendingChange::deleted(record));
             }
         }
         self.publish(&mut inner, changes);
@@ -172,6 +189,23 @@ impl Storage for MemoryStorage {
             .collect())
     }
 
+    async fn get_by_identities(
+        &self,
+        identities: &[String],
+    ) -> Result<Vec<Option<PetRecord>>, StorageError> {
+        let inner = self.read();
+        Ok(identities
+            .iter()
+            .map(|identity| {
+                inner
+                    .ids_by_identity
+                    .get(identity)
+                    .and_then(|id| inner.pets.get(id))
+                    .cloned()
+            })
+            .collect())
+    }
+
     async fn set_keys(&self, changes: &[KeyChange]) -> Result<(), StorageError> {
         let mut inner = self.write();
         let refusal = check_key_changes(
@@ -183,15 +217,22 @@ impl Storage for MemoryStorage {
                     .map(|p| p.idempotency_key.clone().unwrap_or_default()))
             },
             |key| Ok(inner.ids_by_key.get(key).cloned()),
+            |identity| Ok(inner.ids_by_identity.get(identity).cloned()),
         )?;
         if let Some(refusal) = refusal {
             return Err(refusal);
         }
-        // Release every old key first, so keys can move between pets within
-        // one batch.
+        let inner = &mut *inner;
+        // Release every old key (and every identity being replaced) first,
+        // so they can move between pets within one batch.
         for change in changes {
             if !change.expected_key.is_empty() {
                 inner.ids_by_key.remove(&change.expected_key);
+            }
+            if change.new_identity.is_some()
+                && let Some(old) = inner.pets.get(&change.id).and_then(|p| p.identity.as_ref())
+            {
+                inner.ids_by_identity.remove(old);
             }
         }
         let mut published = Vec::new();
@@ -201,15 +242,24 @@ impl Storage for MemoryStorage {
                     .ids_by_key
                     .insert(change.new_key.clone(), change.id.clone());
             }
+            if let Some(identity) = change.identity_to_hold() {
+                inner
+                    .ids_by_identity
+                    .insert(identity.to_owned(), change.id.clone());
+            }
             if let Some(record) = inner.pets.get_mut(&change.id) {
+                // Setting the key and identity a pet already has changes nothing.
+                let changed = changes_pet(change, &change.expected_key, record.identity.as_deref());
                 record.idempotency_key = Some(change.new_key.clone()).filter(|key| !key.is_empty());
-                // Setting the key a pet already has changes nothing.
-                if change.expected_key != change.new_key {
+                if let Some(identity) = &change.new_identity {
+                    record.identity = Some(identity.clone()).filter(|i| !i.is_empty());
+                }
+                if changed {
                     published.push(PendingChange::of(ChangeKind::KeyChanged, record));
                 }
             }
         }
-        self.publish(&mut inner, published);
+        self.publish(inner, published);
         Ok(())
     }
 

@@ -36,6 +36,10 @@ pub enum StorageError {
     /// was changed.
     #[error("key {key:?} already belongs to another pet")]
     KeyTaken { index: usize, key: String },
+    /// A key change would give an identity that another pet already holds;
+    /// nothing was changed.
+    #[error("identity {identity:?} already belongs to another pet")]
+    IdentityTaken { index: usize, identity: String },
     #[error("storage engine failed while {action}: {source}")]
     Engine {
         action: &'static str,
@@ -80,19 +84,27 @@ where
 pub trait Storage: Send + Sync + 'static {
     /// Adds pets and returns their IDs in order. A pet whose idempotency key is
     /// already stored (or appears earlier in the same batch) gets the existing
-    /// ID, marked as not created, and is not added again.
+    /// ID, marked as not created, and is not added again; failing that, the
+    /// same for its identity.
     async fn add(&self, pets: &[NewPet]) -> Result<Vec<Added>, StorageError>;
     /// Replaces the fields of existing pets; fails with `NotFound`, changing
     /// nothing, if any ID is unknown.
     async fn update(&self, pets: &[PetUpdate]) -> Result<(), StorageError>;
-    /// Deletes pets (and their idempotency keys); unknown IDs are ignored.
+    /// Deletes pets (freeing their keys and identities); unknown IDs are
+    /// ignored.
     async fn delete(&self, ids: &[String]) -> Result<(), StorageError>;
     /// Looks pets up by ID; `None` where an ID is unknown.
     async fn get(&self, ids: &[String]) -> Result<Vec<Option<PetRecord>>, StorageError>;
     /// Looks pets up by idempotency key; `None` where a key is unknown.
     async fn get_by_keys(&self, keys: &[String]) -> Result<Vec<Option<PetRecord>>, StorageError>;
-    /// Changes pets' idempotency keys, each only if its current key (empty for
-    /// none) equals `expected_key`. All or nothing.
+    /// Looks pets up by identity; `None` where an identity is unknown.
+    async fn get_by_identities(
+        &self,
+        identities: &[String],
+    ) -> Result<Vec<Option<PetRecord>>, StorageError>;
+    /// Changes pets' idempotency keys (and identities, where a change gives
+    /// one), each only if its current key (empty for none) equals
+    /// `expected_key`. All or nothing.
     async fn set_keys(&self, changes: &[KeyChange]) -> Result<(), StorageError>;
     /// One page of a search. A search walks entries in one order: with
     /// names in the filter, the name index's entries for those names, by
@@ -303,13 +315,16 @@ impl StorageConfig {
 
 /// Decides a batch of key changes against the current keys, the same way for
 /// every backend: `current_key(id)` is `None` for an unknown pet and
-/// `Some("")` for a pet without a key; `holder(key)` is the pet that holds a
-/// key. Returns the error that refuses the whole batch, if any. The request
-/// was validated, so IDs and non-empty new keys are unique within it.
+/// `Some("")` for a pet without a key; `key_holder(key)` and
+/// `identity_holder(identity)` are the pet that holds a key or an identity.
+/// Returns the error that refuses the whole batch, if any. The request was
+/// validated, so IDs, non-empty new keys and non-empty new identities are
+/// unique within it.
 pub(crate) fn check_key_changes(
     changes: &[KeyChange],
     mut current_key: impl FnMut(&str) -> Result<Option<String>, StorageError>,
-    mut holder: impl FnMut(&str) -> Result<Option<String>, StorageError>,
+    mut key_holder: impl FnMut(&str) -> Result<Option<String>, StorageError>,
+    mut identity_holder: impl FnMut(&str) -> Result<Option<String>, StorageError>,
 ) -> Result<Option<StorageError>, StorageError> {
     for (index, change) in changes.iter().enumerate() {
         let Some(actual) = current_key(&change.id)? else {
@@ -328,24 +343,50 @@ pub(crate) fn check_key_changes(
         }
     }
     for (index, change) in changes.iter().enumerate() {
-        if change.new_key.is_empty() {
-            continue;
+        if !change.new_key.is_empty() {
+            // A key held by a pet that gives it up in this same batch is free.
+            if let Some(holder) = key_holder(&change.new_key)? {
+                let released = changes
+                    .iter()
+                    .any(|other| other.id == holder && other.new_key != change.new_key);
+                if holder != change.id && !released {
+                    return Ok(Some(StorageError::KeyTaken {
+                        index,
+                        key: change.new_key.clone(),
+                    }));
+                }
+            }
         }
-        // A key held by a pet that gives it up in this same batch is free.
-        let Some(holder) = holder(&change.new_key)? else {
-            continue;
-        };
-        let released = changes
-            .iter()
-            .any(|other| other.id == holder && other.new_key != change.new_key);
-        if holder != change.id && !released {
-            return Ok(Some(StorageError::KeyTaken {
-                index,
-                key: change.new_key.clone(),
-            }));
+        if let Some(identity) = change.identity_to_hold() {
+            // Likewise an identity whose holder takes another (or none) here.
+            if let Some(holder) = identity_holder(identity)? {
+                let released = changes.iter().any(|other| {
+                    other.id == holder
+                        && other
+                            .new_identity
+                            .as_deref()
+                            .is_some_and(|other| other != identity)
+                });
+                if holder != change.id && !released {
+                    return Ok(Some(StorageError::IdentityTaken {
+                        index,
+                        identity: identity.to_owned(),
+                    }));
+                }
+            }
         }
     }
     Ok(None)
+}
+
+/// Whether a key change changes its pet, which held `old_key` and
+/// `old_identity`: a change that sets what the pet has announces nothing.
+pub(crate) fn changes_pet(change: &KeyChange, old_key: &str, old_identity: Option<&str>) -> bool {
+    change.new_key != old_key
+        || change
+            .new_identity
+            .as_deref()
+            .is_some_and(|new| new != old_identity.unwrap_or_default())
 }
 
 fn new_id() -> String {

@@ -1,7 +1,8 @@
 //! PostgreSQL backend: any number of stateless store replicas serve one
 //! database. Every request is one transaction, so batches stay all or
-//! nothing; a unique constraint on the idempotency key makes concurrent
-//! creates with the same key, from any replicas, produce one record.
+//! nothing; unique constraints on the idempotency key and on the identity
+//! make concurrent creates with the same key or identity, from any
+//! replicas, produce one record.
 //!
 //! The change feed: each write transaction takes its revisions from the one
 //! row of `petstore_revision` (`UPDATE ... RETURNING`), writes its changes
@@ -28,8 +29,8 @@ use tokio_postgres::{AsyncMessage, NoTls, Row};
 use super::codec::{self, corrupt};
 use super::feed::{Change, ChangeFeed, ChangeKind, DEFAULT_HISTORY, PendingChange};
 use super::{
-    Cursor, OrEngine, PageFill, PageRequest, SearchPage, Storage, StorageError, check_key_changes,
-    new_id,
+    Cursor, OrEngine, PageFill, PageRequest, SearchPage, Storage, StorageError, changes_pet,
+    check_key_changes, new_id,
 };
 use crate::model::{Added, KeyChange, NewPet, PetFields, PetRecord, PetUpdate, ValidPetType};
 
@@ -56,7 +57,8 @@ const MIGRATIONS: &[&str] = &[
     )",
     "INSERT INTO petstore_revision (singleton, revision) VALUES (true, 0)
      ON CONFLICT (singleton) DO NOTHING",
-    // The latest changes; the record's columns are NULL for a deletion.
+    // The latest changes, with the record after each (for a deletion, as it
+    // was just before; NULL in a deletion written by an older store).
     "CREATE TABLE IF NOT EXISTS petstore_changes (
         revision bigint PRIMARY KEY,
         kind smallint NOT NULL,
@@ -66,7 +68,15 @@ const MIGRATIONS: &[&str] = &[
         birthday date,
         idempotency_key text COLLATE \"C\"
     )",
+    // Identities came later: a table made before gains the column, NULL
+    // (no identity) in every existing row, and the unique index.
+    "ALTER TABLE petstore_pets ADD COLUMN IF NOT EXISTS identity text COLLATE \"C\"",
+    "CREATE UNIQUE INDEX IF NOT EXISTS petstore_pets_by_identity ON petstore_pets (identity)",
+    "ALTER TABLE petstore_changes ADD COLUMN IF NOT EXISTS identity text COLLATE \"C\"",
 ];
+
+/// The unique index on identities, named in its violations.
+const IDENTITY_INDEX: &str = "petstore_pets_by_identity";
 
 /// The channel every write notifies and every replica listens on.
 const CHANNEL: &str = "petstore_changes";
@@ -76,9 +86,9 @@ const SAFETY_POLL: Duration = Duration::from_secs(1);
 /// Most changes one read of the change table takes into the feed.
 const READ_BATCH: i64 = 1000;
 
-const COLUMNS: &str = "id, name, species, birthday, idempotency_key";
+const COLUMNS: &str = "id, name, species, birthday, idempotency_key, identity";
 /// [`COLUMNS`] of an `UPDATE ... FROM` that names the table `p`.
-const RETURNED_COLUMNS: &str = "p.id, p.name, p.species, p.birthday, p.idempotency_key";
+const RETURNED_COLUMNS: &str = "p.id, p.name, p.species, p.birthday, p.idempotency_key, p.identity";
 
 /// How to reach the database.
 #[derive(Clone)]
@@ -253,7 +263,8 @@ async fn load_feed(pool: &Pool, history: usize) -> Result<ChangeFeed, StorageErr
     Ok(ChangeFeed::new(history, revision, recent))
 }
 
-const CHANGE_COLUMNS: &str = "revision, kind, id, name, species, birthday, idempotency_key";
+const CHANGE_COLUMNS: &str =
+    "revision, kind, id, name, species, birthday, idempotency_key, identity";
 
 fn change(row: &Row) -> Result<Change, StorageError> {
     let revision: i64 = row.try_get(0).map_err(corrupt)?;
@@ -273,6 +284,7 @@ fn change(row: &Row) -> Result<Change, StorageError> {
                 birthday,
             },
             idempotency_key: row.try_get(6).map_err(corrupt)?,
+            identity: row.try_get(7).map_err(corrupt)?,
         }),
         _ => None,
     };
@@ -398,12 +410,23 @@ async fn record_changes(
     let keys: Vec<Option<&str>> = records()
         .map(|r| r.and_then(|r| r.idempotency_key.as_deref()))
         .collect();
+    let identities: Vec<Option<&str>> = records()
+        .map(|r| r.and_then(|r| r.identity.as_deref()))
+        .collect();
     txn.execute(
-        "INSERT INTO petstore_changes (revision, kind, id, name, species, birthday, idempotency_key)
+        "INSERT INTO petstore_changes
+             (revision, kind, id, name, species, birthday, idempotency_key, identity)
          SELECT * FROM unnest($1::bigint[], $2::smallint[], $3::text[], $4::text[],
-                              $5::smallint[], $6::date[], $7::text[])",
+                              $5::smallint[], $6::date[], $7::text[], $8::text[])",
         &[
-            &revisions, &kinds, &ids, &names, &species, &birthdays, &keys,
+            &revisions,
+            &kinds,
+            &ids,
+            &names,
+            &species,
+            &birthdays,
+            &keys,
+            &identities,
         ],
     )
     .await
@@ -438,6 +461,7 @@ fn record(row: &Row) -> Result<PetRecord, StorageError> {
             birthday: row.try_get::<_, NaiveDate>(3).map_err(corrupt)?,
         },
         idempotency_key: row.try_get(4).map_err(corrupt)?,
+        identity: row.try_get(5).map_err(corrupt)?,
     })
 }
 
@@ -463,11 +487,13 @@ async fn text_pairs(
 impl Storage for PostgresStorage {
     async fn add(&self, pets: &[NewPet]) -> Result<Vec<Added>, StorageError> {
         let mut client = self.client().await?;
+        // No conflict target: a row is skipped if its key or its identity is
+        // taken, and the lookups below tell which (the key first).
         let insert = client
             .prepare_cached(
-                "INSERT INTO petstore_pets (id, name, species, birthday, idempotency_key)
-                 VALUES ($1, $2, $3, $4, $5)
-                 ON CONFLICT (idempotency_key) DO NOTHING
+                "INSERT INTO petstore_pets (id, name, species, birthday, idempotency_key, identity)
+                 VALUES ($1, $2, $3, $4, $5, $6)
+                 ON CONFLICT DO NOTHING
                  RETURNING id",
             )
             .await
@@ -476,27 +502,31 @@ impl Storage for PostgresStorage {
             .prepare_cached("SELECT id FROM petstore_pets WHERE idempotency_key = $1")
             .await
             .or_engine("preparing a lookup")?;
+        let by_identity = client
+            .prepare_cached("SELECT id FROM petstore_pets WHERE identity = $1")
+            .await
+            .or_engine("preparing a lookup")?;
         let txn = client.transaction().await.or_engine("starting an add")?;
         let new_ids: Vec<String> = pets.iter().map(|_| new_id()).collect();
-        let rows: Vec<(String, String, i16, NaiveDate, Option<String>)> = pets
+        let codes: Vec<i16> = pets
             .iter()
-            .zip(&new_ids)
-            .map(|(pet, id)| {
-                (
-                    id.clone(),
-                    pet.fields.name.clone(),
-                    species_code(pet.fields.pet_type),
-                    pet.fields.birthday,
-                    pet.idempotency_key.clone(),
-                )
-            })
+            .map(|pet| species_code(pet.fields.pet_type))
             .collect();
         // Pipelined: the statements are sent together and run in order, so a
-        // key repeated later in the batch meets the earlier row.
-        let params: Vec<[&(dyn ToSql + Sync); 5]> = rows
+        // key or identity repeated later in the batch meets the earlier row.
+        let params: Vec<[&(dyn ToSql + Sync); 6]> = pets
             .iter()
-            .map(|(id, name, species, birthday, key)| {
-                [id as &(dyn ToSql + Sync), name, species, birthday, key]
+            .zip(&new_ids)
+            .zip(&codes)
+            .map(|((pet, id), code)| {
+                [
+                    id as &(dyn ToSql + Sync),
+                    &pet.fields.name,
+                    code,
+                    &pet.fields.birthday,
+                    &pet.idempotency_key,
+                    &pet.identity,
+                ]
             })
             .collect();
         let inserted = try_join_all(params.iter().map(|p| txn.query_opt(&insert, p)))
@@ -504,36 +534,45 @@ impl Storage for PostgresStorage {
             .or_engine("adding pets")?;
         let mut ids = Vec::with_capacity(pets.len());
         let mut changes = Vec::new();
-        for ((row, (_, _, _, _, key)), pet) in inserted.into_iter().zip(&rows).zip(pets) {
-            match (row, key) {
-                (Some(row), _) => {
-                    let id: String = row.try_get(0).or_engine("reading an ID")?;
-                    changes.push(PendingChange::of(
-                        ChangeKind::Created,
-                        &PetRecord {
-                            id: id.clone(),
-                            fields: pet.fields.clone(),
-                            idempotency_key: pet.idempotency_key.clone(),
-                        },
-                    ));
-                    ids.push(Added::new(id));
-                }
-                // The key was taken (by a committed transaction, which the
-                // unique index waited for, or earlier in this batch).
-                (None, Some(key)) => {
-                    let row = txn
-                        .query_one(&by_key, &[key])
-                        .await
-                        .or_engine("looking up a key")?;
-                    ids.push(Added::existing(row.try_get(0).or_engine("reading an ID")?));
-                }
-                (None, None) => {
-                    return Err(StorageError::engine(
-                        "adding pets",
-                        "an insert without a key returned no row",
-                    ));
-                }
+        for (row, pet) in inserted.into_iter().zip(pets) {
+            if let Some(row) = row {
+                let id: String = row.try_get(0).or_engine("reading an ID")?;
+                changes.push(PendingChange::of(
+                    ChangeKind::Created,
+                    &PetRecord {
+                        id: id.clone(),
+                        fields: pet.fields.clone(),
+                        idempotency_key: pet.idempotency_key.clone(),
+                        identity: pet.identity.clone(),
+                    },
+                ));
+                ids.push(Added::new(id));
+                continue;
             }
+            // The key or the identity was taken (by a committed transaction,
+            // which the unique index waited for, or earlier in this batch).
+            let mut existing = None;
+            if let Some(key) = &pet.idempotency_key {
+                existing = txn
+                    .query_opt(&by_key, &[key])
+                    .await
+                    .or_engine("looking up a key")?;
+            }
+            if existing.is_none()
+                && let Some(identity) = &pet.identity
+            {
+                existing = txn
+                    .query_opt(&by_identity, &[identity])
+                    .await
+                    .or_engine("looking up an identity")?;
+            }
+            let Some(row) = existing else {
+                return Err(StorageError::engine(
+                    "adding pets",
+                    "an insert whose key and identity are free returned no row",
+                ));
+            };
+            ids.push(Added::existing(row.try_get(0).or_engine("reading an ID")?));
         }
         record_changes(&txn, changes, self.history).await?;
         txn.commit().await.or_engine("committing an add")?;
@@ -589,7 +628,7 @@ impl Storage for PostgresStorage {
                     id: pets[index].id.clone(),
                 });
             };
-            let changed: bool = row.try_get(5).or_engine("updating pets")?;
+            let changed: bool = row.try_get(6).or_engine("updating pets")?;
             if changed {
                 changes.push(PendingChange::of(ChangeKind::Updated, &record(row)?));
             }
@@ -603,7 +642,9 @@ impl Storage for PostgresStorage {
     async fn delete(&self, ids: &[String]) -> Result<(), StorageError> {
         let mut client = self.client().await?;
         let statement = client
-            .prepare_cached("DELETE FROM petstore_pets WHERE id = ANY($1) RETURNING id")
+            .prepare_cached(&format!(
+                "DELETE FROM petstore_pets WHERE id = ANY($1) RETURNING {COLUMNS}"
+            ))
             .await
             .or_engine("preparing a delete")?;
         let txn = client.transaction().await.or_engine("starting a delete")?;
@@ -611,12 +652,12 @@ impl Storage for PostgresStorage {
             .query(&statement, &[&ids])
             .await
             .or_engine("deleting pets")?;
-        // Unknown IDs delete nothing and announce nothing.
-        let mut changes = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let id: String = row.try_get(0).or_engine("deleting pets")?;
-            changes.push(PendingChange::deleted(&id));
-        }
+        // Unknown IDs delete nothing and announce nothing. Each deletion
+        // carries the row as the DELETE removed it.
+        let changes = rows
+            .iter()
+            .map(|row| record(row).map(PendingChange::deleted))
+            .collect::<Result<Vec<_>, _>>()?;
         record_changes(&txn, changes, self.history).await?;
         txn.commit().await.or_engine("committing a delete")?;
         self.committed();
@@ -624,11 +665,20 @@ impl Storage for PostgresStorage {
     }
 
     async fn get(&self, ids: &[String]) -> Result<Vec<Option<PetRecord>>, StorageError> {
-        self.lookup("id", ids).await
+        self.lookup("id", ids, |r| Some(&r.id)).await
     }
 
     async fn get_by_keys(&self, keys: &[String]) -> Result<Vec<Option<PetRecord>>, StorageError> {
-        self.lookup("idempotency_key", keys).await
+        self.lookup("idempotency_key", keys, |r| r.idempotency_key.as_ref())
+            .await
+    }
+
+    async fn get_by_identities(
+        &self,
+        identities: &[String],
+    ) -> Result<Vec<Option<PetRecord>>, StorageError> {
+        self.lookup("identity", identities, |r| r.identity.as_ref())
+            .await
     }
 
     async fn set_keys(&self, changes: &[KeyChange]) -> Result<(), StorageError> {
@@ -643,64 +693,104 @@ impl Storage for PostgresStorage {
             .filter(|c| !c.new_key.is_empty())
             .map(|c| c.new_key.clone())
             .collect();
+        let new_identities: Vec<String> = changes
+            .iter()
+            .filter_map(|c| c.identity_to_hold().map(str::to_owned))
+            .collect();
         // Locks the pets in ID order (two requests cannot deadlock), so
-        // their keys cannot change between this check and the write.
-        let current = text_pairs(
-            &txn,
-            "SELECT id, idempotency_key FROM petstore_pets WHERE id = ANY($1) ORDER BY id FOR UPDATE",
-            &ids,
-        )
-        .await?;
-        let holders = text_pairs(
+        // their keys and identities cannot change between this check and the
+        // write.
+        let rows = txn
+            .query(
+                "SELECT id, idempotency_key, identity FROM petstore_pets
+                 WHERE id = ANY($1) ORDER BY id FOR UPDATE",
+                &[&ids],
+            )
+            .await
+            .or_engine("reading keys")?;
+        let mut current: HashMap<String, (String, Option<String>)> =
+            HashMap::with_capacity(rows.len());
+        for row in &rows {
+            let id: String = row.try_get(0).or_engine("reading keys")?;
+            let key: Option<String> = row.try_get(1).or_engine("reading keys")?;
+            let identity: Option<String> = row.try_get(2).or_engine("reading keys")?;
+            current.insert(id, (key.unwrap_or_default(), identity));
+        }
+        let key_holders = text_pairs(
             &txn,
             "SELECT idempotency_key, id FROM petstore_pets WHERE idempotency_key = ANY($1)",
             &new_keys,
         )
         .await?;
+        let identity_holders = text_pairs(
+            &txn,
+            "SELECT identity, id FROM petstore_pets WHERE identity = ANY($1)",
+            &new_identities,
+        )
+        .await?;
         // The same decision as every other backend.
         if let Some(refusal) = check_key_changes(
             changes,
-            |id| Ok(current.get(id).cloned()),
-            |key| Ok(holders.get(key).cloned()),
+            |id| Ok(current.get(id).map(|(key, _)| key.clone())),
+            |key| Ok(key_holders.get(key).cloned()),
+            |identity| Ok(identity_holders.get(identity).cloned()),
         )? {
             return Err(refusal);
         }
-        // Clear first, so keys may move between pets of this request without
-        // tripping the unique constraint midway.
+        // Clear first, so keys and identities may move between pets of this
+        // request without tripping a unique constraint midway.
+        let replaced: Vec<&str> = changes
+            .iter()
+            .filter(|c| c.new_identity.is_some())
+            .map(|c| c.id.as_str())
+            .collect();
         txn.execute(
-            "UPDATE petstore_pets SET idempotency_key = NULL WHERE id = ANY($1)",
-            &[&ids],
+            "UPDATE petstore_pets SET idempotency_key = NULL,
+                 identity = CASE WHEN id = ANY($2) THEN NULL ELSE identity END
+             WHERE id = ANY($1)",
+            &[&ids, &replaced],
         )
         .await
         .or_engine("changing keys")?;
         for (index, change) in changes.iter().enumerate() {
-            if change.new_key.is_empty() {
+            let key = Some(change.new_key.as_str()).filter(|key| !key.is_empty());
+            let identity = change.identity_to_hold();
+            if key.is_none() && identity.is_none() {
                 continue;
             }
             if let Err(err) = txn
                 .execute(
-                    "UPDATE petstore_pets SET idempotency_key = $2 WHERE id = $1",
-                    &[&change.id, &change.new_key],
+                    "UPDATE petstore_pets SET idempotency_key = $2,
+                         identity = COALESCE($3, identity)
+                     WHERE id = $1",
+                    &[&change.id, &key, &identity],
                 )
                 .await
             {
-                // A key taken since the check, by a create on any replica
-                // (the unique index waited for it to commit). Dropping the
-                // transaction rolls everything back.
-                return Err(if is_unique_violation(&err) {
-                    StorageError::KeyTaken {
+                // A key or identity taken since the check, by a create on
+                // any replica (the unique index waited for it to commit).
+                // Dropping the transaction rolls everything back.
+                return Err(match unique_violation(&err) {
+                    Some(IDENTITY_INDEX) => StorageError::IdentityTaken {
+                        index,
+                        identity: identity.unwrap_or_default().to_owned(),
+                    },
+                    Some(_) => StorageError::KeyTaken {
                         index,
                         key: change.new_key.clone(),
-                    }
-                } else {
-                    StorageError::engine("changing keys", err)
+                    },
+                    None => StorageError::engine("changing keys", err),
                 });
             }
         }
-        // Setting the key a pet already has changes nothing.
+        // Setting the key and identity a pet already has changes nothing.
         let changed: Vec<String> = changes
             .iter()
-            .filter(|c| c.expected_key != c.new_key)
+            .filter(|c| {
+                current
+                    .get(&c.id)
+                    .is_some_and(|(key, identity)| changes_pet(c, key, identity.as_deref()))
+            })
             .map(|c| c.id.clone())
             .collect();
         let rows = txn
@@ -779,10 +869,13 @@ impl Storage for PostgresStorage {
 }
 
 impl PostgresStorage {
+    /// The records whose `column` holds each of `values`; `by` reads that
+    /// column back from a record.
     async fn lookup(
         &self,
         column: &'static str,
         values: &[String],
+        by: impl Fn(&PetRecord) -> Option<&String>,
     ) -> Result<Vec<Option<PetRecord>>, StorageError> {
         let client = self.client().await?;
         let statement = client
@@ -798,18 +891,17 @@ impl PostgresStorage {
         let mut found: HashMap<String, PetRecord> = HashMap::with_capacity(rows.len());
         for row in &rows {
             let record = record(row)?;
-            let by = if column == "id" {
-                record.id.clone()
-            } else {
-                record.idempotency_key.clone().unwrap_or_default()
-            };
-            found.insert(by, record);
+            if let Some(value) = by(&record) {
+                found.insert(value.clone(), record);
+            }
         }
         Ok(values.iter().map(|v| found.get(v).cloned()).collect())
     }
 }
 
-/// True for a unique-constraint violation (a key another pet holds).
-fn is_unique_violation(err: &tokio_postgres::Error) -> bool {
-    err.code() == Some(&SqlState::UNIQUE_VIOLATION)
+/// For a unique-constraint violation (a key or identity another pet holds),
+/// the violated constraint's name ("" if the server gave none).
+fn unique_violation(err: &tokio_postgres::Error) -> Option<&str> {
+    let db = err.as_db_error()?;
+    (db.code() == &SqlState::UNIQUE_VIOLATION).then(|| db.constraint().unwrap_or_default())
 }
