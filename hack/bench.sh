@@ -7,6 +7,7 @@
 #   hack/bench.sh --skip-store       # the operator only; keeps the store section
 #   hack/bench.sh --store-only       # the store only; keeps the operator section
 #   hack/bench.sh --smoke            # tiny, to check that it works
+#   hack/bench.sh --import 10000     # only `kubectl petstore import` of N records
 #   hack/bench.sh --tracing ...      # with every trace exported to a local Jaeger
 #
 # The arguments go to petstore-bench (benches/) unchanged; `--help` lists
@@ -17,7 +18,8 @@ bash hack/control-plane/build.sh >/dev/null
 cargo build --release --locked --workspace --bins
 target_dir="$(cargo metadata --format-version 1 --no-deps \
   | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')"
-# The processes it starts are the binaries just built: building them again
+# The processes it starts (the store, the operator, the kubectl-petstore
+# plugin) are the binaries just built: building them again
 # for one package's feature set would compile the crates again, in the
 # middle of a measured run.
 export PETSTORE_BIN_DIR="$target_dir/release"

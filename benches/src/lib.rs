@@ -7,6 +7,7 @@ pub mod convergence;
 pub mod drift;
 pub mod feed_cost;
 pub mod idle;
+pub mod import;
 pub mod plans;
 pub mod procstat;
 pub mod report;

@@ -134,6 +134,18 @@ struct Args {
     )]
     plans: Option<usize>,
 
+    /// Only `kubectl petstore import`: this many records added to a
+    /// durable store (no operator), then the release plugin run 3 times,
+    /// each timed until it has printed a Pet manifest per record. Rewrites
+    /// only the report's import section, which every other run keeps.
+    #[arg(
+        long,
+        value_name = "N",
+        value_parser = at_least_one,
+        conflicts_with_all = ["store_only", "skip_store", "pairs_only", "side_by_side", "smoke", "tracing", "scale", "idle", "plans", "sizes", "pairs", "floor_as", "poll_max_rate"]
+    )]
+    import: Option<usize>,
+
     /// Where to write the report; the plot goes to docs/convergence.svg in
     /// the report's folder [default: BENCHMARKS.md at the repository root].
     #[arg(long, value_name = "PATH")]
@@ -360,6 +372,16 @@ fn plans(args: &Args, pets: usize, out: &Path) -> ExitCode {
     write_section(out, bench::plans::SECTION, &section, result.goal_met())
 }
 
+/// The --import run: measures, then rewrites the report's import section.
+fn import(records: usize, out: &Path) -> ExitCode {
+    let config = bench::import::ImportConfig { records };
+    let Some(result) = reported(bench::import::measure(&config, &progress)) else {
+        return ExitCode::FAILURE;
+    };
+    let section = bench::import::markdown(&result, &command_line());
+    write_section(out, bench::import::SECTION, &section, result.goal_met())
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     let out = args
@@ -425,6 +447,9 @@ fn main() -> ExitCode {
     if let Some(pets) = args.plans {
         return plans(&args, pets, &out);
     }
+    if let Some(records) = args.import {
+        return import(records, &out);
+    }
     if args.pairs_only {
         let config = args.config();
         return match bench::run_pairs(&config, |step| eprintln!("[bench] {step}")) {
@@ -459,6 +484,7 @@ fn main() -> ExitCode {
         bench::idle::SECTION,
         bench::idle::OBSERVE_SECTION,
         bench::plans::SECTION,
+        bench::import::SECTION,
     ] {
         report = bench::report::keep_section(&report, &existing, heading);
     }
@@ -578,10 +604,28 @@ mod tests {
             &["--plans", "0"],
             &["--plans", "1000", "--idle", "10m"],
             &["--plans", "1000", "--smoke"],
+            &["--import", "0"],
+            &["--import", "many"],
+            &["--import", "10000", "--smoke"],
+            &["--import", "10000", "--plans", "1000"],
+            &["--import", "10000", "--idle", "10m"],
+            &["--import", "10000", "--store-only"],
+            &["--import", "10000", "--tracing"],
+            &["--import", "10000", "--sizes", "1000"],
             &["--unknown"],
         ] {
             assert!(parse(args).is_err(), "{args:?} accepted");
         }
+    }
+
+    #[test]
+    fn import_takes_a_number_of_records() {
+        let args = parse(&["--import", "10000"]).expect("valid");
+        assert_eq!(
+            (args.import, args.plans, args.idle),
+            (Some(10000), None, None)
+        );
+        assert!(parse(&["--import", "10000", "--out", "report.md"]).is_ok());
     }
 
     /// The defaults --help states are the configurations'.

@@ -205,3 +205,16 @@ fn benchmarks_run_end_to_end() -> fixtures::Result<()> {
     }
     Ok(())
 }
+
+/// `--import` at a tiny size: the plugin runs and prints a manifest per
+/// record.
+#[test]
+fn the_import_benchmark_runs_end_to_end() -> fixtures::Result<()> {
+    let config = bench::import::ImportConfig { records: 50 };
+    let result = bench::import::measure(&config, &|step| eprintln!("[bench smoke] {step}"))?;
+    assert_eq!(result.runs.len(), bench::import::ROUNDS);
+    assert!(result.every_record(), "{result:?}");
+    assert!(result.summary.contains("50 of 50 records"), "{result:?}");
+    assert!(result.peak_rss_kib() > 0, "{result:?}");
+    Ok(())
+}
