@@ -8,9 +8,11 @@
 use std::collections::HashSet;
 
 use chrono::NaiveDate;
+use petstore_proto::convert::ValidPetType;
+use petstore_proto::petstore as pb;
 use serde_json::{Value, json};
 
-use crate::crd::{ChangePolicy, EXTERNAL_ID_ANNOTATION};
+use crate::crd::{ChangePolicy, EXTERNAL_ID_ANNOTATION, PetType};
 use crate::store::{Record, installation_of, uid_of};
 
 /// Who holds a record, as seen from one cluster's installation.
@@ -61,6 +63,23 @@ pub fn importable(record: &Record, holder: &Holder) -> bool {
 pub struct Born {
     pub from: Option<NaiveDate>,
     pub before: Option<NaiveDate>,
+}
+
+/// The SearchPets request for the import's filters: the store matches
+/// every non-empty one (any of the names, any of the types, born in the
+/// range).
+pub fn search_request(names: Vec<String>, types: &[PetType], born: Born) -> pb::SearchPetsReq {
+    pb::SearchPetsReq {
+        names,
+        types: types
+            .iter()
+            .map(|&pet_type| pb::PetType::from(ValidPetType::from(pet_type)) as i32)
+            .collect(),
+        birthdate_range: (born.from.is_some() || born.before.is_some()).then(|| pb::DateRange {
+            start: born.from.map(Into::into),
+            end: born.before.map(Into::into),
+        }),
+    }
 }
 
 /// The Pet's namespace and name for a record: those of the Pet it last
@@ -128,7 +147,6 @@ pub fn to_yaml(manifests: &[Value]) -> Result<String, serde_norway::Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crd::PetType;
     use crate::store::PetData;
 
     fn record(id: &str, key: &str, identity: &str) -> Record {
@@ -140,6 +158,35 @@ mod tests {
                 .of_type(PetType::Cat)
                 .born(2019, 5, 6),
         }
+    }
+
+    #[test]
+    fn the_filters_become_the_stores_own() {
+        let date = |y, m, d| NaiveDate::from_ymd_opt(y, m, d).expect("a date");
+        let everything = search_request(Vec::new(), &[], Born::default());
+        assert_eq!(
+            everything,
+            pb::SearchPetsReq::default(),
+            "no filter: every record"
+        );
+        let some = search_request(
+            vec!["Rex".into()],
+            &[PetType::Cat, PetType::Dog],
+            Born {
+                from: Some(date(2019, 1, 1)),
+                before: None,
+            },
+        );
+        assert_eq!(some.names, ["Rex"]);
+        assert_eq!(
+            some.types,
+            [pb::PetType::PtFeline as i32, pb::PetType::PtCanine as i32]
+        );
+        let range = some.birthdate_range.expect("a range");
+        assert_eq!(
+            (range.start, range.end),
+            (Some(date(2019, 1, 1).into()), None)
+        );
     }
 
     #[test]

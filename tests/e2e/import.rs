@@ -95,6 +95,24 @@ fn imported_records_are_adopted_with_one_key_claim_each_and_nothing_else() -> fi
     assert_eq!(yaml.matches("kind: Pet").count(), RECORDS);
     assert_eq!(yaml.matches("changePolicy: Observe").count(), RECORDS);
     assert_eq!(yaml.matches("deletionPolicy: Orphan").count(), RECORDS);
+    // The filters are the store's own: by name, and by type and birthday
+    // (the strays are cats born on the 1st to the 28th of May 2019).
+    let (one, _) = import(&env, &["--name", "Stray 7"])?;
+    assert_eq!(one.matches("kind: Pet").count(), 1, "{one}");
+    assert!(one.contains("name: Stray 7"), "{one}");
+    let (late, _) = import(&env, &["--type", "cat", "--born-from", "2019-05-28"])?;
+    let born_on_the_28th = (0..RECORDS).filter(|i| i % 28 + 1 == 28).count();
+    assert_eq!(
+        late.matches("kind: Pet").count(),
+        born_on_the_28th,
+        "{late}"
+    );
+    let (dogs, _) = import(&env, &["--type", "dog"])?;
+    assert_eq!(
+        dogs.matches("kind: Pet").count(),
+        0,
+        "the two dogs are left out"
+    );
 
     // Applied: observed only, so nothing is written, and each Pet shows the
     // claim it would make.

@@ -15,27 +15,26 @@
 //! manifests on standard output, safe to apply as they are (see
 //! [`petstore_operator::import`]). It writes nothing either.
 
+use std::collections::HashSet;
 use std::io::Read as _;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use clap::{Parser, Subcommand};
-use std::collections::HashSet;
-
 use chrono::NaiveDate;
+use clap::{Parser, Subcommand};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use petstore_operator::cli::{StoreTlsArgs, parse_installation};
 use petstore_operator::controller::uninstall::UninstallProbe;
 use petstore_operator::controller::{facts_of, observe};
-use petstore_operator::crd::Pet;
-use petstore_operator::crd::{ChangePolicy, PetType};
+use petstore_operator::crd::{ChangePolicy, Pet, PetType};
 use petstore_operator::decision::{Preview, Step, decide, first_step, preview};
-use petstore_operator::import::{Holder, holder, importable, manifest, to_yaml};
+use petstore_operator::import::{
+    Born, Holder, holder, importable, manifest, search_request, to_yaml,
+};
 use petstore_operator::metrics::Metrics;
 use petstore_operator::store::grpc::GrpcPetStore;
-use petstore_proto::convert::ValidPetType;
 use petstore_proto::petstore as pb;
 use serde_json::Value;
 
@@ -153,19 +152,11 @@ async fn main() -> ExitCode {
             store,
             namespace,
         } => {
-            let search = pb::SearchPetsReq {
-                names,
-                types: types
-                    .into_iter()
-                    .map(|t| pb::PetType::from(ValidPetType::from(t)) as i32)
-                    .collect(),
-                birthdate_range: (born_from.is_some() || born_before.is_some()).then(|| {
-                    pb::DateRange {
-                        start: born_from.map(Into::into),
-                        end: born_before.map(Into::into),
-                    }
-                }),
+            let born = Born {
+                from: born_from,
+                before: born_before,
             };
+            let search = search_request(names, &types, born);
             match import(search, change_policy, &store, namespace).await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(error) => {
