@@ -240,7 +240,7 @@ async fn plan(
     for manifest in manifests {
         let pet = dry_run(&client, &namespace, &manifest).await?;
         let preview = plan_pet(&pet, &store, &uninstall, &store_args.installation).await?;
-        let name = format!("{}/{}", pet.namespace().unwrap_or_default(), pet.name_any());
+        let name = pet.identity();
         if preview.is_empty() {
             eprintln!("pet {name}: none");
         } else {

@@ -26,7 +26,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::{Context, identity_of};
+use super::Context;
 use crate::crd::Pet;
 use crate::decision::feed::{Verdict, verdict};
 use crate::store::{RecordChange, StoreError, uid_of};
@@ -73,7 +73,7 @@ impl PetIndex {
         let owner = change.record.as_ref().is_some_and(|record| {
             !record.key.is_empty() && pet.uid().as_deref() == Some(uid_of(&record.key))
         });
-        let named = !change.identity.is_empty() && change.identity == identity_of(pet);
+        let named = !change.identity.is_empty() && change.identity == pet.identity();
         owner || named || pet.status_id().or_else(|| pet.external_id()) == Some(change.id.as_str())
     }
 

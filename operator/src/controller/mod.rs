@@ -489,11 +489,6 @@ pub async fn observe(
     }
 }
 
-/// A Pet's identity in the store: `<namespace>/<name>`.
-pub fn identity_of(pet: &Pet) -> String {
-    format!("{}/{}", pet.namespace().unwrap_or_default(), pet.name_any())
-}
-
 /// What the decision step knows from the Pet alone, without this process's
 /// memory: for a reconcile ([`Context::facts`] adds the memory) and for
 /// `kubectl petstore plan`, so both plan from the same facts.
@@ -505,7 +500,7 @@ pub fn facts_of(pet: &Pet, installation: &str) -> Result<Facts, Error> {
         recently_synced: None,
         uid,
         installation: installation.to_owned(),
-        identity: identity_of(pet),
+        identity: pet.identity(),
         desired: PetData::from(&pet.spec),
         deleting: pet.meta().deletion_timestamp.is_some(),
         has_finalizer: pet.finalizers().iter().any(|f| f == FINALIZER),

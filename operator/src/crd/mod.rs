@@ -486,6 +486,17 @@ impl Pet {
         })
     }
 
+    /// `<namespace>/<name>`: the Pet as a person names it, and its record's
+    /// identity in the store.
+    pub fn identity(&self) -> String {
+        use kube::ResourceExt as _;
+        format!(
+            "{}/{}",
+            self.namespace().unwrap_or_default(),
+            self.name_any()
+        )
+    }
+
     pub fn external_id(&self) -> Option<&str> {
         self.annotation(EXTERNAL_ID_ANNOTATION)
             .map(str::trim)

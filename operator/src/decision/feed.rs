@@ -49,8 +49,7 @@ pub fn verdict(change: &RecordChange, pet: Option<&Pet>) -> Verdict {
     // A change to a record holding this Pet's name that is not its own
     // (kept by an earlier Pet of the name, owned by another installation,
     // handed over) may free it for this Pet: look again.
-    let named = !change.identity.is_empty()
-        && change.identity == format!("{}/{}", pet.namespace().unwrap_or_default(), pet.name_any());
+    let named = !change.identity.is_empty() && change.identity == pet.identity();
     let Some(record) = &change.record else {
         // Deleted: drift only if it was the Pet's record; a look again if
         // it held the Pet's name.
