@@ -46,18 +46,19 @@ fn can_i_with(
 }
 
 #[test]
-fn config_default_passes_server_side_validation_and_installs() -> fixtures::Result<()> {
+fn config_default_and_the_store_pass_server_side_validation_and_install() -> fixtures::Result<()> {
     let cp = ControlPlane::start()?;
     let config = repo_root().join("config");
     let default = config.join("default");
     // A dry run creates nothing, so namespaced objects need their namespaces.
     fixtures::env::create_config_namespaces(&cp)?;
-    let dry = cp.kubectl(&[
-        "apply",
-        "-k",
-        &default.to_string_lossy(),
-        "--dry-run=server",
-    ])?;
+    let store = config.join("petstore");
+    let dry_run = |bundle: &std::path::Path| {
+        cp.kubectl(&["apply", "-k", &bundle.to_string_lossy(), "--dry-run=server"])
+    };
+    let (dry, dry_store) = (dry_run(&default)?, dry_run(&store)?);
+    let created =
+        |output: &str, object: &str| output.contains(&format!("{object} created (server dry run)"));
     for object in [
         "customresourcedefinition.apiextensions.k8s.io/pets.petstore.example.com",
         "serviceaccount/petstore-operator",
@@ -65,21 +66,33 @@ fn config_default_passes_server_side_validation_and_installs() -> fixtures::Resu
         "clusterrole.rbac.authorization.k8s.io/petstore-operator",
         "rolebinding.rbac.authorization.k8s.io/petstore-operator-leader-election",
         "clusterrolebinding.rbac.authorization.k8s.io/petstore-operator",
-        "service/petstore-service",
         "service/petstore-operator-metrics",
-        "persistentvolumeclaim/petstore-data",
-        "deployment.apps/petstore",
         "deployment.apps/petstore-operator",
         "validatingwebhookconfiguration.admissionregistration.k8s.io/petstore-operator-crd-guard",
     ] {
+        assert!(created(&dry, object), "{object}:\n{dry}");
+    }
+    // The store is a bundle of its own, so deleting the operator's leaves it.
+    // (Its namespace already exists for the dry run: "unchanged".)
+    for object in [
+        "namespace/petstore",
+        "service/petstore-service",
+        "persistentvolumeclaim/petstore-data",
+        "deployment.apps/petstore",
+    ] {
         assert!(
-            dry.contains(&format!("{object} created (server dry run)")),
-            "{object}:\n{dry}"
+            dry_store.contains(&format!("{object} ")),
+            "{object}:\n{dry_store}"
+        );
+        assert!(
+            !dry.contains(&format!("{object} ")),
+            "config/default holds the store's {object}:\n{dry}"
         );
     }
 
     // Install for real and read back what the API server stored.
     cp.kubectl(&["apply", "-k", &default.to_string_lossy()])?;
+    cp.kubectl(&["apply", "-k", &store.to_string_lossy()])?;
     // Each object with a JSONPath into it and what it must read. Both
     // namespaces enforce the restricted Pod Security Standard, so the API
     // server would refuse pods that broke it.

@@ -7,9 +7,9 @@
 //!   only for a generation whose Ready the operator has written, and every
 //!   edit's own answer reads InProgress. With the store down, edits read
 //!   InProgress (`Reconciling`) for as long as it lasts.
-//! - Each reason a Pet stalls on that a real store can give reads as
-//!   Failed (InvalidSpec cannot: the CRD admits only specs this store
-//!   accepts); a paused Pet does not.
+//! - Each reason a Pet stalls on reads as Failed, InvalidSpec included (a
+//!   Pet stored under a CRD schema looser than the store, as a hand-edited
+//!   CRD allows, which the store refuses); a paused Pet does not.
 //! - Argo CD's health check (config/health/argocd, run by gopher-lua as
 //!   Argo CD runs it) and Flux's healthCheckExprs (config/health/flux, by
 //!   cel-go as Flux evaluates them) on Pets captured in each state:
@@ -235,7 +235,31 @@ fn kstatus_reads_each_stalled_reason_as_failed() -> Result<(), Error> {
         "default",
         &format!("{EXTERNAL_ID}={unowned}"),
     ])?;
+    // The store refuses a name longer than 128 characters, and so does the
+    // CRD. With its limit taken out (as a hand-edited or older CRD might
+    // be), the API server stores such a Pet and the store refuses it.
+    env.cp.kubectl(&[
+        "patch",
+        "crd",
+        "pets.petstore.example.com",
+        "--type=json",
+        "-p",
+        r#"[{"op":"remove","path":"/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties/name/maxLength"}]"#,
+    ])?;
+    let too_long = "N".repeat(129);
+    wait_for(TIMEOUT, "the CRD to admit a 129-character name", || {
+        env.cp
+            .apply(&pet_manifest("too-long", &[], &spec(&too_long)))
+            .ok()
+    })?;
     let mut stalled: Vec<(&str, Value)> = Vec::new();
+    let refused = wait_synced(&env, "too-long", "InvalidSpec")?;
+    let message = condition(&refused, "Synced").map(|c| c["message"].to_string());
+    assert!(
+        message.as_deref().is_some_and(|m| m.contains("name")),
+        "the store's refusal names the field: {refused}"
+    );
+    stalled.push(("InvalidSpec", refused));
     for (name, _, reason) in &cases {
         stalled.push((reason, wait_synced(&env, name, reason)?));
     }

@@ -3,7 +3,9 @@
 //! and `tilt up`, and the quick start's steps 3-6 through Tilt's
 //! port-forwards with kubectl and grpcurl. Then what only real pods show:
 //! restricted Pod Security, probes, the PVC, in-cluster RBAC, leader
-//! hand-over, a rebuild after an edit, and a clean teardown.
+//! hand-over, an uninstall of the operator's bundle that keeps every record
+//! and an install again that finds them, a rebuild after an edit, and a
+//! clean teardown.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -280,6 +282,51 @@ impl Drop for TiltUp {
     }
 }
 
+impl TiltUp {
+    /// `tilt up` in `repo`, logging to `log_name` in the cluster's directory;
+    /// returns once its port-forwards reach the store and the operator.
+    fn start(
+        cluster: &Cluster,
+        repo: &Path,
+        log_name: &str,
+    ) -> Result<Self, Box<dyn std::error::Error>> {
+        let log_path = cluster.dir().join(log_name);
+        let log = std::fs::File::create(&log_path)?;
+        let tilt_up = TiltUp(
+            cluster
+                .command(cluster.bin_dir.join("tilt"))
+                .current_dir(repo)
+                .args(["up", "--stream", "--port", &free_port()?.to_string()])
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log)
+                .spawn()?,
+            log_path,
+        );
+        wait_for(
+            Duration::from_secs(600),
+            "Tilt's port-forward to the store",
+            || {
+                grpcurl(STORE, "grpc.health.v1.Health/Check", "{}")
+                    .ok()
+                    .filter(|out| out.first().is_some_and(|v| v["status"] == "SERVING"))
+            },
+        )
+        .map_err(|e| format!("{e}\n{}", tilt_up.log()))?;
+        wait_for(
+            Duration::from_secs(600),
+            "the operator's /readyz on localhost:8080",
+            || fixtures::http::get_ok("127.0.0.1:8080", "/readyz").ok(),
+        )
+        .map_err(|e| format!("{e}\n{}", tilt_up.log()))?;
+        Ok(tilt_up)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.1).unwrap_or_default()
+    }
+}
+
 #[test]
 fn tilt_quick_start_on_a_one_node_cluster() -> TestResult {
     let start = Instant::now();
@@ -324,36 +371,7 @@ fn tilt_quick_start_on_a_one_node_cluster() -> TestResult {
     eprintln!("[{}] tilt ci: all resources healthy", elapsed(start));
 
     // tilt up for the port-forwards of steps 3-6 (tilt ci ends with them).
-    let tilt_log = cluster.dir().join("tilt-up.log");
-    let log = std::fs::File::create(&tilt_log)?;
-    let tilt_up = TiltUp(
-        cluster
-            .command(cluster.bin_dir.join("tilt"))
-            .current_dir(&repo)
-            .args(["up", "--stream", "--port", &free_port()?.to_string()])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()?,
-        tilt_log.clone(),
-    );
-    let tilt_log_text = || std::fs::read_to_string(&tilt_up.1).unwrap_or_default();
-    wait_for(
-        Duration::from_secs(600),
-        "Tilt's port-forward to the store",
-        || {
-            grpcurl(STORE, "grpc.health.v1.Health/Check", "{}")
-                .ok()
-                .filter(|out| out.first().is_some_and(|v| v["status"] == "SERVING"))
-        },
-    )
-    .map_err(|e| format!("{e}\n{}", tilt_log_text()))?;
-    wait_for(
-        Duration::from_secs(600),
-        "the operator's /readyz on localhost:8080",
-        || fixtures::http::get_ok("127.0.0.1:8080", "/readyz").ok(),
-    )
-    .map_err(|e| format!("{e}\n{}", tilt_log_text()))?;
+    let tilt_up = TiltUp::start(&cluster, &repo, "tilt-up.log")?;
     eprintln!("[{}] tilt up: port-forwards live", elapsed(start));
 
     // 2. The quick start, steps 3-6, as written.
@@ -527,7 +545,7 @@ fn tilt_quick_start_on_a_one_node_cluster() -> TestResult {
             (found.len() == 2).then_some(found)
         },
     )
-    .map_err(|e| format!("{e}\n{}", tilt_log_text()))?;
+    .map_err(|e| format!("{e}\n{}", tilt_up.log()))?;
     assert_found(&found, &[("Thorbert", &thor_id), ("Tron", &tron_id)]);
     eprintln!(
         "[{}] PVC bound; records survived the store pod's deletion",
@@ -578,7 +596,7 @@ spec: {name: Rex, type: dog, birthday: \"2022-02-02\"}
     })?;
     let rex_id = wait_ready_id(&cluster, "after-handover")?;
     let found = search(r#"{"names":["Rex"]}"#)?;
-    assert_eq!(found, vec![("Rex".to_owned(), rex_id)]);
+    assert_eq!(found, vec![("Rex".to_owned(), rex_id.clone())]);
     eprintln!(
         "[{}] Lease handed over from {leader} to {new_leader}; Rex recorded",
         elapsed(start)
@@ -590,6 +608,74 @@ spec: {name: Rex, type: dog, birthday: \"2022-02-02\"}
     for pod in pods(&cluster, "petstore-system", "petstore-operator") {
         assert_eq!(restarts(&pod), 0, "{} restarted", pod["metadata"]["name"]);
     }
+
+    // Uninstalling the operator, with it running in its pods, keeps every
+    // record: kubectl deletes the operator's namespace first, then the CRD,
+    // which the guard refuses while Pets exist (or, its pods already going,
+    // cannot be reached, which refuses it too). The store is a bundle of its
+    // own, so its pod, and Tilt's port-forward to it, stay.
+    let records = [
+        ("pet-sample1", "Thorbert", &thor_id),
+        ("pet-sample2", "Tron", &tron_id),
+        ("after-handover", "Rex", &rex_id),
+    ];
+    let all_found = |found: &[(String, String)]| {
+        let expected: Vec<(&str, &str)> =
+            records.iter().map(|(_, n, id)| (*n, id.as_str())).collect();
+        assert_found(found, &expected);
+        assert_eq!(found.len(), records.len(), "{found:?}");
+    };
+    let default = repo.join("config/default");
+    let refused = cluster
+        .kubectl(&["delete", "-k", &default.to_string_lossy(), "--wait=false"])
+        .expect_err("the Pet CRD's deletion is refused")
+        .to_string();
+    assert!(
+        refused.contains("crd-guard.petstore.example.com"),
+        "{refused}"
+    );
+    wait_for(
+        Duration::from_secs(180),
+        "the operator's namespace to go",
+        || {
+            cluster
+                .kubectl(&["get", "namespace", "petstore-system"])
+                .is_err()
+                .then_some(())
+        },
+    )?;
+    let crd = cluster.kubectl_json(&["get", "crd", "pets.petstore.example.com"])?;
+    assert!(crd["metadata"]["deletionTimestamp"].is_null(), "{crd}");
+    let pets = cluster.kubectl_json(&["get", "pets", "-n", "default"])?;
+    assert_eq!(pets["items"].as_array().map(Vec::len), Some(records.len()));
+    all_found(&search("{}")?);
+    eprintln!(
+        "[{}] kubectl delete -k config/default: the operator gone, every Pet and record kept",
+        elapsed(start)
+    );
+
+    // Installed again (tilt ci, then tilt up for the port-forwards): each
+    // Pet is back on its own record. A rename after it reaches the same ID,
+    // and nothing was created.
+    drop(tilt_up);
+    let ci = tilt_ci(&cluster, &repo)?;
+    assert!(ci.contains("SUCCESS. All workloads are healthy."), "{ci}");
+    let tilt_up = TiltUp::start(&cluster, &repo, "tilt-up-again.log")?;
+    cluster.rename_pet("pet-sample2", "Tronald")?;
+    wait_for(Duration::from_secs(120), "Tronald in the store", || {
+        let found = search(r#"{"names":["Tronald"]}"#).ok()?;
+        (found == vec![("Tronald".to_owned(), tron_id.clone())]).then_some(())
+    })
+    .map_err(|e| format!("{e}\n{}", tilt_up.log()))?;
+    for (pet, _, id) in records {
+        assert_eq!(wait_ready_id(&cluster, pet)?, *id, "{pet}");
+    }
+    assert_eq!(search("{}")?.len(), records.len(), "no record was created");
+    assert_no_forbidden(&cluster)?;
+    eprintln!(
+        "[{}] installed again: every Pet on its own record",
+        elapsed(start)
+    );
 
     // Step 6: deleting the Pets empties the store.
     cluster.kubectl(&["delete", "pets", "--all", "-A", "--timeout=120s"])?;

@@ -14,8 +14,9 @@
 //!   `kubectl petstore plan` shows the release it will make.
 //! - While the operator's own namespace is being deleted, a deleted Pet
 //!   keeps its record too.
-//! - `kubectl delete -k config/default`, the whole bundle, keeps every
-//!   record, operator running or stopped.
+//! - `kubectl delete -k config/default`, the operator's whole bundle, keeps
+//!   every record, operator running or stopped, and leaves the demo store's
+//!   bundle (config/petstore) alone.
 
 use std::time::Duration;
 
@@ -303,13 +304,16 @@ fn without_the_guard_the_operator_keeps_every_record() -> fixtures::Result<()> {
 /// 200 Ready Pets, then the whole bundle deleted. kubectl deletes the
 /// namespaces first and the guard's configuration last, so the CRD's
 /// deletion reaches the guard while it is still there: refused by the count
-/// (running) or because nothing answers (stopped). `--wait=false`: without
-/// a PVC protection controller here, the store's volume would hold kubectl.
+/// (running) or because nothing answers (stopped). The demo store's bundle,
+/// config/petstore, installed beside it, is not touched.
 fn delete_the_bundle(stop_first: bool) -> fixtures::Result<()> {
     let env = Env::start(Storage::Durable)?;
-    let default = fixtures::repo_root().join("config/default");
-    env.cp
-        .kubectl(&["apply", "-k", &default.to_string_lossy()])?;
+    let config = fixtures::repo_root().join("config");
+    let default = config.join("default");
+    for bundle in [&default, &config.join("petstore")] {
+        env.cp
+            .kubectl(&["apply", "-k", &bundle.to_string_lossy()])?;
+    }
     let mut operator = env.start_operator("bundle")?;
     ready_pets(&env, "e", PETS)?;
     if stop_first {
@@ -337,6 +341,13 @@ fn delete_the_bundle(stop_first: bool) -> fixtures::Result<()> {
     std::thread::sleep(QUIET);
     assert_eq!(answered(&env, "DeletePets"), deletes, "0 deletes");
     assert_eq!(records(&env), PETS);
+    // The demo store's namespace, Deployment and volume are all still there.
+    let namespace = env.cp.kubectl_json(&["get", "namespace", "petstore"])?;
+    assert_eq!(namespace["status"]["phase"], "Active", "{namespace}");
+    for object in ["deployment/petstore", "pvc/petstore-data"] {
+        let live = env.cp.kubectl_json(&["get", object, "-n", "petstore"])?;
+        assert!(live["metadata"]["deletionTimestamp"].is_null(), "{live}");
+    }
     Ok(())
 }
 
