@@ -552,7 +552,7 @@ fn kube_error(err: impl std::fmt::Display) -> Error {
     }
 }
 
-fn pet(i: usize) -> Pet {
+pub(crate) fn pet(i: usize) -> Pet {
     let types = [PetType::Dog, PetType::Cat, PetType::Bird, PetType::Reptile];
     let birthday = chrono::NaiveDate::from_ymd_opt(2020, 1, 1).expect("constant date")
         + chrono::Duration::days((i % 365) as i64);

@@ -123,9 +123,10 @@ struct Args {
     idle_observe: bool,
 
     /// Only plans under `Approve`: this many Pets converged, switched to
-    /// `changePolicy: Approve`, then all renamed at once; each rename timed
-    /// until its plan is shown. Rewrites only the report's plans section,
-    /// which every other run keeps.
+    /// `changePolicy: Approve`, then all renamed at once, by `kubectl apply`
+    /// of one file and by the benchmark's own patches (`--concurrency` at a
+    /// time); each rename timed until its plan is shown. Rewrites only the
+    /// report's plans section, which every other run keeps.
     #[arg(
         long,
         value_name = "N",
