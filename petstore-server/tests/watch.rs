@@ -45,6 +45,17 @@ fn watch_options() -> WatchOptions {
     }
 }
 
+/// Serves the store `config` opens on `dir`'s data; each call opens it
+/// again, as a restarted server does.
+async fn serve_opened(config: &StorageConfig, dir: &Arc<tempfile::TempDir>) -> Running {
+    serve(
+        config.open().await.expect("open"),
+        Arc::clone(dir),
+        watch_options(),
+    )
+    .await
+}
+
 async fn start_with_history(backend: Backend, history: usize) -> Running {
     let dir = tempfile::tempdir().expect("tempdir");
     let storage = backend
@@ -394,12 +405,7 @@ async fn a_client_resumes_after_the_revision_it_saw(backend: Backend) {
 async fn a_deletion_carries_the_last_record(backend: Backend) {
     let dir = Arc::new(tempfile::tempdir().expect("tempdir"));
     let config = backend.config(&dir, "watch").await;
-    let mut s = serve(
-        config.open().await.expect("open"),
-        Arc::clone(&dir),
-        watch_options(),
-    )
-    .await;
+    let mut s = serve_opened(&config, &dir).await;
     let mut stream = watch(&mut s.client, 0).await;
     progress(&mut stream).await;
     let thor = pb::Pet {
@@ -465,7 +471,7 @@ async fn a_deletion_carries_the_last_record(backend: Backend) {
 
     // A reopened store serves them from the history it keeps.
     if matches!(backend, Backend::Durable | Backend::Postgres) {
-        let mut s = serve(config.open().await.expect("reopen"), dir, watch_options()).await;
+        let mut s = serve_opened(&config, &dir).await;
         let mut resumed = watch(&mut s.client, from).await;
         let again = changes(&mut resumed, 2).await;
         assert_eq!(deletions(&again), last);
@@ -677,12 +683,7 @@ async fn durable_history_survives_a_reopen() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = StorageConfig::durable(dir.path().join("pets.redb"));
     let dir = Arc::new(dir);
-    let mut s = serve(
-        config.open().await.expect("open"),
-        Arc::clone(&dir),
-        watch_options(),
-    )
-    .await;
+    let mut s = serve_opened(&config, &dir).await;
     let mut stream = watch(&mut s.client, 0).await;
     progress(&mut stream).await;
     one_of_each(&mut s.client).await;
@@ -690,7 +691,7 @@ async fn durable_history_survives_a_reopen() {
     drop(stream);
     s.stop().await;
 
-    let mut s = serve(config.open().await.expect("reopen"), dir, watch_options()).await;
+    let mut s = serve_opened(&config, &dir).await;
     let mut resumed = watch(&mut s.client, before[1].revision).await;
     let again = changes(&mut resumed, 3).await;
     assert_eq!(again, before[2..]);
@@ -758,12 +759,7 @@ async fn strip_deletion(config: &StorageConfig, revision: i64, id: &str) {
 async fn old_deletions_come_without_the_record(backend: Backend) {
     let dir = Arc::new(tempfile::tempdir().expect("tempdir"));
     let config = backend.config(&dir, "watch").await;
-    let mut s = serve(
-        config.open().await.expect("open"),
-        Arc::clone(&dir),
-        watch_options(),
-    )
-    .await;
+    let mut s = serve_opened(&config, &dir).await;
     let mut stream = watch(&mut s.client, 0).await;
     progress(&mut stream).await;
     let mut ids = Vec::new();
@@ -786,7 +782,7 @@ async fn old_deletions_come_without_the_record(backend: Backend) {
     s.stop().await;
 
     strip_deletion(&config, before[1].revision, &ids[0]).await;
-    let mut s = serve(config.open().await.expect("reopen"), dir, watch_options()).await;
+    let mut s = serve_opened(&config, &dir).await;
     let mut resumed = watch(&mut s.client, before[0].revision).await;
     let after = changes(&mut resumed, 3).await;
     assert_eq!(
