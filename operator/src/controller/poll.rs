@@ -14,6 +14,10 @@
 //! to N / max_rate, so the drift poll alone never asks the store for more
 //! than `max_rate` reads per second on average, at any N. Bursts are bounded
 //! by the controller's concurrency.
+//!
+//! Delivery: a Pet's next poll is kept in the controller's memory, and a
+//! sweep hands the due ones to kube's controller (at most a second late),
+//! rather than kube's scheduler holding an entry for every Pet.
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::OnceLock;

@@ -938,9 +938,19 @@ async fn the_reconcile_after_our_own_status_write_skips_the_store() {
     let updated = Pet::test().finalized().with_status(synced);
     let action = h.reconcile(&updated).await.expect("reconcile");
     assert_eq!(h.store.calls().len(), calls_after_create, "no store call");
+    assert_eq!(
+        action,
+        Action::await_change(),
+        "kube's scheduler holds nothing"
+    );
+    let poll = h
+        .ctx
+        .memory
+        .poll_due(UID)
+        .expect("the drift poll stays scheduled");
     assert!(
-        action != Action::await_change(),
-        "the drift poll stays scheduled"
+        poll > std::time::Instant::now() + Settings::default().poll_interval / 4,
+        "the poll is at least half an interval away, less the creation's"
     );
 
     // A Pet re-created under the same name (a new UID) is synced at once.
