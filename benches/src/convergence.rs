@@ -485,7 +485,7 @@ async fn warmed_up(env: &Env, timeout: Duration) -> Result<kube::Client> {
 /// them, of the CRD's updates (the API server rebuilds its OpenAPI) and of
 /// the warm-up is then measured in neither run of a pair, rather than in
 /// one and not the other.
-async fn quiet(env: &Env, process: Option<u32>) {
+pub(crate) async fn quiet(env: &Env, process: Option<u32>) {
     let pids = [env.cp.apiserver_pid(), env.cp.etcd_pid(), process];
     let started = Instant::now();
     let mut windows = 0;
@@ -544,7 +544,7 @@ pub(crate) async fn client_from(kubeconfig: &std::path::Path) -> Result<kube::Cl
     kube::Client::try_from(config).map_err(kube_error)
 }
 
-fn kube_error(err: impl std::fmt::Display) -> Error {
+pub(crate) fn kube_error(err: impl std::fmt::Display) -> Error {
     Error::Command {
         command: "kube client".into(),
         status: "error".into(),
@@ -1068,7 +1068,7 @@ fn conversion_calls(cp: &ControlPlane) -> Result<u64> {
 
 /// Holds the operator's leader Lease for a day, so that an operator started
 /// now stands by: it serves the conversion webhook and reconciles nothing.
-fn hold_lease(cp: &ControlPlane) -> Result<()> {
+pub(crate) fn hold_lease(cp: &ControlPlane) -> Result<()> {
     let now = chrono::Utc::now().format("%Y-%m-%dT%H:%M:%S%.6fZ");
     cp.apply(&format!(
         "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata:\n  name: petstore-operator\n  namespace: {OPERATOR_NAMESPACE}\nspec:\n  holderIdentity: petstore-bench-floor\n  leaseDurationSeconds: 86400\n  acquireTime: {now}\n  renewTime: {now}\n"
