@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use futures::{StreamExt, TryStreamExt};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use petstore_operator::crd::{FINALIZER, Pet, PetSpec, PetType};
 use serde_json::json;
 use tokio::sync::watch;
@@ -374,8 +374,13 @@ impl Tracker {
         let (tick, ticks) = watch::channel(0u64);
         let state = Arc::clone(&seen);
         tokio::spawn(async move {
-            let mut stream = watcher(api, watcher::Config::default()).boxed();
-            while let Ok(Some(event)) = stream.try_next().await {
+            // An error (the conversion webhook restarting, say) is retried
+            // after a backoff: the watch goes on, and relists.
+            let mut stream = watcher(api, watcher::Config::default())
+                .default_backoff()
+                .boxed();
+            while let Some(event) = stream.next().await {
+                let Ok(event) = event else { continue };
                 let mut seen = state.lock().expect("seen");
                 match event {
                     watcher::Event::Apply(pet) | watcher::Event::InitApply(pet) => {
@@ -411,7 +416,7 @@ impl Tracker {
             }
             match tokio::time::timeout_at(deadline, self.ticks.changed()).await {
                 Ok(Ok(())) => {}
-                // The watch stopped at an error: nothing will change any more.
+                // The watch's task ended: nothing will change any more.
                 Ok(Err(_)) => {
                     return Err(kube_error(format!("the watch ended, waiting for {what}")));
                 }

@@ -343,11 +343,14 @@ pub fn measure(config: &PlansConfig, progress: &dyn Fn(&str)) -> Result<PlansRes
             if writer == PlanWriter::Floor && floor.is_none() {
                 store_writes = env.store.writes()? - writes_before;
                 progress("plans: stopping the operator; the floor writes the plans");
-                operator.kill();
-                hold_lease(&env.cp)?;
+                // The replica serves the conversion webhook before the
+                // leader goes, so no write or watch meets it down; it stands
+                // by, as the Lease is the leader's and then the bench's.
                 let mut webhook =
                     env.start_operator_with(&shipped_options(&env, "plans-webhook"))?;
                 let webhook_pid = webhook.process().pid();
+                operator.kill();
+                hold_lease(&env.cp)?;
                 let client = client_from(&env.operator_kubeconfig).await?;
                 let baseline = spawn_plan_floor(Api::namespaced(client, NAMESPACE));
                 quiet(&env, webhook_pid).await;

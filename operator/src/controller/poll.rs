@@ -16,8 +16,9 @@
 //! by the controller's concurrency.
 //!
 //! Delivery: a Pet's next poll is kept in the controller's memory, and a
-//! sweep hands the due ones to kube's controller (at most a second late),
-//! rather than kube's scheduler holding an entry for every Pet.
+//! sweep hands the due ones to kube's controller (at most a sixtieth of the
+//! interval late), rather than kube's scheduler holding an entry for every
+//! Pet.
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::OnceLock;

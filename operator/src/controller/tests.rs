@@ -1379,3 +1379,24 @@ async fn a_record_of_another_installation_with_the_same_name_is_held_untouched()
     );
     h.verify(&["RecordOwnedElsewhere"]);
 }
+
+#[test]
+fn a_due_poll_is_handed_over_within_a_sixtieth_of_its_interval() {
+    assert_eq!(
+        sweep_period(Duration::from_secs(300)),
+        Duration::from_secs(5)
+    );
+    assert_eq!(
+        sweep_period(Duration::from_secs(3600)),
+        Duration::from_secs(5),
+        "the audit's hour waits no longer"
+    );
+    assert_eq!(
+        sweep_period(Duration::from_secs(6)),
+        Duration::from_millis(100)
+    );
+    assert_eq!(
+        sweep_period(Duration::from_millis(100)),
+        Duration::from_millis(20)
+    );
+}
