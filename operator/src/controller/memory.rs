@@ -346,23 +346,23 @@ impl Memory {
     /// Its next reconcile is due after `delay` (or sooner, if a watch event
     /// already made it due): [`Memory::take_due_polls`] hands it over then.
     pub fn requeued(&self, pet: &Pet, uid: &str, delay: Duration) {
-        let at = Moment::from(Instant::now() + delay);
-        self.update(pet, uid, |remembered| {
-            if remembered.due.is_none_or(|due| at < due) {
-                remembered.due = Some(at);
-                remembered.poll_pending = true;
-            }
-        });
+        self.due_after(pet, uid, delay, true);
     }
 
     /// It failed and kube retries it after `delay` (its backoff, kept in
     /// kube's scheduler: few Pets fail at once); due then, for the gauges.
     pub fn retrying(&self, pet: &Pet, uid: &str, delay: Duration) {
+        self.due_after(pet, uid, delay, false);
+    }
+
+    /// Due after `delay` unless due sooner already; `poll_pending` says
+    /// whether the sweep hands it over.
+    fn due_after(&self, pet: &Pet, uid: &str, delay: Duration, poll_pending: bool) {
         let at = Moment::from(Instant::now() + delay);
         self.update(pet, uid, |remembered| {
             if remembered.due.is_none_or(|due| at < due) {
                 remembered.due = Some(at);
-                remembered.poll_pending = false;
+                remembered.poll_pending = poll_pending;
             }
         });
     }

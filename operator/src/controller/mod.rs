@@ -352,25 +352,40 @@ fn sweep_period(interval: Duration) -> Duration {
     (interval / 60).clamp(Duration::from_millis(20), Duration::from_secs(5))
 }
 
+/// Sends the Pets `find` returns to kube's controller, once a `period`,
+/// until `stop` (or until the controller is gone).
+async fn trigger_every<Fut>(
+    period: impl Fn() -> Duration,
+    mut find: impl FnMut() -> Fut,
+    trigger: futures::channel::mpsc::UnboundedSender<reflector::ObjectRef<Pet>>,
+    stop: CancellationToken,
+) where
+    Fut: std::future::Future<Output = Vec<reflector::ObjectRef<Pet>>>,
+{
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(period()) => {}
+        }
+        for pet in find().await {
+            if trigger.unbounded_send(pet).is_err() {
+                return;
+            }
+        }
+    }
+}
+
 /// Hands each Pet whose poll has come to kube's controller, once a sweep
 /// period. A sweep walks the memory, and the watch cache only when a poll
 /// is due.
 async fn hand_over_due_polls(
     ctx: Arc<Context>,
-    due: futures::channel::mpsc::UnboundedSender<reflector::ObjectRef<Pet>>,
+    trigger: futures::channel::mpsc::UnboundedSender<reflector::ObjectRef<Pet>>,
     stop: CancellationToken,
 ) {
-    loop {
-        tokio::select! {
-            () = stop.cancelled() => return,
-            () = tokio::time::sleep(sweep_period(ctx.poll.interval())) => {}
-        }
-        for pet in ctx.memory.take_due_polls(std::time::Instant::now()) {
-            if due.unbounded_send(pet).is_err() {
-                return;
-            }
-        }
-    }
+    let period = || sweep_period(ctx.poll.interval());
+    let find = || ready(ctx.memory.take_due_polls(std::time::Instant::now()));
+    trigger_every(period, find, trigger, stop).await;
 }
 
 /// How often the store is probed while Pets wait for it to answer again.
@@ -381,23 +396,16 @@ const STORE_PROBE_INTERVAL: Duration = Duration::from_secs(1);
 /// backoffs of up to `--backoff-max`.
 async fn release_on_store_recovery(
     ctx: Arc<Context>,
-    released: futures::channel::mpsc::UnboundedSender<reflector::ObjectRef<Pet>>,
+    trigger: futures::channel::mpsc::UnboundedSender<reflector::ObjectRef<Pet>>,
     stop: CancellationToken,
 ) {
-    loop {
-        tokio::select! {
-            () = stop.cancelled() => return,
-            () = tokio::time::sleep(STORE_PROBE_INTERVAL) => {}
-        }
-        for pet in release_if_store_answers(&ctx).await {
-            if released
-                .unbounded_send(reflector::ObjectRef::from_obj(&*pet))
-                .is_err()
-            {
-                return;
-            }
-        }
-    }
+    let find = || async {
+        let pets = release_if_store_answers(&ctx).await;
+        pets.iter()
+            .map(|pet| reflector::ObjectRef::from_obj(&**pet))
+            .collect()
+    };
+    trigger_every(|| STORE_PROBE_INTERVAL, find, trigger, stop).await;
 }
 
 /// One probe, if any Pet waits on the store: the Pets it releases. A store
