@@ -1194,6 +1194,35 @@ async fn churn(
     Ok((rename, delete))
 }
 
+/// A floor's baseline client: for each Pet its watch shows that `pick`
+/// selects, `write` runs, at the operator's default concurrency, until the
+/// task is aborted.
+pub(crate) fn spawn_baseline<T, Fut>(
+    api: Api<Pet>,
+    pick: fn(Pet) -> Option<T>,
+    write: impl Fn(Api<Pet>, T) -> Fut + Send + Sync + 'static,
+) -> tokio::task::JoinHandle<()>
+where
+    T: Send + 'static,
+    Fut: std::future::Future<Output = Result<()>> + Send + 'static,
+{
+    let concurrency = usize::from(petstore_operator::controller::DEFAULT_CONCURRENCY);
+    tokio::spawn(async move {
+        watcher(api.clone(), watcher::Config::default())
+            .try_filter_map(|event| {
+                std::future::ready(Ok(match event {
+                    watcher::Event::Apply(pet) | watcher::Event::InitApply(pet) => pick(pet),
+                    _ => None,
+                }))
+            })
+            .map_err(kube_error)
+            .map_ok(|picked| write(api.clone(), picked))
+            .try_buffer_unordered(concurrency)
+            .for_each(|_| async {})
+            .await;
+    })
+}
+
 /// The floor: the same creates, and a baseline that only adds the finalizer
 /// and writes status for each Pet, at the operator's default concurrency,
 /// with no store.
@@ -1244,45 +1273,30 @@ pub fn measure_floor_gated(
             FloorIdentity::Admin => client.clone(),
         };
         let baseline_api: Api<Pet> = Api::namespaced(baseline_client, NAMESPACE);
-        let concurrency = usize::from(petstore_operator::controller::DEFAULT_CONCURRENCY);
-        let baseline =
-            tokio::spawn(async move {
-                watcher(baseline_api.clone(), watcher::Config::default())
-                .try_filter_map(|event| async move {
-                    Ok(match event {
-                        watcher::Event::Apply(pet) | watcher::Event::InitApply(pet)
-                            if pet.metadata.finalizers.is_none() => Some(pet),
-                        _ => None,
-                    })
-                })
-                .map_err(kube_error)
-                .map_ok(|pet| {
-                    let api = baseline_api.clone();
-                    async move {
-                        let name = pet.metadata.name.clone().unwrap_or_default();
-                        let finalizer = json!({"metadata": {"finalizers": [FINALIZER]}});
-                        api.patch(&name, &PatchParams::default(), &Patch::Merge(&finalizer))
-                            .await
-                            .map_err(kube_error)?;
-                        let status = json!({"status": {
-                            "id": format!("baseline-{name}"),
-                            "observedGeneration": pet.metadata.generation,
-                            "conditions": [{
-                                "type": "Ready", "status": "True", "reason": "Available",
-                                "message": "baseline", "lastTransitionTime": "2026-01-01T00:00:00Z",
-                                "observedGeneration": pet.metadata.generation,
-                            }],
-                        }});
-                        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
-                            .await
-                            .map(drop)
-                            .map_err(kube_error)
-                    }
-                })
-                .try_buffer_unordered(concurrency)
-                .for_each(|_| async {})
-                .await;
-            });
+        let baseline = spawn_baseline(
+            baseline_api,
+            |pet| pet.metadata.finalizers.is_none().then_some(pet),
+            |api, pet| async move {
+                let name = pet.metadata.name.clone().unwrap_or_default();
+                let finalizer = json!({"metadata": {"finalizers": [FINALIZER]}});
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(&finalizer))
+                    .await
+                    .map_err(kube_error)?;
+                let status = json!({"status": {
+                    "id": format!("baseline-{name}"),
+                    "observedGeneration": pet.metadata.generation,
+                    "conditions": [{
+                        "type": "Ready", "status": "True", "reason": "Available",
+                        "message": "baseline", "lastTransitionTime": "2026-01-01T00:00:00Z",
+                        "observedGeneration": pet.metadata.generation,
+                    }],
+                }});
+                api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+                    .await
+                    .map(drop)
+                    .map_err(kube_error)
+            },
+        );
 
         quiet(&env, webhook_pid).await;
         tokio::task::block_in_place(gate);

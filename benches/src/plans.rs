@@ -18,15 +18,13 @@ use std::io::{BufRead, BufReader, Write as _};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use futures::{StreamExt, TryStreamExt};
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::watcher;
 use petstore_operator::crd::{Pet, PetStatus};
 
 use crate::apimetrics::{self, RequestCounts};
 use crate::convergence::{
     NAMESPACE, Shows, Tracker, client_from, create_pets, events_drained, hold_lease, kube_error,
-    patch_all, pet, quiet, shipped_options, start_leader,
+    patch_all, pet, quiet, shipped_options, spawn_baseline, start_leader,
 };
 use crate::store_load::percentile;
 use fixtures::{Env, Error, Operator, Result, Storage, Tools};
@@ -264,29 +262,12 @@ fn moved_plan(pet: Pet) -> Option<(String, PetStatus)> {
 
 /// Runs the floor ([`PlanWriter::Floor`]) until aborted.
 fn spawn_plan_floor(api: Api<Pet>) -> tokio::task::JoinHandle<()> {
-    let concurrency = usize::from(petstore_operator::controller::DEFAULT_CONCURRENCY);
-    tokio::spawn(async move {
-        watcher(api.clone(), watcher::Config::default())
-            .try_filter_map(|event| async move {
-                Ok(match event {
-                    watcher::Event::Apply(pet) | watcher::Event::InitApply(pet) => moved_plan(pet),
-                    _ => None,
-                })
-            })
+    spawn_baseline(api, moved_plan, |api, (name, status)| async move {
+        let body = serde_json::json!({ "status": status });
+        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
+            .await
+            .map(drop)
             .map_err(kube_error)
-            .map_ok(|(name, status)| {
-                let api = api.clone();
-                async move {
-                    let body = serde_json::json!({ "status": status });
-                    api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
-                        .await
-                        .map(drop)
-                        .map_err(kube_error)
-                }
-            })
-            .try_buffer_unordered(concurrency)
-            .for_each(|_| async {})
-            .await;
     })
 }
 
