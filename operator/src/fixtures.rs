@@ -112,6 +112,7 @@ impl Pet {
             cause: "drift".into(),
             generation,
             actions: Vec::new(),
+            pending_since: None,
         });
         self
     }

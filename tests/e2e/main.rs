@@ -21,6 +21,7 @@ mod kubernetes;
 mod monitoring;
 mod ownership;
 mod plans;
+mod plans_restart;
 mod plans_soak;
 mod postgres_replicas;
 mod rebuild;

@@ -491,15 +491,28 @@ impl Memory {
 
     /// It shows plan `hash` and wrote nothing; `stale` is an approval that
     /// names another plan. Says which of the two it has not told before.
+    ///
+    /// `pet` is the Pet as read before this plan's status write. A plan it
+    /// already showed, with the same hash, was announced by whichever
+    /// process wrote it (this one before a restart, or an earlier leader):
+    /// it is not new, and it has waited since its `pendingSince`.
     pub fn plan_shown(&self, pet: &Pet, uid: &str, hash: &str, stale: Option<&str>) -> PlanNews {
+        let shown_before = pet.status.as_ref().and_then(|s| s.plan.as_ref());
+        let announced = shown_before.is_some_and(|plan| plan.hash == hash);
+        let shown_since = shown_before
+            .and_then(|plan| plan.pending_since)
+            .map(|since| moment_of(since, Instant::now()));
         let (hash, stale) = (id_hash(Some(hash)), stale.map(|s| id_hash(Some(s))));
         let mut news = PlanNews::default();
         self.update(pet, uid, |remembered| {
             let rare = remembered.rare();
-            news.new_plan = rare.plan.is_none_or(|plan| plan.hash != hash);
+            news.new_plan = match rare.plan {
+                Some(plan) => plan.hash != hash,
+                None => !announced,
+            };
             let plan = rare.plan.get_or_insert(PendingPlan {
                 hash,
-                since: Moment::now(),
+                since: shown_since.unwrap_or_else(Moment::now),
                 stale_warned: None,
             });
             plan.hash = hash;
@@ -625,6 +638,13 @@ fn shows_ready(pet: &Pet) -> bool {
         && pet
             .condition(READY)
             .is_some_and(|c| c.status == ConditionStatus::True)
+}
+
+/// The moment a wall-clock time of the status names, by its age now; a
+/// time in the future (clock skew) is now.
+fn moment_of(at: chrono::DateTime<chrono::Utc>, now: Instant) -> Moment {
+    let age = (chrono::Utc::now() - at).to_std().unwrap_or_default();
+    Moment::from(now.checked_sub(age).unwrap_or(now))
 }
 
 /// A Pet never reconciled has waited since its creation; any other since
@@ -1017,5 +1037,47 @@ mod tests {
         assert_eq!(memory.gauges().repeated_drift, 1);
         memory.forget("thor");
         assert_eq!(memory.gauges().repeated_drift, 0);
+    }
+
+    /// A Pet whose status shows plan `hash`, pending for `age`: as a
+    /// restarted operator, or a new leader, first reads it.
+    fn showing(uid: &str, hash: &str, age: Duration) -> Pet {
+        let mut pet = pet(uid).showing_plan();
+        let plan = pet.status.as_mut().and_then(|s| s.plan.as_mut());
+        let plan = plan.expect("showing_plan shows one");
+        plan.hash = hash.into();
+        let age = chrono::Duration::from_std(age).expect("a small age");
+        plan.pending_since = Some(chrono::Utc::now() - age);
+        pet
+    }
+
+    #[test]
+    fn a_plan_shown_before_a_restart_is_not_announced_again_and_keeps_its_age() {
+        let memory = Memory::default();
+        let age = Duration::from_secs(300);
+        let rex = showing("rex", "aaaa", age);
+        assert!(!memory.plan_shown(&rex, "rex", "aaaa", None).new_plan);
+        let gauges = memory.gauges();
+        assert_eq!(gauges.plans_pending, 1);
+        assert!(
+            gauges.plan_oldest_age >= age && gauges.plan_oldest_age < age * 2,
+            "{:?}",
+            gauges.plan_oldest_age
+        );
+        // Another plan is news, but the Pet has waited since the first.
+        assert!(memory.plan_shown(&rex, "rex", "bbbb", None).new_plan);
+        assert!(memory.gauges().plan_oldest_age >= age);
+    }
+
+    #[test]
+    fn a_plan_is_announced_once_and_a_changed_plan_again() {
+        let memory = Memory::default();
+        let thor = pet("thor");
+        assert!(memory.plan_shown(&thor, "thor", "aaaa", None).new_plan);
+        assert!(!memory.plan_shown(&thor, "thor", "aaaa", None).new_plan);
+        assert!(memory.plan_shown(&thor, "thor", "bbbb", None).new_plan);
+        // Restarted after the plan changed: the status shows the old one.
+        let fido = showing("fido", "aaaa", Duration::from_secs(5));
+        assert!(memory.plan_shown(&fido, "fido", "cccc", None).new_plan);
     }
 }

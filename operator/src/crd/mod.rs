@@ -323,6 +323,12 @@ pub struct PlanStatus {
     pub generation: Option<i64>,
     /// Each store write, in order.
     pub actions: Vec<PlannedAction>,
+    /// Since when the Pet has shown a plan it has not written (this one or
+    /// one before it): the age the pending-plan alert reads. Kept in the
+    /// status, not only in the operator's memory, so a restart or a new
+    /// leader neither announces the plan again nor resets its age.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_since: Option<DateTime<Utc>>,
 }
 
 /// One store write of a plan.

@@ -363,6 +363,7 @@ impl Preview {
                         .collect(),
                 })
                 .collect(),
+            pending_since: None,
         }
     }
 }
