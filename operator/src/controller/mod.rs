@@ -3,8 +3,11 @@
 //! that plan against the store and the API server, and records the outcome
 //! (status, Events, metrics). No policy lives here.
 //!
-//! - `mod.rs`: the watch, the controller's settings and shared context, and
-//!   kube's two hooks, [`reconcile()`] and [`error_policy`];
+//! - `mod.rs`: the watch and kube's two hooks, [`reconcile()`] and
+//!   [`error_policy`];
+//! - `context.rs`: the controller's settings and the context every
+//!   reconcile shares, with the filter that turns watch events into
+//!   reconciles; `backoff.rs`: a failing Pet's retry delay;
 //! - `reconcile.rs`: one reconcile of one Pet, as one object that acts and
 //!   then records how it ended, in one place;
 //! - `memory.rs`: what is remembered about each Pet between reconciles;
@@ -22,7 +25,6 @@
 
 use std::future::ready;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
@@ -34,17 +36,16 @@ use kube::{Client, Resource, ResourceExt};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info};
 
+use crate::Error;
 use crate::crd::{FINALIZER, Pet};
-use crate::decision::{Cause, Facts, Next, Observation, Step, first_step};
-use crate::events::EventQueue;
+use crate::decision::{Cause, Facts, Observation};
 use crate::metrics::Metrics;
 use crate::status;
 use crate::store::{PetData, PetStore, Probe, StoreError};
-use crate::{Error, Fault};
-use memory::Memory;
-use poll::PollSchedule;
 use reconcile::{Problem, Reconcile};
 
+mod backoff;
+mod context;
 mod feed;
 mod finalizer;
 mod memory;
@@ -53,219 +54,8 @@ mod reconcile;
 mod status_write;
 pub mod uninstall;
 
-/// Pets reconciled at once unless told otherwise. A reconcile spends part
-/// of its time waiting on the store (its create gathers for
-/// `--create-batch-wait`, then the store fsyncs), not on the API server, so
-/// it takes more reconciles in flight than a client that only patches to
-/// keep the API server busy. At 16 the API server waited between bursts and
-/// spent those moments converting Pets for its `v1alpha1` watch cache, work
-/// that otherwise comes after convergence; docs/performance.md measures both.
-pub const DEFAULT_CONCURRENCY: u16 = 32;
-
-#[derive(Clone, Debug)]
-pub struct Settings {
-    /// How often an in-sync Pet is checked against the store for drift.
-    pub poll_interval: Duration,
-    /// Most drift-poll store reads per second, on average: with more Pets
-    /// than `poll_interval` allows at this rate, the interval stretches.
-    pub poll_max_rate: f64,
-    /// The poll's interval while the store's change feed is followed: an
-    /// audit for what the feed cannot see.
-    pub audit_interval: Duration,
-    /// Follow the store's change feed; without it drift is found by the
-    /// poll alone.
-    pub follow_store_changes: bool,
-    /// First retry delay after a failure; doubles per consecutive failure.
-    pub backoff_base: Duration,
-    /// Longest retry delay.
-    pub backoff_max: Duration,
-    /// Pets reconciled at once ([`DEFAULT_CONCURRENCY`]).
-    pub concurrency: u16,
-    /// This installation's name (`--installation`): part of every key it
-    /// gives a record; empty for the unnamed installation.
-    pub installation: String,
-    /// A crash-test fault; `None` outside the end-to-end tests.
-    pub fault: Option<Fault>,
-}
-
-impl Default for Settings {
-    fn default() -> Self {
-        Self {
-            poll_interval: Duration::from_secs(300),
-            poll_max_rate: 100.0,
-            audit_interval: Duration::from_secs(3600),
-            follow_store_changes: true,
-            backoff_base: Duration::from_secs(1),
-            backoff_max: Duration::from_secs(300),
-            concurrency: DEFAULT_CONCURRENCY,
-            installation: String::new(),
-            fault: None,
-        }
-    }
-}
-
-/// What every reconcile shares.
-pub struct Context {
-    pub client: Client,
-    pub store: Arc<dyn PetStore>,
-    pub events: EventQueue,
-    pub metrics: Arc<Metrics>,
-    pub settings: Settings,
-    poll: PollSchedule,
-    memory: Memory,
-    /// The last create said whether its key already named a record: until
-    /// one has, every create is read for first (see [`Step::Create`]), so a
-    /// store that ignores keys never gets a create without a read.
-    create_observes: AtomicBool,
-    /// Set in a real run: a Pet deleted while the installation goes keeps
-    /// its record.
-    uninstall: Option<uninstall::UninstallProbe>,
-}
-
-impl Context {
-    pub fn new(
-        client: Client,
-        store: Arc<dyn PetStore>,
-        events: EventQueue,
-        metrics: Arc<Metrics>,
-        settings: Settings,
-    ) -> Self {
-        Self {
-            poll: PollSchedule::new(settings.poll_interval, settings.poll_max_rate)
-                .with_audit_interval(settings.audit_interval),
-            client,
-            store,
-            events,
-            metrics,
-            settings,
-            memory: Memory::default(),
-            create_observes: AtomicBool::new(false),
-            uninstall: None,
-        }
-    }
-
-    /// Keeps records when the Pet CRD (unconfirmed) or `namespace`, the
-    /// operator's own, is being deleted.
-    pub fn watching_uninstall(mut self, namespace: String) -> Self {
-        self.uninstall = Some(uninstall::UninstallProbe::new(
-            self.client.clone(),
-            namespace,
-        ));
-        self
-    }
-
-    /// If this generation was synced, and its status written, less than half
-    /// a poll interval ago, the time left until the next poll. The watch
-    /// cache may not show that status write yet; the write succeeded, so
-    /// its event is on the way, and syncing again from the stale copy would
-    /// only repeat the write.
-    /// A status naming another record than the one synced (a restore
-    /// tool's, say) is not that write's echo.
-    /// An annotation edit since (an external-id added, say) is not an echo.
-    fn recently_synced(&self, facts: &Facts) -> Option<Duration> {
-        let uid = &facts.uid;
-        let synced = self.memory.synced(uid)?;
-        (synced.generation == facts.generation.and_then(std::num::NonZeroI64::new)
-            && synced.intent == facts.intent()
-            && synced.explains(facts.status_id.as_deref())
-            && synced.at.elapsed() < self.settings.poll_interval / 2)
-            .then(|| self.poll_delay(uid))
-    }
-
-    /// Until this Pet's next drift poll: spread by UID and rate-bounded
-    /// (see [`poll`]).
-    fn poll_delay(&self, uid: &str) -> Duration {
-        let interval = self.poll.interval();
-        self.metrics.set_poll_interval(interval);
-        self.poll.delay(uid)
-    }
-
-    /// The Pet a watch event asks to reconcile, if any, as kube's trigger
-    /// needs it (see [`for_trigger`]). A Pet the watch no longer holds is
-    /// forgotten.
-    fn to_reconcile(&self, event: watcher::Event<Pet>) -> Option<Pet> {
-        match event {
-            watcher::Event::Apply(pet) | watcher::Event::InitApply(pet) => {
-                if !self.needs_reconcile(&pet) {
-                    return None;
-                }
-                if let Some(uid) = &pet.metadata.uid {
-                    self.memory.triggered(&pet, uid);
-                }
-                Some(for_trigger(pet))
-            }
-            watcher::Event::Delete(pet) => {
-                if let Some(uid) = &pet.metadata.uid {
-                    self.memory.forget(uid);
-                }
-                None
-            }
-            watcher::Event::InitDone => {
-                self.memory.forget_all_but_cached();
-                None
-            }
-            watcher::Event::Init => None,
-        }
-    }
-
-    /// False for the watch events of our own writes, the finalizer and the
-    /// status, to a Pet synced a moment ago: the reconcile would only wait
-    /// for the poll, which the reconcile that wrote them already scheduled.
-    /// Anything else (deletion, pausing, a new generation) still reconciles.
-    ///
-    /// False too while the Pet backs off from a failure and nothing the user
-    /// asked for changed: the watch event is the echo of our own status
-    /// write, and reconciling it would count one more failure for one
-    /// attempt (against a store without the extensions, 8 failures and a
-    /// 130 s delay in 35 s). The scheduled retry comes anyway.
-    fn needs_reconcile(&self, pet: &Pet) -> bool {
-        let Ok(facts) = self.facts(pet) else {
-            return true;
-        };
-        if self.memory.backing_off_from(&facts) {
-            return false;
-        }
-        !matches!(first_step(&facts), Step::Wait(Next::After(_)))
-    }
-
-    /// Everything the decision step needs to know about the Pet.
-    fn facts(&self, pet: &Pet) -> Result<Facts, Error> {
-        let mut facts = facts_of(pet, &self.settings.installation)?;
-        facts.recently_synced = self.recently_synced(&facts);
-        facts.create_observes = self.create_observes.load(Ordering::Relaxed);
-        Ok(facts)
-    }
-
-    /// The controller action for `next`; a failure's backoff comes from
-    /// [`error_policy`].
-    fn action(&self, next: Next, pet: &Pet, uid: &str) -> Action {
-        match next {
-            Next::AwaitChange => Action::await_change(),
-            Next::Poll | Next::Retry => self.requeue(pet, uid, self.poll_delay(uid)),
-            Next::After(delay) => self.requeue(pet, uid, delay),
-        }
-    }
-
-    /// Requeues the Pet: its memory keeps when it is due, and the poll
-    /// sweep ([`hand_over_due_polls`]) hands it to kube then, so kube's
-    /// scheduler holds none of these (see [`Memory::take_due_polls`]).
-    fn requeue(&self, pet: &Pet, uid: &str, delay: Duration) -> Action {
-        self.memory.requeued(pet, uid, delay);
-        Action::await_change()
-    }
-}
-
-/// The copy of a Pet kube's trigger turns into the reference it queues:
-/// the reconcile reads the Pet from the watch cache, and references compare
-/// by name and namespace alone. Without its UID and resourceVersion, every
-/// reference kube holds is two strings lighter: 3.5 MiB less peak RSS at
-/// N = 20,000 (measured when kube's scheduler still held each Pet's next
-/// poll).
-fn for_trigger(mut pet: Pet) -> Pet {
-    pet.metadata.uid = None;
-    pet.metadata.resource_version = None;
-    pet
-}
+pub use backoff::backoff;
+pub use context::{Context, DEFAULT_CONCURRENCY, Settings};
 
 /// Runs the controller until `stop` is cancelled, then lets the reconciles
 /// in flight finish.
@@ -480,17 +270,6 @@ pub fn error_policy(pet: Arc<Pet>, error: &Error, ctx: Arc<Context>) -> Action {
     }
     ctx.memory.retrying(&pet, uid, delay);
     Action::requeue(delay)
-}
-
-/// Exponential backoff per Pet: base * 2^(failures-1), capped, with jitter.
-pub fn backoff(settings: &Settings, failures: u32) -> Duration {
-    let exponent = failures.saturating_sub(1).min(20);
-    let delay = settings
-        .backoff_base
-        .saturating_mul(1u32 << exponent)
-        .min(settings.backoff_max);
-    // Up to 10% extra, so Pets failing together do not retry together.
-    delay.mul_f64(1.0 + fastrand::f64() * 0.1)
 }
 
 #[cfg(test)]

@@ -1,0 +1,235 @@
+//! The controller's settings and what every reconcile shares: the clients,
+//! the Pets' memory and drift-poll schedule, and the watch-event filter
+//! that decides which events become reconciles.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use kube::Client;
+use kube::runtime::controller::Action;
+use kube::runtime::watcher;
+
+use super::memory::Memory;
+use super::poll::PollSchedule;
+use super::{facts_of, uninstall};
+use crate::crd::Pet;
+use crate::decision::{Facts, Next, Step, first_step};
+use crate::events::EventQueue;
+use crate::metrics::Metrics;
+use crate::store::PetStore;
+use crate::{Error, Fault};
+
+/// Pets reconciled at once unless told otherwise. A reconcile spends part
+/// of its time waiting on the store (its create gathers for
+/// `--create-batch-wait`, then the store fsyncs), not on the API server, so
+/// it takes more reconciles in flight than a client that only patches to
+/// keep the API server busy. At 16 the API server waited between bursts and
+/// spent those moments converting Pets for its `v1alpha1` watch cache, work
+/// that otherwise comes after convergence; docs/performance.md measures both.
+pub const DEFAULT_CONCURRENCY: u16 = 32;
+
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// How often an in-sync Pet is checked against the store for drift.
+    pub poll_interval: Duration,
+    /// Most drift-poll store reads per second, on average: with more Pets
+    /// than `poll_interval` allows at this rate, the interval stretches.
+    pub poll_max_rate: f64,
+    /// The poll's interval while the store's change feed is followed: an
+    /// audit for what the feed cannot see.
+    pub audit_interval: Duration,
+    /// Follow the store's change feed; without it drift is found by the
+    /// poll alone.
+    pub follow_store_changes: bool,
+    /// First retry delay after a failure; doubles per consecutive failure.
+    pub backoff_base: Duration,
+    /// Longest retry delay.
+    pub backoff_max: Duration,
+    /// Pets reconciled at once ([`DEFAULT_CONCURRENCY`]).
+    pub concurrency: u16,
+    /// This installation's name (`--installation`): part of every key it
+    /// gives a record; empty for the unnamed installation.
+    pub installation: String,
+    /// A crash-test fault; `None` outside the end-to-end tests.
+    pub fault: Option<Fault>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            poll_interval: Duration::from_secs(300),
+            poll_max_rate: 100.0,
+            audit_interval: Duration::from_secs(3600),
+            follow_store_changes: true,
+            backoff_base: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(300),
+            concurrency: DEFAULT_CONCURRENCY,
+            installation: String::new(),
+            fault: None,
+        }
+    }
+}
+
+/// What every reconcile shares.
+pub struct Context {
+    pub client: Client,
+    pub store: Arc<dyn PetStore>,
+    pub events: EventQueue,
+    pub metrics: Arc<Metrics>,
+    pub settings: Settings,
+    pub(super) poll: PollSchedule,
+    pub(super) memory: Memory,
+    /// The last create said whether its key already named a record: until
+    /// one has, every create is read for first (see [`Step::Create`]), so a
+    /// store that ignores keys never gets a create without a read.
+    pub(super) create_observes: AtomicBool,
+    /// Set in a real run: a Pet deleted while the installation goes keeps
+    /// its record.
+    pub(super) uninstall: Option<uninstall::UninstallProbe>,
+}
+
+impl Context {
+    pub fn new(
+        client: Client,
+        store: Arc<dyn PetStore>,
+        events: EventQueue,
+        metrics: Arc<Metrics>,
+        settings: Settings,
+    ) -> Self {
+        Self {
+            poll: PollSchedule::new(settings.poll_interval, settings.poll_max_rate)
+                .with_audit_interval(settings.audit_interval),
+            client,
+            store,
+            events,
+            metrics,
+            settings,
+            memory: Memory::default(),
+            create_observes: AtomicBool::new(false),
+            uninstall: None,
+        }
+    }
+
+    /// Keeps records when the Pet CRD (unconfirmed) or `namespace`, the
+    /// operator's own, is being deleted.
+    pub fn watching_uninstall(mut self, namespace: String) -> Self {
+        self.uninstall = Some(uninstall::UninstallProbe::new(
+            self.client.clone(),
+            namespace,
+        ));
+        self
+    }
+
+    /// If this generation was synced, and its status written, less than half
+    /// a poll interval ago, the time left until the next poll. The watch
+    /// cache may not show that status write yet; the write succeeded, so
+    /// its event is on the way, and syncing again from the stale copy would
+    /// only repeat the write.
+    /// A status naming another record than the one synced (a restore
+    /// tool's, say) is not that write's echo.
+    /// An annotation edit since (an external-id added, say) is not an echo.
+    fn recently_synced(&self, facts: &Facts) -> Option<Duration> {
+        let uid = &facts.uid;
+        let synced = self.memory.synced(uid)?;
+        (synced.generation == facts.generation.and_then(std::num::NonZeroI64::new)
+            && synced.intent == facts.intent()
+            && synced.explains(facts.status_id.as_deref())
+            && synced.at.elapsed() < self.settings.poll_interval / 2)
+            .then(|| self.poll_delay(uid))
+    }
+
+    /// Until this Pet's next drift poll: spread by UID and rate-bounded
+    /// (see [`super::poll`]).
+    pub(super) fn poll_delay(&self, uid: &str) -> Duration {
+        let interval = self.poll.interval();
+        self.metrics.set_poll_interval(interval);
+        self.poll.delay(uid)
+    }
+
+    /// The Pet a watch event asks to reconcile, if any, as kube's trigger
+    /// needs it (see [`for_trigger`]). A Pet the watch no longer holds is
+    /// forgotten.
+    pub(super) fn to_reconcile(&self, event: watcher::Event<Pet>) -> Option<Pet> {
+        match event {
+            watcher::Event::Apply(pet) | watcher::Event::InitApply(pet) => {
+                if !self.needs_reconcile(&pet) {
+                    return None;
+                }
+                if let Some(uid) = &pet.metadata.uid {
+                    self.memory.triggered(&pet, uid);
+                }
+                Some(for_trigger(pet))
+            }
+            watcher::Event::Delete(pet) => {
+                if let Some(uid) = &pet.metadata.uid {
+                    self.memory.forget(uid);
+                }
+                None
+            }
+            watcher::Event::InitDone => {
+                self.memory.forget_all_but_cached();
+                None
+            }
+            watcher::Event::Init => None,
+        }
+    }
+
+    /// False for the watch events of our own writes, the finalizer and the
+    /// status, to a Pet synced a moment ago: the reconcile would only wait
+    /// for the poll, which the reconcile that wrote them already scheduled.
+    /// Anything else (deletion, pausing, a new generation) still reconciles.
+    ///
+    /// False too while the Pet backs off from a failure and nothing the user
+    /// asked for changed: the watch event is the echo of our own status
+    /// write, and reconciling it would count one more failure for one
+    /// attempt (against a store without the extensions, 8 failures and a
+    /// 130 s delay in 35 s). The scheduled retry comes anyway.
+    pub(super) fn needs_reconcile(&self, pet: &Pet) -> bool {
+        let Ok(facts) = self.facts(pet) else {
+            return true;
+        };
+        if self.memory.backing_off_from(&facts) {
+            return false;
+        }
+        !matches!(first_step(&facts), Step::Wait(Next::After(_)))
+    }
+
+    /// Everything the decision step needs to know about the Pet.
+    pub(super) fn facts(&self, pet: &Pet) -> Result<Facts, Error> {
+        let mut facts = facts_of(pet, &self.settings.installation)?;
+        facts.recently_synced = self.recently_synced(&facts);
+        facts.create_observes = self.create_observes.load(Ordering::Relaxed);
+        Ok(facts)
+    }
+
+    /// The controller action for `next`; a failure's backoff comes from
+    /// [`super::error_policy`].
+    pub(super) fn action(&self, next: Next, pet: &Pet, uid: &str) -> Action {
+        match next {
+            Next::AwaitChange => Action::await_change(),
+            Next::Poll | Next::Retry => self.requeue(pet, uid, self.poll_delay(uid)),
+            Next::After(delay) => self.requeue(pet, uid, delay),
+        }
+    }
+
+    /// Requeues the Pet: its memory keeps when it is due, and the poll
+    /// sweep ([`super::hand_over_due_polls`]) hands it to kube then, so kube's
+    /// scheduler holds none of these (see [`Memory::take_due_polls`]).
+    pub(super) fn requeue(&self, pet: &Pet, uid: &str, delay: Duration) -> Action {
+        self.memory.requeued(pet, uid, delay);
+        Action::await_change()
+    }
+}
+
+/// The copy of a Pet kube's trigger turns into the reference it queues:
+/// the reconcile reads the Pet from the watch cache, and references compare
+/// by name and namespace alone. Without its UID and resourceVersion, every
+/// reference kube holds is two strings lighter: 3.5 MiB less peak RSS at
+/// N = 20,000 (measured when kube's scheduler still held each Pet's next
+/// poll).
+fn for_trigger(mut pet: Pet) -> Pet {
+    pet.metadata.uid = None;
+    pet.metadata.resource_version = None;
+    pet
+}
