@@ -246,23 +246,20 @@ impl Memory {
         });
     }
 
-    /// It failed with this intent and waits `delay` before the next attempt.
-    pub fn backing_off(
-        &self,
-        pet: &Pet,
-        uid: &str,
-        intent: u64,
-        delay: Duration,
-        waits_for: Option<Probe>,
-    ) {
+    /// Its last failure ([`Memory::failed`]) waits `delay` before the next
+    /// attempt, and with `waits_for`, only until a probe finds the store so.
+    /// kube's error policy sets this straight after the failed reconcile,
+    /// which had the facts to name the intent that failed.
+    pub fn backing_off(&self, uid: &str, delay: Duration, waits_for: Option<Probe>) {
         let until = Moment::from(Instant::now() + delay);
-        self.update(pet, uid, |remembered| {
-            remembered.rare().backoff = Some(Backoff {
-                until,
-                intent,
-                waits_for,
-            });
-        });
+        let mut pets = self.pets();
+        let backoff = pets
+            .get_mut(&UidKey::new(uid))
+            .and_then(|remembered| remembered.rare.as_mut()?.backoff.as_mut());
+        if let Some(backoff) = backoff {
+            backoff.until = until;
+            backoff.waits_for = waits_for;
+        }
     }
 
     /// Whether any Pet waits for the store to answer, or to answer with the
@@ -447,12 +444,21 @@ impl Memory {
         gauges
     }
 
-    /// The reconcile failed and is retried: returns the failures in a row.
-    pub fn failed(&self, pet: &Pet, uid: &str) -> u32 {
+    /// The reconcile of this intent ([`crate::decision::Facts::intent`])
+    /// failed and is retried: returns the failures in a row. Its backoff
+    /// starts now and ends now until [`Memory::backing_off`] gives it its
+    /// length.
+    pub fn failed(&self, pet: &Pet, uid: &str, intent: u64) -> u32 {
         let mut failures = 1;
+        let now = Moment::now();
         self.update(pet, uid, |remembered| {
             remembered.failures = remembered.failures.saturating_add(1);
             remembered.synced = None;
+            remembered.rare().backoff = Some(Backoff {
+                until: now,
+                intent,
+                waits_for: None,
+            });
             failures = remembered.failures;
         });
         failures
@@ -773,8 +779,8 @@ mod tests {
     fn one_entry_per_pet_only_while_there_is_something_to_remember() {
         let memory = Memory::default();
         let thor = pet("thor");
-        assert_eq!(memory.failed(&thor, "thor"), 1);
-        assert_eq!(memory.failed(&thor, "thor"), 2);
+        assert_eq!(memory.failed(&thor, "thor", 0), 1);
+        assert_eq!(memory.failed(&thor, "thor", 0), 2);
         assert_eq!(memory.failures("thor"), 2);
         memory.in_sync(&thor, "thor", (Some(3), 0), "record-1");
         assert_eq!(memory.failures("thor"), 0, "a sync ends the failures");
@@ -787,11 +793,11 @@ mod tests {
             memory.synced("thor").is_some(),
             "nothing to do keeps the sync"
         );
-        memory.failed(&thor, "thor");
+        memory.failed(&thor, "thor", 0);
         assert_eq!(memory.synced("thor"), None, "a failure ends the sync");
         memory.forget("thor");
         assert_eq!(memory.len(), 0);
-        memory.failed(&thor, "thor");
+        memory.failed(&thor, "thor", 0);
         memory.succeeded("thor");
         assert_eq!(memory.len(), 0, "nothing left to remember");
     }
@@ -825,14 +831,14 @@ mod tests {
         memory.track(cache);
         let thor = pet("thor");
         writer.apply_watcher_event(&watcher::Event::Apply(thor.clone()));
-        memory.failed(&thor, "thor");
+        memory.failed(&thor, "thor", 0);
         assert_eq!(memory.len(), 1);
 
         // Deleted while a reconcile was in flight: the watch removes it from
         // the cache and forgets it, and the reconcile ends after.
         writer.apply_watcher_event(&watcher::Event::Delete(thor.clone()));
         memory.forget("thor");
-        memory.failed(&thor, "thor");
+        memory.failed(&thor, "thor", 0);
         memory.in_sync(&thor, "thor", (Some(1), 0), "record-1");
         assert_eq!(memory.len(), 0);
     }
@@ -845,7 +851,7 @@ mod tests {
         let (thor, loki) = (pet("thor"), pet("loki"));
         for pet in [&thor, &loki] {
             writer.apply_watcher_event(&watcher::Event::Apply(pet.clone()));
-            memory.failed(pet, pet.metadata.uid.as_deref().expect("uid"));
+            memory.failed(pet, pet.metadata.uid.as_deref().expect("uid"), 0);
         }
         writer.apply_watcher_event(&watcher::Event::Init);
         writer.apply_watcher_event(&watcher::Event::InitApply(loki.clone()));
@@ -1011,11 +1017,36 @@ mod tests {
         assert!(earlier < later);
     }
 
+    /// A failure holds nothing back until the error policy gives its
+    /// backoff a length; then it holds back the intent that failed, and
+    /// only that one.
+    #[test]
+    fn a_failures_backoff_holds_its_intent_once_given_a_length() {
+        let memory = Memory::default();
+        let thor = pet("thor");
+        let facts = crate::controller::facts_of(&thor, "").expect("facts");
+        memory.failed(&thor, "thor", facts.intent());
+        assert_eq!(memory.backoff_left(&facts), None, "no length yet");
+        assert!(!memory.waiting_on_store());
+        memory.backing_off("thor", Duration::from_secs(60), Some(Probe::Answers));
+        let left = memory.backoff_left(&facts).expect("backing off");
+        assert!(left <= Duration::from_secs(60), "{left:?}");
+        assert!(memory.waiting_on_store());
+        let mut renamed = thor.clone();
+        renamed.spec.name = "Thorbert".into();
+        let other = crate::controller::facts_of(&renamed, "").expect("facts");
+        assert_eq!(memory.backoff_left(&other), None, "another intent");
+        // Without a failure counted there is no backoff to give a length.
+        memory.backing_off("loki", Duration::from_secs(60), None);
+        assert_eq!(memory.len(), 1);
+    }
+
     #[test]
     fn the_box_for_rare_things_goes_when_they_do() {
         let memory = Memory::default();
         let thor = pet("thor");
-        memory.backing_off(&thor, "thor", 7, Duration::from_secs(60), None);
+        memory.failed(&thor, "thor", 7);
+        memory.backing_off("thor", Duration::from_secs(60), None);
         assert!(memory.pets().values().all(|r| r.rare.is_some()));
         memory.succeeded("thor");
         assert_eq!(memory.len(), 0, "nothing left to remember");

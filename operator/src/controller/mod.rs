@@ -248,8 +248,9 @@ async fn reconcile_in_span(pet: Arc<Pet>, ctx: Arc<Context>) -> Result<Action, E
 }
 
 /// kube's hook after a failed reconcile. The reconcile has already shown
-/// and counted the failure; this only turns the Pet's failures in a row into
-/// its backoff.
+/// and counted the failure, with the intent it failed for (see
+/// [`reconcile::count`]); this only turns the Pet's failures in a row into
+/// its backoff, and builds no facts of its own.
 pub fn error_policy(pet: Arc<Pet>, error: &Error, ctx: Arc<Context>) -> Action {
     let Some(uid) = pet.metadata.uid.as_deref() else {
         return Action::requeue(backoff(&ctx.settings, 1));
@@ -257,17 +258,14 @@ pub fn error_policy(pet: Arc<Pet>, error: &Error, ctx: Arc<Context>) -> Action {
     // Never sooner than the store asked (its pushback).
     let pushback = error.retry_after();
     let delay = backoff(&ctx.settings, ctx.memory.failures(uid)).max(pushback.unwrap_or_default());
-    if let Ok(facts) = ctx.facts(&pet) {
-        let waits_for = match error.reason() {
-            // A store that asked for time is not hurried by its probe.
-            _ if pushback.is_some() => None,
-            status::Reason::StoreUnavailable => Some(Probe::Answers),
-            status::Reason::StoreLacksExtensions => Some(Probe::Extended),
-            _ => None,
-        };
-        ctx.memory
-            .backing_off(&pet, uid, facts.intent(), delay, waits_for);
-    }
+    let waits_for = match error.reason() {
+        // A store that asked for time is not hurried by its probe.
+        _ if pushback.is_some() => None,
+        status::Reason::StoreUnavailable => Some(Probe::Answers),
+        status::Reason::StoreLacksExtensions => Some(Probe::Extended),
+        _ => None,
+    };
+    ctx.memory.backing_off(uid, delay, waits_for);
     ctx.memory.retrying(&pet, uid, delay);
     Action::requeue(delay)
 }

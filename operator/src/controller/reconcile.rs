@@ -457,7 +457,7 @@ impl<'a> Reconcile<'a> {
             } => match self.record_plan(&preview, &outcome, stale).await {
                 Ok(()) => {
                     let held = Problem::held(outcome, Next::Poll);
-                    return count(self.ctx, &self.pet, Some(uid), held);
+                    return count(self.ctx, &self.pet, Some(&self.facts), held);
                 }
                 Err(error) => Problem::failed(error),
             },
@@ -469,7 +469,7 @@ impl<'a> Reconcile<'a> {
             }
             self.show(outcome, true);
         }
-        count(self.ctx, &self.pet, Some(uid), problem)
+        count(self.ctx, &self.pet, Some(&self.facts), problem)
     }
 
     /// The ID and conditions to status, then the story's Event: after the
@@ -627,14 +627,15 @@ impl<'a> Reconcile<'a> {
 }
 
 /// Counts a problem: the errors metric for a warning, and for a failure
-/// that is retried, the Pet's failures in a row (from which
-/// [`super::error_policy`] takes the backoff) and a log line at the first
-/// failure and then at powers of two, so a long outage does not flood the
-/// log. `uid` is `None` only for a malformed Pet.
+/// that is retried, the Pet's failures in a row and the intent that failed
+/// (from which [`super::error_policy`] makes the backoff, without building
+/// the facts again) and a log line at the first failure and then at powers
+/// of two, so a long outage does not flood the log. `facts` are the ones
+/// the reconcile acted on; `None` only for a malformed Pet.
 pub fn count(
     ctx: &Context,
     pet: &Pet,
-    uid: Option<&str>,
+    facts: Option<&Facts>,
     problem: Problem,
 ) -> Result<Action, Error> {
     let Problem {
@@ -647,7 +648,7 @@ pub fn count(
         ctx.metrics.reconcile_failed(reason);
     }
     let message = outcome.map(|outcome| outcome.message).unwrap_or_default();
-    match uid {
+    match facts.map(|facts| facts.uid.as_str()) {
         Some(uid) if next != Next::Retry => {
             if reason.is_warning() {
                 info!(%reason, %message, "not in line; waiting for a change or the next poll");
@@ -658,7 +659,9 @@ pub fn count(
         }
         _ => {}
     }
-    let failures = uid.map_or(1, |uid| ctx.memory.failed(pet, uid));
+    let failures = facts.map_or(1, |facts| {
+        ctx.memory.failed(pet, &facts.uid, facts.intent())
+    });
     let error = error.unwrap_or(Error::Held(reason, message));
     if failures.is_power_of_two() {
         warn!(failures, %error, "reconcile failed; retrying with backoff");
