@@ -137,7 +137,7 @@ pub async fn run(args: Args, fault: Option<Fault>) -> Result<ExitCode, String> {
         &args.petstore_addr,
         args.petstore_timeout,
         tls.as_ref(),
-        Arc::clone(&metrics),
+        metrics.store_calls(),
     )
     .map_err(|e| e.to_string())?
     .with_budget(CallBudget::new(args.store_qps, args.store_burst))

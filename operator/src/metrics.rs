@@ -20,7 +20,8 @@ use prometheus_client::registry::Registry;
 use crate::decision::feed::Verdict as FeedVerdict;
 use crate::decision::{Cause, StoreAction};
 use crate::status::Reason;
-use crate::store::{Field, Operation};
+use crate::store::Field;
+use crate::store::grpc::StoreCallMetrics;
 
 /// Each type's label value is the word it already has for itself.
 macro_rules! label_values {
@@ -40,21 +41,11 @@ label_values! {
     Reason => metric_label;
     Cause => as_str;
     Field => as_str;
-    /// The RPC's method name.
-    Operation => method;
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ErrorLabels {
     reason: Reason,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct StoreCallLabels {
-    method: Operation,
-    /// The gRPC code, named as grpc-go names it (`OK`, `Unavailable`), so
-    /// dashboards built for Go services read it too.
-    outcome: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -84,14 +75,12 @@ pub struct PetGauges {
 
 type GaugeSource = Box<dyn Fn() -> PetGauges + Send + Sync>;
 
-type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
-
 pub struct Metrics {
     registry: Registry,
     reconciles: Counter,
     reconcile_errors: Family<ErrorLabels, Counter>,
     reconcile_duration: Histogram,
-    store_calls: HistogramFamily<StoreCallLabels>,
+    store_calls: StoreCallMetrics,
     store_actions: Family<ActionLabels, Counter>,
     time_to_ready: Histogram,
     drift_detected: Family<DriftLabels, Counter>,
@@ -139,8 +128,7 @@ impl Default for Metrics {
         let reconciles = Counter::default();
         let reconcile_errors = Family::<ErrorLabels, Counter>::default();
         let reconcile_duration = Histogram::new(exponential_buckets(0.001, 2.0, 14));
-        let store_calls: HistogramFamily<StoreCallLabels> =
-            Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.0005, 2.0, 14)));
+        let store_calls = StoreCallMetrics::default();
         let store_actions = Family::<ActionLabels, Counter>::default();
         // 50 ms to about 3.6 hours: a Pet is usually Ready in well under a
         // second, and a store outage can hold it for hours.
@@ -195,11 +183,7 @@ impl Default for Metrics {
             "Time spent in one reconciliation",
             reconcile_duration.clone(),
         );
-        registry.register(
-            "store_call_duration_seconds",
-            "Latency of pet store RPCs, by method and outcome",
-            store_calls.clone(),
-        );
+        store_calls.register(&mut registry);
         registry.register(
             "store_actions",
             "Store changes made by the reconciler: create, recreate, update, claim (adoption), release (Orphan), delete; by cause: new_pet, spec_change, drift, adoption, deletion",
@@ -302,10 +286,9 @@ impl Metrics {
             .inc();
     }
 
-    pub fn observe_store_call(&self, method: Operation, outcome: &'static str, took: Duration) {
-        self.store_calls
-            .get_or_create(&StoreCallLabels { method, outcome })
-            .observe(took.as_secs_f64());
+    /// The store client's own handle, sharing this registry's series.
+    pub fn store_calls(&self) -> StoreCallMetrics {
+        self.store_calls.clone()
     }
 
     pub fn store_action(&self, action: StoreAction, cause: Cause) {
@@ -438,7 +421,11 @@ mod tests {
         }
         metrics.store_action(StoreAction::Update, Cause::SpecChange);
         metrics.reconcile_failed(Reason::StoreUnavailable);
-        metrics.observe_store_call(Operation::SetKey, "OK", Duration::from_millis(1));
+        metrics.store_calls().observe(
+            crate::store::Operation::SetKey,
+            "OK",
+            Duration::from_millis(1),
+        );
         metrics.drift_detected(Field::Name);
         metrics.became_ready(Duration::from_millis(80));
         metrics.gauges_from(|| PetGauges {

@@ -33,8 +33,7 @@ use petstore_operator::decision::{Preview, Step, decide, first_step, preview};
 use petstore_operator::import::{
     Born, Holder, holder, importable, manifest, search_request, to_yaml,
 };
-use petstore_operator::metrics::Metrics;
-use petstore_operator::store::grpc::GrpcPetStore;
+use petstore_operator::store::grpc::{GrpcPetStore, StoreCallMetrics};
 use petstore_proto::petstore as pb;
 use serde_json::Value;
 
@@ -121,7 +120,7 @@ impl StoreArgs {
             &self.petstore_addr,
             call_timeout,
             self.tls.files().as_ref(),
-            std::sync::Arc::new(Metrics::default()),
+            StoreCallMetrics::default(),
         )
         .context("the pet store address")
     }

@@ -18,6 +18,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 use tonic::{Code, Status};
 use tower::Layer as _;
 
+pub use self::calls::StoreCallMetrics;
 use self::calls::{StoreCallLayer, StoreCalls};
 
 use super::budget::CallBudget;
@@ -27,7 +28,6 @@ use super::{
     Created, Feed, FeedBatch, Lookup, Operation, PetData, PetStore, Record, RecordChange,
     StoreError,
 };
-use crate::metrics::Metrics;
 
 /// The store's client: every call budgeted, traced and timed by the
 /// channel's layer (see [`calls`]).
@@ -37,7 +37,7 @@ type StoreClient = PetStoreClient<StoreCalls<Channel>>;
 pub struct GrpcPetStore {
     /// The channel before its layer, to rebuild the client with a budget.
     channel: Channel,
-    metrics: Arc<Metrics>,
+    metrics: StoreCallMetrics,
     rpc: Rpc,
     echoes: Arc<Echoes>,
     /// How long a create waits for others to share its call; zero sends
@@ -56,7 +56,7 @@ struct Rpc {
 }
 
 impl Rpc {
-    fn new(channel: Channel, metrics: Arc<Metrics>, budget: CallBudget) -> Self {
+    fn new(channel: Channel, metrics: StoreCallMetrics, budget: CallBudget) -> Self {
         let layer = StoreCallLayer {
             metrics,
             budget: Arc::new(budget),
@@ -137,7 +137,7 @@ impl GrpcPetStore {
         address: &str,
         call_timeout: Duration,
         tls: Option<&TlsFiles>,
-        metrics: Arc<Metrics>,
+        metrics: StoreCallMetrics,
     ) -> Result<Self, ConnectError> {
         let url = match (address.split_once("://"), tls) {
             (Some(("http", rest)), Some(_)) => format!("https://{rest}"),
@@ -162,11 +162,7 @@ impl GrpcPetStore {
             .keep_alive_while_idle(true)
             .connect_lazy();
         Ok(Self {
-            rpc: Rpc::new(
-                channel.clone(),
-                Arc::clone(&metrics),
-                CallBudget::unlimited(),
-            ),
+            rpc: Rpc::new(channel.clone(), metrics.clone(), CallBudget::unlimited()),
             channel,
             metrics,
             echoes: Arc::default(),
@@ -177,7 +173,7 @@ impl GrpcPetStore {
 
     /// Every call waits for its place in `budget` (`--store-qps`).
     pub fn with_budget(mut self, budget: CallBudget) -> Self {
-        self.rpc = Rpc::new(self.channel.clone(), Arc::clone(&self.metrics), budget);
+        self.rpc = Rpc::new(self.channel.clone(), self.metrics.clone(), budget);
         self
     }
 
@@ -691,7 +687,7 @@ mod tests {
             &addr.to_string(),
             Duration::from_secs(5),
             None,
-            Arc::new(Metrics::default()),
+            StoreCallMetrics::default(),
         )
         .expect("a valid address")
         .with_create_batching(wait);

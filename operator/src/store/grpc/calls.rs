@@ -21,20 +21,76 @@ use std::task::{Context, Poll, ready};
 use std::time::Instant;
 
 use http_body::{Body, Frame, SizeHint};
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
 use tonic::codegen::http::{self, HeaderMap, StatusCode};
 use tonic::codegen::{Bytes, StdError};
 use tonic::{Code, Status};
 use tower::{Layer, Service, ServiceExt as _};
 use tracing::{Instrument, Span};
 
-use crate::metrics::Metrics;
 use crate::store::Operation;
 use crate::store::budget::CallBudget;
+
+/// The metrics the store's calls record: a handle of their own, so the
+/// store client depends on no more of the operator's metrics than it
+/// writes. Clones share their series; the operator registers one in its
+/// registry, and a client whose calls nobody scrapes (`kubectl petstore`)
+/// keeps an unregistered one.
+#[derive(Clone, Debug)]
+pub struct StoreCallMetrics {
+    calls: Family<StoreCallLabels, Histogram, fn() -> Histogram>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StoreCallLabels {
+    method: Operation,
+    /// The gRPC code, named as grpc-go names it (`OK`, `Unavailable`), so
+    /// dashboards built for Go services read it too.
+    outcome: &'static str,
+}
+
+/// The label value is the RPC's method name.
+impl EncodeLabelValue for Operation {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        std::fmt::Write::write_str(encoder, self.method())
+    }
+}
+
+impl Default for StoreCallMetrics {
+    fn default() -> Self {
+        Self {
+            calls: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.0005, 2.0, 14))
+            }),
+        }
+    }
+}
+
+impl StoreCallMetrics {
+    /// Adds `store_call_duration_seconds` to `registry`.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "store_call_duration_seconds",
+            "Latency of pet store RPCs, by method and outcome",
+            self.calls.clone(),
+        );
+    }
+
+    /// One call to `method`, which ended with `outcome` after `took`.
+    pub fn observe(&self, method: Operation, outcome: &'static str, took: std::time::Duration) {
+        self.calls
+            .get_or_create(&StoreCallLabels { method, outcome })
+            .observe(took.as_secs_f64());
+    }
+}
 
 /// Wraps the store's channel in [`StoreCalls`].
 #[derive(Clone)]
 pub struct StoreCallLayer {
-    pub metrics: Arc<Metrics>,
+    pub metrics: StoreCallMetrics,
     pub budget: Arc<CallBudget>,
 }
 
@@ -121,7 +177,7 @@ where
             petstore_telemetry::inject(&parent, request.headers_mut());
             let pending = Pending {
                 operation,
-                metrics: Arc::clone(&layer.metrics),
+                metrics: layer.metrics.clone(),
                 started: Instant::now(),
                 span,
             };
@@ -159,14 +215,14 @@ where
 /// A call whose code is not known yet.
 struct Pending {
     operation: Operation,
-    metrics: Arc<Metrics>,
+    metrics: StoreCallMetrics,
     started: Instant,
     span: Span,
 }
 
 impl Pending {
     fn finish(self, code: Code) {
-        self.metrics.observe_store_call(
+        self.metrics.observe(
             self.operation,
             petstore_telemetry::grpc_code_name(code),
             self.started.elapsed(),
@@ -314,7 +370,7 @@ mod tests {
     /// One `method` call through the layer to a channel answering `status`,
     /// which adds the headers it is sent to `seen`.
     async fn call_through(
-        metrics: &Arc<Metrics>,
+        metrics: &StoreCallMetrics,
         status: Status,
         seen: &Arc<Mutex<Vec<HeaderMap>>>,
         method: &str,
@@ -323,11 +379,21 @@ mod tests {
         send(&mut service, method).await.expect("answered");
     }
 
-    fn layer(metrics: &Arc<Metrics>) -> StoreCallLayer {
+    fn layer(metrics: &StoreCallMetrics) -> StoreCallLayer {
         StoreCallLayer {
-            metrics: Arc::clone(metrics),
+            metrics: metrics.clone(),
             budget: Arc::new(CallBudget::unlimited()),
         }
+    }
+
+    /// The metrics text of `metrics`, registered as the operator registers
+    /// them.
+    fn encode(metrics: &StoreCallMetrics) -> String {
+        let mut registry = Registry::with_prefix("petstore_operator");
+        metrics.register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+        text
     }
 
     // The store's RPC span can only become the child of `store.<Method>` if
@@ -343,7 +409,7 @@ mod tests {
             .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
         let _default = tracing::subscriber::set_default(subscriber);
 
-        let metrics = Arc::new(Metrics::default());
+        let metrics = StoreCallMetrics::default();
         let seen = Arc::default();
         call_through(&metrics, Status::ok(""), &seen, "AddPets").await;
         call_through(
@@ -381,7 +447,7 @@ mod tests {
         };
         assert_eq!(status(add).as_deref(), Some("0"));
         assert_eq!(status(get).as_deref(), Some("8"));
-        let text = metrics.encode().expect("encode");
+        let text = encode(&metrics);
         for series in [
             "petstore_operator_store_call_duration_seconds_count{method=\"AddPets\",outcome=\"OK\"} 1",
             "petstore_operator_store_call_duration_seconds_count{method=\"GetPets\",outcome=\"ResourceExhausted\"} 1",
@@ -392,17 +458,17 @@ mod tests {
 
     #[tokio::test]
     async fn the_feed_is_neither_timed_nor_given_a_span() {
-        let metrics = Arc::new(Metrics::default());
+        let metrics = StoreCallMetrics::default();
         let seen = Arc::default();
         call_through(&metrics, Status::ok(""), &seen, "WatchPets").await;
         assert_eq!(seen.lock().expect("lock").len(), 1, "sent");
-        let text = metrics.encode().expect("encode");
+        let text = encode(&metrics);
         assert!(!text.contains("WatchPets"), "{text}");
     }
 
     #[tokio::test]
     async fn without_tracing_no_traceparent_is_sent() {
-        let metrics = Arc::new(Metrics::default());
+        let metrics = StoreCallMetrics::default();
         let seen = Arc::default();
         call_through(&metrics, Status::ok(""), &seen, "AddPets").await;
         assert!(seen.lock().expect("lock")[0].get("traceparent").is_none());
