@@ -1,6 +1,11 @@
 //! Wires the operator together: the Kubernetes client, the conversion
 //! webhook and its certificates, the store client, metrics, Events, leader
 //! election and the controller.
+//!
+//! [`run`] goes through named steps, in this order: [`connect`] (the
+//! webhook's port, then the Kubernetes client), [`serve_webhook`],
+//! [`wait_for_pets`], [`serve_metrics`], [`build_controller`], [`lead`] and
+//! [`shut_down`]. A step that cannot go on says why in an [`AppError`].
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -11,6 +16,8 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ListParams};
 use kube::runtime::events::Reporter;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::Fault;
@@ -18,13 +25,50 @@ use crate::cli::Args;
 use crate::controller::{self, Context, Settings};
 use crate::crd::Pet;
 use crate::events::{EventQueue, EventWriter};
-use crate::leader::{self, Lease, Reign};
+use crate::leader::{self, LeaderError, Lease, Reign};
 use crate::metrics::{self, Metrics};
 use crate::store::budget::CallBudget;
-use crate::store::grpc::GrpcPetStore;
-use crate::webhook::certs::{self, WebhookTarget};
+use crate::store::grpc::{ConnectError, GrpcPetStore};
+use crate::webhook::certs::{self, CertError, WebhookTarget};
 use crate::webhook::guard;
-use crate::webhook::server::{self, ServingCertificate};
+use crate::webhook::server::{self, ServerError, ServingCertificate};
+
+/// Why the operator stopped before its controller ran, or could not keep
+/// its leadership election going.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    /// The webhook's port is taken (or cannot be bound).
+    #[error(transparent)]
+    WebhookListen(ServerError),
+
+    #[error("cannot build a Kubernetes client (check KUBECONFIG): {0}")]
+    KubeClient(#[source] kube::Error),
+
+    #[error("cannot set up the webhook's certificates: {0}")]
+    WebhookCertificates(#[source] CertError),
+
+    /// The certificate in the webhook's Secret cannot be served.
+    #[error(transparent)]
+    ServingCertificate(ServerError),
+
+    #[error("cannot point the Pet CRD at the conversion webhook: {0}")]
+    ConversionWebhook(#[source] CertError),
+
+    #[error(
+        "cannot list Pets; is the CRD installed (kubectl apply -f config/crd/) and may this account list pets? {0}"
+    )]
+    ListPets(#[source] kube::Error),
+
+    #[error(transparent)]
+    StoreAddress(#[from] ConnectError),
+
+    #[error(transparent)]
+    Leader(#[from] LeaderError),
+}
+
+/// How long the API server may take to use the webhook settings just
+/// written to the CRD (see [`wait_for_pets`]).
+const WEBHOOK_SETTLING: Duration = Duration::from_secs(30);
 
 /// A token cancelled by SIGTERM or Ctrl-C.
 fn shutdown_on_signal() -> CancellationToken {
@@ -41,40 +85,64 @@ fn shutdown_on_signal() -> CancellationToken {
 /// leadership is lost: then it exits with failure, to come back as a
 /// standby). `fault` is for the end-to-end crash tests; the release binary
 /// always passes `None`.
-pub async fn run(args: Args, fault: Option<Fault>) -> Result<ExitCode, String> {
+pub async fn run(args: Args, fault: Option<Fault>) -> Result<ExitCode, AppError> {
     let identity = args.identity.clone().unwrap_or_else(|| {
         let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "local".into());
         format!("{host}-{}", std::process::id())
     });
     let shutdown = shutdown_on_signal();
     let metrics = Arc::new(Metrics::default());
-    // First: a taken webhook port stops the operator before it does anything.
+    let (webhook_listener, client) = connect(&args).await?;
+    let webhook_server = serve_webhook(&args, &client, webhook_listener, &shutdown).await?;
+    wait_for_pets(&client).await?;
+    let metrics_server = serve_metrics(&args, &metrics, &shutdown);
+    let (ctx, events) = build_controller(&args, &client, &metrics, &identity, fault)?;
+    let exit = lead(&args, client, ctx, &shutdown, &metrics, &identity).await?;
+    shut_down(&shutdown, &events, webhook_server, metrics_server).await;
+    Ok(exit)
+}
+
+/// The webhook's port, then the Kubernetes client. The port first: a taken
+/// webhook port stops the operator before it does anything.
+async fn connect(args: &Args) -> Result<(TcpListener, kube::Client), AppError> {
     let webhook_listener = server::bind(args.webhook_listen)
         .await
-        .map_err(|e| e.to_string())?;
-
+        .map_err(AppError::WebhookListen)?;
     let client = kube::Client::try_default()
         .await
-        .map_err(|e| format!("cannot build a Kubernetes client (check KUBECONFIG): {e}"))?;
-    // The conversion webhook, on every replica and before leader election:
-    // the API server needs it to serve v1alpha1 whoever leads. Before the
-    // first read of Pets, too: Pets an older release stored as v1alpha1
-    // reach even this v1-only operator through it. The operator writes
-    // only v1, so once those are rewritten its watch never needs it.
+        .map_err(AppError::KubeClient)?;
+    Ok((webhook_listener, client))
+}
+
+/// The conversion webhook, on every replica and before leader election:
+/// the API server needs it to serve v1alpha1 whoever leads. Before the
+/// first read of Pets, too: Pets an older release stored as v1alpha1 reach
+/// even this v1-only operator through it. The operator writes only v1, so
+/// once those are rewritten its watch never needs it.
+///
+/// Sets up its certificates, serves it, points the CRD (and the CRD
+/// deletion guard) at it and keeps its certificates fresh; returns the
+/// server's task.
+async fn serve_webhook(
+    args: &Args,
+    client: &kube::Client,
+    listener: TcpListener,
+    shutdown: &CancellationToken,
+) -> Result<JoinHandle<Result<(), ServerError>>, AppError> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &args.lease_namespace);
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let names = certs::serving_names(&args.lease_namespace);
     let webhook_certs = certs::ensure_secret(&secrets, &names, certs::unix_now())
         .await
-        .map_err(|e| format!("cannot set up the webhook's certificates: {e}"))?;
+        .map_err(AppError::WebhookCertificates)?;
     let serving = Arc::new(
         ServingCertificate::from_pem(&webhook_certs.cert, &webhook_certs.key)
-            .map_err(|e| e.to_string())?,
+            .map_err(AppError::ServingCertificate)?,
     );
     let counted: Api<Pet> = Api::all(client.clone());
     let count_pets: server::CountPets = Arc::new(move || Box::pin(guard::count(counted.clone())));
     let webhook_server = tokio::spawn(server::serve(
-        webhook_listener,
+        listener,
         Arc::clone(&serving),
         count_pets,
         shutdown.clone().cancelled_owned(),
@@ -87,7 +155,7 @@ pub async fn run(args: Args, fault: Option<Fault>) -> Result<ExitCode, String> {
     };
     certs::inject_ca_bundle(&crds, &webhook_certs.ca_cert, Some(&target))
         .await
-        .map_err(|e| format!("cannot point the Pet CRD at the conversion webhook: {e}"))?;
+        .map_err(AppError::ConversionWebhook)?;
     tracing::info!(listen = %args.webhook_listen, ?target, "conversion webhook serving");
     let guards: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
     if let Err(err) = certs::inject_guard(&guards, &webhook_certs.ca_cert, &target).await {
@@ -103,43 +171,69 @@ pub async fn run(args: Args, fault: Option<Fault>) -> Result<ExitCode, String> {
         webhook_certs,
         shutdown.clone(),
     ));
+    Ok(webhook_server)
+}
 
+/// Lists a Pet, to know the CRD is installed and Pets may be read. The API
+/// server takes a moment to use the webhook settings just written to the
+/// CRD; until then a Pet stored in another version cannot be read (its
+/// conversion goes to the old address), so for [`WEBHOOK_SETTLING`] a
+/// failed conversion is waited out.
+async fn wait_for_pets(client: &kube::Client) -> Result<(), AppError> {
     let pets: Api<Pet> = Api::all(client.clone());
-    // The API server takes a moment to use the webhook settings just
-    // written to the CRD; until then a Pet stored in another version
-    // cannot be read (its conversion goes to the old address).
-    let settling = std::time::Instant::now() + Duration::from_secs(30);
+    let settling = std::time::Instant::now() + WEBHOOK_SETTLING;
     loop {
         match pets.list_metadata(&ListParams::default().limit(1)).await {
-            Err(err)
-                if std::time::Instant::now() < settling
-                    && err.to_string().contains("conversion webhook") =>
-            {
+            Err(err) if std::time::Instant::now() < settling && conversion_failed(&err) => {
                 tracing::info!(error = %err, "waiting for the API server to use the conversion webhook");
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
-            result => break result,
+            Err(err) => return Err(AppError::ListPets(err)),
+            Ok(_) => return Ok(()),
         }
     }
-    .map_err(|e| {
-            format!("cannot list Pets; is the CRD installed (kubectl apply -f config/crd/) and may this account list pets? {e}")
-        })?;
+}
 
+/// Whether a read failed as one does while the API server cannot reach the
+/// conversion webhook: an internal error (HTTP 500). Its Status says that
+/// it was the conversion in its message's text alone, so the code is what
+/// is matched; another internal error is retried as well, within the
+/// settling time only.
+fn conversion_failed(err: &kube::Error) -> bool {
+    matches!(err, kube::Error::Api(status) if status.code == 500)
+}
+
+/// `/metrics`, `/healthz` and `/readyz`, ready at once: the Kubernetes
+/// client works by now. Returns the server's task.
+fn serve_metrics(
+    args: &Args,
+    metrics: &Arc<Metrics>,
+    shutdown: &CancellationToken,
+) -> JoinHandle<std::io::Result<()>> {
     let metrics_server = tokio::spawn(metrics::serve(
         args.metrics_addr,
-        Arc::clone(&metrics),
+        Arc::clone(metrics),
         shutdown.clone().cancelled_owned(),
     ));
     metrics.set_ready();
+    metrics_server
+}
 
+/// The store client, the Event queue and the controller's context.
+fn build_controller(
+    args: &Args,
+    client: &kube::Client,
+    metrics: &Arc<Metrics>,
+    identity: &str,
+    fault: Option<Fault>,
+) -> Result<(Arc<Context>, EventQueue), AppError> {
     let tls = args.petstore_tls.files();
     let store = GrpcPetStore::connect_lazy(
         &args.petstore_addr,
         args.petstore_timeout,
         tls.as_ref(),
         metrics.store_calls(),
-    )
-    .map_err(|e| e.to_string())?
+    )?
     .with_budget(CallBudget::new(args.store_qps, args.store_burst))
     .with_create_batching(if petstore_telemetry::spans_exported() {
         Duration::ZERO
@@ -150,7 +244,7 @@ pub async fn run(args: Args, fault: Option<Fault>) -> Result<ExitCode, String> {
         client.clone(),
         Reporter {
             controller: "petstore-operator".into(),
-            instance: Some(identity.clone()),
+            instance: Some(identity.to_owned()),
         },
     );
     let settings = Settings {
@@ -165,46 +259,65 @@ pub async fn run(args: Args, fault: Option<Fault>) -> Result<ExitCode, String> {
         fault,
     };
     tracing::info!(store = %args.petstore_addr, tls = tls.is_some(), ?settings, %identity, "starting");
-    let events = EventQueue::start(recorder, Arc::clone(&metrics));
+    let events = EventQueue::start(recorder, Arc::clone(metrics));
     let ctx = Arc::new(
         Context::new(
             client.clone(),
             Arc::new(store),
             events.clone(),
-            Arc::clone(&metrics),
+            Arc::clone(metrics),
             settings,
         )
         .watching_uninstall(args.lease_namespace.clone()),
     );
+    Ok((ctx, events))
+}
 
-    let mut exit = ExitCode::SUCCESS;
-    if args.leader_election {
-        let lease = Lease {
-            namespace: &args.lease_namespace,
-            name: &args.lease_name,
-            identity: &identity,
-            duration: args.lease_duration,
-        };
-        let reign = leader::run_while_leading(client, lease, &shutdown, &metrics, |stop| {
-            controller::run(ctx, stop)
-        })
-        .await
-        .map_err(|e| e.to_string())?;
-        if reign == Reign::Lost {
-            // Another replica may already be reconciling: stop at once and
-            // let Kubernetes restart us as a standby.
-            tracing::error!("lost leadership; exiting");
-            exit = ExitCode::FAILURE;
-        }
-    } else {
+/// Runs the controller: while this replica holds the Lease, with leader
+/// election, otherwise until `shutdown`. Failure as the exit code when
+/// leadership was lost.
+async fn lead(
+    args: &Args,
+    client: kube::Client,
+    ctx: Arc<Context>,
+    shutdown: &CancellationToken,
+    metrics: &Metrics,
+    identity: &str,
+) -> Result<ExitCode, AppError> {
+    if !args.leader_election {
         controller::run(ctx, shutdown.clone()).await;
+        return Ok(ExitCode::SUCCESS);
     }
+    let lease = Lease {
+        namespace: &args.lease_namespace,
+        name: &args.lease_name,
+        identity,
+        duration: args.lease_duration,
+    };
+    let reign = leader::run_while_leading(client, lease, shutdown, metrics, |stop| {
+        controller::run(ctx, stop)
+    })
+    .await?;
+    if reign == Reign::Lost {
+        // Another replica may already be reconciling: stop at once and
+        // let Kubernetes restart us as a standby.
+        tracing::error!("lost leadership; exiting");
+        return Ok(ExitCode::FAILURE);
+    }
+    Ok(ExitCode::SUCCESS)
+}
 
-    // Whatever stopped the controller stops the rest: a replica that lost
-    // the Lease must exit, not go on serving /healthz as a live one.
+/// Stops the rest once the controller has stopped: whatever stopped it
+/// stops the servers too (a replica that lost the Lease must exit, not go
+/// on serving /healthz as a live one), and queued Events get a moment to
+/// reach the API.
+async fn shut_down(
+    shutdown: &CancellationToken,
+    events: &EventQueue,
+    webhook_server: JoinHandle<Result<(), ServerError>>,
+    metrics_server: JoinHandle<std::io::Result<()>>,
+) {
     shutdown.cancel();
-
-    // Give queued Events a moment to reach the API before exiting.
     if tokio::time::timeout(Duration::from_secs(2), events.flush())
         .await
         .is_err()
@@ -222,5 +335,40 @@ pub async fn run(args: Args, fault: Option<Fault>) -> Result<ExitCode, String> {
         Err(err) => tracing::warn!(error = %err, "metrics server task failed"),
     }
     tracing::info!("stopped");
-    Ok(exit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api_error(code: u16) -> kube::Error {
+        let status = kube::core::Status::failure(
+            "conversion webhook for petstore.example.com/v1alpha1, Kind=Pet failed",
+            "InternalError",
+        )
+        .with_code(code);
+        kube::Error::Api(status.boxed())
+    }
+
+    #[test]
+    fn only_an_internal_error_is_waited_out_as_a_conversion_not_yet_settled() {
+        assert!(conversion_failed(&api_error(500)));
+        // Forbidden or not found (no CRD) stop the operator at once.
+        assert!(!conversion_failed(&api_error(403)));
+        assert!(!conversion_failed(&api_error(404)));
+    }
+
+    #[test]
+    fn errors_say_what_failed_and_why() {
+        let error = AppError::ListPets(api_error(403));
+        let text = error.to_string();
+        assert!(
+            text.starts_with("cannot list Pets; is the CRD installed"),
+            "{text}"
+        );
+        assert!(
+            std::error::Error::source(&error).is_some(),
+            "the kube error is the source"
+        );
+    }
 }

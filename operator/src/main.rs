@@ -21,8 +21,8 @@ async fn main() -> ExitCode {
     );
     let code = match app::run(args, None).await {
         Ok(code) => code,
-        Err(message) => {
-            tracing::error!("{message}");
+        Err(error) => {
+            tracing::error!("{error}");
             ExitCode::FAILURE
         }
     };
