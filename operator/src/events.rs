@@ -25,7 +25,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
@@ -37,6 +37,10 @@ use kube::Client;
 use kube::api::{Api, PostParams};
 use kube::runtime::events::{Event, EventType, Reporter};
 use tokio::sync::{Notify, mpsc};
+// Tokio's clock, not std's: the same instant in production, and one a test
+// can pause, so the quiet rule is tested by logic rather than by how fast
+// the machine is.
+use tokio::time::Instant;
 
 use crate::metrics::Metrics;
 
@@ -389,6 +393,15 @@ impl EventQueue {
 mod tests {
     use super::*;
 
+    // The queue's tests run on paused time: the clock moves only when every
+    // task waits, jumping to the next timer. So a sleep is exact however
+    // loaded the machine is, and a timeout fires only when nothing is left
+    // to make progress (a lost wakeup), never because the machine is slow.
+
+    /// How long a test waits for the queue. On paused time: the queue went
+    /// idle this long without getting there.
+    const PATIENCE: Duration = Duration::from_secs(10);
+
     /// A mock API server that holds every Event write until the test opens
     /// the gate, and records how many were in flight at once.
     struct GatedWrites {
@@ -396,6 +409,10 @@ mod tests {
         most_in_flight: AtomicUsize,
         written: AtomicUsize,
         gate: tokio::sync::Semaphore,
+        /// Woken on every change of `in_flight` or `written`: the test waits
+        /// on it rather than polling (a polling task never lets paused time
+        /// move).
+        changed: Notify,
     }
 
     impl GatedWrites {
@@ -405,6 +422,7 @@ mod tests {
                 most_in_flight: AtomicUsize::new(0),
                 written: AtomicUsize::new(0),
                 gate: tokio::sync::Semaphore::new(0),
+                changed: Notify::new(),
             })
         }
 
@@ -423,10 +441,12 @@ mod tests {
                     tokio::spawn(async move {
                         let now = server.in_flight.fetch_add(1, Ordering::AcqRel) + 1;
                         server.most_in_flight.fetch_max(now, Ordering::AcqRel);
+                        server.changed.notify_waiters();
                         server.gate.acquire().await.expect("gate open").forget();
                         let body = request.into_body().collect_bytes().await.expect("body");
                         server.in_flight.fetch_sub(1, Ordering::AcqRel);
                         server.written.fetch_add(1, Ordering::AcqRel);
+                        server.changed.notify_waiters();
                         let response = http::Response::builder()
                             .status(201)
                             .body(kube::client::Body::from(body.to_vec()))
@@ -438,20 +458,26 @@ mod tests {
             Client::new(service, "default")
         }
 
-        /// Waits (up to 10 s) until `n` writes are in flight.
+        /// Waits until `n` writes are in flight; false if that never came.
         async fn until_in_flight(&self, n: usize) -> bool {
-            Self::until(&self.in_flight, n).await
+            self.until(&self.in_flight, n).await
         }
 
-        /// Waits (up to 10 s) until `n` writes have ended.
+        /// Waits until `n` writes have ended; false if that never came.
         async fn until_written(&self, n: usize) -> bool {
-            Self::until(&self.written, n).await
+            self.until(&self.written, n).await
         }
 
-        async fn until(counter: &AtomicUsize, n: usize) -> bool {
-            tokio::time::timeout(Duration::from_secs(10), async {
-                while counter.load(Ordering::Acquire) < n {
-                    tokio::task::yield_now().await;
+        async fn until(&self, counter: &AtomicUsize, n: usize) -> bool {
+            tokio::time::timeout(PATIENCE, async {
+                loop {
+                    // Registered before the check: a change in between
+                    // still wakes it.
+                    let changed = self.changed.notified();
+                    if counter.load(Ordering::Acquire) >= n {
+                        return;
+                    }
+                    changed.await;
                 }
             })
             .await
@@ -507,14 +533,14 @@ mod tests {
         (writes, queue)
     }
 
-    /// Waits (up to 10 s) until the queue has written everything.
+    /// Waits until the queue has written everything.
     async fn drained(queue: &EventQueue, what: &str) {
-        tokio::time::timeout(Duration::from_secs(10), queue.flush())
+        tokio::time::timeout(PATIENCE, queue.flush())
             .await
             .expect(what);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn writes_several_events_at_once_but_no_more_than_the_limit() {
         let (writes, queue) = gated();
         let total = CONCURRENT_WRITES * 3;
@@ -540,7 +566,7 @@ mod tests {
         assert_eq!(queue.pending(), 0);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn normal_events_wait_while_any_pet_is_being_reconciled() {
         let (writes, queue) = gated();
         let busy = queue.reconciling();
@@ -548,13 +574,26 @@ mod tests {
         tokio::time::sleep(BUSY_RECHECK * 5).await;
         assert_eq!(writes.in_flight(), 0, "written while busy");
 
+        // Written once the reconcile has been over for QUIET, at the
+        // writer's next look. Paused time makes both bounds exact; the
+        // millisecond is the load clock's resolution.
         drop(busy);
-        writes
-            .writes_the_held_one(&queue, "not written once the reconcile ended")
-            .await;
+        let ended = Instant::now();
+        assert!(
+            writes.until_in_flight(1).await,
+            "not written once the reconcile ended"
+        );
+        let waited = ended.elapsed();
+        let tick = Duration::from_millis(1);
+        assert!(
+            waited + tick >= QUIET && waited <= QUIET + BUSY_RECHECK + tick,
+            "written {waited:?} after the reconcile ended"
+        );
+        writes.gate.add_permits(1);
+        drained(&queue, "written").await;
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn normal_events_wait_for_a_quiet_moment_between_reconciles() {
         let (writes, queue) = gated();
         queue.publish(event("Created"), ObjectReference::default());
@@ -570,7 +609,7 @@ mod tests {
             .await;
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn warnings_are_written_at_once_even_behind_waiting_normal_events() {
         let (writes, queue) = gated();
         let _busy = queue.reconciling();
@@ -594,7 +633,7 @@ mod tests {
         assert_eq!(queue.pending(), CONCURRENT_WRITES * 2);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_filling_queue_is_written_even_while_busy() {
         let (writes, queue) = gated();
         let busy = queue.reconciling();
