@@ -3,8 +3,8 @@
 //! nothing through two audits, refuses a wrong or stale approval, writes
 //! exactly the approved plan once, shows a new plan for a spec edit, and
 //! waits to be deleted until its delete plan is approved; the kubectl
-//! plugin prints the same plan before anything is applied; a
-//! Pet in `Observe` adopts nothing, shows what differs, shows an
+//! plugin prints the same plan before anything is applied, and from what
+//! `kubectl get pets -o yaml` prints; a Pet in `Observe` adopts nothing, shows what differs, shows an
 //! out-of-band edit within seconds without reverting it, and switched to
 //! `Automatic` writes exactly the plan it showed; deleted in `Observe`, it
 //! leaves its record untouched.
@@ -196,6 +196,14 @@ fn approve_writes_only_the_approved_plan_once() -> fixtures::Result<()> {
     ])?;
     assert_eq!(code, Some(2), "{printed}");
     assert_eq!(printed.trim_end(), shown.trim_end());
+    // The same Pet as `kubectl get pets -o yaml` prints it: a List, with
+    // the API server's fields (managedFields, resourceVersion, status).
+    let listed = env
+        .cp
+        .kubectl(&["get", "pets", "-n", "default", "-o", "yaml"])?;
+    let (code, from_list) = kubectl_petstore_plan(&env, &listed)?;
+    assert_eq!(code, Some(2), "{from_list}");
+    assert_eq!(from_list.trim_end(), shown.trim_end());
     // A Pet not created yet: a create, and nothing written anywhere.
     let fido = pet_yaml(
         "fido",

@@ -28,7 +28,7 @@ use kube::{Client, ResourceExt};
 use petstore_operator::cli::{StoreTlsArgs, parse_installation};
 use petstore_operator::controller::uninstall::UninstallProbe;
 use petstore_operator::controller::{facts_of, observe};
-use petstore_operator::crd::{ChangePolicy, Pet, PetType};
+use petstore_operator::crd::{ChangePolicy, GROUP, Pet, PetType};
 use petstore_operator::decision::{Preview, Step, decide, first_step, preview};
 use petstore_operator::import::{
     Born, Holder, holder, importable, manifest, search_request, to_yaml,
@@ -49,8 +49,9 @@ enum Command {
     /// Print the store writes the operator would make for these Pets,
     /// without applying them. Exit 0: none; 2: some; 1: an error.
     Plan {
-        /// A manifest file of Pets (several documents allowed); `-` reads
-        /// standard input.
+        /// A manifest file of Pets, as `kubectl apply -f` takes it: YAML
+        /// documents or JSON, each a Pet or a List of them (what `kubectl
+        /// get pets -o yaml` prints); `-` reads standard input.
         #[arg(short = 'f', long = "filename")]
         file: String,
         #[command(flatten)]
@@ -251,28 +252,108 @@ async fn plan(
     Ok(changes)
 }
 
-/// Every Pet document in the file, as JSON.
+/// Every Pet in `file` (`-`: standard input), as JSON.
 fn read_manifests(file: &str) -> anyhow::Result<Vec<Value>> {
-    let text = if file == "-" {
+    if file == "-" {
         let mut text = String::new();
         std::io::stdin()
             .read_to_string(&mut text)
             .context("reading standard input")?;
-        text
+        pets_in("standard input", &text)
     } else {
-        std::fs::read_to_string(file).with_context(|| format!("reading {file}"))?
+        let text = std::fs::read_to_string(file).with_context(|| format!("reading {file}"))?;
+        pets_in(file, &text)
+    }
+}
+
+/// The Pets in manifests, read as `kubectl apply -f` reads them: YAML
+/// documents separated by `---`, or JSON objects one after another; each a
+/// Pet, or a list of them (`kind: List` or `PetList`, with `items`), as
+/// `kubectl get pets -o yaml` prints. Empty documents are skipped; anything
+/// else is an error naming `source`, the document and the item (counted
+/// from 1) and what it holds.
+///
+/// What the API server wrote into a Pet it printed is dropped: its
+/// managedFields, which an apply must not carry, and its resourceVersion,
+/// which every status write moves on (the plan is for the spec, whenever
+/// the copy was made).
+fn pets_in(source: &str, text: &str) -> anyhow::Result<Vec<Value>> {
+    let documents: Vec<Value> = if text.trim_start().starts_with('{') {
+        serde_json::Deserializer::from_str(text)
+            .into_iter::<Value>()
+            .enumerate()
+            .map(|(i, document)| {
+                document.with_context(|| format!("{source}: document {} is not JSON", i + 1))
+            })
+            .collect::<anyhow::Result<_>>()?
+    } else {
+        serde_norway::Deserializer::from_str(text)
+            .enumerate()
+            .map(|(i, document)| {
+                serde::Deserialize::deserialize(document)
+                    .with_context(|| format!("{source}: document {} is not YAML", i + 1))
+            })
+            .collect::<anyhow::Result<_>>()?
     };
     let mut pets = Vec::new();
-    for document in serde_norway::Deserializer::from_str(&text) {
-        let value: Value = serde::Deserialize::deserialize(document)
-            .with_context(|| format!("{file} is not YAML"))?;
-        match value["kind"].as_str() {
-            Some("Pet") => pets.push(value),
-            _ if value.is_null() => {}
-            other => bail!("{file} holds a {other:?}, not a Pet"),
+    for (i, document) in documents.into_iter().enumerate() {
+        let at = format!("{source}: document {}", i + 1);
+        if document.is_null() {
+            continue;
+        }
+        let Some(items) = list_items(&document) else {
+            pets.push(pet(document, &at)?);
+            continue;
+        };
+        // kubectl fills in an item's kind from a typed list's (a PetList
+        // from the API holds Pets that may not repeat it).
+        let item_kind = document["kind"]
+            .as_str()
+            .and_then(|kind| kind.strip_suffix("List"))
+            .filter(|kind| !kind.is_empty());
+        for (j, mut item) in items.iter().cloned().enumerate() {
+            if let (Some(kind), Some(fields)) = (item_kind, item.as_object_mut())
+                && !fields.contains_key("kind")
+            {
+                fields.insert("kind".into(), kind.into());
+                if let Some(version) = document.get("apiVersion") {
+                    fields.insert("apiVersion".into(), version.clone());
+                }
+            }
+            pets.push(pet(item, &format!("{at}, item {}", j + 1))?);
         }
     }
     Ok(pets)
+}
+
+/// The items of a list (`List`, `PetList`, any `...List` with `items`).
+fn list_items(document: &Value) -> Option<&Vec<Value>> {
+    document["kind"]
+        .as_str()
+        .filter(|kind| kind.ends_with("List"))
+        .and(document["items"].as_array())
+}
+
+/// `value` if it is a Pet of this API group, ready to apply; `at` names
+/// where it was for the error.
+fn pet(mut value: Value, at: &str) -> anyhow::Result<Value> {
+    let kind = value["kind"].as_str();
+    let api_version = value["apiVersion"].as_str().unwrap_or_default();
+    let group = api_version.split_once('/').map(|(group, _)| group);
+    match (kind, group) {
+        (Some("Pet"), Some(GROUP)) => {}
+        (Some(kind), _) if !api_version.is_empty() => {
+            bail!("{at} is a {kind} of {api_version}, not a Pet of {GROUP}")
+        }
+        (Some(kind), _) => bail!("{at} is a {kind} without an apiVersion, not a Pet of {GROUP}"),
+        (None, _) if value.is_object() => bail!("{at} has no kind, so is not a Pet"),
+        (None, _) => bail!("{at} is not an object, so is not a Pet"),
+    }
+    if let Some(metadata) = value["metadata"].as_object_mut() {
+        metadata.remove("managedFields");
+        metadata.remove("resourceVersion");
+    }
+    Ok(value)
 }
 
 /// The Pet as the API server would store it: a server-side dry-run apply.
@@ -338,4 +419,191 @@ fn status_plan_json(preview: &Preview) -> anyhow::Result<String> {
     Ok(serde_json::to_string(&serde_json::to_value(
         preview.to_status(),
     )?)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const REX: &str = "apiVersion: petstore.example.com/v1
+kind: Pet
+metadata: {name: rex}
+spec: {name: Rex, type: dog, birthday: \"2022-03-01\"}
+";
+
+    /// The names of the Pets read.
+    fn names(pets: &[Value]) -> Vec<&str> {
+        pets.iter()
+            .map(|pet| pet["metadata"]["name"].as_str().unwrap_or_default())
+            .collect()
+    }
+
+    fn error(text: &str) -> String {
+        let error = pets_in("pets.yaml", text).expect_err("not only Pets");
+        format!("{error:#}")
+    }
+
+    #[test]
+    fn one_pet() {
+        let pets = pets_in("pets.yaml", REX).expect("a Pet");
+        assert_eq!(names(&pets), ["rex"]);
+        assert_eq!(pets[0]["spec"]["birthday"], "2022-03-01");
+    }
+
+    #[test]
+    fn several_documents() {
+        let text = format!("{REX}---\n{}", REX.replace("rex", "fido"));
+        assert_eq!(
+            names(&pets_in("pets.yaml", &text).expect("two Pets")),
+            ["rex", "fido"]
+        );
+        // JSON objects one after another, as kubectl reads them.
+        let json = r#"{"apiVersion": "petstore.example.com/v1", "kind": "Pet", "metadata": {"name": "rex"}}
+            {"apiVersion": "petstore.example.com/v1", "kind": "Pet", "metadata": {"name": "fido"}}"#;
+        assert_eq!(
+            names(&pets_in("pets.json", json).expect("two Pets")),
+            ["rex", "fido"]
+        );
+    }
+
+    /// `kubectl get pets -o yaml`, shortened: the API server's fields go,
+    /// the rest is applied as it is.
+    #[test]
+    fn a_list_as_kubectl_get_prints_it() {
+        let text = "apiVersion: v1
+kind: List
+metadata: {resourceVersion: \"\"}
+items:
+- apiVersion: petstore.example.com/v1
+  kind: Pet
+  metadata:
+    name: rex
+    namespace: default
+    uid: 0b9b3c5e-1f0e-4a57-9d7b-3f2f2f5c8c11
+    resourceVersion: \"4711\"
+    generation: 2
+    managedFields:
+    - {manager: kubectl-client-side-apply, operation: Update}
+  spec: {name: Rex, type: dog, birthday: \"2022-03-01\"}
+  status: {id: \"42\"}
+- apiVersion: petstore.example.com/v1
+  kind: Pet
+  metadata: {name: fido, namespace: default}
+  spec: {name: Fido, type: dog, birthday: \"2023-01-01\"}
+";
+        let pets = pets_in("pets.yaml", text).expect("a List of Pets");
+        assert_eq!(names(&pets), ["rex", "fido"]);
+        let rex = &pets[0]["metadata"];
+        assert!(rex.get("managedFields").is_none(), "{rex}");
+        assert!(rex.get("resourceVersion").is_none(), "{rex}");
+        assert_eq!(rex["uid"], "0b9b3c5e-1f0e-4a57-9d7b-3f2f2f5c8c11");
+        assert_eq!(pets[0]["spec"]["name"], "Rex");
+
+        // The same as `-o json` prints it.
+        let json =
+            serde_json::to_string_pretty(&serde_norway::from_str::<Value>(text).expect("YAML"))
+                .expect("JSON");
+        assert_eq!(pets_in("pets.json", &json).expect("a List"), pets);
+    }
+
+    /// A PetList, as the API serves a list: its items need not repeat
+    /// their kind.
+    #[test]
+    fn a_pet_list() {
+        let text = "apiVersion: petstore.example.com/v1
+kind: PetList
+items:
+- metadata: {name: rex}
+  spec: {name: Rex, type: dog, birthday: \"2022-03-01\"}
+- apiVersion: petstore.example.com/v1
+  kind: Pet
+  metadata: {name: fido}
+";
+        let pets = pets_in("pets.yaml", text).expect("a PetList");
+        assert_eq!(names(&pets), ["rex", "fido"]);
+        assert_eq!(pets[0]["kind"], "Pet");
+        assert_eq!(pets[0]["apiVersion"], "petstore.example.com/v1");
+    }
+
+    #[test]
+    fn a_list_holding_something_else_names_it() {
+        let text = format!(
+            "{REX}---
+apiVersion: v1
+kind: List
+items:
+- {}
+- {{apiVersion: v1, kind: ConfigMap, metadata: {{name: settings}}}}
+",
+            serde_json::to_string(&serde_norway::from_str::<Value>(REX).expect("YAML"))
+                .expect("JSON")
+        );
+        let message = error(&text);
+        assert_eq!(
+            message,
+            "pets.yaml: document 2, item 2 is a ConfigMap of v1, not a Pet of petstore.example.com"
+        );
+    }
+
+    #[test]
+    fn anything_but_a_pet_is_named_without_debug_formatting() {
+        for (text, expected) in [
+            (
+                "apiVersion: v1\nkind: Service\n",
+                "pets.yaml: document 1 is a Service of v1, not a Pet of petstore.example.com",
+            ),
+            (
+                "apiVersion: example.com/v1\nkind: Pet\n",
+                "pets.yaml: document 1 is a Pet of example.com/v1, not a Pet of petstore.example.com",
+            ),
+            (
+                "kind: Pet\n",
+                "pets.yaml: document 1 is a Pet without an apiVersion, not a Pet of petstore.example.com",
+            ),
+            (
+                "metadata: {name: rex}\n",
+                "pets.yaml: document 1 has no kind, so is not a Pet",
+            ),
+            (
+                "just text\n",
+                "pets.yaml: document 1 is not an object, so is not a Pet",
+            ),
+        ] {
+            assert_eq!(error(text), expected);
+        }
+        assert!(
+            error("kind: [Pet\n").starts_with("pets.yaml: document 1 is not YAML: "),
+            "{}",
+            error("kind: [Pet\n")
+        );
+        assert!(
+            error("{\"kind\": ").starts_with("pets.yaml: document 1 is not JSON: "),
+            "{}",
+            error("{\"kind\": ")
+        );
+    }
+
+    /// Empty documents (a leading or trailing `---`, an empty file) are
+    /// skipped, but still counted in the document numbers.
+    #[test]
+    fn empty_documents() {
+        for empty in ["", "\n", "---\n", "---\n---\n", "# nothing\n"] {
+            assert_eq!(
+                pets_in("pets.yaml", empty).expect("empty").len(),
+                0,
+                "{empty:?}"
+            );
+        }
+        let text = format!("---\n{REX}---\n---\n");
+        assert_eq!(
+            names(&pets_in("pets.yaml", &text).expect("one Pet")),
+            ["rex"]
+        );
+        let text = format!("---\n{REX}---\n---\napiVersion: v1\nkind: Secret\n");
+        assert!(
+            error(&text).starts_with("pets.yaml: document 3 is a Secret"),
+            "{}",
+            error(&text)
+        );
+    }
 }
