@@ -87,9 +87,18 @@ pub struct Args {
     /// Pets' records back by namespace and name; two clusters that share a
     /// store must use different names. Empty (the default) is the unnamed
     /// installation, whose keys are bare UIDs, as before installations. A
-    /// lowercase DNS label (at most 63 characters).
-    #[arg(long, env = "INSTALLATION", default_value = "", value_parser = parse_installation)]
+    /// lowercase DNS label (at most 63 characters). `kubectl petstore`
+    /// reads the same variable.
+    #[arg(long, env = INSTALLATION_ENV, default_value = "", value_parser = parse_installation)]
     pub installation: String,
+
+    /// The installation's variable as operators before this one named it,
+    /// refused unless it agrees with [`INSTALLATION_ENV`]: a deployment
+    /// that still sets only the old name would otherwise start as the
+    /// unnamed installation, whose keys are not its records'.
+    #[arg(long = "old-installation-env", value_name = "INSTALLATION", hide = true, env = OLD_INSTALLATION_ENV, value_parser = refuse_old_installation_env)]
+    #[doc(hidden)]
+    pub old_installation_env: Option<String>,
 
     /// Pets reconciled concurrently.
     #[arg(long, env = "CONCURRENCY", default_value_t = crate::controller::DEFAULT_CONCURRENCY)]
@@ -179,6 +188,32 @@ pub fn init_tracing(format: LogFormat) {
     match petstore_telemetry::init("petstore-operator", format, None) {
         Ok(guard) => std::mem::forget(guard),
         Err(err) => eprintln!("cannot set up logging and tracing: {err}"),
+    }
+}
+
+/// The environment variable of `--installation`, for the operator and
+/// `kubectl petstore` alike.
+pub const INSTALLATION_ENV: &str = "PETSTORE_INSTALLATION";
+
+/// Its name before it took the `PETSTORE_` prefix the other settings the
+/// operator shares with `kubectl petstore` carry.
+pub const OLD_INSTALLATION_ENV: &str = "INSTALLATION";
+
+fn refuse_old_installation_env(old: &str) -> Result<String, String> {
+    old_installation_env(old, std::env::var(INSTALLATION_ENV).ok().as_deref())
+}
+
+/// `old`, the value of [`OLD_INSTALLATION_ENV`], if [`INSTALLATION_ENV`]
+/// (`new`, unset: empty) names the same installation: a deployment may set
+/// both while it can still be rolled back to an operator that reads only
+/// the old name.
+fn old_installation_env(old: &str, new: Option<&str>) -> Result<String, String> {
+    if new.unwrap_or_default() == old {
+        Ok(old.to_owned())
+    } else {
+        Err(format!(
+            "{OLD_INSTALLATION_ENV} is no longer read: set {INSTALLATION_ENV}={old:?} instead, or both to the same name"
+        ))
     }
 }
 
@@ -289,6 +324,49 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn the_installation_is_read_from_petstore_installation() {
+        use clap::CommandFactory;
+        let command = Args::command();
+        let env = |id: &str| {
+            command
+                .get_arguments()
+                .find(|arg| arg.get_id() == id)
+                .and_then(|arg| arg.get_env())
+                .and_then(|env| env.to_str())
+                .map(str::to_owned)
+        };
+        assert_eq!(
+            env("installation").as_deref(),
+            Some("PETSTORE_INSTALLATION")
+        );
+        assert_eq!(env("old_installation_env").as_deref(), Some("INSTALLATION"));
+    }
+
+    /// A deployment that still names the installation only by the old
+    /// variable must not start as the unnamed installation.
+    #[test]
+    fn the_old_installation_variable_is_refused_unless_it_agrees() {
+        assert_eq!(
+            old_installation_env("blue", Some("blue")),
+            Ok("blue".into())
+        );
+        assert_eq!(old_installation_env("", None), Ok(String::new()));
+        assert_eq!(old_installation_env("", Some("")), Ok(String::new()));
+        let refused = old_installation_env("blue", None).expect_err("only the old name");
+        assert_eq!(
+            refused,
+            r#"INSTALLATION is no longer read: set PETSTORE_INSTALLATION="blue" instead, or both to the same name"#
+        );
+        assert!(old_installation_env("blue", Some("green")).is_err());
+        assert!(old_installation_env("blue", Some("")).is_err());
+        // Through clap, the hidden flag standing for the variable, with a
+        // value no PETSTORE_INSTALLATION of the test's environment holds.
+        assert!(
+            Args::try_parse_from(["petstore-operator", "--old-installation-env", "(old)"]).is_err()
+        );
     }
 
     #[test]

@@ -25,7 +25,7 @@ use chrono::NaiveDate;
 use clap::{Parser, Subcommand};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
-use petstore_operator::cli::{StoreTlsArgs, parse_installation};
+use petstore_operator::cli::{INSTALLATION_ENV, StoreTlsArgs, parse_installation};
 use petstore_operator::controller::uninstall::UninstallProbe;
 use petstore_operator::controller::{facts_of, observe};
 use petstore_operator::crd::{ChangePolicy, GROUP, Pet, PetType};
@@ -111,7 +111,7 @@ struct StoreArgs {
     #[command(flatten)]
     tls: StoreTlsArgs,
     /// The operator's --installation: part of the key its records carry.
-    #[arg(long, env = "PETSTORE_INSTALLATION", default_value = "", value_parser = parse_installation)]
+    #[arg(long, env = INSTALLATION_ENV, default_value = "", value_parser = parse_installation)]
     installation: String,
 }
 
@@ -430,6 +430,50 @@ kind: Pet
 metadata: {name: rex}
 spec: {name: Rex, type: dog, birthday: \"2022-03-01\"}
 ";
+
+    /// A setting the operator and the plugin share has one variable: the
+    /// plugin's flags named as an operator flag read the operator's.
+    #[test]
+    fn the_plugin_reads_the_operators_variables() {
+        use clap::CommandFactory;
+        let operator = petstore_operator::cli::Args::command();
+        let plugin = Cli::command();
+        let mut shared = Vec::new();
+        for subcommand in plugin.get_subcommands() {
+            for arg in subcommand.get_arguments() {
+                let Some(theirs) = operator.get_arguments().find(|theirs| {
+                    theirs.get_long().is_some() && theirs.get_long() == arg.get_long()
+                }) else {
+                    continue;
+                };
+                assert_eq!(
+                    arg.get_env(),
+                    theirs.get_env(),
+                    "{} --{:?}",
+                    subcommand.get_name(),
+                    arg.get_long()
+                );
+                shared.push(arg.get_long().unwrap_or_default().to_owned());
+            }
+        }
+        for flag in ["installation", "petstore-addr", "petstore-ca-file"] {
+            assert!(
+                shared.iter().any(|s| s == flag),
+                "{flag} not shared: {shared:?}"
+            );
+        }
+        let installation = plugin
+            .find_subcommand("plan")
+            .and_then(|plan| {
+                plan.get_arguments()
+                    .find(|arg| arg.get_id() == "installation")
+            })
+            .and_then(|arg| arg.get_env());
+        assert_eq!(
+            installation.and_then(|env| env.to_str()),
+            Some("PETSTORE_INSTALLATION")
+        );
+    }
 
     /// The names of the Pets read.
     fn names(pets: &[Value]) -> Vec<&str> {
