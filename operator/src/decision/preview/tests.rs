@@ -147,6 +147,30 @@ fn the_hash_changes_with_the_generation_and_with_the_record() {
     );
 }
 
+/// A hash is shown by one operator and approved against another, perhaps
+/// a newer build: fixed Facts, Plan and Lookup must give this literal for
+/// good. Changing it breaks every approval shown by an older operator (an
+/// annotation set against it is called stale); change the canonical text
+/// only as a release that says so.
+#[test]
+fn the_plan_hash_is_the_same_in_every_build() {
+    let mut facts = facts().status_id("a").wanting(PetData::named("Thorbert"));
+    facts.spec_changed = true;
+    let plan = Plan::Sync(crate::decision::Sync {
+        target: Target::Existing("a".into()),
+        claim: None,
+        update: true,
+        story: Story::Updated,
+        warning: None,
+    });
+    let observed = Lookup {
+        by_id: mine("a"),
+        by_key: mine("a"),
+        ..Lookup::default()
+    };
+    assert_eq!(preview(&facts, &plan, &observed).hash, "9c5adc89ceec65b6");
+}
+
 #[test]
 fn gate_table() {
     let pending = planned(
