@@ -1218,7 +1218,13 @@ where
             .map_err(kube_error)
             .map_ok(|picked| write(api.clone(), picked))
             .try_buffer_unordered(concurrency)
-            .for_each(|_| async {})
+            // A failed watch or write leaves a Pet unwritten, which the
+            // measurement then waits for: say why.
+            .for_each(|done| async move {
+                if let Err(err) = done {
+                    eprintln!("[bench] the floor's client: {err}");
+                }
+            })
             .await;
     })
 }

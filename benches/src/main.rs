@@ -365,6 +365,7 @@ fn plans(args: &Args, pets: usize, out: &Path) -> ExitCode {
     let config = bench::plans::PlansConfig {
         pets,
         concurrency: args.config().concurrency,
+        rounds: bench::plans::ROUNDS,
     };
     let Some(result) = reported(bench::plans::measure(&config, &progress)) else {
         return ExitCode::FAILURE;

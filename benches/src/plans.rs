@@ -40,6 +40,8 @@ pub const GOAL_P99: Duration = Duration::from_secs(1);
 pub struct PlansConfig {
     pub pets: usize,
     pub concurrency: usize,
+    /// Bulk renames per way of editing ([`ROUNDS`] for the report).
+    pub rounds: usize,
 }
 
 /// Bulk renames measured per way of editing, one after the other, each on
@@ -112,6 +114,8 @@ pub struct Burst {
 #[derive(Clone, Debug, Default)]
 pub struct PlansResult {
     pub pets: usize,
+    /// Bulk renames per way of editing.
+    pub rounds: usize,
     /// kubectl's rounds first, then the benchmark client's.
     pub bursts: Vec<Burst>,
     /// Write RPCs the store answered from before the switch to `Approve`
@@ -140,6 +144,38 @@ impl Burst {
     fn all_shown(&self, pets: usize) -> bool {
         self.edits(pets) > 0 && self.shown == self.edits(pets)
     }
+
+    /// [`Burst::api_requests`] less the watches' and lists' (a watch
+    /// restarting, a relist), which no edit makes: what to hold against
+    /// [`modelled_requests`].
+    pub fn edit_requests(&self) -> RequestCounts {
+        let mut counts = self.api_requests.clone();
+        counts.retain(|(_, verb), _| verb != "WATCH" && verb != "LIST");
+        counts
+    }
+}
+
+/// The requests to Pets and Events that `edits` renames cost, by the model
+/// the report's counts are read against: each edit is one PATCH of the Pet
+/// (kubectl GETs each Pet first, to compute its patch), and its plan one
+/// status PATCH; the operator POSTs one Event per plan, the floor none.
+/// Nothing else: no retry, no second write of a plan.
+pub fn modelled_requests(edit: BulkEdit, writer: PlanWriter, edits: usize) -> RequestCounts {
+    let edits = edits as u64;
+    let mut counts = RequestCounts::new();
+    let mut add = |resource: &str, verb: &str| {
+        counts.insert((resource.to_owned(), verb.to_owned()), edits);
+    };
+    add("pets", "PATCH");
+    if edit == BulkEdit::KubectlApply {
+        add("pets", "GET");
+    }
+    add("pets/status", "PATCH");
+    if writer == PlanWriter::Operator {
+        add("events", "POST");
+    }
+    counts.retain(|_, n| *n > 0);
+    counts
 }
 
 impl PlansResult {
@@ -166,6 +202,13 @@ impl PlansResult {
 /// renamed (3); each round adds one.
 const FIRST_EDITED_GENERATION: i64 = 3;
 
+/// Pet `i`'s name in the rename that makes `generation`: new in every
+/// round of every burst, or the edit would change nothing, make no new
+/// generation and no plan, and the round would wait out its timeout.
+fn new_name(generation: i64, i: usize) -> String {
+    format!("Renamed {generation} {i}")
+}
+
 /// Pet `i`'s whole manifest as the benchmark created it, in `Approve` and
 /// named `name`: what a user's file holds.
 fn manifest(i: usize, name: &str) -> Result<serde_json::Value> {
@@ -185,6 +228,15 @@ fn kubectl_error(stderr: String) -> Error {
         status: "error".into(),
         stderr,
     }
+}
+
+/// The Pet a line of `kubectl apply`'s output is about (`pet-<i>`), as
+/// kubectl prints it once that Pet's patch is answered:
+/// `pet.petstore.example.com/pet-7 configured`.
+fn applied_pet(line: &str) -> Option<usize> {
+    line.strip_prefix("pet.petstore.example.com/pet-")
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|i| i.parse().ok())
 }
 
 /// `kubectl apply -f -` of one List of `pets` manifests, named by `name`;
@@ -216,11 +268,7 @@ fn kubectl_apply(env: &Env, pets: usize, name: impl Fn(usize) -> String) -> Resu
     for line in BufReader::new(stdout).lines() {
         let line = line.map_err(fixtures::io("reading kubectl apply"))?;
         let at = Instant::now();
-        let index = line
-            .strip_prefix("pet.petstore.example.com/pet-")
-            .and_then(|rest| rest.split_whitespace().next())
-            .and_then(|i| i.parse::<usize>().ok());
-        if let Some(slot) = index.and_then(|i| answered.get_mut(i)) {
+        if let Some(slot) = applied_pet(&line).and_then(|i| answered.get_mut(i)) {
             *slot = Some(at);
         }
     }
@@ -340,24 +388,27 @@ pub fn measure(config: &PlansConfig, progress: &dyn Fn(&str)) -> Result<PlansRes
             let api_before = apimetrics::scrape(&env.cp)?;
             let mut latencies = Vec::new();
             let mut rounds = Vec::new();
-            for round in 0..ROUNDS {
+            for round in 0..config.rounds {
                 progress(&format!(
-                    "plans: renaming {} Pets in Approve by {}, plans by {writer:?}, round {} of {ROUNDS}",
+                    "plans: renaming {} Pets in Approve by {}, plans by {writer:?}, round {} of {}",
                     config.pets,
                     edit.describe(),
-                    round + 1
+                    round + 1,
+                    config.rounds,
                 ));
                 let answered = match edit {
                     BulkEdit::KubectlApply => {
-                        kubectl_apply(&env, pets, |i| format!("Applied {round} {i}"))?
+                        kubectl_apply(&env, pets, |i| new_name(generation, i))?
                     }
-                    BulkEdit::Patches(concurrency) => patch_all(
-                        &api,
-                        pets,
-                        concurrency,
-                        |i| serde_json::json!({"spec": {"name": format!("Renamed {round} {i}")}}),
-                    )
-                    .await?,
+                    BulkEdit::Patches(concurrency) => {
+                        patch_all(
+                            &api,
+                            pets,
+                            concurrency,
+                            |i| serde_json::json!({"spec": {"name": new_name(generation, i)}}),
+                        )
+                        .await?
+                    }
                 };
                 // A timeout is a result too: the plans not shown are left
                 // out of the count, and the goal is not met.
@@ -412,6 +463,7 @@ pub fn measure(config: &PlansConfig, progress: &dyn Fn(&str)) -> Result<PlansRes
         }
         Ok(PlansResult {
             pets: config.pets,
+            rounds: config.rounds,
             bursts,
             store_writes,
             started_at,
@@ -426,8 +478,14 @@ pub fn markdown(result: &PlansResult, command: &str) -> String {
     let _ = writeln!(out, "{}\n", SECTION.trim_start());
     let _ = writeln!(
         out,
-        "Measured with `{command}` on commit {}, from {}. {} Pets were converged (`Automatic`) on a control plane with a durable store and the operator at its defaults, then each was switched to `changePolicy: Approve` with `kubectl apply` of its manifest (nothing to change, so nothing shown), then all were renamed at once, {} times over by each way below, each time once the operator was idle again (its Events written). Each rename is timed from its answer (for kubectl, the line it prints for that Pet once its patch is answered) until a watch on the Pets shows that Pet's `status.plan` for the new generation; the percentiles are over all of one way's renames. The goal is judged on the way users edit many Pets: `kubectl apply -f` of a file holding every Pet's manifest, which kubectl applies one Pet after the other. Beside it, the benchmark's own client sends the renames as merge patches, several at once, a burst heavier than kubectl makes.\n",
-        result.commit, result.started_at, result.pets, ROUNDS,
+        "Measured with `{command}` on commit {}, from {}. {} Pets were converged (`Automatic`) on a control plane with a durable store and the operator at its defaults, then each was switched to `changePolicy: Approve` with `kubectl apply` of its manifest (nothing to change, so nothing shown), then all were renamed at once, {} by each way below, each time once the operator was idle again (its Events written). Each rename is timed from its answer (for kubectl, the line it prints for that Pet once its patch is answered) until a watch on the Pets shows that Pet's `status.plan` for the new generation; the percentiles are over all of one way's renames. The goal is judged on the way users edit many Pets: `kubectl apply -f` of a file holding every Pet's manifest, which kubectl applies one Pet after the other. Beside it, the benchmark's own client sends the renames as merge patches, several at once, a burst heavier than kubectl makes.\n",
+        result.commit,
+        result.started_at,
+        result.pets,
+        match result.rounds {
+            1 => "once".to_owned(),
+            n => format!("{n} times over"),
+        },
     );
     let _ = writeln!(
         out,
@@ -501,4 +559,310 @@ pub fn markdown(result: &PlansResult, command: &str) -> String {
 
 fn ms(duration: Duration) -> String {
     format!("{:.0} ms", duration.as_secs_f64() * 1000.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use petstore_operator::crd::PlanStatus;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    /// A burst of `rounds` rounds of `pets` renames, every plan shown, its
+    /// requests as the model says.
+    fn burst(edit: BulkEdit, writer: PlanWriter, pets: usize, rounds: usize, p99: u64) -> Burst {
+        Burst {
+            edit,
+            writer,
+            shown: pets * rounds,
+            p50: ms(9),
+            p99: ms(p99),
+            max: ms(p99 + 15),
+            rounds: vec![
+                Round {
+                    p99: ms(25),
+                    edits_took: Duration::from_millis(17_200),
+                    all_shown: Duration::from_millis(17_240),
+                };
+                rounds
+            ],
+            api_requests: modelled_requests(edit, writer, pets * rounds),
+        }
+    }
+
+    fn result(kubectl_p99: u64) -> PlansResult {
+        let (pets, rounds) = (1000, ROUNDS);
+        PlansResult {
+            pets,
+            rounds,
+            bursts: vec![
+                burst(
+                    BulkEdit::KubectlApply,
+                    PlanWriter::Operator,
+                    pets,
+                    rounds,
+                    kubectl_p99,
+                ),
+                burst(
+                    BulkEdit::Patches(16),
+                    PlanWriter::Operator,
+                    pets,
+                    rounds,
+                    2326,
+                ),
+                burst(BulkEdit::Patches(16), PlanWriter::Floor, pets, rounds, 718),
+            ],
+            store_writes: 0.0,
+            started_at: "2026-11-27 08:29 UTC".into(),
+            commit: "8491f24".into(),
+        }
+    }
+
+    fn row<'a>(section: &'a str, starts: &str) -> Vec<&'a str> {
+        section
+            .lines()
+            .filter(|line| line.starts_with(starts))
+            .collect()
+    }
+
+    #[test]
+    fn the_goal_is_kubectls_p99_every_operator_plan_shown_and_no_store_write() {
+        assert!(result(29).goal_met());
+        assert!(result(1000).goal_met(), "p99 ≤ 1 s, the bound included");
+        assert!(!result(1001).goal_met());
+        // The 16-at-once burst is reported beside the goal, not judged.
+        let mut beside = result(29);
+        beside.bursts[1].p99 = Duration::from_secs(30);
+        assert!(beside.goal_met());
+        // A plan the operator never showed fails it, in either burst; one
+        // the floor never wrote does not (the floor is no operator).
+        for (burst, met) in [(0, false), (1, false), (2, true)] {
+            let mut missing = result(29);
+            missing.bursts[burst].shown -= 1;
+            assert_eq!(missing.goal_met(), met, "a plan missing in burst {burst}");
+        }
+        let mut wrote = result(29);
+        wrote.store_writes = 1.0;
+        assert!(!wrote.goal_met(), "a store write under Approve");
+        let mut none = result(29);
+        none.bursts.clear();
+        assert!(!none.goal_met(), "nothing measured, no goal met");
+        let mut no_rounds = result(29);
+        for burst in &mut no_rounds.bursts {
+            burst.rounds.clear();
+            burst.shown = 0;
+        }
+        assert!(!no_rounds.goal_met(), "no rename, no goal met");
+    }
+
+    #[test]
+    fn the_section_judges_kubectls_burst_and_counts_every_rounds_renames() {
+        let section = markdown(&result(29), "hack/bench.sh --plans 1000");
+        assert!(section.starts_with(SECTION.trim_start()), "{section}");
+        assert!(
+            section.contains("Measured with `hack/bench.sh --plans 1000` on commit 8491f24"),
+            "{section}"
+        );
+        assert!(
+            section.contains("5 times over by each way below"),
+            "{section}"
+        );
+        let shown = row(&section, "| plans shown after the bulk renames");
+        assert_eq!(shown.len(), 3, "{section}");
+        assert!(
+            shown
+                .iter()
+                .all(|r| r.ends_with("| 5000 of 5000 | 5000 | met |")),
+            "{shown:#?}"
+        );
+        let timed = row(&section, "| edit to plan shown");
+        assert_eq!(
+            timed,
+            [
+                "| edit to plan shown, p50 / p99 / max, `kubectl apply -f` of every Pet's manifest in one file | p99 ≤ 1000 ms | 9 ms / 29 ms / 44 ms | met |",
+                "| edit to plan shown, p50 / p99 / max, merge patches from the benchmark's own client, 16 at a time | (beside it) | 9 ms / 2326 ms / 2341 ms |  |",
+                "| edit to plan shown, p50 / p99 / max, merge patches from the benchmark's own client, 16 at a time, **the floor**: the operator stopped, each plan written by a client that only moves the Pet's last plan to its new generation | (the floor) | 9 ms / 718 ms / 733 ms |  |",
+            ]
+        );
+        assert_eq!(
+            row(&section, "| store write RPCs"),
+            [
+                "| store write RPCs, from the switch to the operator's last plan shown | 0 | 0 | met |"
+            ]
+        );
+        // One table row per round, per burst.
+        assert_eq!(
+            row(&section, "| 5 | 17.2 s | 17.2 s | 25 ms |").len(),
+            3,
+            "{section}"
+        );
+
+        let mut slow = result(1001);
+        slow.bursts[1].shown = 4999;
+        slow.store_writes = 2.0;
+        let section = markdown(&slow, "bench");
+        assert!(
+            row(&section, "| edit to plan shown")[0]
+                .ends_with("| p99 ≤ 1000 ms | 9 ms / 1001 ms / 1016 ms | not met |"),
+            "{section}"
+        );
+        assert!(
+            row(&section, "| plans shown after the bulk renames")[1]
+                .ends_with("| 5000 of 5000 | 4999 | not met |"),
+            "{section}"
+        );
+        assert!(
+            row(&section, "| store write RPCs")[0].ends_with("| 0 | 2 | not met |"),
+            "{section}"
+        );
+        // The smoke test's single round is told as it ran.
+        let mut once = result(29);
+        once.rounds = 1;
+        assert!(
+            markdown(&once, "bench").contains("renamed at once, once by each way below"),
+            "{}",
+            markdown(&once, "bench")
+        );
+    }
+
+    /// The model against what `--plans 1000` measured on 8491f24 (in
+    /// BENCHMARKS.md): 5 rounds of 1000 renames each way.
+    #[test]
+    fn the_model_is_what_a_full_run_counted() {
+        let line = |counts: &RequestCounts| {
+            counts
+                .iter()
+                .map(|((resource, verb), n)| format!("{verb} {resource} {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        assert_eq!(
+            line(&modelled_requests(
+                BulkEdit::KubectlApply,
+                PlanWriter::Operator,
+                5000
+            )),
+            "POST events 5000, GET pets 5000, PATCH pets 5000, PATCH pets/status 5000"
+        );
+        assert_eq!(
+            line(&modelled_requests(
+                BulkEdit::Patches(16),
+                PlanWriter::Operator,
+                5000
+            )),
+            "POST events 5000, PATCH pets 5000, PATCH pets/status 5000"
+        );
+        assert_eq!(
+            line(&modelled_requests(
+                BulkEdit::Patches(16),
+                PlanWriter::Floor,
+                5000
+            )),
+            "PATCH pets 5000, PATCH pets/status 5000"
+        );
+        assert!(modelled_requests(BulkEdit::KubectlApply, PlanWriter::Operator, 0).is_empty());
+        // The 16-at-once burst's watch restarted twice: no edit's cost.
+        let mut measured = burst(BulkEdit::Patches(16), PlanWriter::Operator, 1000, 5, 0);
+        measured
+            .api_requests
+            .insert(("pets".into(), "WATCH".into()), 2);
+        measured
+            .api_requests
+            .insert(("pets".into(), "LIST".into()), 1);
+        assert_eq!(
+            measured.edit_requests(),
+            modelled_requests(measured.edit, measured.writer, measured.edits(1000))
+        );
+        // A second status write for one plan is not the model's.
+        measured
+            .api_requests
+            .insert(("pets/status".into(), "PATCH".into()), 5001);
+        assert_ne!(
+            measured.edit_requests(),
+            modelled_requests(measured.edit, measured.writer, measured.edits(1000))
+        );
+    }
+
+    #[test]
+    fn each_line_kubectl_prints_for_a_pet_names_it() {
+        assert_eq!(
+            applied_pet("pet.petstore.example.com/pet-7 configured"),
+            Some(7)
+        );
+        assert_eq!(
+            applied_pet("pet.petstore.example.com/pet-999 unchanged"),
+            Some(999)
+        );
+        for other in [
+            "pet.petstore.example.com/pet-x configured",
+            "pet.petstore.example.com/other-7 configured",
+            "namespace/bench configured",
+            "Warning: resource pets/pet-7 is missing the kubectl.kubernetes.io/last-applied-configuration annotation",
+            "",
+        ] {
+            assert_eq!(applied_pet(other), None, "{other:?}");
+        }
+    }
+
+    /// A round whose names a burst before it used changes no spec: one
+    /// round each way renamed the floor's Pets to the names they had.
+    #[test]
+    fn every_rename_is_to_a_new_name() {
+        let generations = FIRST_EDITED_GENERATION..FIRST_EDITED_GENERATION + 3 * ROUNDS as i64;
+        let names: std::collections::HashSet<String> = generations
+            .flat_map(|g| (0..100).map(move |i| new_name(g, i)))
+            .collect();
+        assert_eq!(names.len(), 3 * ROUNDS * 100);
+    }
+
+    #[test]
+    fn a_manifest_is_the_pet_as_created_in_approve_without_status() -> Result<()> {
+        let manifest = manifest(7, "Applied 2 7")?;
+        let created = serde_json::to_value(pet(7)).map_err(|e| kubectl_error(e.to_string()))?;
+        assert_eq!(manifest["apiVersion"], created["apiVersion"]);
+        assert_eq!(manifest["kind"], "Pet");
+        assert_eq!(manifest["metadata"]["name"], "pet-7");
+        assert_eq!(manifest["metadata"]["namespace"], NAMESPACE);
+        assert_eq!(manifest["spec"]["name"], "Applied 2 7");
+        assert_eq!(manifest["spec"]["changePolicy"], "Approve");
+        assert_eq!(manifest["spec"]["birthday"], created["spec"]["birthday"]);
+        assert!(manifest.get("status").is_none(), "{manifest}");
+        Ok(())
+    }
+
+    #[test]
+    fn the_floor_moves_only_a_plan_made_for_an_older_generation() {
+        let pet = |generation: Option<i64>, plan: Option<i64>| {
+            let mut pet = pet(3);
+            pet.metadata.generation = generation;
+            pet.status = Some(PetStatus {
+                id: Some("record-3".into()),
+                observed_generation: plan,
+                plan: plan.map(|g| PlanStatus {
+                    hash: "h".into(),
+                    summary: "update name".into(),
+                    generation: Some(g),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+            pet
+        };
+        let Some((name, status)) = moved_plan(pet(Some(4), Some(3))) else {
+            panic!("a plan for generation 3 of a Pet at 4 is moved");
+        };
+        assert_eq!(name, "pet-3");
+        assert_eq!(status.observed_generation, Some(4));
+        let plan = status.plan.expect("the plan kept");
+        assert_eq!(
+            (plan.generation, plan.hash.as_str(), plan.summary.as_str()),
+            (Some(4), "h", "update name")
+        );
+        assert_eq!(status.id.as_deref(), Some("record-3"), "the rest kept");
+        assert!(moved_plan(pet(Some(4), Some(4))).is_none(), "up to date");
+        assert!(moved_plan(pet(Some(4), None)).is_none(), "no plan to move");
+        assert!(moved_plan(pet(None, Some(3))).is_none(), "no generation");
+    }
 }

@@ -652,3 +652,27 @@ pub fn measure_scale(
         file_bytes,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::percentile;
+    use std::time::Duration;
+
+    #[test]
+    fn a_percentile_is_the_nearest_rank_of_the_sorted_samples() {
+        let ms = Duration::from_millis;
+        let samples: Vec<Duration> = (1..=100).map(ms).collect();
+        assert_eq!(percentile(&samples, 0.0), ms(1));
+        assert_eq!(percentile(&samples, 0.99), ms(99));
+        assert_eq!(percentile(&samples, 1.0), ms(100), "the last, not past it");
+        // The middle of an even count rounds up.
+        assert_eq!(percentile(&samples, 0.5), ms(51));
+        // A p99 of fewer than 100 samples is the slowest but rounded: of
+        // 10, the tenth.
+        let ten: Vec<Duration> = (1..=10).map(ms).collect();
+        assert_eq!(percentile(&ten, 0.99), ms(10));
+        assert_eq!(percentile(&ten, 0.5), ms(6));
+        assert_eq!(percentile(&[ms(7)], 0.99), ms(7));
+        assert_eq!(percentile(&[], 0.99), Duration::ZERO, "no sample");
+    }
+}

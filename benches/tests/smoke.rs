@@ -218,3 +218,84 @@ fn the_import_benchmark_runs_end_to_end() -> fixtures::Result<()> {
     assert!(result.peak_rss_kib() > 0, "{result:?}");
     Ok(())
 }
+
+/// `--plans` at a tiny size, one round each way: every rename's plan shown
+/// and timed, the store not written, and each burst's requests to Pets and
+/// Events what the report's model says they are.
+#[test]
+fn the_plans_benchmark_runs_end_to_end() -> fixtures::Result<()> {
+    use bench::plans::{self, BulkEdit, PlanWriter};
+    use std::time::Duration;
+
+    let config = plans::PlansConfig {
+        pets: 4,
+        concurrency: 2,
+        rounds: 1,
+    };
+    let result = plans::measure(&config, &|step| eprintln!("[bench smoke] {step}"))?;
+    assert_eq!((result.pets, result.rounds), (4, 1), "{result:?}");
+    assert_eq!(
+        result
+            .bursts
+            .iter()
+            .map(|b| (b.edit, b.writer))
+            .collect::<Vec<_>>(),
+        [
+            (BulkEdit::KubectlApply, PlanWriter::Operator),
+            (BulkEdit::Patches(2), PlanWriter::Operator),
+            (BulkEdit::Patches(2), PlanWriter::Floor),
+        ],
+        "{result:?}"
+    );
+    for burst in &result.bursts {
+        assert_eq!(burst.rounds.len(), config.rounds, "{burst:?}");
+        assert_eq!(burst.edits(config.pets), 4, "{burst:?}");
+        // Every rename timed, by whoever wrote its plan.
+        assert_eq!(burst.shown, 4, "every plan shown: {burst:?}");
+        assert!(
+            burst.p50 <= burst.p99 && burst.p99 <= burst.max,
+            "{burst:?}"
+        );
+        for round in &burst.rounds {
+            // Four edits, answered one after another (kubectl) or two at a
+            // time: the last answer and the last plan come after the first
+            // answer.
+            assert!(
+                round.edits_took > Duration::ZERO && round.all_shown > Duration::ZERO,
+                "{burst:?}"
+            );
+            assert!(round.p99 <= burst.max, "{burst:?}");
+        }
+        assert_eq!(
+            burst.edit_requests(),
+            plans::modelled_requests(burst.edit, burst.writer, burst.edits(config.pets)),
+            "one edit, one status write and (by the operator) one Event per rename: {burst:?}"
+        );
+    }
+    assert_eq!(result.store_writes, 0.0, "no store write under Approve");
+    assert!(!result.commit.is_empty() && !result.started_at.is_empty());
+
+    let section = plans::markdown(&result, "hack/bench.sh --plans 4");
+    assert!(
+        section.starts_with(plans::SECTION.trim_start()),
+        "{section}"
+    );
+    let shown: Vec<&str> = section
+        .lines()
+        .filter(|line| line.starts_with("| plans shown after the bulk renames"))
+        .collect();
+    assert_eq!(shown.len(), 3, "{section}");
+    assert!(
+        shown
+            .iter()
+            .all(|line| line.ends_with("| 4 of 4 | 4 | met |")),
+        "{section}"
+    );
+    assert!(
+        section.contains(
+            "| store write RPCs, from the switch to the operator's last plan shown | 0 | 0 | met |"
+        ),
+        "{section}"
+    );
+    Ok(())
+}
