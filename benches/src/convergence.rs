@@ -704,8 +704,11 @@ fn store_reads(calls: &BTreeMap<String, u64>) -> u64 {
     calls.get("GetPets").copied().unwrap_or(0)
 }
 
+/// Every write RPC the store has, the compare-and-set of idempotency keys
+/// (a claim or release) included: a catch-up or steady state that claims a
+/// record writes it.
 fn store_writes(calls: &BTreeMap<String, u64>) -> u64 {
-    ["AddPets", "UpdatePets", "DeletePets"]
+    fixtures::petstore::WRITE_RPCS
         .iter()
         .map(|m| calls.get(*m).copied().unwrap_or(0))
         .sum()
@@ -1339,6 +1342,51 @@ pub fn measure_floor_gated(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The operator's own counters, as its `/metrics` prints them.
+    const METRICS: &str = "\
+# TYPE petstore_operator_leader gauge
+petstore_operator_leader 1
+petstore_operator_leader_changes_total 3
+petstore_operator_store_call_duration_seconds_count{method=\"GetPets\",outcome=\"OK\"} 40
+petstore_operator_store_call_duration_seconds_count{method=\"GetPets\",outcome=\"Unavailable\"} 2
+petstore_operator_store_call_duration_seconds_count{method=\"AddPets\",outcome=\"OK\"} 5
+petstore_operator_store_call_duration_seconds_count{method=\"UpdatePets\",outcome=\"OK\"} 1
+petstore_operator_store_call_duration_seconds_count{method=\"DeletePets\",outcome=\"OK\"} 1
+petstore_operator_store_call_duration_seconds_count{method=\"SetIdempotencyKeys\",outcome=\"FailedPrecondition\"} 1
+petstore_operator_store_call_duration_seconds_count{method=\"SearchPets\",outcome=\"OK\"} 1
+petstore_operator_store_call_duration_seconds_count{method=\"WatchPets\",outcome=\"OK\"} 1
+petstore_operator_store_call_duration_seconds_sum{method=\"GetPets\",outcome=\"OK\"} 0.5
+petstore_operator_reconcile_duration_seconds_count{outcome=\"ok\"} 7
+petstore_operator_reconcile_duration_seconds_count{outcome=\"error\"} 2
+";
+
+    #[test]
+    fn store_calls_are_counted_by_method_and_every_write_rpc_is_a_write() {
+        let calls = store_calls(METRICS);
+        assert_eq!(calls["GetPets"], 42, "every outcome counted");
+        assert_eq!(store_reads(&calls), 42);
+        // A claim is a write, whatever its answer; a search or the feed is
+        // not.
+        assert_eq!(store_writes(&calls), 5 + 1 + 1 + 1);
+        assert_eq!(store_writes(&BTreeMap::new()), 0);
+    }
+
+    #[test]
+    fn a_metric_is_summed_over_its_labels_and_no_longer_name() {
+        assert_eq!(metric_sum(METRICS, "petstore_operator_leader"), 1.0);
+        assert!(is_leader(METRICS));
+        assert!(!is_leader(&METRICS.replace("leader 1", "leader 0")));
+        assert!(!is_leader(""), "no gauge, no leader");
+        assert_eq!(reconciles_done(METRICS), 9);
+        assert_eq!(
+            metric_sum(
+                METRICS,
+                "petstore_operator_store_call_duration_seconds_count"
+            ),
+            52.0
+        );
+    }
 
     #[test]
     fn the_ratio_is_the_median_of_the_pairs() {

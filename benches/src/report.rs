@@ -666,6 +666,22 @@ fn section<'a>(report: &'a str, heading: &str) -> Option<&'a str> {
 mod section_tests {
     use super::*;
 
+    /// The report's words for a poll interval and a window: whole minutes
+    /// as minutes, a window of minutes to a tenth, anything shorter in
+    /// seconds; a churn not run as a dash.
+    #[test]
+    fn durations_are_written_as_the_text_says_them() {
+        let secs = Duration::from_secs;
+        assert_eq!(interval_words(secs(300)), "5-minute");
+        assert_eq!(interval_words(secs(3)), "3-second");
+        assert_eq!(interval_words(secs(90)), "90-second", "not 1.5-minute");
+        assert_eq!(duration_words(secs(3600)), "60.0-minute");
+        assert_eq!(duration_words(secs(3000)), "50.0-minute");
+        assert_eq!(duration_words(secs(45)), "45-second");
+        assert_eq!(churn(Duration::ZERO), "—");
+        assert_eq!(churn(Duration::from_millis(1234)), "1.23 s");
+    }
+
     const IDLE: &str = crate::idle::SECTION;
 
     #[test]
