@@ -39,7 +39,7 @@ use crate::crd::{
     EXTERNAL_ID_ANNOTATION, HAND_OVER_TO_ANNOTATION, PAUSED_ANNOTATION, Setting,
 };
 use crate::status::{Outcome, Reason};
-use crate::store::{Changes, Created, Lookup, Operation, PetData, Record};
+use crate::store::{Changes, Created, Holder, Lookup, Operation, Owner, PetData, Record};
 
 pub mod feed;
 pub mod preview;
@@ -108,7 +108,17 @@ impl Facts {
     /// `<installation>/<uid>`, or the bare UID in the unnamed installation
     /// (every key before installations).
     pub fn key(&self) -> String {
-        crate::store::pet_key(&self.installation, &self.uid)
+        self.owner().to_string()
+    }
+
+    /// The owner [`Facts::key`] names.
+    pub fn owner(&self) -> Owner {
+        Owner::pet(&self.installation, &self.uid)
+    }
+
+    /// Who holds a record with this owner, seen from this Pet.
+    pub fn holder<'a>(&self, owner: &'a Owner) -> Holder<'a> {
+        owner.holder(&self.installation, Some(&self.uid))
     }
 
     /// The other installation this Pet's record is being handed over to;
@@ -118,11 +128,6 @@ impl Facts {
             Some(Setting::Valid(to)) if *to != self.installation => Some(to),
             _ => None,
         }
-    }
-
-    /// Whether `key` is held by a Pet of this installation.
-    pub fn same_installation(&self, key: &str) -> bool {
-        !key.is_empty() && crate::store::installation_of(key) == self.installation
     }
 
     /// A deletion that would delete its record unless the installation is
@@ -260,10 +265,10 @@ impl HandOver {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Sync {
     pub target: Target,
-    /// Take ownership first: set the record's key from this one (empty for
-    /// none; the Pet's own when only the identity is missing) to the Pet's,
-    /// and its identity to the Pet's, by compare-and-set.
-    pub claim: Option<String>,
+    /// Take ownership first: set the record's key from this owner (nobody;
+    /// the Pet itself when only the identity is missing) to the Pet's, and
+    /// its identity to the Pet's, by compare-and-set.
+    pub claim: Option<Owner>,
     /// Write the spec to the record.
     pub update: bool,
     pub story: Story,
@@ -309,10 +314,16 @@ pub enum Story {
     /// deletion (Orphan, or an uninstall) is this Pet's again.
     Reclaimed,
     /// The record belonged to a Pet of this namespace and name in this
-    /// installation with another UID (`from`, its key): the cluster was
-    /// rebuilt or restored, and that Pet is gone.
+    /// installation with another UID (`from`): the cluster was rebuilt or
+    /// restored, and that Pet is gone. Or it was handed over to this
+    /// installation (`from` is the handover).
     TakenOver {
-        from: String,
+        from: Owner,
+    },
+    /// This Pet had handed its record over to the installation `to`, and
+    /// took it back before a Pet there took it.
+    HandOverCancelled {
+        to: String,
     },
     /// status.id named a record that is not this Pet's (`foreign`) or that
     /// does not exist; the Pet's own record was found by UID or created.
@@ -399,7 +410,7 @@ impl Story {
             | Story::OrphanedUnkeyed { .. }
             | Story::KeptOnUninstall { .. }
             | Story::LeftAlone { .. } => Cause::Deletion,
-            Story::HandedOver { .. } => Cause::HandOver,
+            Story::HandedOver { .. } | Story::HandOverCancelled { .. } => Cause::HandOver,
         }
     }
 
@@ -424,6 +435,7 @@ impl Story {
             Story::LeftAlone { .. } => "LeaveAlone",
             Story::KeptOnUninstall { .. } => "KeepOnUninstall",
             Story::HandedOver { .. } => "HandOver",
+            Story::HandOverCancelled { .. } => "CancelHandOver",
         }
     }
 
@@ -458,16 +470,26 @@ impl Story {
                     "took back store record {id}, which an earlier Pet of this namespace and name kept when it was deleted"
                 ),
             ),
-            Story::TakenOver { from } if crate::store::uid_of(from).is_empty() => (
+            Story::TakenOver {
+                from: from @ Owner::HandedOver { .. },
+            } => (
                 Reason::Adopted,
                 format!(
-                    "took over store record {id}, handed over to this installation (its key was {from:?})"
+                    "took over store record {id}, handed over to this installation (its key was {:?})",
+                    from.to_string()
                 ),
             ),
             Story::TakenOver { from } => (
                 Reason::Adopted,
                 format!(
-                    "took over store record {id} from the Pet of this namespace and name that held it as {from:?}, gone from this installation (the cluster was rebuilt or restored)"
+                    "took over store record {id} from the Pet of this namespace and name that held it as {:?}, gone from this installation (the cluster was rebuilt or restored)",
+                    from.to_string()
+                ),
+            ),
+            Story::HandOverCancelled { to } => (
+                Reason::Adopted,
+                format!(
+                    "took back store record {id}, which this Pet had handed over to the installation {to:?} and which no Pet there had taken yet: the handover is cancelled"
                 ),
             ),
             Story::Corrected {
@@ -745,8 +767,8 @@ pub fn decide(facts: &Facts, observation: Observation) -> Plan {
     if facts.deleting {
         return finish(facts, lookup);
     }
-    let key = facts.key();
-    let mine = lookup.by_key.clone().filter(|r| r.key == key);
+    let owner = facts.owner();
+    let mine = lookup.by_key.clone().filter(|r| r.key == owner);
     if let Some(to) = facts.handing_over() {
         return Plan::HandOver(HandOver {
             release: mine.map(|r| r.id),
@@ -770,25 +792,49 @@ pub fn decide(facts: &Facts, observation: Observation) -> Plan {
         next: Next::Poll,
     };
     // The record holding this Pet's identity, if it is not the Pet's own.
-    let by_name = lookup.by_identity.clone().filter(|r| r.key != key);
+    let by_name = lookup.by_identity.clone().filter(|r| r.key != owner);
     // The Pet's own record still lacks the identity (made before
     // identities): give it in the same compare-and-set, unless another
     // record holds it.
     let stamp = |record: &Record| {
         (lookup.identities && record.identity != facts.identity && by_name.is_none())
-            .then(|| key.clone())
+            .then(|| owner.clone())
+    };
+    // A record holding this Pet's identity that it takes without an
+    // annotation, and the story of taking it; `None` when it is another
+    // installation's.
+    let take = |record: &Record| match facts.holder(&record.key) {
+        Holder::Nobody => Some(Story::Reclaimed),
+        Holder::ThisPet | Holder::SameInstallation { .. } | Holder::HandedOverHere => {
+            Some(Story::TakenOver {
+                from: record.key.clone(),
+            })
+        }
+        Holder::HandedOverByThisPet { to } => Some(Story::HandOverCancelled { to: to.to_owned() }),
+        Holder::Elsewhere { .. } | Holder::Unknown => None,
     };
 
     if let Some(external) = &facts.external_id {
         if let Some(holder) = by_name.as_ref().filter(|r| r.id != *external) {
+            let advice = if take(holder).is_some() {
+                format!(
+                    "Remove the annotation to use record {}; or, to adopt record {external}, release record {} and clear its identity first: {}",
+                    holder.id,
+                    holder.id,
+                    release_by_hand(&holder.id, &holder.key, true)
+                )
+            } else {
+                format!(
+                    "This Pet can take neither while that installation's Pet holds its name: delete that Pet with deletionPolicy Delete (its record goes with it), then this Pet adopts record {external}"
+                )
+            };
             return hold(
                 Reason::AdoptionConflict,
                 format!(
-                    "the annotation {EXTERNAL_ID_ANNOTATION} names store record {external}, but store record {} already carries this Pet's identity {:?}{}; a Pet owns one record. Remove the annotation to use record {}, or delete it first",
+                    "the annotation {EXTERNAL_ID_ANNOTATION} names store record {external}, but store record {} already carries this Pet's identity {:?}{}; a Pet owns one record. {advice}",
                     holder.id,
                     facts.identity,
                     owned_by(&holder.key),
-                    holder.id
                 ),
             );
         }
@@ -811,8 +857,10 @@ pub fn decide(facts: &Facts, observation: Observation) -> Plan {
             (Some(mine), _) => hold(
                 Reason::AdoptionConflict,
                 format!(
-                    "the annotation {EXTERNAL_ID_ANNOTATION} names store record {external}, but this Pet already owns record {}; a Pet owns one record. Remove the annotation, or release record {} first",
-                    mine.id, mine.id
+                    "the annotation {EXTERNAL_ID_ANNOTATION} names store record {external}, but this Pet already owns record {}; a Pet owns one record. Remove the annotation, or release record {} and clear its identity first: {}",
+                    mine.id,
+                    mine.id,
+                    release_by_hand(&mine.id, &owner, true)
                 ),
             ),
             (None, None) => hold(
@@ -821,54 +869,56 @@ pub fn decide(facts: &Facts, observation: Observation) -> Plan {
                     "the annotation {EXTERNAL_ID_ANNOTATION} names store record {external}, which does not exist; nothing was created. Fix or remove the annotation"
                 ),
             ),
-            (None, Some(record)) if record.key.is_empty() => sync(
+            (None, Some(record)) if record.key.is_nobody() => sync(
                 Target::Existing(record.id.clone()),
-                Some(String::new()),
+                Some(Owner::Nobody),
                 drift(&record),
                 Story::Adopted,
             ),
-            // Named, and holding this Pet's identity under a lost Pet's key
-            // of this installation: taken over, as without the annotation.
-            (None, Some(record))
-                if record.identity == facts.identity && facts.same_installation(&record.key) =>
-            {
-                sync(
-                    Target::Existing(record.id.clone()),
-                    Some(record.key.clone()),
-                    drift(&record),
-                    Story::TakenOver {
-                        from: record.key.clone(),
-                    },
-                )
+            // Named, and holding this Pet's identity under a key it takes
+            // without the annotation (a lost Pet's of this installation, a
+            // handover): taken as without it.
+            (None, Some(record)) => {
+                match take(&record).filter(|_| record.identity == facts.identity) {
+                    Some(story) => sync(
+                        Target::Existing(record.id.clone()),
+                        Some(record.key.clone()),
+                        drift(&record),
+                        story,
+                    ),
+                    None => hold(
+                        Reason::RecordOwnedElsewhere,
+                        format!(
+                            "store record {external}, named by the annotation {EXTERNAL_ID_ANNOTATION}, is owned by {:?} (its idempotency key), not by this Pet; it was not touched. If nothing owns it any more, release it: {}",
+                            record.key.to_string(),
+                            release_by_hand(&record.id, &record.key, false)
+                        ),
+                    ),
+                }
             }
-            (None, Some(record)) => hold(
-                Reason::RecordOwnedElsewhere,
-                format!(
-                    "store record {external}, named by the annotation {EXTERNAL_ID_ANNOTATION}, is owned by {:?} (its idempotency key), not by this Pet; it was not touched. If nothing owns it any more, release it with SetIdempotencyKeys (expected_key {:?}, new_key \"\")",
-                    record.key, record.key
-                ),
-            ),
         };
     }
 
     if mine.is_none()
         && let Some(record) = by_name
     {
-        let story = if record.key.is_empty() {
-            Story::Reclaimed
-        } else if facts.same_installation(&record.key) {
-            Story::TakenOver {
-                from: record.key.clone(),
-            }
-        } else {
+        let Some(story) = take(&record) else {
+            let holder = match (&record.key, facts.holder(&record.key)) {
+                (Owner::HandedOver { to, .. }, _) => {
+                    format!("a handover to the installation {to:?}")
+                }
+                (_, Holder::Elsewhere { installation }) => {
+                    format!("a Pet of the installation {installation:?}")
+                }
+                _ => "a key no operator writes".to_owned(),
+            };
             return hold(
                 Reason::RecordOwnedElsewhere,
                 format!(
-                    "store record {} carries this Pet's identity {:?}, but it is owned by {:?}, a Pet of the installation {:?}, not this one ({:?}); it was not touched. One record holds one namespace and name across every cluster that shares the store: delete the Pet in one of them",
+                    "store record {} carries this Pet's identity {:?}, but it is owned by {:?}, {holder}, not this one ({:?}); it was not touched. One record holds one namespace and name across every cluster that shares the store: delete the Pet in one of them",
                     record.id,
                     facts.identity,
-                    record.key,
-                    crate::store::installation_of(&record.key),
+                    record.key.to_string(),
                     facts.installation
                 ),
             );
@@ -882,7 +932,7 @@ pub fn decide(facts: &Facts, observation: Observation) -> Plan {
     }
 
     match (facts.status_id.as_deref(), named, mine) {
-        (Some(id), Some(named), _) if named.key == key => {
+        (Some(id), Some(named), _) if named.key == owner => {
             let update = drift(&named);
             let story = if update {
                 Story::Updated
@@ -936,17 +986,36 @@ pub fn decide(facts: &Facts, observation: Observation) -> Plan {
 
 /// Who holds a record, for a message: " (owned by <key>)", or kept and
 /// owned by nobody.
-fn owned_by(key: &str) -> String {
-    if key.is_empty() {
-        " (kept by an earlier Pet of this name, owned by nobody now)".into()
-    } else {
-        format!(" (owned by {key:?})")
+fn owned_by(owner: &Owner) -> String {
+    match owner {
+        Owner::Nobody => " (kept by an earlier Pet of this name, owned by nobody now)".into(),
+        Owner::HandedOver { to, .. } => format!(
+            " (handed over to the installation {to:?}, its key {:?})",
+            owner.to_string()
+        ),
+        _ => format!(" (owned by {:?})", owner.to_string()),
     }
 }
 
+/// The `SetIdempotencyKeys` request that releases record `id` from `owner`
+/// by hand (to nobody), and with `clear_identity` frees the Pet's name it
+/// carries too, which a Pet that should adopt another record needs: a
+/// released record that keeps the name is the Pet's to take back.
+pub fn release_by_hand(id: &str, owner: &Owner, clear_identity: bool) -> String {
+    let identity = if clear_identity {
+        r#","newIdentity":"""#
+    } else {
+        ""
+    };
+    format!(
+        r#"grpcurl -d '{{"changes":[{{"id":{id:?},"expectedKey":{:?},"newKey":""{identity}}}]}}' <store> petstore.PetStore/SetIdempotencyKeys"#,
+        owner.to_string()
+    )
+}
+
 fn finish(facts: &Facts, lookup: Lookup) -> Plan {
-    let key = facts.key();
-    let mine = lookup.by_key.filter(|r| r.key == key).map(|r| r.id);
+    let owner = facts.owner();
+    let mine = lookup.by_key.filter(|r| r.key == owner).map(|r| r.id);
     if facts.change_policy == ChangePolicy::Observe {
         // Observe never writes: not even the release an Orphan would make.
         return Plan::Finish(Finish {
@@ -975,7 +1044,7 @@ fn finish(facts: &Facts, lookup: Lookup) -> Plan {
         mine.clone().or(lookup
             .by_id
             .clone()
-            .filter(|r| r.key.is_empty() && facts.status_id.as_ref() == Some(&r.id))
+            .filter(|r| r.key.is_nobody() && facts.status_id.as_ref() == Some(&r.id))
             .map(|r| r.id))
     };
     Plan::Finish(match (&facts.deletion_policy, facts.uninstalling) {

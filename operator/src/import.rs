@@ -13,7 +13,7 @@ use petstore_proto::petstore as pb;
 use serde_json::{Value, json};
 
 use crate::crd::{ChangePolicy, EXTERNAL_ID_ANNOTATION, PetType};
-use crate::store::{Record, installation_of, uid_of};
+use crate::store::{Holder as Held, Record};
 
 /// Who holds a record, as seen from one cluster's installation.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -30,18 +30,19 @@ pub enum Holder {
 }
 
 /// Who holds `record`: `live_uids` are the UIDs of every Pet in the cluster.
+/// A handover to this installation counts as lost: the operator takes it
+/// for the Pet of its identity.
 pub fn holder(record: &Record, installation: &str, live_uids: &HashSet<String>) -> Holder {
-    if record.key.is_empty() {
-        return Holder::Nobody;
-    }
-    let of = installation_of(&record.key);
-    if of != installation {
-        return Holder::Elsewhere(of.to_owned());
-    }
-    if live_uids.contains(uid_of(&record.key)) {
-        Holder::LivePet
-    } else {
-        Holder::Lost
+    match record.key.holder(installation, None) {
+        Held::Nobody => Holder::Nobody,
+        Held::SameInstallation { uid } if live_uids.contains(uid) => Holder::LivePet,
+        Held::SameInstallation { .. } | Held::HandedOverHere => Holder::Lost,
+        // Seen from no one Pet, never; the safe side is to leave it out.
+        Held::ThisPet => Holder::LivePet,
+        Held::Elsewhere { installation } | Held::HandedOverByThisPet { to: installation } => {
+            Holder::Elsewhere(installation.to_owned())
+        }
+        Held::Unknown => Holder::Elsewhere(record.key.to_string()),
     }
 }
 
@@ -152,7 +153,7 @@ mod tests {
     fn record(id: &str, key: &str, identity: &str) -> Record {
         Record {
             id: id.into(),
-            key: key.into(),
+            key: crate::store::Owner::parse(key),
             identity: identity.into(),
             data: PetData::named("Rex the 2nd!")
                 .of_type(PetType::Cat)

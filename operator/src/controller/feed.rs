@@ -29,7 +29,7 @@ use tracing::{debug, info, warn};
 use super::Context;
 use crate::crd::Pet;
 use crate::decision::feed::{Verdict, verdict};
-use crate::store::{RecordChange, StoreError, uid_of};
+use crate::store::{RecordChange, StoreError};
 
 /// How long to wait before asking a store without a feed again: it may be
 /// replaced by one with it (the book's store by ours) at the same address.
@@ -71,7 +71,10 @@ impl PetIndex {
     /// Whether `change` concerns `pet`, as [`PetIndex::pet_for`] finds it.
     pub fn concerns(pet: &Pet, change: &RecordChange) -> bool {
         let owner = change.record.as_ref().is_some_and(|record| {
-            !record.key.is_empty() && pet.uid().as_deref() == Some(uid_of(&record.key))
+            record
+                .key
+                .pet_uid()
+                .is_some_and(|uid| pet.uid().as_deref() == Some(uid))
         });
         let named = !change.identity.is_empty() && change.identity == pet.identity();
         owner || named || pet.status_id().or_else(|| pet.external_id()) == Some(change.id.as_str())
@@ -83,8 +86,8 @@ impl PetIndex {
         change
             .record
             .as_ref()
-            .filter(|record| !record.key.is_empty())
-            .and_then(|record| self.by_uid.get(uid_of(&record.key)))
+            .and_then(|record| record.key.pet_uid())
+            .and_then(|uid| self.by_uid.get(uid))
             .or_else(|| self.by_record.get(&change.id))
     }
 }

@@ -347,8 +347,8 @@ impl<'a> Reconcile<'a> {
                     store
                         .set_key(
                             record,
-                            &ownership.expected,
-                            &ownership.new,
+                            &ownership.expected.to_string(),
+                            &ownership.new.to_string(),
                             ownership.identity.as_deref(),
                         )
                         .await?;

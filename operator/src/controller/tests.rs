@@ -841,7 +841,10 @@ async fn an_unowned_record_named_for_adoption_is_claimed_and_kept_in_line() {
         ]
     );
     let record = h.store.record(&loose).expect("record");
-    assert_eq!((record.key.as_str(), record.data), (UID, PetData::test()));
+    assert_eq!(
+        (record.key.to_string().as_str(), record.data),
+        (UID, PetData::test())
+    );
     assert_eq!(h.api.status_patches()[0]["id"], loose.as_str());
     h.assert_event("Adopted", "Normal", "AdoptNamedRecord");
     h.verify(&["Adopted"]);
@@ -1311,7 +1314,7 @@ async fn observe_never_writes_not_even_when_the_pet_goes() {
     assert!(store_writes(&h.store).is_empty(), "{:?}", h.store.calls());
     let record = h.store.record(&id).expect("the record is kept");
     assert_eq!(
-        (record.key.as_str(), record.data.name.as_str()),
+        (record.key.to_string().as_str(), record.data.name.as_str()),
         (UID, "Changed outside")
     );
     h.verify(&["RecordDiffers", "Orphaned"]);
@@ -1334,7 +1337,10 @@ async fn a_pet_of_a_rebuilt_cluster_takes_over_its_record_and_creates_nothing() 
         ]
     );
     let record = h.store.record(&old).expect("the old record");
-    assert_eq!((record.key.as_str(), record.data), (UID, PetData::test()));
+    assert_eq!(
+        (record.key.to_string().as_str(), record.data),
+        (UID, PetData::test())
+    );
     assert_eq!(h.store.records().len(), 1, "no record created");
     assert_eq!(h.api.status_patches()[0]["id"], old.as_str());
     assert!(h.event("Adopted").note.contains(lost));
@@ -1353,7 +1359,7 @@ async fn a_record_made_before_identities_is_given_its_pets_identity_with_its_own
     );
     let record = h.store.record(&id).expect("record");
     assert_eq!(
-        (record.key.as_str(), record.identity.as_str()),
+        (record.key.to_string().as_str(), record.identity.as_str()),
         (UID, IDENTITY)
     );
     h.verify(&["Adopted"]);

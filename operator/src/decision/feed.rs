@@ -6,7 +6,7 @@
 use kube::ResourceExt;
 
 use crate::crd::Pet;
-use crate::store::{PetData, RecordChange, uid_of};
+use crate::store::{PetData, RecordChange};
 
 /// What one change in the store means for the Pet it concerns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,7 +61,10 @@ pub fn verdict(change: &RecordChange, pet: Option<&Pet>) -> Verdict {
     };
     // UIDs are unique across clusters, so the key's UID alone names the
     // owner; a record of another installation never matches.
-    let owned = !record.key.is_empty() && pet.uid().is_some_and(|uid| uid == uid_of(&record.key));
+    let owned = record
+        .key
+        .pet_uid()
+        .is_some_and(|owner| pet.uid().as_deref() == Some(owner));
     let named = pet.status_id().is_none_or(|id| id == record.id);
     if owned && named && record.data == PetData::from(&pet.spec) {
         Verdict::InSync

@@ -8,7 +8,7 @@
 use super::{Cause, Facts, Plan, Story, Target};
 use crate::crd::{APPROVE_PLAN_ANNOTATION, ChangePolicy, PlanStatus, PlannedAction, PlannedChange};
 use crate::status::{Outcome, Reason};
-use crate::store::{Changes, Field, FieldChange, Lookup, PetData, Record, handover_key};
+use crate::store::{Changes, Field, FieldChange, Lookup, Owner, PetData, Record};
 
 /// A write to the store: the `action` label of `store_actions_total`, the
 /// change log's `action`, and a plan's `actions[].action`.
@@ -63,12 +63,13 @@ pub struct Write {
     pub ownership: Option<Ownership>,
 }
 
-/// A key compare-and-set: the key expected, the key set, and the identity
-/// set with it (`None` leaves it).
+/// A key compare-and-set: the owner expected, the owner set, and the
+/// identity set with it (`None` leaves it). The store is sent each owner's
+/// wire key.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Ownership {
-    pub expected: String,
-    pub new: String,
+    pub expected: Owner,
+    pub new: Owner,
     pub identity: Option<String>,
 }
 
@@ -89,14 +90,17 @@ pub struct Preview {
 
 /// The writes `plan` makes; `observed` is the store as read for it.
 pub fn preview(facts: &Facts, plan: &Plan, observed: &Lookup) -> Preview {
-    let key = facts.key();
+    let key = facts.owner();
+    // A handover's key names this Pet: one of its own, so that many wait at
+    // once, and one this Pet may take back.
+    let handover = |to: &str| Owner::handed_over(to, &facts.uid);
     let (writes, story) = match plan {
         Plan::Hold { .. } => (Vec::new(), None),
         Plan::HandOver(hand_over) => {
             let writes = hand_over
                 .release
                 .iter()
-                .map(|id| release(id, &key, &handover_key(&hand_over.to)))
+                .map(|id| release(id, &key, &handover(&hand_over.to)))
                 .collect();
             (writes, Some(hand_over.story()))
         }
@@ -172,11 +176,7 @@ pub fn preview(facts: &Facts, plan: &Plan, observed: &Lookup) -> Preview {
         Plan::Finish(finish) => {
             let mut writes = Vec::new();
             if let Some(id) = &finish.release {
-                let to = finish
-                    .hand_to
-                    .as_deref()
-                    .map(handover_key)
-                    .unwrap_or_default();
+                let to = finish.hand_to.as_deref().map(handover).unwrap_or_default();
                 writes.push(release(id, &key, &to));
             }
             if let Some(id) = &finish.delete {
@@ -212,14 +212,14 @@ pub fn preview(facts: &Facts, plan: &Plan, observed: &Lookup) -> Preview {
 /// Releases record `id` from `key` to `to` (empty: to nobody; or a
 /// handover's key). The identity stays: a later Pet of this name, here or
 /// in the installation handed to, takes the record back.
-fn release(id: &str, key: &str, to: &str) -> Write {
+fn release(id: &str, key: &Owner, to: &Owner) -> Write {
     Write {
         action: StoreAction::Release,
         record: Some(id.to_owned()),
         changes: key_change(key, to),
         ownership: Some(Ownership {
-            expected: key.to_owned(),
-            new: to.to_owned(),
+            expected: key.clone(),
+            new: to.clone(),
             identity: None,
         }),
     }
@@ -272,7 +272,7 @@ fn plan_hash(facts: &Facts, writes: &[Write], cause: Option<Cause>, observed: &L
         text.push_str(&format!(
             "record={},{:?},{name:?},{},{birthday};",
             record.id,
-            record.key,
+            record.key.to_string(),
             pet_type.as_str()
         ));
         if !record.identity.is_empty() {
@@ -434,11 +434,11 @@ pub fn created_fields(data: &PetData) -> Changes {
 }
 
 /// An ownership change: the record's idempotency key.
-pub fn key_change(from: &str, to: &str) -> Changes {
+pub fn key_change(from: &Owner, to: &Owner) -> Changes {
     Changes(vec![FieldChange {
         field: Field::Key,
-        from: format!("{from:?}"),
-        to: format!("{to:?}"),
+        from: format!("{:?}", from.to_string()),
+        to: format!("{:?}", to.to_string()),
     }])
 }
 

@@ -201,6 +201,9 @@ impl Facts {
     }
 }
 
+/// Thor's record, handed over by Thor of `blue` to `green`.
+const HANDED: &str = "green/from:uid-thor";
+
 fn hand_over(release: Option<&str>, to: &str) -> Result<Plan, Reason> {
     Ok(Plan::HandOver(HandOver {
         release: release.map(str::to_owned),
@@ -225,7 +228,7 @@ pub(super) fn mine(id: &str) -> Option<Record> {
 fn sync(target: Target, claim: bool, update: bool, story: Story) -> Plan {
     Plan::Sync(Sync {
         target,
-        claim: claim.then(String::new),
+        claim: claim.then(Owner::default),
         update,
         story,
         warning: None,
@@ -520,15 +523,24 @@ fn decide_table() {
                 .installation("blue")
                 .hand_over_to("green")
                 .status_id("a"),
-            found_named(
-                named_record("a", "green/"),
-                None,
-                named_record("a", "green/"),
-            ),
+            found_named(named_record("a", HANDED), None, named_record("a", HANDED)),
             hand_over(None, "green"),
         ),
         (
             "the installation handed to takes the record",
+            facts().installation("green"),
+            found_named(None, None, named_record("a", "green/from:uid-loki")),
+            Ok(claim_from(
+                "a",
+                "green/from:uid-loki",
+                false,
+                Story::TakenOver {
+                    from: "green/from:uid-loki".into(),
+                },
+            )),
+        ),
+        (
+            "and one handed over by an operator before handover keys named their Pet",
             facts().installation("green"),
             found_named(None, None, named_record("a", "green/")),
             Ok(claim_from(
@@ -543,11 +555,42 @@ fn decide_table() {
         (
             "a third installation does not",
             facts().installation("red"),
-            found_named(None, None, named_record("a", "green/")),
+            found_named(None, None, named_record("a", "green/from:uid-loki")),
             Err(Reason::RecordOwnedElsewhere),
         ),
         (
             "hand-over-to its own installation cancels a handover not yet taken",
+            facts()
+                .installation("blue")
+                .hand_over_to("blue")
+                .status_id("a"),
+            found_named(named_record("a", HANDED), None, named_record("a", HANDED)),
+            Ok(claim_from(
+                "a",
+                HANDED,
+                false,
+                Story::HandOverCancelled { to: "green".into() },
+            )),
+        ),
+        (
+            "and so does taking the annotation off",
+            facts().installation("blue").status_id("a"),
+            found_named(named_record("a", HANDED), None, named_record("a", HANDED)),
+            Ok(claim_from(
+                "a",
+                HANDED,
+                false,
+                Story::HandOverCancelled { to: "green".into() },
+            )),
+        ),
+        (
+            "a handover another Pet of its name made is not this Pet's to cancel",
+            facts().installation("blue").hand_over_to("blue"),
+            found_named(None, None, named_record("a", "green/from:uid-loki")),
+            Err(Reason::RecordOwnedElsewhere),
+        ),
+        (
+            "nor is one whose key does not name its Pet (an older operator's)",
             facts()
                 .installation("blue")
                 .hand_over_to("blue")
@@ -1015,7 +1058,7 @@ fn decide_table() {
         let foreign: Vec<Record> = match &observation {
             Observation::Found(lookup) => lookup
                 .records()
-                .filter(|r| r.key != facts.key())
+                .filter(|r| r.key != facts.owner())
                 .cloned()
                 .collect(),
             Observation::StoreLacks { .. } => Vec::new(),
@@ -1027,7 +1070,8 @@ fn decide_table() {
         }
         // Whatever the case, no plan writes to a record that is not this
         // Pet's, except to claim, by compare-and-set from its key, one owned
-        // by nobody or by a lost Pet of this installation.
+        // by nobody or by a lost Pet of this installation, handed over to
+        // it, or handed over by this Pet.
         for record in &foreign {
             let touched = match &plan {
                 Plan::Sync(Sync {
@@ -1036,8 +1080,14 @@ fn decide_table() {
                     ..
                 }) => {
                     id == &record.id
-                        && !(claim.as_deref() == Some(record.key.as_str())
-                            && (record.key.is_empty() || facts.same_installation(&record.key)))
+                        && !(claim.as_ref() == Some(&record.key)
+                            && matches!(
+                                facts.holder(&record.key),
+                                Holder::Nobody
+                                    | Holder::SameInstallation { .. }
+                                    | Holder::HandedOverHere
+                                    | Holder::HandedOverByThisPet { .. }
+                            ))
                 }
                 Plan::Finish(finish) => {
                     finish.delete.as_ref() == Some(&record.id)

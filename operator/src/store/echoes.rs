@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::{PetData, RecordChange};
+use super::{Owner, PetData, RecordChange};
 
 /// An expectation unmet for this long is dropped: its write changed nothing
 /// (the store then sends no change), or failed.
@@ -26,7 +26,7 @@ enum Expected {
     /// The record with this data (any key).
     Data(PetData),
     /// The record with this key (any data).
-    Key(String),
+    Key(Owner),
     Deleted,
 }
 
@@ -93,7 +93,7 @@ impl Echoes {
     }
 
     pub fn set_key(&self, id: &str, key: &str) {
-        self.by_id(id, Expected::Key(key.to_owned()));
+        self.by_id(id, Expected::Key(Owner::parse(key)));
     }
 
     fn by_id(&self, id: &str, what: Expected) {
@@ -121,10 +121,12 @@ impl Echoes {
             }
         }
         if let Some(record) = &change.record
-            && let Some((data, _)) = expected.by_key.get(&record.key)
+            && !record.key.is_nobody()
+            && let key = record.key.to_string()
+            && let Some((data, _)) = expected.by_key.get(&key)
             && record.data == *data
         {
-            expected.by_key.remove(&record.key);
+            expected.by_key.remove(&key);
             return true;
         }
         false

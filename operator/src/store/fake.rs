@@ -49,7 +49,7 @@ impl State {
     fn record(&self, id: &str) -> Option<Record> {
         self.records.get(id).map(|stored| Record {
             id: id.to_owned(),
-            key: stored.key.clone(),
+            key: super::Owner::parse(&stored.key),
             identity: stored.identity.clone(),
             data: stored.data.clone(),
         })

@@ -46,7 +46,7 @@ pub fn from_proto(pet: &pb::Pet) -> Option<Record> {
     Some(Record {
         id: pet.id.clone(),
         // Ownership is decided by the key, so it must never be dropped here.
-        key: pet.idempotency_key.clone(),
+        key: super::Owner::parse(&pet.idempotency_key),
         identity: pet.identity.clone(),
         data: PetData {
             name: pet.name.clone(),

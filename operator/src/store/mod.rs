@@ -7,6 +7,7 @@ pub mod budget;
 pub mod echoes;
 pub mod grpc;
 pub mod mapping;
+pub mod owner;
 
 #[cfg(test)]
 pub mod fake;
@@ -14,6 +15,7 @@ pub mod fake;
 use chrono::NaiveDate;
 
 use crate::crd::{PetSpec, PetType};
+pub use owner::{Holder, Owner};
 
 /// A pet's data as the store holds it; what reconciliation compares.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -135,45 +137,14 @@ impl std::fmt::Display for Changes {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Record {
     pub id: String,
-    /// Its idempotency key: the [`pet_key`] of the Pet that owns it,
-    /// or empty for a record nobody owns (made outside Kubernetes, or
-    /// released by Orphan).
-    pub key: String,
+    /// Its idempotency key, parsed: the Pet that owns it, nobody (made
+    /// outside Kubernetes, or released by Orphan), or a handover.
+    pub key: Owner,
     /// The `<namespace>/<name>` of the Pet it was last owned by, kept when
     /// it is released; empty for a record made outside Kubernetes or by an
     /// operator older than identities.
     pub identity: String,
     pub data: PetData,
-}
-
-/// The idempotency key of the Pet with this UID in this installation:
-/// `<installation>/<uid>`, or the bare UID for the unnamed installation (as
-/// every key was before installations). It fences the Pet's record: only
-/// that Pet writes it.
-pub fn pet_key(installation: &str, uid: &str) -> String {
-    if installation.is_empty() {
-        uid.to_owned()
-    } else {
-        format!("{installation}/{uid}")
-    }
-}
-
-/// The key a record handed over to `installation` carries until a Pet
-/// there takes it: the installation with no UID.
-pub fn handover_key(installation: &str) -> String {
-    format!("{installation}/")
-}
-
-/// The Pet UID a key names: after its last slash.
-pub fn uid_of(key: &str) -> &str {
-    key.rsplit_once('/').map_or(key, |(_, uid)| uid)
-}
-
-/// The installation a key names: before its last slash; a bare UID is the
-/// unnamed installation's.
-pub fn installation_of(key: &str) -> &str {
-    key.rsplit_once('/')
-        .map_or("", |(installation, _)| installation)
 }
 
 /// One change to a record, as the store's change feed reports it.

@@ -270,9 +270,62 @@ fn arb_data() -> impl Strategy<Value = PetData> {
         .prop_map(|(name, pet_type, day)| PetData::named(name).of_type(pet_type).born(2021, 4, day))
 }
 
+/// Every kind of owner as seen from Thor in the unnamed installation or in
+/// `blue`: itself, nobody, a lost Pet, another installation's Pet, a
+/// handover to its installation, one it made, one another Pet made, and
+/// an older operator's.
+const KEYS: [&str; 12] = [
+    UID,
+    "",
+    "uid-loki",
+    "blue/uid-thor",
+    "blue/uid-loki",
+    "green/uid-loki",
+    "blue/",
+    "blue/from:uid-loki",
+    "green/",
+    "green/from:uid-thor",
+    "green/from:uid-loki",
+    "/odd",
+];
+
 fn arb_record(id: &'static str) -> impl Strategy<Value = Option<Record>> {
-    prop::option::of((prop::sample::select(vec![UID, "", "uid-loki"]), arb_data()))
+    prop::option::of((prop::sample::select(KEYS.to_vec()), arb_data()))
         .prop_map(move |r| r.map(|(key, data)| record(id, key, data)))
+}
+
+/// A record that carries Thor's identity, under any key.
+fn arb_named(id: &'static str) -> impl Strategy<Value = Option<Record>> {
+    arb_record(id).prop_map(|r| {
+        r.map(|r| Record {
+            identity: "default/thor".into(),
+            ..r
+        })
+    })
+}
+
+/// What the first generator leaves alone: the installation, a handover,
+/// a pause, a plan shown, and the last plan applied.
+fn arb_more(facts: Facts) -> impl Strategy<Value = Facts> {
+    (
+        prop::sample::select(vec!["", "blue"]),
+        prop::option::of(prop::sample::select(vec!["green", "blue"])),
+        any::<bool>(),
+        any::<bool>(),
+        prop::option::of(prop::sample::select(vec!["0123456789abcdef"])),
+    )
+        .prop_map(
+            move |(installation, hand_over_to, paused, shown, applied)| {
+                let mut facts = facts.clone();
+                facts.installation = installation.to_owned();
+                facts.hand_over_to =
+                    hand_over_to.map(|to| crate::crd::Setting::Valid(to.to_owned()));
+                facts.paused = crate::crd::Setting::Valid(paused);
+                facts.plan_shown = shown;
+                facts.applied_plan = applied.map(str::to_owned);
+                facts
+            },
+        )
 }
 
 fn arb_facts() -> impl Strategy<Value = Facts> {
@@ -311,16 +364,27 @@ proptest! {
     /// and writes none, and a Pet going in Observe plans none at all.
     #[test]
     fn the_plan_shown_is_the_plan_automatic_writes(
-        facts in arb_facts(),
+        facts in arb_facts().prop_flat_map(arb_more),
         by_id in arb_record("a"),
         by_key in arb_record("k"),
+        by_identity in arb_named("n"),
+        identities in any::<bool>(),
     ) {
-        // The lookup by key only ever returns a record with that key.
+        // The lookup by key only ever returns a record with that key, and
+        // a store without identities finds none by it.
         let by_key = by_key.map(|mut r| {
-            r.key = UID.into();
+            r.key = facts.owner();
             r
         });
-        let observation = || found(by_id.clone(), by_key.clone());
+        let by_identity = by_identity.filter(|_| identities);
+        let observation = || {
+            Observation::Found(Lookup {
+                by_id: by_id.clone(),
+                by_key: by_key.clone(),
+                by_identity: by_identity.clone(),
+                identities,
+            })
+        };
         let automatic = planned(&facts, observation());
         prop_assert_eq!(gate(&facts, &automatic), Gate::Apply { approved: None });
 
