@@ -481,3 +481,56 @@ fn backoff_counts_attempts_and_our_store_in_place_of_the_books_releases_the_pet(
     );
     Ok(())
 }
+
+/// The request an advice gives, as `grpcurl -d '<request>' <store> <method>`.
+fn advised_request(message: &str) -> Option<(&str, &str)> {
+    let (_, rest) = message.split_once("grpcurl -d '")?;
+    let (request, rest) = rest.split_once("' <store> ")?;
+    let method = rest.split_whitespace().next()?;
+    Some((request, method))
+}
+
+#[test]
+fn an_adoption_conflicts_advice_followed_literally_adopts_the_named_record() -> fixtures::Result<()>
+{
+    let env = Env::start(Storage::Durable)?;
+    let _operator = env.start_operator("operator")?;
+    env.cp.apply(&pet_yaml("rex", "Rex", &[], ""))?;
+    let own = env.wait_ready("default", "rex", TIMEOUT)?;
+    let named = env.store.add_unowned("Named")?;
+
+    // Annotated after it was reconciled: it names a second record.
+    env.cp
+        .kubectl(&["annotate", "pet", "rex", &format!("{EXTERNAL_ID}={named}")])?;
+    let message = wait_synced_reason(&env, "rex", "AdoptionConflict")?;
+    let (request, method) =
+        advised_request(&message).unwrap_or_else(|| panic!("no request in {message:?}"));
+    assert!(
+        request.contains(&own),
+        "it releases its own record: {message}"
+    );
+
+    // Followed as written: the Pet adopts the named record.
+    env.store.grpcurl(method, request)?;
+    wait_for(TIMEOUT, "rex Ready on the named record", || {
+        let pet = env.pet("default", "rex").ok()?;
+        (fixtures::env::is_ready(&pet) && pet["status"]["id"] == named.as_str()).then_some(())
+    })?;
+    let records = env.store_pets()?;
+    assert_eq!(records.len(), 2, "nothing created: {records:?}");
+    let uid = uid(&env, "rex")?;
+    let named_record = record(&records, &named).expect("the named record");
+    assert_eq!(named_record["idempotencyKey"], uid.as_str());
+    assert_eq!(named_record["identity"], "default/rex");
+    assert_eq!(named_record["name"], "Rex", "kept in line with the spec");
+    let old = record(&records, &own).expect("the old record stays");
+    assert_eq!(
+        (
+            old["idempotencyKey"].as_str().unwrap_or_default(),
+            old["identity"].as_str().unwrap_or_default()
+        ),
+        ("", ""),
+        "released, with no name"
+    );
+    Ok(())
+}

@@ -6,8 +6,10 @@
 //! never write each other's records: a Pet of the same name in both is held
 //! in the later one, naming the other installation. A handover moves the
 //! records from one live cluster to the other under users' edits, with
-//! `kill -9` of either operator at a seeded random moment. Every count is
-//! the store's own.
+//! `kill -9` of either operator at a seeded random moment; a record that
+//! waits for a Pet the new cluster lacks holds up no other, and its Pet
+//! takes it back when the handover is cancelled. Every count is the
+//! store's own.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -439,6 +441,12 @@ fn blue_and_green(
     Ok(ids)
 }
 
+/// Whether `key` is a green Pet's, not a handover's (`green/from:<uid>`).
+fn is_greens_pet(key: &str) -> bool {
+    key.strip_prefix("green/")
+        .is_some_and(|uid| !uid.is_empty() && !uid.starts_with("from:"))
+}
+
 /// `kubectl annotate pets --all hand-over-to=green` in blue.
 fn hand_over_to_green(env: &Env) -> fixtures::Result<String> {
     env.cp.kubectl(&[
@@ -587,11 +595,7 @@ fn a_handover_between_two_live_clusters_under_edits() -> fixtures::Result<()> {
                     let claimed = feed
                         .changes()
                         .iter()
-                        .filter(|(_, kind, _, key)| {
-                            kind == "KEY_CHANGED"
-                                && key.len() > "green/".len()
-                                && key.starts_with("green/")
-                        })
+                        .filter(|(_, kind, _, key)| kind == "KEY_CHANGED" && is_greens_pet(key))
                         .count();
                     (claimed >= PETS).then_some(())
                 })
@@ -616,11 +620,11 @@ fn a_handover_between_two_live_clusters_under_edits() -> fixtures::Result<()> {
             changes.iter().filter(|c| c.2 == *id).collect();
         let released = mine
             .iter()
-            .position(|c| c.1 == "KEY_CHANGED" && c.3 == "green/")
+            .position(|c| c.1 == "KEY_CHANGED" && c.3.starts_with("green/from:"))
             .unwrap_or_else(|| panic!("{name}: never released to green: {mine:?}"));
         let claimed = &mine[released + 1];
         assert!(
-            claimed.1 == "KEY_CHANGED" && claimed.3.starts_with("green/") && claimed.3 != "green/",
+            claimed.1 == "KEY_CHANGED" && is_greens_pet(&claimed.3),
             "{name}: the change after the release is green's claim: {mine:?}"
         );
         assert!(
@@ -687,4 +691,102 @@ fn a_handover_survives_kill_9_of_either_operator() -> fixtures::Result<()> {
         }
     }
     assert_handed_over(&env, &green, &ids, &before)
+}
+
+/// The Synced reason of blue's Pet `name`.
+fn synced_reason(cp: &ControlPlane, name: &str) -> Option<String> {
+    let pets = pets(cp).ok()?;
+    condition(pets.get(name)?, "Synced")
+        .map(|c| c["reason"].as_str().unwrap_or_default().to_owned())
+}
+
+#[test]
+fn a_handover_moves_every_pet_although_one_waits_and_its_pet_takes_it_back() -> fixtures::Result<()>
+{
+    let env = Env::start(Storage::Durable)?;
+    let green = env.another_cluster()?;
+    let _blue_operator = start_operator(&env, "operator-blue", "blue")?;
+    let _green_operator =
+        env.start_operator_in(&green, "operator-green", &["--installation=green"])?;
+    let ids = blue_and_green(&env, &green)?;
+    // A Pet that green does not have.
+    let lone = "only-in-blue";
+    env.cp.kubectl_stdin(
+        &["apply", "-f", "-"],
+        &pet_manifest(lone, &[], &spec("Lone", "")),
+    )?;
+    let lone_id = wait_for(TIMEOUT, "blue's lone Pet Ready", || {
+        let pets = pets(&env.cp).ok()?;
+        pets.get(lone)
+            .filter(|pet| is_ready(pet))
+            .and_then(|pet| pet["status"]["id"].as_str().map(str::to_owned))
+    })?;
+    let lone_uid = uid(&pets(&env.cp)?[lone]);
+    let before = counts(&env)?;
+
+    // It is handed over first, and waits: no Pet in green takes it.
+    env.cp.kubectl(&[
+        "annotate",
+        "pet",
+        lone,
+        "-n",
+        "default",
+        "petstore.example.com/hand-over-to=green",
+    ])?;
+    let waiting = format!("green/from:{lone_uid}");
+    wait_for(TIMEOUT, "the lone record released to green", || {
+        let (key, _) = records(&env).ok()?.remove(&lone_id)?;
+        (key == waiting && synced_reason(&env.cp, lone).as_deref() == Some("HandedOver"))
+            .then_some(())
+    })?;
+
+    // The others move while it waits.
+    env.cp.kubectl(&[
+        "annotate",
+        "--overwrite",
+        "pets",
+        "--all",
+        "-n",
+        "default",
+        "petstore.example.com/hand-over-to=green",
+    ])?;
+    let moved = all_ready(&green.cp, "green's Pets Ready")?;
+    assert_eq!(moved, ids, "the same records");
+    let stored = records(&env)?;
+    for pet in pets(&green.cp)?.values() {
+        let id = pet["status"]["id"].as_str().unwrap_or_default();
+        assert_eq!(stored[id].0, format!("green/{}", uid(pet)), "{pet}");
+    }
+    assert_eq!(stored[&lone_id].0, waiting, "the lone record still waits");
+
+    // Cancelled: blue's lone Pet takes its record back.
+    env.cp.kubectl(&[
+        "annotate",
+        "--overwrite",
+        "pet",
+        lone,
+        "-n",
+        "default",
+        "petstore.example.com/hand-over-to=blue",
+    ])?;
+    wait_for(TIMEOUT, "the lone Pet Ready on its record again", || {
+        let pets = pets(&env.cp).ok()?;
+        let pet = pets.get(lone)?;
+        (is_ready(pet) && pet["status"]["id"] == lone_id.as_str()).then_some(())
+    })?;
+    let (key, identity) = records(&env)?.remove(&lone_id).expect("the lone record");
+    assert_eq!(
+        (key, identity),
+        (
+            format!("blue/{lone_uid}"),
+            "default/only-in-blue".to_owned()
+        )
+    );
+    let after = counts(&env)?;
+    assert_eq!(
+        (after.add, after.delete, after.records),
+        (before.add, before.delete, PETS + 1),
+        "nothing created or deleted: {before:?} -> {after:?}"
+    );
+    Ok(())
 }
