@@ -177,7 +177,7 @@ pub const EXTERNAL_ID_ANNOTATION: &str = "petstore.example.com/external-id";
 pub const APPROVE_PLAN_ANNOTATION: &str = "petstore.example.com/approve-plan";
 /// Annotation: hand this Pet's record over to the installation named (the
 /// `--installation` of another cluster's operator on the same store). The
-/// record's key becomes `<installation>/`, which only a Pet of that
+/// record's key becomes `<installation>/from:<this Pet's UID>`, which only a Pet of that
 /// installation with the same namespace and name takes; this Pet then
 /// writes it no more, and can be deleted without touching it.
 pub const HAND_OVER_TO_ANNOTATION: &str = "petstore.example.com/hand-over-to";
