@@ -1,6 +1,7 @@
 //! Change policies on the real API server and store, counted by the
 //! store's own write RPCs: a Pet in `Approve` shows its plan and writes
-//! nothing through two audits, refuses a wrong or stale approval, writes
+//! nothing through two audits (counted as the operator's own store reads,
+//! not slept through), refuses a wrong or stale approval, writes
 //! exactly the approved plan once, shows a new plan for a spec edit, and
 //! waits to be deleted until its delete plan is approved; the kubectl
 //! plugin prints the same plan before anything is applied, and from what
@@ -19,15 +20,20 @@ use serde_json::Value;
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 const APPROVE_PLAN: &str = "petstore.example.com/approve-plan";
-/// The audit's interval here: "nothing for two audits" is then 2 × this.
+/// The audit's interval here.
 const AUDIT: &str = "2s";
-const TWO_AUDITS: Duration = Duration::from_secs(5);
+/// Store reads to wait for before "nothing was written" is asserted: the
+/// echo of the status write that showed the plan may be one of them, so
+/// three leave at least two audits (one Pet's reconciles never overlap).
+const TWO_AUDITS: u32 = 3;
 /// The change feed shows an out-of-band edit within about a second. With
 /// the poll and the audit an hour away, nothing else can show it in time.
 const SHOWN_WITHIN: Duration = Duration::from_millis(1500);
 /// The observing operator's poll interval (its audit is the default hour):
 /// far beyond the test, so only the change feed can show an edit.
 const NO_POLL: &str = "1h";
+/// How long the operator's store reads must hold still to count as idle.
+const SETTLED: Duration = Duration::from_millis(500);
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -141,9 +147,14 @@ fn approve_writes_only_the_approved_plan_once() -> fixtures::Result<()> {
     options
         .extra_args
         .extend(["--audit-interval".into(), AUDIT.into()]);
-    let _operator = env.start_operator_with(&options)?;
+    let operator = env.start_operator_with(&options)?;
     let writes = || env.store.writes();
     let start = writes()?;
+    let two_audits = |since: f64| {
+        operator
+            .wait_store_reads(since, TWO_AUDITS, TIMEOUT)
+            .map(drop)
+    };
 
     // A new Pet in Approve: a create plan, and nothing written for two
     // audits.
@@ -155,7 +166,7 @@ fn approve_writes_only_the_approved_plan_once() -> fixtures::Result<()> {
     let create = wait_plan(&env, "rex", "create", None)?;
     assert_eq!(create["cause"], "new_pet");
     assert_eq!(plan_column(&env, "rex")?, "create");
-    std::thread::sleep(TWO_AUDITS);
+    two_audits(operator.store_reads()?)?;
     let pet = env.pet("default", "rex")?;
     assert_eq!(reason(&pet, "Ready"), "PlanPending", "{pet}");
     assert_eq!(
@@ -181,6 +192,7 @@ fn approve_writes_only_the_approved_plan_once() -> fixtures::Result<()> {
     // A spec edit makes a new plan; the spent approval does not apply it.
     env.rename("default", "rex", "Rexford")?;
     let rename = wait_plan(&env, "rex", "update name", None)?;
+    let rename_shown = operator.store_reads()?;
     assert_eq!(rename["cause"], "spec_change");
     assert_eq!(plan_column(&env, "rex")?, "update name");
 
@@ -224,7 +236,7 @@ fn approve_writes_only_the_approved_plan_once() -> fixtures::Result<()> {
         env.pet("default", "fido").is_err(),
         "the plugin created fido"
     );
-    std::thread::sleep(TWO_AUDITS);
+    two_audits(rename_shown)?;
     assert_eq!(record(&env, &id)?["name"], "Rex");
     assert_eq!(writes()?, start + 1.0, "written without a new approval");
 
@@ -233,8 +245,9 @@ fn approve_writes_only_the_approved_plan_once() -> fixtures::Result<()> {
     update_record(&env, &id, "Rex", "PTCanine", 2020)?;
     let both = wait_plan(&env, "rex", "update name,birthday", None)?;
     let after_edit = start + 2.0;
+    let stale_approval = operator.store_reads()?;
     annotate(&env, "rex", APPROVE_PLAN, &hash(&rename))?;
-    std::thread::sleep(TWO_AUDITS);
+    two_audits(stale_approval)?;
     assert_eq!(writes()?, after_edit, "a stale approval was written");
     assert_eq!(plan(&env, "rex").map(|p| hash(&p)), Some(hash(&both)));
 
@@ -258,7 +271,7 @@ fn approve_writes_only_the_approved_plan_once() -> fixtures::Result<()> {
         .kubectl(&["delete", "pet", "rex", "-n", "default", "--wait=false"])?;
     let delete = wait_plan(&env, "rex", "delete", None)?;
     assert_eq!(delete["cause"], "deletion");
-    std::thread::sleep(TWO_AUDITS);
+    two_audits(operator.store_reads()?)?;
     assert!(env.pet("default", "rex").is_ok(), "gone without approval");
     assert_eq!(
         record(&env, &id)?["id"],
@@ -364,6 +377,7 @@ fn observe_shows_drift_without_reverting_it_and_automatic_applies_the_plan() -> 
             .any(|line| line == "petstore_operator_change_feed_connected 1")
             .then_some(())
     })?;
+    operator.wait_reads_settled(SETTLED, TIMEOUT)?;
 
     // An out-of-band edit shows up as a plan within about a second, from
     // the feed, and stays.
@@ -385,9 +399,12 @@ fn observe_shows_drift_without_reverting_it_and_automatic_applies_the_plan() -> 
         "the edit was shown after {took:?}; the operator's feed: {:?}",
         feed_metrics(&operator)
     );
-    // Even approved, Observe writes nothing.
+    // Even approved, Observe writes nothing: the reconcile the annotation
+    // brings reads the record, and writes nothing.
+    let before_approval = operator.wait_reads_settled(SETTLED, TIMEOUT)?;
     annotate(&env, "tom", APPROVE_PLAN, &hash(&shown))?;
-    std::thread::sleep(Duration::from_secs(3));
+    operator.wait_store_reads(before_approval, 1, TIMEOUT)?;
+    operator.wait_reads_settled(SETTLED, TIMEOUT)?;
     assert_eq!(writes()?, start + 1.0, "only the test's own UpdatePets");
     assert_eq!(record(&env, &id)?["name"], "Older Tom");
 
@@ -397,11 +414,14 @@ fn observe_shows_drift_without_reverting_it_and_automatic_applies_the_plan() -> 
     assert_eq!(record(&env, &id)?["name"], "Tom");
     assert_eq!(writes()?, start + 3.0, "SetIdempotencyKeys and UpdatePets");
 
-    // In line: Observe, then Automatic again, costs no write.
+    // In line: Observe, then Automatic again, costs no write, though each
+    // switch's reconcile reads the record.
+    let before_switch = operator.wait_reads_settled(SETTLED, TIMEOUT)?;
     env.patch_spec("default", "tom", r#"{"changePolicy":"Observe"}"#)?;
     env.patch_spec("default", "tom", r#"{"changePolicy":"Automatic"}"#)?;
     env.wait_ready("default", "tom", TIMEOUT)?;
-    std::thread::sleep(Duration::from_secs(2));
+    operator.wait_store_reads(before_switch, 1, TIMEOUT)?;
+    operator.wait_reads_settled(SETTLED, TIMEOUT)?;
     assert_eq!(
         writes()?,
         start + 3.0,
