@@ -13,15 +13,25 @@
 //!   one log line; stopped, it writes nothing until it starts, and
 //!   `kubectl petstore plan` shows the release it will make.
 //! - While the operator's own namespace is being deleted, a deleted Pet
-//!   keeps its record too.
+//!   keeps its record too, operator running or stopped (then once it
+//!   starts).
+//! - Every kept record is read back: released (no key), its identity kept.
+//! - When the operator cannot tell whether the installation is going (it
+//!   may not read its namespace), a deleted Pet deletes nothing and is
+//!   retried, saying why, until it can.
 //! - `kubectl delete -k config/default`, the operator's whole bundle, keeps
 //!   every record, operator running or stopped, and leaves the demo store's
-//!   bundle (config/petstore) alone.
+//!   bundle (config/petstore) alone; an operator installed again reads
+//!   every Pet's record and deletes none.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use fixtures::env::{OPERATOR_NAMESPACE, install_crd_and_rbac, install_crd_guard, pet_manifest};
+use fixtures::env::{
+    OPERATOR_ACCOUNT, OPERATOR_NAMESPACE, install_crd_and_rbac, install_crd_guard, pet_manifest,
+};
 use fixtures::{Env, Operator, Storage, wait_for};
+use serde_json::Value;
 
 const PETS: usize = 200;
 const CRD: &str = "crd/pets.petstore.example.com";
@@ -29,9 +39,12 @@ const CONFIRM: &str = "petstore.example.com/confirm-delete-pets";
 const PROTECTED: &str = "petstore.example.com/protected";
 const GUARD: &str = "validatingwebhookconfiguration/petstore-operator-crd-guard";
 const TIMEOUT: Duration = Duration::from_secs(120);
-/// How long a stopped operator's Pets are watched for a write that must
-/// not come.
-const QUIET: Duration = Duration::from_secs(3);
+/// The Secret holding the webhook's certificates, in the operator's
+/// namespace: an operator cannot start without it.
+const WEBHOOK_SECRET: &str = "petstore-operator-webhook-tls";
+/// A finalizer of the test's own, to hold objects of a namespace being
+/// deleted.
+const HOLD: &str = "test.petstore.example.com/hold";
 
 /// `n` Pets named `<prefix>-<i>` in `default`, applied at once, then
 /// awaited until every one is Ready.
@@ -74,6 +87,66 @@ fn answered(env: &Env, method: &str) -> f64 {
 
 fn records(env: &Env) -> usize {
     env.store.all_pets().expect("SearchPets").len()
+}
+
+/// Every record of the `n` Pets `<prefix>-<i>` (named `<prefix><i>` in the
+/// store) is there and released: no key, and its identity, the Pet's
+/// `default/<prefix>-<i>`, kept for whoever takes it next.
+fn assert_released(env: &Env, prefix: &str, n: usize) -> fixtures::Result<()> {
+    let by_name: BTreeMap<String, Value> = env
+        .store
+        .all_pets()?
+        .into_iter()
+        .map(|record| {
+            (
+                record["name"].as_str().unwrap_or_default().to_owned(),
+                record,
+            )
+        })
+        .collect();
+    for i in 0..n {
+        let record = by_name
+            .get(&format!("{prefix}{i}"))
+            .unwrap_or_else(|| panic!("{prefix}-{i}'s record is gone"));
+        assert_eq!(
+            record["idempotencyKey"].as_str().unwrap_or_default(),
+            "",
+            "{prefix}-{i}'s record is not released: {record}"
+        );
+        assert_eq!(
+            record["identity"],
+            format!("default/{prefix}-{i}").as_str(),
+            "{prefix}-{i}'s record lost its identity: {record}"
+        );
+    }
+    Ok(())
+}
+
+/// Adds the test's finalizer to `object` in the operator's namespace, so
+/// that namespace's deletion leaves it (and the namespace) in place.
+fn hold(env: &Env, object: &str) -> fixtures::Result<String> {
+    env.cp.kubectl(&[
+        "patch",
+        object,
+        "-n",
+        OPERATOR_NAMESPACE,
+        "--type=merge",
+        "-p",
+        &format!(r#"{{"metadata":{{"finalizers":["{HOLD}"]}}}}"#),
+    ])
+}
+
+/// Removes the test's finalizer from `object`, letting it go.
+fn release_hold(env: &Env, object: &str) -> fixtures::Result<String> {
+    env.cp.kubectl(&[
+        "patch",
+        object,
+        "-n",
+        OPERATOR_NAMESPACE,
+        "--type=merge",
+        "-p",
+        r#"{"metadata":{"finalizers":null}}"#,
+    ])
 }
 
 /// `kubectl delete crd` without waiting for the Pets; the error's text when
@@ -223,8 +296,8 @@ fn without_the_guard_the_operator_keeps_every_record() -> fixtures::Result<()> {
     env.cp.kubectl(&["delete", GUARD])?;
     delete_crd(&env).expect("the guard removed");
     wait_all_deleting(&env, PETS)?;
-    std::thread::sleep(QUIET);
-    wait_all_deleting(&env, PETS)?;
+    // No window here: with no operator running, nothing could write. The
+    // operator started below is what must not delete.
     assert_eq!(answered(&env, "DeletePets"), deletes);
     assert_eq!(answered(&env, "SetIdempotencyKeys"), releases);
     // `kubectl petstore plan` shows what the operator will do when it
@@ -253,6 +326,7 @@ fn without_the_guard_the_operator_keeps_every_record() -> fixtures::Result<()> {
     assert_eq!(answered(&env, "DeletePets"), deletes, "0 deletes");
     assert_eq!(records(&env), PETS);
     assert!(answered(&env, "SetIdempotencyKeys") >= releases + 1.0);
+    assert_released(&env, "b", PETS)?;
     wait_for(TIMEOUT, "one Event per Pet", || {
         (events_saying(&env, KEPT_BY_CRD) == PETS).then_some(())
     })?;
@@ -267,6 +341,7 @@ fn without_the_guard_the_operator_keeps_every_record() -> fixtures::Result<()> {
     wait_crd_gone(&env)?;
     assert_eq!(answered(&env, "DeletePets"), deletes, "0 deletes");
     assert_eq!(records(&env), 2 * PETS);
+    assert_released(&env, "c", PETS)?;
     drop(_running);
 
     // The operator's namespace being deleted: Pets deleted meanwhile keep
@@ -278,24 +353,157 @@ fn without_the_guard_the_operator_keeps_every_record() -> fixtures::Result<()> {
     let _in_namespace = env.start_operator_with(&options)?;
     ready_pets(&env, "d", PETS)?;
     env.cp.apply(&format!(
-        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: hold\n  namespace: {OPERATOR_NAMESPACE}\n  finalizers: [test.petstore.example.com/hold]\n"
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: hold\n  namespace: {OPERATOR_NAMESPACE}\n  finalizers: [{HOLD}]\n"
     ))?;
     env.cp
         .kubectl(&["delete", "namespace", OPERATOR_NAMESPACE, "--wait=false"])?;
     env.cp
         .kubectl(&["delete", "pets", "--all", "-n", "default", "--wait=false"])?;
+    wait_all_gone(&env)?;
+    assert_eq!(answered(&env, "DeletePets"), deletes, "0 deletes");
+    assert_eq!(records(&env), 3 * PETS);
+    assert_released(&env, "d", PETS)?;
+    wait_for(TIMEOUT, "one Event per Pet", || {
+        (events_saying(&env, KEPT_BY_NAMESPACE) == PETS).then_some(())
+    })?;
+    Ok(())
+}
+
+fn wait_all_gone(env: &Env) -> fixtures::Result<()> {
     wait_for(TIMEOUT, "the Pets to go", || {
         let pets = env
             .cp
             .kubectl_json(&["get", "pets", "-n", "default"])
             .ok()?;
         pets["items"].as_array()?.is_empty().then_some(())
-    })?;
+    })
+}
+
+/// The operator's namespace deleted while it is stopped: Pets deleted
+/// meanwhile wait on their finalizers, nothing is written, and the
+/// operator started then keeps and releases their records.
+#[test]
+fn the_namespace_going_keeps_every_record_operator_stopped() -> fixtures::Result<()> {
+    let env = Env::start(Storage::Durable)?;
+    let deletes = answered(&env, "DeletePets");
+    let mut options = env.operator_options("namespace");
+    options.leader_election = false;
+    let first = env.start_operator_with(&options)?;
+    ready_pets(&env, "f", PETS)?;
+    drop(first);
+    // The test's finalizers hold the namespace, and in it what an operator
+    // needs to start: its webhook Secret, the Role that reads it, and the
+    // ServiceAccount it authenticates as (whose tokens the API server
+    // still takes for a minute after its deletion began, which this path
+    // stays well within).
+    let held = [
+        format!("secret/{WEBHOOK_SECRET}"),
+        format!("role/{WEBHOOK_SECRET}"),
+        format!("rolebinding/{WEBHOOK_SECRET}"),
+        format!("serviceaccount/{OPERATOR_ACCOUNT}"),
+    ];
+    for object in &held {
+        hold(&env, object)?;
+    }
+    env.cp
+        .kubectl(&["delete", "namespace", OPERATOR_NAMESPACE, "--wait=false"])?;
+    env.cp
+        .kubectl(&["delete", "pets", "--all", "-n", "default", "--wait=false"])?;
+    wait_all_deleting(&env, PETS)?;
+    let namespace = env
+        .cp
+        .kubectl_json(&["get", "namespace", OPERATOR_NAMESPACE])?;
+    assert!(
+        namespace["metadata"]["deletionTimestamp"].is_string(),
+        "{namespace}"
+    );
+    // No window here: with no operator running, nothing could write.
+    assert_eq!(answered(&env, "DeletePets"), deletes);
+    options.identity = "namespace-started".into();
+    let _started = env.start_operator_with(&options)?;
+    wait_all_gone(&env)?;
     assert_eq!(answered(&env, "DeletePets"), deletes, "0 deletes");
-    assert_eq!(records(&env), 3 * PETS);
+    assert_eq!(records(&env), PETS);
+    assert_released(&env, "f", PETS)?;
     wait_for(TIMEOUT, "one Event per Pet", || {
         (events_saying(&env, KEPT_BY_NAMESPACE) == PETS).then_some(())
     })?;
+    for object in &held {
+        release_hold(&env, object)?;
+    }
+    Ok(())
+}
+
+/// The index of the ClusterRole's rule that lets the operator read
+/// namespaces.
+fn namespaces_rule(env: &Env) -> fixtures::Result<usize> {
+    let role = env
+        .cp
+        .kubectl_json(&["get", "clusterrole", "petstore-operator"])?;
+    Ok(role["rules"]
+        .as_array()
+        .and_then(|rules| {
+            rules
+                .iter()
+                .position(|rule| rule["resources"][0] == "namespaces")
+        })
+        .expect("the shipped ClusterRole reads namespaces"))
+}
+
+/// Reconciles that failed with `reason` (snake_case), by the operator's
+/// own metrics.
+fn failures(operator: &Operator, reason: &str) -> f64 {
+    fixtures::http::sum_series(
+        &operator.metrics().unwrap_or_default(),
+        "petstore_operator_reconcile_errors_total",
+        &format!("reason=\"{reason}\""),
+    )
+}
+
+#[test]
+fn a_deletion_that_cannot_tell_whether_the_installation_goes_deletes_nothing_and_retries()
+-> fixtures::Result<()> {
+    let env = Env::start(Storage::Durable)?;
+    let operator = env.start_operator("probe")?;
+    ready_pets(&env, "g", 1)?;
+    let deletes = answered(&env, "DeletePets");
+
+    // The operator may no longer read its namespace: the probe fails.
+    let rule = namespaces_rule(&env)?;
+    env.cp.kubectl(&[
+        "patch",
+        "clusterrole",
+        "petstore-operator",
+        "--type=json",
+        "-p",
+        &format!(r#"[{{"op":"remove","path":"/rules/{rule}"}}]"#),
+    ])?;
+    env.cp
+        .kubectl(&["delete", "pet", "g-0", "-n", "default", "--wait=false"])?;
+    let said = env.wait_deleting("default", "g-0", TIMEOUT, |synced| {
+        synced["status"] == "False" && synced["reason"] == "ReconcileError"
+    })?;
+    assert!(
+        said.contains("to tell whether the installation is being removed")
+            && said.contains(OPERATOR_NAMESPACE),
+        "{said}"
+    );
+    // Retried, and each attempt deleted nothing.
+    let first = failures(&operator, "reconcile_error");
+    wait_for(TIMEOUT, "the deletion to be retried", || {
+        (failures(&operator, "reconcile_error") >= first + 2.0).then_some(())
+    })?;
+    assert_eq!(answered(&env, "DeletePets"), deletes, "deleted in doubt");
+    assert_eq!(records(&env), 1);
+    assert!(env.pet("default", "g-0").is_ok(), "the Pet went in doubt");
+
+    // Readable again: the next retry finds the installation staying, and
+    // the deletion goes through, record and all.
+    let rbac = fixtures::repo_root().join("config/rbac");
+    env.cp.kubectl(&["apply", "-k", &rbac.to_string_lossy()])?;
+    env.wait_gone("default", "g-0", TIMEOUT)?;
+    assert_eq!(answered(&env, "DeletePets"), deletes + 1.0);
+    assert_eq!(records(&env), 0);
     Ok(())
 }
 
@@ -338,7 +546,28 @@ fn delete_the_bundle(stop_first: bool) -> fixtures::Result<()> {
     assert!(crd["metadata"]["deletionTimestamp"].is_null(), "{crd}");
     let pets = env.cp.kubectl_json(&["get", "pets", "-n", "default"])?;
     assert_eq!(pets["items"].as_array().map(Vec::len), Some(PETS));
-    std::thread::sleep(QUIET);
+    // Installed again, once its namespace is gone, an operator reads every
+    // Pet's record and deletes none. (The one that ran through the
+    // deletion lost its ServiceAccount with the namespace.)
+    drop(operator);
+    wait_for(TIMEOUT, "the operator's namespace to go", || {
+        env.cp
+            .kubectl(&["get", "namespace", OPERATOR_NAMESPACE])
+            .is_err()
+            .then_some(())
+    })?;
+    // Its namespace and RBAC: the CRD stayed (the operator that ran had
+    // pointed its webhook at a local address, which config/ would undo).
+    env.cp.ensure_namespace(OPERATOR_NAMESPACE)?;
+    env.cp
+        .kubectl(&["apply", "-k", &config.join("rbac").to_string_lossy()])?;
+    let kubeconfig = env
+        .cp
+        .service_account_kubeconfig(OPERATOR_NAMESPACE, OPERATOR_ACCOUNT)?;
+    let mut options = env.operator_options("back");
+    options.kubeconfig = kubeconfig;
+    let back = env.start_operator_with(&options)?;
+    back.wait_store_reads(0.0, PETS as u32, TIMEOUT)?;
     assert_eq!(answered(&env, "DeletePets"), deletes, "0 deletes");
     assert_eq!(records(&env), PETS);
     // The demo store's namespace, Deployment and volume are all still there.
