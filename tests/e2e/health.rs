@@ -9,11 +9,14 @@
 //!   InProgress (`Reconciling`) for as long as it lasts.
 //! - Each reason a Pet stalls on reads as Failed, InvalidSpec included (a
 //!   Pet stored under a CRD schema looser than the store, as a hand-edited
-//!   CRD allows, which the store refuses); a paused Pet does not.
+//!   CRD allows, which the store refuses) and `HandedOver` (a record
+//!   handed to another installation); a paused Pet does not.
 //! - Argo CD's health check (config/health/argocd, run by gopher-lua as
 //!   Argo CD runs it) and Flux's healthCheckExprs (config/health/flux, by
 //!   cel-go as Flux evaluates them) on Pets captured in each state:
-//!   Healthy, Progressing, Degraded, Suspended. The committed test data
+//!   Healthy, Progressing (an edit not yet reconciled, and `Reconciling`
+//!   with the store down), Degraded, Suspended (paused, a plan waiting for
+//!   approval, and `RecordDiffers` in Observe). The committed test data
 //!   and its expectations hold for the live captures too.
 
 use std::time::{Duration, Instant};
@@ -31,6 +34,7 @@ const OUTAGE_EDITS: usize = 5;
 const TIMEOUT: Duration = Duration::from_secs(60);
 const EXTERNAL_ID: &str = "petstore.example.com/external-id";
 const PAUSED: &str = "petstore.example.com/paused";
+const HAND_OVER_TO: &str = "petstore.example.com/hand-over-to";
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -201,6 +205,18 @@ fn kstatus_reads_each_stalled_reason_as_failed() -> Result<(), Error> {
     env.cp
         .apply(&pet_manifest("holder", &[], &spec("Holder")))?;
     env.wait_ready("default", "holder", TIMEOUT)?;
+    // Handed to another installation: this Pet writes its record no more.
+    env.cp
+        .apply(&pet_manifest("handed", &[], &spec("Handed")))?;
+    env.wait_ready("default", "handed", TIMEOUT)?;
+    env.cp.kubectl(&[
+        "annotate",
+        "pet",
+        "handed",
+        "-n",
+        "default",
+        &format!("{HAND_OVER_TO}=green"),
+    ])?;
     let cases = [
         (
             "named-missing",
@@ -267,6 +283,7 @@ fn kstatus_reads_each_stalled_reason_as_failed() -> Result<(), Error> {
         "AdoptionConflict",
         wait_synced(&env, "holder", "AdoptionConflict")?,
     ));
+    stalled.push(("HandedOver", wait_synced(&env, "handed", "HandedOver")?));
     let objects: Vec<Value> = stalled.iter().map(|(_, pet)| pet.clone()).collect();
     for ((reason, pet), (status, message)) in stalled.iter().zip(kstatus(&objects)?) {
         assert_eq!(status, "Failed", "{reason}: {message}: {pet}");
@@ -300,12 +317,14 @@ fn kstatus_reads_each_stalled_reason_as_failed() -> Result<(), Error> {
 
 /// The states, by the test data file each is captured into, and what Flux
 /// makes of each.
-const STATES: [(&str, &str); 5] = [
+const STATES: [(&str, &str); 7] = [
     ("healthy", "Current"),
     ("progressing", "InProgress"),
     ("degraded", "Failed"),
     ("suspended-paused", "InProgress"),
     ("suspended-plan", "InProgress"),
+    ("suspended-observe", "InProgress"),
+    ("progressing-reconciling", "InProgress"),
 ];
 
 /// What an API server adds that says nothing about health and changes on
@@ -332,7 +351,7 @@ fn captured(mut pet: Value) -> Value {
 
 #[test]
 fn argo_cd_and_flux_read_each_state_right() -> Result<(), Error> {
-    let env = Env::start(Storage::Durable)?;
+    let mut env = Env::start(Storage::Durable)?;
     let _operator = env.start_operator("health")?;
     env.cp.apply(&pet_manifest("healthy", &[], &spec("Fine")))?;
     env.cp
@@ -352,6 +371,15 @@ fn argo_cd_and_flux_read_each_state_right() -> Result<(), Error> {
         &[],
         " {name: Wait, type: dog, birthday: \"2021-04-01\", changePolicy: Approve}",
     ))?;
+    // Observed, naming a record that differs from its spec.
+    let differs = env.store.add_unowned("Elsewhere")?;
+    env.cp.apply(&pet_manifest(
+        "suspended-observe",
+        &[(EXTERNAL_ID, &differs)],
+        " {name: Here, type: cat, birthday: \"2019-05-06\", changePolicy: Observe}",
+    ))?;
+    env.cp
+        .apply(&pet_manifest("progressing-reconciling", &[], &spec("Calm")))?;
     env.wait_ready("default", "healthy", TIMEOUT)?;
     let healthy = captured(env.pet("default", "healthy")?);
     env.wait_ready("default", "progressing", TIMEOUT)?;
@@ -372,7 +400,34 @@ fn argo_cd_and_flux_read_each_state_right() -> Result<(), Error> {
     let degraded = captured(wait_synced(&env, "degraded", "RecordNotFound")?);
     let paused = captured(wait_synced(&env, "suspended-paused", "ReconcilePaused")?);
     let plan = captured(wait_synced(&env, "suspended-plan", "PlanPending")?);
-    let live = [healthy, progressing, degraded, paused, plan];
+    let observed = captured(wait_synced(&env, "suspended-observe", "RecordDiffers")?);
+    // Retrying: the store down, an edit waits with Reconciling.
+    env.wait_ready("default", "progressing-reconciling", TIMEOUT)?;
+    env.store.kill();
+    env.rename("default", "progressing-reconciling", "Restless")?;
+    let reconciling = captured(wait_for(
+        TIMEOUT,
+        "Reconciling with the store down",
+        || {
+            let pet = env.pet("default", "progressing-reconciling").ok()?;
+            condition(&pet, "Reconciling")
+                .is_some_and(|c| {
+                    c["status"] == "True"
+                        && c["reason"] == "StoreUnavailable"
+                        && c["observedGeneration"] == pet["metadata"]["generation"]
+                })
+                .then_some(pet)
+        },
+    )?);
+    let live = [
+        healthy,
+        progressing,
+        degraded,
+        paused,
+        plan,
+        observed,
+        reconciling,
+    ];
 
     let committed = fixtures::repo_root().join("config/health/argocd/petstore.example.com/Pet");
     if let Some(dir) = std::env::var_os("PETSTORE_CAPTURE_HEALTH") {
