@@ -116,6 +116,13 @@ fn harness_with_record(data: PetData) -> (Harness, String) {
     (h, id)
 }
 
+/// The finalized test Pet, naming store record `id` for adoption.
+fn adopting(id: &str) -> Pet {
+    Pet::test()
+        .annotated(EXTERNAL_ID_ANNOTATION, id)
+        .finalized()
+}
+
 impl Harness {
     /// The API server accepts a status write.
     fn expect_status_write(&self, pet: &Pet) {
@@ -168,6 +175,32 @@ impl Harness {
         let result = reconcile(Arc::new(pet.clone()), Arc::clone(&self.ctx)).await;
         self.ctx.events.flush().await;
         result
+    }
+
+    /// The store's only writes took record `id` over from the key `from`
+    /// (one compare-and-set) and then brought it in line with the spec; the
+    /// record is the Pet's, holds its spec, and the first status names it.
+    fn assert_taken_over(&self, id: &str, from: &str) {
+        assert_eq!(
+            store_writes(&self.store),
+            [
+                format!("set_key:{id}:{from}->{UID}"),
+                format!("update:{id}")
+            ]
+        );
+        let record = self.store.record(id).expect("record");
+        assert_eq!((record.key.to_string().as_str(), record.data), (UID, PetData::test()));
+        assert_eq!(self.api.status_patches()[0]["id"], id);
+    }
+
+    /// Record `id` is still another Pet's, and the first status's `type_`
+    /// condition says so.
+    fn assert_owned_elsewhere(&self, id: &str, type_: &str) {
+        assert_eq!(self.store.record(id).expect("record").key.to_string(), OTHER_UID);
+        assert_eq!(
+            condition(&self.api.status_patches()[0], type_).1,
+            "RecordOwnedElsewhere"
+        );
     }
 
     /// Fails unless every scripted call came, nothing else did, and the
@@ -829,23 +862,8 @@ async fn a_status_id_naming_nothing_finds_the_pets_own_record_without_claiming_a
 async fn an_unowned_record_named_for_adoption_is_claimed_and_kept_in_line() {
     let h = harness();
     let loose = h.store.insert("", PetData::named("Made with grpcurl"));
-    let pet = Pet::test()
-        .annotated(EXTERNAL_ID_ANNOTATION, &loose)
-        .finalized();
-    h.reconcile_writing_status(&pet).await;
-    assert_eq!(
-        store_writes(&h.store),
-        [
-            format!("set_key:{loose}:->{UID}"),
-            format!("update:{loose}")
-        ]
-    );
-    let record = h.store.record(&loose).expect("record");
-    assert_eq!(
-        (record.key.to_string().as_str(), record.data),
-        (UID, PetData::test())
-    );
-    assert_eq!(h.api.status_patches()[0]["id"], loose.as_str());
+    h.reconcile_writing_status(&adopting(&loose)).await;
+    h.assert_taken_over(&loose, "");
     h.assert_event("Adopted", "Normal", "AdoptNamedRecord");
     h.verify(&["Adopted"]);
 }
@@ -854,14 +872,10 @@ async fn an_unowned_record_named_for_adoption_is_claimed_and_kept_in_line() {
 async fn a_record_owned_by_another_pet_is_never_taken() {
     let h = harness();
     let theirs = h.store.insert(OTHER_UID, PetData::test());
-    let pet = Pet::test()
-        .annotated(EXTERNAL_ID_ANNOTATION, &theirs)
-        .finalized();
-    h.reconcile_writing_status(&pet).await;
+    h.reconcile_writing_status(&adopting(&theirs)).await;
     assert!(store_writes(&h.store).is_empty(), "{:?}", h.store.calls());
-    assert_eq!(h.store.record(&theirs).expect("record").key, OTHER_UID);
+    h.assert_owned_elsewhere(&theirs, "Ready");
     let status = &h.api.status_patches()[0];
-    assert_eq!(condition(status, "Ready").1, "RecordOwnedElsewhere");
     assert!(status["id"].is_null(), "no ID claimed: {status}");
     h.assert_event("RecordOwnedElsewhere", "Warning", "Reconcile");
     h.verify(&["RecordOwnedElsewhere"]);
@@ -873,20 +887,13 @@ async fn losing_an_adoption_race_touches_nothing() {
     let loose = h.store.insert("", PetData::test());
     // Between our observation and our compare-and-set, another Pet wins.
     h.store.rekey_before_next_set_key(OTHER_UID);
-    let pet = Pet::test()
-        .annotated(EXTERNAL_ID_ANNOTATION, &loose)
-        .finalized();
-    h.reconcile_writing_status(&pet).await;
+    h.reconcile_writing_status(&adopting(&loose)).await;
     assert_eq!(
         store_writes(&h.store),
         [format!("set_key:{loose}:->{UID}")],
         "the failed claim only, no update"
     );
-    assert_eq!(h.store.record(&loose).expect("record").key, OTHER_UID);
-    assert_eq!(
-        condition(&h.api.status_patches()[0], "Synced").1,
-        "RecordOwnedElsewhere"
-    );
+    h.assert_owned_elsewhere(&loose, "Synced");
     h.verify(&["RecordOwnedElsewhere"]);
 }
 
@@ -1327,22 +1334,9 @@ async fn a_pet_of_a_rebuilt_cluster_takes_over_its_record_and_creates_nothing() 
     let old = h
         .store
         .insert_with_identity(lost, IDENTITY, PetData::named("Thor, before"));
-    let pet = Pet::test().finalized();
-    h.reconcile_writing_status(&pet).await;
-    assert_eq!(
-        store_writes(&h.store),
-        [
-            format!("set_key:{old}:{lost}->{UID}"),
-            format!("update:{old}")
-        ]
-    );
-    let record = h.store.record(&old).expect("the old record");
-    assert_eq!(
-        (record.key.to_string().as_str(), record.data),
-        (UID, PetData::test())
-    );
+    h.reconcile_writing_status(&Pet::test().finalized()).await;
+    h.assert_taken_over(&old, lost);
     assert_eq!(h.store.records().len(), 1, "no record created");
-    assert_eq!(h.api.status_patches()[0]["id"], old.as_str());
     assert!(h.event("Adopted").note.contains(lost));
     h.verify(&["Adopted"]);
 }
