@@ -32,16 +32,17 @@ use kube::api::Api;
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::reflector;
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Client, Resource, ResourceExt};
+use kube::{Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info};
 
 use crate::Error;
-use crate::crd::{FINALIZER, Pet};
-use crate::decision::{Cause, Facts, Observation};
+use crate::crd::Pet;
+pub use crate::decision::facts_of;
+use crate::decision::{Facts, Observation};
 use crate::metrics::Metrics;
 use crate::status;
-use crate::store::{PetData, PetStore, Probe, StoreError};
+use crate::store::{PetStore, Probe, StoreError};
 use reconcile::{Problem, Reconcile};
 
 mod backoff;
@@ -273,28 +274,6 @@ pub fn error_policy(pet: Arc<Pet>, error: &Error, ctx: Arc<Context>) -> Action {
 #[cfg(test)]
 mod tests;
 
-/// Whether the spec changed since the operator last acted on the Pet: its
-/// status does not observe this generation, or it shows a plan made for
-/// this generation's spec change and not yet written (showing the plan
-/// observed the generation; the change is still the edit's, not drift).
-fn spec_changed(pet: &Pet) -> bool {
-    let generation = pet.metadata.generation;
-    let Some(status) = &pet.status else {
-        return true;
-    };
-    // Ready's, not status.observedGeneration: a generation held as Stalled
-    // is observed without its spec having reached the record.
-    let handled = pet
-        .condition(status::READY)
-        .map_or(status.observed_generation, |ready| {
-            ready.observed_generation
-        });
-    handled != generation
-        || status.plan.as_ref().is_some_and(|plan| {
-            plan.generation == generation && plan.cause == Cause::SpecChange.as_str()
-        })
-}
-
 /// Reads the store for [`crate::decision::decide`]: the record with ID `id`
 /// and the one keyed `key`; a store without the read is an observation
 /// too. For a reconcile and for `kubectl petstore plan`.
@@ -310,40 +289,4 @@ pub async fn observe(
         }
         Err(error) => Err(error),
     }
-}
-
-/// What the decision step knows from the Pet alone, without this process's
-/// memory: for a reconcile ([`Context::facts`] adds the memory) and for
-/// `kubectl petstore plan`, so both plan from the same facts.
-pub fn facts_of(pet: &Pet, installation: &str) -> Result<Facts, Error> {
-    let uid = pet
-        .uid()
-        .ok_or_else(|| Error::MalformedPet(pet.name_any()))?;
-    Ok(Facts {
-        recently_synced: None,
-        uid,
-        installation: installation.to_owned(),
-        identity: pet.identity(),
-        desired: PetData::from(&pet.spec),
-        deleting: pet.meta().deletion_timestamp.is_some(),
-        has_finalizer: pet.finalizers().iter().any(|f| f == FINALIZER),
-        paused: pet.paused(),
-        deletion_policy: pet.deletion_policy(),
-        external_id: pet.external_id().map(str::to_owned),
-        status_id: pet.status_id().map(str::to_owned),
-        rejected_this_generation: status::rejected_this_generation(
-            pet.status.as_ref(),
-            pet.metadata.generation,
-        ),
-        spec_changed: spec_changed(pet),
-        create_observes: false,
-        generation: pet.metadata.generation,
-        change_policy: pet.change_policy(),
-        approved_plan: pet.approved_plan().map(str::to_owned),
-        // Looked up by the reconcile, and only for a Pet being deleted.
-        uninstalling: None,
-        hand_over_to: pet.hand_over_to(),
-        applied_plan: pet.status.as_ref().and_then(|s| s.applied_plan.clone()),
-        plan_shown: pet.status.as_ref().is_some_and(|s| s.plan.is_some()),
-    })
 }

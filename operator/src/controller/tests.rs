@@ -15,10 +15,11 @@ use super::*;
 use crate::api_server::{ApiServerVerifier, failure};
 use crate::crd::{
     APPROVE_PLAN_ANNOTATION, ChangePolicy, DELETION_POLICY_ANNOTATION, DeletionPolicy,
-    EXTERNAL_ID_ANNOTATION, PAUSED_ANNOTATION,
+    EXTERNAL_ID_ANNOTATION, FINALIZER, PAUSED_ANNOTATION,
 };
 use crate::fixtures::{IDENTITY, UID};
 use crate::status::{Outcome, Reason, next_status};
+use crate::store::PetData;
 use crate::store::fake::FakeStore;
 
 const OTHER_UID: &str = "0f1e2d3c-other";

@@ -2,9 +2,18 @@
 //! each case has a name, the facts, what the store shows, and the one
 //! expected step or plan.
 
+use std::time::Duration;
+
+use super::prose::invalid;
 use super::*;
 use crate::crd::PetType;
+use crate::crd::{
+    CONFIRM_DELETE_PETS_ANNOTATION, ChangePolicy, DELETION_POLICY_ANNOTATION, DeletionPolicy,
+    EXTERNAL_ID_ANNOTATION, HAND_OVER_TO_ANNOTATION, PAUSED_ANNOTATION, Setting,
+};
+use crate::status::Reason;
 use crate::store::Field;
+use crate::store::{Changes, Created, Holder, Lookup, Operation, Owner, PetData, Record};
 
 const UID: &str = "uid-thor";
 const OTHER_UID: &str = "uid-loki";
