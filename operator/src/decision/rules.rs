@@ -180,6 +180,11 @@ impl<'a> Seen<'a> {
         })
     }
 
+    /// Creates a new record keyed by the Pet's key.
+    fn create(&self, story: Story) -> Plan {
+        self.sync(Target::Create, None, false, story)
+    }
+
     /// Brings `record` in line, claiming it from `claim`.
     fn sync_record(&self, record: &Record, claim: Option<Owner>, story: Story) -> Plan {
         self.sync(
@@ -301,7 +306,7 @@ impl<'a> Seen<'a> {
         match (self.facts.status_id.as_deref(), &self.mine) {
             (Some(id), _) => self.by_known_id(id),
             (None, Some(mine)) => self.sync_record(mine, self.stamp(mine), Story::FoundByKey),
-            (None, None) => self.sync(Target::Create, None, false, Story::Created),
+            (None, None) => self.create(Story::Created),
         }
     }
 
@@ -332,24 +337,14 @@ impl<'a> Seen<'a> {
                     created: false,
                 },
             ),
-            (Some(_), None) => self.sync(
-                Target::Create,
-                None,
-                false,
-                Story::Corrected {
-                    stale: id.to_owned(),
-                    foreign: true,
-                    created: true,
-                },
-            ),
-            (None, None) => self.sync(
-                Target::Create,
-                None,
-                false,
-                Story::Recreated {
-                    lost: id.to_owned(),
-                },
-            ),
+            (Some(_), None) => self.create(Story::Corrected {
+                stale: id.to_owned(),
+                foreign: true,
+                created: true,
+            }),
+            (None, None) => self.create(Story::Recreated {
+                lost: id.to_owned(),
+            }),
         }
     }
 }
