@@ -190,14 +190,20 @@ impl Harness {
             ]
         );
         let record = self.store.record(id).expect("record");
-        assert_eq!((record.key.to_string().as_str(), record.data), (UID, PetData::test()));
+        assert_eq!(
+            (record.key.to_string().as_str(), record.data),
+            (UID, PetData::test())
+        );
         assert_eq!(self.api.status_patches()[0]["id"], id);
     }
 
     /// Record `id` is still another Pet's, and the first status's `type_`
     /// condition says so.
     fn assert_owned_elsewhere(&self, id: &str, type_: &str) {
-        assert_eq!(self.store.record(id).expect("record").key.to_string(), OTHER_UID);
+        assert_eq!(
+            self.store.record(id).expect("record").key.to_string(),
+            OTHER_UID
+        );
         assert_eq!(
             condition(&self.api.status_patches()[0], type_).1,
             "RecordOwnedElsewhere"
