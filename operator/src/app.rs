@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ListParams};
 use kube::runtime::events::Reporter;
@@ -21,6 +21,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::Fault;
+use crate::claim::{self, Claim, Claimed};
 use crate::cli::Args;
 use crate::controller::{self, Context, Settings};
 use crate::crd::Pet;
@@ -64,6 +65,11 @@ pub enum AppError {
 
     #[error(transparent)]
     Leader(#[from] LeaderError),
+
+    #[error(
+        "cannot read the kube-system Namespace, whose UID names this cluster in its claim on the installation's name (may this account get namespaces?): {0}"
+    )]
+    ClusterIdentity(#[source] kube::Error),
 }
 
 /// How long the API server may take to use the webhook settings just
@@ -274,8 +280,10 @@ fn build_controller(
 }
 
 /// Runs the controller: while this replica holds the Lease, with leader
-/// election, otherwise until `shutdown`. Failure as the exit code when
-/// leadership was lost.
+/// election, otherwise until `shutdown`; either way only while this cluster
+/// holds its claim on the installation's name in the store (see
+/// [`claim`]). Failure as the exit code when leadership or the claim was
+/// lost.
 async fn lead(
     args: &Args,
     client: kube::Client,
@@ -284,8 +292,43 @@ async fn lead(
     metrics: &Metrics,
     identity: &str,
 ) -> Result<ExitCode, AppError> {
+    let holder = cluster_identity(&client, &args.installation).await?;
+    let store = Arc::clone(&ctx.store);
+    let installation_claim = Claim {
+        installation: &args.installation,
+        holder: &holder,
+        ttl: args.installation_claim_ttl,
+    };
+    let claimed = std::sync::Mutex::new(Claimed::Ended);
+    // The controller, once the claim is granted and while it holds.
+    let reconcile = |stop: CancellationToken| {
+        let (store, claimed) = (&store, &claimed);
+        async move {
+            let ended = claim::run_while_claimed(
+                store.as_ref(),
+                installation_claim,
+                &stop,
+                metrics,
+                |stop| controller::run(ctx, stop),
+            )
+            .await;
+            *claimed
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = ended;
+        }
+    };
+    let claim_lost = || {
+        *claimed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            == Claimed::Lost
+    };
     if !args.leader_election {
-        controller::run(ctx, shutdown.clone()).await;
+        reconcile(shutdown.clone()).await;
+        if claim_lost() {
+            tracing::error!(installation = %args.installation, "lost the installation's claim; exiting");
+            return Ok(ExitCode::FAILURE);
+        }
         return Ok(ExitCode::SUCCESS);
     }
     let lease = Lease {
@@ -294,10 +337,13 @@ async fn lead(
         identity,
         duration: args.lease_duration,
     };
-    let reign = leader::run_while_leading(client, lease, shutdown, metrics, |stop| {
-        controller::run(ctx, stop)
-    })
-    .await?;
+    let reign = leader::run_while_leading(client, lease, shutdown, metrics, reconcile).await?;
+    if claim_lost() {
+        // Another cluster may be reconciling this installation already:
+        // stop at once, and come back to wait for the claim.
+        tracing::error!(installation = %args.installation, "lost the installation's claim; exiting");
+        return Ok(ExitCode::FAILURE);
+    }
     if reign == Reign::Lost {
         // Another replica may already be reconciling: stop at once and
         // let Kubernetes restart us as a standby.
@@ -305,6 +351,22 @@ async fn lead(
         return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// This cluster's identity in its installation's claim: the UID of its
+/// `kube-system` Namespace, the same for every replica and restart, and new
+/// in a rebuilt cluster. The unnamed installation claims nothing, so needs
+/// none.
+async fn cluster_identity(client: &kube::Client, installation: &str) -> Result<String, AppError> {
+    if installation.is_empty() {
+        return Ok(String::new());
+    }
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let kube_system = namespaces
+        .get("kube-system")
+        .await
+        .map_err(AppError::ClusterIdentity)?;
+    Ok(kube_system.metadata.uid.unwrap_or_default())
 }
 
 /// Stops the rest once the controller has stopped: whatever stopped it

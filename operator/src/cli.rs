@@ -99,6 +99,14 @@ pub struct Args {
     #[arg(long = "old-installation-env", value_name = "INSTALLATION", hide = true, env = OLD_INSTALLATION_ENV, value_parser = refuse_old_installation_env)]
     #[doc(hidden)]
     pub old_installation_env: Option<String>,
+    /// How long the cluster's claim on its installation's name in the store
+    /// lasts unless renewed; the leader renews it every third of this. A
+    /// second live cluster with the same name is refused while the claim
+    /// lasts, and a cluster rebuilt or restored under the name waits at
+    /// most this long for a dead one's claim to expire. Whole seconds, 3s
+    /// to 1h. The unnamed installation claims nothing.
+    #[arg(long, env = "INSTALLATION_CLAIM_TTL", default_value = "60s", value_parser = parse_claim_ttl)]
+    pub installation_claim_ttl: Duration,
 
     /// Pets reconciled concurrently.
     #[arg(long, env = "CONCURRENCY", default_value_t = crate::controller::DEFAULT_CONCURRENCY)]
@@ -217,6 +225,18 @@ fn old_installation_env(old: &str, new: Option<&str>) -> Result<String, String> 
     }
 }
 
+/// A claim's TTL: whole seconds (the store counts in seconds), 3s to 1h,
+/// so a renewal every third of it is at least a second apart.
+pub fn parse_claim_ttl(text: &str) -> Result<Duration, String> {
+    let ttl = parse_duration(text).map_err(|err| err.to_string())?;
+    if ttl.subsec_nanos() != 0 || !(3..=3600).contains(&ttl.as_secs()) {
+        return Err(format!(
+            "{text:?} must be whole seconds from 3s to 1h (the claim's renewal comes every third of it)"
+        ));
+    }
+    Ok(ttl)
+}
+
 /// An installation name: empty (the unnamed one), or
 /// [`crate::crd::is_installation_name`].
 pub fn parse_installation(value: &str) -> Result<String, String> {
@@ -284,6 +304,21 @@ mod tests {
         assert!(
             Args::try_parse_from(["petstore-operator", "--fault", "hang-after-create"]).is_err()
         );
+    }
+
+    #[test]
+    fn the_claim_ttl_is_whole_seconds_from_3s_to_an_hour() {
+        let args = Args::try_parse_from(["petstore-operator"]).expect("defaults");
+        assert_eq!(args.installation_claim_ttl, Duration::from_secs(60));
+        let ttl = |value: &str| {
+            Args::try_parse_from(["petstore-operator", "--installation-claim-ttl", value])
+                .map(|args| args.installation_claim_ttl)
+        };
+        assert_eq!(ttl("6s").ok(), Some(Duration::from_secs(6)));
+        assert_eq!(ttl("1h").ok(), Some(Duration::from_secs(3600)));
+        for bad in ["2s", "2500ms", "61m", "0s", "7"] {
+            assert!(ttl(bad).is_err(), "{bad:?} accepted");
+        }
     }
 
     #[test]

@@ -10,11 +10,13 @@
 //! - [`controller`]: the Kubernetes glue: watch, finalizer, status, events.
 //! - [`events`]: the Event writer and its background queue.
 //! - [`leader`]: Lease-based leader election.
+//! - [`claim`]: the cluster's claim on its installation's name in the store.
 //! - [`metrics`]: Prometheus metrics and health endpoints.
 //! - [`migration`]: rewrites stored Pets in the storage version after an upgrade.
 //! - [`cli`] and [`app`]: the command line, and the wiring of all the above.
 
 pub mod app;
+pub mod claim;
 pub mod cli;
 pub mod controller;
 pub mod crd;

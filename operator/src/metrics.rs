@@ -93,6 +93,7 @@ pub struct Metrics {
     plan_oldest_age: Gauge<f64, AtomicU64>,
     gauge_source: OnceLock<GaugeSource>,
     leader: Gauge,
+    installation_claimed: Gauge,
     events_dropped: Counter,
     events_pending: Gauge,
     poll_interval: Gauge<f64, AtomicU64>,
@@ -142,6 +143,7 @@ impl Default for Metrics {
         let plans_pending = Gauge::default();
         let plan_oldest_age = Gauge::<f64, AtomicU64>::default();
         let leader = Gauge::default();
+        let installation_claimed = Gauge::default();
         let events_dropped = Counter::default();
         let events_pending = Gauge::default();
         let poll_interval = Gauge::<f64, AtomicU64>::default();
@@ -239,6 +241,11 @@ impl Default for Metrics {
             "1 while this replica holds the leader lease",
             leader.clone(),
         );
+        registry.register(
+            "installation_claimed",
+            "1 while this replica reconciles under its cluster's claim on the installation's name in the store; 0 while another live cluster holds it (the log says which), and for the unnamed installation or a store without claims",
+            installation_claimed.clone(),
+        );
         let migration = crate::migration::MigrationMetrics::default();
         migration.register(&mut registry);
         Self {
@@ -259,6 +266,7 @@ impl Default for Metrics {
             plan_oldest_age,
             gauge_source: OnceLock::new(),
             leader,
+            installation_claimed,
             events_dropped,
             events_pending,
             poll_interval,
@@ -343,6 +351,10 @@ impl Metrics {
 
     pub fn set_leader(&self, leader: bool) {
         self.leader.set(i64::from(leader));
+    }
+
+    pub fn set_installation_claimed(&self, claimed: bool) {
+        self.installation_claimed.set(i64::from(claimed));
     }
 
     /// Ready once the Kubernetes client works; standby replicas are ready too,

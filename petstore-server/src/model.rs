@@ -109,6 +109,72 @@ impl SearchFilter {
     }
 }
 
+/// Longest installation name and holder a claim accepts.
+pub const MAX_CLAIM_CHARS: usize = 128;
+/// Longest claim, in seconds: an hour.
+pub const MAX_CLAIM_TTL_SECONDS: i64 = 3600;
+
+/// A request to claim an installation's name (see `ClaimInstallation`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InstallationClaim {
+    pub installation: String,
+    pub holder: String,
+    /// 1 to [`MAX_CLAIM_TTL_SECONDS`].
+    pub ttl_seconds: i64,
+}
+
+/// Who holds an installation's name after a claim, and until when.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimOutcome {
+    /// The claimant holds it now.
+    pub granted: bool,
+    pub holder: String,
+    /// Milliseconds since the Unix epoch, by the store's clock.
+    pub expires_at_unix_millis: i64,
+    /// From the store's now until then.
+    pub remaining_millis: i64,
+}
+
+impl ClaimOutcome {
+    /// The decision every backend makes on the claim held now (`None`:
+    /// never claimed), at `now` (ms since the epoch, the store's clock):
+    /// the claimant wins a free or expired name, or renews its own.
+    pub fn decide(
+        claim: &InstallationClaim,
+        held: Option<(&str, i64)>,
+        now_unix_millis: i64,
+    ) -> Self {
+        match held {
+            Some((holder, expires)) if holder != claim.holder && expires > now_unix_millis => {
+                Self {
+                    granted: false,
+                    holder: holder.to_owned(),
+                    expires_at_unix_millis: expires,
+                    remaining_millis: expires - now_unix_millis,
+                }
+            }
+            _ => {
+                let ttl = claim.ttl_seconds.saturating_mul(1000);
+                Self {
+                    granted: true,
+                    holder: claim.holder.clone(),
+                    expires_at_unix_millis: now_unix_millis.saturating_add(ttl),
+                    remaining_millis: ttl,
+                }
+            }
+        }
+    }
+}
+
+/// The store's clock, for the backends that keep their own (PostgreSQL
+/// reads the database's).
+pub fn now_unix_millis() -> i64 {
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    i64::try_from(since_epoch.as_millis()).unwrap_or(i64::MAX)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -159,5 +225,43 @@ mod tests {
         assert!(range.matches(&pet("b", ValidPetType::Bird, 2021, 4, 2)));
         assert!(!range.matches(&pet("c", ValidPetType::Bird, 2021, 4, 3)));
         assert!(!range.matches(&pet("d", ValidPetType::Bird, 2021, 3, 31)));
+    }
+
+    #[test]
+    fn a_claim_wins_a_free_or_expired_name_or_renews_its_own() {
+        let claim = |holder: &str| InstallationClaim {
+            installation: "blue".into(),
+            holder: holder.into(),
+            ttl_seconds: 60,
+        };
+        let granted = ClaimOutcome::decide(&claim("a"), None, 1_000);
+        assert_eq!(
+            granted,
+            ClaimOutcome {
+                granted: true,
+                holder: "a".into(),
+                expires_at_unix_millis: 61_000,
+                remaining_millis: 60_000,
+            }
+        );
+        // Renewal runs from now, not from the old expiry.
+        let renewed = ClaimOutcome::decide(&claim("a"), Some(("a", 61_000)), 30_000);
+        assert_eq!(
+            (renewed.granted, renewed.expires_at_unix_millis),
+            (true, 90_000)
+        );
+        let refused = ClaimOutcome::decide(&claim("b"), Some(("a", 61_000)), 30_000);
+        assert_eq!(
+            refused,
+            ClaimOutcome {
+                granted: false,
+                holder: "a".into(),
+                expires_at_unix_millis: 61_000,
+                remaining_millis: 31_000,
+            }
+        );
+        // Expired at its expiry instant, not a millisecond later.
+        let taken = ClaimOutcome::decide(&claim("b"), Some(("a", 61_000)), 61_000);
+        assert_eq!((taken.granted, taken.holder.as_str()), (true, "b"));
     }
 }

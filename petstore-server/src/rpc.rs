@@ -29,6 +29,7 @@ pub const RPCS: &[Rpc] = rpcs![
     "SetIdempotencyKeys",
     "GetPets",
     "WatchPets",
+    "ClaimInstallation",
 ];
 
 /// The pet store RPC a request's path names; `None` for other services

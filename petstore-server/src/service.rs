@@ -198,6 +198,35 @@ impl PetStore for PetStoreService {
         self.get(request.into_inner()).await
     }
 
+    async fn claim_installation(
+        &self,
+        request: Request<pb::ClaimInstallationReq>,
+    ) -> Result<Response<pb::ClaimInstallationResp>, Status> {
+        let claim = validate::claim_request(request.get_ref())?;
+        let outcome = self
+            .storage
+            .claim_installation(&claim)
+            .instrument(self.span(|| tracing::info_span!("storage.claim_installation")))
+            .await?;
+        if outcome.granted {
+            tracing::debug!(installation = %claim.installation, holder = %claim.holder, "installation claimed");
+        } else {
+            tracing::info!(
+                installation = %claim.installation,
+                claimant = %claim.holder,
+                holder = %outcome.holder,
+                remaining_ms = outcome.remaining_millis,
+                "installation claim refused: held by another"
+            );
+        }
+        Ok(Response::new(pb::ClaimInstallationResp {
+            granted: outcome.granted,
+            holder: outcome.holder,
+            expires_at_unix_millis: outcome.expires_at_unix_millis,
+            remaining_millis: outcome.remaining_millis,
+        }))
+    }
+
     type WatchPetsStream = WatchStream;
 
     async fn watch_pets(

@@ -9,8 +9,9 @@ use petstore_telemetry::SamplerSetting;
 use tonic::Status;
 
 use crate::model::{
-    KeyChange, MAX_BATCH, MAX_IDENTITY_CHARS, MAX_KEY_CHARS, MAX_NAME_CHARS, NewPet, PetFields,
-    PetUpdate, SearchFilter, ValidPetType,
+    InstallationClaim, KeyChange, MAX_BATCH, MAX_CLAIM_CHARS, MAX_CLAIM_TTL_SECONDS,
+    MAX_IDENTITY_CHARS, MAX_KEY_CHARS, MAX_NAME_CHARS, NewPet, PetFields, PetUpdate, SearchFilter,
+    ValidPetType,
 };
 
 /// Where in a request a problem was found, used to build messages such as
@@ -291,6 +292,33 @@ pub fn change_sampler_request(req: &pb::ChangeSamplerReq) -> Result<SamplerSetti
     }
 }
 
+/// Validates ClaimInstallation: an installation and a holder of 1 to
+/// [`MAX_CLAIM_CHARS`] characters, and a TTL of 1 to
+/// [`MAX_CLAIM_TTL_SECONDS`] seconds.
+pub fn claim_request(req: &pb::ClaimInstallationReq) -> Result<InstallationClaim, Status> {
+    let at = |path: &str| At {
+        path: path.to_owned(),
+        pet: None,
+    };
+    for (field, value) in [("installation", &req.installation), ("holder", &req.holder)] {
+        if value.is_empty() {
+            return Err(at(field).invalid("is required"));
+        }
+        at_most(&at(field), value, MAX_CLAIM_CHARS)?;
+    }
+    if !(1..=MAX_CLAIM_TTL_SECONDS).contains(&req.ttl_seconds) {
+        return Err(at("ttl_seconds").invalid(format!(
+            "must be 1 to {MAX_CLAIM_TTL_SECONDS}, got {}",
+            req.ttl_seconds
+        )));
+    }
+    Ok(InstallationClaim {
+        installation: req.installation.clone(),
+        holder: req.holder.clone(),
+        ttl_seconds: req.ttl_seconds,
+    })
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -505,5 +533,90 @@ pub(crate) mod tests {
             })
             .is_ok()
         );
+    }
+
+    #[test]
+    fn a_claim_names_the_field_it_refuses() {
+        let valid = pb::ClaimInstallationReq {
+            installation: "blue".into(),
+            holder: "5f1c".into(),
+            ttl_seconds: 60,
+        };
+        let claim = claim_request(&valid).expect("valid");
+        assert_eq!(
+            (
+                claim.installation.as_str(),
+                claim.holder.as_str(),
+                claim.ttl_seconds
+            ),
+            ("blue", "5f1c", 60)
+        );
+        let refused = |req: pb::ClaimInstallationReq| {
+            let err = claim_request(&req).expect_err("refused");
+            assert_eq!(err.code(), tonic::Code::InvalidArgument);
+            err.message().to_owned()
+        };
+        for (req, message) in [
+            (
+                pb::ClaimInstallationReq {
+                    installation: String::new(),
+                    ..valid.clone()
+                },
+                "installation: is required",
+            ),
+            (
+                pb::ClaimInstallationReq {
+                    holder: String::new(),
+                    ..valid.clone()
+                },
+                "holder: is required",
+            ),
+            (
+                pb::ClaimInstallationReq {
+                    holder: "h".repeat(129),
+                    ..valid.clone()
+                },
+                "holder: must be at most 128 characters, got 129",
+            ),
+            (
+                pb::ClaimInstallationReq {
+                    installation: "i".repeat(129),
+                    ..valid.clone()
+                },
+                "installation: must be at most 128 characters, got 129",
+            ),
+            (
+                pb::ClaimInstallationReq {
+                    ttl_seconds: 0,
+                    ..valid.clone()
+                },
+                "ttl_seconds: must be 1 to 3600, got 0",
+            ),
+            (
+                pb::ClaimInstallationReq {
+                    ttl_seconds: 3601,
+                    ..valid.clone()
+                },
+                "ttl_seconds: must be 1 to 3600, got 3601",
+            ),
+            (
+                pb::ClaimInstallationReq {
+                    ttl_seconds: -5,
+                    ..valid.clone()
+                },
+                "ttl_seconds: must be 1 to 3600, got -5",
+            ),
+        ] {
+            assert_eq!(refused(req), message);
+        }
+        // The limits are inclusive.
+        for ttl_seconds in [1, 3600] {
+            claim_request(&pb::ClaimInstallationReq {
+                ttl_seconds,
+                holder: "h".repeat(128),
+                ..valid.clone()
+            })
+            .expect("at the limits");
+        }
     }
 }

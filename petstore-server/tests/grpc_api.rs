@@ -1282,6 +1282,149 @@ async fn a_page_scans_limit_entries_whatever_matches(backend: Backend) {
     }
 }
 
+async fn claim(
+    client: &mut PetStoreClient<Channel>,
+    installation: &str,
+    holder: &str,
+    ttl_seconds: i64,
+) -> Result<pb::ClaimInstallationResp, tonic::Status> {
+    client
+        .claim_installation(pb::ClaimInstallationReq {
+            installation: installation.into(),
+            holder: holder.into(),
+            ttl_seconds,
+        })
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+fn unix_millis_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after the epoch")
+        .as_millis() as i64
+}
+
+/// A name is one holder's until its claim expires; the holder renews it,
+/// another is refused and told who holds it until when; names are
+/// independent; claims are no records.
+async fn installation_claims_exclude_other_holders(backend: Backend) {
+    let mut s = start(backend).await;
+    let before = unix_millis_now();
+    let first = claim(&mut s.client, "blue", "cluster-a", 60)
+        .await
+        .expect("claim");
+    assert!(first.granted, "{first:?}");
+    assert_eq!(first.holder, "cluster-a");
+    assert_eq!(first.remaining_millis, 60_000);
+    // The store's clock is this machine's (or its database's, here too).
+    let expected = before + 60_000;
+    assert!(
+        (first.expires_at_unix_millis - expected).abs() < 10_000,
+        "{first:?} vs {expected}"
+    );
+
+    let refused = claim(&mut s.client, "blue", "cluster-b", 60)
+        .await
+        .expect("answered");
+    assert!(!refused.granted, "{refused:?}");
+    assert_eq!(refused.holder, "cluster-a");
+    assert_eq!(refused.expires_at_unix_millis, first.expires_at_unix_millis);
+    assert!(
+        refused.remaining_millis > 0 && refused.remaining_millis <= 60_000,
+        "{refused:?}"
+    );
+
+    let renewed = claim(&mut s.client, "blue", "cluster-a", 120)
+        .await
+        .expect("renew");
+    assert!(renewed.granted, "{renewed:?}");
+    assert!(renewed.expires_at_unix_millis > first.expires_at_unix_millis);
+    let other_name = claim(&mut s.client, "green", "cluster-b", 60)
+        .await
+        .expect("claim");
+    assert!(other_name.granted, "{other_name:?}");
+
+    // An expired claim is anyone's: the first holder is then refused.
+    let short = claim(&mut s.client, "short", "cluster-a", 1)
+        .await
+        .expect("claim");
+    assert!(short.granted);
+    let held = claim(&mut s.client, "short", "cluster-b", 60)
+        .await
+        .expect("answered");
+    if held.granted {
+        // Only if this machine took over a second to answer.
+        assert!(unix_millis_now() >= short.expires_at_unix_millis);
+    } else {
+        assert_eq!(held.holder, "cluster-a");
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(1_200)).await;
+    let taken = claim(&mut s.client, "short", "cluster-b", 60)
+        .await
+        .expect("claim");
+    assert!(taken.granted, "{taken:?}");
+    let lost = claim(&mut s.client, "short", "cluster-a", 1)
+        .await
+        .expect("answered");
+    assert!(!lost.granted, "{lost:?}");
+    assert_eq!(lost.holder, "cluster-b");
+
+    for (request, field) in [
+        (("", "cluster-a", 60), "installation:"),
+        (("blue", "", 60), "holder:"),
+        (("blue", "cluster-a", 0), "ttl_seconds:"),
+        (("blue", "cluster-a", 3601), "ttl_seconds:"),
+    ] {
+        let err = claim(&mut s.client, request.0, request.1, request.2)
+            .await
+            .expect_err("invalid");
+        assert_refused(&err, Code::InvalidArgument, field);
+    }
+    // A refused renewal changed nothing: blue is still cluster-a's.
+    let still = claim(&mut s.client, "blue", "cluster-b", 60)
+        .await
+        .expect("answered");
+    assert_eq!((still.granted, still.holder.as_str()), (false, "cluster-a"));
+    assert!(all(&mut s.client).await.is_empty(), "claims are no records");
+    s.stop().await;
+}
+
+/// Many holders race for one free name: exactly one wins, and every other
+/// is told it is the winner's.
+async fn racing_installation_claims_have_one_winner(backend: Backend) {
+    let s = start(backend).await;
+    let mut tasks = Vec::new();
+    for n in 0..16 {
+        let mut client = PetStoreClient::new(s.channel.clone());
+        tasks.push(tokio::spawn(async move {
+            let holder = format!("cluster-{n}");
+            let answer = claim(&mut client, "blue", &holder, 60)
+                .await
+                .expect("answered");
+            (holder, answer)
+        }));
+    }
+    let mut winners = Vec::new();
+    let mut named = Vec::new();
+    for task in tasks {
+        let (holder, answer) = task.await.expect("task");
+        if answer.granted {
+            assert_eq!(answer.holder, holder);
+            winners.push(holder);
+        } else {
+            named.push(answer.holder);
+        }
+    }
+    assert_eq!(winners.len(), 1, "{winners:?}");
+    assert_eq!(named.len(), 15);
+    assert!(
+        named.iter().all(|holder| *holder == winners[0]),
+        "{named:?}"
+    );
+    s.stop().await;
+}
+
 suite!(
     add_returns_ids_in_request_order,
     update_replaces_fields_and_unknown_id_changes_nothing,
@@ -1299,6 +1442,8 @@ suite!(
     search_equals_a_full_scan_page_by_page,
     search_streams_more_than_a_page,
     a_page_scans_limit_entries_whatever_matches,
+    installation_claims_exclude_other_holders,
+    racing_installation_claims_have_one_winner,
 );
 
 // ---- durable-only ----------------------------------------------------------
@@ -1348,6 +1493,42 @@ async fn durable_store_keeps_pets_and_keys_across_reopen() {
     assert_eq!(
         add(&mut s.client, vec![identified("", "ns/thor")]).await,
         ids
+    );
+    s.stop().await;
+    drop(dir);
+}
+
+/// A claim is written to the file: a restarted store still refuses
+/// another holder.
+#[tokio::test]
+async fn durable_store_keeps_installation_claims_across_reopen() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("pets.redb");
+    let reopen = || async {
+        let storage = StorageConfig::durable(path.clone())
+            .open()
+            .await
+            .expect("open");
+        start_with(storage, tempfile::tempdir().expect("tempdir")).await
+    };
+    let mut s = reopen().await;
+    let held = claim(&mut s.client, "blue", "cluster-a", 600)
+        .await
+        .expect("claim");
+    assert!(held.granted);
+    s.stop().await;
+
+    let mut s = reopen().await;
+    let refused = claim(&mut s.client, "blue", "cluster-b", 60)
+        .await
+        .expect("answered");
+    assert_eq!(
+        (
+            refused.granted,
+            refused.holder.as_str(),
+            refused.expires_at_unix_millis
+        ),
+        (false, "cluster-a", held.expires_at_unix_millis)
     );
     s.stop().await;
     drop(dir);

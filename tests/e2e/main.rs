@@ -17,6 +17,7 @@ mod drift;
 mod faults;
 mod health;
 mod import;
+mod installation_claim;
 mod kubernetes;
 mod monitoring;
 mod ownership;

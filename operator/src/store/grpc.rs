@@ -25,8 +25,8 @@ use super::budget::CallBudget;
 use super::echoes::Echoes;
 use super::mapping::{from_proto, to_proto};
 use super::{
-    Created, Feed, FeedBatch, Lookup, Operation, PetData, PetStore, Record, RecordChange,
-    StoreError,
+    Created, Feed, FeedBatch, InstallationClaim, Lookup, Operation, PetData, PetStore, Record,
+    RecordChange, StoreError,
 };
 
 /// The store's client: every call budgeted, traced and timed by the
@@ -430,6 +430,17 @@ fn feed_batch(resp: pb::WatchPetsResp) -> Result<FeedBatch, StoreError> {
     })
 }
 
+/// The store's answer to a claim, as the operator reads it.
+fn claim_answer(resp: pb::ClaimInstallationResp) -> InstallationClaim {
+    InstallationClaim {
+        granted: resp.granted,
+        holder: resp.holder,
+        expires_at: chrono::DateTime::from_timestamp_millis(resp.expires_at_unix_millis)
+            .unwrap_or_default(),
+        remaining: Duration::from_millis(u64::try_from(resp.remaining_millis).unwrap_or(0)),
+    }
+}
+
 #[tonic::async_trait]
 impl PetStore for GrpcPetStore {
     async fn watch(&self, after_revision: i64) -> Result<Feed, StoreError> {
@@ -491,6 +502,26 @@ impl PetStore for GrpcPetStore {
 
     fn echoes(&self) -> Option<&Echoes> {
         Some(&self.echoes)
+    }
+
+    async fn claim_installation(
+        &self,
+        installation: &str,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<InstallationClaim, StoreError> {
+        let request = pb::ClaimInstallationReq {
+            installation: installation.to_owned(),
+            holder: holder.to_owned(),
+            // Whole seconds, rounded up: never a shorter claim than asked.
+            ttl_seconds: i64::try_from(ttl.as_millis().div_ceil(1000)).unwrap_or(i64::MAX),
+        };
+        let resp = self
+            .rpc
+            .call(async |mut c| c.claim_installation(request).await)
+            .await
+            .map_err(classify(Operation::Claim))?;
+        Ok(claim_answer(resp))
     }
 
     async fn create(
@@ -666,6 +697,7 @@ mod tests {
             set_idempotency_keys(SetIdempotencyKeysReq) -> pb::SetIdempotencyKeysResp;
             change_sampler(ChangeSamplerReq) -> pb::ChangeSamplerResp;
             watch_pets(WatchPetsReq) -> Self::WatchPetsStream;
+            claim_installation(ClaimInstallationReq) -> pb::ClaimInstallationResp;
         }
     }
 

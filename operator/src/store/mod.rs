@@ -241,6 +241,9 @@ pub enum Operation {
     Watch,
     /// `kubectl petstore import`'s read; the operator never searches.
     Search,
+    /// The claim on the installation's name (see
+    /// [`PetStore::claim_installation`]).
+    Claim,
 }
 
 impl Operation {
@@ -254,6 +257,7 @@ impl Operation {
             Operation::SetKey => "set key",
             Operation::Watch => "watch",
             Operation::Search => "search",
+            Operation::Claim => "claim installation",
         }
     }
 
@@ -267,6 +271,7 @@ impl Operation {
             Operation::SetKey => "SetIdempotencyKeys",
             Operation::Watch => "WatchPets",
             Operation::Search => "SearchPets",
+            Operation::Claim => "ClaimInstallation",
         }
     }
 
@@ -280,6 +285,7 @@ impl Operation {
             Operation::SetKey => "petstore.PetStore/SetIdempotencyKeys",
             Operation::Watch => "petstore.PetStore/WatchPets",
             Operation::Search => "petstore.PetStore/SearchPets",
+            Operation::Claim => "petstore.PetStore/ClaimInstallation",
         }
     }
 }
@@ -379,6 +385,23 @@ pub trait PetStore: Send + Sync + 'static {
         })
     }
 
+    /// Claims the installation's name `installation` in the store for
+    /// `holder` (this cluster) for `ttl`, or renews this holder's claim:
+    /// refused while another holder's claim lasts.
+    /// [`StoreError::Unimplemented`] from a store without claims, such as
+    /// the book's.
+    async fn claim_installation(
+        &self,
+        installation: &str,
+        holder: &str,
+        ttl: std::time::Duration,
+    ) -> Result<InstallationClaim, StoreError> {
+        let _ = (installation, holder, ttl);
+        Err(StoreError::Unimplemented {
+            operation: Operation::Claim,
+        })
+    }
+
     /// The operator's own writes, noted for the change feed to recognise
     /// (see [`echoes`]); `None` for a store that does not note them.
     fn echoes(&self) -> Option<&echoes::Echoes> {
@@ -394,6 +417,20 @@ pub trait PetStore: Send + Sync + 'static {
             Err(_) => Probe::Answers,
         }
     }
+}
+
+/// The store's answer to a claim on an installation's name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InstallationClaim {
+    /// The claimant holds the name now.
+    pub granted: bool,
+    /// Who holds it: the claimant if granted, else the other holder.
+    pub holder: String,
+    /// When that claim expires, by the store's clock.
+    pub expires_at: chrono::DateTime<chrono::Utc>,
+    /// How long until then, as the store answered (whatever this
+    /// machine's clock says).
+    pub remaining: std::time::Duration,
 }
 
 /// What [`PetStore::probe`] found.

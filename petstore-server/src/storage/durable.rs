@@ -26,7 +26,10 @@ use super::{
     Cursor, OrEngine, PageFill, PageRequest, SearchPage, Storage, StorageError, changes_pet,
     check_key_changes, names_from, new_id,
 };
-use crate::model::{Added, KeyChange, NewPet, PetRecord, PetUpdate, SearchFilter};
+use crate::model::{
+    Added, ClaimOutcome, InstallationClaim, KeyChange, NewPet, PetRecord, PetUpdate, SearchFilter,
+    now_unix_millis,
+};
 
 /// Pet ID -> the record, encoded by `codec` (a `petstore.Pet`, idempotency
 /// key included).
@@ -46,6 +49,10 @@ const PETS_BY_NAME: TableDefinition<(&str, &str), ()> = TableDefinition::new("pe
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 /// Revision -> the change (`codec::encode_change`), the latest `history`.
 const CHANGES: TableDefinition<u64, &[u8]> = TableDefinition::new("changes");
+/// Installation -> (holder, expiry in ms since the epoch): the names
+/// claimed by `ClaimInstallation`. Created at open, so a file from before
+/// claims gets it empty; an older server opening a later file ignores it.
+const CLAIMS: TableDefinition<&str, (&str, i64)> = TableDefinition::new("installation_claims");
 const SCHEMA_VERSION: u64 = 2;
 
 /// redb's page cache. Its own default (1 GiB) let one full-store stream of
@@ -158,6 +165,7 @@ fn migrate(db: &Database) -> Result<(), StorageError> {
         txn.open_table(IDS_BY_IDENTITY)
             .or_engine("initialising tables")?;
         txn.open_table(CHANGES).or_engine("initialising tables")?;
+        txn.open_table(CLAIMS).or_engine("initialising tables")?;
         let mut by_name = txn
             .open_table(PETS_BY_NAME)
             .or_engine("initialising tables")?;
@@ -482,6 +490,44 @@ fn apply(
     }
 }
 
+/// Decides and records a claim in a write transaction of its own, which
+/// waits for any other (the writer thread's) to commit: claims are rare (a
+/// cluster's one every third of its TTL), so they skip the group commit.
+fn claim(db: &Database, claim: &InstallationClaim) -> Result<ClaimOutcome, StorageError> {
+    let txn = db.begin_write().or_engine("claiming an installation")?;
+    let outcome = {
+        let mut claims = txn
+            .open_table(CLAIMS)
+            .or_engine("claiming an installation")?;
+        let held = claims
+            .get(claim.installation.as_str())
+            .or_engine("claiming an installation")?
+            .map(|entry| {
+                let (holder, expires) = entry.value();
+                (holder.to_owned(), expires)
+            });
+        let outcome = ClaimOutcome::decide(
+            claim,
+            held.as_ref()
+                .map(|(holder, expires)| (holder.as_str(), *expires)),
+            now_unix_millis(),
+        );
+        if outcome.granted {
+            claims
+                .insert(
+                    claim.installation.as_str(),
+                    (outcome.holder.as_str(), outcome.expires_at_unix_millis),
+                )
+                .or_engine("claiming an installation")?;
+        }
+        outcome
+    };
+    if outcome.granted {
+        txn.commit().or_engine("claiming an installation")?;
+    }
+    Ok(outcome)
+}
+
 fn read_by_ids(db: &Database, ids: &[String]) -> Result<Vec<Option<PetRecord>>, StorageError> {
     let txn = db.begin_read().or_engine("reading")?;
     let pets = txn.open_table(PETS).or_engine("reading")?;
@@ -613,6 +659,14 @@ impl Storage for DurableStorage {
         let (after, limit) = (page.after, page.limit.max(1));
         self.read(move |db| search_page(db, &filter, after.as_ref(), limit))
             .await
+    }
+
+    async fn claim_installation(
+        &self,
+        request: &InstallationClaim,
+    ) -> Result<ClaimOutcome, StorageError> {
+        let request = request.clone();
+        self.read(move |db| claim(db, &request)).await
     }
 
     fn feed(&self) -> &ChangeFeed {

@@ -10,7 +10,10 @@ use super::{
     Cursor, PageFill, PageRequest, SearchPage, Storage, StorageError, changes_pet,
     check_key_changes, names_from, new_id,
 };
-use crate::model::{Added, KeyChange, NewPet, PetRecord, PetUpdate};
+use crate::model::{
+    Added, ClaimOutcome, InstallationClaim, KeyChange, NewPet, PetRecord, PetUpdate,
+    now_unix_millis,
+};
 
 pub struct MemoryStorage {
     inner: RwLock<Inner>,
@@ -33,6 +36,8 @@ struct Inner {
     by_name: BTreeSet<(String, String)>,
     /// The revision of the latest change.
     revision: i64,
+    /// Installation -> (holder, expiry in ms since the epoch).
+    claims: HashMap<String, (String, i64)>,
 }
 
 impl MemoryStorage {
@@ -301,6 +306,25 @@ impl Storage for MemoryStorage {
             }
         }
         Ok(fill.end())
+    }
+
+    async fn claim_installation(
+        &self,
+        claim: &InstallationClaim,
+    ) -> Result<ClaimOutcome, StorageError> {
+        let mut inner = self.write();
+        let held = inner
+            .claims
+            .get(&claim.installation)
+            .map(|(holder, expires)| (holder.as_str(), *expires));
+        let outcome = ClaimOutcome::decide(claim, held, now_unix_millis());
+        if outcome.granted {
+            inner.claims.insert(
+                claim.installation.clone(),
+                (outcome.holder.clone(), outcome.expires_at_unix_millis),
+            );
+        }
+        Ok(outcome)
     }
 
     fn feed(&self) -> &ChangeFeed {

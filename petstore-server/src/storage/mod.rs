@@ -16,7 +16,9 @@ pub use feed::{Change, ChangeFeed, ChangeKind, DEFAULT_HISTORY, FeedError};
 pub use memory::MemoryStorage;
 pub use postgres::{PostgresConfig, PostgresStorage};
 
-use crate::model::{Added, KeyChange, NewPet, PetRecord, PetUpdate, SearchFilter};
+use crate::model::{
+    Added, ClaimOutcome, InstallationClaim, KeyChange, NewPet, PetRecord, PetUpdate, SearchFilter,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
@@ -121,6 +123,17 @@ pub trait Storage: Send + Sync + 'static {
     /// and `None` when the walk is done. Only `None` ends a search; an empty
     /// page does not.
     async fn search_page(&self, page: PageRequest<'_>) -> Result<SearchPage, StorageError>;
+    /// Claims an installation's name for `claim.holder`, by this store's
+    /// clock: granted when unclaimed, expired or held by the same holder
+    /// (the claim then runs `ttl_seconds` from now), else refused with the
+    /// holder and expiry, changing nothing ([`ClaimOutcome::decide`]).
+    /// Atomic: of claimants racing for one name, one wins. Claims are no
+    /// records: they neither appear in the change feed nor count as a
+    /// revision.
+    async fn claim_installation(
+        &self,
+        claim: &InstallationClaim,
+    ) -> Result<ClaimOutcome, StorageError>;
     /// The feed of this store's changes: every write that changes records
     /// publishes one change per record to it, in revision order, after it
     /// commits.

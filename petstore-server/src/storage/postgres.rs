@@ -32,7 +32,10 @@ use super::{
     Cursor, OrEngine, PageFill, PageRequest, SearchPage, Storage, StorageError, changes_pet,
     check_key_changes, new_id,
 };
-use crate::model::{Added, KeyChange, NewPet, PetFields, PetRecord, PetUpdate, ValidPetType};
+use crate::model::{
+    Added, ClaimOutcome, InstallationClaim, KeyChange, NewPet, PetFields, PetRecord, PetUpdate,
+    ValidPetType,
+};
 
 /// Serialises schema changes between replicas that start together.
 const MIGRATION_LOCK: i64 = 0x7065_7473_746f_7265; // "petstore"
@@ -73,6 +76,13 @@ const MIGRATIONS: &[&str] = &[
     "ALTER TABLE petstore_pets ADD COLUMN IF NOT EXISTS identity text COLLATE \"C\"",
     "CREATE UNIQUE INDEX IF NOT EXISTS petstore_pets_by_identity ON petstore_pets (identity)",
     "ALTER TABLE petstore_changes ADD COLUMN IF NOT EXISTS identity text COLLATE \"C\"",
+    // Installations' names claimed by ClaimInstallation, with the holder
+    // and the expiry by the database's clock.
+    "CREATE TABLE IF NOT EXISTS petstore_installation_claims (
+        installation text COLLATE \"C\" PRIMARY KEY,
+        holder text COLLATE \"C\" NOT NULL,
+        expires_at timestamptz NOT NULL
+    )",
 ];
 
 /// The unique index on identities, named in its violations.
@@ -859,6 +869,48 @@ impl Storage for PostgresStorage {
         Ok(fill.end())
     }
 
+    async fn claim_installation(
+        &self,
+        claim: &InstallationClaim,
+    ) -> Result<ClaimOutcome, StorageError> {
+        let client = self.client().await?;
+        // One statement, so atomic on any replica: the row is written only
+        // when free, expired or the same holder's; otherwise the conflict
+        // leaves it (locked to the end of the statement) and nothing is
+        // returned. The database's clock decides, the same for every
+        // replica.
+        let granted = client
+            .query_opt(
+                "WITH now AS (SELECT clock_timestamp() AS t)
+                 INSERT INTO petstore_installation_claims AS c (installation, holder, expires_at)
+                 SELECT $1, $2, t + make_interval(secs => $3::bigint::double precision) FROM now
+                 ON CONFLICT (installation) DO UPDATE
+                     SET holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at
+                     WHERE c.holder = EXCLUDED.holder OR c.expires_at <= (SELECT t FROM now)
+                 RETURNING holder, (extract(epoch FROM expires_at) * 1000)::bigint,
+                     $3::bigint * 1000",
+                &[&claim.installation, &claim.holder, &claim.ttl_seconds],
+            )
+            .await
+            .or_engine("claiming an installation")?;
+        if let Some(row) = granted {
+            return claim_outcome(true, &row);
+        }
+        // Refused: who holds it, as committed now. It may have expired
+        // since, which the next claim finds.
+        let row = client
+            .query_one(
+                "WITH now AS (SELECT clock_timestamp() AS t)
+                 SELECT holder, (extract(epoch FROM expires_at) * 1000)::bigint,
+                     greatest((extract(epoch FROM expires_at - t) * 1000)::bigint, 0)
+                 FROM petstore_installation_claims, now WHERE installation = $1",
+                &[&claim.installation],
+            )
+            .await
+            .or_engine("reading an installation's claim")?;
+        claim_outcome(false, &row)
+    }
+
     fn feed(&self) -> &ChangeFeed {
         &self.feed.feed
     }
@@ -897,6 +949,16 @@ impl PostgresStorage {
         }
         Ok(values.iter().map(|v| found.get(v).cloned()).collect())
     }
+}
+
+/// A claim's answer from a row of (holder, expiry in ms, ms remaining).
+fn claim_outcome(granted: bool, row: &Row) -> Result<ClaimOutcome, StorageError> {
+    Ok(ClaimOutcome {
+        granted,
+        holder: row.try_get(0).map_err(corrupt)?,
+        expires_at_unix_millis: row.try_get(1).map_err(corrupt)?,
+        remaining_millis: row.try_get(2).map_err(corrupt)?,
+    })
 }
 
 /// For a unique-constraint violation (a key or identity another pet holds),

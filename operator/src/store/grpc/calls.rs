@@ -122,6 +122,7 @@ fn operation(path: &str) -> Option<Operation> {
         Operation::Update,
         Operation::Delete,
         Operation::SetKey,
+        Operation::Claim,
     ]
     .into_iter()
     .find(|operation| operation.method() == method)
