@@ -207,8 +207,8 @@ async fn acquire(
 #[cfg(test)]
 mod tests {
     use std::collections::VecDeque;
-    use std::sync::Mutex;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
 
     use super::*;
     use crate::store::{Created, Lookup, Operation, PetData};
@@ -336,10 +336,9 @@ mod tests {
 
     /// Work that notes when it starts and runs until its token is
     /// cancelled.
-    fn work<'a>(
-        started: &'a AtomicBool,
-    ) -> impl FnOnce(CancellationToken) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + 'a>>
-    {
+    fn work(
+        started: Arc<AtomicBool>,
+    ) -> impl FnOnce(CancellationToken) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> {
         move |token| {
             Box::pin(async move {
                 started.store(true, Ordering::SeqCst);
@@ -357,8 +356,8 @@ mod tests {
         ]);
         let metrics = Metrics::default();
         let stop = CancellationToken::new();
-        let started = AtomicBool::new(false);
-        let run = run_while_claimed(&store, blue(), &stop, &metrics, work(&started));
+        let started = Arc::new(AtomicBool::new(false));
+        let run = run_while_claimed(&store, blue(), &stop, &metrics, work(Arc::clone(&started)));
         tokio::pin!(run);
         let begun = Instant::now();
         // The first refusal's claim lasts 30 s more: retried a third of
@@ -395,8 +394,9 @@ mod tests {
         let store = Script::new(vec![granted(), granted(), refused(TTL)]);
         let metrics = Metrics::default();
         let stop = CancellationToken::new();
-        let started = AtomicBool::new(false);
-        let ended = run_while_claimed(&store, blue(), &stop, &metrics, work(&started)).await;
+        let started = Arc::new(AtomicBool::new(false));
+        let ended =
+            run_while_claimed(&store, blue(), &stop, &metrics, work(Arc::clone(&started))).await;
         assert_eq!(ended, Claimed::Lost);
         assert!(started.load(Ordering::SeqCst));
         assert!(!stop.is_cancelled(), "only the work's token is cancelled");
@@ -410,8 +410,8 @@ mod tests {
         let store = Script::new(vec![granted(), down(), down(), granted()]);
         let metrics = Metrics::default();
         let stop = CancellationToken::new();
-        let started = AtomicBool::new(false);
-        let run = run_while_claimed(&store, blue(), &stop, &metrics, work(&started));
+        let started = Arc::new(AtomicBool::new(false));
+        let run = run_while_claimed(&store, blue(), &stop, &metrics, work(Arc::clone(&started)));
         tokio::pin!(run);
         tokio::select! {
             _ = &mut run => panic!("lost in a short outage"),
@@ -425,7 +425,8 @@ mod tests {
         let store = Script::new(vec![granted(), down()]);
         let stop = CancellationToken::new();
         let begun = Instant::now();
-        let ended = run_while_claimed(&store, blue(), &stop, &metrics, work(&started)).await;
+        let ended =
+            run_while_claimed(&store, blue(), &stop, &metrics, work(Arc::clone(&started))).await;
         assert_eq!(ended, Claimed::Lost);
         assert!(begun.elapsed() < TTL, "{:?}", begun.elapsed());
     }
@@ -433,13 +434,14 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_unnamed_installation_and_a_store_without_claims_work_unclaimed() {
         let metrics = Metrics::default();
-        let started = AtomicBool::new(false);
+        let started = Arc::new(AtomicBool::new(false));
         let store = Script::new(vec![Err(StoreError::Unimplemented {
             operation: Operation::Claim,
         })]);
         let stop = CancellationToken::new();
         stop.cancel();
-        let ended = run_while_claimed(&store, blue(), &stop, &metrics, work(&started)).await;
+        let ended =
+            run_while_claimed(&store, blue(), &stop, &metrics, work(Arc::clone(&started))).await;
         assert_eq!(ended, Claimed::Ended);
         assert!(started.load(Ordering::SeqCst), "works unclaimed");
         assert_eq!(store.claims(), 1);
@@ -450,7 +452,7 @@ mod tests {
             ..blue()
         };
         started.store(false, Ordering::SeqCst);
-        run_while_claimed(&store, unnamed, &stop, &metrics, work(&started)).await;
+        run_while_claimed(&store, unnamed, &stop, &metrics, work(Arc::clone(&started))).await;
         assert!(started.load(Ordering::SeqCst));
         assert_eq!(store.claims(), 0, "the unnamed installation claims nothing");
         assert!(!claimed_gauge(&metrics));
@@ -461,13 +463,14 @@ mod tests {
         let store = Script::new(vec![refused(Duration::from_secs(60))]);
         let metrics = Metrics::default();
         let stop = CancellationToken::new();
-        let started = AtomicBool::new(false);
+        let started = Arc::new(AtomicBool::new(false));
         let cancel = stop.clone();
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_secs(9)).await;
             cancel.cancel();
         });
-        let ended = run_while_claimed(&store, blue(), &stop, &metrics, work(&started)).await;
+        let ended =
+            run_while_claimed(&store, blue(), &stop, &metrics, work(Arc::clone(&started))).await;
         assert_eq!(ended, Claimed::Ended);
         assert!(!started.load(Ordering::SeqCst));
         // Retried every third of the TTL meanwhile: at 0, 2, 4, 6 and 8 s.
