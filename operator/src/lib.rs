@@ -60,6 +60,16 @@ pub enum Fault {
     /// After a successful create, hang before the ID reaches status, so a
     /// test can `kill -9` the operator at the worst moment.
     HangAfterCreate,
+    /// After a successful release (a handover's, or a Pet deleted with
+    /// Orphan), hang before the status or Event says so.
+    HangAfterRelease,
+    /// Hang before every claim's compare-and-set: a handed-over record
+    /// waits under its handover key.
+    HangBeforeClaim,
+    /// Let this many claims through, then hang: the last of them after its
+    /// compare-and-set (before its update and status), every later one
+    /// before its own. A claim that fails still uses up its turn.
+    HangAfterClaims(u32),
 }
 use store::StoreError;
 

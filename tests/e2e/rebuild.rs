@@ -5,11 +5,13 @@
 //! the same IDs. Two clusters on one store, each its own installation,
 //! never write each other's records: a Pet of the same name in both is held
 //! in the later one, naming the other installation. A handover moves the
-//! records from one live cluster to the other under users' edits, with
-//! `kill -9` of either operator at a seeded random moment; a record that
-//! waits for a Pet the new cluster lacks holds up no other, and its Pet
-//! takes it back when the handover is cancelled. Every count is the
-//! store's own.
+//! records from one live cluster to the other under users' edits, and
+//! survives `kill -9` of blue's operator between its releases and their
+//! status, and of green's before its claims or in the middle of them (each
+//! kill at a point a fault holds the operator at, checked in the store);
+//! a record that waits for a Pet the new cluster lacks holds up no other,
+//! and its Pet takes it back when the handover is cancelled. Every count
+//! is the store's own.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -642,54 +644,179 @@ fn a_handover_between_two_live_clusters_under_edits() -> fixtures::Result<()> {
     assert_handed_over(&env, &green, &ids, &before)
 }
 
+/// What the faults binary logs as it hangs (`petstore_operator::Fault`).
+const HANGS_AFTER_RELEASE: &str = "fault injection: hanging after a release";
+const HANGS_BEFORE_CLAIM: &str = "fault injection: hanging before a claim";
+const HANGS_AFTER_LAST_CLAIM: &str = "fault injection: hanging after the last claim let through";
+
+/// An operator in `installation`, for `cluster` (`None`: the
+/// environment's own), with `fault` if any.
+fn start_in(
+    env: &Env,
+    cluster: Option<&fixtures::env::Cluster>,
+    identity: &str,
+    installation: &str,
+    fault: Option<&'static str>,
+) -> fixtures::Result<Operator> {
+    let mut options = env.operator_options(identity);
+    options
+        .extra_args
+        .push(format!("--installation={installation}").into());
+    options.fault = fault;
+    match cluster {
+        Some(cluster) => env.start_operator_in_with(cluster, &options),
+        None => env.start_operator_with(&options),
+    }
+}
+
+/// How many lines of `operator`'s log say `marker`.
+fn logged(operator: &mut Operator, marker: &str) -> usize {
+    std::fs::read_to_string(operator.process().log_path())
+        .map(|text| text.lines().filter(|line| line.contains(marker)).count())
+        .unwrap_or(0)
+}
+
+/// Each record's key, by the name of the Pet its identity names.
+fn keys_by_name(env: &Env) -> fixtures::Result<BTreeMap<String, String>> {
+    Ok(records(env)?
+        .into_values()
+        .map(|(key, identity)| {
+            let name = identity.strip_prefix("default/").unwrap_or(&identity);
+            (name.to_owned(), key)
+        })
+        .collect())
+}
+
+/// Each of blue's Pets' handover key, `green/from:<its UID>`, by name.
+fn handover_keys(env: &Env) -> fixtures::Result<BTreeMap<String, String>> {
+    Ok(pets(&env.cp)?
+        .into_iter()
+        .map(|(name, pet)| (name, format!("green/from:{}", uid(&pet))))
+        .collect())
+}
+
 #[test]
-fn a_handover_survives_kill_9_of_either_operator() -> fixtures::Result<()> {
-    let seed: u64 = std::env::var("PETSTORE_HANDOVER_SEED")
-        .ok()
-        .and_then(|seed| seed.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64)
-        });
-    eprintln!("handover chaos: seed {seed} (PETSTORE_HANDOVER_SEED={seed} replays the choices)");
-    let mut state = seed;
-    let mut random = move |below: u64| {
-        state = state
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        (state >> 33) % below
-    };
+fn a_handover_survives_kill_9_of_blue_after_its_releases_and_of_green_before_its_claims()
+-> fixtures::Result<()> {
     let env = Env::start(Storage::Durable)?;
     let green = env.another_cluster()?;
-    let blue_args = ["--installation=blue"];
-    let green_args = ["--installation=green"];
-    let start_blue = |n: u32| {
-        let mut options = env.operator_options(&format!("operator-blue-{n}"));
-        options
-            .extra_args
-            .extend(blue_args.iter().map(std::ffi::OsString::from));
-        env.start_operator_with(&options)
-    };
-    let start_green =
-        |n: u32| env.start_operator_in(&green, &format!("operator-green-{n}"), &green_args);
-    let mut blue = start_blue(0)?;
-    let mut green_operator = start_green(0)?;
+    let mut blue = start_in(
+        &env,
+        None,
+        "operator-blue-0",
+        "blue",
+        Some("hang-after-release"),
+    )?;
+    let mut green_operator = start_in(
+        &env,
+        Some(&green),
+        "operator-green-0",
+        "green",
+        Some("hang-before-claim"),
+    )?;
     let ids = blue_and_green(&env, &green)?;
+    let waiting = handover_keys(&env)?;
     let before = counts(&env)?;
     hand_over_to_green(&env)?;
-    for kill in 1..=3 {
-        std::thread::sleep(Duration::from_millis(random(800)));
-        if random(2) == 0 {
-            eprintln!("handover chaos: kill -9 blue's operator ({kill})");
-            blue.kill();
-            blue = start_blue(kill)?;
-        } else {
-            eprintln!("handover chaos: kill -9 green's operator ({kill})");
-            green_operator.kill();
-            green_operator = start_green(kill)?;
-        }
+
+    // Blue's kill lands between each release and its status: every record
+    // is under its handover key in the store, and no Pet of blue's says
+    // HandedOver. Green hangs before each claim it planned.
+    wait_for(
+        TIMEOUT,
+        "blue hung after each release, green before each claim",
+        || {
+            (logged(&mut blue, HANGS_AFTER_RELEASE) >= PETS
+                && logged(&mut green_operator, HANGS_BEFORE_CLAIM) >= PETS)
+                .then_some(())
+        },
+    )?;
+    assert_eq!(logged(&mut blue, HANGS_AFTER_RELEASE), PETS);
+    assert_eq!(
+        keys_by_name(&env)?,
+        waiting,
+        "every record released to green, none claimed"
+    );
+    for name in pets(&env.cp)?.keys() {
+        let reason = synced_reason(&env.cp, name);
+        assert_ne!(
+            reason.as_deref(),
+            Some("HandedOver"),
+            "{name}: released, but its status not yet written"
+        );
     }
+    blue.kill(); // kill -9
+    let _blue = start_in(&env, None, "operator-blue-1", "blue", None)?;
+    wait_for(TIMEOUT, "the restarted blue to say HandedOver", || {
+        pets(&env.cp)
+            .ok()?
+            .keys()
+            .all(|name| synced_reason(&env.cp, name).as_deref() == Some("HandedOver"))
+            .then_some(())
+    })?;
+
+    // Green's kill lands between the releases and its claims: every record
+    // still waits under its handover key.
+    assert_eq!(
+        logged(&mut green_operator, HANGS_BEFORE_CLAIM),
+        PETS,
+        "one hung claim per Pet"
+    );
+    assert_eq!(
+        keys_by_name(&env)?,
+        waiting,
+        "at green's kill, every record waits under its handover key"
+    );
+    green_operator.kill(); // kill -9
+    let _green = start_in(&env, Some(&green), "operator-green-1", "green", None)?;
+    assert_handed_over(&env, &green, &ids, &before)
+}
+
+#[test]
+fn a_handover_survives_kill_9_of_green_in_the_middle_of_its_claims() -> fixtures::Result<()> {
+    const CLAIMED: usize = 4;
+    let env = Env::start(Storage::Durable)?;
+    let green = env.another_cluster()?;
+    let _blue = start_in(&env, None, "operator-blue", "blue", None)?;
+    let mut green_operator = start_in(
+        &env,
+        Some(&green),
+        "operator-green-0",
+        "green",
+        Some("hang-after-claims=4"),
+    )?;
+    let ids = blue_and_green(&env, &green)?;
+    let waiting = handover_keys(&env)?;
+    let before = counts(&env)?;
+    hand_over_to_green(&env)?;
+
+    // Green's kill lands in the middle of the batch: CLAIMED records under
+    // green Pets' keys, the rest released and waiting for a claim that hung
+    // before its compare-and-set.
+    wait_for(
+        TIMEOUT,
+        "green hung after its last claim and before the rest",
+        || {
+            (logged(&mut green_operator, HANGS_AFTER_LAST_CLAIM) >= 1
+                && logged(&mut green_operator, HANGS_BEFORE_CLAIM) >= PETS - CLAIMED)
+                .then_some(())
+        },
+    )?;
+    let keys = keys_by_name(&env)?;
+    let claimed: Vec<&String> = keys
+        .iter()
+        .filter(|(_, key)| is_greens_pet(key))
+        .map(|(name, _)| name)
+        .collect();
+    assert_eq!(claimed.len(), CLAIMED, "claimed at the kill: {keys:?}");
+    for (name, key) in &keys {
+        assert!(
+            is_greens_pet(key) || *key == waiting[name],
+            "{name}: claimed, or waiting under its handover key: {key}"
+        );
+    }
+    green_operator.kill(); // kill -9
+    let _green = start_in(&env, Some(&green), "operator-green-1", "green", None)?;
     assert_handed_over(&env, &green, &ids, &before)
 }
 

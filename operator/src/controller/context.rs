@@ -3,7 +3,7 @@
 //! that decides which events become reconciles.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use kube::Client;
@@ -84,6 +84,8 @@ pub struct Context {
     /// one has, every create is read for first (see [`Step::Create`]), so a
     /// store that ignores keys never gets a create without a read.
     pub(super) create_observes: AtomicBool,
+    /// Claims begun so far, for [`Fault::HangAfterClaims`].
+    pub(super) fault_claims: AtomicU32,
     /// Set in a real run: a Pet deleted while the installation goes keeps
     /// its record.
     pub(super) uninstall: Option<uninstall::UninstallProbe>,
@@ -107,6 +109,7 @@ impl Context {
             settings,
             memory: Memory::default(),
             create_observes: AtomicBool::new(false),
+            fault_claims: AtomicU32::new(0),
             uninstall: None,
         }
     }

@@ -325,6 +325,7 @@ impl<'a> Reconcile<'a> {
         let mut changes = Changes::default();
         for write in &preview.writes {
             let record = write.record.as_deref().unwrap_or_default();
+            let mut turn = 0;
             match write.action {
                 StoreAction::Create | StoreAction::Recreate => {
                     let answer = self.create().await?;
@@ -344,6 +345,7 @@ impl<'a> Reconcile<'a> {
                             format!("a plan to {} named no key", write.action.label()),
                         ));
                     };
+                    turn = self.fault_before_key_write(write.action, record).await;
                     store
                         .set_key(
                             record,
@@ -360,8 +362,46 @@ impl<'a> Reconcile<'a> {
                 StoreAction::Delete => store.delete(record).await?,
             }
             self.wrote(write.action, cause, record, &write.changes);
+            self.fault_after_write(write.action, record, turn).await;
         }
         Ok(Applied::Done { created, changes })
+    }
+
+    /// The crash-test faults that hang before a claim's compare-and-set.
+    /// Returns the claim's turn (from 1) under [`Fault::HangAfterClaims`],
+    /// else 0.
+    async fn fault_before_key_write(&self, action: StoreAction, record: &str) -> u32 {
+        let hang = match (action, self.ctx.settings.fault) {
+            (StoreAction::Claim, Some(Fault::HangBeforeClaim)) => true,
+            (StoreAction::Claim, Some(Fault::HangAfterClaims(allowed))) => {
+                let turn = self.ctx.fault_claims.fetch_add(1, Ordering::Relaxed) + 1;
+                if turn <= allowed {
+                    return turn;
+                }
+                true
+            }
+            _ => false,
+        };
+        if hang {
+            warn!(record_id = record, pet = %self.pet.name_any(), "fault injection: hanging before a claim");
+            std::future::pending::<()>().await;
+        }
+        0
+    }
+
+    /// The crash-test faults that hang after a store write, before its
+    /// status and Event: [`Fault::HangAfterRelease`], and the last claim
+    /// [`Fault::HangAfterClaims`] lets through.
+    async fn fault_after_write(&self, action: StoreAction, record: &str, turn: u32) {
+        let what = match (action, self.ctx.settings.fault) {
+            (StoreAction::Release, Some(Fault::HangAfterRelease)) => "a release",
+            (StoreAction::Claim, Some(Fault::HangAfterClaims(allowed))) if turn == allowed => {
+                "the last claim let through"
+            }
+            _ => return,
+        };
+        warn!(record_id = record, pet = %self.pet.name_any(), "fault injection: hanging after {what}, before its status and Event");
+        std::future::pending::<()>().await;
     }
 
     /// Tells one store write: the change log line, `store_actions_total`,

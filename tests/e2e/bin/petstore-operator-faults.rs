@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 use petstore_operator::{Fault, app, cli};
 
 /// Named apart from `cli::Args`: clap names each struct's argument group
@@ -14,24 +14,33 @@ struct FaultArgs {
     #[command(flatten)]
     operator: cli::Args,
 
-    /// The fault to inject.
-    #[arg(long, env = "PETSTORE_OPERATOR_FAULT", value_enum)]
-    fault: Option<FaultArg>,
+    /// The fault to inject: hang-after-create, hang-after-release,
+    /// hang-before-claim, or hang-after-claims=<N>.
+    #[arg(long, env = "PETSTORE_OPERATOR_FAULT", value_parser = parse_fault)]
+    fault: Option<Fault>,
 }
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum FaultArg {
-    HangAfterCreate,
+fn parse_fault(text: &str) -> Result<Fault, String> {
+    match text.split_once('=') {
+        None => match text {
+            "hang-after-create" => Ok(Fault::HangAfterCreate),
+            "hang-after-release" => Ok(Fault::HangAfterRelease),
+            "hang-before-claim" => Ok(Fault::HangBeforeClaim),
+            _ => Err(format!("unknown fault {text:?}")),
+        },
+        Some(("hang-after-claims", count)) => count
+            .parse()
+            .map(Fault::HangAfterClaims)
+            .map_err(|e| format!("hang-after-claims={count}: {e}")),
+        Some(_) => Err(format!("unknown fault {text:?}")),
+    }
 }
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let args = FaultArgs::parse();
     cli::init_tracing(args.operator.log_format);
-    let fault = args
-        .fault
-        .map(|FaultArg::HangAfterCreate| Fault::HangAfterCreate);
-    match app::run(args.operator, fault).await {
+    match app::run(args.operator, args.fault).await {
         Ok(code) => code,
         Err(message) => {
             tracing::error!("{message}");
@@ -44,8 +53,38 @@ async fn main() -> ExitCode {
 mod tests {
     use clap::CommandFactory;
 
+    use clap::Parser;
+    use petstore_operator::Fault;
+
     #[test]
     fn the_command_line_is_valid() {
         super::FaultArgs::command().debug_assert();
+    }
+
+    #[test]
+    fn every_fault_parses_by_name() {
+        let fault = |text: &str| {
+            super::FaultArgs::try_parse_from(["petstore-operator-faults", "--fault", text])
+                .map(|args| args.fault)
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(fault("hang-after-create"), Ok(Some(Fault::HangAfterCreate)));
+        assert_eq!(
+            fault("hang-after-release"),
+            Ok(Some(Fault::HangAfterRelease))
+        );
+        assert_eq!(fault("hang-before-claim"), Ok(Some(Fault::HangBeforeClaim)));
+        assert_eq!(
+            fault("hang-after-claims=4"),
+            Ok(Some(Fault::HangAfterClaims(4)))
+        );
+        for wrong in [
+            "hang-after-claims",
+            "hang-after-claims=x",
+            "hang-forever",
+            "a=1",
+        ] {
+            assert!(fault(wrong).is_err(), "{wrong}");
+        }
     }
 }
