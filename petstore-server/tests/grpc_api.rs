@@ -632,8 +632,13 @@ async fn get_identities(
         .into_inner()
 }
 
-/// The (key, identity) each ID holds now, read back through GetPets.
-async fn held_by(client: &mut PetStoreClient<Channel>, ids: &[String]) -> Vec<(String, String)> {
+/// Asserts the (key, identity) each of `ids` holds now, read back through
+/// GetPets.
+async fn assert_held(
+    client: &mut PetStoreClient<Channel>,
+    ids: &[String],
+    expected: &[(&str, &str)],
+) {
     let found = client
         .get_pets(pb::GetPetsReq {
             ids: ids.to_vec(),
@@ -643,18 +648,12 @@ async fn held_by(client: &mut PetStoreClient<Channel>, ids: &[String]) -> Vec<(S
         .expect("get")
         .into_inner();
     assert!(found.missing_ids.is_empty(), "{:?}", found.missing_ids);
-    found
+    let held: Vec<(&str, &str)> = found
         .pets
-        .into_iter()
-        .map(|p| (p.idempotency_key, p.identity))
-        .collect()
-}
-
-fn held(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-    pairs
         .iter()
-        .map(|(key, identity)| ((*key).to_owned(), (*identity).to_owned()))
-        .collect()
+        .map(|p| (p.idempotency_key.as_str(), p.identity.as_str()))
+        .collect();
+    assert_eq!(held, expected, "the (key, identity) of {ids:?}");
 }
 
 async fn identities_deduplicate_and_are_findable(backend: Backend) {
@@ -697,10 +696,12 @@ async fn identities_deduplicate_and_are_findable(backend: Backend) {
     assert_eq!(all(&mut s.client).await.len(), 2, "nothing more created");
     // The records are as created: the keys the refused pets brought were
     // not stored.
-    assert_eq!(
-        held_by(&mut s.client, &[thor_id.clone(), tron_id.clone()]).await,
-        held(&[("uid-1", "ns/thor"), ("uid-3", "ns/tron")])
-    );
+    assert_held(
+        &mut s.client,
+        &[thor_id.clone(), tron_id.clone()],
+        &[("uid-1", "ns/thor"), ("uid-3", "ns/tron")],
+    )
+    .await;
 
     // By ID, then key, then identity; each pet once, where first found.
     let got = s
@@ -801,10 +802,7 @@ async fn identities_change_with_keys_all_or_nothing(backend: Backend) {
         .await
         .expect("set the identity alone");
     }
-    assert_eq!(
-        held_by(&mut s.client, &ids).await,
-        held(&[("uid-a", "ns/a"), ("uid-b", "ns/b")])
-    );
+    assert_held(&mut s.client, &ids, &[("uid-a", "ns/a"), ("uid-b", "ns/b")]).await;
 
     // An identity another pet holds: ALREADY_EXISTS naming it, and the
     // rest of the batch is not applied.
@@ -827,20 +825,14 @@ async fn identities_change_with_keys_all_or_nothing(backend: Backend) {
     .await
     .expect_err("a stale expected key");
     assert_refused(&err, Code::FailedPrecondition, "changes[0].expected_key:");
-    assert_eq!(
-        held_by(&mut s.client, &ids).await,
-        held(&[("uid-a", "ns/a"), ("uid-b", "ns/b")])
-    );
+    assert_held(&mut s.client, &ids, &[("uid-a", "ns/a"), ("uid-b", "ns/b")]).await;
 
     // A release (the key cleared, the identity unset) keeps the identity,
     // which still finds the record, for AddPets too.
     set_keys(&mut s.client, vec![change(&a, "uid-a", "")])
         .await
         .expect("release");
-    assert_eq!(
-        held_by(&mut s.client, &ids).await,
-        held(&[("", "ns/a"), ("uid-b", "ns/b")])
-    );
+    assert_held(&mut s.client, &ids, &[("", "ns/a"), ("uid-b", "ns/b")]).await;
     let again = add_answer(&mut s.client, vec![identified("uid-new", "ns/a")]).await;
     assert_eq!((again.ids, again.created), (vec![a.clone()], vec![false]));
 
@@ -855,10 +847,7 @@ async fn identities_change_with_keys_all_or_nothing(backend: Backend) {
     )
     .await
     .expect("an identity released and taken in one batch");
-    assert_eq!(
-        held_by(&mut s.client, &ids).await,
-        held(&[("uid-a", "ns/b"), ("uid-b", "ns/c")])
-    );
+    assert_held(&mut s.client, &ids, &[("uid-a", "ns/b"), ("uid-b", "ns/c")]).await;
     // An empty identity clears it.
     set_keys(
         &mut s.client,
@@ -866,10 +855,7 @@ async fn identities_change_with_keys_all_or_nothing(backend: Backend) {
     )
     .await
     .expect("clear");
-    assert_eq!(
-        held_by(&mut s.client, &ids).await,
-        held(&[("uid-a", "ns/b"), ("uid-b", "")])
-    );
+    assert_held(&mut s.client, &ids, &[("uid-a", "ns/b"), ("uid-b", "")]).await;
     assert_eq!(
         get_identities(&mut s.client, &["ns/c"])
             .await
@@ -916,10 +902,7 @@ async fn identities_change_with_keys_all_or_nothing(backend: Backend) {
     )
     .await
     .expect("a freed identity");
-    assert_eq!(
-        held_by(&mut s.client, &[b]).await,
-        held(&[("uid-b", "ns/b")])
-    );
+    assert_held(&mut s.client, &[b], &[("uid-b", "ns/b")]).await;
     s.stop().await;
 }
 
@@ -1722,12 +1705,7 @@ async fn postgres_tables_from_before_identities_gain_the_column() {
     let config = tokio::task::spawn_blocking(|| support::postgres_config("before-identities"))
         .await
         .expect("postgres config");
-    let (client, connection) = config
-        .config
-        .connect(tokio_postgres::NoTls)
-        .await
-        .expect("connect");
-    let connection = tokio::spawn(connection);
+    let (client, connection) = support::postgres_client(&config).await;
     client
         .batch_execute(
             "CREATE TABLE petstore_pets (

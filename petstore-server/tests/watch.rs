@@ -56,6 +56,14 @@ async fn serve_opened(config: &StorageConfig, dir: &Arc<tempfile::TempDir>) -> R
     .await
 }
 
+/// A new store on `backend` that a test can stop and open again: its
+/// directory and its configuration.
+async fn reopenable(backend: Backend) -> (Arc<tempfile::TempDir>, StorageConfig) {
+    let dir = Arc::new(tempfile::tempdir().expect("tempdir"));
+    let config = backend.config(&dir, "watch").await;
+    (dir, config)
+}
+
 async fn start_with_history(backend: Backend, history: usize) -> Running {
     let dir = tempfile::tempdir().expect("tempdir");
     let storage = backend
@@ -128,6 +136,14 @@ fn assert_increasing(changes: &[pb::PetChange]) {
             "revisions strictly increase: {changes:?}"
         );
     }
+}
+
+/// A watch from the start, past the progress message that says where the
+/// store is.
+async fn watch_from_start(client: &mut PetStoreClient<Channel>) -> Streaming<pb::WatchPetsResp> {
+    let mut stream = watch(client, 0).await;
+    progress(&mut stream).await;
+    stream
 }
 
 /// Waits for a progress message (one without changes), failing on any
@@ -313,8 +329,7 @@ async fn set_key(
 /// only the identity is KEY_CHANGED, one that changes neither is nothing.
 async fn identity_changes_are_key_changes(backend: Backend) {
     let mut s = start(backend).await;
-    let mut stream = watch(&mut s.client, 0).await;
-    progress(&mut stream).await;
+    let mut stream = watch_from_start(&mut s.client).await;
     let thor = pb::Pet {
         identity: "ns/thor".into(),
         ..keyed("Thor", "uid-thor")
@@ -403,11 +418,9 @@ async fn a_client_resumes_after_the_revision_it_saw(backend: Backend) {
 /// live, resumed, and (durable, PostgreSQL) from the history a reopened
 /// store reads back.
 async fn a_deletion_carries_the_last_record(backend: Backend) {
-    let dir = Arc::new(tempfile::tempdir().expect("tempdir"));
-    let config = backend.config(&dir, "watch").await;
+    let (dir, config) = reopenable(backend).await;
     let mut s = serve_opened(&config, &dir).await;
-    let mut stream = watch(&mut s.client, 0).await;
-    progress(&mut stream).await;
+    let mut stream = watch_from_start(&mut s.client).await;
     let thor = pb::Pet {
         identity: "ns/thor".into(),
         ..keyed("Thor", "uid-thor")
@@ -684,8 +697,7 @@ async fn durable_history_survives_a_reopen() {
     let config = StorageConfig::durable(dir.path().join("pets.redb"));
     let dir = Arc::new(dir);
     let mut s = serve_opened(&config, &dir).await;
-    let mut stream = watch(&mut s.client, 0).await;
-    progress(&mut stream).await;
+    let mut stream = watch_from_start(&mut s.client).await;
     one_of_each(&mut s.client).await;
     let before = changes(&mut stream, 5).await;
     drop(stream);
@@ -730,12 +742,7 @@ async fn strip_deletion(config: &StorageConfig, revision: i64, id: &str) {
             txn.commit().expect("commit");
         }
         StorageConfig::Postgres(config) => {
-            let (client, connection) = config
-                .config
-                .connect(tokio_postgres::NoTls)
-                .await
-                .expect("connect");
-            let connection = tokio::spawn(connection);
+            let (client, connection) = support::postgres_client(config).await;
             let rewritten = client
                 .execute(
                     "UPDATE petstore_changes
@@ -757,11 +764,9 @@ async fn strip_deletion(config: &StorageConfig, revision: i64, id: &str) {
 /// A deletion in history from a store older than this one (no record)
 /// is served as it was, without `pet`, beside deletions that carry it.
 async fn old_deletions_come_without_the_record(backend: Backend) {
-    let dir = Arc::new(tempfile::tempdir().expect("tempdir"));
-    let config = backend.config(&dir, "watch").await;
+    let (dir, config) = reopenable(backend).await;
     let mut s = serve_opened(&config, &dir).await;
-    let mut stream = watch(&mut s.client, 0).await;
-    progress(&mut stream).await;
+    let mut stream = watch_from_start(&mut s.client).await;
     let mut ids = Vec::new();
     for pet in [keyed("Thor", "uid-thor"), keyed_tron()] {
         let id = add(&mut s.client, vec![pet]).await.remove(0);

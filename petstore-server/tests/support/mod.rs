@@ -103,6 +103,23 @@ pub fn postgres_config(purpose: &str) -> PostgresConfig {
     }
 }
 
+/// A direct client of `config`'s database, for a test that edits the tables
+/// behind the store's back; drop the client, then await the handle, to end
+/// the connection.
+pub async fn postgres_client(
+    config: &PostgresConfig,
+) -> (
+    tokio_postgres::Client,
+    tokio::task::JoinHandle<Result<(), tokio_postgres::Error>>,
+) {
+    let (client, connection) = config
+        .config
+        .connect(tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    (client, tokio::spawn(connection))
+}
+
 /// The storage backends a suite runs against.
 #[derive(Clone, Copy, Debug)]
 pub enum Backend {
