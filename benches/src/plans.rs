@@ -153,6 +153,12 @@ impl Burst {
         counts.retain(|(_, verb), _| verb != "WATCH" && verb != "LIST");
         counts
     }
+
+    /// What [`Burst::edit_requests`] is by the model when each of `pets`
+    /// Pets was renamed once a round.
+    pub fn modelled_requests(&self, pets: usize) -> RequestCounts {
+        modelled_requests(self.edit, self.writer, self.edits(pets))
+    }
 }
 
 /// The requests to Pets and Events that `edits` renames cost, by the model
@@ -472,6 +478,15 @@ pub fn measure(config: &PlansConfig, progress: &dyn Fn(&str)) -> Result<PlansRes
     })
 }
 
+/// The lines of `section` (the report's, as [`markdown`] writes it) that
+/// start with `starts`: the rows of its tables a check reads.
+pub fn rows<'a>(section: &'a str, starts: &str) -> Vec<&'a str> {
+    section
+        .lines()
+        .filter(|line| line.starts_with(starts))
+        .collect()
+}
+
 /// The report's section.
 pub fn markdown(result: &PlansResult, command: &str) -> String {
     let mut out = String::new();
@@ -620,13 +635,6 @@ mod tests {
         }
     }
 
-    fn row<'a>(section: &'a str, starts: &str) -> Vec<&'a str> {
-        section
-            .lines()
-            .filter(|line| line.starts_with(starts))
-            .collect()
-    }
-
     #[test]
     fn the_goal_is_kubectls_p99_every_operator_plan_shown_and_no_store_write() {
         assert!(result(29).goal_met());
@@ -669,7 +677,7 @@ mod tests {
             section.contains("5 times over by each way below"),
             "{section}"
         );
-        let shown = row(&section, "| plans shown after the bulk renames");
+        let shown = rows(&section, "| plans shown after the bulk renames");
         assert_eq!(shown.len(), 3, "{section}");
         assert!(
             shown
@@ -677,7 +685,7 @@ mod tests {
                 .all(|r| r.ends_with("| 5000 of 5000 | 5000 | met |")),
             "{shown:#?}"
         );
-        let timed = row(&section, "| edit to plan shown");
+        let timed = rows(&section, "| edit to plan shown");
         assert_eq!(
             timed,
             [
@@ -687,14 +695,14 @@ mod tests {
             ]
         );
         assert_eq!(
-            row(&section, "| store write RPCs"),
+            rows(&section, "| store write RPCs"),
             [
                 "| store write RPCs, from the switch to the operator's last plan shown | 0 | 0 | met |"
             ]
         );
         // One table row per round, per burst.
         assert_eq!(
-            row(&section, "| 5 | 17.2 s | 17.2 s | 25 ms |").len(),
+            rows(&section, "| 5 | 17.2 s | 17.2 s | 25 ms |").len(),
             3,
             "{section}"
         );
@@ -704,17 +712,17 @@ mod tests {
         slow.store_writes = 2.0;
         let section = markdown(&slow, "bench");
         assert!(
-            row(&section, "| edit to plan shown")[0]
+            rows(&section, "| edit to plan shown")[0]
                 .ends_with("| p99 ≤ 1000 ms | 9 ms / 1001 ms / 1016 ms | not met |"),
             "{section}"
         );
         assert!(
-            row(&section, "| plans shown after the bulk renames")[1]
+            rows(&section, "| plans shown after the bulk renames")[1]
                 .ends_with("| 5000 of 5000 | 4999 | not met |"),
             "{section}"
         );
         assert!(
-            row(&section, "| store write RPCs")[0].ends_with("| 0 | 2 | not met |"),
+            rows(&section, "| store write RPCs")[0].ends_with("| 0 | 2 | not met |"),
             "{section}"
         );
         // The smoke test's single round is told as it ran.
@@ -771,18 +779,12 @@ mod tests {
         measured
             .api_requests
             .insert(("pets".into(), "LIST".into()), 1);
-        assert_eq!(
-            measured.edit_requests(),
-            modelled_requests(measured.edit, measured.writer, measured.edits(1000))
-        );
+        assert_eq!(measured.edit_requests(), measured.modelled_requests(1000));
         // A second status write for one plan is not the model's.
         measured
             .api_requests
             .insert(("pets/status".into(), "PATCH".into()), 5001);
-        assert_ne!(
-            measured.edit_requests(),
-            modelled_requests(measured.edit, measured.writer, measured.edits(1000))
-        );
+        assert_ne!(measured.edit_requests(), measured.modelled_requests(1000));
     }
 
     #[test]

@@ -268,7 +268,7 @@ fn the_plans_benchmark_runs_end_to_end() -> fixtures::Result<()> {
         }
         assert_eq!(
             burst.edit_requests(),
-            plans::modelled_requests(burst.edit, burst.writer, burst.edits(config.pets)),
+            burst.modelled_requests(config.pets),
             "one edit, one status write and (by the operator) one Event per rename: {burst:?}"
         );
     }
@@ -280,10 +280,7 @@ fn the_plans_benchmark_runs_end_to_end() -> fixtures::Result<()> {
         section.starts_with(plans::SECTION.trim_start()),
         "{section}"
     );
-    let shown: Vec<&str> = section
-        .lines()
-        .filter(|line| line.starts_with("| plans shown after the bulk renames"))
-        .collect();
+    let shown = plans::rows(&section, "| plans shown after the bulk renames");
     assert_eq!(shown.len(), 3, "{section}");
     assert!(
         shown
