@@ -19,7 +19,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use convergence::{ConvergenceConfig, ConvergenceResult, FloorIdentity, Pair};
-use report::table_head;
+use report::{subsection, table_head};
 use store_load::{DurabilityCheck, GhzResult, LoadResult, ScaleResult, StoreSetup};
 
 use fixtures::{Result, Tools, run};
@@ -497,10 +497,10 @@ pub fn store_markdown(results: &BenchResults) -> String {
         ));
     }
     if !goals.is_empty() {
-        let _ = writeln!(out, "\n### Goals\n");
-        let _ = writeln!(
-            out,
-            "*ghz's ceiling* is the same ghz cell on `grpc.health.v1.Health/Check`, which touches no storage: what ghz itself reaches on these 2 cores.\n"
+        subsection(
+            &mut out,
+            "Goals",
+            "*ghz's ceiling* is the same ghz cell on `grpc.health.v1.Health/Check`, which touches no storage: what ghz itself reaches on these 2 cores.",
         );
         table_head(
             &mut out,
@@ -516,10 +516,10 @@ pub fn store_markdown(results: &BenchResults) -> String {
         }
     }
     if !results.scale.is_empty() {
-        let _ = writeln!(out, "\n### A large store\n");
-        let _ = writeln!(
-            out,
-            "Pets loaded 1000 per call by 4 clients. Name searches: one name per call at concurrency 1 (Rust client), each finding exactly one pet through the name index. The full stream is one SearchPets with no filter, read by one client; RSS is the server's, sampled every 10 ms. The durable store was killed with `kill -9` after loading, and its open time is what it logged on restart.\n"
+        subsection(
+            &mut out,
+            "A large store",
+            "Pets loaded 1000 per call by 4 clients. Name searches: one name per call at concurrency 1 (Rust client), each finding exactly one pet through the name index. The full stream is one SearchPets with no filter, read by one client; RSS is the server's, sampled every 10 ms. The durable store was killed with `kill -9` after loading, and its open time is what it logged on restart.",
         );
         table_head(
             &mut out,
@@ -597,10 +597,10 @@ pub fn store_markdown(results: &BenchResults) -> String {
             );
         }
     }
-    let _ = writeln!(out, "\n### Rust client (tonic)\n");
-    let _ = writeln!(
-        out,
-        "A Rust tonic client on loopback, several HTTP/2 connections (spread over the replicas directly, as client-side round-robin would), each cell run for a fixed time. Get and search run against exactly the stated number of records.\n"
+    subsection(
+        &mut out,
+        "Rust client (tonic)",
+        "A Rust tonic client on loopback, several HTTP/2 connections (spread over the replicas directly, as client-side round-robin would), each cell run for a fixed time. Get and search run against exactly the stated number of records.",
     );
     table_head(
         &mut out,

@@ -78,6 +78,12 @@ fn requests(counts: &RequestCounts) -> String {
         .join("<br>")
 }
 
+/// A "###" section's heading and the paragraph that introduces it.
+pub(crate) fn subsection(out: &mut String, heading: &str, intro: &str) {
+    let _ = writeln!(out, "\n### {heading}\n");
+    let _ = writeln!(out, "{intro}\n");
+}
+
 /// A markdown table's header row and alignment row; `align` has one letter
 /// per column, `l` or `r`.
 pub(crate) fn table_head(out: &mut String, columns: &[&str], align: &str) {
@@ -265,10 +271,10 @@ fn goals(out: &mut String, results: &[ConvergenceResult]) {
 
 /// CPU by process while converging, floor and operator side by side.
 fn cpu(out: &mut String, results: &[ConvergenceResult]) {
-    let _ = writeln!(out, "\n### CPU while converging\n");
-    let _ = writeln!(
+    subsection(
         out,
-        "CPU seconds each process used from the first create until every Pet was Ready (utime + stime from `/proc`), in the first pair. Every process shares the 2 cores, so the time to converge follows the total: CPU the operator and the store use is CPU the API server waits for. *Benchmark* is the process that creates the Pets and watches for Ready; in the floor it also runs the baseline client. In the floor, *operator* is a replica that only serves the conversion webhook (the bench holds the leader Lease): the API server converts every write of a Pet for its v1alpha1 watch cache, in both runs (*webhook calls*, from its `apiserver_crd_conversion_webhook_duration_seconds`). *Events while converging* were written before the last Pet was Ready; the rest trail it.\n"
+        "CPU while converging",
+        "CPU seconds each process used from the first create until every Pet was Ready (utime + stime from `/proc`), in the first pair. Every process shares the 2 cores, so the time to converge follows the total: CPU the operator and the store use is CPU the API server waits for. *Benchmark* is the process that creates the Pets and watches for Ready; in the floor it also runs the baseline client. In the floor, *operator* is a replica that only serves the conversion webhook (the bench holds the leader Lease): the API server converts every write of a Pet for its v1alpha1 watch cache, in both runs (*webhook calls*, from its `apiserver_crd_conversion_webhook_duration_seconds`). *Events while converging* were written before the last Pet was Ready; the rest trail it.",
     );
     table_head(
         out,
@@ -385,10 +391,10 @@ pub fn operator(out: &mut String, results: &[ConvergenceResult], plot: Option<&s
             "\n![Time to converge, peak RSS and store reads per Pet against N, with the floor]({plot})\n"
         );
     }
-    let _ = writeln!(out, "\n### What it cost (during convergence)\n");
-    let _ = writeln!(
+    subsection(
         out,
-        "API requests are the API server's own `apiserver_request_total`, minus the benchmark's N creates; *writes per Pet* counts the writes to Pets and Events (Lease renewals follow time, not Pets). Store RPCs are counted by the operator; every read is a `GetPets`.\n"
+        "What it cost (during convergence)",
+        "API requests are the API server's own `apiserver_request_total`, minus the benchmark's N creates; *writes per Pet* counts the writes to Pets and Events (Lease renewals follow time, not Pets). Store RPCs are counted by the operator; every read is a `GetPets`.",
     );
     table_head(
         out,
@@ -421,10 +427,10 @@ pub fn operator(out: &mut String, results: &[ConvergenceResult], plot: Option<&s
         );
     }
     cpu(out, results);
-    let _ = writeln!(out, "\n### Restart\n");
-    let _ = writeln!(
+    subsection(
         out,
-        "Once converged, the operator is killed with `kill -9` and a new process starts under the same name (as when Kubernetes restarts the container). *Caught up* is from its start until it has reconciled every Pet once; it includes waiting for the dead process's Lease. Writes are to Pets and Events; store writes are creates, updates and deletes.\n"
+        "Restart",
+        "Once converged, the operator is killed with `kill -9` and a new process starts under the same name (as when Kubernetes restarts the container). *Caught up* is from its start until it has reconciled every Pet once; it includes waiting for the dead process's Lease. Writes are to Pets and Events; store writes are creates, updates and deletes.",
     );
     table_head(
         out,
@@ -452,10 +458,10 @@ pub fn operator(out: &mut String, results: &[ConvergenceResult], plot: Option<&s
             mib(r.restart_peak_rss_kib),
         );
     }
-    let _ = writeln!(out, "\n### Steady state and the drift poll\n");
-    let _ = writeln!(
+    subsection(
         out,
-        "The restarted operator runs with a short poll interval (and the same `--audit-interval`, the poll's interval while it follows the store's change feed) and `--poll-max-rate`, so that two intervals pass quickly and the bound shows: with more Pets than the interval allows at that rate, the interval in effect stretches to N ÷ rate. Each Pet is polled at a phase of the interval fixed by its UID, so polls are spread evenly whenever the Pets were created. The window starts half an interval after the catch-up, when the first polls begin.\n"
+        "Steady state and the drift poll",
+        "The restarted operator runs with a short poll interval (and the same `--audit-interval`, the poll's interval while it follows the store's change feed) and `--poll-max-rate`, so that two intervals pass quickly and the bound shows: with more Pets than the interval allows at that rate, the interval in effect stretches to N ÷ rate. Each Pet is polled at a phase of the interval fixed by its UID, so polls are spread evenly whenever the Pets were created. The window starts half an interval after the catch-up, when the first polls begin.",
     );
     table_head(
         out,
