@@ -125,19 +125,21 @@ fn assert_released(env: &Env, prefix: &str, n: usize) -> fixtures::Result<()> {
 /// Adds the test's finalizer to `object` in the operator's namespace, so
 /// that namespace's deletion leaves it (and the namespace) in place.
 fn hold(env: &Env, object: &str) -> fixtures::Result<String> {
-    env.cp.kubectl(&[
-        "patch",
+    set_finalizers(
+        env,
         object,
-        "-n",
-        OPERATOR_NAMESPACE,
-        "--type=merge",
-        "-p",
         &format!(r#"{{"metadata":{{"finalizers":["{HOLD}"]}}}}"#),
-    ])
+    )
 }
 
 /// Removes the test's finalizer from `object`, letting it go.
 fn release_hold(env: &Env, object: &str) -> fixtures::Result<String> {
+    set_finalizers(env, object, r#"{"metadata":{"finalizers":null}}"#)
+}
+
+/// Sets the finalizers of `object`, in the operator's namespace, with the
+/// merge patch `patch`.
+fn set_finalizers(env: &Env, object: &str, patch: &str) -> fixtures::Result<String> {
     env.cp.kubectl(&[
         "patch",
         object,
@@ -145,7 +147,7 @@ fn release_hold(env: &Env, object: &str) -> fixtures::Result<String> {
         OPERATOR_NAMESPACE,
         "--type=merge",
         "-p",
-        r#"{"metadata":{"finalizers":null}}"#,
+        patch,
     ])
 }
 
