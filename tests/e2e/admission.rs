@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use fixtures::env::condition;
+use fixtures::env::{condition, pet_metadata};
 use fixtures::legacy_store::LegacyStore;
 use fixtures::{ControlPlane, Env, Storage, repo_root, wait_for};
 use serde_json::{Value, json};
@@ -31,15 +31,7 @@ const POLICY_ACTIVE_TIMEOUT: Duration = Duration::from_secs(60);
 const REMOVE_FINALIZERS: &str = r#"[{"op":"remove","path":"/metadata/finalizers"}]"#;
 
 fn pet_yaml(name: &str, annotations: &[(&str, &str)], finalizers: &[&str]) -> String {
-    let mut yaml = format!(
-        "apiVersion: petstore.example.com/v1alpha1\nkind: Pet\nmetadata:\n  name: {name}\n  namespace: default\n"
-    );
-    if !annotations.is_empty() {
-        yaml.push_str("  annotations:\n");
-        for (key, value) in annotations {
-            yaml.push_str(&format!("    {key}: \"{value}\"\n"));
-        }
-    }
+    let mut yaml = pet_metadata("v1alpha1", name, annotations);
     if !finalizers.is_empty() {
         yaml.push_str("  finalizers:\n");
         for finalizer in finalizers {
