@@ -181,9 +181,7 @@ fn imported_records_are_adopted_with_one_key_claim_each_and_nothing_else() -> fi
     }
     let record = env
         .store
-        .all_pets()?
-        .into_iter()
-        .find(|r| r["id"] == taken.as_str())
+        .record(taken)?
         .expect("the record claimed by someone else");
     assert_eq!(
         (&record["idempotencyKey"], &record["name"]),
