@@ -112,7 +112,6 @@ impl Pet {
             cause: "drift".into(),
             generation,
             actions: Vec::new(),
-            pending_since: None,
         });
         self
     }

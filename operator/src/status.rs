@@ -409,12 +409,18 @@ pub enum PlanUpdate {
 }
 
 impl PlanUpdate {
-    pub fn apply_to(&self, status: &mut PetStatus) {
+    /// `now` starts `status.planPendingSince` when the Pet begins showing
+    /// a plan; a Pet that already shows one keeps its start.
+    pub fn apply_to(&self, status: &mut PetStatus, now: DateTime<Utc>) {
         match self {
             PlanUpdate::Keep => {}
-            PlanUpdate::Show(plan) => status.plan = Some(plan.clone()),
+            PlanUpdate::Show(plan) => {
+                status.plan = Some(plan.clone());
+                status.plan_pending_since.get_or_insert(now);
+            }
             PlanUpdate::Clear { applied } => {
                 status.plan = None;
+                status.plan_pending_since = None;
                 if applied.is_some() {
                     status.applied_plan.clone_from(applied);
                 }

@@ -1,7 +1,7 @@
 //! A plan pending across a restart and across a leader change: the new
 //! process neither publishes its `PlanPending` Event again nor resets
 //! `plan_oldest_age_seconds`, so the pending-plan alert still fires for an
-//! operator restarted every day. The plan's start is `status.plan.pendingSince`.
+//! operator restarted every day. The plan's start is `status.planPendingSince`.
 
 use std::time::{Duration, Instant};
 
@@ -89,15 +89,15 @@ fn a_pending_plan_is_announced_once_and_keeps_its_age_across_restarts() -> fixtu
         &[],
         r#" {name: Rex, type: dog, birthday: "2022-03-01", changePolicy: Approve}"#,
     ))?;
-    let plan: Value = wait_for(TIMEOUT, "rex's create plan", || {
+    let status: Value = wait_for(TIMEOUT, "rex's create plan", || {
         let pet = env.pet("default", "rex").ok()?;
-        let plan = pet["status"]["plan"].clone();
-        (plan["summary"] == "create").then_some(plan)
+        let status = pet["status"].clone();
+        (status["plan"]["summary"] == "create").then_some(status)
     })?;
     let shown_at = Instant::now();
     assert!(
-        plan["pendingSince"].is_string(),
-        "status.plan.pendingSince: {plan}"
+        status["planPendingSince"].is_string(),
+        "status.planPendingSince: {status}"
     );
     env.wait_event("PlanPending/rex", TIMEOUT)?;
     assert_eq!(plan_announcements(&env, "rex")?, 1);
@@ -129,7 +129,7 @@ fn a_pending_plan_is_announced_once_and_keeps_its_age_across_restarts() -> fixtu
     );
     let pet = env.pet("default", "rex")?;
     assert_eq!(
-        pet["status"]["plan"]["pendingSince"], plan["pendingSince"],
+        pet["status"]["planPendingSince"], status["planPendingSince"],
         "the plan's start moved"
     );
     Ok(())

@@ -275,7 +275,7 @@ fn two_clusters_on_one_store_never_write_each_others_records() -> fixtures::Resu
     let blue = &env.cp;
     let green = env.another_cluster()?;
     let _blue_operator = start_operator(&env, "operator-blue", "blue")?;
-    let _green_operator =
+    let green_operator =
         env.start_operator_in(&green, "operator-green", &["--installation=green"])?;
     let shared = |name: &str| pet_manifest("shared", &[], &spec(name, ""));
     blue.kubectl_stdin(&["apply", "-f", "-"], &shared("Blue's"))?;
@@ -301,15 +301,11 @@ fn two_clusters_on_one_store_never_write_each_others_records() -> fixtures::Resu
         message.contains("\"blue\"") && message.contains(&blue_id),
         "{message}"
     );
-    // Several of green's polls (2 s each) go by: nothing is written.
-    std::thread::sleep(Duration::from_secs(5));
+    // Two more of green's polls read the store, and write nothing.
+    let reads = green_operator.store_reads()?;
+    green_operator.wait_store_reads(reads, 2, TIMEOUT)?;
     assert_eq!(counts(&env)?, before, "green wrote nothing");
-    let record = env
-        .store
-        .all_pets()?
-        .into_iter()
-        .find(|r| r["id"] == blue_id.as_str())
-        .expect("blue's record");
+    let record = env.store.record(&blue_id)?.expect("blue's record");
     assert_eq!(record["name"], "Blue's", "blue's record keeps blue's spec");
     assert!(
         record["idempotencyKey"]

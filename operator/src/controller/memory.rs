@@ -501,12 +501,13 @@ impl Memory {
     /// `pet` is the Pet as read before this plan's status write. A plan it
     /// already showed, with the same hash, was announced by whichever
     /// process wrote it (this one before a restart, or an earlier leader):
-    /// it is not new, and it has waited since its `pendingSince`.
+    /// it is not new, and it has waited since `status.planPendingSince`.
     pub fn plan_shown(&self, pet: &Pet, uid: &str, hash: &str, stale: Option<&str>) -> PlanNews {
-        let shown_before = pet.status.as_ref().and_then(|s| s.plan.as_ref());
+        let status = pet.status.as_ref();
+        let shown_before = status.and_then(|s| s.plan.as_ref());
         let announced = shown_before.is_some_and(|plan| plan.hash == hash);
-        let shown_since = shown_before
-            .and_then(|plan| plan.pending_since)
+        let shown_since = status
+            .and_then(|s| s.plan_pending_since)
             .map(|since| moment_of(since, Instant::now()));
         let (hash, stale) = (id_hash(Some(hash)), stale.map(|s| id_hash(Some(s))));
         let mut news = PlanNews::default();
@@ -1074,11 +1075,12 @@ mod tests {
     /// restarted operator, or a new leader, first reads it.
     fn showing(uid: &str, hash: &str, age: Duration) -> Pet {
         let mut pet = pet(uid).showing_plan();
-        let plan = pet.status.as_mut().and_then(|s| s.plan.as_mut());
-        let plan = plan.expect("showing_plan shows one");
-        plan.hash = hash.into();
+        let status = pet.status.as_mut().expect("showing_plan shows one");
+        if let Some(plan) = status.plan.as_mut() {
+            plan.hash = hash.into();
+        }
         let age = chrono::Duration::from_std(age).expect("a small age");
-        plan.pending_since = Some(chrono::Utc::now() - age);
+        status.plan_pending_since = Some(chrono::Utc::now() - age);
         pet
     }
 

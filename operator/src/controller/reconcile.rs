@@ -571,17 +571,7 @@ impl<'a> Reconcile<'a> {
         outcome: &Outcome,
         stale: Option<String>,
     ) -> Result<(), Error> {
-        // A Pet that already shows a plan keeps showing one since then.
-        let mut plan = preview.to_status();
-        plan.pending_since = Some(
-            self.pet
-                .status
-                .as_ref()
-                .and_then(|s| s.plan.as_ref())
-                .and_then(|plan| plan.pending_since)
-                .unwrap_or_else(chrono::Utc::now),
-        );
-        let shown = PlanUpdate::Show(plan);
+        let shown = PlanUpdate::Show(preview.to_status());
         self.write_status(None, outcome, &shown).await?;
         self.ctx
             .memory

@@ -32,8 +32,9 @@ pub async fn write(
     let mut current = pet.status.clone();
     let mut attempt = 1;
     loop {
-        let mut next = next_status(current.as_ref(), generation, id, outcome, Utc::now());
-        plan.apply_to(&mut next);
+        let now = Utc::now();
+        let mut next = next_status(current.as_ref(), generation, id, outcome, now);
+        plan.apply_to(&mut next, now);
         if current.as_ref() == Some(&next) {
             return Ok(());
         }

@@ -275,6 +275,15 @@ pub struct PetStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plan: Option<PlanStatus>,
 
+    /// Since when the Pet has shown a plan it has not written (this one or
+    /// one before it): the age the pending-plan alert reads. Kept in the
+    /// status, not only in the operator's memory, so a restart or a new
+    /// leader neither announces the plan again nor resets its age; beside
+    /// `plan`, not in it, so the plan stays exactly what `kubectl petstore
+    /// plan` prints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan_pending_since: Option<DateTime<Utc>>,
+
     /// The hash of the last approved plan applied: an approval is used once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub applied_plan: Option<String>,
@@ -323,12 +332,6 @@ pub struct PlanStatus {
     pub generation: Option<i64>,
     /// Each store write, in order.
     pub actions: Vec<PlannedAction>,
-    /// Since when the Pet has shown a plan it has not written (this one or
-    /// one before it): the age the pending-plan alert reads. Kept in the
-    /// status, not only in the operator's memory, so a restart or a new
-    /// leader neither announces the plan again nor resets its age.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pending_since: Option<DateTime<Utc>>,
 }
 
 /// One store write of a plan.

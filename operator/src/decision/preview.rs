@@ -363,7 +363,6 @@ impl Preview {
                         .collect(),
                 })
                 .collect(),
-            pending_since: None,
         }
     }
 }
