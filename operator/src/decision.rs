@@ -1,7 +1,8 @@
 //! The pure decision step: the whole reconcile policy, with no I/O. The
 //! controller gathers [`Facts`] about a Pet, asks [`first_step`] whether the
 //! store needs to be read at all, reads it if so, and asks [`decide`] for a
-//! [`Plan`] (or, after a create that stood in for the read, asks
+//! [`Decision`], which [`plan`] turns into the [`Plan`] it shows and
+//! executes (or, after a create that stood in for the read, asks
 //! [`after_create`]); then it only executes the plan and records the outcome.
 //!
 //! A create has two shapes, for its two moments: [`Step::Create`] before
@@ -25,7 +26,7 @@
 //! live Pet, so that key's Pet is gone). A record of another installation
 //! is never taken: the Pet is held, naming it.
 //!
-//! [`preview`] turns a plan into the store writes it makes, which a
+//! [`plan`] turns a decision into the store writes it makes, which a
 //! reconcile either executes or, by the change policy, shows as
 //! `status.plan` ([`preview::gate`]).
 //!
@@ -33,7 +34,8 @@
 //! Pet.
 //!
 //! By job: `facts.rs` holds [`Facts`] and how they are read from a Pet;
-//! `plan.rs` the vocabulary of steps, plans, holds and stories; `rules.rs`
+//! `plan.rs` the vocabulary of steps, decisions, holds and stories;
+//! `preview.rs` the [`Plan`] made of a decision; `rules.rs`
 //! the rules that choose them; `prose.rs` every message they are told in.
 
 mod facts;
@@ -45,10 +47,10 @@ mod rules;
 
 pub use facts::{Facts, Uninstall, facts_of};
 pub use plan::{
-    Cause, Finish, ForeignHolder, HandOver, Hold, Misspelled, Next, Observation, Plan, Step, Story,
-    Sync, Target,
+    Cause, Decision, Finish, ForeignHolder, HandOver, Hold, Misspelled, Next, Observation, Step,
+    Story, Sync, Target,
 };
-pub use preview::{Gate, Preview, StoreAction, Write, gate, preview};
+pub use preview::{Gate, Plan, StoreAction, Write, gate, nothing_planned, plan};
 pub use prose::release_by_hand;
 pub use rules::{after_create, decide, first_step, read_after_create};
 

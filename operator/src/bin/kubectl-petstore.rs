@@ -25,11 +25,13 @@ use chrono::NaiveDate;
 use clap::{Parser, Subcommand};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
+use petstore_operator::Error;
 use petstore_operator::cli::{INSTALLATION_ENV, StoreTlsArgs, parse_installation};
+use petstore_operator::controller::facts_of;
+use petstore_operator::controller::plan::{self as planning, Planned};
 use petstore_operator::controller::uninstall::UninstallProbe;
-use petstore_operator::controller::{facts_of, observe};
-use petstore_operator::crd::{ChangePolicy, GROUP, Pet, PetType};
-use petstore_operator::decision::{Preview, Step, decide, first_step, preview};
+use petstore_operator::crd::{ChangePolicy, GROUP, Pet, PetType, PlanStatus};
+use petstore_operator::decision::nothing_planned;
 use petstore_operator::import::{
     Born, Holder, holder, importable, manifest, search_request, to_yaml,
 };
@@ -239,15 +241,16 @@ async fn plan(
     let mut changes = false;
     for manifest in manifests {
         let pet = dry_run(&client, &namespace, &manifest).await?;
-        let preview = plan_pet(&pet, &store, &uninstall, &store_args.installation).await?;
+        let planned = plan_pet(&pet, &store, &uninstall, &store_args.installation).await?;
         let name = pet.identity();
-        if preview.is_empty() {
-            eprintln!("pet {name}: none");
+        let writes = !planned.actions.is_empty();
+        if writes {
+            eprintln!("pet {name}: {} (plan {})", planned.summary, planned.hash);
         } else {
-            eprintln!("pet {name}: {} (plan {})", preview.summary(), preview.hash);
+            eprintln!("pet {name}: none");
         }
-        println!("{}", status_plan_json(&preview)?);
-        changes |= !preview.is_empty();
+        println!("{}", status_plan_json(&planned)?);
+        changes |= writes;
     }
     Ok(changes)
 }
@@ -381,7 +384,7 @@ async fn plan_pet(
     store: &GrpcPetStore,
     uninstall: &UninstallProbe,
     installation: &str,
-) -> anyhow::Result<Preview> {
+) -> anyhow::Result<PlanStatus> {
     let mut pet = pet.clone();
     // A Pet not created yet has no UID: no record can be keyed by it.
     pet.metadata
@@ -389,36 +392,29 @@ async fn plan_pet(
         .get_or_insert_with(|| "(not created yet)".into());
     let mut facts = facts_of(&pet, installation)?;
     facts.has_finalizer = true;
-    if facts.deletion_would_delete_record() {
-        facts.uninstalling = uninstall
-            .check()
-            .await
-            .context("reading whether the installation is being removed")?;
-    }
-    let id = match first_step(&facts) {
-        Step::Observe { id } => id,
-        // Only a store seen to answer creates is asked to create first.
-        Step::Create => None,
-        // Paused, or a spec the store rejected: nothing is planned.
-        Step::Wait(_) | Step::Hold { .. } | Step::AddFinalizer => {
-            return Ok(Preview::nothing(&facts));
-        }
-    };
-    let observation = observe(store, id.as_deref(), &facts)
+    // The operator's own planning; this writes nothing, so it reads the
+    // store where the operator would create first.
+    let planned = planning::plan(store, Some(uninstall), &mut facts, false)
         .await
-        .context("reading the store")?;
-    let observed = observation.lookup();
-    Ok(preview(&facts, &decide(&facts, observation), &observed))
+        .map_err(|error| match error {
+            Error::Store(error) => anyhow::Error::new(error).context("reading the store"),
+            error => error.into(),
+        })?;
+    Ok(match planned {
+        Planned::Plan(plan) => plan.to_status(),
+        // Paused, or a spec the store rejected: nothing is planned.
+        Planned::Wait(_) | Planned::Hold { .. } | Planned::AddFinalizer | Planned::CreateFirst => {
+            nothing_planned(facts.generation)
+        }
+    })
 }
 
 /// As `kubectl get pet -o jsonpath='{.status.plan}'` prints it: the API
 /// server's JSON has its keys in order, and so has serde_json's map (its
 /// `preserve_order` feature is off); the plugin's end-to-end test compares
 /// the two byte for byte.
-fn status_plan_json(preview: &Preview) -> anyhow::Result<String> {
-    Ok(serde_json::to_string(&serde_json::to_value(
-        preview.to_status(),
-    )?)?)
+fn status_plan_json(plan: &PlanStatus) -> anyhow::Result<String> {
+    Ok(serde_json::to_string(&serde_json::to_value(plan)?)?)
 }
 
 #[cfg(test)]

@@ -50,6 +50,7 @@ mod context;
 mod feed;
 mod finalizer;
 mod memory;
+pub mod plan;
 mod poll;
 mod reconcile;
 mod status_write;

@@ -23,10 +23,11 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use super::{Context, finalizer, status_write};
 use crate::crd::Pet;
 // `Sync` would shadow the marker trait.
+use super::plan::{Planned, plan};
 use crate::decision::preview::created_fields;
 use crate::decision::{
-    Cause, Facts, Gate, Next, Observation, Plan, Preview, Step, StoreAction, Story,
-    Sync as SyncPlan, after_create, decide, first_step, gate, preview, read_after_create,
+    Cause, Decision, Facts, Gate, Next, Plan, StoreAction, Story, Sync as SyncPlan, Target, Write,
+    after_create, gate, read_after_create,
 };
 use crate::status::{self, Outcome, PlanUpdate, Reason};
 use crate::store::{Changes, Created, Field, StoreError};
@@ -59,7 +60,7 @@ enum Ending {
     },
     /// The change policy kept the plan from being written: show it.
     Planned {
-        preview: Preview,
+        plan: Plan,
         outcome: Outcome,
         stale: Option<String>,
     },
@@ -137,34 +138,38 @@ impl<'a> Reconcile<'a> {
         if let Some(left) = self.ctx.memory.backoff_left(&self.facts) {
             return Ok(Action::requeue(left));
         }
-        let ending = match self.look_for_uninstall().await {
-            Ok(()) => self.act().await,
-            Err(error) => Ending::Problem(Problem::failed(error)),
-        };
+        let ending = self.act().await;
         self.record(ending).await
     }
 
-    /// Only a deletion that would delete a record needs to know.
-    async fn look_for_uninstall(&mut self) -> Result<(), Error> {
-        if let (true, Some(probe)) = (
-            self.facts.deletion_would_delete_record(),
-            &self.ctx.uninstall,
-        ) {
-            self.facts.uninstalling = probe.check().await?;
-        }
-        Ok(())
-    }
-
+    /// Plans and executes the plan. A record that vanished or changed owner
+    /// meanwhile, or that a create found already there, is observed again
+    /// at once.
     async fn act(&mut self) -> Ending {
-        // Twice at most: once more after adding the finalizer, carrying on
-        // with the object the API server returned (see finalizer.rs).
-        for _ in 0..2 {
-            match first_step(&self.facts) {
-                Step::Wait(next) => return Ending::Quiet(next),
-                Step::Hold { outcome, next } => {
+        let mut may_create_first = true;
+        let mut finalizer_added = false;
+        let mut attempt = 1;
+        loop {
+            let planned = plan(
+                self.ctx.store.as_ref(),
+                self.ctx.uninstall.as_ref(),
+                &mut self.facts,
+                may_create_first,
+            )
+            .await;
+            let result = match planned {
+                Ok(Planned::Wait(next)) => return Ending::Quiet(next),
+                Ok(Planned::Hold { outcome, next }) => {
                     return Ending::Problem(Problem::held(outcome, next));
                 }
-                Step::AddFinalizer => {
+                // Once: then planning carries on with the object the API
+                // server returned (see finalizer.rs).
+                Ok(Planned::AddFinalizer) if finalizer_added => {
+                    return Ending::Problem(Problem::unshown(Error::MalformedPet(
+                        self.pet.name_any(),
+                    )));
+                }
+                Ok(Planned::AddFinalizer) => {
                     let added = finalizer::add(&self.api, &self.pet)
                         .instrument(petstore_telemetry::span(|| {
                             info_span!("kube.add_finalizer")
@@ -174,39 +179,27 @@ impl<'a> Reconcile<'a> {
                         Ok((facts, pet)) => (self.facts, self.pet) = (facts, Arc::new(pet)),
                         Err(error) => return Ending::Problem(Problem::unshown(error)),
                     }
+                    finalizer_added = true;
+                    continue;
                 }
-                Step::Observe { id } => return self.observe_and_execute(id.as_deref()).await,
-                Step::Create => return self.create_first().await,
-            }
-        }
-        Ending::Problem(Problem::unshown(Error::MalformedPet(self.pet.name_any())))
-    }
-
-    /// Observes the store, decides, and executes the plan. A record that
-    /// vanished or changed owner meanwhile, or that a create found already
-    /// there, is observed again at once.
-    async fn observe_and_execute(&self, id: Option<&str>) -> Ending {
-        let mut attempt = 1;
-        loop {
-            let result = match self.observe(id).await {
-                Ok(observation) => {
-                    let observed = observation.lookup();
-                    let (plan, preview, gate) = petstore_telemetry::span(|| info_span!("decide"))
-                        .in_scope(|| {
-                            let plan = decide(&self.facts, observation);
-                            let preview = preview(&self.facts, &plan, &observed);
-                            let gate = gate(&self.facts, &preview);
-                            (plan, preview, gate)
-                        });
-                    match gate {
-                        Gate::Apply { approved } => self.execute(plan, &preview, approved).await,
-                        Gate::Show { outcome, stale } => Ok(Some(Ending::Planned {
-                            preview,
-                            outcome,
-                            stale,
-                        })),
+                Ok(Planned::CreateFirst) => match self.create_first().await {
+                    Ok(Some(ending)) => return ending,
+                    // The create made no new record: read the store and
+                    // bring the record found in line.
+                    Ok(None) => {
+                        may_create_first = false;
+                        continue;
                     }
-                }
+                    Err(error) => return Ending::Problem(Problem::failed(error)),
+                },
+                Ok(Planned::Plan(plan)) => match gate(&self.facts, &plan) {
+                    Gate::Apply { approved } => self.execute(plan, approved).await,
+                    Gate::Show { outcome, stale } => Ok(Some(Ending::Planned {
+                        plan,
+                        outcome,
+                        stale,
+                    })),
+                },
                 Err(error) => Err(error),
             };
             match result {
@@ -229,33 +222,30 @@ impl<'a> Reconcile<'a> {
                 }
                 Err(error) => return Ending::Problem(Problem::failed(error)),
             }
+            // Read again, never create first: the last read or create
+            // found a record.
+            may_create_first = false;
         }
     }
 
-    async fn observe(&self, id: Option<&str>) -> Result<Observation, Error> {
-        Ok(super::observe(self.ctx.store.as_ref(), id, &self.facts).await?)
-    }
-
-    /// Executes the plan by its writes (`preview`): `None` when a create
-    /// found the record already there; read it.
-    async fn execute(
-        &self,
-        plan: Plan,
-        preview: &Preview,
-        approved: Option<String>,
-    ) -> Result<Option<Ending>, Error> {
-        debug!(?plan, "decided");
-        Ok(Some(match plan {
-            Plan::Hold { outcome, next } => Ending::Problem(Problem::held(outcome, next)),
-            Plan::Sync(sync) => {
-                let Applied::Done { created, changes } = self.apply(&sync.story, preview).await?
+    /// Executes the plan: its writes, then what its decision says follows
+    /// them. `None` when a create found the record already there; read it.
+    async fn execute(&self, plan: Plan, approved: Option<String>) -> Result<Option<Ending>, Error> {
+        debug!(?plan, "planned");
+        let Plan {
+            writes, decision, ..
+        } = plan;
+        Ok(Some(match decision {
+            Decision::Hold { outcome, next } => Ending::Problem(Problem::held(outcome, next)),
+            Decision::Sync(sync) => {
+                let Applied::Done { created, changes } = self.apply(&sync.story, &writes).await?
                 else {
                     return Ok(None);
                 };
                 let id = match (created, &sync.target) {
                     (Some(id), _) => id,
-                    (None, crate::decision::Target::Existing(id)) => id.clone(),
-                    (None, crate::decision::Target::Create) => {
+                    (None, Target::Existing(id)) => id.clone(),
+                    (None, Target::Create) => {
                         return Err(Error::Held(
                             Reason::ReconcileError,
                             "a plan to create wrote no record".into(),
@@ -269,38 +259,35 @@ impl<'a> Reconcile<'a> {
                     approved,
                 }
             }
-            Plan::Finish(finish) => {
-                self.apply(&finish.story, preview).await?;
+            Decision::Finish(finish) => {
+                self.apply(&finish.story, &writes).await?;
                 Ending::Finished(finish.story)
             }
-            Plan::HandOver(hand_over) => {
-                self.apply(&hand_over.story(), preview).await?;
+            Decision::HandOver(hand_over) => {
+                self.apply(&hand_over.story(), &writes).await?;
                 let outcome = hand_over.outcome(self.facts.status_id.as_deref());
                 Ending::Problem(Problem::held(outcome, Next::AwaitChange))
             }
         }))
     }
 
-    /// Creates without reading first ([`Step::Create`]); reads after all
-    /// when the key already named a record.
-    async fn create_first(&self) -> Ending {
-        let created = match self.create().await {
-            Ok(created) => created,
-            Err(error) => return Ending::Problem(Problem::failed(error)),
-        };
+    /// Creates without reading first ([`Planned::CreateFirst`]): `None`
+    /// when the key already named a record; read it.
+    async fn create_first(&self) -> Result<Option<Ending>, Error> {
+        let created = self.create().await?;
         let Some(sync) = after_create(&self.facts, &created) else {
             self.created_nothing(&created);
-            return self.observe_and_execute(None).await;
+            return Ok(None);
         };
         let cause = sync.story.cause(&self.facts);
         let changes = created_fields(&self.facts.desired);
         self.wrote(StoreAction::Create, cause, created.id(), &changes);
-        Ending::Synced {
+        Ok(Some(Ending::Synced {
             id: created.into_id(),
             sync,
             changes,
             approved: None,
-        }
+        }))
     }
 
     /// A create made no new record, or may not have ([`read_after_create`]):
@@ -313,58 +300,67 @@ impl<'a> Reconcile<'a> {
         );
     }
 
-    /// Makes the plan's writes, in order, as [`preview`] listed them: the
-    /// list a pending plan shows is the list written. A create that finds
-    /// its record already there ([`read_after_create`]: an earlier create
-    /// that committed after its timeout, which the read that planned this
-    /// one did not show) stops it: the record is read again.
-    async fn apply(&self, story: &Story, preview: &Preview) -> Result<Applied, Error> {
+    /// Makes the plan's writes, in order: the list a pending plan shows is
+    /// the list written. A create that finds its record already there
+    /// ([`read_after_create`]: an earlier create that committed after its
+    /// timeout, which the read that planned this one did not show) stops
+    /// it: the record is read again.
+    async fn apply(&self, story: &Story, writes: &[Write]) -> Result<Applied, Error> {
         let store = &self.ctx.store;
         let cause = story.cause(&self.facts);
         let mut created = None;
-        let mut changes = Changes::default();
-        for write in &preview.writes {
-            let record = write.record.as_deref().unwrap_or_default();
+        let mut changed = Changes::default();
+        for write in writes {
             let mut turn = 0;
-            match write.action {
-                StoreAction::Create | StoreAction::Recreate => {
+            let record = match write {
+                Write::Create { changes, .. } => {
                     let answer = self.create().await?;
                     if read_after_create(&answer, true) {
                         self.created_nothing(&answer);
                         return Ok(Applied::ReadAgain);
                     }
-                    self.wrote(write.action, cause, answer.id(), &write.changes);
+                    self.wrote(write.action(), cause, answer.id(), changes);
                     created = Some(answer.into_id());
-                    changes = write.changes.clone();
+                    changed = changes.clone();
                     continue;
                 }
-                StoreAction::Claim | StoreAction::Release => {
-                    let Some(ownership) = &write.ownership else {
-                        return Err(Error::Held(
-                            Reason::ReconcileError,
-                            format!("a plan to {} named no key", write.action.label()),
-                        ));
-                    };
-                    turn = self.fault_before_key_write(write.action, record).await;
+                Write::Claim {
+                    record,
+                    expected,
+                    new,
+                    identity,
+                    ..
+                } => {
+                    turn = self.fault_before_key_write(write.action(), record).await;
+                    let (expected, new) = (expected.to_string(), new.to_string());
                     store
-                        .set_key(
-                            record,
-                            &ownership.expected.to_string(),
-                            &ownership.new.to_string(),
-                            ownership.identity.as_deref(),
-                        )
+                        .set_key(record, &expected, &new, identity.as_deref())
                         .await?;
+                    record
                 }
-                StoreAction::Update => {
+                Write::Release { record, from, to } => {
+                    store
+                        .set_key(record, &from.to_string(), &to.to_string(), None)
+                        .await?;
+                    record
+                }
+                Write::Update { record, changes } => {
                     store.update(record, &self.facts.desired).await?;
-                    changes = write.changes.clone();
+                    changed = changes.clone();
+                    record
                 }
-                StoreAction::Delete => store.delete(record).await?,
-            }
-            self.wrote(write.action, cause, record, &write.changes);
-            self.fault_after_write(write.action, record, turn).await;
+                Write::Delete { record } => {
+                    store.delete(record).await?;
+                    record
+                }
+            };
+            self.wrote(write.action(), cause, record, &write.changes());
+            self.fault_after_write(write.action(), record, turn).await;
         }
-        Ok(Applied::Done { created, changes })
+        Ok(Applied::Done {
+            created,
+            changes: changed,
+        })
     }
 
     /// The crash-test faults that hang before a claim's compare-and-set.
@@ -491,10 +487,10 @@ impl<'a> Reconcile<'a> {
                 Err(error) => Problem::failed(error),
             },
             Ending::Planned {
-                preview,
+                plan,
                 outcome,
                 stale,
-            } => match self.record_plan(&preview, &outcome, stale).await {
+            } => match self.record_plan(&plan, &outcome, stale).await {
                 Ok(()) => {
                     let held = Problem::held(outcome, Next::Poll);
                     return count(self.ctx, &self.pet, Some(&self.facts), held);
@@ -567,11 +563,11 @@ impl<'a> Reconcile<'a> {
     /// Pet or its record changes.
     async fn record_plan(
         &self,
-        preview: &Preview,
+        planned: &Plan,
         outcome: &Outcome,
         stale: Option<String>,
     ) -> Result<(), Error> {
-        let shown = PlanUpdate::Show(preview.to_status());
+        let shown = PlanUpdate::Show(planned.to_status());
         self.write_status(None, outcome, &shown).await?;
         self.ctx
             .memory
@@ -579,16 +575,16 @@ impl<'a> Reconcile<'a> {
         let news =
             self.ctx
                 .memory
-                .plan_shown(&self.pet, &self.facts.uid, &preview.hash, stale.as_deref());
+                .plan_shown(&self.pet, &self.facts.uid, &planned.hash, stale.as_deref());
         if news.new_stale_approval {
             let stale = stale.as_deref().unwrap_or_default();
             let note = format!(
                 "the annotation {} names plan {stale}, but the pending plan is now {}: the spec or the store record changed since; nothing was written. Review status.plan and approve {} to apply it",
                 crate::crd::APPROVE_PLAN_ANNOTATION,
-                preview.hash,
-                preview.hash
+                planned.hash,
+                planned.hash
             );
-            warn!(%stale, plan = %preview.hash, "approval is stale; nothing written");
+            warn!(%stale, plan = %planned.hash, "approval is stale; nothing written");
             self.publish(Reason::ApprovalStale, "RefuseStaleApproval", note);
         }
         if news.new_plan {
@@ -596,7 +592,7 @@ impl<'a> Reconcile<'a> {
             self.publish(
                 reason,
                 "ShowPlan",
-                format!("plan {}: {}", preview.hash, preview.describe()),
+                format!("plan {}: {}", planned.hash, planned.describe()),
             );
         }
         Ok(())

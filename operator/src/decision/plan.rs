@@ -1,4 +1,4 @@
-//! The vocabulary of the decision step: the steps and plans it returns,
+//! The vocabulary of the decision step: the steps and decisions it returns,
 //! and the stories that say what a plan did and why.
 
 use std::time::Duration;
@@ -63,9 +63,10 @@ impl Observation {
     }
 }
 
-/// The plan for the store.
+/// What to do with the store: the decision a [`Plan`](super::Plan) is
+/// made of, and what follows its writes.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Plan {
+pub enum Decision {
     /// Touch nothing in the store; show `outcome` in the conditions.
     Hold { outcome: Outcome, next: Next },
     /// Bring the record in line, then record its ID in status.
@@ -366,8 +367,8 @@ impl Hold {
         }
     }
 
-    pub fn plan(&self) -> Plan {
-        Plan::Hold {
+    pub fn decision(&self) -> Decision {
+        Decision::Hold {
             outcome: self.outcome(),
             next: self.next(),
         }

@@ -1,11 +1,12 @@
-//! A plan as the list of store writes it makes: what `status.plan` shows a
-//! person and what the reconcile executes. Both read the one list that
-//! [`preview`] makes from [`decide`](super::decide)'s plan, so a plan shown
-//! under `changePolicy: Approve` or `Observe` is exactly what `Automatic`
-//! writes for the same Pet and record. [`gate`] then decides, by the change
-//! policy and the approval, whether the list is written now.
+//! A plan: the list of typed store writes [`plan`] makes from
+//! [`decide`](super::decide)'s decision, with the decision itself. One
+//! value is what `status.plan` shows a person and what the reconcile
+//! executes, so a plan shown under `changePolicy: Approve` or `Observe` is
+//! exactly what `Automatic` writes for the same Pet and record. [`gate`]
+//! then decides, by the change policy and the approval, whether the list is
+//! written now.
 
-use super::{Cause, Facts, Plan, Story, Target};
+use super::{Cause, Decision, Facts, Story, Target};
 use crate::crd::{APPROVE_PLAN_ANNOTATION, ChangePolicy, PlanStatus, PlannedAction, PlannedChange};
 use crate::status::{Outcome, Reason};
 use crate::store::{Changes, Field, FieldChange, Lookup, Owner, PetData, Record};
@@ -51,32 +52,90 @@ impl StoreAction {
     }
 }
 
-/// One store write of a plan.
+/// One store write of a plan, carrying exactly what making it needs.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Write {
-    pub action: StoreAction,
+pub enum Write {
+    /// A new record keyed by the Pet's UID, with these fields; `recreate`
+    /// when it stands in for a record that vanished (its `changes` then say
+    /// which, first).
+    Create {
+        changes: Changes,
+        recreate: bool,
+    },
+    /// The spec written to `record`; `changes` are each field's value
+    /// before and after.
+    Update {
+        record: String,
+        changes: Changes,
+    },
+    /// Adoption: `record`'s key set from `expected` to `new` by
+    /// compare-and-set, with `identity` (`None` leaves it).
+    Claim {
+        record: String,
+        expected: Owner,
+        new: Owner,
+        identity: Option<String>,
+        changes: Changes,
+    },
+    /// `record`'s key set from `from` to `to` (empty: nobody) by
+    /// compare-and-set; the identity stays.
+    Release {
+        record: String,
+        from: Owner,
+        to: Owner,
+    },
+    Delete {
+        record: String,
+    },
+}
+
+impl Write {
+    pub fn action(&self) -> StoreAction {
+        match self {
+            Write::Create {
+                recreate: false, ..
+            } => StoreAction::Create,
+            Write::Create { recreate: true, .. } => StoreAction::Recreate,
+            Write::Update { .. } => StoreAction::Update,
+            Write::Claim { .. } => StoreAction::Claim,
+            Write::Release { .. } => StoreAction::Release,
+            Write::Delete { .. } => StoreAction::Delete,
+        }
+    }
+
     /// The record written; `None` for a create, whose ID the store mints.
-    pub record: Option<String>,
+    pub fn record(&self) -> Option<&str> {
+        match self {
+            Write::Create { .. } => None,
+            Write::Update { record, .. }
+            | Write::Claim { record, .. }
+            | Write::Release { record, .. }
+            | Write::Delete { record } => Some(record),
+        }
+    }
+
     /// Each field's value before and after, as the change log tells it.
-    pub changes: Changes,
-    /// For a claim or a release: the compare-and-set it makes.
-    pub ownership: Option<Ownership>,
+    pub fn changes(&self) -> Changes {
+        match self {
+            Write::Create { changes, .. }
+            | Write::Update { changes, .. }
+            | Write::Claim { changes, .. } => changes.clone(),
+            Write::Release { from, to, .. } => key_change(from, to),
+            Write::Delete { record } => Changes(vec![FieldChange {
+                field: Field::Record,
+                from: record.clone(),
+                to: "(none)".into(),
+            }]),
+        }
+    }
 }
 
-/// A key compare-and-set: the owner expected, the owner set, and the
-/// identity set with it (`None` leaves it). The store is sent each owner's
-/// wire key.
+/// A plan: the store writes [`decide`](super::decide)'s decision makes, in
+/// the order they are made, what identifies them, and the decision itself
+/// (what follows the writes). One value is shown as `status.plan` and
+/// executed.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Ownership {
-    pub expected: Owner,
-    pub new: Owner,
-    pub identity: Option<String>,
-}
-
-/// A plan's store writes, in the order they are made, and what identifies
-/// them.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Preview {
+pub struct Plan {
     pub writes: Vec<Write>,
     /// Why the writes would be made; `None` when there are none.
     pub cause: Option<Cause>,
@@ -86,17 +145,19 @@ pub struct Preview {
     /// read: a change to the spec or to the record gives another hash.
     /// Empty when there are no writes: nothing to approve.
     pub hash: String,
+    /// What the writes are for, and what follows them.
+    pub decision: Decision,
 }
 
-/// The writes `plan` makes; `observed` is the store as read for it.
-pub fn preview(facts: &Facts, plan: &Plan, observed: &Lookup) -> Preview {
+/// The plan for `decision`; `observed` is the store as read for it.
+pub fn plan(facts: &Facts, decision: Decision, observed: &Lookup) -> Plan {
     let key = facts.owner();
     // A handover's key names this Pet: one of its own, so that many wait at
     // once, and one this Pet may take back.
     let handover = |to: &str| Owner::handed_over(to, &facts.uid);
-    let (writes, story) = match plan {
-        Plan::Hold { .. } => (Vec::new(), None),
-        Plan::HandOver(hand_over) => {
+    let (writes, story) = match &decision {
+        Decision::Hold { .. } => (Vec::new(), None),
+        Decision::HandOver(hand_over) => {
             let writes = hand_over
                 .release
                 .iter()
@@ -104,7 +165,7 @@ pub fn preview(facts: &Facts, plan: &Plan, observed: &Lookup) -> Preview {
                 .collect();
             (writes, Some(hand_over.story()))
         }
-        Plan::Sync(sync) => {
+        Decision::Sync(sync) => {
             let mut writes = Vec::new();
             match &sync.target {
                 Target::Existing(id) => {
@@ -123,15 +184,12 @@ pub fn preview(facts: &Facts, plan: &Plan, observed: &Lookup) -> Preview {
                                 to: format!("{identity:?}"),
                             });
                         }
-                        writes.push(Write {
-                            action: StoreAction::Claim,
-                            record: Some(id.clone()),
+                        writes.push(Write::Claim {
+                            record: id.clone(),
+                            expected: expected.clone(),
+                            new: key.clone(),
+                            identity,
                             changes,
-                            ownership: Some(Ownership {
-                                expected: expected.clone(),
-                                new: key.clone(),
-                                identity,
-                            }),
                         });
                     }
                     if sync.update {
@@ -139,17 +197,15 @@ pub fn preview(facts: &Facts, plan: &Plan, observed: &Lookup) -> Preview {
                             Some(record) => record.data.changes_to(&facts.desired),
                             None => created_fields(&facts.desired),
                         };
-                        writes.push(Write {
-                            action: StoreAction::Update,
-                            record: Some(id.clone()),
+                        writes.push(Write::Update {
+                            record: id.clone(),
                             changes,
-                            ownership: None,
                         });
                     }
                 }
                 Target::Create => {
                     let mut changes = created_fields(&facts.desired);
-                    let action = match &sync.story {
+                    let recreate = match &sync.story {
                         Story::Recreated { lost } => {
                             changes.0.insert(
                                 0,
@@ -159,37 +215,23 @@ pub fn preview(facts: &Facts, plan: &Plan, observed: &Lookup) -> Preview {
                                     to: format!("{lost} recreated"),
                                 },
                             );
-                            StoreAction::Recreate
+                            true
                         }
-                        _ => StoreAction::Create,
+                        _ => false,
                     };
-                    writes.push(Write {
-                        action,
-                        record: None,
-                        changes,
-                        ownership: None,
-                    });
+                    writes.push(Write::Create { changes, recreate });
                 }
             }
             (writes, Some(sync.story.clone()))
         }
-        Plan::Finish(finish) => {
+        Decision::Finish(finish) => {
             let mut writes = Vec::new();
             if let Some(id) = &finish.release {
                 let to = finish.hand_to.as_deref().map(handover).unwrap_or_default();
                 writes.push(release(id, &key, &to));
             }
             if let Some(id) = &finish.delete {
-                writes.push(Write {
-                    action: StoreAction::Delete,
-                    record: Some(id.clone()),
-                    changes: Changes(vec![FieldChange {
-                        field: Field::Record,
-                        from: id.clone(),
-                        to: "(none)".into(),
-                    }]),
-                    ownership: None,
-                });
+                writes.push(Write::Delete { record: id.clone() });
             }
             (writes, Some(finish.story.clone()))
         }
@@ -201,11 +243,12 @@ pub fn preview(facts: &Facts, plan: &Plan, observed: &Lookup) -> Preview {
     } else {
         plan_hash(facts, &writes, cause, observed)
     };
-    Preview {
+    Plan {
         writes,
         cause,
         generation: facts.generation,
         hash,
+        decision,
     }
 }
 
@@ -213,15 +256,10 @@ pub fn preview(facts: &Facts, plan: &Plan, observed: &Lookup) -> Preview {
 /// handover's key). The identity stays: a later Pet of this name, here or
 /// in the installation handed to, takes the record back.
 fn release(id: &str, key: &Owner, to: &Owner) -> Write {
-    Write {
-        action: StoreAction::Release,
-        record: Some(id.to_owned()),
-        changes: key_change(key, to),
-        ownership: Some(Ownership {
-            expected: key.clone(),
-            new: to.clone(),
-            identity: None,
-        }),
+    Write::Release {
+        record: id.to_owned(),
+        from: key.clone(),
+        to: to.clone(),
     }
 }
 
@@ -246,9 +284,9 @@ fn plan_hash(facts: &Facts, writes: &[Write], cause: Option<Cause>, observed: &L
     for write in writes {
         text.push_str(&format!(
             "write={},{},{};",
-            write.action.label(),
-            write.record.as_deref().unwrap_or(""),
-            write.changes
+            write.action().label(),
+            write.record().unwrap_or(""),
+            write.changes()
         ));
     }
     // By ID and key as before identities, so a hash shown by an older
@@ -287,17 +325,7 @@ fn plan_hash(facts: &Facts, writes: &[Write], cause: Option<Cause>, observed: &L
     format!("{hash:016x}")
 }
 
-impl Preview {
-    /// A plan that writes nothing (a paused Pet, say).
-    pub fn nothing(facts: &Facts) -> Self {
-        Self {
-            writes: Vec::new(),
-            cause: None,
-            generation: facts.generation,
-            hash: String::new(),
-        }
-    }
-
+impl Plan {
     /// Whether the plan writes nothing.
     pub fn is_empty(&self) -> bool {
         self.writes.is_empty()
@@ -311,13 +339,13 @@ impl Preview {
         }
         self.writes
             .iter()
-            .map(|write| match write.action {
-                StoreAction::Update => {
-                    let fields: Vec<&str> = write.changes.fields().map(Field::as_str).collect();
+            .map(|write| match write {
+                Write::Update { changes, .. } => {
+                    let fields: Vec<&str> = changes.fields().map(Field::as_str).collect();
                     format!("update {}", fields.join(","))
                 }
-                StoreAction::Recreate => "create".into(),
-                action => action.label().into(),
+                Write::Create { .. } => "create".into(),
+                write => write.action().label().into(),
             })
             .collect::<Vec<_>>()
             .join(", ")
@@ -329,10 +357,9 @@ impl Preview {
             .iter()
             .map(|write| {
                 let record = write
-                    .record
-                    .as_deref()
+                    .record()
                     .map_or_else(|| "a new record".to_owned(), |id| format!("record {id}"));
-                format!("{} {record} ({})", write.action.label(), write.changes)
+                format!("{} {record} ({})", write.action().label(), write.changes())
             })
             .collect::<Vec<_>>()
             .join("; ")
@@ -341,29 +368,41 @@ impl Preview {
     /// As `status.plan` shows it.
     pub fn to_status(&self) -> PlanStatus {
         PlanStatus {
-            hash: self.hash.clone(),
-            summary: self.summary(),
-            cause: self.cause.map_or("none", Cause::as_str).to_owned(),
-            generation: self.generation,
             actions: self
                 .writes
                 .iter()
                 .map(|write| PlannedAction {
-                    action: write.action.label().to_owned(),
-                    record_id: write.record.clone(),
+                    action: write.action().label().to_owned(),
+                    record_id: write.record().map(str::to_owned),
                     changes: write
-                        .changes
+                        .changes()
                         .0
-                        .iter()
+                        .into_iter()
                         .map(|change| PlannedChange {
                             field: change.field.as_str().to_owned(),
-                            from: change.from.clone(),
-                            to: change.to.clone(),
+                            from: change.from,
+                            to: change.to,
                         })
                         .collect(),
                 })
                 .collect(),
+            hash: self.hash.clone(),
+            summary: self.summary(),
+            cause: self.cause.map_or("none", Cause::as_str).to_owned(),
+            ..nothing_planned(self.generation)
         }
+    }
+}
+
+/// `status.plan` when nothing is planned before the store is read (a
+/// paused Pet, say): no writes, for this generation.
+pub fn nothing_planned(generation: Option<i64>) -> PlanStatus {
+    PlanStatus {
+        hash: String::new(),
+        summary: "none".into(),
+        cause: "none".into(),
+        generation,
+        actions: Vec::new(),
     }
 }
 
@@ -384,11 +423,11 @@ pub enum Gate {
 /// plan whose hash the annotation names, once; `Observe` never writes. A
 /// plan that writes nothing is always "applied" (the status is brought in
 /// line).
-pub fn gate(facts: &Facts, preview: &Preview) -> Gate {
-    if preview.is_empty() || facts.change_policy == ChangePolicy::Automatic {
+pub fn gate(facts: &Facts, plan: &Plan) -> Gate {
+    if plan.is_empty() || facts.change_policy == ChangePolicy::Automatic {
         return Gate::Apply { approved: None };
     }
-    let what = preview.describe();
+    let what = plan.describe();
     if facts.change_policy == ChangePolicy::Observe {
         return Gate::Show {
             outcome: Outcome::failed(
@@ -402,7 +441,7 @@ pub fn gate(facts: &Facts, preview: &Preview) -> Gate {
     }
     let used = |hash: &str| facts.applied_plan.as_deref() == Some(hash);
     match facts.approved_plan.as_deref() {
-        Some(hash) if hash == preview.hash && !used(hash) => Gate::Apply {
+        Some(hash) if hash == plan.hash && !used(hash) => Gate::Apply {
             approved: Some(hash.to_owned()),
         },
         approved => Gate::Show {
@@ -410,7 +449,7 @@ pub fn gate(facts: &Facts, preview: &Preview) -> Gate {
                 Reason::PlanPending,
                 format!(
                     "changePolicy is Approve: plan {} waits for approval: {what}. Approve it with the annotation {APPROVE_PLAN_ANNOTATION}={}",
-                    preview.hash, preview.hash
+                    plan.hash, plan.hash
                 ),
             ),
             stale: approved.filter(|hash| !used(hash)).map(str::to_owned),

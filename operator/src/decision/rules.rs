@@ -5,8 +5,8 @@
 
 use super::prose::policy_warning;
 use super::{
-    Facts, Finish, ForeignHolder, HandOver, Hold, Misspelled, Next, Observation, Plan, Step, Story,
-    Sync, Target,
+    Decision, Facts, Finish, ForeignHolder, HandOver, Hold, Misspelled, Next, Observation, Step,
+    Story, Sync, Target,
 };
 use crate::crd::{ChangePolicy, DeletionPolicy, Setting};
 use crate::store::{Created, Holder, Lookup, Operation, Owner, Record};
@@ -110,7 +110,7 @@ pub fn read_after_create(created: &Created, read_before: bool) -> bool {
 }
 
 /// After reading the store: what to do with it.
-pub fn decide(facts: &Facts, observation: Observation) -> Plan {
+pub fn decide(facts: &Facts, observation: Observation) -> Decision {
     let lookup = match observation {
         Observation::Found(lookup) => lookup,
         Observation::StoreLacks { missing } => return lacks_extensions(facts, missing),
@@ -120,7 +120,7 @@ pub fn decide(facts: &Facts, observation: Observation) -> Plan {
     }
     let seen = Seen::new(facts, lookup);
     if let Some(to) = facts.handing_over() {
-        return Plan::HandOver(HandOver {
+        return Decision::HandOver(HandOver {
             release: seen.mine.map(|r| r.id),
             to: to.to_owned(),
         });
@@ -130,7 +130,7 @@ pub fn decide(facts: &Facts, observation: Observation) -> Plan {
         (None, None, Some(record)) => seen.take_name(record),
         (None, _, _) => Ok(seen.by_status_id()),
     };
-    planned.unwrap_or_else(|hold| hold.plan())
+    planned.unwrap_or_else(|hold| hold.decision())
 }
 
 /// What [`decide`] plans from, for a Pet not being deleted: its facts and
@@ -170,8 +170,8 @@ impl<'a> Seen<'a> {
         record.data != self.facts.desired
     }
 
-    fn sync(&self, target: Target, claim: Option<Owner>, update: bool, story: Story) -> Plan {
-        Plan::Sync(Sync {
+    fn sync(&self, target: Target, claim: Option<Owner>, update: bool, story: Story) -> Decision {
+        Decision::Sync(Sync {
             target,
             claim,
             update,
@@ -181,12 +181,12 @@ impl<'a> Seen<'a> {
     }
 
     /// Creates a new record keyed by the Pet's key.
-    fn create(&self, story: Story) -> Plan {
+    fn create(&self, story: Story) -> Decision {
         self.sync(Target::Create, None, false, story)
     }
 
     /// Brings `record` in line, claiming it from `claim`.
-    fn sync_record(&self, record: &Record, claim: Option<Owner>, story: Story) -> Plan {
+    fn sync_record(&self, record: &Record, claim: Option<Owner>, story: Story) -> Decision {
         self.sync(
             Target::Existing(record.id.clone()),
             claim,
@@ -222,7 +222,7 @@ impl<'a> Seen<'a> {
     }
 
     /// The external-id annotation names the record `external`.
-    fn adopt(&self, external: &str) -> Result<Plan, Hold> {
+    fn adopt(&self, external: &str) -> Result<Decision, Hold> {
         if let Some(holder) = self.by_name.as_ref().filter(|r| r.id != external) {
             return Err(Hold::NameHeldByAnother {
                 external: external.to_owned(),
@@ -250,7 +250,7 @@ impl<'a> Seen<'a> {
     }
 
     /// The record the annotation names is already the Pet's own.
-    fn keep_adopted(&self, mine: &Record, external: &str) -> Plan {
+    fn keep_adopted(&self, mine: &Record, external: &str) -> Decision {
         let story = if self.facts.status_id.as_deref() != Some(external) {
             Story::Adopted
         } else if self.drift(mine) {
@@ -264,7 +264,7 @@ impl<'a> Seen<'a> {
     /// The record the annotation names has an owner: taken only if it
     /// holds this Pet's identity under a key the Pet takes without the
     /// annotation (a lost Pet's of this installation, a handover).
-    fn adopt_held(&self, external: &str, record: &Record) -> Result<Plan, Hold> {
+    fn adopt_held(&self, external: &str, record: &Record) -> Result<Decision, Hold> {
         match self
             .take(record)
             .filter(|_| record.identity == self.facts.identity)
@@ -280,7 +280,7 @@ impl<'a> Seen<'a> {
 
     /// The Pet has no record under its key, and `record` holds its
     /// identity: reclaimed or taken over, unless another installation's.
-    fn take_name(&self, record: &Record) -> Result<Plan, Hold> {
+    fn take_name(&self, record: &Record) -> Result<Decision, Hold> {
         let Some(story) = self.take(record) else {
             let holder = match (&record.key, self.facts.holder(&record.key)) {
                 (Owner::HandedOver { to, .. }, _) => ForeignHolder::HandOver { to: to.clone() },
@@ -302,7 +302,7 @@ impl<'a> Seen<'a> {
 
     /// No annotation and no record of the Pet's name to take: the record
     /// status.id names, the Pet's own found by key, or a new one.
-    fn by_status_id(&self) -> Plan {
+    fn by_status_id(&self) -> Decision {
         match (self.facts.status_id.as_deref(), &self.mine) {
             (Some(id), _) => self.by_known_id(id),
             (None, Some(mine)) => self.sync_record(mine, self.stamp(mine), Story::FoundByKey),
@@ -312,7 +312,7 @@ impl<'a> Seen<'a> {
 
     /// status.id names `id`: kept if the Pet's, else corrected to the
     /// Pet's own record (found by key or created).
-    fn by_known_id(&self, id: &str) -> Plan {
+    fn by_known_id(&self, id: &str) -> Decision {
         match (&self.named, &self.mine) {
             (Some(named), _) if named.key == self.owner => {
                 let update = self.drift(named);
@@ -351,12 +351,12 @@ impl<'a> Seen<'a> {
 
 /// For a Pet being deleted: release, hand over, delete or leave its
 /// record, by its policies.
-pub(super) fn finish(facts: &Facts, lookup: Lookup) -> Plan {
+pub(super) fn finish(facts: &Facts, lookup: Lookup) -> Decision {
     let owner = facts.owner();
     let mine = lookup.by_key.filter(|r| r.key == owner).map(|r| r.id);
     if facts.change_policy == ChangePolicy::Observe {
         // Observe never writes: not even the release an Orphan would make.
-        return Plan::Finish(Finish {
+        return Decision::Finish(Finish {
             hand_to: None,
             release: None,
             delete: None,
@@ -366,7 +366,7 @@ pub(super) fn finish(facts: &Facts, lookup: Lookup) -> Plan {
         });
     }
     if let Some(to) = facts.handing_over() {
-        return Plan::Finish(Finish {
+        return Decision::Finish(Finish {
             release: mine.clone(),
             hand_to: Some(to.to_owned()),
             delete: None,
@@ -385,7 +385,7 @@ pub(super) fn finish(facts: &Facts, lookup: Lookup) -> Plan {
             .filter(|r| r.key.is_nobody() && facts.status_id.as_ref() == Some(&r.id))
             .map(|r| r.id))
     };
-    Plan::Finish(match (&facts.deletion_policy, facts.uninstalling) {
+    Decision::Finish(match (&facts.deletion_policy, facts.uninstalling) {
         (Setting::Valid(DeletionPolicy::Orphan), _) => Finish {
             hand_to: None,
             release: mine.clone(),
@@ -417,10 +417,10 @@ pub(super) fn finish(facts: &Facts, lookup: Lookup) -> Plan {
 
 /// The store lacks an extension RPC: a deletion that touches no record
 /// goes on; anything else waits for a store that has it.
-fn lacks_extensions(facts: &Facts, missing: Operation) -> Plan {
+fn lacks_extensions(facts: &Facts, missing: Operation) -> Decision {
     if facts.deleting && facts.deletion_policy == Setting::Valid(DeletionPolicy::Orphan) {
         // The original store keeps no keys: there is no ownership to clear.
-        return Plan::Finish(Finish {
+        return Decision::Finish(Finish {
             hand_to: None,
             release: None,
             delete: None,
@@ -432,7 +432,7 @@ fn lacks_extensions(facts: &Facts, missing: Operation) -> Plan {
     }
     if let (true, Some(why)) = (facts.deleting, facts.uninstalling) {
         // No keys to clear, and nothing may be deleted: let the Pet go.
-        return Plan::Finish(Finish {
+        return Decision::Finish(Finish {
             hand_to: None,
             release: None,
             delete: None,
@@ -446,5 +446,5 @@ fn lacks_extensions(facts: &Facts, missing: Operation) -> Plan {
         missing,
         deleting: facts.deleting,
     }
-    .plan()
+    .decision()
 }

@@ -21,8 +21,8 @@ const OTHER_UID: &str = "uid-loki";
 const IDENTITY: &str = "default/thor";
 
 /// The Orphan plan that releases `id` and names it.
-fn orphaned(id: Option<&str>) -> Result<Plan, Reason> {
-    Ok(Plan::Finish(Finish {
+fn orphaned(id: Option<&str>) -> Result<Decision, Reason> {
+    Ok(Decision::Finish(Finish {
         hand_to: None,
         release: id.map(str::to_owned),
         delete: None,
@@ -38,8 +38,8 @@ fn uninstalling(why: Uninstall) -> Facts {
 }
 
 /// The plan that keeps (and, with `release`, releases) the record `id`.
-fn kept(release: Option<&str>, id: Option<&str>, why: Uninstall) -> Result<Plan, Reason> {
-    Ok(Plan::Finish(Finish {
+fn kept(release: Option<&str>, id: Option<&str>, why: Uninstall) -> Result<Decision, Reason> {
+    Ok(Decision::Finish(Finish {
         hand_to: None,
         release: release.map(str::to_owned),
         delete: None,
@@ -189,8 +189,8 @@ fn named_record(id: &str, key: &str) -> Option<Record> {
 }
 
 /// A plan that claims `id` from `from` with this story.
-fn claim_from(id: &str, from: &str, update: bool, story: Story) -> Plan {
-    Plan::Sync(Sync {
+fn claim_from(id: &str, from: &str, update: bool, story: Story) -> Decision {
+    Decision::Sync(Sync {
         target: existing(id),
         claim: Some(from.into()),
         update,
@@ -213,8 +213,8 @@ impl Facts {
 /// Thor's record, handed over by Thor of `blue` to `green`.
 const HANDED: &str = "green/from:uid-thor";
 
-fn hand_over(release: Option<&str>, to: &str) -> Result<Plan, Reason> {
-    Ok(Plan::HandOver(HandOver {
+fn hand_over(release: Option<&str>, to: &str) -> Result<Decision, Reason> {
+    Ok(Decision::HandOver(HandOver {
         release: release.map(str::to_owned),
         to: to.into(),
     }))
@@ -234,8 +234,8 @@ pub(super) fn mine(id: &str) -> Option<Record> {
 }
 
 /// `claim`: the record's key is set from empty to the Pet's.
-fn sync(target: Target, claim: bool, update: bool, story: Story) -> Plan {
-    Plan::Sync(Sync {
+fn sync(target: Target, claim: bool, update: bool, story: Story) -> Decision {
+    Decision::Sync(Sync {
         target,
         claim: claim.then(Owner::default),
         update,
@@ -249,9 +249,9 @@ fn existing(id: &str) -> Target {
 }
 
 /// The reason a plan or step would show in Synced, if it holds.
-fn held_reason(plan: &Plan) -> Option<Reason> {
+fn held_reason(plan: &Decision) -> Option<Reason> {
     match plan {
-        Plan::Hold { outcome, .. } => Some(outcome.synced_reason()),
+        Decision::Hold { outcome, .. } => Some(outcome.synced_reason()),
         _ => None,
     }
 }
@@ -510,7 +510,7 @@ fn a_create_is_read_after_unless_it_made_a_new_record() {
 
 #[test]
 fn decide_table() {
-    let cases: Vec<(&str, Facts, Observation, Result<Plan, Reason>)> = vec![
+    let cases: Vec<(&str, Facts, Observation, Result<Decision, Reason>)> = vec![
         // Handover: the record goes to another installation's Pet of the
         // same namespace and name.
         (
@@ -634,7 +634,7 @@ fn decide_table() {
                 .hand_over_to("green")
                 .deleting(),
             found_named(None, mine_in("a", "blue"), None),
-            Ok(Plan::Finish(Finish {
+            Ok(Decision::Finish(Finish {
                 release: Some("a".into()),
                 hand_to: Some("green".into()),
                 delete: None,
@@ -773,7 +773,7 @@ fn decide_table() {
             "deleting: a record holding its name but not its key is not deleted",
             facts().deleting(),
             found_named(None, None, named_record("r", OTHER_UID)),
-            Ok(Plan::Finish(Finish {
+            Ok(Decision::Finish(Finish {
                 hand_to: None,
                 release: None,
                 delete: None,
@@ -935,7 +935,7 @@ fn decide_table() {
             "delete: this Pet's record, found by UID",
             facts().deleting().status_id("a"),
             found(None, mine("a")),
-            Ok(Plan::Finish(Finish {
+            Ok(Decision::Finish(Finish {
                 hand_to: None,
                 release: None,
                 delete: Some("a".into()),
@@ -948,7 +948,7 @@ fn decide_table() {
             "delete: no record of ours, whatever status.id says: delete nothing",
             facts().deleting().status_id("alpha"),
             found(None, None),
-            Ok(Plan::Finish(Finish {
+            Ok(Decision::Finish(Finish {
                 hand_to: None,
                 release: None,
                 delete: None,
@@ -965,7 +965,7 @@ fn decide_table() {
             "orphan retried after the release: nothing to release, the Event still names it",
             facts().deleting().orphan().status_id("a"),
             found(Some(record("a", "", PetData::test())), None),
-            Ok(Plan::Finish(Finish {
+            Ok(Decision::Finish(Finish {
                 hand_to: None,
                 release: None,
                 delete: None,
@@ -978,7 +978,7 @@ fn decide_table() {
             "orphan with status.id naming another's record: release and name nothing",
             facts().deleting().orphan().status_id("alpha"),
             found(Some(record("alpha", OTHER_UID, PetData::test())), None),
-            Ok(Plan::Finish(Finish {
+            Ok(Decision::Finish(Finish {
                 hand_to: None,
                 release: None,
                 delete: None,
@@ -989,7 +989,7 @@ fn decide_table() {
             "delete with status.id naming another Pet's record: delete nothing",
             facts().deleting().status_id("alpha"),
             found(Some(record("alpha", OTHER_UID, PetData::test())), None),
-            Ok(Plan::Finish(Finish {
+            Ok(Decision::Finish(Finish {
                 hand_to: None,
                 release: None,
                 delete: None,
@@ -1052,7 +1052,7 @@ fn decide_table() {
             Observation::StoreLacks {
                 missing: Operation::Observe,
             },
-            Ok(Plan::Finish(Finish {
+            Ok(Decision::Finish(Finish {
                 hand_to: None,
                 release: None,
                 delete: None,
@@ -1083,7 +1083,7 @@ fn decide_table() {
         // it, or handed over by this Pet.
         for record in &foreign {
             let touched = match &plan {
-                Plan::Sync(Sync {
+                Decision::Sync(Sync {
                     target: Target::Existing(id),
                     claim,
                     ..
@@ -1098,7 +1098,7 @@ fn decide_table() {
                                     | Holder::HandedOverByThisPet { .. }
                             ))
                 }
-                Plan::Finish(finish) => {
+                Decision::Finish(finish) => {
                     finish.delete.as_ref() == Some(&record.id)
                         || finish.release.as_ref() == Some(&record.id)
                 }
@@ -1115,7 +1115,7 @@ fn a_misspelled_policy_is_shown_while_the_record_is_kept_in_line() {
         &facts().status_id("a").policy_typo(),
         found(mine("a"), mine("a")),
     );
-    let Plan::Sync(sync) = plan else {
+    let Decision::Sync(sync) = plan else {
         panic!("expected a sync, got {plan:?}")
     };
     let outcome = sync.outcome("a");

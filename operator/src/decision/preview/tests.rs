@@ -13,10 +13,10 @@ use crate::status::Reason;
 
 const UID: &str = "uid-thor";
 
-/// The writes a decision makes.
-fn planned(facts: &Facts, observation: Observation) -> Preview {
+/// The plan of the decision made.
+fn planned(facts: &Facts, observation: Observation) -> Plan {
     let observed = observation.lookup();
-    preview(facts, &decide(facts, observation), &observed)
+    plan(facts, decide(facts, observation), &observed)
 }
 
 fn approve(facts: Facts) -> Facts {
@@ -156,7 +156,7 @@ fn the_hash_changes_with_the_generation_and_with_the_record() {
 fn the_plan_hash_is_the_same_in_every_build() {
     let mut facts = facts().status_id("a").wanting(PetData::named("Thorbert"));
     facts.spec_changed = true;
-    let plan = Plan::Sync(crate::decision::Sync {
+    let decision = Decision::Sync(crate::decision::Sync {
         target: Target::Existing("a".into()),
         claim: None,
         update: true,
@@ -168,7 +168,7 @@ fn the_plan_hash_is_the_same_in_every_build() {
         by_key: mine("a"),
         ..Lookup::default()
     };
-    assert_eq!(preview(&facts, &plan, &observed).hash, "9c5adc89ceec65b6");
+    assert_eq!(plan(&facts, decision, &observed).hash, "9c5adc89ceec65b6");
 }
 
 #[test]
@@ -182,7 +182,7 @@ fn gate_table() {
     // Ok(approval used) when written; Err((reason shown, stale approval)).
     type Expected = Result<Option<String>, (Reason, Option<String>)>;
     let stale = "0123456789abcdef".to_owned();
-    let cases: Vec<(&str, Facts, &Preview, Expected)> = vec![
+    let cases: Vec<(&str, Facts, &Plan, Expected)> = vec![
         (
             "Automatic writes without approval",
             facts(),
@@ -232,8 +232,8 @@ fn gate_table() {
             Ok(None),
         ),
     ];
-    for (name, facts, preview, expected) in cases {
-        let got = match gate(&facts, preview) {
+    for (name, facts, plan, expected) in cases {
+        let got = match gate(&facts, plan) {
             Gate::Apply { approved } => Ok(approved),
             Gate::Show { outcome, stale } => {
                 assert!(
