@@ -1,5 +1,5 @@
-//! One reconcile of one Pet, as one object. [`Reconcile::act`] takes the
-//! decision step's first step, observes the store if it must and executes
+//! One reconcile of one Pet, as one object. [`Reconcile::act`] plans
+//! ([`super::plan::plan`], as `kubectl petstore plan` does) and executes
 //! the plan: it touches only the store (and adds the finalizer, which comes
 //! before anything else). [`Reconcile::record`] then makes the ending known,
 //! in one place: the status, the finalizer's release, Events, the errors

@@ -359,7 +359,8 @@ fn arb_facts() -> impl Strategy<Value = Facts> {
 
 proptest! {
     /// For any spec, records, annotations and deletion state: the plan
-    /// shown under Approve is, write for write, what Automatic writes, and
+    /// shown under Approve is the very plan Automatic executes (its typed
+    /// writes, hash and decision), and
     /// approving its hash writes exactly it; Observe shows the same writes
     /// and writes none, and a Pet going in Observe plans none at all.
     #[test]
@@ -390,7 +391,10 @@ proptest! {
 
         let approving = approve(facts.clone());
         let shown = planned(&approving, observation());
-        prop_assert_eq!(&shown.writes, &automatic.writes);
+        // One value is shown and executed: the plan shown under Approve,
+        // with its hash and its decision, is the plan Automatic executes.
+        prop_assert_eq!(&shown, &automatic);
+        prop_assert_eq!(shown.to_status(), automatic.to_status());
         let approved = approving.approving(&shown.hash);
         let used = (!shown.is_empty()).then(|| shown.hash.clone());
         prop_assert_eq!(
