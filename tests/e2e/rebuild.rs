@@ -275,8 +275,14 @@ fn two_clusters_on_one_store_never_write_each_others_records() -> fixtures::Resu
     let blue = &env.cp;
     let green = env.another_cluster()?;
     let _blue_operator = start_operator(&env, "operator-blue", "blue")?;
-    let green_operator =
-        env.start_operator_in(&green, "operator-green", &["--installation=green"])?;
+    // Green audits every 2 s: its held Pet's record is read again and again
+    // while the test watches for writes (with the change feed, the poll
+    // comes only once an audit interval).
+    let green_operator = env.start_operator_in(
+        &green,
+        "operator-green",
+        &["--installation=green", "--audit-interval=2s"],
+    )?;
     let shared = |name: &str| pet_manifest("shared", &[], &spec(name, ""));
     blue.kubectl_stdin(&["apply", "-f", "-"], &shared("Blue's"))?;
     let blue_id = wait_for(TIMEOUT, "blue's Pet Ready", || {
@@ -301,7 +307,7 @@ fn two_clusters_on_one_store_never_write_each_others_records() -> fixtures::Resu
         message.contains("\"blue\"") && message.contains(&blue_id),
         "{message}"
     );
-    // Two more of green's polls read the store, and write nothing.
+    // Two more of green's audits read the store, and write nothing.
     let reads = green_operator.store_reads()?;
     green_operator.wait_store_reads(reads, 2, TIMEOUT)?;
     assert_eq!(counts(&env)?, before, "green wrote nothing");
