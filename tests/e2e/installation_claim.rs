@@ -9,9 +9,9 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use crate::rebuild::pets;
 use fixtures::env::{is_ready, pet_manifest};
 use fixtures::{ControlPlane, Env, Operator, Storage, wait_for};
-use serde_json::Value;
 
 const TIMEOUT: Duration = Duration::from_secs(90);
 const PETS: usize = 3;
@@ -32,33 +32,9 @@ fn manifests() -> String {
         .join("---\n")
 }
 
-/// Every Pet in `default`, by name.
-fn pets(cp: &ControlPlane) -> fixtures::Result<BTreeMap<String, Value>> {
-    let list = cp.kubectl_json(&["get", "pets", "-n", "default"])?;
-    Ok(list["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|pet| {
-            let name = pet["metadata"]["name"].as_str().unwrap_or_default();
-            (name.to_owned(), pet.clone())
-        })
-        .collect())
-}
-
 /// Waits until all `PETS` are Ready; their IDs by name.
 fn all_ready(cp: &ControlPlane, what: &str) -> fixtures::Result<BTreeMap<String, String>> {
-    wait_for(TIMEOUT, what, || {
-        let pets = pets(cp).ok()?;
-        (pets.len() == PETS && pets.values().all(is_ready)).then(|| {
-            pets.iter()
-                .map(|(name, pet)| {
-                    let id = pet["status"]["id"].as_str().unwrap_or_default();
-                    (name.clone(), id.to_owned())
-                })
-                .collect()
-        })
-    })
+    crate::rebuild::all_n_ready(cp, what, PETS)
 }
 
 /// The store's answered calls of each write RPC, and its records' keys.

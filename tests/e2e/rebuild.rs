@@ -44,7 +44,7 @@ fn manifests() -> String {
 }
 
 /// Every Pet in `default`, by name.
-fn pets(cp: &ControlPlane) -> fixtures::Result<BTreeMap<String, Value>> {
+pub(crate) fn pets(cp: &ControlPlane) -> fixtures::Result<BTreeMap<String, Value>> {
     let list = cp.kubectl_json(&["get", "pets", "-n", "default"])?;
     Ok(list["items"]
         .as_array()
@@ -59,9 +59,18 @@ fn pets(cp: &ControlPlane) -> fixtures::Result<BTreeMap<String, Value>> {
 
 /// Waits until all `PETS` are Ready; their IDs by name.
 fn all_ready(cp: &ControlPlane, what: &str) -> fixtures::Result<BTreeMap<String, String>> {
+    all_n_ready(cp, what, PETS)
+}
+
+/// Waits until `n` Pets in `default` are Ready; their IDs by name.
+pub(crate) fn all_n_ready(
+    cp: &ControlPlane,
+    what: &str,
+    n: usize,
+) -> fixtures::Result<BTreeMap<String, String>> {
     wait_for(TIMEOUT, what, || {
         let pets = pets(cp).ok()?;
-        (pets.len() == PETS && pets.values().all(is_ready)).then(|| {
+        (pets.len() == n && pets.values().all(is_ready)).then(|| {
             pets.iter()
                 .map(|(name, pet)| {
                     (
