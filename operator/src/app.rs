@@ -30,6 +30,7 @@ use crate::leader::{self, LeaderError, Lease, Reign};
 use crate::metrics::{self, Metrics};
 use crate::store::budget::CallBudget;
 use crate::store::grpc::{ConnectError, GrpcPetStore};
+use crate::stores::{ClientSettings, Stores};
 use crate::webhook::certs::{self, CertError, WebhookTarget};
 use crate::webhook::guard;
 use crate::webhook::server::{self, ServerError, ServingCertificate};
@@ -102,7 +103,7 @@ pub async fn run(args: Args, fault: Option<Fault>) -> Result<ExitCode, AppError>
     let webhook_server = serve_webhook(&args, &client, webhook_listener, &shutdown).await?;
     wait_for_pets(&client).await?;
     let metrics_server = serve_metrics(&args, &metrics, &shutdown);
-    let (ctx, events) = build_controller(&args, &client, &metrics, &identity, fault)?;
+    let (ctx, events) = build_controller(&args, &client, &metrics, &identity, fault).await?;
     let exit = lead(&args, client, ctx, &shutdown, &metrics, &identity).await?;
     shut_down(&shutdown, &events, webhook_server, metrics_server).await;
     Ok(exit)
@@ -226,7 +227,7 @@ fn serve_metrics(
 }
 
 /// The store client, the Event queue and the controller's context.
-fn build_controller(
+async fn build_controller(
     args: &Args,
     client: &kube::Client,
     metrics: &Arc<Metrics>,
@@ -266,14 +267,28 @@ fn build_controller(
     };
     tracing::info!(store = %args.petstore_addr, tls = tls.is_some(), ?settings, %identity, "starting");
     let events = EventQueue::start(recorder, Arc::clone(metrics));
+    let store: Arc<dyn crate::store::PetStore> = Arc::new(store);
+    let stores = Stores::start(
+        client.clone(),
+        Arc::clone(&store),
+        ClientSettings {
+            call_timeout: args.petstore_timeout,
+            qps: args.store_qps,
+            burst: args.store_burst,
+            create_batch_wait: args.create_batch_wait,
+        },
+        metrics.store_calls(),
+    )
+    .await;
     let ctx = Arc::new(
         Context::new(
             client.clone(),
-            Arc::new(store),
+            store,
             events.clone(),
             Arc::clone(metrics),
             settings,
         )
+        .with_stores(stores)
         .watching_uninstall(args.lease_namespace.clone()),
     );
     Ok((ctx, events))

@@ -28,6 +28,7 @@ pub mod metrics;
 pub mod migration;
 pub mod status;
 pub mod store;
+pub mod stores;
 pub mod webhook;
 
 /// `Display` as the type's `as_str`, for the label-like enums.
@@ -143,6 +144,7 @@ impl Error {
             Error::Store(StoreError::Unavailable { .. }) => Reason::StoreUnavailable,
             Error::Store(StoreError::Rejected { .. }) => Reason::InvalidSpec,
             Error::Store(StoreError::Unimplemented { .. }) => Reason::StoreLacksExtensions,
+            Error::Store(StoreError::Denied { .. }) => Reason::StoreAccessDenied,
             Error::Held(reason, _) => *reason,
             _ => Reason::ReconcileError,
         }

@@ -74,6 +74,19 @@ pub enum Reason {
     /// The hand-over-to annotation handed the record to another
     /// installation; this Pet no longer writes it (Event and Synced).
     HandedOver,
+    /// The store the Pet names (or its namespace's default) does not
+    /// exist; nothing is written until it does.
+    StoreNotFound,
+    /// The store exists but does not serve the Pet's namespace (a
+    /// ClusterPetStore whose allowedNamespaces leaves it out).
+    StoreNotAllowed,
+    /// The store's TLS trust (its CA Secret or ConfigMap) is missing or
+    /// unreadable.
+    StoreTrustMissing,
+    /// The store refused the Pet's identity or the record (no token could
+    /// be minted, the store does not trust it, or the record is another
+    /// tenant's); retried with backoff.
+    StoreAccessDenied,
 }
 
 impl Reason {
@@ -103,6 +116,10 @@ impl Reason {
             Reason::Deleted => "Deleted",
             Reason::Orphaned => "Orphaned",
             Reason::HandedOver => "HandedOver",
+            Reason::StoreNotFound => "StoreNotFound",
+            Reason::StoreNotAllowed => "StoreNotAllowed",
+            Reason::StoreTrustMissing => "StoreTrustMissing",
+            Reason::StoreAccessDenied => "StoreAccessDenied",
         }
     }
 
@@ -132,6 +149,10 @@ impl Reason {
             Reason::Deleted => "deleted",
             Reason::Orphaned => "orphaned",
             Reason::HandedOver => "handed_over",
+            Reason::StoreNotFound => "store_not_found",
+            Reason::StoreNotAllowed => "store_not_allowed",
+            Reason::StoreTrustMissing => "store_trust_missing",
+            Reason::StoreAccessDenied => "store_access_denied",
         }
     }
 
@@ -148,12 +169,18 @@ impl Reason {
                 | Reason::AdoptionConflict
                 | Reason::StoreLacksExtensions
                 | Reason::HandedOver
+                | Reason::StoreNotFound
+                | Reason::StoreNotAllowed
+                | Reason::StoreTrustMissing
         )
     }
 
     /// As the Synced reason: the operator is retrying by itself.
     pub const fn retries(self) -> bool {
-        matches!(self, Reason::StoreUnavailable | Reason::ReconcileError)
+        matches!(
+            self,
+            Reason::StoreUnavailable | Reason::ReconcileError | Reason::StoreAccessDenied
+        )
     }
 
     /// Whether an Event with this reason is a Warning.

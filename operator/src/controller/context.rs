@@ -18,6 +18,7 @@ use crate::decision::{Facts, Next, Step, first_step};
 use crate::events::EventQueue;
 use crate::metrics::Metrics;
 use crate::store::PetStore;
+use crate::stores::Stores;
 use crate::{Error, Fault};
 
 /// Pets reconciled at once unless told otherwise. A reconcile spends part
@@ -74,7 +75,11 @@ impl Default for Settings {
 /// What every reconcile shares.
 pub struct Context {
     pub client: Client,
+    /// The operator's own store (`--petstore-addr`): the store of every
+    /// Pet that names none and whose namespace has no default.
     pub store: Arc<dyn PetStore>,
+    /// Which store each Pet uses, and their clients.
+    pub stores: Arc<Stores>,
     pub events: EventQueue,
     pub metrics: Arc<Metrics>,
     pub settings: Settings,
@@ -102,6 +107,7 @@ impl Context {
         Self {
             poll: PollSchedule::new(settings.poll_interval, settings.poll_max_rate)
                 .with_audit_interval(settings.audit_interval),
+            stores: Stores::own_only(client.clone(), Arc::clone(&store)),
             client,
             store,
             events,
@@ -112,6 +118,14 @@ impl Context {
             fault_claims: AtomicU32::new(0),
             uninstall: None,
         }
+    }
+
+    /// Pets use the stores `stores` resolves (its own store is this
+    /// context's).
+    pub fn with_stores(mut self, stores: Arc<Stores>) -> Self {
+        self.store = Arc::clone(stores.own());
+        self.stores = stores;
+        self
     }
 
     /// Keeps records when the Pet CRD (unconfirmed) or `namespace`, the

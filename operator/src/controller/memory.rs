@@ -577,8 +577,8 @@ impl Memory {
         self.pets().retain(|uid, _| live.contains(uid));
     }
 
-    /// As if its backoff were over.
-    #[cfg(test)]
+    /// As if its backoff were over: what it waited for (a store's setup)
+    /// changed.
     pub fn end_backoff(&self, uid: &str) {
         if let Some(remembered) = self.pets().get_mut(&UidKey::new(uid)) {
             remembered.end_backoff();

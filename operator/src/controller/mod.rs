@@ -110,6 +110,12 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
         released.clone(),
         stop.clone(),
     ));
+    tokio::spawn(release_on_store_change(
+        Arc::clone(&ctx),
+        reader.clone(),
+        released.clone(),
+        stop.clone(),
+    ));
     tokio::spawn(release_on_store_recovery(
         Arc::clone(&ctx),
         released,
@@ -198,6 +204,64 @@ async fn release_on_store_recovery(
             .collect()
     };
     trigger_every(|| STORE_PROBE_INTERVAL, find, trigger, stop).await;
+}
+
+/// Reconciles the Pets held on a store (missing, not admitting them, its
+/// trust missing) as soon as a store object, or a namespace, changes: a
+/// Pet becomes Ready once it is allowed, not after its backoff.
+async fn release_on_store_change(
+    ctx: Arc<Context>,
+    pets: reflector::Store<Pet>,
+    trigger: futures::channel::mpsc::UnboundedSender<reflector::ObjectRef<Pet>>,
+    stop: CancellationToken,
+) {
+    use crate::stores::Changed;
+    let mut changed = ctx.stores.subscribe();
+    loop {
+        let change = tokio::select! {
+            () = stop.cancelled() => return,
+            change = changed.recv() => change,
+        };
+        let change = match change {
+            Ok(change) => Some(change),
+            // Missed some: look at every held Pet.
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => None,
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+        };
+        for pet in pets.state() {
+            let in_scope = match &change {
+                Some(Changed::Namespace(namespace)) => {
+                    pet.metadata.namespace.as_deref() == Some(namespace.as_str())
+                }
+                Some(Changed::Cluster) | None => true,
+            };
+            if in_scope && held_on_store(&pet) {
+                // What it waited for may have come: not a backoff's echo.
+                if let Some(uid) = &pet.metadata.uid {
+                    ctx.memory.end_backoff(uid);
+                }
+                let _ = trigger.unbounded_send(reflector::ObjectRef::from_obj(&*pet));
+            }
+        }
+    }
+}
+
+/// The Pet shows that it waits on its store's setup.
+fn held_on_store(pet: &Pet) -> bool {
+    use crate::status::Reason;
+    pet.status.as_ref().is_some_and(|status| {
+        status.conditions.iter().any(|condition| {
+            condition.type_ == status::READY
+                && [
+                    Reason::StoreNotFound,
+                    Reason::StoreNotAllowed,
+                    Reason::StoreTrustMissing,
+                    Reason::StoreAccessDenied,
+                ]
+                .iter()
+                .any(|reason| condition.reason == reason.as_str())
+        })
+    })
 }
 
 /// One probe, if any Pet waits on the store: the Pets it releases. A store

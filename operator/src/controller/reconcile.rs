@@ -30,7 +30,7 @@ use crate::decision::{
     after_create, gate, read_after_create,
 };
 use crate::status::{self, Outcome, PlanUpdate, Reason};
-use crate::store::{Changes, Created, Field, StoreError};
+use crate::store::{Changes, Created, Field, PetStore, StoreError};
 use crate::{Error, Fault};
 
 /// Observations per reconcile: a record that vanishes before an update, or
@@ -43,6 +43,8 @@ pub struct Reconcile<'a> {
     api: Api<Pet>,
     pet: Arc<Pet>,
     facts: Facts,
+    /// The store this Pet uses, with its namespace's identity.
+    store: Arc<dyn PetStore>,
 }
 
 /// How a reconcile ended, before [`Reconcile::record`] makes it known.
@@ -127,8 +129,30 @@ impl<'a> Reconcile<'a> {
             facts: ctx.facts(pet)?,
             api: Api::namespaced(ctx.client.clone(), &namespace),
             pet: Arc::clone(pet),
+            store: Arc::clone(&ctx.store),
             ctx,
         })
+    }
+
+    /// Finds the store the Pet uses, and pins it in `status.store` before
+    /// anything is written there: a record is never made in a store the
+    /// Pet does not show.
+    async fn use_store(&mut self) -> Result<(), Problem> {
+        let found = self
+            .ctx
+            .stores
+            .for_pet(&self.pet)
+            .await
+            .map_err(|refused| Problem::failed(Error::Held(refused.reason, refused.message)))?;
+        let pinned = self.pet.status.as_ref().and_then(|s| s.store.clone());
+        let wanted = found.id.status_value();
+        if wanted.is_some() && pinned != wanted && !self.facts.deleting {
+            status_write::pin_store(&self.api, &self.pet, wanted.as_deref())
+                .await
+                .map_err(Problem::unshown)?;
+        }
+        self.store = found.store;
+        Ok(())
     }
 
     pub async fn run(mut self) -> Result<Action, Error> {
@@ -138,7 +162,10 @@ impl<'a> Reconcile<'a> {
         if let Some(left) = self.ctx.memory.backoff_left(&self.facts) {
             return Ok(Action::requeue(left));
         }
-        let ending = self.act().await;
+        let ending = match self.use_store().await {
+            Ok(()) => self.act().await,
+            Err(problem) => Ending::Problem(problem),
+        };
         self.record(ending).await
     }
 
@@ -151,7 +178,7 @@ impl<'a> Reconcile<'a> {
         let mut attempt = 1;
         loop {
             let planned = plan(
-                self.ctx.store.as_ref(),
+                self.store.as_ref(),
                 self.ctx.uninstall.as_ref(),
                 &mut self.facts,
                 may_create_first,
@@ -306,7 +333,7 @@ impl<'a> Reconcile<'a> {
     /// timeout, which the read that planned this one did not show) stops
     /// it: the record is read again.
     async fn apply(&self, story: &Story, writes: &[Write]) -> Result<Applied, Error> {
-        let store = &self.ctx.store;
+        let store = &self.store;
         let cause = story.cause(&self.facts);
         let mut created = None;
         let mut changed = Changes::default();
@@ -437,7 +464,6 @@ impl<'a> Reconcile<'a> {
 
     async fn create(&self) -> Result<Created, Error> {
         let created = self
-            .ctx
             .store
             .create(
                 &self.facts.key(),

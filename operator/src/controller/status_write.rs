@@ -86,3 +86,14 @@ async fn patch(
         .map_err(kube::Error::BuildRequest)?;
     client.request_text(request).await.map(drop)
 }
+
+/// Writes `status.store` alone: the store a Pet's record is about to be
+/// made in, before it is (see [`crate::stores`]).
+pub async fn pin_store(api: &Api<Pet>, pet: &Pet, store: Option<&str>) -> Result<(), Error> {
+    let name = pet.name_any();
+    let body = serde_json::json!({ "status": { "store": store } });
+    api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
+        .await
+        .map(drop)
+        .map_err(|source| Error::WriteStatus { name, source })
+}

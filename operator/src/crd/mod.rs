@@ -113,11 +113,16 @@ macro_rules! pet_version {
                 skip_serializing_if = "Option::is_none"
             )]
             pub change_policy: Option<ChangePolicy>,
+
+            /// The store this Pet's record lives in.
+            #[serde(default, rename = "storeRef", skip_serializing_if = "Option::is_none")]
+            pub store_ref: Option<$crate::crd::StoreRef>,
         }
     };
 }
 
 pub mod conversion;
+pub mod stores;
 pub mod v1;
 pub mod v1alpha1;
 
@@ -131,6 +136,10 @@ pub use petstore_proto::convert::MAX_NAME_CHARS;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub use stores::{
+    AllowedNamespaces, CaSource, ClusterPetStore, ClusterPetStoreSpec, KeyRef, NamespacedKeyRef,
+    PetStore, PetStoreSpec, StoreKind, StoreRef, StoreStatus, StoreTls,
+};
 pub use v1::{Pet, PetSpec};
 
 /// The API group of both versions.
@@ -287,6 +296,10 @@ pub struct PetStatus {
     /// The hash of the last approved plan applied: an approval is used once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub applied_plan: Option<String>,
+
+    /// The store the Pet's record is in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store: Option<String>,
 }
 
 /// `status.pendingPlan`, what the Plan column prints: the pending plan's

@@ -25,8 +25,8 @@ use super::budget::CallBudget;
 use super::echoes::Echoes;
 use super::mapping::{from_proto, to_proto};
 use super::{
-    Created, Feed, FeedBatch, InstallationClaim, Lookup, Operation, PetData, PetStore, Record,
-    RecordChange, StoreError,
+    Created, Credentials, Feed, FeedBatch, InstallationClaim, Lookup, Operation, PetData, PetStore,
+    Record, RecordChange, StoreError,
 };
 
 /// The store's client: every call budgeted, traced and timed by the
@@ -35,9 +35,10 @@ type StoreClient = PetStoreClient<StoreCalls<Channel>>;
 
 #[derive(Clone)]
 pub struct GrpcPetStore {
-    /// The channel before its layer, to rebuild the client with a budget.
+    /// The channel before its layer, to rebuild the client with a budget
+    /// or a tenant's token.
     channel: Channel,
-    metrics: StoreCallMetrics,
+    layer: StoreCallLayer,
     rpc: Rpc,
     echoes: Arc<Echoes>,
     /// How long a create waits for others to share its call; zero sends
@@ -56,11 +57,7 @@ struct Rpc {
 }
 
 impl Rpc {
-    fn new(channel: Channel, metrics: StoreCallMetrics, budget: CallBudget) -> Self {
-        let layer = StoreCallLayer {
-            metrics,
-            budget: Arc::new(budget),
-        };
+    fn new(channel: Channel, layer: &StoreCallLayer) -> Self {
         Self {
             client: PetStoreClient::new(layer.layer(channel)),
         }
@@ -139,7 +136,39 @@ impl GrpcPetStore {
         tls: Option<&TlsFiles>,
         metrics: StoreCallMetrics,
     ) -> Result<Self, ConnectError> {
-        let url = match (address.split_once("://"), tls) {
+        let tls = tls.map(TlsFiles::config).transpose()?;
+        Self::connect_lazy_with(address, call_timeout, tls, metrics)
+    }
+
+    /// As [`GrpcPetStore::connect_lazy`], trusting the CA in `ca_pem` (the
+    /// PEM a `PetStore`'s Secret or ConfigMap holds) rather than files.
+    pub fn connect_lazy_pem(
+        address: &str,
+        call_timeout: Duration,
+        ca_pem: Option<&[u8]>,
+        server_name: Option<&str>,
+        metrics: StoreCallMetrics,
+    ) -> Result<Self, ConnectError> {
+        let tls = (ca_pem.is_some() || server_name.is_some()).then(|| {
+            let mut config = ClientTlsConfig::new();
+            if let Some(ca) = ca_pem {
+                config = config.ca_certificate(Certificate::from_pem(ca));
+            }
+            if let Some(name) = server_name {
+                config = config.domain_name(name.to_owned());
+            }
+            config
+        });
+        Self::connect_lazy_with(address, call_timeout, tls, metrics)
+    }
+
+    fn connect_lazy_with(
+        address: &str,
+        call_timeout: Duration,
+        tls: Option<ClientTlsConfig>,
+        metrics: StoreCallMetrics,
+    ) -> Result<Self, ConnectError> {
+        let url = match (address.split_once("://"), &tls) {
             (Some(("http", rest)), Some(_)) => format!("https://{rest}"),
             (Some(_), _) => address.to_owned(),
             (None, Some(_)) => format!("https://{address}"),
@@ -150,9 +179,7 @@ impl GrpcPetStore {
             source,
         })?;
         if let Some(tls) = tls {
-            endpoint = endpoint
-                .tls_config(tls.config()?)
-                .map_err(ConnectError::Tls)?;
+            endpoint = endpoint.tls_config(tls).map_err(ConnectError::Tls)?;
         }
         let channel = endpoint
             .connect_timeout(call_timeout)
@@ -161,10 +188,15 @@ impl GrpcPetStore {
             .http2_keep_alive_interval(Duration::from_secs(30))
             .keep_alive_while_idle(true)
             .connect_lazy();
-        Ok(Self {
-            rpc: Rpc::new(channel.clone(), metrics.clone(), CallBudget::unlimited()),
-            channel,
+        let layer = StoreCallLayer {
             metrics,
+            budget: Arc::new(CallBudget::unlimited()),
+            credentials: None,
+        };
+        Ok(Self {
+            rpc: Rpc::new(channel.clone(), &layer),
+            channel,
+            layer,
             echoes: Arc::default(),
             create_batch_wait: Duration::ZERO,
             creates: Arc::default(),
@@ -173,8 +205,26 @@ impl GrpcPetStore {
 
     /// Every call waits for its place in `budget` (`--store-qps`).
     pub fn with_budget(mut self, budget: CallBudget) -> Self {
-        self.rpc = Rpc::new(self.channel.clone(), self.metrics.clone(), budget);
+        self.layer.budget = Arc::new(budget);
+        self.rpc = Rpc::new(self.channel.clone(), &self.layer);
         self
+    }
+
+    /// A client of the same store for one caller: every call carries
+    /// `credentials`' token. It shares the channel, the call budget and the
+    /// noted writes (one store, one feed), and batches its own creates (a
+    /// batch carries one caller's token).
+    pub fn for_caller(&self, credentials: Arc<dyn Credentials>) -> Self {
+        let mut layer = self.layer.clone();
+        layer.credentials = Some(credentials);
+        Self {
+            rpc: Rpc::new(self.channel.clone(), &layer),
+            channel: self.channel.clone(),
+            layer,
+            echoes: Arc::clone(&self.echoes),
+            create_batch_wait: self.create_batch_wait,
+            creates: Arc::default(),
+        }
     }
 
     /// Sends creates that follow one another closely as one `AddPets`
@@ -375,6 +425,7 @@ fn classify_status(operation: Operation, status: &Status) -> StoreError {
         Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => {
             StoreError::Rejected { operation, message }
         }
+        Code::Unauthenticated | Code::PermissionDenied => StoreError::Denied { operation, message },
         // Transport failures surface as Unknown with a "transport error" message.
         Code::Unavailable
         | Code::DeadlineExceeded

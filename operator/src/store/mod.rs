@@ -329,6 +329,15 @@ pub enum StoreError {
     /// from now.
     #[error("pet store cannot resume its change feed: {message}")]
     HistoryLost { message: String },
+    /// The store did not accept who the call said it came from (no token,
+    /// or one it does not trust), or refused it the record (another
+    /// tenant's): retrying the same call cannot succeed until someone
+    /// changes the setup.
+    #[error("pet store refused {operation}: {message}")]
+    Denied {
+        operation: Operation,
+        message: String,
+    },
     /// Any other failure; treated as transient.
     #[error("pet store failed during {operation}: {message}")]
     Failed {
@@ -417,6 +426,17 @@ pub trait PetStore: Send + Sync + 'static {
             Err(_) => Probe::Answers,
         }
     }
+}
+
+/// Who the store is told the caller is: the bearer token each call
+/// carries to a store that checks it (docs/tenancy.md).
+#[tonic::async_trait]
+pub trait Credentials: Send + Sync + 'static {
+    /// The `authorization` header for the next call, or why there is none
+    /// (a person can act on it: the ServiceAccount to create, say).
+    async fn authorization(&self) -> Result<tonic::codegen::http::HeaderValue, String>;
+    /// The store refused the last token: the next call gets a fresh one.
+    fn refused(&self);
 }
 
 /// The store's answer to a claim on an installation's name.

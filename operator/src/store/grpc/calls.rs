@@ -31,8 +31,8 @@ use tonic::{Code, Status};
 use tower::{Layer, Service, ServiceExt as _};
 use tracing::{Instrument, Span};
 
-use crate::store::Operation;
 use crate::store::budget::CallBudget;
+use crate::store::{Credentials, Operation};
 
 /// The metrics the store's calls record: a handle of their own, so the
 /// store client depends on no more of the operator's metrics than it
@@ -92,6 +92,37 @@ impl StoreCallMetrics {
 pub struct StoreCallLayer {
     pub metrics: StoreCallMetrics,
     pub budget: Arc<CallBudget>,
+    /// The bearer token each call carries, for a store that checks who
+    /// calls (a tenant's); `None` sends none.
+    pub credentials: Option<Arc<dyn Credentials>>,
+}
+
+impl StoreCallLayer {
+    /// Puts the caller's token on the request: a call that has none fails
+    /// as the store would answer it, `UNAUTHENTICATED`, with the reason.
+    async fn authorize<B>(&self, request: &mut http::Request<B>) -> Result<(), Status> {
+        let Some(credentials) = &self.credentials else {
+            return Ok(());
+        };
+        let value = credentials
+            .authorization()
+            .await
+            .map_err(Status::unauthenticated)?;
+        request
+            .headers_mut()
+            .insert(http::header::AUTHORIZATION, value);
+        Ok(())
+    }
+
+    /// The store refused the token (expired early, a key rotated): the
+    /// next call gets a fresh one.
+    fn answered(&self, code: Code) {
+        if code == Code::Unauthenticated
+            && let Some(credentials) = &self.credentials
+        {
+            credentials.refused();
+        }
+    }
 }
 
 impl<S> Layer<S> for StoreCallLayer {
@@ -152,7 +183,9 @@ where
         let inner = self.inner.clone();
         let Some(operation) = operation(request.uri().path()) else {
             petstore_telemetry::inject(&Span::current(), request.headers_mut());
+            let layer = self.layer.clone();
             return Box::pin(async move {
+                layer.authorize(&mut request).await?;
                 let response = inner
                     .oneshot(request)
                     .await
@@ -176,6 +209,9 @@ where
                 span.clone()
             };
             petstore_telemetry::inject(&parent, request.headers_mut());
+            if let Err(status) = layer.authorize(&mut request).await {
+                return Err(status);
+            }
             let pending = Pending {
                 operation,
                 metrics: layer.metrics.clone(),
@@ -199,6 +235,7 @@ where
             let pending = match Status::from_header_map(response.headers()) {
                 // Headers alone: the call ends here.
                 Some(status) => {
+                    layer.answered(status.code());
                     pending.finish(status.code());
                     None
                 }
@@ -384,7 +421,97 @@ mod tests {
         StoreCallLayer {
             metrics: metrics.clone(),
             budget: Arc::new(CallBudget::unlimited()),
+            credentials: None,
         }
+    }
+
+    /// A token per call, or a reason there is none; counts refusals.
+    struct Token {
+        value: Result<&'static str, &'static str>,
+        refused: std::sync::atomic::AtomicU32,
+    }
+
+    #[tonic::async_trait]
+    impl Credentials for Token {
+        async fn authorization(&self) -> Result<http::HeaderValue, String> {
+            self.value
+                .map(http::HeaderValue::from_static)
+                .map_err(str::to_owned)
+        }
+
+        fn refused(&self) {
+            self.refused
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    fn with_token(metrics: &StoreCallMetrics, token: &Arc<Token>) -> StoreCallLayer {
+        StoreCallLayer {
+            credentials: Some(Arc::clone(token) as Arc<dyn Credentials>),
+            ..layer(metrics)
+        }
+    }
+
+    #[tokio::test]
+    async fn every_call_and_the_feed_carry_the_callers_token() {
+        let metrics = StoreCallMetrics::default();
+        let token = Arc::new(Token {
+            value: Ok("Bearer tenant-a"),
+            refused: Default::default(),
+        });
+        let seen = Arc::default();
+        let mut service =
+            with_token(&metrics, &token).layer(channel(Status::ok(""), Arc::clone(&seen)));
+        for method in ["GetPets", "AddPets", "WatchPets"] {
+            send(&mut service, method).await.expect("answered");
+        }
+        let seen = seen.lock().expect("lock");
+        assert_eq!(seen.len(), 3);
+        for headers in seen.iter() {
+            assert_eq!(headers[http::header::AUTHORIZATION], "Bearer tenant-a");
+        }
+        assert_eq!(token.refused.load(std::sync::atomic::Ordering::Relaxed), 0);
+    }
+
+    #[tokio::test]
+    async fn a_refused_token_is_renewed_and_a_missing_one_is_never_sent() {
+        let metrics = StoreCallMetrics::default();
+        let token = Arc::new(Token {
+            value: Ok("Bearer expired"),
+            refused: Default::default(),
+        });
+        let seen = Arc::default();
+        let mut service = with_token(&metrics, &token).layer(channel(
+            Status::unauthenticated("token expired"),
+            Arc::clone(&seen),
+        ));
+        send(&mut service, "UpdatePets").await.expect("answered");
+        assert_eq!(
+            token.refused.load(std::sync::atomic::Ordering::Relaxed),
+            1,
+            "the next call mints afresh"
+        );
+
+        let none = Arc::new(Token {
+            value: Err("no ServiceAccount team-a/petstore-tenant"),
+            refused: Default::default(),
+        });
+        let seen = Arc::default();
+        let mut service =
+            with_token(&metrics, &none).layer(channel(Status::ok(""), Arc::clone(&seen)));
+        let Err(status) = send(&mut service, "AddPets").await else {
+            panic!("a call without a token must fail");
+        };
+        assert_eq!(status.code(), Code::Unauthenticated);
+        assert!(
+            status.message().contains("petstore-tenant"),
+            "{}",
+            status.message()
+        );
+        assert!(
+            seen.lock().expect("lock").is_empty(),
+            "nothing reached the store"
+        );
     }
 
     /// The metrics text of `metrics`, registered as the operator registers

@@ -1,0 +1,233 @@
+//! Many stores, one operator: `PetStore` and `ClusterPetStore` name the
+//! stores, and each Pet's record goes to the store its `storeRef` names,
+//! or its namespace's default, or the operator's own, as docs/tenancy.md
+//! says. A Pet that names a store it may not use, or one that does not
+//! exist, is held within 2 s with a condition that says why, and writes
+//! nothing anywhere; it becomes Ready as soon as it is allowed. Every count
+//! is the stores' own.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use fixtures::env::{condition, is_ready};
+use fixtures::{ControlPlane, Env, PetStoreServer, Storage, wait_for};
+use serde_json::Value;
+
+const TIMEOUT: Duration = Duration::from_secs(90);
+/// How soon a Pet that may not write must show why: the bound.
+const HELD_WITHIN: Duration = Duration::from_secs(2);
+/// How soon a held Pet is Ready once allowed: a watch event away, with
+/// room for a machine twice as slow under the suite's load.
+const ALLOWED_WITHIN: Duration = Duration::from_secs(15);
+
+const TENANTS: [&str; 3] = ["team-a", "team-b", "team-c"];
+
+fn pet(namespace: &str, name: &str, store_ref: Option<(&str, &str)>) -> String {
+    let store_ref = store_ref
+        .map(|(kind, store)| format!("\n  storeRef: {{kind: {kind}, name: {store}}}"))
+        .unwrap_or_default();
+    format!(
+        "apiVersion: petstore.example.com/v1\nkind: Pet\nmetadata:\n  name: {name}\n  namespace: {namespace}\nspec:\n  name: {name}\n  type: dog\n  birthday: \"2021-04-01\"{store_ref}\n"
+    )
+}
+
+fn pet_store(namespace: &str, name: &str, store: &PetStoreServer) -> String {
+    format!(
+        "apiVersion: petstore.example.com/v1\nkind: PetStore\nmetadata:\n  name: {name}\n  namespace: {namespace}\nspec:\n  address: http://{}\n  audience: petstore\n",
+        store.addr
+    )
+}
+
+fn cluster_pet_store(name: &str, store: &PetStoreServer, admits: &[&str]) -> String {
+    format!(
+        "apiVersion: petstore.example.com/v1\nkind: ClusterPetStore\nmetadata:\n  name: {name}\nspec:\n  address: http://{}\n  audience: petstore\n  allowedNamespaces:\n    names: [{}]\n",
+        store.addr,
+        admits.join(", ")
+    )
+}
+
+/// Each tenant namespace, with the ServiceAccount whose tokens its Pets'
+/// writes carry.
+fn tenant_namespaces(cp: &ControlPlane) -> fixtures::Result<()> {
+    for namespace in TENANTS {
+        cp.ensure_namespace(namespace)?;
+        cp.apply(&format!(
+            "apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: petstore-tenant\n  namespace: {namespace}\n"
+        ))?;
+    }
+    Ok(())
+}
+
+fn get(cp: &ControlPlane, namespace: &str, name: &str) -> Option<Value> {
+    cp.kubectl_json(&["get", "pet", name, "-n", namespace]).ok()
+}
+
+/// The record names in a store, sorted.
+fn names(store: &PetStoreServer) -> fixtures::Result<Vec<String>> {
+    let mut names: Vec<String> = store
+        .all_pets()?
+        .iter()
+        .map(|r| r["name"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+/// Waits for the Pet's Ready condition to say `reason`; how long it took
+/// from `since`.
+fn wait_reason(
+    cp: &ControlPlane,
+    namespace: &str,
+    name: &str,
+    reason: &str,
+    since: Instant,
+) -> fixtures::Result<(Duration, String)> {
+    wait_for(
+        TIMEOUT,
+        &format!("{namespace}/{name} held with {reason}"),
+        || {
+            let pet = get(cp, namespace, name)?;
+            let ready = condition(&pet, "Ready")?;
+            (ready["reason"] == reason).then(|| {
+                (
+                    since.elapsed(),
+                    ready["message"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+        },
+    )
+}
+
+fn wait_ready(cp: &ControlPlane, namespace: &str, name: &str) -> fixtures::Result<Value> {
+    wait_for(TIMEOUT, &format!("{namespace}/{name} Ready"), || {
+        get(cp, namespace, name).filter(is_ready)
+    })
+}
+
+#[test]
+fn each_pet_writes_to_the_store_it_may_use_and_nowhere_else() -> fixtures::Result<()> {
+    let env = Env::start(Storage::Memory)?;
+    let cp = &env.cp;
+    let store_a = PetStoreServer::start_in(&cp.dir().join("store-a"), Storage::Memory, &[])?;
+    let store_b = PetStoreServer::start_in(&cp.dir().join("store-b"), Storage::Memory, &[])?;
+    tenant_namespaces(cp)?;
+    cp.apply(&pet_store("team-a", "default", &store_a))?;
+    cp.apply(&pet_store("team-b", "shared", &store_b))?;
+    cp.apply(&cluster_pet_store("cluster-b", &store_b, &["team-c"]))?;
+    let _operator = env.start_operator("tenancy")?;
+
+    // Each Pet in its store: the namespace's default, a named PetStore, a
+    // ClusterPetStore that admits it, and the operator's own.
+    cp.apply(&pet("team-a", "rex", None))?;
+    cp.apply(&pet("team-b", "fido", Some(("PetStore", "shared"))))?;
+    cp.apply(&pet(
+        "team-c",
+        "tom",
+        Some(("ClusterPetStore", "cluster-b")),
+    ))?;
+    cp.apply(&pet("default", "own", None))?;
+    let mut shown = BTreeMap::new();
+    for (namespace, name) in [
+        ("team-a", "rex"),
+        ("team-b", "fido"),
+        ("team-c", "tom"),
+        ("default", "own"),
+    ] {
+        let ready = wait_ready(cp, namespace, name)?;
+        shown.insert(name, ready["status"]["store"].as_str().map(str::to_owned));
+    }
+    assert_eq!(names(&store_a)?, ["rex"]);
+    assert_eq!(names(&store_b)?, ["fido", "tom"]);
+    assert_eq!(names(&env.store)?, ["own"]);
+    assert_eq!(
+        shown,
+        BTreeMap::from([
+            ("rex", Some("PetStore/default".to_owned())),
+            ("fido", Some("PetStore/shared".to_owned())),
+            ("tom", Some("ClusterPetStore/cluster-b".to_owned())),
+            ("own", None),
+        ]),
+        "status.store names each Pet's store; the operator's own is unset"
+    );
+
+    // A Pet that names another namespace's PetStore finds none of its own;
+    // one that names a ClusterPetStore that does not admit its namespace is
+    // refused. Both are held at once, and write nothing anywhere.
+    let writes_before = [store_a.writes()?, store_b.writes()?, env.store.writes()?];
+    let applied = Instant::now();
+    cp.apply(&pet("team-b", "thief", Some(("PetStore", "default"))))?;
+    cp.apply(&pet(
+        "team-a",
+        "intruder",
+        Some(("ClusterPetStore", "cluster-b")),
+    ))?;
+    let (took, message) = wait_reason(cp, "team-b", "thief", "StoreNotFound", applied)?;
+    assert!(
+        took <= HELD_WITHIN,
+        "thief held after {took:?}, not within {HELD_WITHIN:?}"
+    );
+    assert!(
+        message.contains("no PetStore \"default\" in namespace team-b"),
+        "the condition names what is missing: {message}"
+    );
+    let (took, message) = wait_reason(cp, "team-a", "intruder", "StoreNotAllowed", applied)?;
+    assert!(
+        took <= HELD_WITHIN,
+        "intruder held after {took:?}, not within {HELD_WITHIN:?}"
+    );
+    assert!(
+        message.contains("does not admit namespace team-a"),
+        "the condition says why: {message}"
+    );
+    // The operator's reads of a held Pet touch no store either: a held
+    // Pet's reconciles ran (its condition) and wrote nothing.
+    assert_eq!(
+        [store_a.writes()?, store_b.writes()?, env.store.writes()?],
+        writes_before,
+        "a held Pet writes to no store"
+    );
+    for store in [&store_a, &store_b, &env.store] {
+        let names = names(store)?;
+        assert!(
+            !names.iter().any(|n| n == "thief" || n == "intruder"),
+            "{names:?}"
+        );
+    }
+
+    // Once allowed, Ready: the ClusterPetStore's change wakes it, not its
+    // backoff.
+    let allowed = Instant::now();
+    cp.apply(&cluster_pet_store(
+        "cluster-b",
+        &store_b,
+        &["team-c", "team-a"],
+    ))?;
+    wait_ready(cp, "team-a", "intruder")?;
+    let took = allowed.elapsed();
+    assert!(
+        took <= ALLOWED_WITHIN,
+        "intruder Ready {took:?} after it was allowed"
+    );
+    assert_eq!(names(&store_b)?, ["fido", "intruder", "tom"]);
+
+    // And the missing store, once made in its own namespace.
+    cp.apply(&pet_store("team-b", "default", &store_a))?;
+    wait_ready(cp, "team-b", "thief")?;
+    assert_eq!(names(&store_a)?, ["rex", "thief"]);
+
+    // Deleting the Pets deletes each record from its own store.
+    for (namespace, name) in [
+        ("team-a", "rex"),
+        ("team-a", "intruder"),
+        ("team-b", "fido"),
+        ("team-b", "thief"),
+        ("team-c", "tom"),
+        ("default", "own"),
+    ] {
+        cp.kubectl(&["delete", "pet", name, "-n", namespace, "--wait=true"])?;
+    }
+    for store in [&store_a, &store_b, &env.store] {
+        assert_eq!(names(store)?, Vec::<String>::new());
+    }
+    Ok(())
+}
