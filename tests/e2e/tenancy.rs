@@ -231,3 +231,205 @@ fn each_pet_writes_to_the_store_it_may_use_and_nowhere_else() -> fixtures::Resul
     }
     Ok(())
 }
+
+/// grpcurl against `store` as `token` (none: no header), answering the
+/// messages or the error's text.
+fn grpcurl_as(
+    store: &PetStoreServer,
+    token: Option<&str>,
+    method: &str,
+    data: &str,
+) -> Result<Vec<Value>, String> {
+    let header = token.map(|token| format!("authorization: Bearer {token}"));
+    let mut flags: Vec<&std::ffi::OsStr> = vec!["-plaintext".as_ref()];
+    if let Some(header) = &header {
+        flags.push(std::ffi::OsStr::new("-H"));
+        flags.push(std::ffi::OsStr::new(header.as_str()));
+    }
+    fixtures::petstore::grpcurl_with(
+        &flags,
+        &store.addr,
+        &format!("petstore.PetStore/{method}"),
+        data,
+    )
+    .map_err(|error| error.to_string())
+}
+
+fn token(cp: &ControlPlane, namespace: &str, audience: &str) -> fixtures::Result<String> {
+    Ok(cp
+        .kubectl(&[
+            "create",
+            "token",
+            "petstore-tenant",
+            "-n",
+            namespace,
+            "--audience",
+            audience,
+            "--duration=10m",
+        ])?
+        .trim()
+        .to_owned())
+}
+
+fn record_names(messages: &[Value]) -> Vec<String> {
+    let mut names: Vec<String> = messages
+        .iter()
+        .map(|r| r["name"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// The control plane's service-account issuer and its JWKS, in a file the
+/// store reads: what a store is given to check tokens offline.
+fn issuer_flag(cp: &ControlPlane) -> fixtures::Result<String> {
+    let jwks = cp.kubectl(&["get", "--raw", "/openid/v1/jwks"])?;
+    let path = cp.dir().join("jwks.json");
+    std::fs::write(&path, jwks).map_err(fixtures::io("writing the JWKS"))?;
+    Ok(format!(
+        "https://kubernetes.default.svc.cluster.local={}",
+        path.display()
+    ))
+}
+
+#[test]
+fn the_store_keeps_each_namespace_to_its_own_records() -> fixtures::Result<()> {
+    let env = Env::start(Storage::Memory)?;
+    let cp = &env.cp;
+    let issuer = issuer_flag(cp)?;
+    let tenancy = |audience: &'static str| {
+        [
+            "--tenancy",
+            "--token-issuer",
+            issuer.as_str(),
+            "--token-audience",
+            audience,
+            // The fixtures' stores serve plaintext on 127.0.0.1.
+            "--allow-plaintext-tokens",
+        ]
+    };
+    let store = PetStoreServer::start_in(
+        &cp.dir().join("shared"),
+        Storage::Memory,
+        &tenancy("shared"),
+    )?;
+    let other =
+        PetStoreServer::start_in(&cp.dir().join("other"), Storage::Memory, &tenancy("other"))?;
+    tenant_namespaces(cp)?;
+    cp.apply(&format!(
+        "apiVersion: petstore.example.com/v1\nkind: ClusterPetStore\nmetadata:\n  name: shared\nspec:\n  address: http://{}\n  audience: shared\n  allowedNamespaces:\n    names: [team-a, team-b]\n",
+        store.addr
+    ))?;
+    let _operator = env.start_operator("tenancy-enforced")?;
+    cp.apply(&pet("team-a", "rex", Some(("ClusterPetStore", "shared"))))?;
+    cp.apply(&pet("team-b", "fido", Some(("ClusterPetStore", "shared"))))?;
+    let rex = wait_ready(cp, "team-a", "rex")?;
+    wait_ready(cp, "team-b", "fido")?;
+    let rex_id = rex["status"]["id"].as_str().unwrap_or_default().to_owned();
+
+    // Each namespace reads its own records only.
+    let team_a = token(cp, "team-a", "shared")?;
+    let team_b = token(cp, "team-b", "shared")?;
+    let search = |token: Option<&str>| grpcurl_as(&store, token, "SearchPets", "{}");
+    assert_eq!(
+        search(Some(&team_a)).map(|m| record_names(&m)),
+        Ok(vec!["rex".to_owned()])
+    );
+    assert_eq!(
+        search(Some(&team_b)).map(|m| record_names(&m)),
+        Ok(vec!["fido".to_owned()])
+    );
+    // Without a token, with an expired-looking one, with one for another
+    // store (its audience): refused, by the store.
+    let for_other_store = token(cp, "team-b", "other")?;
+    for (what, token) in [
+        ("no token", None),
+        ("a forged token", Some("eyJhbGciOiJFUzI1NiJ9.e30.c2ln")),
+        ("another store's token", Some(for_other_store.as_str())),
+    ] {
+        let answer = search(token);
+        assert!(
+            answer
+                .as_ref()
+                .is_err_and(|error| error.contains("Unauthenticated")),
+            "{what}: {answer:?}"
+        );
+    }
+    // The other store takes its own audience only.
+    let other_token = for_other_store.clone();
+    assert!(grpcurl_as(&other, Some(&other_token), "SearchPets", "{}").is_ok());
+    assert!(grpcurl_as(&other, Some(&team_a), "SearchPets", "{}").is_err());
+
+    // team-b writes to team-a's record directly: refused, record unchanged.
+    let before = grpcurl_as(
+        &store,
+        Some(&team_a),
+        "GetPets",
+        &format!("{{\"ids\":[\"{rex_id}\"]}}"),
+    );
+    for (method, data) in [
+        (
+            "UpdatePets",
+            format!(
+                "{{\"pets\":[{{\"id\":\"{rex_id}\",\"name\":\"stolen\",\"type\":\"PTCanine\",\"birthday\":{{\"year\":2021,\"month\":4,\"day\":1}}}}]}}"
+            ),
+        ),
+        ("DeletePets", format!("{{\"ids\":[\"{rex_id}\"]}}")),
+        (
+            "SetIdempotencyKeys",
+            format!(
+                "{{\"changes\":[{{\"id\":\"{rex_id}\",\"expectedKey\":\"\",\"newKey\":\"x\"}}]}}"
+            ),
+        ),
+    ] {
+        let answer = grpcurl_as(&store, Some(&team_b), method, &data);
+        assert!(
+            answer
+                .as_ref()
+                .is_err_and(|error| error.contains("PermissionDenied")),
+            "{method} by team-b on team-a's record: {answer:?}"
+        );
+    }
+    let hidden = grpcurl_as(
+        &store,
+        Some(&team_b),
+        "GetPets",
+        &format!("{{\"ids\":[\"{rex_id}\"]}}"),
+    )
+    .map_err(|error| fixtures::Error::Timeout(Duration::ZERO, error))?;
+    assert_eq!(
+        hidden[0]["missingIds"][0],
+        rex_id.as_str(),
+        "team-a's record is invisible to team-b"
+    );
+    assert_eq!(
+        grpcurl_as(
+            &store,
+            Some(&team_a),
+            "GetPets",
+            &format!("{{\"ids\":[\"{rex_id}\"]}}")
+        ),
+        before,
+        "team-a's record is unchanged"
+    );
+
+    // A Pet of team-b that names team-a's record for adoption: the store
+    // shows it no such record, so it is held, and writes nothing to it.
+    let applied = Instant::now();
+    cp.apply(&format!(
+        "apiVersion: petstore.example.com/v1\nkind: Pet\nmetadata:\n  name: taker\n  namespace: team-b\n  annotations:\n    petstore.example.com/external-id: \"{rex_id}\"\nspec:\n  name: taker\n  type: dog\n  birthday: \"2021-04-01\"\n  storeRef: {{kind: ClusterPetStore, name: shared}}\n"
+    ))?;
+    let (took, message) = wait_reason(cp, "team-b", "taker", "RecordNotFound", applied)?;
+    assert!(took <= HELD_WITHIN, "taker held after {took:?}: {message}");
+    assert_eq!(
+        grpcurl_as(
+            &store,
+            Some(&team_a),
+            "GetPets",
+            &format!("{{\"ids\":[\"{rex_id}\"]}}")
+        ),
+        before,
+        "team-a's record is unchanged"
+    );
+    Ok(())
+}

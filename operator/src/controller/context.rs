@@ -225,6 +225,11 @@ impl Context {
     pub(super) fn action(&self, next: Next, pet: &Pet, uid: &str) -> Action {
         match next {
             Next::AwaitChange => Action::await_change(),
+            // Only the own store's feed is followed: a Pet on another
+            // store is polled at the poll interval.
+            Next::Poll | Next::Retry if on_other_store(pet) => {
+                self.requeue(pet, uid, self.poll.delay_unfollowed(uid))
+            }
             Next::Poll | Next::Retry => self.requeue(pet, uid, self.poll_delay(uid)),
             Next::After(delay) => self.requeue(pet, uid, delay),
         }
@@ -237,6 +242,13 @@ impl Context {
         self.memory.requeued(pet, uid, delay);
         Action::await_change()
     }
+}
+
+/// The Pet's record is in a `PetStore` or `ClusterPetStore`.
+fn on_other_store(pet: &Pet) -> bool {
+    pet.status
+        .as_ref()
+        .is_some_and(|status| status.store.as_deref().is_some_and(|s| !s.is_empty()))
 }
 
 /// The copy of a Pet kube's trigger turns into the reference it queues:

@@ -75,6 +75,19 @@ impl PollSchedule {
         }
     }
 
+    /// As [`PollSchedule::delay`] for a Pet whose store's feed is not
+    /// followed (a `PetStore`'s or `ClusterPetStore`'s): the poll interval,
+    /// whatever the own store's feed does.
+    pub fn delay_unfollowed(&self, uid: &str) -> Duration {
+        let pets = self.pet_count() as f64;
+        let needed = if self.max_rate.is_finite() && self.max_rate > 0.0 {
+            Duration::try_from_secs_f64(pets / self.max_rate).unwrap_or(Duration::MAX)
+        } else {
+            Duration::ZERO
+        };
+        self.delay_at(uid, self.interval.max(needed), Instant::now())
+    }
+
     /// Counts Pets in this cache from now on (the first call wins).
     pub fn track(&self, pets: Store<Pet>) {
         let _ = self.pets.set(pets);
@@ -205,6 +218,10 @@ mod tests {
         assert_eq!(schedule.interval_for(1_000), Duration::from_secs(3600));
         // The read-rate bound still stretches it.
         assert_eq!(schedule.interval_for(720_000), Duration::from_secs(7200));
+        // A Pet on a store whose feed is not followed keeps the poll
+        // interval: its next poll is at most one and a half intervals away.
+        assert!(schedule.delay_unfollowed("uid") <= Duration::from_secs(450));
+        assert!(schedule.delay("uid") >= Duration::from_secs(1800));
         schedule.set_feed_live(false);
         assert_eq!(schedule.interval_for(1_000), Duration::from_secs(300));
         // An audit never comes more often than the poll would.
