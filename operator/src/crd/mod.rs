@@ -5,9 +5,11 @@
 //! - [`v1alpha1`]: the first version, still served and deprecated.
 //! - [`conversion`]: the lossless conversion between them, which the
 //!   conversion webhook ([`crate::webhook`]) applies for the API server.
+//! - [`stores`]: the stores a Pet's `spec.storeRef` names, `PetStore` and
+//!   `ClusterPetStore` (v1 only).
 //!
 //! The CRD YAML in `config/crd/` is generated from these types by
-//! `cargo xtask crdgen` ([`crd_yaml`]).
+//! `cargo xtask crdgen` ([`crd_files`]).
 
 /// Declares one served version's `PetSpec` (and kube's `Pet` for it). The
 /// versions share every field, schema rule and printed column; they differ
