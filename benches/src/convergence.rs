@@ -569,6 +569,7 @@ pub(crate) fn pet(i: usize) -> Pet {
             birthday,
             deletion_policy: None,
             change_policy: None,
+            store_ref: None,
         },
     )
 }

@@ -32,8 +32,8 @@ use crate::store::budget::CallBudget;
 use crate::store::grpc::{ConnectError, GrpcPetStore};
 use crate::stores::{ClientSettings, Stores};
 use crate::webhook::certs::{self, CertError, WebhookTarget};
-use crate::webhook::guard;
 use crate::webhook::server::{self, ServerError, ServingCertificate};
+use crate::webhook::{guard, store_guard};
 
 /// Why the operator stopped before its controller ran, or could not keep
 /// its leadership election going.
@@ -127,9 +127,9 @@ async fn connect(args: &Args) -> Result<(TcpListener, kube::Client), AppError> {
 /// even this v1-only operator through it. The operator writes only v1, so
 /// once those are rewritten its watch never needs it.
 ///
-/// Sets up its certificates, serves it, points the CRD (and the CRD
-/// deletion guard) at it and keeps its certificates fresh; returns the
-/// server's task.
+/// Sets up its certificates, serves it, points the CRD (and the CRD and
+/// store deletion guards) at it and keeps its certificates fresh; returns
+/// the server's task.
 async fn serve_webhook(
     args: &Args,
     client: &kube::Client,
@@ -148,10 +148,14 @@ async fn serve_webhook(
     );
     let counted: Api<Pet> = Api::all(client.clone());
     let count_pets: server::CountPets = Arc::new(move || Box::pin(guard::count(counted.clone())));
+    let listing = client.clone();
+    let store_pets: server::StorePets =
+        Arc::new(move |store| Box::pin(store_guard::list_pets(listing.clone(), store)));
     let webhook_server = tokio::spawn(server::serve(
         listener,
         Arc::clone(&serving),
         count_pets,
+        store_pets,
         shutdown.clone().cancelled_owned(),
     ));
     let target = match &args.webhook_url {
@@ -165,9 +169,12 @@ async fn serve_webhook(
         .map_err(AppError::ConversionWebhook)?;
     tracing::info!(listen = %args.webhook_listen, ?target, "conversion webhook serving");
     let guards: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
-    if let Err(err) = certs::inject_guard(&guards, &webhook_certs.ca_cert, &target).await {
-        // The guard keeps the CRD while it cannot reach us: nothing lost.
-        tracing::warn!(error = %err, "cannot point the CRD deletion guard at this operator");
+    for guard in certs::GUARDS {
+        if let Err(err) = certs::inject_guard(&guards, guard, &webhook_certs.ca_cert, &target).await
+        {
+            // A guard that cannot reach us refuses what it guards: nothing lost.
+            tracing::warn!(error = %err, "cannot point {} at this operator", guard.what);
+        }
     }
     tokio::spawn(certs::keep_fresh(
         secrets,

@@ -1,18 +1,113 @@
 //! Fails when config/crd/ no longer matches the Rust types. Regenerate with
 //! `cargo xtask crdgen`.
 
-#[test]
-fn committed_crd_matches_the_rust_types() {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../config/crd/petstore.example.com_pets.yaml"
-    );
-    let committed = std::fs::read_to_string(path).expect("read the committed CRD");
-    let generated = petstore_operator::crd::crd_yaml().expect("generate the CRD");
+use petstore_operator::crd::{self, CLUSTERPETSTORES_CRD_FILE, PETS_CRD_FILE, PETSTORES_CRD_FILE};
+
+/// The committed file `name` in config/crd/ is what the types generate.
+fn assert_committed(name: &str) {
+    let path = format!("{}/../config/crd/{name}", env!("CARGO_MANIFEST_DIR"));
+    let committed = std::fs::read_to_string(&path).expect("read the committed CRD");
+    let generated = crd::crd_files()
+        .expect("generate the CRDs")
+        .into_iter()
+        .find_map(|(file, yaml)| (file == name).then_some(yaml))
+        .expect("a generated CRD of that name");
     assert!(
         committed == generated,
-        "config/crd is out of date; run: cargo xtask crdgen"
+        "config/crd/{name} is out of date; run: cargo xtask crdgen"
     );
+}
+
+#[test]
+fn committed_crd_matches_the_rust_types() {
+    assert_committed(PETS_CRD_FILE);
+}
+
+#[test]
+fn committed_petstore_crd_matches_the_rust_types() {
+    assert_committed(PETSTORES_CRD_FILE);
+}
+
+#[test]
+fn committed_clusterpetstore_crd_matches_the_rust_types() {
+    assert_committed(CLUSTERPETSTORES_CRD_FILE);
+}
+
+#[test]
+fn kustomize_installs_every_crd() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../config/crd/kustomization.yaml"
+    );
+    let kustomization = std::fs::read_to_string(path).expect("read config/crd/kustomization.yaml");
+    for (file, _) in crd::crd_files().expect("CRDs") {
+        assert!(kustomization.contains(file), "{file} not in {path}");
+    }
+}
+
+/// A CRD's only version, as JSON.
+fn store_crd(name: &str) -> (serde_json::Value, serde_json::Value) {
+    let yaml = crd::crd_files()
+        .expect("CRDs")
+        .into_iter()
+        .find_map(|(file, yaml)| (file == name).then_some(yaml))
+        .expect("the CRD");
+    let crd: serde_json::Value = serde_norway::from_str(&yaml).expect("yaml");
+    let version = crd["spec"]["versions"][0].clone();
+    (crd, version)
+}
+
+#[test]
+fn store_crds_have_the_promised_shape() {
+    for (file, kind, scope) in [
+        (PETSTORES_CRD_FILE, "PetStore", "Namespaced"),
+        (CLUSTERPETSTORES_CRD_FILE, "ClusterPetStore", "Cluster"),
+    ] {
+        let (crd, version) = store_crd(file);
+        assert_eq!(crd["spec"]["group"], "petstore.example.com", "{kind}");
+        assert_eq!(crd["spec"]["names"]["kind"], kind);
+        assert_eq!(crd["spec"]["scope"], scope, "{kind}");
+        assert_eq!(version["name"], "v1");
+        assert!(version["subresources"]["status"].is_object(), "{kind}");
+        let columns: Vec<_> = version["additionalPrinterColumns"]
+            .as_array()
+            .expect("columns")
+            .iter()
+            .map(|c| c["name"].as_str().unwrap_or_default().to_owned())
+            .collect();
+        assert_eq!(columns, ["Address", "Ready", "Pets", "Age"], "{kind}");
+        let schema = &version["schema"]["openAPIV3Schema"];
+        let spec = &schema["properties"]["spec"]["properties"];
+        assert_eq!(spec["audience"]["default"], "petstore", "{kind}");
+        assert!(
+            spec["address"]["x-kubernetes-validations"].is_array(),
+            "{kind}: the address is checked"
+        );
+        let ca = &spec["tls"]["properties"]["ca"];
+        assert!(
+            ca["x-kubernetes-validations"].is_array(),
+            "{kind}: one CA source"
+        );
+        let secret_ref_required = &ca["properties"]["secretKeyRef"]["required"];
+        let namespaced = secret_ref_required
+            .as_array()
+            .expect("required")
+            .contains(&"namespace".into());
+        assert_eq!(
+            namespaced,
+            kind == "ClusterPetStore",
+            "{kind}: {secret_ref_required}"
+        );
+        let conditions = &schema["properties"]["status"]["properties"]["conditions"];
+        assert_eq!(conditions["x-kubernetes-list-type"], "map", "{kind}");
+        assert_eq!(
+            conditions["x-kubernetes-list-map-keys"],
+            serde_json::json!(["type"])
+        );
+    }
+    let (_, version) = store_crd(CLUSTERPETSTORES_CRD_FILE);
+    let spec = &version["schema"]["openAPIV3Schema"]["properties"]["spec"];
+    assert!(spec["properties"]["allowedNamespaces"].is_object());
 }
 
 #[test]
@@ -92,6 +187,18 @@ fn crd_has_the_promised_shape() {
     // The Plan column prints `none` when nothing waits, Pets written before
     // the field existed included: the API server fills the default on read.
     for v in [alpha, version] {
+        // spec.storeRef is fixed once the Pet has a record, in both versions.
+        let rules = &v["schema"]["openAPIV3Schema"]["x-kubernetes-validations"];
+        assert_eq!(rules[0]["fieldPath"], ".spec.storeRef", "{rules}");
+        assert_eq!(rules[0]["message"], crd::STORE_REF_IMMUTABLE_MESSAGE);
+        let spec = &v["schema"]["openAPIV3Schema"]["properties"]["spec"];
+        assert!(spec["properties"]["storeRef"].is_object());
+        // The Store column is wide only: the default table is the README's.
+        let store_column = v["additionalPrinterColumns"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["name"] == "Store"))
+            .expect("a Store column");
+        assert_eq!(store_column["priority"], 1);
         let plan = v["additionalPrinterColumns"]
             .as_array()
             .and_then(|c| c.iter().find(|c| c["name"] == "Plan"))

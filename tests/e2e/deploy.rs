@@ -61,6 +61,8 @@ fn config_default_and_the_store_pass_server_side_validation_and_install() -> fix
         |output: &str, object: &str| output.contains(&format!("{object} created (server dry run)"));
     for object in [
         "customresourcedefinition.apiextensions.k8s.io/pets.petstore.example.com",
+        "customresourcedefinition.apiextensions.k8s.io/petstores.petstore.example.com",
+        "customresourcedefinition.apiextensions.k8s.io/clusterpetstores.petstore.example.com",
         "serviceaccount/petstore-operator",
         "role.rbac.authorization.k8s.io/petstore-operator-leader-election",
         "clusterrole.rbac.authorization.k8s.io/petstore-operator",
@@ -69,6 +71,7 @@ fn config_default_and_the_store_pass_server_side_validation_and_install() -> fix
         "service/petstore-operator-metrics",
         "deployment.apps/petstore-operator",
         "validatingwebhookconfiguration.admissionregistration.k8s.io/petstore-operator-crd-guard",
+        "validatingwebhookconfiguration.admissionregistration.k8s.io/petstore-operator-store-guard",
     ] {
         assert!(created(&dry, object), "{object}:\n{dry}");
     }
@@ -141,8 +144,47 @@ fn operator_service_account_has_least_privilege() -> fixtures::Result<()> {
         ("patch", "pets.petstore.example.com/status"),
         ("update", "pets.petstore.example.com/finalizers"),
         ("create", "events.events.k8s.io"),
+        // The stores Pets name, the namespaces a ClusterPetStore admits by
+        // label, and a store's CA, by name.
+        ("list", "petstores.petstore.example.com"),
+        ("watch", "clusterpetstores.petstore.example.com"),
+        ("watch", "namespaces"),
+        ("get", "secrets"),
+        ("get", "configmaps"),
     ] {
         assert!(can_i(&cp, verb, resource, None), "needs {verb} {resource}");
+    }
+    for (verb, resource) in [
+        ("patch", "petstores.petstore.example.com"),
+        ("update", "clusterpetstores.petstore.example.com"),
+    ] {
+        assert!(
+            can_i_with(&cp, verb, resource, None, &["--subresource=status"]),
+            "needs {verb} {resource}/status"
+        );
+    }
+    // Tokens for the one tenant ServiceAccount name, and no other.
+    let mint = |account: &str, namespace: &str| {
+        can_i_with(
+            &cp,
+            "create",
+            &format!("serviceaccounts/{account}"),
+            Some(namespace),
+            &["--subresource=token"],
+        )
+    };
+    assert!(
+        mint("petstore-tenant", "team-a"),
+        "needs tokens for petstore-tenant"
+    );
+    for (account, namespace) in [
+        ("petstore-operator", "petstore-system"),
+        ("default", "team-a"),
+    ] {
+        assert!(
+            !mint(account, namespace),
+            "must not mint tokens for {namespace}/{account}"
+        );
     }
     assert!(can_i(
         &cp,
@@ -195,11 +237,15 @@ fn operator_service_account_has_least_privilege() -> fixtures::Result<()> {
 
     // What it must not have.
     for (verb, resource) in [
-        ("get", "secrets"),
         ("list", "secrets"),
         ("delete", "pets.petstore.example.com"),
         ("create", "pets.petstore.example.com"),
         ("deletecollection", "pets.petstore.example.com"),
+        ("create", "petstores.petstore.example.com"),
+        ("delete", "clusterpetstores.petstore.example.com"),
+        ("update", "petstores.petstore.example.com"),
+        ("watch", "secrets"),
+        ("list", "configmaps"),
         ("get", "pods"),
         ("list", "pods"),
         ("create", "pods"),
@@ -218,9 +264,9 @@ fn operator_service_account_has_least_privilege() -> fixtures::Result<()> {
         !can_i(&cp, "update", "leases.coordination.k8s.io", Some("default")),
         "Leases only in its own namespace"
     );
-    // Only its own Secret, in its own namespace, and only the Pet CRD.
+    // Changes only its own Secret, in its own namespace, and only the Pet
+    // CRD. (It may get any Secret by name, for a store's CA.)
     for (verb, resource, namespace) in [
-        ("get", "secrets/other", "petstore-system"),
         ("update", "secrets/other", "petstore-system"),
         ("list", "secrets", "petstore-system"),
         ("watch", "secrets", "petstore-system"),
@@ -229,7 +275,7 @@ fn operator_service_account_has_least_privilege() -> fixtures::Result<()> {
             "secrets/petstore-operator-webhook-tls",
             "petstore-system",
         ),
-        ("get", "secrets/petstore-operator-webhook-tls", "default"),
+        ("update", "secrets/petstore-operator-webhook-tls", "default"),
         ("create", "secrets", "default"),
     ] {
         assert!(

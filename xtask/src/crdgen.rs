@@ -1,20 +1,27 @@
-//! `cargo xtask crdgen`: writes the Pet CRD generated from the operator's
-//! Rust types to config/crd/, where kustomize and the tests read it. A test
-//! in the operator fails while the committed file is stale.
+//! `cargo xtask crdgen`: writes the CRDs generated from the operator's Rust
+//! types (Pet, PetStore, ClusterPetStore) to config/crd/, where kustomize
+//! and the tests read them. A test in the operator fails while a committed
+//! file is stale.
 
 use std::path::Path;
 
 use anyhow::Context as _;
 
-/// The committed CRD, relative to the repository root.
-pub const CRD_PATH: &str = "config/crd/petstore.example.com_pets.yaml";
+/// Where the CRDs are committed, relative to the repository root.
+pub const CRD_DIR: &str = "config/crd";
 
-/// Writes the CRD to `path`, or to stdout for `-`.
+/// Writes every CRD into the folder `path`, or all of them to stdout, as
+/// one YAML stream, for `-`.
 pub fn run(path: &Path) -> anyhow::Result<()> {
-    let yaml = petstore_operator::crd::crd_yaml().context("serialising the CRD")?;
+    let files = petstore_operator::crd::crd_files().context("serialising the CRDs")?;
     if path == Path::new("-") {
-        print!("{yaml}");
+        let stream: Vec<String> = files.into_iter().map(|(_, yaml)| yaml).collect();
+        print!("{}", stream.join("---\n"));
         return Ok(());
     }
-    std::fs::write(path, yaml).with_context(|| format!("writing {}", path.display()))
+    for (name, yaml) in files {
+        let file = path.join(name);
+        std::fs::write(&file, yaml).with_context(|| format!("writing {}", file.display()))?;
+    }
+    Ok(())
 }

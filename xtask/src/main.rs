@@ -30,10 +30,11 @@ enum Task {
     /// context kind-petstore) that `tilt up` can use instead of kind.
     /// Needs root. Ctrl-C stops and removes everything.
     Cluster,
-    /// Regenerate the Pet CRD from the operator's Rust types.
+    /// Regenerate the CRDs (Pet, PetStore, ClusterPetStore) from the
+    /// operator's Rust types.
     Crdgen {
-        /// Where to write it (`-` for stdout).
-        #[arg(default_value = crdgen::CRD_PATH)]
+        /// The folder to write them into (`-` for stdout).
+        #[arg(default_value = crdgen::CRD_DIR)]
         path: PathBuf,
     },
 }

@@ -5,9 +5,11 @@
 //! - [`v1alpha1`]: the first version, still served and deprecated.
 //! - [`conversion`]: the lossless conversion between them, which the
 //!   conversion webhook ([`crate::webhook`]) applies for the API server.
+//! - [`stores`]: the stores a Pet's `spec.storeRef` names, `PetStore` and
+//!   `ClusterPetStore` (v1 only).
 //!
 //! The CRD YAML in `config/crd/` is generated from these types by
-//! `cargo xtask crdgen` ([`crd_yaml`]).
+//! `cargo xtask crdgen` ([`crd_files`]).
 
 /// Declares one served version's `PetSpec` (and kube's `Pet` for it). The
 /// versions share every field, schema rule and printed column; they differ
@@ -72,6 +74,15 @@ macro_rules! pet_version {
                 json_path = ".status.conditions[?(@.type==\"Ready\")].reason",
                 priority = 1
             ),
+            // Wide only: the default table is the README's, which users'
+            // scripts and the user_story test read column by column.
+            printcolumn(
+                name = "Store",
+                type_ = "string",
+                json_path = ".status.store",
+                description = "The store the record lives in (PetStore/<name> or ClusterPetStore/<name>); empty for the operator's own",
+                priority = 1
+            ),
             printcolumn(
                 name = "Age",
                 type_ = "date",
@@ -114,9 +125,12 @@ macro_rules! pet_version {
             )]
             pub change_policy: Option<ChangePolicy>,
 
-            /// The store this Pet's record lives in.
+            /// The store that keeps this Pet's record: a PetStore of this
+            /// namespace, or a ClusterPetStore that admits it. Unset: the
+            /// operator's own store. It cannot change once the Pet has a
+            /// record (status.id is set).
             #[serde(default, rename = "storeRef", skip_serializing_if = "Option::is_none")]
-            pub store_ref: Option<$crate::crd::StoreRef>,
+            pub store_ref: Option<StoreRef>,
         }
     };
 }
@@ -297,7 +311,9 @@ pub struct PetStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub applied_plan: Option<String>,
 
-    /// The store the Pet's record is in.
+    /// The store the operator resolved for this Pet, as PetStore/<name> or
+    /// ClusterPetStore/<name>; unset for the operator's own store. A store
+    /// cannot be deleted while a Pet names it here or in spec.storeRef.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub store: Option<String>,
 }
@@ -556,6 +572,11 @@ pub const WEBHOOK_PATH: &str = "/convert";
 pub const CRD_GUARD_PATH: &str = "/guard-crd-deletion";
 /// The ValidatingWebhookConfiguration of that guard.
 pub const CRD_GUARD_CONFIGURATION: &str = "petstore-operator-crd-guard";
+/// The path of the guard on deleting a PetStore or ClusterPetStore that
+/// Pets use, behind the same Service (`config/operator/store-guard.yaml`).
+pub const STORE_GUARD_PATH: &str = "/validate-store-deletion";
+/// The ValidatingWebhookConfiguration of that guard.
+pub const STORE_GUARD_CONFIGURATION: &str = "petstore-operator-store-guard";
 
 /// The CRD: both versions, v1 stored, converted by the operator's webhook
 /// behind [`WEBHOOK_SERVICE`]. The operator adds the CA bundle (and, run
@@ -572,6 +593,13 @@ pub fn crd() -> Result<CustomResourceDefinition, kube::core::crd::MergeError> {
             .and_then(|spec| spec.properties.as_mut()?.get_mut("birthday"));
         if let Some(birthday) = birthday {
             birthday.x_kubernetes_validations = Some(vec![birthday_rule()]);
+        }
+        if let Some(root) = version
+            .schema
+            .as_mut()
+            .and_then(|schema| schema.open_api_v3_schema.as_mut())
+        {
+            root.x_kubernetes_validations = Some(vec![store_ref_rule()]);
         }
     }
     crd.spec.conversion = Some(CustomResourceConversion {
@@ -606,6 +634,24 @@ fn birthday_rule() -> ValidationRule {
     }
 }
 
+/// What `spec.storeRef` must not do once the Pet has a record.
+pub const STORE_REF_IMMUTABLE_MESSAGE: &str = "spec.storeRef cannot change once the Pet has a record (status.id is set); moving records between stores is not supported";
+
+/// A transition rule on the whole Pet, the only level that sees both
+/// `spec` and the old `status`: once the old Pet has a record, setting,
+/// changing or removing `spec.storeRef` would leave that record behind in
+/// the old store. Status writes (the status subresource) keep the spec, so
+/// they always pass.
+fn store_ref_rule() -> ValidationRule {
+    ValidationRule {
+        rule: "!has(oldSelf.status) || !has(oldSelf.status.id) || oldSelf.status.id == '' || (has(self.spec.storeRef) ? has(oldSelf.spec.storeRef) && self.spec.storeRef == oldSelf.spec.storeRef : !has(oldSelf.spec.storeRef))".into(),
+        message: Some(STORE_REF_IMMUTABLE_MESSAGE.into()),
+        reason: Some("FieldValueForbidden".into()),
+        field_path: Some(".spec.storeRef".into()),
+        ..ValidationRule::default()
+    }
+}
+
 /// Why the CRD YAML could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum CrdError {
@@ -617,7 +663,29 @@ pub enum CrdError {
 
 /// The CRD as YAML, exactly as written to `config/crd/`.
 pub fn crd_yaml() -> Result<String, CrdError> {
-    let body = serde_norway::to_string(&crd()?)?;
+    to_yaml(&crd()?)
+}
+
+/// Every CRD, as `(file name in config/crd/, YAML)`: what `cargo xtask
+/// crdgen` writes and the drift tests compare.
+pub fn crd_files() -> Result<Vec<(&'static str, String)>, CrdError> {
+    use kube::CustomResourceExt;
+    Ok(vec![
+        (PETS_CRD_FILE, crd_yaml()?),
+        (PETSTORES_CRD_FILE, to_yaml(&PetStore::crd())?),
+        (CLUSTERPETSTORES_CRD_FILE, to_yaml(&ClusterPetStore::crd())?),
+    ])
+}
+
+/// The Pet CRD's file in `config/crd/`.
+pub const PETS_CRD_FILE: &str = "petstore.example.com_pets.yaml";
+/// The PetStore CRD's file in `config/crd/`.
+pub const PETSTORES_CRD_FILE: &str = "petstore.example.com_petstores.yaml";
+/// The ClusterPetStore CRD's file in `config/crd/`.
+pub const CLUSTERPETSTORES_CRD_FILE: &str = "petstore.example.com_clusterpetstores.yaml";
+
+fn to_yaml(crd: &CustomResourceDefinition) -> Result<String, CrdError> {
+    let body = serde_norway::to_string(crd)?;
     Ok(format!(
         "# Generated by `cargo xtask crdgen`; do not edit.\n{body}"
     ))

@@ -9,7 +9,7 @@
 
 use chrono::NaiveDate;
 
-use super::{ChangePolicy, DeletionPolicy, MAX_NAME_CHARS, PetStatus, PetType};
+use super::{ChangePolicy, DeletionPolicy, MAX_NAME_CHARS, PetStatus, PetType, StoreRef};
 
 pet_version! {
     version = "v1",

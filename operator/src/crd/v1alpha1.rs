@@ -9,7 +9,7 @@
 
 use chrono::{DateTime, FixedOffset, NaiveDate};
 
-use super::{ChangePolicy, DeletionPolicy, MAX_NAME_CHARS, PetStatus, PetType};
+use super::{ChangePolicy, DeletionPolicy, MAX_NAME_CHARS, PetStatus, PetType, StoreRef};
 
 /// Printed by kubectl on every request that uses v1alpha1.
 pub const DEPRECATION_WARNING: &str =

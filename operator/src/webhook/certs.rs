@@ -32,8 +32,8 @@ use tokio_util::sync::CancellationToken;
 use super::server::ServingCertificate;
 
 use crate::crd::{
-    CRD_GUARD_CONFIGURATION, CRD_GUARD_PATH, CRD_NAME, WEBHOOK_PATH, WEBHOOK_SERVICE,
-    WEBHOOK_SERVICE_PORT,
+    CRD_GUARD_CONFIGURATION, CRD_GUARD_PATH, CRD_NAME, STORE_GUARD_CONFIGURATION, STORE_GUARD_PATH,
+    WEBHOOK_PATH, WEBHOOK_SERVICE, WEBHOOK_SERVICE_PORT,
 };
 
 /// The Secret all replicas share, in the operator's namespace.
@@ -74,8 +74,9 @@ pub enum CertError {
         #[source]
         source: kube::Error,
     },
-    #[error("{action} (ValidatingWebhookConfiguration {CRD_GUARD_CONFIGURATION}): {source}")]
+    #[error("{action} (ValidatingWebhookConfiguration {configuration}): {source}")]
     Guard {
+        configuration: &'static str,
         action: &'static str,
         #[source]
         source: kube::Error,
@@ -402,23 +403,48 @@ pub async fn inject_ca_bundle(
     Ok(true)
 }
 
-/// The CRD deletion guard's address beside the conversion webhook's
-/// `convert_url`: the same host and port, the guard's path.
-pub fn guard_url(convert_url: &str) -> String {
+/// A ValidatingWebhookConfiguration this operator serves: the route it
+/// names, on the conversion webhook's server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Guard {
+    pub configuration: &'static str,
+    pub path: &'static str,
+    /// What it guards, for log lines.
+    pub what: &'static str,
+}
+
+/// The Pet CRD's deletion guard (`config/operator/crd-guard.yaml`).
+pub const CRD_GUARD: Guard = Guard {
+    configuration: CRD_GUARD_CONFIGURATION,
+    path: CRD_GUARD_PATH,
+    what: "the CRD deletion guard",
+};
+/// The guard on deleting stores in use (`config/operator/store-guard.yaml`).
+pub const STORE_GUARD: Guard = Guard {
+    configuration: STORE_GUARD_CONFIGURATION,
+    path: STORE_GUARD_PATH,
+    what: "the store deletion guard",
+};
+/// Every guard the operator points at itself.
+pub const GUARDS: [Guard; 2] = [CRD_GUARD, STORE_GUARD];
+
+/// A guard's address beside the conversion webhook's `convert_url`: the
+/// same host and port, the guard's `path`.
+pub fn guard_url(convert_url: &str, path: &str) -> String {
     let host_start = convert_url.find("://").map_or(0, |i| i + 3);
     let path_start = convert_url[host_start..]
         .find('/')
         .map_or(convert_url.len(), |i| host_start + i);
-    format!("{}{CRD_GUARD_PATH}", &convert_url[..path_start])
+    format!("{}{path}", &convert_url[..path_start])
 }
 
 /// The guard's client config for `target`, trusting `ca_cert`.
-fn guard_client_config(ca_cert: &str, target: &WebhookTarget) -> WebhookClientConfig {
+fn guard_client_config(ca_cert: &str, target: &WebhookTarget, path: &str) -> WebhookClientConfig {
     let ca_bundle = Some(ByteString(ca_cert.as_bytes().to_vec()));
     match target {
         WebhookTarget::Url(url) => WebhookClientConfig {
             ca_bundle,
-            url: Some(guard_url(url)),
+            url: Some(guard_url(url, path)),
             service: None,
         },
         WebhookTarget::Service { namespace } => WebhookClientConfig {
@@ -427,31 +453,39 @@ fn guard_client_config(ca_cert: &str, target: &WebhookTarget) -> WebhookClientCo
             service: Some(ServiceReference {
                 name: WEBHOOK_SERVICE.into(),
                 namespace: namespace.clone(),
-                path: Some(CRD_GUARD_PATH.into()),
+                path: Some(path.into()),
                 port: Some(WEBHOOK_SERVICE_PORT),
             }),
         },
     }
 }
 
-/// Makes the CRD deletion guard (`config/operator/crd-guard.yaml`), if it
-/// is installed, trust `ca_cert` and reach `target`; returns whether it
-/// changed it. A guard that is not installed stays so: deleting it is how
-/// a user goes around it on purpose.
+/// Makes `guard`'s ValidatingWebhookConfiguration, if it is installed,
+/// trust `ca_cert` and reach `target`; returns whether it changed it. A
+/// guard that is not installed stays so: deleting it is how a user goes
+/// around it on purpose.
 pub async fn inject_guard(
     configs: &Api<ValidatingWebhookConfiguration>,
+    guard: Guard,
     ca_cert: &str,
     target: &WebhookTarget,
 ) -> Result<bool, CertError> {
-    let guard_error = |action| move |source| CertError::Guard { action, source };
+    let configuration = guard.configuration;
+    let guard_error = |action| {
+        move |source| CertError::Guard {
+            configuration,
+            action,
+            source,
+        }
+    };
     let Some(config) = configs
-        .get_opt(CRD_GUARD_CONFIGURATION)
+        .get_opt(configuration)
         .await
         .map_err(guard_error("reading"))?
     else {
         return Ok(false);
     };
-    let wanted = guard_client_config(ca_cert, target);
+    let wanted = guard_client_config(ca_cert, target, guard.path);
     let webhooks = config.webhooks.unwrap_or_default();
     if webhooks
         .iter()
@@ -472,23 +506,20 @@ pub async fn inject_guard(
         .collect::<Vec<_>>()});
     configs
         .patch(
-            CRD_GUARD_CONFIGURATION,
+            configuration,
             &PatchParams::default(),
             &Patch::Strategic(&patch),
         )
         .await
         .map_err(guard_error("pointing at this operator"))?;
-    tracing::info!(
-        configuration = CRD_GUARD_CONFIGURATION,
-        "pointed the CRD deletion guard at this operator"
-    );
+    tracing::info!(configuration, "pointed {} at this operator", guard.what);
     Ok(true)
 }
 
 /// Every [`REFRESH_INTERVAL`] until `stop`: renews the serving certificate
 /// when due (or picks up another replica's renewal) and swaps it into the
-/// running server, and puts the CA bundle back if the CRD or the CRD
-/// deletion guard lost it (a `kubectl apply` of config/ does). Failures are logged and retried:
+/// running server, and puts the CA bundle back if the CRD or a deletion
+/// guard lost it (a `kubectl apply` of config/ does). Failures are logged and retried:
 /// the current certificate stays valid for weeks.
 pub async fn keep_fresh(
     secrets: Api<Secret>,
@@ -523,8 +554,10 @@ pub async fn keep_fresh(
         if let Err(err) = inject_ca_bundle(&crds, &current.ca_cert, None).await {
             tracing::warn!(error = %err, "cannot check the CRD's CA bundle");
         }
-        if let Err(err) = inject_guard(&guards, &current.ca_cert, &target).await {
-            tracing::warn!(error = %err, "cannot check the CRD deletion guard");
+        for guard in GUARDS {
+            if let Err(err) = inject_guard(&guards, guard, &current.ca_cert, &target).await {
+                tracing::warn!(error = %err, "cannot check {}", guard.what);
+            }
         }
     }
 }
@@ -538,18 +571,23 @@ mod tests {
     #[test]
     fn the_guard_is_reached_where_the_conversion_webhook_is() {
         assert_eq!(
-            guard_url("https://127.0.0.1:9443/convert"),
+            guard_url("https://127.0.0.1:9443/convert", CRD_GUARD_PATH),
             "https://127.0.0.1:9443/guard-crd-deletion"
         );
         assert_eq!(
-            guard_url("https://host.example:8443"),
+            guard_url("https://host.example:8443", CRD_GUARD_PATH),
             "https://host.example:8443/guard-crd-deletion"
+        );
+        assert_eq!(
+            guard_url("https://127.0.0.1:9443/convert", STORE_GUARD_PATH),
+            "https://127.0.0.1:9443/validate-store-deletion"
         );
         let in_cluster = guard_client_config(
             "CA",
             &WebhookTarget::Service {
                 namespace: "petstore-system".into(),
             },
+            CRD_GUARD_PATH,
         );
         let service = in_cluster.service.expect("a service");
         assert_eq!(

@@ -9,11 +9,14 @@
 //! - [`certs`]: the CA and serving certificate, kept in a Secret that all
 //!   replicas share, and the CA bundle in the CRD;
 //! - [`guard`]: the same server's second route, which refuses to delete the
-//!   Pet CRD while Pets exist unless the deletion is confirmed.
+//!   Pet CRD while Pets exist unless the deletion is confirmed;
+//! - [`store_guard`]: its third, which refuses to delete a PetStore or
+//!   ClusterPetStore while Pets use it.
 
 pub mod certs;
 pub mod guard;
 pub mod server;
+pub mod store_guard;
 
 use kube::core::Status;
 use kube::core::conversion::{ConversionRequest, ConversionResponse, ConversionReview};

@@ -23,12 +23,21 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::TcpListener;
 
 use super::guard::{self, PetCount};
-use crate::crd::{CRD_GUARD_PATH, WEBHOOK_PATH};
+use super::store_guard::{self, DeletedStore, PetUse};
+use crate::crd::{CRD_GUARD_PATH, STORE_GUARD_PATH, WEBHOOK_PATH};
 
 /// Counts the Pets for the CRD deletion guard: the API server's list in
 /// the operator, a fixed answer in tests.
 pub type CountPets =
     Arc<dyn Fn() -> futures::future::BoxFuture<'static, Result<PetCount, String>> + Send + Sync>;
+
+/// Lists the Pets that may use a store, for the store deletion guard: the
+/// API server's list in the operator, a fixed answer in tests.
+pub type StorePets = Arc<
+    dyn Fn(DeletedStore) -> futures::future::BoxFuture<'static, Result<Vec<PetUse>, String>>
+        + Send
+        + Sync,
+>;
 
 /// A ConversionReview lists every object of a request; a list of many Pets
 /// is larger than axum's 2 MiB default.
@@ -110,8 +119,9 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
         .map_err(|source| ServerError::Listen { addr, source })
 }
 
-/// The webhook's routes: `POST /convert`, and `POST /guard-crd-deletion`.
-pub fn router(count_pets: CountPets) -> Router {
+/// The webhook's routes: `POST /convert`, `POST /guard-crd-deletion` and
+/// `POST /validate-store-deletion`.
+pub fn router(count_pets: CountPets, store_pets: StorePets) -> Router {
     Router::new()
         .route(
             WEBHOOK_PATH,
@@ -123,6 +133,12 @@ pub fn router(count_pets: CountPets) -> Router {
                 axum::Json(guard::review(&body, || count_pets()).await)
             }),
         )
+        .route(
+            STORE_GUARD_PATH,
+            post(move |body: Bytes| async move {
+                axum::Json(store_guard::review(&body, |store| store_pets(store)).await)
+            }),
+        )
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
 }
 
@@ -132,6 +148,7 @@ pub async fn serve(
     listener: TcpListener,
     certificate: Arc<ServingCertificate>,
     count_pets: CountPets,
+    store_pets: StorePets,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
     let config = rustls::ServerConfig::builder_with_provider(provider())
@@ -154,7 +171,7 @@ pub async fn serve(
             None => tracing::warn!(error = %err, "webhook accept failed"),
             Some(peer) => tracing::debug!(%peer, error = %err, "webhook TLS handshake failed"),
         })
-        .serve(router(count_pets).into_make_service())
+        .serve(router(count_pets, store_pets).into_make_service())
         .await
         .map_err(ServerError::Serve)
 }
@@ -235,10 +252,21 @@ mod tests {
                 })
             })
         });
+        let store_pets: StorePets = Arc::new(|store| {
+            Box::pin(async move {
+                Ok(vec![PetUse {
+                    namespace: store.namespace().unwrap_or("team-a").to_owned(),
+                    name: "rex".into(),
+                    store_ref: Some("PetStore/shared".parse().expect("a store ref")),
+                    status_store: None,
+                }])
+            })
+        });
         let server = tokio::spawn(serve(
             listener,
             Arc::clone(&serving),
             count_pets,
+            store_pets,
             stop.clone().cancelled_owned(),
         ));
 
@@ -272,6 +300,16 @@ mod tests {
         let (response, _) = post_to(addr, CRD_GUARD_PATH, &certs.ca_cert, &body).await;
         assert!(response.contains("\"allowed\":false"), "{response}");
         assert!(response.contains("2 Pets exist"), "{response}");
+
+        // And the store deletion guard names the Pet that uses the store.
+        let deletion = serde_json::json!({"request": {
+            "uid": "s", "name": "shared", "namespace": "team-a", "operation": "DELETE",
+            "kind": {"group": "petstore.example.com", "version": "v1", "kind": "PetStore"},
+        }});
+        let body = serde_json::to_vec(&deletion).expect("json");
+        let (response, _) = post_to(addr, STORE_GUARD_PATH, &certs.ca_cert, &body).await;
+        assert!(response.contains("\"allowed\":false"), "{response}");
+        assert!(response.contains("team-a/rex"), "{response}");
 
         // A renewal signed by the same CA: the next handshake presents it.
         let renewed = certs.renew_serving(&names, unix_now()).expect("renew");

@@ -89,6 +89,24 @@ fn other_annotations_stay_and_an_emptied_map_goes() {
 }
 
 #[test]
+fn the_store_ref_and_the_resolved_store_survive_both_ways_and_read_as_typed() {
+    let mut pet = v1_pet("2021-04-01");
+    pet["spec"]["storeRef"] = json!({"kind": "ClusterPetStore", "name": "shared"});
+    pet["status"] = json!({"id": "r-1", "store": "ClusterPetStore/shared"});
+    let down = convert(pet.clone(), V1ALPHA1).expect("down");
+    // v1alpha1 has the same fields, so nothing needs an annotation.
+    assert_eq!(down["spec"]["storeRef"], pet["spec"]["storeRef"]);
+    assert_eq!(down["status"]["store"], "ClusterPetStore/shared");
+    assert!(down["metadata"].get("annotations").is_none(), "{down}");
+    let typed: v1alpha1::PetSpec = serde_json::from_value(down["spec"].clone()).expect("spec");
+    assert_eq!(
+        typed.store_ref.map(|store| store.to_string()).as_deref(),
+        Some("ClusterPetStore/shared")
+    );
+    assert_eq!(convert(down, V1).expect("up"), pet);
+}
+
+#[test]
 fn same_version_is_returned_untouched() {
     let pet = alpha("not even a timestamp");
     assert_eq!(convert(pet.clone(), V1ALPHA1), Ok(pet));
@@ -168,15 +186,33 @@ fn string_map() -> impl Strategy<Value = Option<Value>> {
     )
 }
 
+/// `spec.storeRef` as the schema allows it.
+fn store_ref() -> impl Strategy<Value = Value> {
+    (
+        prop_oneof![Just("PetStore"), Just("ClusterPetStore")],
+        "[a-z0-9][a-z0-9.-]{0,30}",
+    )
+        .prop_map(|(kind, name)| json!({"kind": kind, "name": name}))
+}
+
 fn status() -> impl Strategy<Value = Option<Value>> {
     proptest::option::of(
         (
             proptest::option::of(text()),
             proptest::collection::vec((text(), text(), text()), 0..3),
+            proptest::option::of(store_ref()),
         )
-            .prop_map(|(id, conditions)| {
+            .prop_map(|(id, conditions, store)| {
+                let store = store.map(|store| {
+                    format!(
+                        "{}/{}",
+                        store["kind"].as_str().unwrap_or_default(),
+                        store["name"].as_str().unwrap_or_default()
+                    )
+                });
                 json!({
                     "id": id,
+                    "store": store,
                     "observedGeneration": 3,
                     "conditions": conditions.into_iter().map(|(type_, status, reason)| json!({
                         "type": type_, "status": status, "reason": reason,
@@ -202,9 +238,10 @@ fn pet(
         string_map(),
         status(),
         proptest::option::of(text()),
+        proptest::option::of(store_ref()),
     )
         .prop_map(
-            move |(birthday, name, kind, policy, annotations, labels, status, unknown)| {
+            move |(birthday, name, kind, policy, annotations, labels, status, unknown, store)| {
                 let mut pet = json!({
                     "apiVersion": api_version,
                     "kind": "Pet",
@@ -225,6 +262,9 @@ fn pet(
                 }
                 if let Some(unknown) = unknown {
                     pet["spec"]["futureField"] = unknown.into();
+                }
+                if let Some(store) = store {
+                    pet["spec"]["storeRef"] = store;
                 }
                 pet
             },
