@@ -601,3 +601,853 @@ suite!(
     with_tenancy_off_every_record_is_written_as_before,
     the_feed_keeps_each_records_tenant,
 );
+
+// ---- a tenancy-on server: two tenants and an observer ------------------------
+
+mod grpc {
+    use std::io::Write as _;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use petstore_proto::PetStoreClient;
+    use petstore_proto::petstore as pb;
+    use petstore_server::auth::{Tenancy, TenancyOptions, TrustedIssuer};
+    use petstore_server::server::{ServeError, ServeOptions};
+    use petstore_server::service::Observability;
+    use petstore_server::storage::{MemoryStorage, Storage};
+    use petstore_server::tenancy::Access;
+    use petstore_server::watch::WatchOptions;
+    use tonic::transport::Channel;
+    use tonic::{Code, Request, Status};
+
+    use super::support::tokens::{SigningKey, claims, jwks, unix_now};
+    use super::support::{Running, keyed, thor, tron};
+
+    const ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
+    const OBSERVER: &str = "system:serviceaccount:monitoring:reader";
+    const PROGRESS: Duration = Duration::from_millis(200);
+
+    /// The trusted issuer's key, its JWKS file, and tokens it signs.
+    struct Cluster {
+        key: SigningKey,
+        jwks: tempfile::NamedTempFile,
+    }
+
+    impl Cluster {
+        fn new() -> Self {
+            let key = SigningKey::ec("cluster-key");
+            let mut jwks_file = tempfile::NamedTempFile::new().expect("jwks file");
+            jwks_file
+                .write_all(jwks(&[&key]).as_bytes())
+                .expect("write jwks");
+            Self {
+                key,
+                jwks: jwks_file,
+            }
+        }
+
+        /// A token for ServiceAccount `name` in `namespace`, for the store.
+        fn token(&self, namespace: &str, name: &str) -> String {
+            self.key.sign(&claims(
+                ISSUER,
+                namespace,
+                name,
+                "petstore",
+                unix_now(),
+                600,
+            ))
+        }
+
+        fn tenancy(&self, tenant_namespaces: &[&str], plaintext: bool) -> Tenancy {
+            Tenancy::new(TenancyOptions {
+                issuers: vec![TrustedIssuer {
+                    issuer: ISSUER.into(),
+                    jwks: self.jwks.path().to_owned(),
+                }],
+                audience: "petstore".into(),
+                observers: vec![OBSERVER.into()],
+                tenant_namespaces: tenant_namespaces.iter().map(|ns| (*ns).into()).collect(),
+                allow_plaintext_tokens: plaintext,
+            })
+            .expect("tenancy")
+        }
+    }
+
+    /// A tenancy-on store over `storage`, and its callers' tokens.
+    struct Store {
+        running: Running,
+        storage: Arc<dyn Storage>,
+        cluster: Cluster,
+        a: String,
+        b: String,
+        observer: String,
+    }
+
+    async fn serve_over(storage: Arc<dyn Storage>, tenant_namespaces: &[&str]) -> Store {
+        let cluster = Cluster::new();
+        let options = ServeOptions {
+            tenancy: Some(Arc::new(cluster.tenancy(tenant_namespaces, true))),
+            watch: WatchOptions {
+                progress_interval: PROGRESS,
+                ..Default::default()
+            },
+            observability: Observability::default(),
+            ..Default::default()
+        };
+        let dir = Arc::new(tempfile::tempdir().expect("tempdir"));
+        let running = Running::serve(Arc::clone(&storage), dir, options).await;
+        Store {
+            running,
+            storage,
+            a: cluster.token("team-a", "petstore-operator"),
+            b: cluster.token("team-b", "petstore-operator"),
+            observer: cluster.token("monitoring", "reader"),
+            cluster,
+        }
+    }
+
+    async fn serve() -> Store {
+        serve_over(Arc::new(MemoryStorage::default()), &[]).await
+    }
+
+    /// `message` with `token` as its bearer token.
+    fn as_caller<T>(token: &str, message: T) -> Request<T> {
+        let mut request = Request::new(message);
+        request.metadata_mut().insert(
+            "authorization",
+            format!("Bearer {token}").parse().expect("ascii"),
+        );
+        request
+    }
+
+    impl Store {
+        fn client(&self) -> PetStoreClient<Channel> {
+            self.running.client.clone()
+        }
+
+        async fn add(&self, token: &str, pets: Vec<pb::Pet>) -> Result<Vec<String>, Status> {
+            Ok(self
+                .client()
+                .add_pets(as_caller(token, pb::AddPetsReq { pets }))
+                .await?
+                .into_inner()
+                .ids)
+        }
+
+        async fn search(&self, token: &str) -> Result<Vec<String>, Status> {
+            let mut stream = self
+                .client()
+                .search_pets(as_caller(token, pb::SearchPetsReq::default()))
+                .await?
+                .into_inner();
+            let mut names = Vec::new();
+            while let Some(pet) = stream.message().await? {
+                names.push(pet.name);
+            }
+            names.sort();
+            Ok(names)
+        }
+
+        async fn get(&self, token: &str, request: pb::GetPetsReq) -> pb::GetPetsResp {
+            self.client()
+                .get_pets(as_caller(token, request))
+                .await
+                .expect("get")
+                .into_inner()
+        }
+
+        async fn update(&self, token: &str, id: &str, name: &str) -> Result<(), Status> {
+            let pet = pb::Pet {
+                id: id.into(),
+                ..super::support::pet(
+                    name,
+                    pb::PetType::PtCanine,
+                    super::support::date(2021, 4, 1),
+                )
+            };
+            self.client()
+                .update_pets(as_caller(token, pb::UpdatePetsReq { pets: vec![pet] }))
+                .await
+                .map(drop)
+        }
+
+        async fn delete(&self, token: &str, id: &str) -> Result<(), Status> {
+            self.client()
+                .delete_pets(as_caller(
+                    token,
+                    pb::DeletePetsReq {
+                        ids: vec![id.into()],
+                    },
+                ))
+                .await
+                .map(drop)
+        }
+
+        async fn set_keys(&self, token: &str, change: pb::KeyChange) -> Result<(), Status> {
+            self.client()
+                .set_idempotency_keys(as_caller(
+                    token,
+                    pb::SetIdempotencyKeysReq {
+                        changes: vec![change],
+                    },
+                ))
+                .await
+                .map(drop)
+        }
+
+        /// A record as the store holds it (tenant included).
+        async fn stored(&self, id: &str) -> Option<petstore_server::model::PetRecord> {
+            self.storage
+                .get(&Access::All, &[id.to_owned()])
+                .await
+                .expect("get")
+                .remove(0)
+        }
+
+        fn metrics(&self) -> String {
+            self.running.observability.metrics.encode().expect("encode")
+        }
+    }
+
+    fn identified(name: &str, key: &str, identity: &str) -> pb::Pet {
+        pb::Pet {
+            identity: identity.into(),
+            ..keyed(name, key)
+        }
+    }
+
+    fn change(id: &str, expected: &str, new: &str, identity: Option<&str>) -> pb::KeyChange {
+        pb::KeyChange {
+            id: id.into(),
+            expected_key: expected.into(),
+            new_key: new.into(),
+            new_identity: identity.map(str::to_owned),
+        }
+    }
+
+    fn assert_code(result: Result<(), Status>, code: Code, fragment: &str) -> Status {
+        let status = result.expect_err("refused");
+        assert_eq!(status.code(), code, "{status:?}");
+        assert!(
+            status.message().contains(fragment),
+            "{fragment:?} not in {:?}",
+            status.message()
+        );
+        status
+    }
+
+    /// The next message of a watch with changes, skipping progress; its
+    /// changes' (kind, name) and revision.
+    async fn next_changes(
+        stream: &mut tonic::Streaming<pb::WatchPetsResp>,
+    ) -> (Vec<(i32, String)>, i64) {
+        loop {
+            let message = tokio::time::timeout(Duration::from_secs(5), stream.message())
+                .await
+                .expect("a message in time")
+                .expect("stream")
+                .expect("open");
+            if !message.changes.is_empty() {
+                let changes = message
+                    .changes
+                    .iter()
+                    .map(|c| {
+                        (
+                            c.kind,
+                            c.pet.as_ref().map(|p| p.name.clone()).unwrap_or_default(),
+                        )
+                    })
+                    .collect();
+                return (changes, message.revision);
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn another_tenants_records_are_absent_from_get_search_and_watch() {
+        let store = serve().await;
+        let mut b_watch = store
+            .client()
+            .watch_pets(as_caller(&store.b, pb::WatchPetsReq { after_revision: 0 }))
+            .await
+            .expect("b watches")
+            .into_inner();
+        let first = b_watch.message().await.expect("stream").expect("progress");
+        assert!(first.changes.is_empty());
+
+        let a_ids = store
+            .add(
+                &store.a,
+                vec![identified("Thor", "uid-thor", "team-a/thor")],
+            )
+            .await
+            .expect("a adds");
+        let b_ids = store
+            .add(
+                &store.b,
+                vec![identified("Tron", "uid-tron", "team-b/tron")],
+            )
+            .await
+            .expect("b adds");
+
+        assert_eq!(store.search(&store.b).await.expect("search"), ["Tron"]);
+        assert_eq!(store.search(&store.a).await.expect("search"), ["Thor"]);
+        let got = store
+            .get(
+                &store.b,
+                pb::GetPetsReq {
+                    ids: vec![a_ids[0].clone(), b_ids[0].clone()],
+                    idempotency_keys: vec!["uid-thor".into()],
+                    identities: vec!["team-a/thor".into()],
+                },
+            )
+            .await;
+        assert_eq!(got.pets.len(), 1);
+        assert_eq!(got.pets[0].name, "Tron");
+        assert_eq!(got.missing_ids, [a_ids[0].clone()]);
+        assert_eq!(got.missing_idempotency_keys, ["uid-thor"]);
+        assert_eq!(got.missing_identities, ["team-a/thor"]);
+
+        // b's feed: only its own change, at the store's revision; a's
+        // write, before it, passed over.
+        let (changes, revision) = next_changes(&mut b_watch).await;
+        assert_eq!(
+            changes,
+            [(pb::pet_change::Kind::Created as i32, "Tron".to_owned())]
+        );
+        assert_eq!(revision, 2);
+        // a writes again: b hears nothing but progress, which moves on.
+        store
+            .update(&store.a, &a_ids[0], "Thorbert")
+            .await
+            .expect("a updates");
+        let progress = tokio::time::timeout(Duration::from_secs(5), b_watch.message())
+            .await
+            .expect("progress in time")
+            .expect("stream")
+            .expect("open");
+        assert!(progress.changes.is_empty(), "{progress:?}");
+        assert!(progress.revision >= revision);
+        store
+            .update(&store.b, &b_ids[0], "Tronald")
+            .await
+            .expect("b updates");
+        let (changes, later) = next_changes(&mut b_watch).await;
+        assert_eq!(
+            changes,
+            [(pb::pet_change::Kind::Updated as i32, "Tronald".to_owned())]
+        );
+        assert_eq!(later, 4, "revisions are the store's: a's update was 3");
+
+        // A resumed watch of a's from the start carries only a's changes.
+        let mut a_watch = store
+            .client()
+            .watch_pets(as_caller(&store.a, pb::WatchPetsReq { after_revision: 1 }))
+            .await
+            .expect("a resumes")
+            .into_inner();
+        let (changes, revision) = next_changes(&mut a_watch).await;
+        assert_eq!(
+            changes,
+            [(pb::pet_change::Kind::Updated as i32, "Thorbert".to_owned())]
+        );
+        // The message says how far the stream has gone: past b's update.
+        assert_eq!(revision, 4);
+        store.running.stop().await;
+    }
+
+    #[tokio::test]
+    async fn every_cross_tenant_write_is_permission_denied_and_changes_nothing() {
+        let store = serve().await;
+        let ids = store
+            .add(
+                &store.a,
+                vec![identified("Thor", "uid-thor", "team-a/thor")],
+            )
+            .await
+            .expect("a adds");
+        let id = ids[0].clone();
+        let before = store.stored(&id).await;
+
+        let status = assert_code(
+            store.update(&store.b, &id, "Stolen").await,
+            Code::PermissionDenied,
+            "pets[0].id: refused for tenant \"team-b\": the record belongs to another tenant",
+        );
+        assert!(!status.message().contains("team-a"), "{}", status.message());
+        assert_code(
+            store.delete(&store.b, &id).await,
+            Code::PermissionDenied,
+            "ids[0]",
+        );
+        assert_code(
+            store
+                .set_keys(&store.b, change(&id, "uid-thor", "mine", None))
+                .await,
+            Code::PermissionDenied,
+            "changes[0].id",
+        );
+        // AddPets with a's key, or its identity (in a's namespace, so
+        // refused first for that): refused, a's ID untold.
+        for pet in [
+            keyed("Copy", "uid-thor"),
+            identified("Copy", "", "team-a/thor"),
+        ] {
+            let status = store.add(&store.b, vec![pet]).await.expect_err("a's key");
+            assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+            assert!(!status.message().contains(&id), "{}", status.message());
+        }
+        let status = store
+            .add(&store.b, vec![identified("Mine", "", "team-a/mine")])
+            .await
+            .expect_err("an identity in a");
+        assert_eq!(status.code(), Code::PermissionDenied);
+        assert!(
+            status
+                .message()
+                .starts_with("pets[0].identity: refused for tenant \"team-b\""),
+            "{}",
+            status.message()
+        );
+        assert_eq!(store.stored(&id).await, before, "a's record unchanged");
+        assert_eq!(
+            store.search(&store.observer).await.expect("search"),
+            ["Thor"]
+        );
+        // Deleting a missing ID is still a success.
+        store
+            .delete(&store.b, "no-such-id")
+            .await
+            .expect("delete missing");
+        let metrics = store.metrics();
+        for series in [
+            "petstore_server_tenant_refusals_total{method=\"UpdatePets\",reason=\"cross_tenant\"} 1",
+            "petstore_server_tenant_refusals_total{method=\"DeletePets\",reason=\"cross_tenant\"} 1",
+            "petstore_server_tenant_refusals_total{method=\"SetIdempotencyKeys\",reason=\"cross_tenant\"} 1",
+            "petstore_server_tenant_refusals_total{method=\"AddPets\",reason=\"cross_tenant\"} 1",
+            "petstore_server_tenant_refusals_total{method=\"AddPets\",reason=\"identity_namespace\"} 2",
+        ] {
+            assert!(metrics.contains(series), "no {series} in\n{metrics}");
+        }
+        store.running.stop().await;
+    }
+
+    #[tokio::test]
+    async fn bad_tokens_are_unauthenticated() {
+        let store = serve().await;
+        let add = |token: Option<String>| {
+            let mut client = store.client();
+            async move {
+                let pets = vec![thor()];
+                let request = match token {
+                    Some(token) => as_caller(&token, pb::AddPetsReq { pets }),
+                    None => Request::new(pb::AddPetsReq { pets }),
+                };
+                client.add_pets(request).await.map(drop)
+            }
+        };
+        let now = unix_now();
+        let cluster = &store.cluster;
+        let sign = |key: &SigningKey, issuer: &str, audience: &str, iat: i64, lifetime: i64| {
+            key.sign(&claims(issuer, "team-a", "op", audience, iat, lifetime))
+        };
+        let stranger = SigningKey::ec("stranger");
+        let impostor = SigningKey::ec("cluster-key");
+        for (token, fragment) in [
+            (None, "no token"),
+            (Some("not-a-jwt".to_owned()), "malformed token"),
+            (
+                Some(sign(&cluster.key, ISSUER, "petstore", now - 700, 600)),
+                "token expired at",
+            ),
+            (
+                Some(sign(&cluster.key, ISSUER, "other", now, 600)),
+                "token audience is [\"other\"], this store needs \"petstore\"",
+            ),
+            (
+                Some(sign(&stranger, ISSUER, "petstore", now, 600)),
+                "token key \"stranger\" is not one of issuer",
+            ),
+            (
+                Some(sign(&impostor, ISSUER, "petstore", now, 600)),
+                "token signature does not verify",
+            ),
+            (
+                Some(sign(
+                    &cluster.key,
+                    "https://other.example",
+                    "petstore",
+                    now,
+                    600,
+                )),
+                "token issuer \"https://other.example\" is not trusted",
+            ),
+        ] {
+            assert_code(add(token).await, Code::Unauthenticated, fragment);
+        }
+        // Without a token, reads are refused too; nothing was added.
+        let status = store.search("").await.expect_err("no token");
+        assert_eq!(status.code(), Code::Unauthenticated);
+        assert!(
+            store
+                .storage
+                .get_by_keys(&Access::All, &[String::new()])
+                .await
+                .is_ok()
+        );
+        assert_eq!(
+            store.search(&store.observer).await.expect("search"),
+            Vec::<String>::new()
+        );
+        assert!(
+            store.metrics().contains(
+                "petstore_server_tenant_refusals_total{method=\"AddPets\",reason=\"unauthenticated\"} 7"
+            ),
+            "{}",
+            store.metrics()
+        );
+        store.running.stop().await;
+    }
+
+    #[tokio::test]
+    async fn a_tenants_first_write_stamps_a_record_from_before_tenancy() {
+        let storage: Arc<dyn Storage> = Arc::new(MemoryStorage::default());
+        // Written before tenancy: the operator's identity, no tenant.
+        let old = storage
+            .add(
+                &Access::All,
+                &[petstore_server::model::NewPet {
+                    identity: Some("team-a/thor".into()),
+                    ..super::new_pet("Thor", Some("uid-thor"), None)
+                }],
+            )
+            .await
+            .expect("add")[0]
+            .id
+            .clone();
+        let store = serve_over(Arc::clone(&storage), &[]).await;
+        assert_eq!(
+            store.search(&store.b).await.expect("b"),
+            Vec::<String>::new()
+        );
+        assert_code(
+            store.update(&store.b, &old, "Stolen").await,
+            Code::PermissionDenied,
+            "another tenant",
+        );
+        assert_eq!(store.stored(&old).await.expect("old").tenant, "");
+        store
+            .update(&store.a, &old, "Thorbert")
+            .await
+            .expect("a writes");
+        let record = store.stored(&old).await.expect("stamped");
+        assert_eq!(
+            (record.tenant.as_str(), record.fields.name.as_str()),
+            ("team-a", "Thorbert")
+        );
+        store.running.stop().await;
+    }
+
+    #[tokio::test]
+    async fn a_record_from_before_tenancy_is_claimed_by_import() {
+        let storage: Arc<dyn Storage> = Arc::new(MemoryStorage::default());
+        let old = storage
+            .add(
+                &Access::All,
+                &[super::new_pet("Tron", Some("uid-old"), None)],
+            )
+            .await
+            .expect("add")[0]
+            .id
+            .clone();
+        let store = serve_over(Arc::clone(&storage), &[]).await;
+        // Every tenant finds it, to import it...
+        for token in [&store.a, &store.b] {
+            let got = store
+                .get(
+                    token,
+                    pb::GetPetsReq {
+                        idempotency_keys: vec!["uid-old".into()],
+                        ..Default::default()
+                    },
+                )
+                .await;
+            assert_eq!(got.pets.len(), 1);
+        }
+        // ...but writes it only by importing it.
+        assert_code(
+            store.update(&store.a, &old, "Mine").await,
+            Code::PermissionDenied,
+            "a record made before tenancy is claimed by import",
+        );
+        assert_code(
+            store
+                .set_keys(
+                    &store.a,
+                    change(&old, "uid-old", "uid-old", Some("team-b/tron")),
+                )
+                .await,
+            Code::PermissionDenied,
+            "changes[0].new_identity",
+        );
+        store
+            .set_keys(
+                &store.a,
+                change(&old, "uid-old", "uid-new", Some("team-a/tron")),
+            )
+            .await
+            .expect("import");
+        let record = store.stored(&old).await.expect("imported");
+        assert_eq!(record.tenant, "team-a");
+        assert_eq!(record.identity.as_deref(), Some("team-a/tron"));
+        assert_eq!(
+            store.search(&store.b).await.expect("b"),
+            Vec::<String>::new()
+        );
+        assert_code(
+            store
+                .set_keys(
+                    &store.b,
+                    change(&old, "uid-new", "uid-new", Some("team-b/tron")),
+                )
+                .await,
+            Code::PermissionDenied,
+            "another tenant",
+        );
+        store.running.stop().await;
+    }
+
+    #[tokio::test]
+    async fn the_observer_reads_and_watches_every_tenant_but_writes_nothing() {
+        let store = serve().await;
+        let mut watch = store
+            .client()
+            .watch_pets(as_caller(
+                &store.observer,
+                pb::WatchPetsReq { after_revision: 0 },
+            ))
+            .await
+            .expect("observer watches")
+            .into_inner();
+        watch.message().await.expect("stream").expect("progress");
+        let a = store.add(&store.a, vec![thor()]).await.expect("a")[0].clone();
+        store.add(&store.b, vec![tron()]).await.expect("b");
+        assert_eq!(
+            store.search(&store.observer).await.expect("all"),
+            ["Thor", "Tron"]
+        );
+        let mut seen = Vec::new();
+        while seen.len() < 2 {
+            seen.extend(
+                next_changes(&mut watch)
+                    .await
+                    .0
+                    .into_iter()
+                    .map(|(_, name)| name),
+            );
+        }
+        assert_eq!(seen, ["Thor", "Tron"]);
+
+        let refused = [
+            store
+                .add(&store.observer, vec![keyed("New", "k")])
+                .await
+                .map(drop),
+            store.update(&store.observer, &a, "Renamed").await,
+            store.delete(&store.observer, &a).await,
+            store
+                .set_keys(&store.observer, change(&a, "", "k", None))
+                .await,
+        ];
+        for result in refused {
+            assert_code(result, Code::PermissionDenied, "observers may read");
+        }
+        assert_eq!(
+            store.search(&store.observer).await.expect("all"),
+            ["Thor", "Tron"]
+        );
+
+        // Not records: an observer claims and samples; a tenant claims.
+        let claim = |token: &str, holder: &str| {
+            as_caller(
+                token,
+                pb::ClaimInstallationReq {
+                    installation: "blue".into(),
+                    holder: holder.into(),
+                    ttl_seconds: 60,
+                },
+            )
+        };
+        let granted = store
+            .client()
+            .claim_installation(claim(&store.observer, "x"))
+            .await
+            .expect("observer claims")
+            .into_inner();
+        assert!(granted.granted);
+        store
+            .client()
+            .claim_installation(claim(&store.a, "y"))
+            .await
+            .expect("a tenant claims");
+        let sampler = |token: &str| {
+            as_caller(
+                token,
+                pb::ChangeSamplerReq {
+                    sampler: Some(pb::Sampler {
+                        r#type: pb::SamplerType::StAlways.into(),
+                        float_value: 0.0,
+                    }),
+                },
+            )
+        };
+        store
+            .client()
+            .change_sampler(sampler(&store.observer))
+            .await
+            .expect("observer samples");
+        let status = store
+            .client()
+            .change_sampler(sampler(&store.a))
+            .await
+            .expect_err("a tenant does not");
+        assert_eq!(status.code(), Code::PermissionDenied);
+        let metrics = store.metrics();
+        assert!(
+            metrics.contains(
+                "petstore_server_tenant_refusals_total{method=\"AddPets\",reason=\"observer_write\"} 1"
+            ),
+            "{metrics}"
+        );
+        store.running.stop().await;
+    }
+
+    #[tokio::test]
+    async fn only_the_listed_namespaces_use_the_store() {
+        let store = serve_over(Arc::new(MemoryStorage::default()), &["team-a"]).await;
+        store.add(&store.a, vec![thor()]).await.expect("team-a");
+        let status = store.add(&store.b, vec![tron()]).await.expect_err("team-b");
+        assert_eq!(status.code(), Code::PermissionDenied);
+        assert!(
+            status.message().contains("\"team-b\""),
+            "{}",
+            status.message()
+        );
+        // Observers are named one by one, whatever their namespace.
+        assert_eq!(
+            store.search(&store.observer).await.expect("observer"),
+            ["Thor"]
+        );
+        assert!(store.metrics().contains(
+            "petstore_server_tenant_refusals_total{method=\"AddPets\",reason=\"namespace_not_allowed\"} 1"
+        ));
+        store.running.stop().await;
+    }
+
+    #[tokio::test]
+    async fn tenancy_over_plaintext_is_refused_at_start_without_the_dev_flag() {
+        let cluster = Cluster::new();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let served = petstore_server::server::serve(
+            listener,
+            Arc::new(MemoryStorage::default()),
+            ServeOptions {
+                tenancy: Some(Arc::new(cluster.tenancy(&[], false))),
+                ..Default::default()
+            },
+            std::future::pending(),
+        )
+        .await;
+        assert!(
+            matches!(served, Err(ServeError::PlaintextTokens)),
+            "{served:?}"
+        );
+
+        // The binary says so, and exits, before it opens anything.
+        let issuer = format!("{ISSUER}={}", cluster.jwks.path().display());
+        let run = |extra: &[&str]| {
+            std::process::Command::new(env!("CARGO_BIN_EXE_petstore-server"))
+                .args(["--listen", "127.0.0.1:0", "--metrics-listen", "off"])
+                .args([
+                    "--storage",
+                    "memory",
+                    "--tenancy",
+                    "--token-issuer",
+                    &issuer,
+                ])
+                .args(extra)
+                .output()
+                .expect("run petstore-server")
+        };
+        let out = run(&[]);
+        assert!(!out.status.success());
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(said.contains("--allow-plaintext-tokens"), "{said}");
+        assert!(said.contains("tenancy without TLS"), "{said}");
+    }
+
+    /// The real grpcurl, as a user runs it: no token, then another
+    /// namespace's.
+    #[tokio::test]
+    async fn grpcurl_without_a_token_or_with_another_namespaces() {
+        let store = serve().await;
+        let id = store.add(&store.a, vec![thor()]).await.expect("a")[0].clone();
+        let grpcurl = fixtures::Tools::get().expect("grpcurl").bin("grpcurl");
+        let addr = store.running.addr.to_string();
+        let run = |headers: Vec<String>, method: &str, data: String| {
+            let grpcurl = grpcurl.clone();
+            let addr = addr.clone();
+            let method = format!("petstore.PetStore/{method}");
+            async move {
+                tokio::task::spawn_blocking(move || {
+                    let mut command = std::process::Command::new(grpcurl);
+                    command.args(["-plaintext", "-max-time", "10"]);
+                    for header in headers {
+                        command.args(["-H", &header]);
+                    }
+                    let out = command
+                        .args(["-d", &data, &addr, &method])
+                        .output()
+                        .expect("run grpcurl");
+                    (
+                        out.status.success(),
+                        format!(
+                            "{}{}",
+                            String::from_utf8_lossy(&out.stdout),
+                            String::from_utf8_lossy(&out.stderr)
+                        ),
+                    )
+                })
+                .await
+                .expect("grpcurl task")
+            }
+        };
+        let get = format!(r#"{{"ids":["{id}"]}}"#);
+        let (ok, said) = run(Vec::new(), "GetPets", get.clone()).await;
+        assert!(
+            !ok && said.contains("Code: Unauthenticated") && said.contains("no token"),
+            "{said}"
+        );
+        let b = vec![format!("authorization: Bearer {}", store.b)];
+        let (ok, said) = run(b.clone(), "GetPets", get.clone()).await;
+        assert!(
+            ok && said.contains("missingIds") && !said.contains("Thor"),
+            "{said}"
+        );
+        let update = format!(
+            r#"{{"pets":[{{"id":"{id}","name":"Stolen","type":"PTCanine","birthday":{{"year":2021,"month":4,"day":1}}}}]}}"#
+        );
+        let (ok, said) = run(b, "UpdatePets", update).await;
+        assert!(!ok && said.contains("Code: PermissionDenied"), "{said}");
+        let a = vec![format!("authorization: Bearer {}", store.a)];
+        let (ok, said) = run(a, "GetPets", get).await;
+        assert!(ok && said.contains("\"name\": \"Thor\""), "{said}");
+        store.running.stop().await;
+    }
+}
