@@ -2,6 +2,7 @@
 //! (redb), in-memory and PostgreSQL backends.
 
 pub mod admission;
+pub mod auth;
 pub mod metrics;
 pub mod model;
 pub mod observe;
@@ -9,6 +10,7 @@ pub mod rpc;
 pub mod server;
 pub mod service;
 pub mod storage;
+pub mod tenancy;
 pub mod validate;
 pub mod watch;
 pub mod wire;

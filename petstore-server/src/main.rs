@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
+use petstore_server::auth::{Tenancy, TenancyOptions, TrustedIssuer};
 use petstore_server::server::{ServeOptions, TlsFiles};
 use petstore_server::service::Observability;
 use petstore_server::storage::{PostgresConfig, StorageConfig};
@@ -112,6 +113,55 @@ struct Args {
     /// queueing. 0: no bound.
     #[arg(long, env = "PETSTORE_MAX_CONCURRENT_REQUESTS", default_value_t = petstore_server::admission::DEFAULT_MAX_CONCURRENT_REQUESTS)]
     max_concurrent_requests: usize,
+
+    /// Tenant isolation: every call must carry `authorization: Bearer
+    /// <Kubernetes ServiceAccount token>`, and acts for the token's
+    /// namespace, which reads and writes only its own records. Needs
+    /// --token-issuer, and TLS unless --allow-plaintext-tokens.
+    #[arg(long, env = "PETSTORE_TENANCY")]
+    tenancy: bool,
+
+    /// A trusted token issuer and the file holding its keys (a JWKS
+    /// document, as the API server's /openid/v1/jwks serves), as
+    /// `<ISSUER>=<JWKS_FILE>`; repeat for several. The file is read again
+    /// when it changes.
+    #[arg(
+        long = "token-issuer",
+        env = "PETSTORE_TOKEN_ISSUERS",
+        value_delimiter = ',',
+        requires = "tenancy"
+    )]
+    token_issuers: Vec<TrustedIssuer>,
+
+    /// The audience tokens must carry (`kubectl create token --audience`).
+    #[arg(long, env = "PETSTORE_TOKEN_AUDIENCE", default_value = petstore_server::auth::DEFAULT_AUDIENCE)]
+    token_audience: String,
+
+    /// A ServiceAccount (`system:serviceaccount:<namespace>:<name>`) that
+    /// may read every tenant's records, watch them, claim installations and
+    /// change the sampler, but write no record; repeat for several.
+    #[arg(
+        long = "observer",
+        env = "PETSTORE_OBSERVERS",
+        value_delimiter = ',',
+        requires = "tenancy"
+    )]
+    observers: Vec<String>,
+
+    /// The only namespaces that may use the store (repeat, or a comma
+    /// list); others are PERMISSION_DENIED. Default: any.
+    #[arg(
+        long = "tenant-namespaces",
+        env = "PETSTORE_TENANT_NAMESPACES",
+        value_delimiter = ',',
+        requires = "tenancy"
+    )]
+    tenant_namespaces: Vec<String>,
+
+    /// Accept tokens over plaintext: local development only, as anyone on
+    /// the path could read and replay them.
+    #[arg(long, env = "PETSTORE_ALLOW_PLAINTEXT_TOKENS", requires = "tenancy")]
+    allow_plaintext_tokens: bool,
 }
 
 /// `--metrics-listen`: an address, or none.
@@ -203,7 +253,45 @@ fn main() -> ExitCode {
     })
 }
 
+/// Tenancy as the flags set it: `None` when off.
+fn tenancy(args: &Args) -> anyhow::Result<Option<Arc<Tenancy>>> {
+    if !args.tenancy {
+        return Ok(None);
+    }
+    if args.tls_cert.is_none() && !args.allow_plaintext_tokens {
+        anyhow::bail!(petstore_server::server::ServeError::PlaintextTokens);
+    }
+    let tenancy = Tenancy::new(TenancyOptions {
+        issuers: args.token_issuers.clone(),
+        audience: args.token_audience.clone(),
+        observers: args.observers.clone(),
+        tenant_namespaces: args.tenant_namespaces.clone(),
+        allow_plaintext_tokens: args.allow_plaintext_tokens,
+    })?;
+    if args.tls_cert.is_none() {
+        tracing::warn!(
+            "tenancy over plaintext (--allow-plaintext-tokens): tokens can be read on the wire; for local development only"
+        );
+    }
+    tracing::info!(
+        issuers = args.token_issuers.len(),
+        audience = %args.token_audience,
+        observers = args.observers.len(),
+        tenant_namespaces = ?args.tenant_namespaces,
+        "tenancy on"
+    );
+    Ok(Some(Arc::new(tenancy)))
+}
+
 async fn serve(args: Args, observability: Observability) -> ExitCode {
+    // Before anything opens: a refused configuration changes nothing.
+    let tenancy = match tenancy(&args) {
+        Ok(tenancy) => tenancy,
+        Err(err) => {
+            tracing::error!(error = %err, "cannot start tenancy");
+            return ExitCode::FAILURE;
+        }
+    };
     let config = match args.storage {
         StorageKind::Memory => StorageConfig::Memory,
         StorageKind::Durable => StorageConfig::Durable {
@@ -266,6 +354,7 @@ async fn serve(args: Args, observability: Observability) -> ExitCode {
         },
         admission: (args.max_concurrent_requests > 0)
             .then(|| petstore_server::admission::Admission::new(args.max_concurrent_requests)),
+        tenancy,
     };
     let served = petstore_server::server::serve(
         listener,
@@ -320,5 +409,60 @@ mod tests {
         for bad in ["", "10", "s", "10 parsecs", "-1s", "0s"] {
             assert!(progress_interval(bad).is_err(), "{bad:?} accepted");
         }
+    }
+
+    // Off by default; the flags that shape it need it on.
+    #[test]
+    fn tenancy_flags_parse_and_need_tenancy() {
+        let args = Args::try_parse_from(["petstore-server"]).expect("defaults");
+        assert!(!args.tenancy);
+        assert_eq!(args.token_audience, "petstore");
+        let args = Args::try_parse_from([
+            "petstore-server",
+            "--tenancy",
+            "--token-issuer",
+            "https://kubernetes.default.svc=/etc/jwks.json",
+            "--token-issuer",
+            "https://other=/etc/other.json",
+            "--observer",
+            "system:serviceaccount:monitoring:reader",
+            "--tenant-namespaces",
+            "a,b",
+            "--tenant-namespaces",
+            "c",
+            "--allow-plaintext-tokens",
+        ])
+        .expect("tenancy flags");
+        assert!(args.tenancy && args.allow_plaintext_tokens);
+        assert_eq!(args.token_issuers.len(), 2);
+        assert_eq!(
+            args.token_issuers[0].issuer,
+            "https://kubernetes.default.svc"
+        );
+        assert_eq!(
+            args.token_issuers[0].jwks,
+            std::path::PathBuf::from("/etc/jwks.json")
+        );
+        assert_eq!(args.tenant_namespaces, ["a", "b", "c"]);
+        assert_eq!(args.observers, ["system:serviceaccount:monitoring:reader"]);
+        for without_tenancy in [
+            ["--token-issuer", "x=/f"],
+            ["--observer", "system:serviceaccount:a:b"],
+            ["--tenant-namespaces", "a"],
+        ] {
+            let mut argv = vec!["petstore-server"];
+            argv.extend(without_tenancy);
+            assert!(Args::try_parse_from(argv).is_err(), "{without_tenancy:?}");
+        }
+        assert!(Args::try_parse_from(["petstore-server", "--allow-plaintext-tokens"]).is_err());
+        assert!(
+            Args::try_parse_from([
+                "petstore-server",
+                "--tenancy",
+                "--token-issuer",
+                "no-equals"
+            ])
+            .is_err()
+        );
     }
 }

@@ -29,6 +29,16 @@ struct TerminationLabels {
     reason: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RefusalLabels {
+    /// The RPC's name, e.g. `AddPets`.
+    method: &'static str,
+    /// Why tenancy refused it: `unauthenticated`, `namespace_not_allowed`,
+    /// `observer_only`, `cross_tenant`, `unclaimed`, `observer_write`,
+    /// `identity_namespace`.
+    reason: &'static str,
+}
+
 pub struct ServerMetrics {
     registry: Registry,
     rpc_duration: Family<RpcLabels, Histogram>,
@@ -37,6 +47,7 @@ pub struct ServerMetrics {
     watchers: Gauge,
     watch_revision: Gauge,
     watch_terminated: Family<TerminationLabels, Counter>,
+    tenant_refusals: Family<RefusalLabels, Counter>,
 }
 
 impl std::fmt::Debug for ServerMetrics {
@@ -84,6 +95,12 @@ impl Default for ServerMetrics {
             "WatchPets streams the store ended, by reason: slow (the client's buffer filled), compacted (it fell behind the kept history), shutdown",
             watch_terminated.clone(),
         );
+        let tenant_refusals = Family::<RefusalLabels, Counter>::default();
+        registry.register(
+            "tenant_refusals",
+            "Calls tenancy refused, by method and reason: unauthenticated (no or a bad token), namespace_not_allowed, observer_only, cross_tenant, unclaimed (a record from before tenancy, claimed only by import), observer_write, identity_namespace",
+            tenant_refusals.clone(),
+        );
         Self {
             registry,
             rpc_duration,
@@ -92,6 +109,7 @@ impl Default for ServerMetrics {
             watchers,
             watch_revision,
             watch_terminated,
+            tenant_refusals,
         }
     }
 }
@@ -135,6 +153,14 @@ impl ServerMetrics {
     pub fn watch_terminated(&self, reason: &'static str) {
         self.watch_terminated
             .get_or_create(&TerminationLabels { reason })
+            .inc();
+    }
+
+    /// Counts one call tenancy refused, by `reason` (the label tenancy
+    /// names it by).
+    pub fn tenant_refused(&self, method: &'static str, reason: &'static str) {
+        self.tenant_refusals
+            .get_or_create(&RefusalLabels { method, reason })
             .inc();
     }
 
@@ -184,6 +210,7 @@ mod tests {
         let watcher = metrics.watcher_opened();
         metrics.set_watch_revision(42);
         metrics.watch_terminated("slow");
+        metrics.tenant_refused("UpdatePets", "cross_tenant");
         let text = metrics.encode().expect("encode");
         for series in [
             "petstore_server_rpc_duration_seconds_count{method=\"AddPets\",code=\"OK\"} 1",
@@ -193,6 +220,7 @@ mod tests {
             "petstore_server_watchers 1",
             "petstore_server_watch_revision 42",
             "petstore_server_watch_terminated_total{reason=\"slow\"} 1",
+            "petstore_server_tenant_refusals_total{method=\"UpdatePets\",reason=\"cross_tenant\"} 1",
             "# HELP petstore_server_rpc_duration_seconds ",
             "# HELP petstore_server_rpcs_in_flight ",
             "# HELP petstore_server_trace_sampler_ratio ",

@@ -59,6 +59,9 @@ pub struct PetRecord {
     pub idempotency_key: Option<String>,
     /// Unique in the store; kept when the key is released.
     pub identity: Option<String>,
+    /// The namespace of the tenant that owns it (see `crate::tenancy`);
+    /// empty for a record made with tenancy off, or before it existed.
+    pub tenant: String,
 }
 
 /// A replacement of an existing pet's fields.

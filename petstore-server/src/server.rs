@@ -41,6 +41,8 @@ pub struct ServeOptions {
     pub watch: WatchOptions,
     /// The bound on requests answered at once; none: unbounded.
     pub admission: Option<crate::admission::Admission>,
+    /// Tenancy (`crate::auth`); none: off, every call acts for everyone.
+    pub tenancy: Option<Arc<crate::auth::Tenancy>>,
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, ServeError> {
@@ -67,6 +69,10 @@ pub enum ServeError {
     Reflection(#[from] tonic_reflection::server::Error),
     #[error("serving gRPC: {0}")]
     Transport(#[from] tonic::transport::Error),
+    #[error(
+        "tenancy without TLS would take ServiceAccount tokens over plaintext: serve TLS (--tls-cert and --tls-key), or pass --allow-plaintext-tokens for local development only"
+    )]
+    PlaintextTokens,
     #[error("reading {path}: {source}")]
     ReadTlsFile {
         path: PathBuf,
@@ -108,6 +114,12 @@ pub async fn serve(
     options: ServeOptions,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
+    if let Some(tenancy) = &options.tenancy
+        && options.tls.is_none()
+        && !tenancy.allows_plaintext_tokens()
+    {
+        return Err(ServeError::PlaintextTokens);
+    }
     let mut builder = Server::builder();
     if let Some(tls) = &options.tls {
         builder = builder.tls_config(tls.config()?)?;
@@ -128,7 +140,8 @@ pub async fn serve(
     ));
     let (stop_watchers, stopping) = tokio::sync::watch::channel(false);
     let service = PetStoreService::new(storage, options.observability.clone())
-        .with_watch(options.watch, stopping);
+        .with_watch(options.watch, stopping)
+        .with_tenancy(options.tenancy.clone());
     let pet_store = PetStoreServer::new(service)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -154,7 +167,8 @@ pub async fn serve(
             }) => "tls",
             Some(_) => "mutual-tls",
         };
-        tracing::info!(%addr, tls, "pet store listening");
+        let tenancy = options.tenancy.is_some();
+        tracing::info!(%addr, tls, tenancy, "pet store listening");
     }
     // Every pet store call is observed (its span and metrics), refusals by
     // the bound included; then it takes its place under the bound.

@@ -12,8 +12,10 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 use tracing::{Instrument, Span};
 
+use crate::auth::Tenancy;
 use crate::metrics::ServerMetrics;
 use crate::storage::{PageRequest, SearchPage, Storage, StorageError};
+use crate::tenancy::Access;
 use crate::watch::{WatchOptions, WatchStream};
 use crate::{validate, watch, wire};
 
@@ -47,6 +49,9 @@ pub struct PetStoreService {
     /// Turns true when the server starts draining: open watch streams end,
     /// so the drain does not wait for them forever.
     stopping: tokio::sync::watch::Receiver<bool>,
+    /// Tenancy, when on: every call then needs a token, and acts for the
+    /// tenant (or observer) it names.
+    tenancy: Option<Arc<Tenancy>>,
 }
 
 impl PetStoreService {
@@ -57,7 +62,47 @@ impl PetStoreService {
             observability,
             watch: WatchOptions::default(),
             stopping,
+            tenancy: None,
         }
+    }
+
+    /// Enforces tenancy (`None`: off, every call acts for everyone).
+    pub fn with_tenancy(mut self, tenancy: Option<Arc<Tenancy>>) -> Self {
+        self.tenancy = tenancy;
+        self
+    }
+
+    /// Whom a call acts for: everyone with tenancy off; else the tenant or
+    /// observer its token names, or the refusal (counted).
+    fn access<T>(&self, request: &Request<T>, method: &'static str) -> Result<Access, Status> {
+        let Some(tenancy) = &self.tenancy else {
+            return Ok(Access::All);
+        };
+        tenancy.access(request.metadata()).map_err(|refusal| {
+            self.observability
+                .metrics
+                .tenant_refused(method, refusal.reason());
+            let status = refusal.status();
+            tracing::info!(
+                method,
+                reason = refusal.reason(),
+                message = status.message(),
+                "call refused by tenancy"
+            );
+            status
+        })
+    }
+
+    /// A storage failure as the call's status; tenancy's refusals counted.
+    fn storage_status(&self, method: &'static str, err: StorageError) -> Status {
+        if let StorageError::Denied { denial, .. } = &err {
+            let reason = denial.reason();
+            self.observability.metrics.tenant_refused(method, reason);
+            let message = err.to_string();
+            tracing::info!(method, reason, message, "write refused by tenancy");
+            return Status::permission_denied(message);
+        }
+        err.into()
     }
 
     /// Serves `WatchPets` with `options`, ending every stream once
@@ -102,6 +147,7 @@ impl From<StorageError> for Status {
             StorageError::IdentityTaken { index, identity } => Status::already_exists(format!(
                 "changes[{index}].new_identity: identity {identity:?} already belongs to another pet"
             )),
+            denied @ StorageError::Denied { .. } => Status::permission_denied(denied.to_string()),
             other => {
                 tracing::error!(error = %other, "storage failure");
                 Status::unavailable(other.to_string())
@@ -122,13 +168,15 @@ impl PetStore for PetStoreService {
         &self,
         request: Request<pb::AddPetsReq>,
     ) -> Result<Response<pb::AddPetsResp>, Status> {
+        let access = self.access(&request, "AddPets")?;
         let pets = validate::add_request(request.get_ref())?;
         let count = pets.len();
         let added = self
             .storage
-            .add(&pets)
+            .add(&access, &pets)
             .instrument(self.span(|| tracing::info_span!("storage.add_pets")))
-            .await?;
+            .await
+            .map_err(|err| self.storage_status("AddPets", err))?;
         tracing::debug!(count, "added pets");
         let created = added.iter().map(|a| a.created).collect();
         let ids = added.into_iter().map(|a| a.id).collect();
@@ -139,12 +187,14 @@ impl PetStore for PetStoreService {
         &self,
         request: Request<pb::UpdatePetsReq>,
     ) -> Result<Response<pb::UpdatePetsResp>, Status> {
+        let access = self.access(&request, "UpdatePets")?;
         let updates = validate::update_request(request.get_ref())?;
         let count = updates.len();
         self.storage
-            .update(&updates)
+            .update(&access, &updates)
             .instrument(self.span(|| tracing::info_span!("storage.update_pets")))
-            .await?;
+            .await
+            .map_err(|err| self.storage_status("UpdatePets", err))?;
         tracing::debug!(count, "updated pets");
         Ok(Response::new(pb::UpdatePetsResp {}))
     }
@@ -153,13 +203,15 @@ impl PetStore for PetStoreService {
         &self,
         request: Request<pb::DeletePetsReq>,
     ) -> Result<Response<pb::DeletePetsResp>, Status> {
+        let access = self.access(&request, "DeletePets")?;
         let ids = request.into_inner().ids;
         validate::ids("ids", &ids)?;
         let count = ids.len();
         self.storage
-            .delete(&ids)
+            .delete(&access, &ids)
             .instrument(self.span(|| tracing::info_span!("storage.delete_pets")))
-            .await?;
+            .await
+            .map_err(|err| self.storage_status("DeletePets", err))?;
         tracing::debug!(count, "deleted pets");
         Ok(Response::new(pb::DeletePetsResp {}))
     }
@@ -170,13 +222,25 @@ impl PetStore for PetStoreService {
         &self,
         request: Request<pb::SearchPetsReq>,
     ) -> Result<Response<Self::SearchPetsStream>, Status> {
-        self.search(request.into_inner()).await
+        let access = self.access(&request, "SearchPets")?;
+        self.search(access, request.into_inner()).await
     }
 
     async fn change_sampler(
         &self,
         request: Request<pb::ChangeSamplerReq>,
     ) -> Result<Response<pb::ChangeSamplerResp>, Status> {
+        if let Access::Tenant(namespace) = self.access(&request, "ChangeSampler")? {
+            // The sampler is every tenant's: a tenant does not change it.
+            let refusal = crate::auth::Refusal::ObserverOnly {
+                namespace,
+                what: "change the trace sampler",
+            };
+            self.observability
+                .metrics
+                .tenant_refused("ChangeSampler", refusal.reason());
+            return Err(refusal.status());
+        }
         let setting = validate::change_sampler_request(request.get_ref())?;
         self.observability.sampler.set(setting);
         self.observability.metrics.set_sampler(setting);
@@ -188,20 +252,24 @@ impl PetStore for PetStoreService {
         &self,
         request: Request<pb::SetIdempotencyKeysReq>,
     ) -> Result<Response<pb::SetIdempotencyKeysResp>, Status> {
-        self.set_keys(request.into_inner()).await
+        let access = self.access(&request, "SetIdempotencyKeys")?;
+        self.set_keys(access, request.into_inner()).await
     }
 
     async fn get_pets(
         &self,
         request: Request<pb::GetPetsReq>,
     ) -> Result<Response<pb::GetPetsResp>, Status> {
-        self.get(request.into_inner()).await
+        let access = self.access(&request, "GetPets")?;
+        self.get(access, request.into_inner()).await
     }
 
     async fn claim_installation(
         &self,
         request: Request<pb::ClaimInstallationReq>,
     ) -> Result<Response<pb::ClaimInstallationResp>, Status> {
+        // Claims are not records: any tenant or observer may claim.
+        self.access(&request, "ClaimInstallation")?;
         let claim = validate::claim_request(request.get_ref())?;
         let outcome = self
             .storage
@@ -233,8 +301,10 @@ impl PetStore for PetStoreService {
         &self,
         request: Request<pb::WatchPetsReq>,
     ) -> Result<Response<Self::WatchPetsStream>, Status> {
+        let access = self.access(&request, "WatchPets")?;
         let stream = watch::start(
             Arc::clone(&self.storage),
+            access,
             request.into_inner(),
             self.watch,
             Arc::clone(&self.observability.metrics),
@@ -249,6 +319,7 @@ impl PetStore for PetStoreService {
 impl PetStoreService {
     async fn search(
         &self,
+        access: Access,
         request: pb::SearchPetsReq,
     ) -> Result<Response<ReceiverStream<Result<pb::Pet, Status>>>, Status> {
         let filter = validate::search_request(&request)?;
@@ -256,7 +327,7 @@ impl PetStoreService {
         // status rather than a broken stream.
         let first = self
             .storage
-            .search_page(PageRequest::new(&filter, None, SEARCH_PAGE))
+            .search_page(PageRequest::new(&access, &filter, None, SEARCH_PAGE))
             .instrument(self.span(|| tracing::info_span!("storage.search_page")))
             .await?;
         let storage = Arc::clone(&self.storage);
@@ -277,7 +348,7 @@ impl PetStoreService {
                 }
                 let Some(after) = next else { break };
                 page = match storage
-                    .search_page(PageRequest::new(&filter, Some(after), SEARCH_PAGE))
+                    .search_page(PageRequest::new(&access, &filter, Some(after), SEARCH_PAGE))
                     .instrument(if rpc_span.is_none() {
                         Span::none()
                     } else {
@@ -299,12 +370,13 @@ impl PetStoreService {
 
     async fn set_keys(
         &self,
+        access: Access,
         request: pb::SetIdempotencyKeysReq,
     ) -> Result<Response<pb::SetIdempotencyKeysResp>, Status> {
         let changes = validate::set_keys_request(&request)?;
         let count = changes.len();
         self.storage
-            .set_keys(&changes)
+            .set_keys(&access, &changes)
             .instrument(self.span(|| tracing::info_span!("storage.set_keys")))
             .await
             .map_err(|err| match err {
@@ -312,13 +384,17 @@ impl PetStoreService {
                 StorageError::NotFound { index, id } => {
                     Status::not_found(format!("changes[{index}].id: no pet with ID {id:?}"))
                 }
-                other => other.into(),
+                other => self.storage_status("SetIdempotencyKeys", other),
             })?;
         tracing::debug!(count, "changed idempotency keys");
         Ok(Response::new(pb::SetIdempotencyKeysResp {}))
     }
 
-    async fn get(&self, request: pb::GetPetsReq) -> Result<Response<pb::GetPetsResp>, Status> {
+    async fn get(
+        &self,
+        access: Access,
+        request: pb::GetPetsReq,
+    ) -> Result<Response<pb::GetPetsResp>, Status> {
         validate::get_request(&request)?;
         let pb::GetPetsReq {
             ids,
@@ -330,7 +406,7 @@ impl PetStoreService {
             Vec::new()
         } else {
             self.storage
-                .get(&ids)
+                .get(&access, &ids)
                 .instrument(self.span(|| tracing::info_span!("storage.get")))
                 .await?
         };
@@ -338,7 +414,7 @@ impl PetStoreService {
             Vec::new()
         } else {
             self.storage
-                .get_by_keys(&idempotency_keys)
+                .get_by_keys(&access, &idempotency_keys)
                 .instrument(self.span(|| tracing::info_span!("storage.get_by_keys")))
                 .await?
         };
@@ -346,7 +422,7 @@ impl PetStoreService {
             Vec::new()
         } else {
             self.storage
-                .get_by_identities(&identities)
+                .get_by_identities(&access, &identities)
                 .instrument(self.span(|| tracing::info_span!("storage.get_by_identities")))
                 .await?
         };

@@ -17,7 +17,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
 use crate::metrics::ServerMetrics;
-use crate::storage::{FeedError, Storage};
+use crate::storage::{Change, FeedError, Storage};
+use crate::tenancy::Access;
 use crate::wire;
 
 /// How `WatchPets` streams behave.
@@ -83,10 +84,12 @@ pub(crate) fn feed_status(err: FeedError) -> Status {
     }
 }
 
-/// Starts a stream of the changes after `after_revision`. Errors that
-/// concern the request (a bad or compacted revision) are the RPC's status.
+/// Starts a stream of the changes after `after_revision` that `access` may
+/// read. Errors that concern the request (a bad or compacted revision) are
+/// the RPC's status.
 pub(crate) async fn start(
     storage: Arc<dyn Storage>,
+    access: Access,
     request: pb::WatchPetsReq,
     options: WatchOptions,
     metrics: Arc<ServerMetrics>,
@@ -101,6 +104,7 @@ pub(crate) async fn start(
     let ending: Arc<Mutex<Option<Status>>> = Arc::default();
     let watcher = Watcher {
         storage,
+        access,
         options,
         metrics,
         tx,
@@ -120,6 +124,10 @@ pub(crate) async fn start(
 
 struct Watcher {
     storage: Arc<dyn Storage>,
+    /// Whose stream it is: it carries only the changes of records this
+    /// caller may read. Revisions stay the store's, so a tenant's stream
+    /// skips numbers, and its progress messages carry the store's revision.
+    access: Access,
     options: WatchOptions,
     metrics: Arc<ServerMetrics>,
     tx: mpsc::Sender<Result<pb::WatchPetsResp, Status>>,
@@ -173,14 +181,23 @@ impl Watcher {
                 }
             };
             if let Some(last) = batch.last().map(|change| change.revision) {
+                let changes: Vec<pb::PetChange> = batch
+                    .iter()
+                    .filter(|change| self.may_see(change))
+                    .map(|change| wire::change_to_proto(change))
+                    .collect();
+                if changes.is_empty() {
+                    // None of them is this caller's: passed over in silence
+                    // (the next progress message carries the revision), so
+                    // another tenant's writes cost this stream no message.
+                    self.delivered = last;
+                    continue;
+                }
                 let message = pb::WatchPetsResp {
                     // Everything up to it has been sent: safe to resume from,
                     // even if the store has moved on since.
                     revision: last,
-                    changes: batch
-                        .iter()
-                        .map(|change| wire::change_to_proto(change))
-                        .collect(),
+                    changes,
                 };
                 match self.send(message).await {
                     Sent::Queued => {
@@ -228,6 +245,16 @@ impl Watcher {
                     return self.end(Termination::Shutdown, status);
                 }
             }
+        }
+    }
+
+    /// Whether this stream carries `change`: a change of a record its
+    /// caller may read (a deletion from history too old to hold the record
+    /// only to callers that read everything).
+    fn may_see(&self, change: &Change) -> bool {
+        match &change.record {
+            Some(record) => self.access.may_read(record),
+            None => self.access.tenant().is_none(),
         }
     }
 

@@ -54,6 +54,7 @@ mod tests {
             fields: new.fields,
             idempotency_key: new.idempotency_key,
             identity: new.identity,
+            tenant: "default".into(),
         };
         assert_eq!(
             to_proto(&record),

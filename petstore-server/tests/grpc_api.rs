@@ -9,6 +9,7 @@ use petstore_server::admission::{Admission, PUSHBACK_TRAILER};
 use petstore_server::model::{NewPet, PetFields, PetRecord, SearchFilter, ValidPetType};
 use petstore_server::server::ServeOptions;
 use petstore_server::storage::{Cursor, PageRequest, Storage, StorageConfig, search_all};
+use petstore_server::tenancy::Access;
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -987,7 +988,7 @@ async fn search_equals_a_full_scan_page_by_page(backend: Backend) {
         })
         .collect();
     let ids: Vec<String> = storage
-        .add(&pets)
+        .add(&Access::All, &pets)
         .await
         .expect("add")
         .into_iter()
@@ -1006,11 +1007,17 @@ async fn search_equals_a_full_scan_page_by_page(backend: Backend) {
             },
         })
         .collect();
-    storage.update(&renamed).await.expect("rename");
+    storage
+        .update(&Access::All, &renamed)
+        .await
+        .expect("rename");
     let deleted: Vec<_> = ids.iter().skip(4).step_by(11).cloned().collect();
-    storage.delete(&deleted).await.expect("delete");
+    storage
+        .delete(&Access::All, &deleted)
+        .await
+        .expect("delete");
 
-    let everything = search_all(&*storage, &SearchFilter::default(), 1000)
+    let everything = search_all(&*storage, &Access::All, &SearchFilter::default(), 1000)
         .await
         .expect("full scan");
     assert_eq!(everything.len(), 240 - 22);
@@ -1063,7 +1070,7 @@ async fn search_equals_a_full_scan_page_by_page(backend: Backend) {
             .collect();
         expected.sort();
         for page in [1, 3, 7, 64, 1000] {
-            let mut got: Vec<_> = search_all(&*storage, filter, page)
+            let mut got: Vec<_> = search_all(&*storage, &Access::All, filter, page)
                 .await
                 .expect("search")
                 .into_iter()
@@ -1176,8 +1183,8 @@ async fn a_page_scans_limit_entries_whatever_matches(backend: Backend) {
             identity: None,
         })
         .collect();
-    storage.add(&pets).await.expect("add");
-    let everything = search_all(&*storage, &SearchFilter::default(), 1000)
+    storage.add(&Access::All, &pets).await.expect("add");
+    let everything = search_all(&*storage, &Access::All, &SearchFilter::default(), 1000)
         .await
         .expect("full scan");
     assert_eq!(everything.len(), pets.len());
@@ -1230,7 +1237,7 @@ async fn a_page_scans_limit_entries_whatever_matches(backend: Backend) {
         let mut empty_yet_not_last = 0;
         for (number, entries) in walk.chunks(LIMIT).enumerate() {
             let page = storage
-                .search_page(PageRequest::new(filter, after, LIMIT))
+                .search_page(PageRequest::new(&Access::All, filter, after, LIMIT))
                 .await
                 .expect("page");
             let want: Vec<&str> = entries
@@ -1553,7 +1560,7 @@ async fn durable_files_keep_their_format() {
         .await
         .expect("open a file without the name index");
     let by_key = storage
-        .get_by_keys(&["uid-old".to_owned()])
+        .get_by_keys(&Access::All, &["uid-old".to_owned()])
         .await
         .expect("get by key");
     let record = by_key[0].clone().expect("the old record");
@@ -1564,28 +1571,33 @@ async fn durable_files_keep_their_format() {
         names: vec!["Thor".into()],
         ..Default::default()
     };
-    let found = search_all(&*storage, &by_name, 10).await.expect("search");
+    let found = search_all(&*storage, &Access::All, &by_name, 10)
+        .await
+        .expect("search");
     assert_eq!(found, [record]);
     // It has no identity, and the identity index starts empty.
     assert_eq!(found[0].identity, None);
     assert_eq!(
         storage
-            .get_by_identities(&[String::new(), "ns/old".to_owned()])
+            .get_by_identities(&Access::All, &[String::new(), "ns/old".to_owned()])
             .await
             .expect("get by identity"),
         [None, None]
     );
 
     let added = storage
-        .add(&[NewPet {
-            fields: PetFields {
-                name: "Tron".into(),
-                pet_type: ValidPetType::Feline,
-                birthday: chrono::NaiveDate::from_ymd_opt(2020, 6, 25).expect("date"),
-            },
-            idempotency_key: Some("uid-new".into()),
-            identity: Some("ns/tron".into()),
-        }])
+        .add(
+            &Access::All,
+            &[NewPet {
+                fields: PetFields {
+                    name: "Tron".into(),
+                    pet_type: ValidPetType::Feline,
+                    birthday: chrono::NaiveDate::from_ymd_opt(2020, 6, 25).expect("date"),
+                },
+                idempotency_key: Some("uid-new".into()),
+                identity: Some("ns/tron".into()),
+            }],
+        )
         .await
         .expect("add");
     drop(storage);
@@ -1636,7 +1648,10 @@ async fn durable_identity_entries_an_older_server_left_behind_are_ignored() {
         identity: Some(identity.into()),
     };
     let added = storage
-        .add(&[new("Gone", "ns/gone"), new("Stripped", "ns/stripped")])
+        .add(
+            &Access::All,
+            &[new("Gone", "ns/gone"), new("Stripped", "ns/stripped")],
+        )
         .await
         .expect("add");
     let (gone, stripped) = (added[0].id.clone(), added[1].id.clone());
@@ -1669,27 +1684,30 @@ async fn durable_identity_entries_an_older_server_left_behind_are_ignored() {
     let identities = ["ns/gone".to_owned(), "ns/stripped".to_owned()];
     assert_eq!(
         storage
-            .get_by_identities(&identities)
+            .get_by_identities(&Access::All, &identities)
             .await
             .expect("get by identity"),
         [None, None]
     );
     let again = storage
-        .add(&[new("Back", "ns/gone")])
+        .add(&Access::All, &[new("Back", "ns/gone")])
         .await
         .expect("add over a stale entry");
     assert!(again[0].created, "{again:?}");
     storage
-        .set_keys(&[petstore_server::model::KeyChange {
-            id: stripped.clone(),
-            expected_key: String::new(),
-            new_key: String::new(),
-            new_identity: Some("ns/stripped".into()),
-        }])
+        .set_keys(
+            &Access::All,
+            &[petstore_server::model::KeyChange {
+                id: stripped.clone(),
+                expected_key: String::new(),
+                new_key: String::new(),
+                new_identity: Some("ns/stripped".into()),
+            }],
+        )
         .await
         .expect("take an identity over a stale entry");
     let found = storage
-        .get_by_identities(&identities)
+        .get_by_identities(&Access::All, &identities)
         .await
         .expect("get by identity");
     let found: Vec<_> = found.iter().map(|r| r.as_ref().map(|r| &r.id)).collect();
@@ -1747,7 +1765,7 @@ async fn postgres_tables_from_before_identities_gain_the_column() {
     };
     let storage = open().await;
     let old = storage
-        .get(&["old-id".to_owned()])
+        .get(&Access::All, &["old-id".to_owned()])
         .await
         .expect("get")
         .remove(0)
@@ -1756,32 +1774,40 @@ async fn postgres_tables_from_before_identities_gain_the_column() {
         (old.idempotency_key.as_deref(), old.identity.as_deref()),
         (Some("uid-old"), None)
     );
+    // Nor a tenant: it was made before tenancy.
+    assert_eq!(old.tenant, "");
     let history = storage.feed().read_after(0, 10).expect("history");
     assert_eq!(history.len(), 1);
     assert_eq!(history[0].record.as_ref(), Some(&old));
 
     storage
-        .set_keys(&[petstore_server::model::KeyChange {
-            id: "old-id".into(),
-            expected_key: "uid-old".into(),
-            new_key: "uid-old".into(),
-            new_identity: Some("ns/thor".into()),
-        }])
+        .set_keys(
+            &Access::All,
+            &[petstore_server::model::KeyChange {
+                id: "old-id".into(),
+                expected_key: "uid-old".into(),
+                new_key: "uid-old".into(),
+                new_identity: Some("ns/thor".into()),
+            }],
+        )
         .await
         .expect("set an identity");
     drop(storage);
     let storage = open().await;
     let found = storage
-        .get_by_identities(&["ns/thor".to_owned()])
+        .get_by_identities(&Access::All, &["ns/thor".to_owned()])
         .await
         .expect("get by identity");
     assert_eq!(found[0].as_ref().map(|r| r.id.as_str()), Some("old-id"));
     let added = storage
-        .add(&[NewPet {
-            fields: old.fields.clone(),
-            idempotency_key: None,
-            identity: Some("ns/thor".into()),
-        }])
+        .add(
+            &Access::All,
+            &[NewPet {
+                fields: old.fields.clone(),
+                idempotency_key: None,
+                identity: Some("ns/thor".into()),
+            }],
+        )
         .await
         .expect("add");
     assert_eq!(added[0].id, "old-id");

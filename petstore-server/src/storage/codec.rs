@@ -32,6 +32,11 @@ struct StoredPet {
     /// field and so decode without one; an older server skips it.
     #[prost(string, tag = "6")]
     identity: String,
+    /// The owning tenant's namespace; empty for none. Records written
+    /// before tenancy lack the field and so decode without a tenant; an
+    /// older server skips it (and a record it rewrites loses it).
+    #[prost(string, tag = "7")]
+    tenant: String,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -123,6 +128,7 @@ fn stored(record: &PetRecord) -> StoredPet {
         }),
         idempotency_key: record.idempotency_key.clone().unwrap_or_default(),
         identity: record.identity.clone().unwrap_or_default(),
+        tenant: record.tenant.clone(),
     }
 }
 
@@ -149,6 +155,7 @@ fn from_stored(stored: StoredPet) -> Result<PetRecord, StorageError> {
         },
         idempotency_key: Some(stored.idempotency_key).filter(|key| !key.is_empty()),
         identity: Some(stored.identity).filter(|identity| !identity.is_empty()),
+        tenant: stored.tenant,
         id: stored.id,
     })
 }
@@ -178,6 +185,7 @@ mod tests {
             },
             idempotency_key: Some("uid-old".into()),
             identity: None,
+            tenant: String::new(),
         }
     }
 
@@ -242,6 +250,28 @@ mod tests {
             (pet.idempotency_key.as_str(), pet.identity.as_str()),
             ("uid-old", "default/thor")
         );
+    }
+
+    #[test]
+    fn a_tenant_is_field_7_and_records_without_one_keep_their_bytes() {
+        let record = PetRecord {
+            identity: Some("default/thor".into()),
+            tenant: "default".into(),
+            ..old_record()
+        };
+        let bytes = encode(&record);
+        assert_eq!(decode(&bytes).expect("decodes"), record);
+        let untenanted = encode(&PetRecord {
+            tenant: String::new(),
+            ..record
+        });
+        assert_eq!(&bytes[..untenanted.len()], untenanted.as_slice());
+        assert_eq!(&bytes[untenanted.len()..], b"\x3a\x07default");
+        // The release before tenancy reads it as a petstore.Pet, skipping
+        // the field it does not know.
+        use petstore_proto::petstore as pb;
+        let pet = pb::Pet::decode(bytes.as_slice()).expect("a petstore.Pet");
+        assert_eq!(pet.identity, "default/thor");
     }
 
     #[test]

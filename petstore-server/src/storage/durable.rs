@@ -24,12 +24,13 @@ use super::codec::{decode, decode_change, encode, encode_change};
 use super::feed::{Change, ChangeFeed, ChangeKind, DEFAULT_HISTORY, PendingChange};
 use super::{
     Cursor, OrEngine, PageFill, PageRequest, SearchPage, Storage, StorageError, changes_pet,
-    check_key_changes, names_from, new_id,
+    check_add, check_key_access, check_key_changes, check_record, names_from, new_id, readable,
 };
 use crate::model::{
     Added, ClaimOutcome, InstallationClaim, KeyChange, NewPet, PetRecord, PetUpdate, SearchFilter,
     now_unix_millis,
 };
+use crate::tenancy::Access;
 
 /// Pet ID -> the record, encoded by `codec` (a `petstore.Pet`, idempotency
 /// key included).
@@ -91,6 +92,8 @@ enum WriteOp {
 }
 
 struct Job {
+    /// Whom the op acts for (see `crate::tenancy`).
+    access: Access,
     op: WriteOp,
     reply: oneshot::Sender<Applied>,
 }
@@ -131,12 +134,13 @@ impl DurableStorage {
 
     /// Hands `op` to the writer thread, which outlives any borrow: the op
     /// owns a copy of the batch.
-    async fn write(&self, op: WriteOp) -> Applied {
+    async fn write(&self, access: &Access, op: WriteOp) -> Applied {
         let (reply, answer) = oneshot::channel();
+        let access = access.clone();
         self.writer
             .as_ref()
             .ok_or(StorageError::WriterGone)?
-            .send(Job { op, reply })
+            .send(Job { access, op, reply })
             .map_err(|_| StorageError::WriterGone)?;
         answer.await.map_err(|_| StorageError::WriterGone)?
     }
@@ -237,7 +241,8 @@ fn write_loop(db: &Database, jobs: &mpsc::Receiver<Job>, feed: &ChangeFeed) {
                 Err(_) => break,
             }
         }
-        let ops: Vec<&WriteOp> = group.iter().map(|job| &job.op).collect();
+        let ops: Vec<(&Access, &WriteOp)> =
+            group.iter().map(|job| (&job.access, &job.op)).collect();
         match commit_group(db, &ops, feed.capacity()) {
             Ok((results, changes)) => {
                 // Published after the commit, before any caller hears back:
@@ -266,14 +271,14 @@ fn write_loop(db: &Database, jobs: &mpsc::Receiver<Job>, feed: &ChangeFeed) {
 /// gets its own error; an engine failure fails the group.
 fn commit_group(
     db: &Database,
-    ops: &[&WriteOp],
+    ops: &[(&Access, &WriteOp)],
     history: usize,
 ) -> Result<(Vec<Applied>, Vec<Change>), StorageError> {
     let txn = db.begin_write().or_engine("starting a write")?;
     let mut results = Vec::with_capacity(ops.len());
     let mut pending = Vec::new();
-    for op in ops {
-        results.push(apply(&txn, op, &mut pending)?);
+    for (access, op) in ops {
+        results.push(apply(&txn, access, op, &mut pending)?);
     }
     let changes = record_changes(&txn, pending, history)?;
     txn.commit().or_engine("committing")?;
@@ -320,10 +325,13 @@ fn record_changes(
 /// for the other writes.
 type Applied = Result<Vec<Added>, StorageError>;
 
-/// Applies one op, adding the changes it makes to `published`: one per record
-/// that changed, none for a write that changes nothing.
+/// Applies one op for `access`, adding the changes it makes to `published`:
+/// one per record that changed, none for a write that changes nothing. An
+/// op refused (unknown ID, tenancy) is refused before it writes anything,
+/// as the other ops of its group share the transaction.
 fn apply(
     txn: &WriteTransaction,
+    access: &Access,
     op: &WriteOp,
     published: &mut Vec<PendingChange>,
 ) -> Result<Applied, StorageError> {
@@ -333,6 +341,23 @@ fn apply(
     let mut by_name = txn.open_table(PETS_BY_NAME).or_engine("writing")?;
     match op {
         WriteOp::Add(new_pets) => {
+            let checked = check_add(
+                access,
+                new_pets,
+                |key| {
+                    let Some(id) = keys.get(key).or_engine("writing")? else {
+                        return Ok(None);
+                    };
+                    pets.get(id.value())
+                        .or_engine("writing")?
+                        .map(|stored| decode(stored.value()))
+                        .transpose()
+                },
+                |identity| identity_holder(&pets, &identities, identity),
+            );
+            if let Err(refusal) = checked {
+                return refused(refusal);
+            }
             let mut ids = Vec::with_capacity(new_pets.len());
             for pet in new_pets {
                 // The key first, then the identity; an earlier pet of this
@@ -354,6 +379,7 @@ fn apply(
                     fields: pet.fields.clone(),
                     idempotency_key: pet.idempotency_key.clone(),
                     identity: pet.identity.clone(),
+                    tenant: access.new_record_tenant().to_owned(),
                 };
                 pets.insert(record.id.as_str(), encode(&record).as_slice())
                     .or_engine("writing")?;
@@ -385,14 +411,23 @@ fn apply(
                     }));
                 };
                 let mut record = decode(stored.value())?;
+                let stamp = match check_record(access, &record, || format!("pets[{index}].id")) {
+                    Ok(stamp) => stamp,
+                    Err(refusal) => return refused(refusal),
+                };
+                let stamped = stamp.apply(&mut record);
                 let old = std::mem::replace(&mut record.fields, update.fields.clone());
-                // Identical values change nothing: no write, no change.
-                if old != record.fields {
-                    records.push((old.name, record));
+                // Identical values change nothing: no change, and no write
+                // unless the record gained its tenant.
+                let changed = old != record.fields;
+                if changed || stamped {
+                    records.push((old.name, record, changed));
                 }
             }
-            for (old_name, record) in records {
-                published.push(PendingChange::of(ChangeKind::Updated, &record));
+            for (old_name, record, changed) in records {
+                if changed {
+                    published.push(PendingChange::of(ChangeKind::Updated, &record));
+                }
                 pets.insert(record.id.as_str(), encode(&record).as_slice())
                     .or_engine("writing")?;
                 if old_name != record.fields.name {
@@ -407,6 +442,18 @@ fn apply(
             Ok(Ok(Vec::new()))
         }
         WriteOp::Delete(ids) => {
+            if *access != Access::All {
+                for (index, id) in ids.iter().enumerate() {
+                    if let Some(stored) = pets.get(id.as_str()).or_engine("writing")? {
+                        let record = decode(stored.value())?;
+                        if let Err(refusal) =
+                            check_record(access, &record, || format!("ids[{index}]"))
+                        {
+                            return refused(refusal);
+                        }
+                    }
+                }
+            }
             for id in ids {
                 let removed = pets.remove(id.as_str()).or_engine("writing")?;
                 if let Some(stored) = removed {
@@ -426,14 +473,23 @@ fn apply(
             Ok(Ok(Vec::new()))
         }
         WriteOp::SetKeys(changes) => {
+            let mut stored = std::collections::HashMap::with_capacity(changes.len());
+            for change in changes {
+                if let Some(found) = pets.get(change.id.as_str()).or_engine("writing")? {
+                    stored.insert(change.id.as_str(), decode(found.value())?);
+                }
+            }
+            let stamps = match check_key_access(access, changes, |id| Ok(stored.get(id).cloned())) {
+                Ok(stamps) => stamps,
+                Err(refusal) => return refused(refusal),
+            };
             let mut records = Vec::with_capacity(changes.len());
             let refusal = check_key_changes(
                 changes,
                 |id| {
-                    let Some(stored) = pets.get(id).or_engine("writing")? else {
+                    let Some(record) = stored.remove(id) else {
                         return Ok(None);
                     };
-                    let record = decode(stored.value())?;
                     let key = record.idempotency_key.clone().unwrap_or_default();
                     records.push(record);
                     Ok(Some(key))
@@ -463,7 +519,8 @@ fn apply(
                     release_identity(&mut identities, old, &record.id)?;
                 }
             }
-            for (change, mut record) in changes.iter().zip(records) {
+            for ((change, mut record), stamp) in changes.iter().zip(records).zip(&stamps) {
+                stamp.apply(&mut record);
                 if !change.new_key.is_empty() {
                     keys.insert(change.new_key.as_str(), change.id.as_str())
                         .or_engine("writing")?;
@@ -488,6 +545,11 @@ fn apply(
             Ok(Ok(Vec::new()))
         }
     }
+}
+
+/// An op refused before it wrote anything: its own error, not the group's.
+fn refused(refusal: StorageError) -> Result<Applied, StorageError> {
+    Ok(Err(refusal))
 }
 
 /// Decides and records a claim in a write transaction of its own, which
@@ -619,45 +681,59 @@ fn release_identity(
 
 #[tonic::async_trait]
 impl Storage for DurableStorage {
-    async fn add(&self, pets: &[NewPet]) -> Result<Vec<Added>, StorageError> {
-        self.write(WriteOp::Add(pets.to_vec())).await
+    async fn add(&self, access: &Access, pets: &[NewPet]) -> Result<Vec<Added>, StorageError> {
+        self.write(access, WriteOp::Add(pets.to_vec())).await
     }
 
-    async fn update(&self, pets: &[PetUpdate]) -> Result<(), StorageError> {
-        self.write(WriteOp::Update(pets.to_vec())).await.map(drop)
+    async fn update(&self, access: &Access, pets: &[PetUpdate]) -> Result<(), StorageError> {
+        self.write(access, WriteOp::Update(pets.to_vec()))
+            .await
+            .map(drop)
     }
 
-    async fn delete(&self, ids: &[String]) -> Result<(), StorageError> {
-        self.write(WriteOp::Delete(ids.to_vec())).await.map(drop)
+    async fn delete(&self, access: &Access, ids: &[String]) -> Result<(), StorageError> {
+        self.write(access, WriteOp::Delete(ids.to_vec()))
+            .await
+            .map(drop)
     }
 
-    async fn set_keys(&self, changes: &[KeyChange]) -> Result<(), StorageError> {
-        self.write(WriteOp::SetKeys(changes.to_vec()))
+    async fn set_keys(&self, access: &Access, changes: &[KeyChange]) -> Result<(), StorageError> {
+        self.write(access, WriteOp::SetKeys(changes.to_vec()))
             .await
             .map(drop)
     }
 
     // Point lookups run inline: a read transaction over cached pages takes
     // microseconds, less than the hop to a blocking thread would.
-    async fn get(&self, ids: &[String]) -> Result<Vec<Option<PetRecord>>, StorageError> {
-        read_by_ids(&self.db, ids)
+    async fn get(
+        &self,
+        access: &Access,
+        ids: &[String],
+    ) -> Result<Vec<Option<PetRecord>>, StorageError> {
+        Ok(readable(access, read_by_ids(&self.db, ids)?))
     }
 
-    async fn get_by_keys(&self, keys: &[String]) -> Result<Vec<Option<PetRecord>>, StorageError> {
-        read_by_keys(&self.db, keys)
+    async fn get_by_keys(
+        &self,
+        access: &Access,
+        keys: &[String],
+    ) -> Result<Vec<Option<PetRecord>>, StorageError> {
+        Ok(readable(access, read_by_keys(&self.db, keys)?))
     }
 
     async fn get_by_identities(
         &self,
+        access: &Access,
         identities: &[String],
     ) -> Result<Vec<Option<PetRecord>>, StorageError> {
-        read_by_identities(&self.db, identities)
+        Ok(readable(access, read_by_identities(&self.db, identities)?))
     }
 
     async fn search_page(&self, page: PageRequest<'_>) -> Result<SearchPage, StorageError> {
         let filter = page.filter.clone();
+        let access = page.access.clone();
         let (after, limit) = (page.after, page.limit.max(1));
-        self.read(move |db| search_page(db, &filter, after.as_ref(), limit))
+        self.read(move |db| search_page(db, &access, &filter, after.as_ref(), limit))
             .await
     }
 
@@ -676,13 +752,14 @@ impl Storage for DurableStorage {
 
 fn search_page(
     db: &Database,
+    access: &Access,
     filter: &SearchFilter,
     after: Option<&Cursor>,
     limit: usize,
 ) -> Result<SearchPage, StorageError> {
     let txn = db.begin_read().or_engine("searching")?;
     let pets = txn.open_table(PETS).or_engine("searching")?;
-    let mut fill = PageFill::new(filter, limit);
+    let mut fill = PageFill::new(access, filter, limit);
     if filter.names.is_empty() {
         let start = match after {
             Some(c) => std::ops::Bound::Excluded(c.id.as_str()),

@@ -7,13 +7,14 @@ use std::sync::{PoisonError, RwLock};
 
 use super::feed::{ChangeFeed, ChangeKind, DEFAULT_HISTORY, PendingChange};
 use super::{
-    Cursor, PageFill, PageRequest, SearchPage, Storage, StorageError, changes_pet,
-    check_key_changes, names_from, new_id,
+    Cursor, PageFill, PageRequest, SearchPage, Storage, StorageError, changes_pet, check_add,
+    check_key_access, check_key_changes, check_record, names_from, new_id, readable,
 };
 use crate::model::{
     Added, ClaimOutcome, InstallationClaim, KeyChange, NewPet, PetRecord, PetUpdate,
     now_unix_millis,
 };
+use crate::tenancy::Access;
 
 pub struct MemoryStorage {
     inner: RwLock<Inner>,
@@ -77,8 +78,26 @@ impl MemoryStorage {
 
 #[tonic::async_trait]
 impl Storage for MemoryStorage {
-    async fn add(&self, pets: &[NewPet]) -> Result<Vec<Added>, StorageError> {
+    async fn add(&self, access: &Access, pets: &[NewPet]) -> Result<Vec<Added>, StorageError> {
         let mut inner = self.write();
+        check_add(
+            access,
+            pets,
+            |key| {
+                Ok(inner
+                    .ids_by_key
+                    .get(key)
+                    .and_then(|id| inner.pets.get(id))
+                    .cloned())
+            },
+            |identity| {
+                Ok(inner
+                    .ids_by_identity
+                    .get(identity)
+                    .and_then(|id| inner.pets.get(id))
+                    .cloned())
+            },
+        )?;
         let mut ids = Vec::with_capacity(pets.len());
         let mut changes = Vec::new();
         for pet in pets {
@@ -110,6 +129,7 @@ impl Storage for MemoryStorage {
                 fields: pet.fields.clone(),
                 idempotency_key: pet.idempotency_key.clone(),
                 identity: pet.identity.clone(),
+                tenant: access.new_record_tenant().to_owned(),
             };
             changes.push(PendingChange::of(ChangeKind::Created, &record));
             inner.pets.insert(id.clone(), record);
@@ -119,22 +139,25 @@ impl Storage for MemoryStorage {
         Ok(ids)
     }
 
-    async fn update(&self, pets: &[PetUpdate]) -> Result<(), StorageError> {
+    async fn update(&self, access: &Access, pets: &[PetUpdate]) -> Result<(), StorageError> {
         let mut inner = self.write();
-        if let Some((index, missing)) = pets
-            .iter()
-            .enumerate()
-            .find(|(_, p)| !inner.pets.contains_key(&p.id))
-        {
-            return Err(StorageError::NotFound {
-                index,
-                id: missing.id.clone(),
-            });
+        let mut stamps = Vec::with_capacity(pets.len());
+        for (index, update) in pets.iter().enumerate() {
+            let Some(record) = inner.pets.get(&update.id) else {
+                return Err(StorageError::NotFound {
+                    index,
+                    id: update.id.clone(),
+                });
+            };
+            stamps.push(check_record(access, record, || {
+                format!("pets[{index}].id")
+            })?);
         }
         let inner = &mut *inner;
         let mut changes = Vec::new();
-        for update in pets {
+        for (update, stamp) in pets.iter().zip(stamps) {
             if let Some(record) = inner.pets.get_mut(&update.id) {
+                stamp.apply(record);
                 // Identical values change nothing, so nothing is announced.
                 if record.fields == update.fields {
                     continue;
@@ -154,8 +177,13 @@ impl Storage for MemoryStorage {
         Ok(())
     }
 
-    async fn delete(&self, ids: &[String]) -> Result<(), StorageError> {
+    async fn delete(&self, access: &Access, ids: &[String]) -> Result<(), StorageError> {
         let mut inner = self.write();
+        for (index, id) in ids.iter().enumerate() {
+            if let Some(record) = inner.pets.get(id) {
+                check_record(access, record, || format!("ids[{index}]"))?;
+            }
+        }
         let mut changes = Vec::new();
         for id in ids {
             if let Some(record) = inner.pets.remove(id) {
@@ -175,14 +203,23 @@ impl Storage for MemoryStorage {
         Ok(())
     }
 
-    async fn get(&self, ids: &[String]) -> Result<Vec<Option<PetRecord>>, StorageError> {
+    async fn get(
+        &self,
+        access: &Access,
+        ids: &[String],
+    ) -> Result<Vec<Option<PetRecord>>, StorageError> {
         let inner = self.read();
-        Ok(ids.iter().map(|id| inner.pets.get(id).cloned()).collect())
+        let found = ids.iter().map(|id| inner.pets.get(id).cloned()).collect();
+        Ok(readable(access, found))
     }
 
-    async fn get_by_keys(&self, keys: &[String]) -> Result<Vec<Option<PetRecord>>, StorageError> {
+    async fn get_by_keys(
+        &self,
+        access: &Access,
+        keys: &[String],
+    ) -> Result<Vec<Option<PetRecord>>, StorageError> {
         let inner = self.read();
-        Ok(keys
+        let found = keys
             .iter()
             .map(|key| {
                 inner
@@ -191,15 +228,17 @@ impl Storage for MemoryStorage {
                     .and_then(|id| inner.pets.get(id))
                     .cloned()
             })
-            .collect())
+            .collect();
+        Ok(readable(access, found))
     }
 
     async fn get_by_identities(
         &self,
+        access: &Access,
         identities: &[String],
     ) -> Result<Vec<Option<PetRecord>>, StorageError> {
         let inner = self.read();
-        Ok(identities
+        let found = identities
             .iter()
             .map(|identity| {
                 inner
@@ -208,11 +247,13 @@ impl Storage for MemoryStorage {
                     .and_then(|id| inner.pets.get(id))
                     .cloned()
             })
-            .collect())
+            .collect();
+        Ok(readable(access, found))
     }
 
-    async fn set_keys(&self, changes: &[KeyChange]) -> Result<(), StorageError> {
+    async fn set_keys(&self, access: &Access, changes: &[KeyChange]) -> Result<(), StorageError> {
         let mut inner = self.write();
+        let stamps = check_key_access(access, changes, |id| Ok(inner.pets.get(id).cloned()))?;
         let refusal = check_key_changes(
             changes,
             |id| {
@@ -241,7 +282,7 @@ impl Storage for MemoryStorage {
             }
         }
         let mut published = Vec::new();
-        for change in changes {
+        for (change, stamp) in changes.iter().zip(&stamps) {
             if !change.new_key.is_empty() {
                 inner
                     .ids_by_key
@@ -253,6 +294,7 @@ impl Storage for MemoryStorage {
                     .insert(identity.to_owned(), change.id.clone());
             }
             if let Some(record) = inner.pets.get_mut(&change.id) {
+                stamp.apply(record);
                 // Setting the key and identity a pet already has changes nothing.
                 let changed = changes_pet(change, &change.expected_key, record.identity.as_deref());
                 record.idempotency_key = Some(change.new_key.clone()).filter(|key| !key.is_empty());
@@ -271,7 +313,7 @@ impl Storage for MemoryStorage {
     async fn search_page(&self, page: PageRequest<'_>) -> Result<SearchPage, StorageError> {
         let inner = self.read();
         let (filter, after, limit) = (page.filter, page.after, page.limit);
-        let mut fill = PageFill::new(filter, limit);
+        let mut fill = PageFill::new(page.access, filter, limit);
         if filter.names.is_empty() {
             let start = match &after {
                 Some(c) => Bound::Excluded(c.id.clone()),

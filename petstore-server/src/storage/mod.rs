@@ -19,6 +19,7 @@ pub use postgres::{PostgresConfig, PostgresStorage};
 use crate::model::{
     Added, ClaimOutcome, InstallationClaim, KeyChange, NewPet, PetRecord, PetUpdate, SearchFilter,
 };
+use crate::tenancy::{Access, Denial, Stamp};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
@@ -42,6 +43,15 @@ pub enum StorageError {
     /// nothing was changed.
     #[error("identity {identity:?} already belongs to another pet")]
     IdentityTaken { index: usize, identity: String },
+    /// Tenancy refused the write (see `crate::tenancy`); nothing was
+    /// changed. `field` names where in the request, e.g. `pets[1].identity`.
+    #[error("{field}: refused for {}: {denial}", caller_name(tenant))]
+    Denied {
+        field: String,
+        /// The caller's namespace; empty for an observer.
+        tenant: String,
+        denial: Denial,
+    },
     #[error("storage engine failed while {action}: {source}")]
     Engine {
         action: &'static str,
@@ -52,7 +62,24 @@ pub enum StorageError {
     WriterGone,
 }
 
+fn caller_name(tenant: &str) -> String {
+    if tenant.is_empty() {
+        "an observer".to_owned()
+    } else {
+        format!("tenant {tenant:?}")
+    }
+}
+
 impl StorageError {
+    /// `access` may not write where `field` names, for `denial`.
+    pub(crate) fn denied(access: &Access, field: String, denial: Denial) -> Self {
+        Self::Denied {
+            field,
+            tenant: access.tenant().unwrap_or_default().to_owned(),
+            denial,
+        }
+    }
+
     pub(crate) fn engine(
         action: &'static str,
         source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -88,26 +115,47 @@ pub trait Storage: Send + Sync + 'static {
     /// already stored (or appears earlier in the same batch) gets the existing
     /// ID, marked as not created, and is not added again; failing that, the
     /// same for its identity.
-    async fn add(&self, pets: &[NewPet]) -> Result<Vec<Added>, StorageError>;
+    ///
+    /// With tenancy (`access` a tenant), a pet's identity must be in the
+    /// tenant's namespace, a key or identity that names a record the tenant
+    /// may not write refuses the whole batch (`Denied`, without the
+    /// record's ID), and new records get the tenant.
+    async fn add(&self, access: &Access, pets: &[NewPet]) -> Result<Vec<Added>, StorageError>;
     /// Replaces the fields of existing pets; fails with `NotFound`, changing
-    /// nothing, if any ID is unknown.
-    async fn update(&self, pets: &[PetUpdate]) -> Result<(), StorageError>;
+    /// nothing, if any ID is unknown, or with `Denied` if `access` may not
+    /// write one ([`Access::check_write`]; a write that may stamps the
+    /// record's tenant in the same transaction).
+    async fn update(&self, access: &Access, pets: &[PetUpdate]) -> Result<(), StorageError>;
     /// Deletes pets (freeing their keys and identities); unknown IDs are
-    /// ignored.
-    async fn delete(&self, ids: &[String]) -> Result<(), StorageError>;
-    /// Looks pets up by ID; `None` where an ID is unknown.
-    async fn get(&self, ids: &[String]) -> Result<Vec<Option<PetRecord>>, StorageError>;
-    /// Looks pets up by idempotency key; `None` where a key is unknown.
-    async fn get_by_keys(&self, keys: &[String]) -> Result<Vec<Option<PetRecord>>, StorageError>;
-    /// Looks pets up by identity; `None` where an identity is unknown.
+    /// ignored. `Denied`, deleting none, if `access` may not write one.
+    async fn delete(&self, access: &Access, ids: &[String]) -> Result<(), StorageError>;
+    /// Looks pets up by ID; `None` where an ID is unknown or names a record
+    /// `access` may not read.
+    async fn get(
+        &self,
+        access: &Access,
+        ids: &[String],
+    ) -> Result<Vec<Option<PetRecord>>, StorageError>;
+    /// Looks pets up by idempotency key; `None` where a key is unknown or
+    /// names a record `access` may not read.
+    async fn get_by_keys(
+        &self,
+        access: &Access,
+        keys: &[String],
+    ) -> Result<Vec<Option<PetRecord>>, StorageError>;
+    /// Looks pets up by identity; `None` where an identity is unknown or
+    /// names a record `access` may not read.
     async fn get_by_identities(
         &self,
+        access: &Access,
         identities: &[String],
     ) -> Result<Vec<Option<PetRecord>>, StorageError>;
     /// Changes pets' idempotency keys (and identities, where a change gives
     /// one), each only if its current key (empty for none) equals
-    /// `expected_key`. All or nothing.
-    async fn set_keys(&self, changes: &[KeyChange]) -> Result<(), StorageError>;
+    /// `expected_key`. All or nothing. Tenancy first ([`check_key_access`]):
+    /// `Denied`, changing nothing, if `access` may not write a pet or give
+    /// it its new identity.
+    async fn set_keys(&self, access: &Access, changes: &[KeyChange]) -> Result<(), StorageError>;
     /// One page of a search. A search walks entries in one order: with
     /// names in the filter, the name index's entries for those names, by
     /// name then ID (cost in proportion to the answer); without, every
@@ -121,7 +169,8 @@ pub trait Storage: Send + Sync + 'static {
     /// none when the filter is selective. `next` is the last entry scanned
     /// when more entries follow it, to pass as `after` for the next page,
     /// and `None` when the walk is done. Only `None` ends a search; an empty
-    /// page does not.
+    /// page does not. Records `page.access` may not read are scanned but
+    /// never returned.
     async fn search_page(&self, page: PageRequest<'_>) -> Result<SearchPage, StorageError>;
     /// Claims an installation's name for `claim.holder`, by this store's
     /// clock: granted when unclaimed, expired or held by the same holder
@@ -171,6 +220,8 @@ impl Cursor {
 /// What one call of [`Storage::search_page`] asks for.
 #[derive(Clone, Debug)]
 pub struct PageRequest<'f> {
+    /// Who searches: only records it may read are returned.
+    pub access: &'f Access,
     pub filter: &'f SearchFilter,
     /// The previous page's `next`; `None` starts the walk.
     pub after: Option<Cursor>,
@@ -179,8 +230,14 @@ pub struct PageRequest<'f> {
 }
 
 impl<'f> PageRequest<'f> {
-    pub fn new(filter: &'f SearchFilter, after: Option<Cursor>, limit: usize) -> Self {
+    pub fn new(
+        access: &'f Access,
+        filter: &'f SearchFilter,
+        after: Option<Cursor>,
+        limit: usize,
+    ) -> Self {
         Self {
+            access,
             filter,
             after,
             limit,
@@ -199,6 +256,7 @@ pub struct SearchPage {
 /// contract the same way: `limit` entries scanned, matching or not, and the
 /// next page resumes after the last of them.
 pub(crate) struct PageFill<'f> {
+    access: &'f Access,
     filter: &'f SearchFilter,
     limit: usize,
     scanned: usize,
@@ -207,8 +265,9 @@ pub(crate) struct PageFill<'f> {
 }
 
 impl<'f> PageFill<'f> {
-    pub(crate) fn new(filter: &'f SearchFilter, limit: usize) -> Self {
+    pub(crate) fn new(access: &'f Access, filter: &'f SearchFilter, limit: usize) -> Self {
         Self {
+            access,
             filter,
             limit: limit.max(1),
             scanned: 0,
@@ -224,12 +283,14 @@ impl<'f> PageFill<'f> {
     }
 
     /// Scans the entry at `cursor`. Its record, unless it vanished after
-    /// the index was read, joins the page if it matches the filter.
+    /// the index was read, joins the page if it matches the filter and the
+    /// caller may read it.
     pub(crate) fn scan(&mut self, cursor: Cursor, record: Option<Cow<'_, PetRecord>>) {
         self.scanned += 1;
         self.last = Some(cursor);
         if let Some(record) = record
             && self.filter.matches(&record.fields)
+            && self.access.may_read(&record)
         {
             self.pets.push(record.into_owned());
         }
@@ -256,6 +317,7 @@ impl<'f> PageFill<'f> {
 /// streams pages instead.
 pub async fn search_all(
     storage: &dyn Storage,
+    access: &Access,
     filter: &SearchFilter,
     page: usize,
 ) -> Result<Vec<PetRecord>, StorageError> {
@@ -263,7 +325,7 @@ pub async fn search_all(
     let mut after = None;
     loop {
         let SearchPage { pets, next } = storage
-            .search_page(PageRequest::new(filter, after, page))
+            .search_page(PageRequest::new(access, filter, after, page))
             .await?;
         found.extend(pets);
         match next {
@@ -400,6 +462,136 @@ pub(crate) fn changes_pet(change: &KeyChange, old_key: &str, old_identity: Optio
             .new_identity
             .as_deref()
             .is_some_and(|new| new != old_identity.unwrap_or_default())
+}
+
+/// The records `access` may read of a lookup's answer; the others read as
+/// unknown.
+pub(crate) fn readable(access: &Access, found: Vec<Option<PetRecord>>) -> Vec<Option<PetRecord>> {
+    if *access == Access::All {
+        return found;
+    }
+    found
+        .into_iter()
+        .map(|record| record.filter(|record| access.may_read(record)))
+        .collect()
+}
+
+/// Tenancy's check of an `AddPets` batch before anything is written: every
+/// identity in the tenant's namespace, and every pet that would come back
+/// as an existing record (its key, then its identity, naming a stored
+/// record; `existing` looks one up) naming a record the caller may write.
+/// A pet whose key or identity an earlier pet of the batch takes gets that
+/// new record, the caller's own. `Ok(())` when every pet may go ahead.
+pub(crate) fn check_add(
+    access: &Access,
+    pets: &[NewPet],
+    mut existing_by_key: impl FnMut(&str) -> Result<Option<PetRecord>, StorageError>,
+    mut existing_by_identity: impl FnMut(&str) -> Result<Option<PetRecord>, StorageError>,
+) -> Result<(), StorageError> {
+    if *access == Access::All {
+        return Ok(());
+    }
+    if let Err(denial) = access.check_writer() {
+        return Err(StorageError::denied(access, "pets".into(), denial));
+    }
+    let mut batch_keys = std::collections::HashSet::new();
+    let mut batch_identities = std::collections::HashSet::new();
+    for (index, pet) in pets.iter().enumerate() {
+        if let Some(identity) = &pet.identity
+            && let Err(denial) = access.check_identity(identity)
+        {
+            return Err(StorageError::denied(
+                access,
+                format!("pets[{index}].identity"),
+                denial,
+            ));
+        }
+        let key = pet.idempotency_key.as_deref();
+        let identity = pet.identity.as_deref();
+        if key.is_some_and(|key| batch_keys.contains(key)) {
+            continue;
+        }
+        let (field, stored) = match key {
+            Some(key) => ("idempotency_key", existing_by_key(key)?),
+            None => ("idempotency_key", None),
+        };
+        let (field, stored) = match (stored, identity) {
+            (Some(stored), _) => (field, Some(stored)),
+            (None, Some(identity)) if batch_identities.contains(identity) => continue,
+            (None, Some(identity)) => ("identity", existing_by_identity(identity)?),
+            (None, None) => (field, None),
+        };
+        match stored {
+            Some(stored) => {
+                if let Err(denial) = access.check_write(&stored) {
+                    return Err(StorageError::denied(
+                        access,
+                        format!("pets[{index}].{field}"),
+                        denial,
+                    ));
+                }
+            }
+            None => {
+                batch_keys.extend(key);
+                batch_identities.extend(identity);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Tenancy's check of one stored record a write touches: what it does to
+/// the record's tenant, or the refusal naming `field`.
+pub(crate) fn check_record(
+    access: &Access,
+    record: &PetRecord,
+    field: impl FnOnce() -> String,
+) -> Result<Stamp, StorageError> {
+    access
+        .check_write(record)
+        .map_err(|denial| StorageError::denied(access, field(), denial))
+}
+
+/// Tenancy's check of a batch of key changes, before the keys are
+/// compared: every new identity in the caller's namespace, and every
+/// pet one the caller may write, or claim by import (a record from before
+/// tenancy, without an identity, given one in the caller's namespace).
+/// `record(id)` is the stored pet, `None` for an unknown one (which the
+/// key check then reports). The stamps, in the changes' order.
+pub(crate) fn check_key_access(
+    access: &Access,
+    changes: &[KeyChange],
+    mut record: impl FnMut(&str) -> Result<Option<PetRecord>, StorageError>,
+) -> Result<Vec<Stamp>, StorageError> {
+    let mut stamps = Vec::with_capacity(changes.len());
+    if *access == Access::All {
+        stamps.resize(changes.len(), Stamp::Keep);
+        return Ok(stamps);
+    }
+    if let Err(denial) = access.check_writer() {
+        return Err(StorageError::denied(access, "changes".into(), denial));
+    }
+    for (index, change) in changes.iter().enumerate() {
+        if let Some(identity) = change.identity_to_hold()
+            && let Err(denial) = access.check_identity(identity)
+        {
+            return Err(StorageError::denied(
+                access,
+                format!("changes[{index}].new_identity"),
+                denial,
+            ));
+        }
+        let stamp = match record(&change.id)? {
+            None => Stamp::Keep,
+            Some(stored) => access
+                .check_claim(&stored, change.identity_to_hold())
+                .map_err(|denial| {
+                    StorageError::denied(access, format!("changes[{index}].id"), denial)
+                })?,
+        };
+        stamps.push(stamp);
+    }
+    Ok(stamps)
 }
 
 fn new_id() -> String {

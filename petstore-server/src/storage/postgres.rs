@@ -30,12 +30,13 @@ use super::codec::{self, corrupt};
 use super::feed::{Change, ChangeFeed, ChangeKind, DEFAULT_HISTORY, PendingChange};
 use super::{
     Cursor, OrEngine, PageFill, PageRequest, SearchPage, Storage, StorageError, changes_pet,
-    check_key_changes, new_id,
+    check_add, check_key_access, check_key_changes, check_record, new_id, readable,
 };
 use crate::model::{
     Added, ClaimOutcome, InstallationClaim, KeyChange, NewPet, PetFields, PetRecord, PetUpdate,
     ValidPetType,
 };
+use crate::tenancy::{Access, Stamp};
 
 /// Serialises schema changes between replicas that start together.
 const MIGRATION_LOCK: i64 = 0x7065_7473_746f_7265; // "petstore"
@@ -83,6 +84,10 @@ const MIGRATIONS: &[&str] = &[
         holder text COLLATE \"C\" NOT NULL,
         expires_at timestamptz NOT NULL
     )",
+    // Tenancy came later still: every existing row gets the empty tenant
+    // (made before tenancy), which is what the store reads for none.
+    "ALTER TABLE petstore_pets ADD COLUMN IF NOT EXISTS tenant text COLLATE \"C\" NOT NULL DEFAULT ''",
+    "ALTER TABLE petstore_changes ADD COLUMN IF NOT EXISTS tenant text COLLATE \"C\"",
 ];
 
 /// The unique index on identities, named in its violations.
@@ -96,9 +101,10 @@ const SAFETY_POLL: Duration = Duration::from_secs(1);
 /// Most changes one read of the change table takes into the feed.
 const READ_BATCH: i64 = 1000;
 
-const COLUMNS: &str = "id, name, species, birthday, idempotency_key, identity";
+const COLUMNS: &str = "id, name, species, birthday, idempotency_key, identity, tenant";
 /// [`COLUMNS`] of an `UPDATE ... FROM` that names the table `p`.
-const RETURNED_COLUMNS: &str = "p.id, p.name, p.species, p.birthday, p.idempotency_key, p.identity";
+const RETURNED_COLUMNS: &str =
+    "p.id, p.name, p.species, p.birthday, p.idempotency_key, p.identity, p.tenant";
 
 /// How to reach the database.
 #[derive(Clone)]
@@ -274,7 +280,7 @@ async fn load_feed(pool: &Pool, history: usize) -> Result<ChangeFeed, StorageErr
 }
 
 const CHANGE_COLUMNS: &str =
-    "revision, kind, id, name, species, birthday, idempotency_key, identity";
+    "revision, kind, id, name, species, birthday, idempotency_key, identity, tenant";
 
 fn change(row: &Row) -> Result<Change, StorageError> {
     let revision: i64 = row.try_get(0).map_err(corrupt)?;
@@ -295,6 +301,10 @@ fn change(row: &Row) -> Result<Change, StorageError> {
             },
             idempotency_key: row.try_get(6).map_err(corrupt)?,
             identity: row.try_get(7).map_err(corrupt)?,
+            tenant: row
+                .try_get::<_, Option<String>>(8)
+                .map_err(corrupt)?
+                .unwrap_or_default(),
         }),
         _ => None,
     };
@@ -423,11 +433,12 @@ async fn record_changes(
     let identities: Vec<Option<&str>> = records()
         .map(|r| r.and_then(|r| r.identity.as_deref()))
         .collect();
+    let tenants: Vec<Option<&str>> = records().map(|r| r.map(|r| r.tenant.as_str())).collect();
     txn.execute(
         "INSERT INTO petstore_changes
-             (revision, kind, id, name, species, birthday, idempotency_key, identity)
+             (revision, kind, id, name, species, birthday, idempotency_key, identity, tenant)
          SELECT * FROM unnest($1::bigint[], $2::smallint[], $3::text[], $4::text[],
-                              $5::smallint[], $6::date[], $7::text[], $8::text[])",
+                              $5::smallint[], $6::date[], $7::text[], $8::text[], $9::text[])",
         &[
             &revisions,
             &kinds,
@@ -437,6 +448,7 @@ async fn record_changes(
             &birthdays,
             &keys,
             &identities,
+            &tenants,
         ],
     )
     .await
@@ -472,7 +484,57 @@ fn record(row: &Row) -> Result<PetRecord, StorageError> {
         },
         idempotency_key: row.try_get(4).map_err(corrupt)?,
         identity: row.try_get(5).map_err(corrupt)?,
+        tenant: row.try_get(6).map_err(corrupt)?,
     })
+}
+
+/// The pets `ids` names, locked for the rest of `txn` (in ID order, so two
+/// requests cannot deadlock): a tenancy check of a write reads the records
+/// it guards, which cannot then change before the write commits.
+async fn lock_records(
+    txn: &deadpool_postgres::Transaction<'_>,
+    ids: &[String],
+) -> Result<HashMap<String, PetRecord>, StorageError> {
+    let rows = txn
+        .query(
+            &format!(
+                "SELECT {COLUMNS} FROM petstore_pets WHERE id = ANY($1) ORDER BY id FOR UPDATE"
+            ),
+            &[&ids],
+        )
+        .await
+        .or_engine("reading pets to write")?;
+    let mut records = HashMap::with_capacity(rows.len());
+    for row in &rows {
+        let record = record(row)?;
+        records.insert(record.id.clone(), record);
+    }
+    Ok(records)
+}
+
+/// Gives the tenant of each stamp (see `crate::tenancy::Stamp`) to its pet
+/// in `ids`, if the pet has none yet: compare-and-set, in the write's
+/// transaction.
+async fn stamp_tenants(
+    txn: &deadpool_postgres::Transaction<'_>,
+    ids: &[&str],
+    stamps: &[Stamp],
+) -> Result<(), StorageError> {
+    let mut stamped: HashMap<&str, Vec<&str>> = HashMap::new();
+    for (id, stamp) in ids.iter().zip(stamps) {
+        if let Some(tenant) = stamp.tenant() {
+            stamped.entry(tenant).or_default().push(id);
+        }
+    }
+    for (tenant, ids) in stamped {
+        txn.execute(
+            "UPDATE petstore_pets SET tenant = $2 WHERE id = ANY($1) AND tenant = ''",
+            &[&ids, &tenant],
+        )
+        .await
+        .or_engine("stamping tenants")?;
+    }
+    Ok(())
 }
 
 /// The rows' two text columns as a map, for a key change's checks: the
@@ -495,25 +557,35 @@ async fn text_pairs(
 
 #[tonic::async_trait]
 impl Storage for PostgresStorage {
-    async fn add(&self, pets: &[NewPet]) -> Result<Vec<Added>, StorageError> {
+    async fn add(&self, access: &Access, pets: &[NewPet]) -> Result<Vec<Added>, StorageError> {
+        // What needs no records (observers, identities' namespaces) is
+        // checked now; an existing record a pet names, below, where the
+        // insert found it.
+        check_add(access, pets, |_| Ok(None), |_| Ok(None))?;
+        let tenant = access.new_record_tenant();
         let mut client = self.client().await?;
         // No conflict target: a row is skipped if its key or its identity is
         // taken, and the lookups below tell which (the key first).
         let insert = client
             .prepare_cached(
-                "INSERT INTO petstore_pets (id, name, species, birthday, idempotency_key, identity)
-                 VALUES ($1, $2, $3, $4, $5, $6)
+                "INSERT INTO petstore_pets
+                     (id, name, species, birthday, idempotency_key, identity, tenant)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7)
                  ON CONFLICT DO NOTHING
                  RETURNING id",
             )
             .await
             .or_engine("preparing an insert")?;
         let by_key = client
-            .prepare_cached("SELECT id FROM petstore_pets WHERE idempotency_key = $1")
+            .prepare_cached(&format!(
+                "SELECT {COLUMNS} FROM petstore_pets WHERE idempotency_key = $1"
+            ))
             .await
             .or_engine("preparing a lookup")?;
         let by_identity = client
-            .prepare_cached("SELECT id FROM petstore_pets WHERE identity = $1")
+            .prepare_cached(&format!(
+                "SELECT {COLUMNS} FROM petstore_pets WHERE identity = $1"
+            ))
             .await
             .or_engine("preparing a lookup")?;
         let txn = client.transaction().await.or_engine("starting an add")?;
@@ -524,7 +596,7 @@ impl Storage for PostgresStorage {
             .collect();
         // Pipelined: the statements are sent together and run in order, so a
         // key or identity repeated later in the batch meets the earlier row.
-        let params: Vec<[&(dyn ToSql + Sync); 6]> = pets
+        let params: Vec<[&(dyn ToSql + Sync); 7]> = pets
             .iter()
             .zip(&new_ids)
             .zip(&codes)
@@ -536,6 +608,7 @@ impl Storage for PostgresStorage {
                     &pet.fields.birthday,
                     &pet.idempotency_key,
                     &pet.identity,
+                    &tenant,
                 ]
             })
             .collect();
@@ -544,7 +617,7 @@ impl Storage for PostgresStorage {
             .or_engine("adding pets")?;
         let mut ids = Vec::with_capacity(pets.len());
         let mut changes = Vec::new();
-        for (row, pet) in inserted.into_iter().zip(pets) {
+        for (index, (row, pet)) in inserted.into_iter().zip(pets).enumerate() {
             if let Some(row) = row {
                 let id: String = row.try_get(0).or_engine("reading an ID")?;
                 changes.push(PendingChange::of(
@@ -554,6 +627,7 @@ impl Storage for PostgresStorage {
                         fields: pet.fields.clone(),
                         idempotency_key: pet.idempotency_key.clone(),
                         identity: pet.identity.clone(),
+                        tenant: tenant.to_owned(),
                     },
                 ));
                 ids.push(Added::new(id));
@@ -562,6 +636,7 @@ impl Storage for PostgresStorage {
             // The key or the identity was taken (by a committed transaction,
             // which the unique index waited for, or earlier in this batch).
             let mut existing = None;
+            let mut field = "idempotency_key";
             if let Some(key) = &pet.idempotency_key {
                 existing = txn
                     .query_opt(&by_key, &[key])
@@ -571,6 +646,7 @@ impl Storage for PostgresStorage {
             if existing.is_none()
                 && let Some(identity) = &pet.identity
             {
+                field = "identity";
                 existing = txn
                     .query_opt(&by_identity, &[identity])
                     .await
@@ -582,7 +658,11 @@ impl Storage for PostgresStorage {
                     "an insert whose key and identity are free returned no row",
                 ));
             };
-            ids.push(Added::existing(row.try_get(0).or_engine("reading an ID")?));
+            let existing = record(&row)?;
+            // A record the caller may not write: dropping the transaction
+            // rolls the whole batch back, and its ID is not told.
+            check_record(access, &existing, || format!("pets[{index}].{field}"))?;
+            ids.push(Added::existing(existing.id));
         }
         record_changes(&txn, changes, self.history).await?;
         txn.commit().await.or_engine("committing an add")?;
@@ -590,7 +670,7 @@ impl Storage for PostgresStorage {
         Ok(ids)
     }
 
-    async fn update(&self, pets: &[PetUpdate]) -> Result<(), StorageError> {
+    async fn update(&self, access: &Access, pets: &[PetUpdate]) -> Result<(), StorageError> {
         let mut client = self.client().await?;
         let statement = client
             // The old values say whether anything changed: an update to
@@ -610,6 +690,24 @@ impl Storage for PostgresStorage {
             .await
             .or_engine("preparing an update")?;
         let txn = client.transaction().await.or_engine("starting an update")?;
+        if *access != Access::All {
+            let ids: Vec<String> = pets.iter().map(|p| p.id.clone()).collect();
+            let stored = lock_records(&txn, &ids).await?;
+            let mut stamps = Vec::with_capacity(pets.len());
+            for (index, pet) in pets.iter().enumerate() {
+                let Some(record) = stored.get(&pet.id) else {
+                    return Err(StorageError::NotFound {
+                        index,
+                        id: pet.id.clone(),
+                    });
+                };
+                stamps.push(check_record(access, record, || {
+                    format!("pets[{index}].id")
+                })?);
+            }
+            let ids: Vec<&str> = pets.iter().map(|p| p.id.as_str()).collect();
+            stamp_tenants(&txn, &ids, &stamps).await?;
+        }
         let codes: Vec<i16> = pets
             .iter()
             .map(|p| species_code(p.fields.pet_type))
@@ -638,7 +736,7 @@ impl Storage for PostgresStorage {
                     id: pets[index].id.clone(),
                 });
             };
-            let changed: bool = row.try_get(6).or_engine("updating pets")?;
+            let changed: bool = row.try_get(7).or_engine("updating pets")?;
             if changed {
                 changes.push(PendingChange::of(ChangeKind::Updated, &record(row)?));
             }
@@ -649,7 +747,7 @@ impl Storage for PostgresStorage {
         Ok(())
     }
 
-    async fn delete(&self, ids: &[String]) -> Result<(), StorageError> {
+    async fn delete(&self, access: &Access, ids: &[String]) -> Result<(), StorageError> {
         let mut client = self.client().await?;
         let statement = client
             .prepare_cached(&format!(
@@ -658,6 +756,14 @@ impl Storage for PostgresStorage {
             .await
             .or_engine("preparing a delete")?;
         let txn = client.transaction().await.or_engine("starting a delete")?;
+        if *access != Access::All {
+            let stored = lock_records(&txn, ids).await?;
+            for (index, id) in ids.iter().enumerate() {
+                if let Some(record) = stored.get(id) {
+                    check_record(access, record, || format!("ids[{index}]"))?;
+                }
+            }
+        }
         let rows = txn
             .query(&statement, &[&ids])
             .await
@@ -674,24 +780,38 @@ impl Storage for PostgresStorage {
         Ok(())
     }
 
-    async fn get(&self, ids: &[String]) -> Result<Vec<Option<PetRecord>>, StorageError> {
-        self.lookup("id", ids, |r| Some(&r.id)).await
+    async fn get(
+        &self,
+        access: &Access,
+        ids: &[String],
+    ) -> Result<Vec<Option<PetRecord>>, StorageError> {
+        let found = self.lookup("id", ids, |r| Some(&r.id)).await?;
+        Ok(readable(access, found))
     }
 
-    async fn get_by_keys(&self, keys: &[String]) -> Result<Vec<Option<PetRecord>>, StorageError> {
-        self.lookup("idempotency_key", keys, |r| r.idempotency_key.as_ref())
-            .await
+    async fn get_by_keys(
+        &self,
+        access: &Access,
+        keys: &[String],
+    ) -> Result<Vec<Option<PetRecord>>, StorageError> {
+        let found = self
+            .lookup("idempotency_key", keys, |r| r.idempotency_key.as_ref())
+            .await?;
+        Ok(readable(access, found))
     }
 
     async fn get_by_identities(
         &self,
+        access: &Access,
         identities: &[String],
     ) -> Result<Vec<Option<PetRecord>>, StorageError> {
-        self.lookup("identity", identities, |r| r.identity.as_ref())
-            .await
+        let found = self
+            .lookup("identity", identities, |r| r.identity.as_ref())
+            .await?;
+        Ok(readable(access, found))
     }
 
-    async fn set_keys(&self, changes: &[KeyChange]) -> Result<(), StorageError> {
+    async fn set_keys(&self, access: &Access, changes: &[KeyChange]) -> Result<(), StorageError> {
         let mut client = self.client().await?;
         let txn = client
             .transaction()
@@ -710,22 +830,12 @@ impl Storage for PostgresStorage {
         // Locks the pets in ID order (two requests cannot deadlock), so
         // their keys and identities cannot change between this check and the
         // write.
-        let rows = txn
-            .query(
-                "SELECT id, idempotency_key, identity FROM petstore_pets
-                 WHERE id = ANY($1) ORDER BY id FOR UPDATE",
-                &[&ids],
-            )
-            .await
-            .or_engine("reading keys")?;
-        let mut current: HashMap<String, (String, Option<String>)> =
-            HashMap::with_capacity(rows.len());
-        for row in &rows {
-            let id: String = row.try_get(0).or_engine("reading keys")?;
-            let key: Option<String> = row.try_get(1).or_engine("reading keys")?;
-            let identity: Option<String> = row.try_get(2).or_engine("reading keys")?;
-            current.insert(id, (key.unwrap_or_default(), identity));
-        }
+        let stored = lock_records(&txn, &ids).await?;
+        let stamps = check_key_access(access, changes, |id| Ok(stored.get(id).cloned()))?;
+        let current: HashMap<String, (String, Option<String>)> = stored
+            .into_values()
+            .map(|r| (r.id, (r.idempotency_key.unwrap_or_default(), r.identity)))
+            .collect();
         let key_holders = text_pairs(
             &txn,
             "SELECT idempotency_key, id FROM petstore_pets WHERE idempotency_key = ANY($1)",
@@ -747,6 +857,8 @@ impl Storage for PostgresStorage {
         )? {
             return Err(refusal);
         }
+        let stamped_ids: Vec<&str> = changes.iter().map(|c| c.id.as_str()).collect();
+        stamp_tenants(&txn, &stamped_ids, &stamps).await?;
         // Clear first, so keys and identities may move between pets of this
         // request without tripping a unique constraint midway.
         let replaced: Vec<&str> = changes
@@ -858,7 +970,7 @@ impl Storage for PostgresStorage {
             client.query(&statement, &[&after.id, &fetch]).await
         }
         .or_engine("searching")?;
-        let mut fill = PageFill::new(filter, limit);
+        let mut fill = PageFill::new(page.access, filter, limit);
         for row in &rows {
             if fill.is_full() {
                 return Ok(fill.resume_later());

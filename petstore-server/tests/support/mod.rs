@@ -15,6 +15,8 @@ use petstore_server::service::Observability;
 use petstore_server::storage::{PostgresConfig, Storage, StorageConfig};
 use tonic::transport::Channel;
 
+pub mod tokens;
+
 /// Longest wait for the server to drain when a test stops it.
 const DRAIN: Duration = Duration::from_secs(10);
 
