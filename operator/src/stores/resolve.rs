@@ -95,7 +95,10 @@ pub struct Endpoint {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Resolved {
     Own,
-    Store { id: StoreId, endpoint: Endpoint },
+    Store {
+        id: StoreId,
+        endpoint: Box<Endpoint>,
+    },
 }
 
 impl Resolved {
@@ -136,7 +139,10 @@ pub fn resolve(
     };
     endpoint_of(namespace, &id, known).map(|endpoint| match endpoint {
         None => Resolved::Own,
-        Some(endpoint) => Resolved::Store { id, endpoint },
+        Some(endpoint) => Resolved::Store {
+            id,
+            endpoint: Box::new(endpoint),
+        },
     })
 }
 
@@ -297,6 +303,15 @@ mod tests {
 
     /// One row per rule: (why, namespace, storeRef, pinned, world, expected
     /// store or refusal reason).
+    type Case<'a> = (
+        &'a str,
+        &'a str,
+        Option<StoreRef>,
+        Option<StoreId>,
+        &'a World,
+        Result<StoreId, Reason>,
+    );
+
     #[test]
     fn which_store_a_pet_uses() {
         let world = World {
@@ -309,14 +324,7 @@ mod tests {
         };
         let bare = World::default();
         let cluster = |name: &str| StoreId::Cluster { name: name.into() };
-        let cases: Vec<(
-            &str,
-            &str,
-            Option<StoreRef>,
-            Option<StoreId>,
-            &World,
-            Result<StoreId, Reason>,
-        )> = vec![
+        let cases: Vec<Case> = vec![
             (
                 "no storeRef, no store objects: the operator's own",
                 "a",

@@ -209,9 +209,7 @@ where
                 span.clone()
             };
             petstore_telemetry::inject(&parent, request.headers_mut());
-            if let Err(status) = layer.authorize(&mut request).await {
-                return Err(status);
-            }
+            layer.authorize(&mut request).await?;
             let pending = Pending {
                 operation,
                 metrics: layer.metrics.clone(),
