@@ -36,6 +36,9 @@ use resolve::{Endpoint, Known};
 pub use resolve::{Refused, Resolved, StoreId};
 use tokens::{TenantCredentials, TokenMinter};
 
+/// The longest a reconcile waits for the store kinds' first list.
+const CACHE_WAIT: Duration = Duration::from_secs(2);
+
 /// A store no Pet has used for this long is closed.
 const IDLE_CLOSE: Duration = Duration::from_secs(600);
 
@@ -215,9 +218,17 @@ impl Stores {
             };
         };
         // Until their first list, a named store would look missing, and a
-        // namespace's default absent.
-        caches.pet_stores.wait_until_ready().await.ok();
-        caches.cluster_stores.wait_until_ready().await.ok();
+        // namespace's default absent: hold the Pet rather than guess.
+        let listed = async {
+            caches.pet_stores.wait_until_ready().await.ok();
+            caches.cluster_stores.wait_until_ready().await.ok();
+        };
+        if tokio::time::timeout(CACHE_WAIT, listed).await.is_err() {
+            return Err(Refused {
+                reason: Reason::StoreNotFound,
+                message: "the PetStores and ClusterPetStores are not listed yet; retrying".into(),
+            });
+        }
         match resolve::resolve(&namespace, store_ref, pinned.as_ref(), caches)? {
             Resolved::Own => Ok(ForPet {
                 id: StoreId::Own,
