@@ -110,6 +110,10 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
         released.clone(),
         stop.clone(),
     ));
+    tokio::spawn({
+        let (stores, stop) = (Arc::clone(&ctx.stores), stop.clone());
+        async move { stores.close_idle_until(stop).await }
+    });
     tokio::spawn(release_on_store_change(
         Arc::clone(&ctx),
         reader.clone(),

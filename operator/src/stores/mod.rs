@@ -13,6 +13,7 @@ pub mod resolve;
 pub mod tokens;
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -68,6 +69,8 @@ pub enum Changed {
 }
 
 struct Caches {
+    /// Both store kinds have been listed once.
+    listed: AtomicBool,
     pet_stores: reflector::Store<PetStore>,
     cluster_stores: reflector::Store<ClusterPetStore>,
     namespaces: reflector::Store<Namespace>,
@@ -123,6 +126,7 @@ impl Stores {
         let (changed, _) = broadcast::channel(256);
         let installed = kinds_installed(&client).await;
         let caches = installed.then(|| Caches {
+            listed: AtomicBool::new(false),
             pet_stores: cache(Api::<PetStore>::all(client.clone()), &changed, |store| {
                 Changed::Namespace(store.namespace().unwrap_or_default())
             }),
@@ -180,10 +184,6 @@ impl Stores {
         &self.own
     }
 
-    pub fn minter(&self) -> &Arc<TokenMinter> {
-        &self.minter
-    }
-
     /// Changes a held Pet may be waiting on.
     pub fn subscribe(&self) -> broadcast::Receiver<Changed> {
         self.changed.subscribe()
@@ -219,15 +219,20 @@ impl Stores {
         };
         // Until their first list, a named store would look missing, and a
         // namespace's default absent: hold the Pet rather than guess.
-        let listed = async {
-            caches.pet_stores.wait_until_ready().await.ok();
-            caches.cluster_stores.wait_until_ready().await.ok();
-        };
-        if tokio::time::timeout(CACHE_WAIT, listed).await.is_err() {
-            return Err(Refused {
-                reason: Reason::StoreNotFound,
-                message: "the PetStores and ClusterPetStores are not listed yet; retrying".into(),
-            });
+        if !caches.listed.load(Ordering::Relaxed) {
+            let listed = async {
+                caches.pet_stores.wait_until_ready().await.ok();
+                caches.cluster_stores.wait_until_ready().await.ok();
+            };
+            if tokio::time::timeout(CACHE_WAIT, listed).await.is_err() {
+                return Err(Refused {
+                    reason: Reason::StoreNotFound,
+                    message: "the PetStores and ClusterPetStores are not listed yet; retrying"
+                        .into(),
+                });
+            }
+            // Once listed, a reconcile no longer waits or sets a timer.
+            caches.listed.store(true, Ordering::Relaxed);
         }
         match resolve::resolve(&namespace, store_ref, pinned.as_ref(), caches)? {
             Resolved::Own => Ok(ForPet {
@@ -310,9 +315,21 @@ impl Stores {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Closes the stores no Pet has used for [`IDLE_CLOSE`], every minute,
+    /// until `stop`.
+    pub async fn close_idle_until(&self, stop: tokio_util::sync::CancellationToken) {
+        let mut every = tokio::time::interval(Duration::from_secs(60));
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                _ = every.tick() => self.close_idle(),
+            };
+        }
+    }
+
     /// Closes the stores no Pet has used for [`IDLE_CLOSE`]; returns how
     /// many are still open.
-    pub fn close_idle(&self) -> usize {
+    fn close_idle(&self) -> usize {
         let mut open = self.lock_open();
         open.retain(|id, store| {
             let keep = store.last_used.elapsed() < IDLE_CLOSE;
@@ -330,54 +347,39 @@ impl Stores {
             reason: Reason::StoreTrustMissing,
             message: what,
         };
-        let pem = match source {
-            CaSource::SecretKeyRef(key_ref) => {
-                let api: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
-                let secret = api.get_opt(&key_ref.name).await.map_err(|error| {
-                    missing(format!(
-                        "reading the store's CA Secret {namespace}/{}: {error}",
-                        key_ref.name
-                    ))
-                })?;
-                let secret = secret.ok_or_else(|| {
-                    missing(format!(
-                        "the store's CA Secret {namespace}/{} does not exist",
-                        key_ref.name
-                    ))
-                })?;
-                secret
-                    .data
-                    .and_then(|data| data.get(&key_ref.key).map(|bytes| bytes.0.clone()))
-                    .ok_or_else(|| {
-                        missing(format!(
-                            "the store's CA Secret {namespace}/{} has no key {:?}",
-                            key_ref.name, key_ref.key
-                        ))
-                    })?
+        let (kind, key_ref) = match source {
+            CaSource::SecretKeyRef(key_ref) => ("Secret", key_ref),
+            CaSource::ConfigMapKeyRef(key_ref) => ("ConfigMap", key_ref),
+        };
+        let what = format!("the store's CA {kind} {namespace}/{}", key_ref.name);
+        let data = match source {
+            CaSource::SecretKeyRef(_) => Api::<Secret>::namespaced(self.client.clone(), namespace)
+                .get_opt(&key_ref.name)
+                .await
+                .map(|secret| {
+                    secret.map(|s| s.data.unwrap_or_default().remove(&key_ref.key).map(|b| b.0))
+                }),
+            CaSource::ConfigMapKeyRef(_) => {
+                Api::<ConfigMap>::namespaced(self.client.clone(), namespace)
+                    .get_opt(&key_ref.name)
+                    .await
+                    .map(|map| {
+                        map.map(|m| {
+                            m.data
+                                .unwrap_or_default()
+                                .remove(&key_ref.key)
+                                .map(String::into_bytes)
+                        })
+                    })
             }
-            CaSource::ConfigMapKeyRef(key_ref) => {
-                let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
-                let map = api.get_opt(&key_ref.name).await.map_err(|error| {
-                    missing(format!(
-                        "reading the store's CA ConfigMap {namespace}/{}: {error}",
-                        key_ref.name
-                    ))
-                })?;
-                let map = map.ok_or_else(|| {
-                    missing(format!(
-                        "the store's CA ConfigMap {namespace}/{} does not exist",
-                        key_ref.name
-                    ))
-                })?;
-                map.data
-                    .and_then(|data| data.get(&key_ref.key).map(|text| text.clone().into_bytes()))
-                    .ok_or_else(|| {
-                        missing(format!(
-                            "the store's CA ConfigMap {namespace}/{} has no key {:?}",
-                            key_ref.name, key_ref.key
-                        ))
-                    })?
+        };
+        let pem = match data {
+            Err(error) => return Err(missing(format!("reading {what}: {error}"))),
+            Ok(None) => return Err(missing(format!("{what} does not exist"))),
+            Ok(Some(None)) => {
+                return Err(missing(format!("{what} has no key {:?}", key_ref.key)));
             }
+            Ok(Some(Some(pem))) => pem,
         };
         if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
             return Err(missing(format!(

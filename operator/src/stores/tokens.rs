@@ -15,8 +15,6 @@ use std::time::Duration;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::api::{Api, PostParams};
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
 use tokio::time::Instant;
 use tonic::codegen::http::HeaderValue;
 
@@ -47,8 +45,6 @@ pub struct TokenMinter {
     client: kube::Client,
     lifetime: Duration,
     cache: Mutex<HashMap<Key, Arc<tokio::sync::Mutex<Option<Minted>>>>>,
-    /// TokenRequests made, by outcome (`ok`, `error`).
-    pub requests: Family<[(&'static str, &'static str); 1], Counter>,
 }
 
 impl TokenMinter {
@@ -57,7 +53,6 @@ impl TokenMinter {
             client,
             lifetime: TOKEN_LIFETIME,
             cache: Mutex::default(),
-            requests: Family::default(),
         }
     }
 
@@ -79,11 +74,7 @@ impl TokenMinter {
         {
             return Ok(kept.header.clone());
         }
-        let fresh = self.mint(key).await;
-        self.requests
-            .get_or_create(&[("outcome", if fresh.is_ok() { "ok" } else { "error" })])
-            .inc();
-        let fresh = fresh?;
+        let fresh = self.mint(key).await?;
         let header = fresh.header.clone();
         *minted = Some(fresh);
         Ok(header)
@@ -155,22 +146,11 @@ pub struct TenantCredentials {
 
 impl TenantCredentials {
     pub fn new(minter: Arc<TokenMinter>, namespace: &str, audience: &str) -> Self {
-        Self::of(minter, namespace, TENANT_SERVICE_ACCOUNT, audience)
-    }
-
-    /// The identity of another ServiceAccount (the operator's observer,
-    /// which reads a store's whole change feed).
-    pub fn of(
-        minter: Arc<TokenMinter>,
-        namespace: &str,
-        service_account: &str,
-        audience: &str,
-    ) -> Self {
         Self {
             minter,
             key: Key {
                 namespace: namespace.to_owned(),
-                service_account: service_account.to_owned(),
+                service_account: TENANT_SERVICE_ACCOUNT.to_owned(),
                 audience: audience.to_owned(),
             },
         }
