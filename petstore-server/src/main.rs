@@ -148,6 +148,17 @@ struct Args {
     )]
     observers: Vec<String>,
 
+    /// Refuse tokens issued longer ago than this (e.g. `5m`), however long
+    /// they last: bounds how long a leaked token can be replayed. The
+    /// operator mints a fresh token when one is refused. Default: none.
+    #[arg(
+        long = "token-max-age",
+        env = "PETSTORE_TOKEN_MAX_AGE",
+        value_parser = petstore_process::parse_positive_duration,
+        requires = "tenancy"
+    )]
+    token_max_age: Option<std::time::Duration>,
+
     /// The only namespaces that may use the store (repeat, or a comma
     /// list); others are PERMISSION_DENIED. Default: any.
     #[arg(
@@ -267,6 +278,7 @@ fn tenancy(args: &Args) -> anyhow::Result<Option<Arc<Tenancy>>> {
         observers: args.observers.clone(),
         tenant_namespaces: args.tenant_namespaces.clone(),
         allow_plaintext_tokens: args.allow_plaintext_tokens,
+        token_max_age: args.token_max_age,
     })?;
     if args.tls_cert.is_none() {
         tracing::warn!(
@@ -278,6 +290,7 @@ fn tenancy(args: &Args) -> anyhow::Result<Option<Arc<Tenancy>>> {
         audience = %args.token_audience,
         observers = args.observers.len(),
         tenant_namespaces = ?args.tenant_namespaces,
+        token_max_age = ?args.token_max_age,
         "tenancy on"
     );
     Ok(Some(Arc::new(tenancy)))

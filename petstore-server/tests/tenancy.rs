@@ -668,6 +668,7 @@ mod grpc {
                 observers: vec![OBSERVER.into()],
                 tenant_namespaces: tenant_namespaces.iter().map(|ns| (*ns).into()).collect(),
                 allow_plaintext_tokens: plaintext,
+                token_max_age: None,
             })
             .expect("tenancy")
         }

@@ -8,6 +8,7 @@
 //! -- tilt:: --nocapture`.
 
 mod admission;
+mod attacks;
 mod book_rpcs;
 mod change_feed;
 mod chaos;

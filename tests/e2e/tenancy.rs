@@ -282,7 +282,7 @@ fn record_names(messages: &[Value]) -> Vec<String> {
 
 /// The control plane's service-account issuer and its JWKS, in a file the
 /// store reads: what a store is given to check tokens offline.
-fn issuer_flag(cp: &ControlPlane) -> fixtures::Result<String> {
+pub(crate) fn issuer_flag(cp: &ControlPlane) -> fixtures::Result<String> {
     let jwks = cp.kubectl(&["get", "--raw", "/openid/v1/jwks"])?;
     let path = cp.dir().join("jwks.json");
     std::fs::write(&path, jwks).map_err(fixtures::io("writing the JWKS"))?;

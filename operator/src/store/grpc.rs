@@ -54,12 +54,15 @@ pub struct GrpcPetStore {
 #[derive(Clone)]
 struct Rpc {
     client: StoreClient,
+    /// Calls carry a caller's token, minted afresh when the store refuses it.
+    renews_tokens: bool,
 }
 
 impl Rpc {
     fn new(channel: Channel, layer: &StoreCallLayer) -> Self {
         Self {
             client: PetStoreClient::new(layer.layer(channel)),
+            renews_tokens: layer.credentials.is_some(),
         }
     }
 }
@@ -260,7 +263,7 @@ impl GrpcPetStore {
     pub async fn search(&self, request: pb::SearchPetsReq) -> Result<Vec<Record>, StoreError> {
         let mut stream = self
             .rpc
-            .call(async |mut c| c.search_pets(request).await)
+            .call(request, async |mut c, request| c.search_pets(request).await)
             .await
             .map_err(classify(Operation::Search))?;
         let mut records = Vec::new();
@@ -284,13 +287,29 @@ impl GrpcPetStore {
 
 impl Rpc {
     /// Runs one RPC; its budget, span and metrics are the channel's layer's.
-    async fn call<T, F>(&self, rpc: F) -> Result<T, Status>
+    ///
+    /// A token the store refuses (`UNAUTHENTICATED`: it expired or was
+    /// revoked between minting and use) is dropped by the call layer, and
+    /// the call is sent once more with a fresh one. The store checks the
+    /// token before it does anything, so the retry repeats no write.
+    async fn call<R, T, F, Fut>(&self, request: R, rpc: F) -> Result<T, Status>
     where
-        F: AsyncFnOnce(StoreClient) -> Result<tonic::Response<T>, Status>,
+        R: Clone,
+        F: Fn(StoreClient, R) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
-        rpc(self.client.clone())
-            .await
-            .map(tonic::Response::into_inner)
+        if !self.renews_tokens {
+            return rpc(self.client.clone(), request)
+                .await
+                .map(tonic::Response::into_inner);
+        }
+        match rpc(self.client.clone(), request.clone()).await {
+            Err(status) if status.code() == Code::Unauthenticated => {
+                rpc(self.client.clone(), request).await
+            }
+            answer => answer,
+        }
+        .map(tonic::Response::into_inner)
     }
 
     /// One `AddPets` for `pets`: each pet's ID and whether the call created
@@ -302,7 +321,7 @@ impl Rpc {
         let count = pets.len();
         let request = pb::AddPetsReq { pets };
         let resp = self
-            .call(async |mut c| c.add_pets(request).await)
+            .call(request, async |mut c, request| c.add_pets(request).await)
             .await
             .map_err(classify(Operation::Create))?;
         if resp.ids.len() != count {
@@ -527,7 +546,7 @@ impl PetStore for GrpcPetStore {
         };
         let resp = self
             .rpc
-            .call(async |mut c| c.get_pets(request).await)
+            .call(request, async |mut c, request| c.get_pets(request).await)
             .await
             .map_err(classify(Operation::Observe))?;
         // A record found more than one way is returned once; match each by
@@ -569,7 +588,9 @@ impl PetStore for GrpcPetStore {
         };
         let resp = self
             .rpc
-            .call(async |mut c| c.claim_installation(request).await)
+            .call(request, async |mut c, request| {
+                c.claim_installation(request).await
+            })
             .await
             .map_err(classify(Operation::Claim))?;
         Ok(claim_answer(resp))
@@ -617,7 +638,7 @@ impl PetStore for GrpcPetStore {
         };
         match self
             .rpc
-            .call(async |mut c| c.update_pets(request).await)
+            .call(request, async |mut c, request| c.update_pets(request).await)
             .await
         {
             Ok(_) => Ok(()),
@@ -634,7 +655,7 @@ impl PetStore for GrpcPetStore {
             ids: vec![id.to_owned()],
         };
         self.rpc
-            .call(async |mut c| c.delete_pets(request).await)
+            .call(request, async |mut c, request| c.delete_pets(request).await)
             .await
             .map(drop)
             .map_err(classify(Operation::Delete))
@@ -658,7 +679,9 @@ impl PetStore for GrpcPetStore {
         };
         match self
             .rpc
-            .call(async |mut c| c.set_idempotency_keys(request).await)
+            .call(request, async |mut c, request| {
+                c.set_idempotency_keys(request).await
+            })
             .await
         {
             Ok(_) => Ok(()),
@@ -750,6 +773,120 @@ mod tests {
             watch_pets(WatchPetsReq) -> Self::WatchPetsStream;
             claim_installation(ClaimInstallationReq) -> pb::ClaimInstallationResp;
         }
+    }
+
+    /// A store that takes only the token "Bearer fresh", and records the
+    /// token of every `UpdatePets` it is sent and the ones it applied.
+    #[derive(Default)]
+    struct TokenCheckingStore {
+        sent: std::sync::Mutex<Vec<String>>,
+        applied: std::sync::atomic::AtomicU32,
+    }
+
+    pet_store! {
+        TokenCheckingStore {
+            async fn update_pets(
+                &self,
+                request: tonic::Request<pb::UpdatePetsReq>,
+            ) -> Result<tonic::Response<pb::UpdatePetsResp>, Status> {
+                let token = request
+                    .metadata()
+                    .get("authorization")
+                    .and_then(|value| value.to_str().ok())
+                    .unwrap_or_default()
+                    .to_owned();
+                self.sent.lock().expect("sent").push(token.clone());
+                if token != "Bearer fresh" {
+                    return Err(Status::unauthenticated("token was issued too long ago"));
+                }
+                self.applied
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                Ok(tonic::Response::new(pb::UpdatePetsResp::default()))
+            }
+            type SearchPetsStream = futures::stream::Empty<Result<pb::Pet, Status>>;
+            type WatchPetsStream = futures::stream::Empty<Result<pb::WatchPetsResp, Status>>;
+        }
+        not_in_this_test {
+            add_pets(AddPetsReq) -> pb::AddPetsResp;
+            delete_pets(DeletePetsReq) -> pb::DeletePetsResp;
+            search_pets(SearchPetsReq) -> Self::SearchPetsStream;
+            get_pets(GetPetsReq) -> pb::GetPetsResp;
+            set_idempotency_keys(SetIdempotencyKeysReq) -> pb::SetIdempotencyKeysResp;
+            change_sampler(ChangeSamplerReq) -> pb::ChangeSamplerResp;
+            watch_pets(WatchPetsReq) -> Self::WatchPetsStream;
+            claim_installation(ClaimInstallationReq) -> pb::ClaimInstallationResp;
+        }
+    }
+
+    /// A token that is stale until the store refuses it once.
+    #[derive(Default)]
+    struct StaleThenFresh {
+        refused: std::sync::atomic::AtomicBool,
+    }
+
+    #[tonic::async_trait]
+    impl crate::store::Credentials for StaleThenFresh {
+        async fn authorization(&self) -> Result<tonic::codegen::http::HeaderValue, String> {
+            let refused = self.refused.load(std::sync::atomic::Ordering::Relaxed);
+            Ok(tonic::codegen::http::HeaderValue::from_static(if refused {
+                "Bearer fresh"
+            } else {
+                "Bearer stale"
+            }))
+        }
+
+        fn refused(&self) {
+            self.refused
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    async fn serve<S: petstore_proto::PetStore>(store: &Arc<S>) -> GrpcPetStore {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port");
+        let addr = listener.local_addr().expect("its address");
+        let service = petstore_proto::PetStoreServer::from_arc(Arc::clone(store));
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+        );
+        GrpcPetStore::connect_lazy(
+            &addr.to_string(),
+            Duration::from_secs(5),
+            None,
+            StoreCallMetrics::default(),
+        )
+        .expect("a valid address")
+    }
+
+    #[tokio::test]
+    async fn a_token_refused_mid_reconcile_is_minted_afresh_and_the_call_sent_once_more() {
+        let store = Arc::new(TokenCheckingStore::default());
+        let own = serve(&store).await;
+        let tenant = own.for_caller(Arc::new(StaleThenFresh::default()));
+        tenant.update("1", &pet("rex")).await.expect("updated");
+        assert_eq!(
+            *store.sent.lock().expect("sent"),
+            ["Bearer stale", "Bearer fresh"],
+            "the refused call is sent once more, with a fresh token"
+        );
+        assert_eq!(
+            store.applied.load(std::sync::atomic::Ordering::Relaxed),
+            1,
+            "applied once"
+        );
+
+        // A client without tokens (the operator's own store) does not retry:
+        // nothing would change.
+        store.sent.lock().expect("sent").clear();
+        let refused = own.update("1", &pet("rex")).await;
+        assert!(
+            matches!(refused, Err(StoreError::Denied { .. })),
+            "{refused:?}"
+        );
+        assert_eq!(*store.sent.lock().expect("sent"), [""]);
     }
 
     /// The recording store on a port of its own, and a client that batches

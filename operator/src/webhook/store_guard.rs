@@ -5,6 +5,13 @@
 //! a PetStore or ClusterPetStore is refused while a Pet uses it, naming the
 //! Pets.
 //!
+//! The same holds for a namespace's `petstore-tenant` ServiceAccount: the
+//! calls for a Pet on a store that checks tenants carry its tokens, and
+//! without it the Pet's finalizer cannot delete the record. Deleting a
+//! namespace deletes its ServiceAccounts and Pets at once; refusing the
+//! ServiceAccount until the Pets are gone lets their finalizers run first,
+//! and the namespace then goes (the namespace controller retries).
+//!
 //! A Pet uses a store if its `spec.storeRef` names it, or its
 //! `status.store` (the store the operator resolved) does. A PetStore is
 //! used only by Pets of its own namespace: two PetStores of one name in two
@@ -23,36 +30,49 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::crd::{Pet, StoreKind, StoreRef};
+use crate::stores::tokens::TENANT_SERVICE_ACCOUNT;
 
 /// How many Pets a refusal names; it gives the total too.
 pub const NAMED_PETS: usize = 5;
 
-/// The store whose deletion is asked for.
+/// The store (or tenant ServiceAccount) whose deletion is asked for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DeletedStore {
-    PetStore { namespace: String, name: String },
-    ClusterPetStore { name: String },
+    PetStore {
+        namespace: String,
+        name: String,
+    },
+    ClusterPetStore {
+        name: String,
+    },
+    /// The namespace's `petstore-tenant` ServiceAccount.
+    TenantAccount {
+        namespace: String,
+    },
 }
 
 impl DeletedStore {
-    /// How `spec.storeRef` and `status.store` name it.
-    fn store_ref(&self) -> StoreRef {
+    /// How `spec.storeRef` and `status.store` name it; `None` for the
+    /// tenant ServiceAccount, which every Pet on a store uses.
+    fn store_ref(&self) -> Option<StoreRef> {
         match self {
-            DeletedStore::PetStore { name, .. } => StoreRef {
+            DeletedStore::PetStore { name, .. } => Some(StoreRef {
                 kind: StoreKind::PetStore,
                 name: name.clone(),
-            },
-            DeletedStore::ClusterPetStore { name } => StoreRef {
+            }),
+            DeletedStore::ClusterPetStore { name } => Some(StoreRef {
                 kind: StoreKind::ClusterPetStore,
                 name: name.clone(),
-            },
+            }),
+            DeletedStore::TenantAccount { .. } => None,
         }
     }
 
     /// The namespace whose Pets may use it; `None` for every namespace.
     pub fn namespace(&self) -> Option<&str> {
         match self {
-            DeletedStore::PetStore { namespace, .. } => Some(namespace),
+            DeletedStore::PetStore { namespace, .. }
+            | DeletedStore::TenantAccount { namespace } => Some(namespace),
             DeletedStore::ClusterPetStore { .. } => None,
         }
     }
@@ -62,6 +82,21 @@ impl DeletedStore {
         match self {
             DeletedStore::PetStore { namespace, name } => format!("PetStore {namespace}/{name}"),
             DeletedStore::ClusterPetStore { name } => format!("ClusterPetStore {name}"),
+            DeletedStore::TenantAccount { namespace } => {
+                format!("ServiceAccount {namespace}/{TENANT_SERVICE_ACCOUNT}")
+            }
+        }
+    }
+
+    /// What the user can do about the Pets that use it.
+    fn remedy(&self) -> &'static str {
+        match self {
+            DeletedStore::TenantAccount { .. } => {
+                "their store calls carry its tokens: delete them first (a namespace being deleted deletes them, and this ServiceAccount goes after)"
+            }
+            _ => {
+                "delete them or change their storeRef first (a Pet's storeRef can change only until it has a record)"
+            }
         }
     }
 }
@@ -92,7 +127,11 @@ impl PetUse {
         if store.namespace().is_some_and(|ns| ns != self.namespace) {
             return false;
         }
-        let wanted = store.store_ref();
+        let Some(wanted) = store.store_ref() else {
+            // The tenant ServiceAccount: every Pet on a store other than
+            // the operator's own (which takes no tokens).
+            return self.store_ref.is_some() || self.status_store.is_some();
+        };
         self.store_ref.as_ref() == Some(&wanted)
             || self
                 .status_store
@@ -122,8 +161,9 @@ pub fn judge(store: &DeletedStore, pets: &[PetUse]) -> Result<(), String> {
     }
     let pets = if total == 1 { "Pet" } else { "Pets" };
     Err(format!(
-        "{} is used by {total} {pets} ({named}); delete them or change their storeRef first (a Pet's storeRef can change only until it has a record)",
-        store.describe()
+        "{} is used by {total} {pets} ({named}); {}",
+        store.describe(),
+        store.remedy()
     ))
 }
 
@@ -184,6 +224,11 @@ where
         },
         ("DELETE", crate::crd::GROUP, "ClusterPetStore") => {
             DeletedStore::ClusterPetStore { name: request.name }
+        }
+        ("DELETE", "", "ServiceAccount") if request.name == TENANT_SERVICE_ACCOUNT => {
+            DeletedStore::TenantAccount {
+                namespace: request.namespace.unwrap_or_default(),
+            }
         }
         // Not a store's deletion: the configuration sends none, and
         // nothing else is this guard's to refuse.
@@ -266,6 +311,12 @@ mod tests {
         DeletedStore::ClusterPetStore { name: name.into() }
     }
 
+    fn tenant_account(namespace: &str) -> DeletedStore {
+        DeletedStore::TenantAccount {
+            namespace: namespace.into(),
+        }
+    }
+
     #[test]
     fn refuses_while_a_pet_uses_the_store_and_names_it() {
         let pets = vec![
@@ -276,6 +327,7 @@ mod tests {
             pet("team-c", "kit", Some("ClusterPetStore/shared"), None),
             pet("team-d", "ace", None, Some("ClusterPetStore/global")),
             pet("team-d", "odd", None, Some("not a store")),
+            pet("team-e", "own", None, None),
         ];
         // Store, allowed, what a refusal says.
         let cases: Vec<(&str, DeletedStore, bool, &str)> = vec![
@@ -321,6 +373,18 @@ mod tests {
                 true,
                 "",
             ),
+            (
+                "the tenant ServiceAccount, by any store, spec or status",
+                tenant_account("team-a"),
+                false,
+                "ServiceAccount team-a/petstore-tenant is used by 3 Pets (team-a/fido, team-a/rex, team-a/tom); their store calls carry its tokens",
+            ),
+            (
+                "the tenant ServiceAccount of a namespace whose Pets use the operator's own store",
+                tenant_account("team-e"),
+                true,
+                "",
+            ),
         ];
         for (name, store, allowed, says) in cases {
             match judge(&store, &pets) {
@@ -346,12 +410,17 @@ mod tests {
     }
 
     fn deletion(kind: &str, namespace: Option<&str>, name: &str) -> Vec<u8> {
+        let group = if kind == "ServiceAccount" {
+            ""
+        } else {
+            "petstore.example.com"
+        };
         json!({
             "apiVersion": "admission.k8s.io/v1",
             "kind": "AdmissionReview",
             "request": {
                 "uid": "u-1",
-                "kind": {"group": "petstore.example.com", "version": "v1", "kind": kind},
+                "kind": {"group": group, "version": "v1", "kind": kind},
                 "name": name,
                 "namespace": namespace,
                 "operation": "DELETE",
@@ -388,6 +457,14 @@ mod tests {
         .await;
         assert_eq!(answer["response"]["allowed"], true, "{answer}");
 
+        let body = deletion("ServiceAccount", Some("team-a"), "petstore-tenant");
+        let answer = review(&body, |store| async move {
+            assert_eq!(store, tenant_account("team-a"));
+            Ok(vec![pet("team-a", "rex", None, Some("PetStore/default"))])
+        })
+        .await;
+        assert_eq!(answer["response"]["allowed"], false, "{answer}");
+
         let answer = review(&body, |_| async { Err("timeout".to_owned()) }).await;
         assert_eq!(answer["response"]["allowed"], false, "{answer}");
         assert!(
@@ -405,7 +482,8 @@ mod tests {
             "kind": {"group": "petstore.example.com", "version": "v1", "kind": "PetStore"},
         }});
         let other = deletion("Pet", Some("team-a"), "rex");
-        for body in [update.to_string().into_bytes(), other] {
+        let other_account = deletion("ServiceAccount", Some("team-a"), "default");
+        for body in [update.to_string().into_bytes(), other, other_account] {
             let answer = review(
                 &body,
                 |store| async move { panic!("listed Pets for {store:?}") },

@@ -75,6 +75,12 @@ pub enum TokenError {
     Expired { exp: i64, now: i64 },
     #[error("token is not valid before {} (now {}, leeway {LEEWAY_SECONDS} s)", time(*nbf), time(*now))]
     NotYetValid { nbf: i64, now: i64 },
+    #[error(
+        "token was issued at {}, more than this store's --token-max-age of {max_age} s ago (now {})",
+        time(*iat),
+        time(*now)
+    )]
+    TooOld { iat: i64, max_age: i64, now: i64 },
     #[error("token audience is {got:?}, this store needs {want:?}")]
     Audience { got: Vec<String>, want: String },
     #[error(
@@ -135,6 +141,7 @@ struct Claims {
     aud: Option<Audience>,
     exp: Option<f64>,
     nbf: Option<f64>,
+    iat: Option<f64>,
     sub: Option<String>,
     #[serde(rename = "kubernetes.io")]
     kubernetes: Option<KubernetesClaims>,
@@ -153,8 +160,30 @@ struct ServiceAccountClaim {
 
 struct Cached {
     caller: Arc<Caller>,
+    lifetime: Lifetime,
+}
+
+/// When a verified token stops being accepted.
+#[derive(Clone, Copy, Debug)]
+struct Lifetime {
     exp: i64,
     nbf: Option<i64>,
+    /// With `--token-max-age`: when it was issued, and that age.
+    issued: Option<(i64, i64)>,
+}
+
+impl Lifetime {
+    fn check(&self, now: i64) -> Result<(), TokenError> {
+        check_lifetime(self.exp, self.nbf, now)?;
+        // No leeway: the limit is the store's own policy, on the issuer's
+        // clock, and is set well above any skew.
+        match self.issued {
+            Some((iat, max_age)) if now > iat.saturating_add(max_age) => {
+                Err(TokenError::TooOld { iat, max_age, now })
+            }
+            _ => Ok(()),
+        }
+    }
 }
 
 /// Verifies ServiceAccount tokens offline: a trusted issuer's key signed
@@ -163,6 +192,8 @@ struct Cached {
 pub struct Verifier {
     issuers: HashMap<String, Issuer>,
     audience: String,
+    /// Seconds after `iat` a token stops being accepted, whatever its `exp`.
+    max_age: Option<i64>,
     cache: Mutex<HashMap<String, Cached>>,
     /// Monotonic milliseconds (since `started`) of the next look at the
     /// key files.
@@ -194,10 +225,19 @@ impl Verifier {
                 .map(|issuer| (issuer.name().to_owned(), issuer))
                 .collect(),
             audience: audience.into(),
+            max_age: None,
             cache: Mutex::default(),
             next_reload: AtomicU64::new(RELOAD_INTERVAL.as_millis() as u64),
             started: Instant::now(),
         }
+    }
+
+    /// Refuses tokens issued more than `max_age` ago, however long they
+    /// last: it bounds how long a leaked token can be replayed.
+    #[must_use]
+    pub fn with_max_age(mut self, max_age: Option<std::time::Duration>) -> Self {
+        self.max_age = max_age.map(|age| i64::try_from(age.as_secs()).unwrap_or(i64::MAX).max(1));
+        self
     }
 
     /// Verifies `token` now (the system clock).
@@ -249,14 +289,14 @@ impl Verifier {
     /// Verifies `token` at `now` (seconds since the Unix epoch).
     pub fn verify_at(&self, token: &str, now: i64) -> Result<Arc<Caller>, TokenError> {
         if let Some(cached) = self.cache().get(token) {
-            check_lifetime(cached.exp, cached.nbf, now)?;
+            cached.lifetime.check(now)?;
             return Ok(Arc::clone(&cached.caller));
         }
-        let (caller, exp, nbf) = self.verify_uncached(token, now)?;
+        let (caller, lifetime) = self.verify_uncached(token, now)?;
         let caller = Arc::new(caller);
         let mut cache = self.cache();
         if cache.len() >= MAX_CACHED_TOKENS {
-            cache.retain(|_, cached| now <= cached.exp.saturating_add(LEEWAY_SECONDS));
+            cache.retain(|_, cached| cached.lifetime.check(now).is_ok());
             if cache.len() >= MAX_CACHED_TOKENS {
                 cache.clear();
             }
@@ -265,18 +305,13 @@ impl Verifier {
             token.to_owned(),
             Cached {
                 caller: Arc::clone(&caller),
-                exp,
-                nbf,
+                lifetime,
             },
         );
         Ok(caller)
     }
 
-    fn verify_uncached(
-        &self,
-        token: &str,
-        now: i64,
-    ) -> Result<(Caller, i64, Option<i64>), TokenError> {
+    fn verify_uncached(&self, token: &str, now: i64) -> Result<(Caller, Lifetime), TokenError> {
         if token.len() > MAX_TOKEN_BYTES {
             return Err(TokenError::Malformed(format!(
                 "{} bytes, more than the {MAX_TOKEN_BYTES} accepted",
@@ -337,7 +372,17 @@ impl Verifier {
             .ok_or_else(|| TokenError::Malformed("claims have no exp".into()))?
             as i64;
         let nbf = claims.nbf.map(|nbf| nbf as i64);
-        check_lifetime(exp, nbf, now)?;
+        let issued = match self.max_age {
+            None => None,
+            Some(max_age) => {
+                let iat = claims.iat.ok_or_else(|| {
+                    TokenError::Malformed("claims have no iat, which --token-max-age needs".into())
+                })? as i64;
+                Some((iat, max_age))
+            }
+        };
+        let lifetime = Lifetime { exp, nbf, issued };
+        lifetime.check(now)?;
         let audiences = match claims.aud {
             None => Vec::new(),
             Some(Audience::One(one)) => vec![one],
@@ -371,7 +416,7 @@ impl Verifier {
             name: name.to_owned(),
             subject,
         };
-        Ok((caller, exp, nbf))
+        Ok((caller, lifetime))
     }
 }
 
@@ -423,6 +468,8 @@ pub struct TenancyOptions {
     pub tenant_namespaces: Vec<String>,
     /// Accept tokens over plaintext connections (local development).
     pub allow_plaintext_tokens: bool,
+    /// Refuse tokens issued longer ago than this, whatever their `exp`.
+    pub token_max_age: Option<std::time::Duration>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -521,7 +568,7 @@ impl Tenancy {
             .filter(|ns| !ns.is_empty())
             .collect();
         Ok(Self {
-            verifier: Verifier::new(issuers, options.audience),
+            verifier: Verifier::new(issuers, options.audience).with_max_age(options.token_max_age),
             observers: options.observers.into_iter().collect(),
             namespaces: (!namespaces.is_empty()).then_some(namespaces),
             allow_plaintext_tokens: options.allow_plaintext_tokens,
@@ -808,6 +855,51 @@ mod tests {
     }
 
     #[test]
+    fn a_max_age_refuses_old_tokens_however_long_they_last_cached_or_not() {
+        let key = SigningKey::ec("ec-1");
+        let (verifier, _file) = verifier(&[&key]);
+        let verifier = verifier.with_max_age(Some(std::time::Duration::from_secs(5)));
+        let token = key.sign(&claims(ISSUER, "team-a", "sa", "petstore", NOW, 600));
+        verifier
+            .verify_at(&token, NOW + 5)
+            .expect("5 s old: accepted");
+        let refused = verifier
+            .verify_at(&token, NOW + 6)
+            .expect_err("cached, 6 s old");
+        assert!(
+            matches!(
+                refused,
+                TokenError::TooOld {
+                    iat: NOW,
+                    max_age: 5,
+                    ..
+                }
+            ),
+            "{refused}"
+        );
+        assert!(
+            refused.to_string().contains("--token-max-age of 5 s"),
+            "{refused}"
+        );
+        // Verified afresh (not from the cache), the same.
+        let other = key.sign(&claims(ISSUER, "team-b", "sa", "petstore", NOW, 600));
+        assert!(matches!(
+            verifier.verify_at(&other, NOW + 6),
+            Err(TokenError::TooOld { .. })
+        ));
+        // A token without iat cannot be judged: refused, saying why.
+        let mut no_iat = claims(ISSUER, "team-a", "sa", "petstore", NOW, 600);
+        no_iat.as_object_mut().expect("claims").remove("iat");
+        let refused = verifier
+            .verify_at(&key.sign(&no_iat), NOW)
+            .expect_err("no iat");
+        assert!(refused.to_string().contains("no iat"), "{refused}");
+        // Without a max age, the same old token is fine until its exp.
+        let (plain, _file) = verifier_pair(&key);
+        plain.verify_at(&token, NOW + 500).expect("no max age");
+    }
+
+    #[test]
     fn the_cache_is_bounded() {
         let key = SigningKey::ec("ec-1");
         let (verifier, _file) = verifier(&[&key]);
@@ -824,8 +916,11 @@ mod tests {
                         namespace: String::new(),
                         name: String::new(),
                     }),
-                    exp: NOW + 3600,
-                    nbf: None,
+                    lifetime: Lifetime {
+                        exp: NOW + 3600,
+                        nbf: None,
+                        issued: None,
+                    },
                 },
             );
         }
@@ -915,6 +1010,7 @@ mod tests {
             observers: vec!["system:serviceaccount:monitoring:reader".into()],
             tenant_namespaces: vec!["team-a".into(), "monitoring".into()],
             allow_plaintext_tokens: false,
+            token_max_age: None,
         })
         .expect("tenancy");
         let now = super::unix_now();
