@@ -12,7 +12,7 @@ use petstore_proto::convert::ValidPetType;
 use petstore_proto::petstore as pb;
 use serde_json::{Value, json};
 
-use crate::crd::{ChangePolicy, EXTERNAL_ID_ANNOTATION, PetType};
+use crate::crd::{ChangePolicy, EXTERNAL_ID_ANNOTATION, PetType, StoreRef};
 use crate::store::{Holder as Held, Record};
 
 /// Who holds a record, as seen from one cluster's installation.
@@ -114,10 +114,27 @@ pub fn pet_name(record: &Record, namespace: &str) -> (String, String) {
     (namespace.to_owned(), name)
 }
 
-/// One Pet manifest that adopts `record`, as JSON.
-pub fn manifest(record: &Record, namespace: &str, policy: ChangePolicy) -> Value {
+/// Whether `record` may become a Pet of `namespace` when imported through
+/// a store named by `storeRef`: it names no Pet, or a Pet of `namespace`.
+/// A `storeRef` means the store of the Pet's own namespace, so a record
+/// named after another namespace's Pet is left out rather than put there.
+pub fn of_namespace(record: &Record, namespace: &str) -> bool {
+    match record.identity.split_once('/') {
+        Some((identity_namespace, _)) => identity_namespace == namespace,
+        None => true,
+    }
+}
+
+/// One Pet manifest that adopts `record`, as JSON; with `store_ref`, the
+/// Pet names the store the record was read from.
+pub fn manifest(
+    record: &Record,
+    namespace: &str,
+    policy: ChangePolicy,
+    store_ref: Option<&StoreRef>,
+) -> Value {
     let (namespace, name) = pet_name(record, namespace);
-    json!({
+    let mut manifest = json!({
         "apiVersion": "petstore.example.com/v1",
         "kind": "Pet",
         "metadata": {
@@ -132,7 +149,14 @@ pub fn manifest(record: &Record, namespace: &str, policy: ChangePolicy) -> Value
             "deletionPolicy": "Orphan",
             "changePolicy": policy.as_str(),
         },
-    })
+    });
+    if let Some(store_ref) = store_ref {
+        manifest["spec"]["storeRef"] = json!({
+            "kind": store_ref.kind.as_str(),
+            "name": store_ref.name,
+        });
+    }
+    manifest
 }
 
 /// The manifests as one YAML stream, `---` between documents.
@@ -264,11 +288,51 @@ mod tests {
             &record("r-1", "", ""),
             "default",
             ChangePolicy::Observe,
+            None,
         )])
         .expect("yaml");
         assert_eq!(
             yaml,
             "---\napiVersion: petstore.example.com/v1\nkind: Pet\nmetadata:\n  annotations:\n    petstore.example.com/external-id: r-1\n  name: rex-the-2nd-r1\n  namespace: default\nspec:\n  birthday: 2019-05-06\n  changePolicy: Observe\n  deletionPolicy: Orphan\n  name: Rex the 2nd!\n  type: cat\n"
         );
+    }
+
+    /// Read through a store of the namespace: the Pet names that store.
+    #[test]
+    fn a_manifest_read_through_a_store_names_it() {
+        let store_ref: StoreRef = "PetStore/shared".parse().expect("a storeRef");
+        let yaml = to_yaml(&[manifest(
+            &record("r-1", "", "team-a/rex"),
+            "team-a",
+            ChangePolicy::Observe,
+            Some(&store_ref),
+        )])
+        .expect("yaml");
+        assert!(yaml.contains("  namespace: team-a\n"), "{yaml}");
+        assert!(
+            yaml.contains("  storeRef:\n    kind: PetStore\n    name: shared\n"),
+            "{yaml}"
+        );
+    }
+
+    #[test]
+    fn a_store_import_keeps_to_its_namespace() {
+        let cases = [
+            ("no identity: named in the namespace", "", true),
+            ("a Pet of the namespace", "team-a/rex", true),
+            ("another namespace's Pet", "team-b/rex", false),
+            (
+                "a namespace that only starts the same",
+                "team-ab/rex",
+                false,
+            ),
+        ];
+        for (why, identity, kept) in cases {
+            assert_eq!(
+                of_namespace(&record("r", "", identity), "team-a"),
+                kept,
+                "{why}"
+            );
+        }
     }
 }

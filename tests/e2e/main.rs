@@ -25,6 +25,7 @@ mod ownership;
 mod plans;
 mod plans_restart;
 mod plans_soak;
+mod plugin_tenancy;
 mod postgres_replicas;
 mod rebuild;
 mod security;

@@ -9,11 +9,20 @@
 //! operator's namespace).
 //!
 //! Exit codes, as `terraform plan -detailed-exitcode`: 0 when no Pet would
-//! change the store, 2 when some would, 1 on an error.
+//! change the store, 2 when some would, 1 on an error (a Pet with no store
+//! it may use among them).
 //!
 //! `kubectl petstore import`: records already in the store as Pet
 //! manifests on standard output, safe to apply as they are (see
 //! [`petstore_operator::import`]). It writes nothing either.
+//!
+//! Both act with the caller's rights: each Pet's store is found by the
+//! operator's rule over the store objects the caller may read, and a store
+//! named by a `PetStore` or `ClusterPetStore` is read with a token of the
+//! namespace minted with the caller's kubeconfig
+//! ([`petstore_operator::stores::caller`]), so the plugin reads only what
+//! its user may read as that namespace. The operator's own store is read
+//! as before, at `--petstore-addr`.
 
 use std::collections::HashSet;
 use std::io::Read as _;
@@ -30,12 +39,14 @@ use petstore_operator::cli::{INSTALLATION_ENV, StoreTlsArgs, parse_installation}
 use petstore_operator::controller::facts_of;
 use petstore_operator::controller::plan::{self as planning, Planned};
 use petstore_operator::controller::uninstall::UninstallProbe;
-use petstore_operator::crd::{ChangePolicy, GROUP, Pet, PetType, PlanStatus};
+use petstore_operator::crd::{ChangePolicy, GROUP, Pet, PetType, PlanStatus, StoreRef};
 use petstore_operator::decision::nothing_planned;
 use petstore_operator::import::{
-    Born, Holder, holder, importable, manifest, search_request, to_yaml,
+    Born, Holder, holder, importable, manifest, of_namespace, search_request, to_yaml,
 };
 use petstore_operator::store::grpc::{GrpcPetStore, StoreCallMetrics};
+use petstore_operator::stores::caller::{CallerError, CallerStores, Chosen, store_ref_of};
+use petstore_operator::stores::resolve::Resolved;
 use petstore_proto::petstore as pb;
 use serde_json::Value;
 
@@ -93,11 +104,21 @@ enum Command {
         /// Approve or Automatic (claims each record at once).
         #[arg(long, default_value = "Observe", value_parser = parse_policy)]
         change_policy: ChangePolicy,
+        /// The store to read, as a Pet of the namespace names it:
+        /// PetStore/<name> or ClusterPetStore/<name>. Default: the
+        /// namespace's, as the operator picks it (its PetStore default, else
+        /// the ClusterPetStore default if it admits the namespace, else the
+        /// operator's own store at --petstore-addr). A PetStore's or
+        /// ClusterPetStore's records are read as the namespace, with a token
+        /// minted as you, and the manifests name that store.
+        #[arg(long, value_parser = parse_store_ref)]
+        store_ref: Option<StoreRef>,
         #[command(flatten)]
         store: StoreArgs,
         /// Namespace for records that name none (default: the kubeconfig
         /// context's); a record keeps the namespace and name of the Pet it
-        /// last belonged to.
+        /// last belonged to. Through a PetStore or ClusterPetStore, the
+        /// namespace the records are read as and the manifests go to.
         #[arg(short = 'n', long)]
         namespace: Option<String>,
     },
@@ -107,7 +128,8 @@ enum Command {
 /// operator's flags name them.
 #[derive(clap::Args)]
 struct StoreArgs {
-    /// The pet store, as the operator's --petstore-addr.
+    /// The operator's own pet store, as its --petstore-addr: the store of
+    /// Pets that no PetStore or ClusterPetStore serves.
     #[arg(long, env = "PETSTORE_ADDR", default_value = "localhost:6742")]
     petstore_addr: String,
     #[command(flatten)]
@@ -151,6 +173,7 @@ async fn main() -> ExitCode {
             born_from,
             born_before,
             change_policy,
+            store_ref,
             store,
             namespace,
         } => {
@@ -159,7 +182,7 @@ async fn main() -> ExitCode {
                 before: born_before,
             };
             let search = search_request(names, &types, born);
-            match import(search, change_policy, &store, namespace).await {
+            match import(search, change_policy, store_ref, &store, namespace).await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(error) => {
                     eprintln!("kubectl petstore import: {error:#}");
@@ -180,11 +203,16 @@ fn parse_policy(value: &str) -> Result<ChangePolicy, String> {
         .map_err(|_| format!("{value:?} is not Automatic, Approve or Observe"))
 }
 
+fn parse_store_ref(value: &str) -> Result<StoreRef, String> {
+    value.parse().map_err(|error| format!("{error}"))
+}
+
 /// Prints the manifests for the records `search` finds that this cluster
-/// may adopt.
+/// may adopt, from the store `store_ref` names (default: the namespace's).
 async fn import(
     search: pb::SearchPetsReq,
     policy: ChangePolicy,
+    store_ref: Option<StoreRef>,
     store_args: &StoreArgs,
     namespace: Option<String>,
 ) -> anyhow::Result<()> {
@@ -192,21 +220,48 @@ async fn import(
         .await
         .context("connecting to the API server (KUBECONFIG)")?;
     let namespace = namespace.unwrap_or_else(|| client.default_namespace().to_owned());
-    let live_uids: HashSet<String> = Api::<Pet>::all(client)
+    // One streamed read of every record asked for, however many.
+    let call_timeout = Duration::from_secs(60);
+    let mut stores = CallerStores::new(client.clone(), call_timeout);
+    let resolved = stores.resolve(&namespace, store_ref.as_ref(), None).await?;
+    // Through a PetStore or ClusterPetStore the store shows this namespace
+    // its own records only, so the Pets that may own them are this
+    // namespace's: what a user of one namespace may list.
+    let (store, through, pets) = match resolved {
+        Resolved::Own => (
+            store_args.connect(call_timeout)?,
+            None,
+            Api::<Pet>::all(client),
+        ),
+        Resolved::Store { id, endpoint } => {
+            // The token is minted before anything is sent: a caller who may
+            // not act as the namespace gets no client, and the store no call.
+            let store = stores.client(&id, &endpoint, &namespace).await?;
+            (store, Some(id), Api::<Pet>::namespaced(client, &namespace))
+        }
+    };
+    let live_uids: HashSet<String> = pets
         .list(&ListParams::default())
         .await
-        .context("listing the cluster's Pets")?
+        .with_context(|| match &through {
+            None => "listing the cluster's Pets".to_owned(),
+            Some(_) => format!("listing the Pets of namespace {namespace}"),
+        })?
         .into_iter()
         .filter_map(|pet| pet.uid())
         .collect();
-    // One streamed read of every record asked for, however many.
-    let store = store_args.connect(Duration::from_secs(60))?;
     let records = store.search(search).await.context("searching the store")?;
-    let (mut manifests, mut live, mut elsewhere, mut nameless) = (Vec::new(), 0, 0, 0);
+    let named = through.as_ref().and_then(store_ref_of);
+    let (mut manifests, mut live, mut elsewhere, mut nameless, mut foreign) =
+        (Vec::new(), 0, 0, 0, 0);
     for record in &records {
+        if named.is_some() && !of_namespace(record, &namespace) {
+            foreign += 1;
+            continue;
+        }
         let holder = holder(record, &store_args.installation, &live_uids);
         if importable(record, &holder) {
-            manifests.push(manifest(record, &namespace, policy));
+            manifests.push(manifest(record, &namespace, policy, named.as_ref()));
             continue;
         }
         match holder {
@@ -216,15 +271,25 @@ async fn import(
         }
     }
     print!("{}", to_yaml(&manifests)?);
+    let (read, owners, others) = match &through {
+        None => (String::new(), "this cluster".to_owned(), String::new()),
+        Some(id) => (
+            format!(" in {id}, read as namespace {namespace},"),
+            format!("namespace {namespace}"),
+            format!(", {foreign} named after Pets of other namespaces"),
+        ),
+    };
     eprintln!(
-        "{} of {} records as Pet manifests; left out: {live} owned by Pets of this cluster, {elsewhere} by other installations, {nameless} owned by Pets gone from this cluster but without an identity (release them with SetIdempotencyKeys, then import again)",
+        "{} of {} records{read} as Pet manifests; left out: {live} owned by Pets of {owners}, {elsewhere} by other installations, {nameless} owned by Pets gone from this cluster but without an identity (release them with SetIdempotencyKeys, then import again){others}",
         manifests.len(),
         records.len()
     );
     Ok(())
 }
 
-/// Plans every Pet in `file`; says whether any would write.
+/// Plans every Pet in `file`; says whether any would write. A Pet with no
+/// store it may use is named on standard error, the others are planned,
+/// and then it is an error.
 async fn plan(
     file: &str,
     store_args: &StoreArgs,
@@ -236,13 +301,25 @@ async fn plan(
         .await
         .context("connecting to the API server (KUBECONFIG)")?;
     let namespace = namespace.unwrap_or_else(|| client.default_namespace().to_owned());
-    let store = store_args.connect(Duration::from_secs(10))?;
+    let call_timeout = Duration::from_secs(10);
+    let own = store_args.connect(call_timeout)?;
+    let mut stores = CallerStores::new(client.clone(), call_timeout);
     let uninstall = UninstallProbe::new(client.clone(), operator_namespace);
-    let mut changes = false;
+    let (mut changes, mut refused) = (false, Vec::new());
     for manifest in manifests {
         let pet = dry_run(&client, &namespace, &manifest).await?;
-        let planned = plan_pet(&pet, &store, &uninstall, &store_args.installation).await?;
         let name = pet.identity();
+        let store = match stores.for_pet(&pet).await {
+            Ok(Chosen::Own) => own.clone(),
+            Ok(Chosen::Store { client, .. }) => *client,
+            Err(error @ (CallerError::Refused(_) | CallerError::Forbidden(_))) => {
+                eprintln!("pet {name}: no store it may use: {error}");
+                refused.push(name);
+                continue;
+            }
+            Err(error) => return Err(error.into()),
+        };
+        let planned = plan_pet(&pet, &store, &uninstall, &store_args.installation).await?;
         let writes = !planned.actions.is_empty();
         if writes {
             eprintln!("pet {name}: {} (plan {})", planned.summary, planned.hash);
@@ -251,6 +328,12 @@ async fn plan(
         }
         println!("{}", status_plan_json(&planned)?);
         changes |= writes;
+    }
+    if !refused.is_empty() {
+        bail!(
+            "not planned, as no store they may use was found: {}",
+            refused.join(", ")
+        );
     }
     Ok(changes)
 }
@@ -469,6 +552,71 @@ spec: {name: Rex, type: dog, birthday: \"2022-03-01\"}
             installation.and_then(|env| env.to_str()),
             Some("PETSTORE_INSTALLATION")
         );
+    }
+
+    /// `--store-ref` as a Pet's `storeRef` reads, on import only: each row
+    /// says why, the command line, and the store named or the start of the
+    /// error.
+    #[test]
+    fn the_store_an_import_reads_is_named_as_a_pet_names_it() {
+        type Case = (
+            &'static str,
+            &'static [&'static str],
+            Result<Option<&'static str>, &'static str>,
+        );
+        let cases: [Case; 6] = [
+            (
+                "a PetStore of the namespace",
+                &["import", "-n", "team-a", "--store-ref", "PetStore/x"],
+                Ok(Some("PetStore/x")),
+            ),
+            (
+                "a ClusterPetStore",
+                &["import", "--store-ref=ClusterPetStore/shared"],
+                Ok(Some("ClusterPetStore/shared")),
+            ),
+            (
+                "none: the namespace's default, as the operator picks it",
+                &["import", "-n", "team-a"],
+                Ok(None),
+            ),
+            (
+                "a kind that is no store",
+                &["import", "--store-ref", "Secret/x"],
+                Err(
+                    "error: invalid value 'Secret/x' for '--store-ref <STORE_REF>': \"Secret/x\" is not PetStore/<name> or ClusterPetStore/<name>",
+                ),
+            ),
+            (
+                "no name",
+                &["import", "--store-ref", "PetStore/"],
+                Err("error: invalid value 'PetStore/' for '--store-ref <STORE_REF>'"),
+            ),
+            (
+                "plan takes each Pet's own storeRef, not a flag",
+                &["plan", "-f", "-", "--store-ref", "PetStore/x"],
+                Err("error: unexpected argument '--store-ref'"),
+            ),
+        ];
+        for (why, args, expected) in cases {
+            let parsed = Cli::try_parse_from(
+                std::iter::once("kubectl-petstore").chain(args.iter().copied()),
+            );
+            match (parsed, expected) {
+                (Ok(cli), Ok(named)) => {
+                    let Command::Import { store_ref, .. } = cli.command else {
+                        panic!("{why}: not an import");
+                    };
+                    assert_eq!(store_ref.map(|r| r.to_string()).as_deref(), named, "{why}");
+                }
+                (Err(error), Err(start)) => {
+                    let message = error.to_string();
+                    assert!(message.starts_with(start), "{why}: {message}");
+                }
+                (Ok(_), Err(start)) => panic!("{why}: parsed, expected {start:?}"),
+                (Err(error), Ok(_)) => panic!("{why}: {error}"),
+            }
+        }
     }
 
     /// The names of the Pets read.

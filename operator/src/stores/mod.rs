@@ -9,6 +9,7 @@
 //!   first use, one per store and namespace over one channel per store,
 //!   and closed when no Pet has used the store for a while.
 
+pub mod caller;
 pub mod resolve;
 pub mod tokens;
 

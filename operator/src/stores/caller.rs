@@ -1,0 +1,1018 @@
+//! `kubectl petstore` as the person who runs it: the store each Pet uses,
+//! found by the operator's own rule ([`resolve`](super::resolve)) over the
+//! store objects the caller may read, and a client that carries a token of
+//! the Pet's namespace minted with the caller's kubeconfig. A user who may
+//! not mint that token in a namespace gets no client for it, so the plugin
+//! can read (or import into) only the namespaces its user may act for, and
+//! nothing reaches the store on their behalf.
+//!
+//! What the plugin reads is read once per run: each store object, each
+//! namespace, and one token and one client per store and namespace.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
+use kube::api::{Api, PostParams};
+use kube::{Client, ResourceExt as _};
+use tonic::codegen::http::HeaderValue;
+
+use super::resolve::{self, Endpoint, Known, Refused, Resolved, StoreId};
+use super::tokens::{TENANT_SERVICE_ACCOUNT, TOKEN_LIFETIME};
+use crate::crd::{CaSource, ClusterPetStore, Pet, PetStore, StoreKind, StoreRef};
+use crate::status::Reason;
+use crate::store::Credentials;
+use crate::store::grpc::{GrpcPetStore, StoreCallMetrics};
+
+/// Why the plugin has no store client for a Pet or a namespace.
+#[derive(Debug, thiserror::Error)]
+pub enum CallerError {
+    /// The operator would hold the Pet, for this reason.
+    #[error("{}: {}", .0.reason, .0.message)]
+    Refused(Refused),
+    /// The caller's RBAC does not allow what the plugin must do as them.
+    #[error("{0}")]
+    Forbidden(String),
+    /// The API server could not answer.
+    #[error("{what}: {source}")]
+    Api {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// What the plugin reads and mints with the caller's kube client. `None`:
+/// there is no such object (or kind).
+pub trait AsCaller: Send + Sync {
+    fn pet_store(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<PetStore>, kube::Error>> + Send;
+    fn cluster_pet_store(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<ClusterPetStore>, kube::Error>> + Send;
+    fn namespace_labels(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<BTreeMap<String, String>>, kube::Error>> + Send;
+    /// The data of the Secret or ConfigMap `source` names in `namespace`.
+    fn ca_data(
+        &self,
+        namespace: &str,
+        source: &CaSource,
+    ) -> impl Future<Output = Result<Option<BTreeMap<String, Vec<u8>>>, kube::Error>> + Send;
+    /// A token of [`TENANT_SERVICE_ACCOUNT`] in `namespace` for `audience`.
+    fn mint(
+        &self,
+        namespace: &str,
+        audience: &str,
+    ) -> impl Future<Output = Result<String, kube::Error>> + Send;
+}
+
+impl AsCaller for Client {
+    async fn pet_store(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<PetStore>, kube::Error> {
+        Api::<PetStore>::namespaced(self.clone(), namespace)
+            .get_opt(name)
+            .await
+    }
+
+    async fn cluster_pet_store(&self, name: &str) -> Result<Option<ClusterPetStore>, kube::Error> {
+        Api::<ClusterPetStore>::all(self.clone())
+            .get_opt(name)
+            .await
+    }
+
+    async fn namespace_labels(
+        &self,
+        name: &str,
+    ) -> Result<Option<BTreeMap<String, String>>, kube::Error> {
+        let namespace = Api::<Namespace>::all(self.clone()).get_opt(name).await?;
+        Ok(namespace.map(|namespace| namespace.labels().clone()))
+    }
+
+    async fn ca_data(
+        &self,
+        namespace: &str,
+        source: &CaSource,
+    ) -> Result<Option<BTreeMap<String, Vec<u8>>>, kube::Error> {
+        let name = &source.key_ref().name;
+        Ok(match source {
+            CaSource::SecretKeyRef(_) => Api::<Secret>::namespaced(self.clone(), namespace)
+                .get_opt(name)
+                .await?
+                .map(|secret| {
+                    let data = secret.data.unwrap_or_default();
+                    data.into_iter()
+                        .map(|(key, value)| (key, value.0))
+                        .collect()
+                }),
+            CaSource::ConfigMapKeyRef(_) => Api::<ConfigMap>::namespaced(self.clone(), namespace)
+                .get_opt(name)
+                .await?
+                .map(|map| {
+                    let data = map.data.unwrap_or_default();
+                    data.into_iter()
+                        .map(|(key, value)| (key, value.into_bytes()))
+                        .collect()
+                }),
+        })
+    }
+
+    async fn mint(&self, namespace: &str, audience: &str) -> Result<String, kube::Error> {
+        let request = TokenRequest {
+            spec: TokenRequestSpec {
+                audiences: vec![audience.to_owned()],
+                expiration_seconds: Some(TOKEN_LIFETIME.as_secs() as i64),
+                bound_object_ref: None,
+            },
+            ..TokenRequest::default()
+        };
+        let answer = Api::<ServiceAccount>::namespaced(self.clone(), namespace)
+            .create_token_request(TENANT_SERVICE_ACCOUNT, &PostParams::default(), &request)
+            .await?;
+        Ok(answer.status.map(|status| status.token).unwrap_or_default())
+    }
+}
+
+/// The store `status.store` pins a Pet to, as the operator reads it: a Pet
+/// with a record but no `status.store` made it before stores were
+/// resources, in the operator's own store.
+pub fn pinned_store(pet: &Pet) -> Result<Option<StoreId>, Refused> {
+    let namespace = pet.namespace().unwrap_or_default();
+    let status = pet.status.as_ref();
+    match status.and_then(|status| status.store.as_deref()) {
+        Some(value) => StoreId::from_status(&namespace, Some(value))
+            .map(Some)
+            .ok_or_else(|| Refused {
+                reason: Reason::StoreNotFound,
+                message: format!("status.store names {value:?}, which is no store kind"),
+            }),
+        None if status.is_some_and(|status| status.id.is_some()) => Ok(Some(StoreId::Own)),
+        None => Ok(None),
+    }
+}
+
+/// The `storeRef` that names `id` from a Pet of its namespace; `None` for
+/// the operator's own store.
+pub fn store_ref_of(id: &StoreId) -> Option<StoreRef> {
+    match id {
+        StoreId::Own => None,
+        StoreId::Namespaced { name, .. } => Some(StoreRef {
+            kind: StoreKind::PetStore,
+            name: name.clone(),
+        }),
+        StoreId::Cluster { name } => Some(StoreRef {
+            kind: StoreKind::ClusterPetStore,
+            name: name.clone(),
+        }),
+    }
+}
+
+/// The store a Pet uses, and the client to reach it as its namespace.
+#[derive(Clone)]
+pub enum Chosen {
+    /// The operator's own store: the plugin's `--petstore-addr`.
+    Own,
+    Store {
+        id: StoreId,
+        client: Box<GrpcPetStore>,
+    },
+}
+
+/// One object as the caller's GET found it.
+#[derive(Clone)]
+enum Got<T> {
+    Found(T),
+    Absent,
+    /// The caller may not read it: why, to say so.
+    Forbidden(String),
+}
+
+impl<T: Clone> Got<T> {
+    fn from(got: Result<Option<T>, kube::Error>, what: &str) -> Result<Self, CallerError> {
+        match got {
+            Ok(Some(found)) => Ok(Got::Found(found)),
+            Ok(None) => Ok(Got::Absent),
+            // A kind the API server does not serve answers 404 as a missing
+            // object does: where the store kinds are not installed, no
+            // store exists, and a Pet without storeRef uses the own store.
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(Got::Absent),
+            Err(kube::Error::Api(status)) if status.code == 403 => Ok(Got::Forbidden(format!(
+                "you may not get {what}, which kubectl petstore reads as you to find a Pet's store: {}",
+                status.message
+            ))),
+            Err(source) => Err(CallerError::Api {
+                what: format!("reading {what}"),
+                source,
+            }),
+        }
+    }
+}
+
+/// An object [`resolve`] asked for that has not been read yet.
+enum Wanted {
+    PetStore { namespace: String, name: String },
+    ClusterPetStore(String),
+    Namespace(String),
+}
+
+/// The objects read so far, as [`Known`]. A lookup of one not read yet
+/// answers `None` and is noted, so [`CallerStores::resolve`] reads exactly
+/// what the rule looks at and runs it again, until nothing is missing.
+#[derive(Default)]
+struct Seen {
+    pet_stores: HashMap<(String, String), Got<Arc<PetStore>>>,
+    cluster_stores: HashMap<String, Got<Arc<ClusterPetStore>>>,
+    namespaces: HashMap<String, Got<BTreeMap<String, String>>>,
+    wanted: Mutex<Vec<Wanted>>,
+    /// The unreadable objects this pass looked at: (why, whether the
+    /// answer depends on it whatever it is; a namespace's labels matter
+    /// only to a refusal).
+    unreadable: Mutex<Vec<(String, bool)>>,
+}
+
+impl Seen {
+    fn look<T: Clone>(&self, got: Option<&Got<T>>, wanted: impl FnOnce() -> Wanted) -> Option<T> {
+        self.look_as(got, wanted, true)
+    }
+
+    fn look_as<T: Clone>(
+        &self,
+        got: Option<&Got<T>>,
+        wanted: impl FnOnce() -> Wanted,
+        decisive: bool,
+    ) -> Option<T> {
+        match got {
+            Some(Got::Found(found)) => Some(found.clone()),
+            Some(Got::Absent) => None,
+            Some(Got::Forbidden(why)) => {
+                lock(&self.unreadable).push((why.clone(), decisive));
+                None
+            }
+            None => {
+                lock(&self.wanted).push(wanted());
+                None
+            }
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Known for Seen {
+    fn pet_store(&self, namespace: &str, name: &str) -> Option<Arc<PetStore>> {
+        let key = (namespace.to_owned(), name.to_owned());
+        self.look(self.pet_stores.get(&key), || Wanted::PetStore {
+            namespace: key.0.clone(),
+            name: key.1.clone(),
+        })
+    }
+
+    fn cluster_pet_store(&self, name: &str) -> Option<Arc<ClusterPetStore>> {
+        self.look(self.cluster_stores.get(name), || {
+            Wanted::ClusterPetStore(name.to_owned())
+        })
+    }
+
+    fn namespace_labels(&self, namespace: &str) -> Option<BTreeMap<String, String>> {
+        self.look_as(
+            self.namespaces.get(namespace),
+            || Wanted::Namespace(namespace.to_owned()),
+            false,
+        )
+    }
+}
+
+/// A token minted once, for a short run: the plugin does not renew it.
+struct MintedToken(HeaderValue);
+
+#[tonic::async_trait]
+impl Credentials for MintedToken {
+    async fn authorization(&self) -> Result<HeaderValue, String> {
+        Ok(self.0.clone())
+    }
+
+    fn refused(&self) {}
+}
+
+/// The stores the Pets of one plugin run use, found and reached as the
+/// caller.
+pub struct CallerStores<C> {
+    caller: C,
+    call_timeout: Duration,
+    seen: Seen,
+    /// One channel per store.
+    channels: HashMap<StoreId, GrpcPetStore>,
+    /// One client (one token) per store and namespace.
+    tenants: HashMap<(StoreId, String), GrpcPetStore>,
+}
+
+impl<C: AsCaller> CallerStores<C> {
+    pub fn new(caller: C, call_timeout: Duration) -> Self {
+        Self {
+            caller,
+            call_timeout,
+            seen: Seen::default(),
+            channels: HashMap::new(),
+            tenants: HashMap::new(),
+        }
+    }
+
+    /// The store `pet` uses and its client, as the operator would choose
+    /// it: `status.store`, else `spec.storeRef`, else the namespace's
+    /// default.
+    pub async fn for_pet(&mut self, pet: &Pet) -> Result<Chosen, CallerError> {
+        let namespace = pet.namespace().unwrap_or_default();
+        let pinned = pinned_store(pet).map_err(CallerError::Refused)?;
+        let store_ref = pet.spec.store_ref.as_ref();
+        match self.resolve(&namespace, store_ref, pinned.as_ref()).await? {
+            Resolved::Own => Ok(Chosen::Own),
+            Resolved::Store { id, endpoint } => {
+                let client = self.client(&id, &endpoint, &namespace).await?;
+                Ok(Chosen::Store {
+                    id,
+                    client: Box::new(client),
+                })
+            }
+        }
+    }
+
+    /// [`resolve::resolve`] over the objects the caller may read, each read
+    /// once per run. An answer that depends on an object the caller may not
+    /// read is an error, never a guess.
+    pub async fn resolve(
+        &mut self,
+        namespace: &str,
+        store_ref: Option<&StoreRef>,
+        pinned: Option<&StoreId>,
+    ) -> Result<Resolved, CallerError> {
+        loop {
+            lock(&self.seen.unreadable).clear();
+            let answer = resolve::resolve(namespace, store_ref, pinned, &self.seen);
+            let wanted = std::mem::take(&mut *lock(&self.seen.wanted));
+            if wanted.is_empty() {
+                let unreadable = std::mem::take(&mut *lock(&self.seen.unreadable));
+                let refused_for_labels = matches!(
+                    &answer,
+                    Err(Refused {
+                        reason: Reason::StoreNotAllowed,
+                        ..
+                    })
+                );
+                if let Some((why, _)) = unreadable
+                    .into_iter()
+                    .find(|(_, decisive)| *decisive || refused_for_labels)
+                {
+                    return Err(CallerError::Forbidden(why));
+                }
+                return answer.map_err(CallerError::Refused);
+            }
+            // Each pass reads what the last one missed; the rule looks at
+            // a few objects, so this ends within a few passes.
+            for wanted in wanted {
+                self.read(wanted).await?;
+            }
+        }
+    }
+
+    async fn read(&mut self, wanted: Wanted) -> Result<(), CallerError> {
+        match wanted {
+            Wanted::PetStore { namespace, name } => {
+                let what = format!("PetStore {namespace}/{name}");
+                let got = self.caller.pet_store(&namespace, &name).await;
+                let got = Got::from(got.map(|store| store.map(Arc::new)), &what)?;
+                self.seen.pet_stores.insert((namespace, name), got);
+            }
+            Wanted::ClusterPetStore(name) => {
+                let what = format!("ClusterPetStore {name}");
+                let got = self.caller.cluster_pet_store(&name).await;
+                let got = Got::from(got.map(|store| store.map(Arc::new)), &what)?;
+                self.seen.cluster_stores.insert(name, got);
+            }
+            Wanted::Namespace(name) => {
+                let what = format!(
+                    "namespace {name} (its labels say whether a ClusterPetStore's selector admits it)"
+                );
+                let got = Got::from(self.caller.namespace_labels(&name).await, &what)?;
+                self.seen.namespaces.insert(name, got);
+            }
+        }
+        Ok(())
+    }
+
+    /// The client of store `id` for `namespace`: its channel (the CA read
+    /// as the caller) and a token of the namespace minted as the caller,
+    /// before anything is sent; one of each per store and namespace.
+    pub async fn client(
+        &mut self,
+        id: &StoreId,
+        endpoint: &Endpoint,
+        namespace: &str,
+    ) -> Result<GrpcPetStore, CallerError> {
+        let key = (id.clone(), namespace.to_owned());
+        if let Some(client) = self.tenants.get(&key) {
+            return Ok(client.clone());
+        }
+        let base = match self.channels.get(id) {
+            Some(base) => base.clone(),
+            None => {
+                let ca = match &endpoint.ca {
+                    Some((ca_namespace, source)) => Some(self.ca(ca_namespace, source).await?),
+                    None => None,
+                };
+                let base = GrpcPetStore::connect_lazy_pem(
+                    &endpoint.address,
+                    self.call_timeout,
+                    ca.as_deref(),
+                    endpoint.server_name.as_deref(),
+                    StoreCallMetrics::default(),
+                )
+                .map_err(|error| {
+                    CallerError::Refused(Refused {
+                        reason: Reason::StoreNotFound,
+                        message: format!("{id} cannot be used: {error}"),
+                    })
+                })?;
+                self.channels.insert(id.clone(), base.clone());
+                base
+            }
+        };
+        let token = self
+            .caller
+            .mint(namespace, &endpoint.audience)
+            .await
+            .map_err(|error| mint_error(namespace, error))?;
+        let header = HeaderValue::try_from(format!("Bearer {token}")).map_err(|_| {
+            CallerError::Refused(Refused {
+                reason: Reason::StoreAccessDenied,
+                message: format!(
+                    "the token minted for ServiceAccount {namespace}/{TENANT_SERVICE_ACCOUNT} is not a valid header value"
+                ),
+            })
+        })?;
+        let client = base.for_caller(Arc::new(MintedToken(header)));
+        self.tenants.insert(key, client.clone());
+        Ok(client)
+    }
+
+    /// The PEM of a store's CA, read as the caller.
+    async fn ca(&self, namespace: &str, source: &CaSource) -> Result<Vec<u8>, CallerError> {
+        let key_ref = source.key_ref();
+        let kind = match source {
+            CaSource::SecretKeyRef(_) => "Secret",
+            CaSource::ConfigMapKeyRef(_) => "ConfigMap",
+        };
+        let what = format!("the store's CA {kind} {namespace}/{}", key_ref.name);
+        let missing = |message: String| {
+            CallerError::Refused(Refused {
+                reason: Reason::StoreTrustMissing,
+                message,
+            })
+        };
+        let data = match self.caller.ca_data(namespace, source).await {
+            Ok(Some(data)) => data,
+            Ok(None) => return Err(missing(format!("{what} does not exist"))),
+            Err(kube::Error::Api(status)) if status.code == 403 => {
+                return Err(CallerError::Forbidden(format!(
+                    "you may not get {what}, which kubectl petstore reads as you to trust the store: {}",
+                    status.message
+                )));
+            }
+            Err(source) => {
+                return Err(CallerError::Api {
+                    what: format!("reading {what}"),
+                    source,
+                });
+            }
+        };
+        let Some(pem) = data.get(&key_ref.key) else {
+            return Err(missing(format!("{what} has no key {:?}", key_ref.key)));
+        };
+        if !String::from_utf8_lossy(pem).contains("-----BEGIN CERTIFICATE-----") {
+            return Err(missing(format!(
+                "{what}: {:?} is not a PEM certificate",
+                key_ref.key
+            )));
+        }
+        Ok(pem.clone())
+    }
+}
+
+/// What the caller can act on when a token cannot be minted as them: the
+/// namespace, the ServiceAccount, and the RBAC that would allow it.
+fn mint_error(namespace: &str, error: kube::Error) -> CallerError {
+    let account = TENANT_SERVICE_ACCOUNT;
+    match error {
+        kube::Error::Api(status) if status.code == 403 => CallerError::Forbidden(format!(
+            "you may not mint tokens for ServiceAccount {namespace}/{account}, so kubectl petstore may not read the store as namespace {namespace} ({}); it acts with your rights: to use namespace {namespace}, ask for a Role there that allows create on serviceaccounts/token for resourceNames [{account}], e.g. `kubectl create role petstore-tenant-token -n {namespace} --verb=create --resource=serviceaccounts/token --resource-name={account}` and a RoleBinding to you",
+            status.message
+        )),
+        kube::Error::Api(status) if status.code == 404 => CallerError::Refused(Refused {
+            reason: Reason::StoreAccessDenied,
+            message: format!(
+                "no ServiceAccount {namespace}/{account} to mint this namespace's store token from; create it (`kubectl create serviceaccount {account} -n {namespace}`)"
+            ),
+        }),
+        source => CallerError::Api {
+            what: format!("minting a token for ServiceAccount {namespace}/{account}"),
+            source,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::crd::{
+        AllowedNamespaces, ClusterPetStoreSpec, KeyRef, PetStatus, PetStoreSpec, StoreTls,
+    };
+
+    fn forbidden() -> kube::Error {
+        kube::Error::Api(
+            kube::core::Status::failure("nope", "Forbidden")
+                .with_code(403)
+                .boxed(),
+        )
+    }
+
+    fn not_found() -> kube::Error {
+        kube::Error::Api(
+            kube::core::Status::failure("not found", "NotFound")
+                .with_code(404)
+                .boxed(),
+        )
+    }
+
+    /// A cluster as one caller sees it: the objects, which of them the
+    /// caller may not read, and where it may mint tokens; every GET and
+    /// mint counted.
+    #[derive(Default)]
+    struct World {
+        pet_stores: Vec<(&'static str, &'static str)>,
+        /// ClusterPetStores and the namespaces they admit by name.
+        cluster_stores: Vec<(&'static str, Vec<&'static str>)>,
+        /// What the caller may not GET: `kind/namespace/name`.
+        unreadable: Vec<&'static str>,
+        /// Namespaces where the caller may mint tokens.
+        may_mint: Vec<&'static str>,
+        /// The store kinds are not installed: every GET of them is a 404.
+        no_store_kinds: bool,
+        gets: AtomicUsize,
+        mints: AtomicUsize,
+    }
+
+    impl World {
+        fn get<T>(&self, what: &str, found: Option<T>) -> Result<Option<T>, kube::Error> {
+            self.gets.fetch_add(1, Ordering::Relaxed);
+            if self.unreadable.contains(&what) {
+                return Err(forbidden());
+            }
+            Ok(found)
+        }
+    }
+
+    impl AsCaller for World {
+        async fn pet_store(
+            &self,
+            namespace: &str,
+            name: &str,
+        ) -> Result<Option<PetStore>, kube::Error> {
+            if self.no_store_kinds {
+                return Err(not_found());
+            }
+            let found = self.pet_stores.contains(&(namespace, name)).then(|| {
+                let mut store = PetStore::new(
+                    name,
+                    PetStoreSpec {
+                        address: "http://127.0.0.1:1".into(),
+                        tls: None,
+                        audience: "petstore".into(),
+                    },
+                );
+                store.metadata.namespace = Some(namespace.into());
+                store
+            });
+            self.get(&format!("PetStore/{namespace}/{name}"), found)
+        }
+
+        async fn cluster_pet_store(
+            &self,
+            name: &str,
+        ) -> Result<Option<ClusterPetStore>, kube::Error> {
+            if self.no_store_kinds {
+                return Err(not_found());
+            }
+            let found = self
+                .cluster_stores
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, admits)| {
+                    ClusterPetStore::new(
+                        name,
+                        ClusterPetStoreSpec {
+                            address: "http://127.0.0.1:1".into(),
+                            tls: None,
+                            audience: "petstore".into(),
+                            allowed_namespaces: Some(AllowedNamespaces {
+                                names: admits.iter().map(|n| (*n).to_owned()).collect(),
+                                selector: None,
+                            }),
+                        },
+                    )
+                });
+            self.get(&format!("ClusterPetStore//{name}"), found)
+        }
+
+        async fn namespace_labels(
+            &self,
+            name: &str,
+        ) -> Result<Option<BTreeMap<String, String>>, kube::Error> {
+            self.get(&format!("Namespace//{name}"), Some(BTreeMap::new()))
+        }
+
+        async fn ca_data(
+            &self,
+            namespace: &str,
+            source: &CaSource,
+        ) -> Result<Option<BTreeMap<String, Vec<u8>>>, kube::Error> {
+            let name = &source.key_ref().name;
+            let pem = b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n".to_vec();
+            let found = (name == "ca").then(|| BTreeMap::from([("ca.crt".to_owned(), pem)]));
+            self.get(&format!("ConfigMap/{namespace}/{name}"), found)
+        }
+
+        async fn mint(&self, namespace: &str, _audience: &str) -> Result<String, kube::Error> {
+            self.mints.fetch_add(1, Ordering::Relaxed);
+            if self.may_mint.contains(&namespace) {
+                Ok(format!("token-of-{namespace}"))
+            } else {
+                Err(forbidden())
+            }
+        }
+    }
+
+    fn pet(namespace: &str, store_ref: Option<&str>, store: Option<&str>) -> Pet {
+        let mut pet = Pet::new(
+            "rex",
+            serde_json::from_value(serde_json::json!({
+                "name": "Rex", "type": "dog", "birthday": "2021-04-01",
+            }))
+            .expect("a spec"),
+        );
+        pet.metadata.namespace = Some(namespace.into());
+        pet.spec.store_ref = store_ref.map(|r| r.parse().expect("a storeRef"));
+        if let Some(store) = store {
+            pet.status = Some(PetStatus {
+                store: Some(store.into()),
+                ..Default::default()
+            });
+        }
+        pet
+    }
+
+    /// What the plugin makes of a Pet: the store it uses, or the reason
+    /// word it is refused with, or `Forbidden` when the caller's RBAC is
+    /// what stops it.
+    async fn chosen(stores: &mut CallerStores<World>, pet: &Pet) -> Result<StoreId, String> {
+        match stores.for_pet(pet).await {
+            Ok(Chosen::Own) => Ok(StoreId::Own),
+            Ok(Chosen::Store { id, .. }) => Ok(id),
+            Err(CallerError::Refused(refused)) => Err(refused.reason.to_string()),
+            Err(CallerError::Forbidden(_)) => Err("Forbidden".into()),
+            Err(CallerError::Api { what, .. }) => Err(format!("Api: {what}")),
+        }
+    }
+
+    fn team() -> World {
+        World {
+            pet_stores: vec![("a", "default"), ("a", "x"), ("b", "x")],
+            cluster_stores: vec![("default", vec!["c"]), ("shared", vec!["a", "c"])],
+            may_mint: vec!["a", "c"],
+            ..World::default()
+        }
+    }
+
+    fn namespaced(namespace: &str, name: &str) -> StoreId {
+        StoreId::Namespaced {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+
+    fn cluster(name: &str) -> StoreId {
+        StoreId::Cluster { name: name.into() }
+    }
+
+    #[tokio::test]
+    async fn the_plugin_chooses_each_pets_store_as_the_operator_does_with_the_callers_rights() {
+        type Case = (
+            &'static str,
+            World,
+            &'static str,
+            Option<&'static str>,
+            Option<&'static str>,
+            Result<StoreId, &'static str>,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "storeRef names a PetStore of its namespace",
+                team(),
+                "a",
+                Some("PetStore/x"),
+                None,
+                Ok(namespaced("a", "x")),
+            ),
+            (
+                "no storeRef: the namespace's PetStore default",
+                team(),
+                "a",
+                None,
+                None,
+                Ok(namespaced("a", "default")),
+            ),
+            (
+                "no PetStore default: the ClusterPetStore default that admits it",
+                team(),
+                "c",
+                None,
+                None,
+                Ok(cluster("default")),
+            ),
+            (
+                "no default at all: the operator's own store",
+                World::default(),
+                "a",
+                None,
+                None,
+                Ok(StoreId::Own),
+            ),
+            (
+                "the store kinds not installed: the operator's own store",
+                World {
+                    no_store_kinds: true,
+                    ..World::default()
+                },
+                "a",
+                None,
+                None,
+                Ok(StoreId::Own),
+            ),
+            (
+                "the store kinds not installed, a storeRef: StoreNotFound",
+                World {
+                    no_store_kinds: true,
+                    ..World::default()
+                },
+                "a",
+                Some("PetStore/x"),
+                None,
+                Err("StoreNotFound"),
+            ),
+            (
+                "another namespace's PetStore is not found from here",
+                team(),
+                "c",
+                Some("PetStore/x"),
+                None,
+                Err("StoreNotFound"),
+            ),
+            (
+                "a ClusterPetStore that does not admit the namespace",
+                team(),
+                "b",
+                Some("ClusterPetStore/shared"),
+                None,
+                Err("StoreNotAllowed"),
+            ),
+            (
+                "the cluster default must admit the namespace too",
+                World {
+                    pet_stores: vec![],
+                    ..team()
+                },
+                "a",
+                None,
+                None,
+                Err("StoreNotAllowed"),
+            ),
+            (
+                "a Pet with a record stays in the store status.store names",
+                team(),
+                "a",
+                Some("PetStore/x"),
+                Some("ClusterPetStore/shared"),
+                Ok(cluster("shared")),
+            ),
+            (
+                "status.store naming no store kind",
+                team(),
+                "a",
+                None,
+                Some("Bogus/x"),
+                Err("StoreNotFound"),
+            ),
+            (
+                "a store found, but no token may be minted as the caller",
+                team(),
+                "b",
+                Some("PetStore/x"),
+                None,
+                Err("Forbidden"),
+            ),
+            (
+                "a PetStore the caller may not read: never taken as absent",
+                World {
+                    unreadable: vec!["PetStore/a/x"],
+                    ..team()
+                },
+                "a",
+                Some("PetStore/x"),
+                None,
+                Err("Forbidden"),
+            ),
+            (
+                "an unreadable PetStore default: the default is unknown, not skipped",
+                World {
+                    unreadable: vec!["PetStore/a/default"],
+                    ..team()
+                },
+                "a",
+                None,
+                None,
+                Err("Forbidden"),
+            ),
+            (
+                "the namespace's labels unreadable, but its name admits it",
+                World {
+                    unreadable: vec!["Namespace//a"],
+                    ..team()
+                },
+                "a",
+                Some("ClusterPetStore/shared"),
+                None,
+                Ok(cluster("shared")),
+            ),
+            (
+                "the namespace's labels unreadable, and the name does not admit it",
+                World {
+                    unreadable: vec!["Namespace//b"],
+                    ..team()
+                },
+                "b",
+                Some("ClusterPetStore/shared"),
+                None,
+                Err("Forbidden"),
+            ),
+        ];
+        for (why, world, namespace, store_ref, store, expected) in cases {
+            let mut stores = CallerStores::new(world, Duration::from_secs(1));
+            let got = chosen(&mut stores, &pet(namespace, store_ref, store)).await;
+            assert_eq!(got, expected.map_err(str::to_owned), "{why}");
+        }
+    }
+
+    #[tokio::test]
+    async fn one_read_per_object_and_one_token_per_store_and_namespace_per_run() {
+        let mut stores = CallerStores::new(team(), Duration::from_secs(1));
+        for _ in 0..3 {
+            for (namespace, store_ref) in [("a", "PetStore/x"), ("a", "ClusterPetStore/shared")] {
+                let id = chosen(&mut stores, &pet(namespace, Some(store_ref), None)).await;
+                assert!(id.is_ok(), "{id:?}");
+            }
+        }
+        // PetStore a/x, ClusterPetStore shared, namespace a.
+        assert_eq!(stores.caller.gets.load(Ordering::Relaxed), 3);
+        assert_eq!(stores.caller.mints.load(Ordering::Relaxed), 2);
+        assert_eq!((stores.channels.len(), stores.tenants.len()), (2, 2));
+    }
+
+    #[tokio::test]
+    async fn a_caller_who_may_not_mint_gets_no_client_and_is_told_what_to_ask_for() {
+        let mut stores = CallerStores::new(team(), Duration::from_secs(1));
+        let error = stores
+            .for_pet(&pet("b", Some("PetStore/x"), None))
+            .await
+            .err()
+            .expect("refused");
+        let message = error.to_string();
+        for needed in [
+            "ServiceAccount b/petstore-tenant",
+            "namespace b",
+            "create on serviceaccounts/token",
+            "--resource-name=petstore-tenant",
+        ] {
+            assert!(message.contains(needed), "{needed:?} missing: {message}");
+        }
+        assert!(stores.tenants.is_empty(), "a client without a token");
+    }
+
+    #[test]
+    fn a_missing_service_account_is_refused_with_the_operators_reason() {
+        let error = mint_error("a", not_found());
+        let CallerError::Refused(refused) = error else {
+            panic!("not a refusal: {error}");
+        };
+        assert_eq!(refused.reason, Reason::StoreAccessDenied);
+        assert!(
+            refused
+                .message
+                .contains("kubectl create serviceaccount petstore-tenant -n a"),
+            "{}",
+            refused.message
+        );
+    }
+
+    #[tokio::test]
+    async fn the_stores_ca_is_read_as_the_caller() {
+        let with_ca = |name: &str| {
+            let mut store = PetStore::new(
+                "tls",
+                PetStoreSpec {
+                    address: "https://127.0.0.1:1".into(),
+                    tls: Some(StoreTls {
+                        ca: Some(CaSource::ConfigMapKeyRef(KeyRef {
+                            name: name.into(),
+                            key: "ca.crt".into(),
+                        })),
+                        server_name: Some("petstore".into()),
+                    }),
+                    audience: "petstore".into(),
+                },
+            );
+            store.metadata.namespace = Some("a".into());
+            store
+        };
+        let id = namespaced("a", "tls");
+        let endpoint = |store: &PetStore| Endpoint {
+            address: store.spec.address.clone(),
+            audience: store.spec.audience.clone(),
+            ca: store
+                .spec
+                .tls
+                .as_ref()
+                .and_then(|tls| tls.ca.clone())
+                .map(|ca| ("a".to_owned(), ca)),
+            server_name: Some("petstore".into()),
+            generation: None,
+        };
+        type Case = (&'static str, &'static str, Vec<&'static str>, &'static str);
+        let cases: Vec<Case> = vec![
+            ("the CA is read, the token minted", "ca", vec![], "ok"),
+            (
+                "a missing CA: StoreTrustMissing",
+                "gone",
+                vec![],
+                "StoreTrustMissing",
+            ),
+            (
+                "a CA the caller may not read",
+                "ca",
+                vec!["ConfigMap/a/ca"],
+                "Forbidden",
+            ),
+        ];
+        for (why, ca_name, unreadable, expected) in cases {
+            let mut stores = CallerStores::new(
+                World {
+                    unreadable,
+                    ..team()
+                },
+                Duration::from_secs(1),
+            );
+            let got = match stores.client(&id, &endpoint(&with_ca(ca_name)), "a").await {
+                Ok(_) => "ok".to_owned(),
+                Err(CallerError::Refused(refused)) => refused.reason.to_string(),
+                Err(CallerError::Forbidden(_)) => "Forbidden".to_owned(),
+                Err(error) => error.to_string(),
+            };
+            assert_eq!(got, expected, "{why}");
+        }
+    }
+
+    #[test]
+    fn a_store_ref_names_the_store_it_was_resolved_to() {
+        assert_eq!(store_ref_of(&StoreId::Own), None);
+        assert_eq!(
+            store_ref_of(&namespaced("a", "x")).map(|r| r.to_string()),
+            Some("PetStore/x".into())
+        );
+        assert_eq!(
+            store_ref_of(&cluster("shared")).map(|r| r.to_string()),
+            Some("ClusterPetStore/shared".into())
+        );
+    }
+}

@@ -1,0 +1,417 @@
+//! `kubectl petstore` acts with its caller's rights on a store that checks
+//! tenants (docs/tenancy.md): `plan` reads a Pet's record from the store
+//! its `storeRef` names, with a token of the Pet's namespace minted as the
+//! caller; `import -n team-a --store-ref PetStore/shared` lists team-a's
+//! records only, and its manifests put the Pets on that store; and the
+//! same import into a namespace where the caller may not mint tokens fails
+//! with an error that names the namespace, the ServiceAccount and the RBAC
+//! needed, before any call reaches the store (the store's own counters).
+//! The caller is a ServiceAccount with a Role in team-a only (and read-only
+//! rights in team-b), so RBAC is the API server's, as for any user.
+
+use std::path::Path;
+use std::time::Duration;
+
+use fixtures::env::{Planned, is_ready};
+use fixtures::{ControlPlane, Env, PetStoreServer, Storage, wait_for};
+use serde_json::Value;
+
+const TIMEOUT: Duration = Duration::from_secs(90);
+/// The audience the tenancy store's tokens must carry.
+const AUDIENCE: &str = "shared";
+
+/// The namespaces, their tenant ServiceAccounts and a PetStore `shared` in
+/// each (one store behind both), and in team-a the PetStore `plain`, a
+/// store without tenancy; the caller `alice` (a ServiceAccount of
+/// namespace `users`) with a Role in team-a that lets her plan and import
+/// there, and one in team-b that lets her read Pets and PetStores only.
+fn setup(store: &PetStoreServer, plain: &PetStoreServer) -> String {
+    let mut yaml = String::from(
+        "apiVersion: v1\nkind: Namespace\nmetadata: {name: users}\n---\napiVersion: v1\nkind: ServiceAccount\nmetadata: {name: alice, namespace: users}\n",
+    );
+    for namespace in ["team-a", "team-b"] {
+        yaml.push_str(&format!(
+            "---
+apiVersion: v1
+kind: Namespace
+metadata: {{name: {namespace}}}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {{name: petstore-tenant, namespace: {namespace}}}
+---
+apiVersion: petstore.example.com/v1
+kind: PetStore
+metadata: {{name: shared, namespace: {namespace}}}
+spec: {{address: \"http://{addr}\", audience: {AUDIENCE}}}
+",
+            addr = store.addr
+        ));
+    }
+    yaml.push_str(&format!(
+        "---\napiVersion: petstore.example.com/v1\nkind: PetStore\nmetadata: {{name: plain, namespace: team-a}}\nspec: {{address: \"http://{}\"}}\n",
+        plain.addr
+    ));
+    let role = |namespace: &str, name: &str, rules: &str| {
+        format!(
+            "---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {{name: {name}, namespace: {namespace}}}
+rules:
+{rules}---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: {name}-alice, namespace: {namespace}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: {name}}}
+subjects: [{{kind: ServiceAccount, name: alice, namespace: users}}]
+"
+        )
+    };
+    let read = "- {apiGroups: [petstore.example.com], resources: [petstores], verbs: [get]}\n";
+    yaml.push_str(&role(
+        "team-a",
+        "petstore-user",
+        &format!(
+            "- {{apiGroups: [petstore.example.com], resources: [pets], verbs: [get, list, create, patch]}}\n{read}- {{apiGroups: [\"\"], resources: [serviceaccounts/token], resourceNames: [petstore-tenant], verbs: [create]}}\n"
+        ),
+    ));
+    yaml.push_str(&role(
+        "team-b",
+        "petstore-reader",
+        &format!(
+            "- {{apiGroups: [petstore.example.com], resources: [pets], verbs: [get, list]}}\n{read}"
+        ),
+    ));
+    yaml
+}
+
+/// The control plane's service-account issuer and its JWKS, in a file the
+/// store reads.
+fn issuer_flag(cp: &ControlPlane) -> fixtures::Result<String> {
+    let jwks = cp.kubectl(&["get", "--raw", "/openid/v1/jwks"])?;
+    let path = cp.dir().join("jwks.json");
+    std::fs::write(&path, jwks).map_err(fixtures::io("writing the JWKS"))?;
+    Ok(format!(
+        "https://kubernetes.default.svc.cluster.local={}",
+        path.display()
+    ))
+}
+
+/// A Pet on the namespace's PetStore `store`; `more` adds spec fields.
+fn pet(namespace: &str, name: &str, pet_name: &str, store: &str, more: &str) -> String {
+    format!(
+        "apiVersion: petstore.example.com/v1\nkind: Pet\nmetadata: {{name: {name}, namespace: {namespace}}}\nspec: {{name: {pet_name}, type: dog, birthday: \"2021-04-01\", storeRef: {{kind: PetStore, name: {store}}}{more}}}\n"
+    )
+}
+
+/// Adds a record owned by nobody as `namespace` (the store keeps it that
+/// namespace's), as a team adding pets with grpcurl would; its ID.
+fn add_record(
+    cp: &ControlPlane,
+    store: &PetStoreServer,
+    namespace: &str,
+    name: &str,
+) -> fixtures::Result<String> {
+    let token = cp.kubectl(&[
+        "create",
+        "token",
+        "petstore-tenant",
+        "-n",
+        namespace,
+        "--audience",
+        AUDIENCE,
+        "--duration=10m",
+    ])?;
+    let header = format!("authorization: Bearer {}", token.trim());
+    let reply = fixtures::petstore::grpcurl_with(
+        &["-plaintext".as_ref(), "-H".as_ref(), header.as_ref()],
+        &store.addr,
+        "petstore.PetStore/AddPets",
+        &format!(
+            r#"{{"pets":[{{"name":"{name}","type":"PTFeline","birthday":{{"year":2019,"month":5,"day":6}}}}]}}"#
+        ),
+    )?;
+    Ok(reply
+        .first()
+        .and_then(|r| r["ids"][0].as_str())
+        .unwrap_or_default()
+        .to_owned())
+}
+
+/// `kubectl petstore <args>` found on PATH as kubectl finds a plugin, run
+/// with `kubeconfig`: as the user it names.
+fn kubectl_petstore_as(kubeconfig: &Path, args: &[&str]) -> fixtures::Result<Planned> {
+    let plugin = fixtures::cargo_bin("kubectl-petstore")?;
+    let path_now = std::env::var_os("PATH").unwrap_or_default();
+    let dirs = plugin
+        .parent()
+        .map(Path::to_path_buf)
+        .into_iter()
+        .chain(std::env::split_paths(&path_now));
+    let path = std::env::join_paths(dirs)
+        .map_err(|e| fixtures::io("joining PATH")(std::io::Error::other(e)))?;
+    let output = std::process::Command::new(fixtures::Tools::get()?.kubectl())
+        .env("KUBECONFIG", kubeconfig)
+        .env("PATH", path)
+        .arg("petstore")
+        .args(args)
+        .output()
+        .map_err(fixtures::io("running kubectl petstore"))?;
+    Ok(Planned {
+        code: output.status.code(),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    })
+}
+
+/// Every call the store has answered, whatever the answer, and every call
+/// its tenancy refused: its own `/metrics`.
+fn store_calls(store: &PetStoreServer) -> fixtures::Result<(f64, f64)> {
+    let scrape = fixtures::http::scrape(&store.metrics_addr)?;
+    Ok((
+        fixtures::http::sum_series(&scrape, "petstore_server_rpc_duration_seconds_count", ""),
+        fixtures::http::sum_series(&scrape, "petstore_server_tenant_refusals_total", ""),
+    ))
+}
+
+#[test]
+fn the_plugin_reads_a_tenancy_store_as_its_caller_and_only_where_the_caller_may()
+-> fixtures::Result<()> {
+    let env = Env::start(Storage::Memory)?;
+    let cp = &env.cp;
+    let issuer = issuer_flag(cp)?;
+    let store = PetStoreServer::start_in(
+        &cp.dir().join("tenancy"),
+        Storage::Memory,
+        &[
+            "--tenancy",
+            "--token-issuer",
+            &issuer,
+            "--token-audience",
+            AUDIENCE,
+            // The fixtures' stores serve plaintext on 127.0.0.1.
+            "--allow-plaintext-tokens",
+        ],
+    )?;
+    cp.apply(&setup(&store, &env.store))?;
+    let alice = cp.service_account_kubeconfig("users", "alice")?;
+    let mut operator = env.start_operator("plugin-tenancy")?;
+    cp.apply(
+        &[
+            pet("team-a", "rex", "Rex", "shared", ""),
+            pet("team-b", "fido", "Fido", "shared", ""),
+        ]
+        .join("---\n"),
+    )?;
+    let rex_id = wait_for(TIMEOUT, "rex and fido Ready", || {
+        let rex = cp
+            .kubectl_json(&["get", "pet", "rex", "-n", "team-a"])
+            .ok()?;
+        let fido = cp
+            .kubectl_json(&["get", "pet", "fido", "-n", "team-b"])
+            .ok()?;
+        (is_ready(&rex) && is_ready(&fido)).then(|| rex["status"]["id"].clone())
+    })?;
+    let stray_a = add_record(cp, &store, "team-a", "Stray A")?;
+    add_record(cp, &store, "team-b", "Stray B")?;
+
+    // (a) plan, as alice: rex's rename, read from the tenancy store with
+    // team-a's token, is the plan the operator shows, byte for byte. The
+    // own store (--petstore-addr) has no record of rex: read there, the
+    // plan would be a create.
+    let renamed = pet(
+        "team-a",
+        "rex",
+        "Rexford",
+        "shared",
+        ", changePolicy: Approve",
+    );
+    cp.apply(&renamed)?;
+    let shown = wait_for(TIMEOUT, "rex's plan: update name", || {
+        let rex = cp
+            .kubectl_json(&["get", "pet", "rex", "-n", "team-a"])
+            .ok()?;
+        (rex["status"]["plan"]["summary"] == "update name").then(|| rex["status"]["plan"].clone())
+    })?;
+    let file = cp.dir().join("rex.yaml");
+    std::fs::write(&file, &renamed).map_err(fixtures::io("writing rex.yaml"))?;
+    let file = file.to_string_lossy().into_owned();
+    let own = ["--petstore-addr", env.store.addr.as_str()];
+    let planned = kubectl_petstore_as(&alice, &[&["plan", "-f", &file][..], &own].concat())?;
+    assert_eq!(planned.code, Some(2), "{}", planned.stderr);
+    let printed: Value = serde_json::from_str(planned.stdout.trim()).map_err(|error| {
+        fixtures::io("the plan printed")(std::io::Error::other(format!(
+            "{error}: {}",
+            planned.stdout
+        )))
+    })?;
+    assert_eq!(printed, shown, "the plugin's plan is the operator's");
+    assert_eq!(
+        printed["actions"][0]["recordId"], rex_id,
+        "read from the record in the tenancy store: {printed}"
+    );
+    // A Pet whose store does not exist: named with the operator's reason,
+    // the other Pets still planned, and exit 1.
+    let ghost = pet("team-a", "ghost", "Ghost", "missing", "");
+    let both = cp.dir().join("both.yaml");
+    std::fs::write(&both, format!("{renamed}---\n{ghost}"))
+        .map_err(fixtures::io("writing both.yaml"))?;
+    let both = both.to_string_lossy().into_owned();
+    let planned = kubectl_petstore_as(&alice, &[&["plan", "-f", &both][..], &own].concat())?;
+    assert_eq!(planned.code, Some(1), "{}", planned.stderr);
+    assert!(
+        planned.stderr.contains(
+            "pet team-a/ghost: no store it may use: StoreNotFound: no PetStore \"missing\" in namespace team-a"
+        ),
+        "{}",
+        planned.stderr
+    );
+    assert_eq!(
+        planned.stdout.lines().count(),
+        1,
+        "rex planned: {}",
+        planned.stdout
+    );
+
+    // (b) import as alice into team-a: team-a's records only (rex's, a
+    // live Pet's, left out), never team-b's in the same store; each
+    // manifest names the store, so applied, the Pet uses it.
+    let imported = kubectl_petstore_as(
+        &alice,
+        &[
+            "import",
+            "-n",
+            "team-a",
+            "--store-ref",
+            "PetStore/shared",
+            "--change-policy",
+            "Automatic",
+        ],
+    )?;
+    assert_eq!(imported.code, Some(0), "{}", imported.stderr);
+    assert!(
+        imported.stderr.starts_with(
+            "1 of 2 records in PetStore team-a/shared, read as namespace team-a, as Pet manifests; left out: 1 owned by Pets of namespace team-a"
+        ),
+        "{}",
+        imported.stderr
+    );
+    let yaml = &imported.stdout;
+    assert_eq!(yaml.matches("kind: Pet\n").count(), 1, "{yaml}");
+    assert!(
+        yaml.contains("name: Stray A")
+            && yaml.contains("namespace: team-a")
+            && yaml.contains("storeRef:\n    kind: PetStore\n    name: shared"),
+        "{yaml}"
+    );
+    for theirs in ["Stray B", "Fido", "team-b"] {
+        assert!(!yaml.contains(theirs), "team-b's {theirs} listed: {yaml}");
+    }
+    cp.apply(yaml)?;
+    let adopted = wait_for(TIMEOUT, "the imported Pet Ready", || {
+        let pets = cp.kubectl_json(&["get", "pets", "-n", "team-a"]).ok()?;
+        pets["items"]
+            .as_array()?
+            .iter()
+            .find(|pet| pet["spec"]["name"] == "Stray A" && is_ready(pet))
+            .cloned()
+    })?;
+    assert_eq!(adopted["status"]["id"], stray_a.as_str());
+    assert_eq!(adopted["status"]["store"], "PetStore/shared");
+    // A store without tenancy shows every record: one named after a Pet of
+    // team-b is left out of team-a's import, not put in team-b.
+    env.store.grpcurl(
+        "petstore.PetStore/AddPets",
+        r#"{"pets":[{"name":"Local","type":"PTFeline","birthday":{"year":2019,"month":5,"day":6}},{"name":"Theirs","type":"PTFeline","birthday":{"year":2019,"month":5,"day":6},"identity":"team-b/theirs"}]}"#,
+    )?;
+    let plain = kubectl_petstore_as(
+        &alice,
+        &["import", "-n", "team-a", "--store-ref", "PetStore/plain"],
+    )?;
+    assert_eq!(plain.code, Some(0), "{}", plain.stderr);
+    assert!(
+        plain.stdout.contains("name: Local") && !plain.stdout.contains("Theirs"),
+        "{}",
+        plain.stdout
+    );
+    assert!(
+        plain
+            .stderr
+            .starts_with("1 of 2 records in PetStore team-a/plain")
+            && plain
+                .stderr
+                .contains("1 named after Pets of other namespaces"),
+        "{}",
+        plain.stderr
+    );
+
+    // (c) import as alice into team-b, where she may read Pets and
+    // PetStores but not mint tokens: a clear refusal, and no call reaches
+    // the store. With the operator stopped, the store's counters are the
+    // plugin's alone.
+    operator.kill();
+    let before = store_calls(&store)?;
+    let refused = kubectl_petstore_as(
+        &alice,
+        &["import", "-n", "team-b", "--store-ref", "PetStore/shared"],
+    )?;
+    assert_eq!(refused.code, Some(1), "{}", refused.stderr);
+    assert!(refused.stdout.is_empty(), "{}", refused.stdout);
+    for needed in [
+        "kubectl petstore import: you may not mint tokens for ServiceAccount team-b/petstore-tenant",
+        "may not read the store as namespace team-b",
+        "create on serviceaccounts/token for resourceNames [petstore-tenant]",
+    ] {
+        assert!(
+            refused.stderr.contains(needed),
+            "{needed:?} missing: {}",
+            refused.stderr
+        );
+    }
+    assert_eq!(
+        store_calls(&store)?,
+        before,
+        "the store saw a call from a caller who may not act as team-b"
+    );
+
+    // The RBAC the error asks for, granted as it says: the same import
+    // now lists team-b's records, and only those.
+    let suggested = refused
+        .stderr
+        .split('`')
+        .nth(1)
+        .and_then(|command| command.strip_prefix("kubectl "))
+        .unwrap_or_default();
+    cp.kubectl(&suggested.split_whitespace().collect::<Vec<_>>())?;
+    cp.kubectl(&[
+        "create",
+        "rolebinding",
+        "petstore-tenant-token-alice",
+        "-n",
+        "team-b",
+        "--role=petstore-tenant-token",
+        "--serviceaccount=users:alice",
+    ])?;
+    // The API server's RBAC sees a new binding within moments.
+    let granted = wait_for(TIMEOUT, "alice's import into team-b, once granted", || {
+        kubectl_petstore_as(
+            &alice,
+            &["import", "-n", "team-b", "--store-ref", "PetStore/shared"],
+        )
+        .ok()
+        .filter(|granted| granted.code == Some(0))
+    })?;
+    assert_eq!(
+        granted.stdout.matches("kind: Pet\n").count(),
+        1,
+        "{}",
+        granted.stdout
+    );
+    assert!(
+        granted.stdout.contains("name: Stray B") && !granted.stdout.contains("Stray A"),
+        "{}",
+        granted.stdout
+    );
+    Ok(())
+}
