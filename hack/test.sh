@@ -57,7 +57,8 @@ trap on_exit EXIT
 
 check_prerequisites() {
   local missing=()
-  for tool in go cargo; do
+  # openssl: the TLS probes of tests/e2e/security.rs.
+  for tool in go cargo openssl; do
     command -v "$tool" >/dev/null || missing+=("$tool")
   done
   # The conformance suite and an end-to-end test run a real PostgreSQL.
