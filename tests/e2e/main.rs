@@ -27,6 +27,7 @@ mod plans_soak;
 mod postgres_replicas;
 mod rebuild;
 mod security;
+mod store_feeds;
 mod stores;
 mod tenancy;
 mod tilt;
