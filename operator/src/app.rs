@@ -283,6 +283,10 @@ async fn build_controller(
             qps: args.store_qps,
             burst: args.store_burst,
             create_batch_wait: args.create_batch_wait,
+            observer: Some(crate::stores::tokens::ObserverAccount {
+                namespace: args.lease_namespace.clone(),
+                name: args.service_account.clone(),
+            }),
         },
         metrics.store_calls(),
     )

@@ -142,10 +142,19 @@ pub struct Args {
     #[arg(long, env = "LEADER_ELECTION", default_value_t = true, action = ArgAction::Set)]
     pub leader_election: bool,
 
-    /// The operator's namespace (in a pod: its own): where the leader Lease
-    /// and the webhook's certificate Secret live.
+    /// The operator's namespace (in a pod: its own): where the leader Lease,
+    /// the webhook's certificate Secret and its --service-account live.
     #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
     pub lease_namespace: String,
+
+    /// The operator's own ServiceAccount, in --lease-namespace (in a pod:
+    /// the one it runs as). The change feed of each PetStore and
+    /// ClusterPetStore is read with a token of it, minted for the store's
+    /// audience; a store with tenancy must name it an observer:
+    /// `--observer system:serviceaccount:<namespace>:<name>`. Never used
+    /// to write.
+    #[arg(long, env = "SERVICE_ACCOUNT_NAME", default_value = "petstore-operator", value_parser = parse_service_account)]
+    pub service_account: String,
 
     /// Name of the leader Lease.
     #[arg(long, env = "LEASE_NAME", default_value = "petstore-operator")]
@@ -225,6 +234,25 @@ fn old_installation_env(old: &str, new: Option<&str>) -> Result<String, String> 
     }
 }
 
+/// A ServiceAccount's name: a DNS subdomain (lowercase letters, digits, '-'
+/// and '.'), as the API server takes it.
+pub fn parse_service_account(value: &str) -> Result<String, String> {
+    let valid = !value.is_empty()
+        && value.len() <= 253
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && value.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && value.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if valid {
+        Ok(value.to_owned())
+    } else {
+        Err(format!(
+            "{value:?} is not a ServiceAccount name: lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"
+        ))
+    }
+}
+
 /// A claim's TTL: whole seconds (the store counts in seconds), 3s to 1h,
 /// so a renewal every third of it is at least a second apart.
 pub fn parse_claim_ttl(text: &str) -> Result<Duration, String> {
@@ -289,6 +317,27 @@ mod tests {
         assert!(
             Args::try_parse_from(["petstore-operator", "--follow-store-changes=maybe"]).is_err()
         );
+    }
+
+    #[test]
+    fn the_feed_reads_as_the_operators_own_service_account() {
+        let args = Args::try_parse_from(["petstore-operator"]).expect("defaults");
+        assert_eq!(args.service_account, "petstore-operator", "config/rbac's");
+        let named = |value: &str| {
+            Args::try_parse_from(["petstore-operator", "--service-account", value])
+                .map(|args| args.service_account)
+        };
+        assert_eq!(named("ops.reader-2").ok().as_deref(), Some("ops.reader-2"));
+        for bad in [
+            "",
+            "Petstore",
+            "ns:name",
+            "system:serviceaccount:a:b",
+            "-x",
+            "x/y",
+        ] {
+            assert!(named(bad).is_err(), "{bad:?} accepted");
+        }
     }
 
     /// The release binary must not offer fault injection: the faults exist

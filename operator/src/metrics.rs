@@ -99,6 +99,7 @@ pub struct Metrics {
     poll_interval: Gauge<f64, AtomicU64>,
     feed_connected: Gauge,
     feed_changes: Family<FeedLabels, Counter>,
+    store_feeds: Family<FeedStateLabels, Gauge>,
     pub migration: crate::migration::MigrationMetrics,
     ready: AtomicBool,
 }
@@ -107,6 +108,12 @@ pub struct Metrics {
 struct FeedLabels {
     /// What the change meant: `drifted`, `in_sync` or `unrelated`.
     verdict: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FeedStateLabels {
+    /// `connecting`, `live`, `broken`, `absent` or `refused`.
+    state: &'static str,
 }
 
 /// One reconcile in progress; see [`Metrics::reconcile_timer`].
@@ -158,6 +165,12 @@ impl Default for Metrics {
             "change_feed_changes",
             "Record changes read from the store's change feed, by what they meant for their Pet",
             feed_changes.clone(),
+        );
+        let store_feeds = Family::<FeedStateLabels, Gauge>::default();
+        registry.register(
+            "change_feed_stores",
+            "PetStores and ClusterPetStores open, by the state of their change feed: connecting, live (followed; their Pets are only audited), broken (reconnecting), absent (the store has no feed) or refused (the store does not take the operator as its --observer); their Pets are polled unless live",
+            store_feeds.clone(),
         );
         registry.register(
             "poll_interval_seconds",
@@ -272,6 +285,7 @@ impl Default for Metrics {
             poll_interval,
             feed_connected,
             feed_changes,
+            store_feeds,
             migration,
             ready: AtomicBool::new(false),
         }
@@ -339,6 +353,24 @@ impl Metrics {
 
     pub fn set_feed_connected(&self, connected: bool) {
         self.feed_connected.set(i64::from(connected));
+    }
+
+    /// A store's change feed moved from state `from` to `to` (`None`: not
+    /// counted, before its follower starts and after it stops).
+    pub fn store_feed_moved(&self, from: Option<&'static str>, to: Option<&'static str>) {
+        if from == to {
+            return;
+        }
+        if let Some(state) = from {
+            self.store_feeds
+                .get_or_create(&FeedStateLabels { state })
+                .dec();
+        }
+        if let Some(state) = to {
+            self.store_feeds
+                .get_or_create(&FeedStateLabels { state })
+                .inc();
+        }
     }
 
     pub fn feed_change(&self, verdict: FeedVerdict) {

@@ -67,6 +67,8 @@ fn config_default_and_the_store_pass_server_side_validation_and_install() -> fix
         "role.rbac.authorization.k8s.io/petstore-operator-leader-election",
         "clusterrole.rbac.authorization.k8s.io/petstore-operator",
         "rolebinding.rbac.authorization.k8s.io/petstore-operator-leader-election",
+        "role.rbac.authorization.k8s.io/petstore-operator-observer",
+        "rolebinding.rbac.authorization.k8s.io/petstore-operator-observer",
         "clusterrolebinding.rbac.authorization.k8s.io/petstore-operator",
         "service/petstore-operator-metrics",
         "deployment.apps/petstore-operator",
@@ -163,7 +165,8 @@ fn operator_service_account_has_least_privilege() -> fixtures::Result<()> {
             "needs {verb} {resource}/status"
         );
     }
-    // Tokens for the one tenant ServiceAccount name, and no other.
+    // Tokens for the one tenant ServiceAccount name (writes), its own
+    // account in its own namespace (the stores' change feeds), and no other.
     let mint = |account: &str, namespace: &str| {
         can_i_with(
             &cp,
@@ -177,8 +180,14 @@ fn operator_service_account_has_least_privilege() -> fixtures::Result<()> {
         mint("petstore-tenant", "team-a"),
         "needs tokens for petstore-tenant"
     );
+    assert!(
+        mint("petstore-operator", "petstore-system"),
+        "needs its own tokens, to read the stores' change feeds"
+    );
     for (account, namespace) in [
-        ("petstore-operator", "petstore-system"),
+        ("petstore-operator", "team-a"),
+        ("default", "petstore-system"),
+        ("petstore-other", "petstore-system"),
         ("default", "team-a"),
     ] {
         assert!(

@@ -29,6 +29,7 @@ mod plugin_tenancy;
 mod postgres_replicas;
 mod rebuild;
 mod security;
+mod store_feeds;
 mod stores;
 mod tenancy;
 mod tilt;

@@ -18,7 +18,7 @@ use crate::decision::{Facts, Next, Step, first_step};
 use crate::events::EventQueue;
 use crate::metrics::Metrics;
 use crate::store::PetStore;
-use crate::stores::Stores;
+use crate::stores::{StoreId, Stores};
 use crate::{Error, Fault};
 
 /// Pets reconciled at once unless told otherwise. A reconcile spends part
@@ -146,22 +146,24 @@ impl Context {
     /// A status naming another record than the one synced (a restore
     /// tool's, say) is not that write's echo.
     /// An annotation edit since (an external-id added, say) is not an echo.
-    fn recently_synced(&self, facts: &Facts) -> Option<Duration> {
+    fn recently_synced(&self, pet: &Pet, facts: &Facts) -> Option<Duration> {
         let uid = &facts.uid;
         let synced = self.memory.synced(uid)?;
         (synced.generation == facts.generation.and_then(std::num::NonZeroI64::new)
             && synced.intent == facts.intent()
             && synced.explains(facts.status_id.as_deref())
             && synced.at.elapsed() < self.settings.poll_interval / 2)
-            .then(|| self.poll_delay(uid))
+            .then(|| self.poll_delay(store_of(pet).as_ref(), uid))
     }
 
-    /// Until this Pet's next drift poll: spread by UID and rate-bounded
-    /// (see [`super::poll`]).
-    pub(super) fn poll_delay(&self, uid: &str) -> Duration {
-        let interval = self.poll.interval();
-        self.metrics.set_poll_interval(interval);
-        self.poll.delay(uid)
+    /// Until the next drift poll of this Pet, on `store`: spread by UID and
+    /// rate-bounded, at the audit interval while that store's change feed
+    /// is followed (see [`super::poll`]).
+    pub(super) fn poll_delay(&self, store: Option<&StoreId>, uid: &str) -> Duration {
+        if store == Some(&StoreId::Own) {
+            self.metrics.set_poll_interval(self.poll.interval());
+        }
+        self.poll.delay(store, uid)
     }
 
     /// The Pet a watch event asks to reconcile, if any, as kube's trigger
@@ -215,22 +217,23 @@ impl Context {
     /// Everything the decision step needs to know about the Pet.
     pub(super) fn facts(&self, pet: &Pet) -> Result<Facts, Error> {
         let mut facts = facts_of(pet, &self.settings.installation)?;
-        facts.recently_synced = self.recently_synced(&facts);
+        facts.recently_synced = self.recently_synced(pet, &facts);
         facts.create_observes = self.create_observes.load(Ordering::Relaxed);
         Ok(facts)
     }
 
-    /// The controller action for `next`; a failure's backoff comes from
-    /// [`super::error_policy`].
-    pub(super) fn action(&self, next: Next, pet: &Pet, uid: &str) -> Action {
+    /// The controller action for `next`, for a Pet on `store`; a failure's
+    /// backoff comes from [`super::error_policy`].
+    pub(super) fn action(
+        &self,
+        next: Next,
+        store: Option<&StoreId>,
+        pet: &Pet,
+        uid: &str,
+    ) -> Action {
         match next {
             Next::AwaitChange => Action::await_change(),
-            // Only the own store's feed is followed: a Pet on another
-            // store is polled at the poll interval.
-            Next::Poll | Next::Retry if on_other_store(pet) => {
-                self.requeue(pet, uid, self.poll.delay_unfollowed(uid))
-            }
-            Next::Poll | Next::Retry => self.requeue(pet, uid, self.poll_delay(uid)),
+            Next::Poll | Next::Retry => self.requeue(pet, uid, self.poll_delay(store, uid)),
             Next::After(delay) => self.requeue(pet, uid, delay),
         }
     }
@@ -244,11 +247,36 @@ impl Context {
     }
 }
 
-/// The Pet's record is in a `PetStore` or `ClusterPetStore`.
-fn on_other_store(pet: &Pet) -> bool {
-    pet.status
+/// The store the Pet's record is in, as its `status.store` says (unset: the
+/// operator's own); `None` for a value that names no store kind.
+pub(super) fn store_of(pet: &Pet) -> Option<StoreId> {
+    let namespace = pet.metadata.namespace.as_deref().unwrap_or_default();
+    let value = pet
+        .status
         .as_ref()
-        .is_some_and(|status| status.store.as_deref().is_some_and(|s| !s.is_empty()))
+        .and_then(|status| status.store.as_deref());
+    StoreId::from_status(namespace, value)
+}
+
+/// Whether [`store_of`] the Pet is `store`, without building it: the feed
+/// asks this of every cached Pet when it rebuilds a store's index.
+pub(super) fn on_store(pet: &Pet, store: &StoreId) -> bool {
+    let value = pet
+        .status
+        .as_ref()
+        .and_then(|status| status.store.as_deref())
+        .filter(|value| !value.is_empty());
+    match (store, value) {
+        (StoreId::Own, None) => true,
+        (StoreId::Namespaced { namespace, name }, Some(value)) => {
+            value.strip_prefix("PetStore/") == Some(name.as_str())
+                && pet.metadata.namespace.as_deref() == Some(namespace.as_str())
+        }
+        (StoreId::Cluster { name }, Some(value)) => {
+            value.strip_prefix("ClusterPetStore/") == Some(name.as_str())
+        }
+        _ => false,
+    }
 }
 
 /// The copy of a Pet kube's trigger turns into the reference it queues:

@@ -1,19 +1,34 @@
-//! Drift found from the store's change feed instead of polling.
+//! Drift found from the stores' change feeds instead of polling.
 //!
-//! When the store offers `WatchPets`, the leader follows it: a change to a
-//! Pet's record that leaves it unlike the Pet (an out-of-band update, key
-//! change or delete) queues that Pet at once, and its reconcile reads the
-//! store and corrects the record. The operator's own writes come back on
-//! the feed too, and match their Pets, so they queue nothing. The per-Pet
-//! poll then only audits, at `--audit-interval`.
+//! The leader follows the feed of every store in use: the operator's own
+//! (`--petstore-addr`), and each `PetStore` and `ClusterPetStore` open
+//! because a Pet uses it, started when the store opens and stopped when it
+//! closes. A change to a Pet's record that leaves it unlike the Pet (an
+//! out-of-band update, key change or delete) queues that Pet at once, and
+//! its reconcile reads the store and corrects the record. The operator's
+//! own writes come back on the feed too, and match their Pets, so they
+//! queue nothing. The per-Pet poll of that store's Pets then only audits,
+//! at `--audit-interval`.
 //!
-//! A feed that breaks is resumed from the last revision seen. One that
-//! cannot be resumed (the store compacted that history, or restarted
-//! without it) is watched again from now, and every Pet already synced is
-//! read once more, so no change in the gap is missed. A store without the
-//! feed (the book's) is polled as before, and told once in the log.
+//! Record IDs are the store's: a change from one store concerns only the
+//! Pets whose `status.store` names that store, so an ID two stores share
+//! never crosses from one to the other.
+//!
+//! A store with tenancy shows a tenant only its own records, so another
+//! store's feed is read with a token of the operator's own ServiceAccount,
+//! which the store must name an observer (`--observer`). A store that
+//! takes the operator for a tenant, or refuses its token, is told of once
+//! in the log, polled, and asked again every minute.
+//!
+//! Each store's feed is on its own: one that breaks is resumed from the
+//! last revision seen. One that cannot be resumed (the store compacted
+//! that history, or restarted without it) is watched again from now, and
+//! every Pet of that store already synced is read once more, so no change
+//! in the gap is missed. A store without the feed (the book's) is polled
+//! as before, and told once in the log. Whatever one store's feed does,
+//! the other stores' Pets keep their schedule.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,18 +36,24 @@ use futures::StreamExt as _;
 use futures::channel::mpsc::UnboundedSender;
 use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
 // Tokio's clock: the index's age and the retry of missed changes share one.
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::Context;
+use super::context::{on_store, store_of};
 use crate::crd::Pet;
 use crate::decision::feed::{Verdict, verdict};
-use crate::store::{RecordChange, StoreError};
+use crate::store::{PetStore, RecordChange, StoreError};
+use crate::stores::{Feeds, StoreId};
 
 /// How long to wait before asking a store without a feed again: it may be
 /// replaced by one with it (the book's store by ours) at the same address.
+/// A store that does not take the operator as its observer is asked again
+/// as often: it may be restarted with `--observer`.
 const FEED_RECHECK: Duration = Duration::from_secs(60);
 /// First and longest wait before reconnecting a broken feed.
 const RECONNECT_FIRST: Duration = Duration::from_millis(200);
@@ -43,11 +64,16 @@ const RECONNECT_MAX: Duration = Duration::from_secs(10);
 /// index misses (a Pet newer than the index) waits for the next rebuild,
 /// at most this long, and is judged again then.
 const INDEX_REFRESH: Duration = Duration::from_secs(1);
+/// How often the stores that have Pets are kept open: their Pets are only
+/// audited while the feed is followed, and a store closes after 10 minutes
+/// without a call.
+const KEEP_OPEN_EVERY: Duration = Duration::from_secs(60);
 
 /// The Pets a batch of changes may concern, found by the record's key (the
 /// owner's UID) or by the ID in their status, else in their external-id
 /// annotation (a record watched by a Pet in Observe is not keyed to it).
 /// A record's identity names its Pet directly: the cache finds that one.
+/// One index holds the Pets of one store.
 pub struct PetIndex {
     by_uid: HashMap<String, Arc<Pet>>,
     by_record: HashMap<String, Arc<Pet>>,
@@ -66,6 +92,11 @@ impl PetIndex {
             }
         }
         Self { by_uid, by_record }
+    }
+
+    /// The index of the Pets of `store` among `pets`.
+    pub fn of_store(pets: impl IntoIterator<Item = Arc<Pet>>, store: &StoreId) -> Self {
+        Self::new(pets.into_iter().filter(|pet| on_store(pet, store)))
     }
 
     /// Whether `change` concerns `pet`, as [`PetIndex::pet_for`] finds it.
@@ -92,16 +123,122 @@ impl PetIndex {
     }
 }
 
-/// Follows the feed until `stop`, queueing the Pets whose records drifted
-/// on `reconcile`.
+/// Follows the feed of every store in use until `stop`: the operator's own,
+/// and each other store while `feeds` holds it open
+/// ([`crate::stores::Stores::feeds`]), queueing the Pets whose records
+/// drifted on `reconcile`.
+pub async fn follow_stores(
+    ctx: Arc<Context>,
+    mut feeds: watch::Receiver<Feeds>,
+    cache: Store<Pet>,
+    reconcile: UnboundedSender<ObjectRef<Pet>>,
+    stop: CancellationToken,
+) {
+    let own = tokio::spawn(follow(
+        Arc::clone(&ctx),
+        StoreId::Own,
+        Arc::clone(&ctx.store),
+        cache.clone(),
+        reconcile.clone(),
+        stop.child_token(),
+    ));
+    let mut followers: HashMap<StoreId, Following> = HashMap::new();
+    let mut keep_open = tokio::time::interval(KEEP_OPEN_EVERY);
+    loop {
+        let open = feeds.borrow_and_update().clone();
+        // Stopped: a store closed, or opened again with a new spec.
+        let stale: Vec<StoreId> = followers
+            .iter()
+            .filter(|(id, following)| {
+                open.get(*id)
+                    .is_none_or(|client| !Arc::ptr_eq(client, &following.client))
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in stale {
+            if let Some(following) = followers.remove(&id) {
+                following.stop().await;
+            }
+            if !open.contains_key(&id) {
+                // Its Pets were only audited: read them now. A store closed
+                // for its new spec is opened anew by them (and followed
+                // again); one whose object is gone holds them at once.
+                reread_synced(&ctx, &cache, &reconcile, &id);
+            }
+        }
+        for (id, client) in open {
+            followers.entry(id.clone()).or_insert_with(|| {
+                let stop = stop.child_token();
+                let task = tokio::spawn(follow(
+                    Arc::clone(&ctx),
+                    id,
+                    Arc::clone(&client),
+                    cache.clone(),
+                    reconcile.clone(),
+                    stop.clone(),
+                ));
+                Following { client, stop, task }
+            });
+        }
+        tokio::select! {
+            () = stop.cancelled() => break,
+            changed = feeds.changed() => {
+                if changed.is_err() {
+                    // The stores are gone: only the stop is left to wait for.
+                    stop.cancelled().await;
+                    break;
+                }
+            }
+            _ = keep_open.tick() => ctx.stores.keep_open(&stores_with_pets(&cache)),
+        }
+    }
+    for following in followers.into_values() {
+        following.stop().await;
+    }
+    let _ = own.await;
+}
+
+/// One other store's follower.
+struct Following {
+    /// The client it reads the feed with: a new one is a new store.
+    client: Arc<dyn PetStore>,
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl Following {
+    /// Stops it, and waits until it has let go of the store's live flag.
+    async fn stop(self) {
+        self.stop.cancel();
+        let _ = self.task.await;
+    }
+}
+
+/// The other stores (`PetStore`, `ClusterPetStore`) that hold Pets'
+/// records.
+fn stores_with_pets(cache: &Store<Pet>) -> HashSet<StoreId> {
+    cache
+        .state()
+        .iter()
+        .filter_map(|pet| store_of(pet))
+        .filter(|store| *store != StoreId::Own)
+        .collect()
+}
+
+/// Follows the feed of `store`, read with `client`, until `stop`, queueing
+/// the Pets of that store whose records drifted on `reconcile`.
 pub async fn follow(
     ctx: Arc<Context>,
+    store: StoreId,
+    client: Arc<dyn PetStore>,
     cache: Store<Pet>,
     reconcile: UnboundedSender<ObjectRef<Pet>>,
     stop: CancellationToken,
 ) {
     let mut follower = Follower {
         ctx,
+        store,
+        client,
         cache,
         reconcile,
         revision: 0,
@@ -109,11 +246,50 @@ pub async fn follow(
         index: None,
         missed: Vec::new(),
     };
+    follower.count_state(None, Some(State::Starting));
     tokio::select! {
         () = stop.cancelled() => {}
         () = follower.run() => {}
     }
     follower.set_live(false);
+    follower.count_state(Some(follower.state), None);
+}
+
+/// Queues the Pet for a reconcile that reads the store.
+fn queue(ctx: &Context, reconcile: &UnboundedSender<ObjectRef<Pet>>, pet: &Arc<Pet>) {
+    if let Some(uid) = pet.uid() {
+        ctx.memory.suspect_drift(pet, &uid);
+    }
+    // Fails only when the controller has stopped.
+    let _ = reconcile.unbounded_send(ObjectRef::from_obj(&**pet));
+}
+
+/// Queues every synced Pet of `store`: what its feed would have told is
+/// read from the store instead.
+fn reread_synced(
+    ctx: &Context,
+    cache: &Store<Pet>,
+    reconcile: &UnboundedSender<ObjectRef<Pet>>,
+    store: &StoreId,
+) {
+    let mut queued = 0;
+    for pet in cache.state() {
+        if on_store(&pet, store)
+            && pet
+                .uid()
+                .is_some_and(|uid| ctx.memory.synced(&uid).is_some())
+        {
+            queue(ctx, reconcile, &pet);
+            queued += 1;
+        }
+    }
+    if queued > 0 {
+        info!(
+            %store,
+            pets = queued,
+            "reading again the Pets synced while the store's feed was not followed"
+        );
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -124,18 +300,38 @@ enum State {
     Absent,
     /// The feed broke; reconnecting.
     Broken,
+    /// The store does not take the operator as its observer: polling.
+    Refused,
+}
+
+impl State {
+    /// The `state` label of `change_feed_stores`.
+    const fn as_str(self) -> &'static str {
+        match self {
+            State::Starting => "connecting",
+            State::Live => "live",
+            State::Absent => "absent",
+            State::Broken => "broken",
+            State::Refused => "refused",
+        }
+    }
 }
 
 struct Follower {
     ctx: Arc<Context>,
+    /// The store followed: only its Pets are judged.
+    store: StoreId,
+    /// Its client for the feed: the own store's, or one that carries the
+    /// operator's observer token.
+    client: Arc<dyn PetStore>,
     cache: Store<Pet>,
     reconcile: UnboundedSender<ObjectRef<Pet>>,
     /// The last revision seen; 0 before the first, and after history was
     /// lost.
     revision: i64,
     state: State,
-    /// The Pets by UID and record ID, and when that was read from the
-    /// cache; entries are checked against the cache's current copy.
+    /// This store's Pets by UID and record ID, and when that was read from
+    /// the cache; entries are checked against the cache's current copy.
     index: Option<(PetIndex, Instant)>,
     /// Changes whose Pet the index missed, to judge again once it may be
     /// rebuilt.
@@ -143,21 +339,52 @@ struct Follower {
 }
 
 impl Follower {
+    /// Another store than the operator's own: read as its observer.
+    fn reads_as_observer(&self) -> bool {
+        self.store != StoreId::Own
+    }
+
     async fn run(&mut self) {
         let mut wait = RECONNECT_FIRST;
         loop {
             let from_now = self.revision == 0;
-            let mut feed = match self.ctx.store.watch(self.revision).await {
+            if self.reads_as_observer() {
+                match self.client.reads_every_tenant().await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        self.refused(None);
+                        tokio::time::sleep(FEED_RECHECK).await;
+                        continue;
+                    }
+                    Err(StoreError::Denied { message, .. }) => {
+                        self.refused(Some(&message));
+                        tokio::time::sleep(FEED_RECHECK).await;
+                        continue;
+                    }
+                    Err(error) => {
+                        self.broken(&error);
+                        tokio::time::sleep(wait).await;
+                        wait = (wait * 2).min(RECONNECT_MAX);
+                        continue;
+                    }
+                }
+            }
+            let mut feed = match self.client.watch(self.revision).await {
                 Ok(feed) => feed,
                 Err(StoreError::Unimplemented { .. }) => {
                     if self.state != State::Absent {
                         info!(
+                            store = %self.store,
                             poll_interval = ?self.ctx.settings.poll_interval,
                             "the pet store offers no change feed (petstore.PetStore/WatchPets is unimplemented); drift is found by polling each Pet every poll interval"
                         );
-                        self.state = State::Absent;
-                        self.set_live(false);
+                        self.stopped_following(State::Absent);
                     }
+                    tokio::time::sleep(FEED_RECHECK).await;
+                    continue;
+                }
+                Err(StoreError::Denied { message, .. }) if self.reads_as_observer() => {
+                    self.refused(Some(&message));
                     tokio::time::sleep(FEED_RECHECK).await;
                     continue;
                 }
@@ -201,7 +428,7 @@ impl Follower {
             }
             if !first && self.state == State::Live {
                 // The store ended the stream (a restart, say): resume.
-                debug!(revision = self.revision, "the change feed ended; resuming");
+                debug!(store = %self.store, revision = self.revision, "the change feed ended; resuming");
             }
             tokio::time::sleep(wait).await;
             wait = (wait * 2).min(RECONNECT_MAX);
@@ -211,6 +438,7 @@ impl Follower {
     fn connected(&mut self, from_now: bool) {
         if self.state != State::Live {
             info!(
+                store = %self.store,
                 revision = self.revision,
                 audit_interval = ?self.ctx.settings.audit_interval,
                 "following the pet store's change feed; each Pet is also audited every audit interval"
@@ -223,25 +451,57 @@ impl Follower {
         if from_now {
             self.reread_synced();
         }
-        self.state = State::Live;
+        self.move_to(State::Live);
         self.set_live(true);
     }
 
     fn broken(&mut self, error: &StoreError) {
         if let StoreError::HistoryLost { .. } = error {
-            warn!(%error, "watching the change feed from now, and reading every Pet again");
+            warn!(store = %self.store, %error, "watching the change feed from now, and reading every Pet again");
             self.revision = 0;
         } else if self.state == State::Live {
-            warn!(%error, revision = self.revision, "the change feed broke; resuming");
+            warn!(store = %self.store, %error, revision = self.revision, "the change feed broke; resuming");
         } else {
-            debug!(%error, "the change feed is not available yet");
+            debug!(store = %self.store, %error, "the change feed is not available yet");
         }
-        if self.state == State::Live {
-            self.state = State::Broken;
+        if matches!(self.state, State::Live | State::Starting) {
+            self.move_to(State::Broken);
         }
         // New schedules use the poll interval until the feed is back; the
         // gap itself is replayed on resume, or re-read if history is lost.
         self.set_live(false);
+    }
+
+    /// The store does not show the operator every tenant's changes: it
+    /// takes the operator for a tenant, or refuses its token (`why`). Told
+    /// once, until the feed is followed again.
+    fn refused(&mut self, why: Option<&str>) {
+        if self.state == State::Refused {
+            return;
+        }
+        let observer = self.ctx.stores.observer().map_or_else(
+            || "<the operator's ServiceAccount>".to_owned(),
+            |a| a.subject(),
+        );
+        warn!(
+            store = %self.store,
+            refused = why.unwrap_or("the store takes the operator for a tenant"),
+            poll_interval = ?self.ctx.settings.poll_interval,
+            "the store does not let the operator read every tenant's changes: start it with `--observer {observer}`, trusting its tokens' issuer and audience; until then its Pets are polled every poll interval, and the store is asked again every minute"
+        );
+        self.stopped_following(State::Refused);
+    }
+
+    /// The feed is not followed, and will not be until the store changes:
+    /// the Pets scheduled for an audit while it was are read again now, so
+    /// each is polled at the poll interval from here on.
+    fn stopped_following(&mut self, state: State) {
+        let was_live = self.state == State::Live;
+        self.move_to(state);
+        self.set_live(false);
+        if was_live {
+            self.reread_synced();
+        }
     }
 
     /// Whether the index was built too recently to be built again.
@@ -251,15 +511,17 @@ impl Follower {
             .is_some_and(|(_, built)| built.elapsed() < INDEX_REFRESH)
     }
 
-    /// The current Pet `change` concerns. The kept index finds it; the
-    /// cache's current copy confirms it, so a stale entry never decides a
-    /// verdict. A miss rebuilds the index, at most every INDEX_REFRESH.
+    /// The current Pet `change` concerns, among this store's. The kept
+    /// index finds it; the cache's current copy confirms it, so a stale
+    /// entry never decides a verdict. A miss rebuilds the index, at most
+    /// every INDEX_REFRESH.
     fn current_pet_for(&mut self, change: &RecordChange) -> Option<Arc<Pet>> {
+        let store = &self.store;
         let found = |index: &PetIndex, cache: &Store<Pet>| {
             index
                 .pet_for(change)
                 .and_then(|pet| cache.get(&ObjectRef::from_obj(&**pet)))
-                .filter(|pet| PetIndex::concerns(pet, change))
+                .filter(|pet| on_store(pet, store) && PetIndex::concerns(pet, change))
         };
         if let Some(pet) = self
             .index
@@ -270,22 +532,19 @@ impl Follower {
         }
         // A record holding a Pet's name (kept by an earlier Pet of that
         // name, or owned by another installation, or deleted) concerns that
-        // Pet.
+        // Pet, if its record is in this store.
         if let Some(pet) = change
             .identity
             .split_once('/')
             .and_then(|(namespace, name)| self.cache.get(&ObjectRef::new(name).within(namespace)))
+            .filter(|pet| on_store(pet, store))
         {
             return Some(pet);
         }
-        if self
-            .index
-            .as_ref()
-            .is_some_and(|(_, built)| built.elapsed() < INDEX_REFRESH)
-        {
+        if self.index_is_fresh() {
             return None;
         }
-        let index = PetIndex::new(self.cache.state());
+        let index = PetIndex::of_store(self.cache.state(), store);
         let pet = found(&index, &self.cache);
         self.index = Some((index, Instant::now()));
         pet
@@ -314,7 +573,7 @@ impl Follower {
     fn handle(&mut self, changes: &[RecordChange]) {
         // Our own writes coming back, recognised in O(1) (see
         // crate::store::echoes); only the rest look for their Pet.
-        let echoes = self.ctx.store.echoes();
+        let echoes = self.client.echoes();
         let others: Vec<&RecordChange> = changes
             .iter()
             .filter(|change| {
@@ -349,6 +608,7 @@ impl Follower {
         self.ctx.metrics.feed_change(verdict);
         if let (Verdict::Drifted, Some(pet)) = (verdict, pet) {
             debug!(
+                store = %self.store,
                 id = %change.id,
                 revision = change.revision,
                 pet = %pet.name_any(),
@@ -360,38 +620,36 @@ impl Follower {
 
     /// Queues the Pet for a reconcile that reads the store.
     fn queue(&self, pet: &Arc<Pet>) {
-        if let Some(uid) = pet.uid() {
-            self.ctx.memory.suspect_drift(pet, &uid);
-        }
-        // Fails only when the controller has stopped.
-        let _ = self.reconcile.unbounded_send(ObjectRef::from_obj(&**pet));
+        queue(&self.ctx, &self.reconcile, pet);
     }
 
     fn reread_synced(&self) {
-        let mut queued = 0;
-        for pet in self.cache.state() {
-            if pet
-                .uid()
-                .is_some_and(|uid| self.ctx.memory.synced(&uid).is_some())
-            {
-                self.queue(&pet);
-                queued += 1;
-            }
-        }
-        if queued > 0 {
-            info!(
-                pets = queued,
-                "reading again the Pets synced before the feed was followed"
-            );
+        reread_synced(&self.ctx, &self.cache, &self.reconcile, &self.store);
+    }
+
+    fn move_to(&mut self, state: State) {
+        self.count_state(Some(self.state), Some(state));
+        self.state = state;
+    }
+
+    /// `change_feed_stores` counts the other stores' feeds by state; the
+    /// own store's is `change_feed_connected`.
+    fn count_state(&self, from: Option<State>, to: Option<State>) {
+        if self.store != StoreId::Own {
+            self.ctx
+                .metrics
+                .store_feed_moved(from.map(State::as_str), to.map(State::as_str));
         }
     }
 
     fn set_live(&self, live: bool) {
-        if let Some(echoes) = self.ctx.store.echoes() {
+        if let Some(echoes) = self.client.echoes() {
             echoes.set_enabled(live);
         }
-        self.ctx.poll.set_feed_live(live);
-        self.ctx.metrics.set_feed_connected(live);
+        self.ctx.poll.set_feed_live(&self.store, live);
+        if self.store == StoreId::Own {
+            self.ctx.metrics.set_feed_connected(live);
+        }
     }
 }
 
@@ -425,7 +683,16 @@ mod tests {
         cache: reflector::store::Writer<Pet>,
     }
 
-    fn following(pets: &[Pet]) -> Following {
+    /// The context, with the fake as the operator's own store, and a watch
+    /// cache holding `pets`.
+    fn context(
+        pets: &[Pet],
+    ) -> (
+        Arc<Context>,
+        Arc<FakeStore>,
+        Store<Pet>,
+        reflector::store::Writer<Pet>,
+    ) {
         let (service, _handle) = tower_test::mock::pair::<
             http::Request<kube::client::Body>,
             http::Response<kube::client::Body>,
@@ -453,9 +720,21 @@ mod tests {
             writer.apply_watcher_event(&watcher::Event::Apply(pet.clone()));
         }
         ctx.memory.track(cache.clone());
+        (ctx, store, cache, writer)
+    }
+
+    fn following(pets: &[Pet]) -> Following {
+        let (ctx, store, cache, writer) = context(pets);
         let (queue, queued) = futures::channel::mpsc::unbounded();
         let stop = CancellationToken::new();
-        tokio::spawn(follow(Arc::clone(&ctx), cache, queue, stop.clone()));
+        tokio::spawn(follow(
+            Arc::clone(&ctx),
+            StoreId::Own,
+            store.clone(),
+            cache,
+            queue,
+            stop.clone(),
+        ));
         Following {
             store,
             ctx,
@@ -724,5 +1003,370 @@ mod tests {
             &thor,
             &RecordChange::changed("record-9", "someone-else", "Rex")
         ));
+    }
+
+    fn cluster(name: &str) -> StoreId {
+        StoreId::Cluster { name: name.into() }
+    }
+
+    /// A Pet named `name` in namespace `team`, whose record is `id` in the
+    /// store `status.store` names (`None`: the operator's own).
+    fn pet_on(store: Option<&str>, name: &str, id: Option<&str>) -> Pet {
+        let mut pet = Pet::test().with_uid(&format!("uid-{name}"));
+        pet.metadata.name = Some(name.into());
+        pet.metadata.namespace = Some("team".into());
+        let status = pet.status.get_or_insert_default();
+        status.id = id.map(str::to_owned);
+        status.store = store.map(str::to_owned);
+        pet
+    }
+
+    /// Followers of the own store, ClusterPetStore `a` and PetStore `b` (in
+    /// namespace `team`), each on a fake store of its own whose feed the
+    /// test writes to, over one watch cache; what they queue arrives on
+    /// the receiver.
+    struct ThreeStores {
+        ctx: Arc<Context>,
+        feeds: HashMap<&'static str, UnboundedSender<Result<FeedBatch, StoreError>>>,
+        queued: UnboundedReceiver<ObjectRef<Pet>>,
+        stop: CancellationToken,
+    }
+
+    fn three_stores(pets: &[Pet]) -> ThreeStores {
+        let (ctx, own, cache, _writer) = context(pets);
+        let (queue, queued) = futures::channel::mpsc::unbounded();
+        let stop = CancellationToken::new();
+        let b = StoreId::Namespaced {
+            namespace: "team".into(),
+            name: "b".into(),
+        };
+        let mut feeds = HashMap::new();
+        for (label, id, store) in [
+            ("own", StoreId::Own, own),
+            ("a", cluster("a"), Arc::new(FakeStore::default())),
+            ("b", b, Arc::new(FakeStore::default())),
+        ] {
+            feeds.insert(label, scripted_feed(&store));
+            tokio::spawn(follow(
+                Arc::clone(&ctx),
+                id,
+                store,
+                cache.clone(),
+                queue.clone(),
+                stop.clone(),
+            ));
+        }
+        ThreeStores {
+            ctx,
+            feeds,
+            queued,
+            stop,
+        }
+    }
+
+    /// Record IDs are the store's: a change reaches the Pets of the store
+    /// it came from only, however it names a Pet of another.
+    #[tokio::test(start_paused = true)]
+    async fn a_change_queues_only_pets_whose_record_is_in_its_store() {
+        let pets = [
+            pet_on(Some("ClusterPetStore/a"), "pet-a", Some("record-1")),
+            pet_on(Some("PetStore/b"), "pet-b", Some("record-1")),
+            pet_on(None, "pet-own", Some("record-2")),
+            pet_on(Some("PetStore/b"), "watching", None)
+                .annotated(crate::crd::EXTERNAL_ID_ANNOTATION, "record-3"),
+        ];
+        let rows: [(&str, &str, RecordChange, &[&str]); 9] = [
+            (
+                "a's record-1 concerns a's Pet",
+                "a",
+                RecordChange::changed("record-1", "", "Rex"),
+                &["pet-a"],
+            ),
+            (
+                "b's record-1 concerns b's Pet",
+                "b",
+                RecordChange::changed("record-1", "", "Rex"),
+                &["pet-b"],
+            ),
+            (
+                "the own store's record-1 concerns neither",
+                "own",
+                RecordChange::changed("record-1", "", "Rex"),
+                &[],
+            ),
+            (
+                "a's record-1 deleted",
+                "a",
+                RecordChange::deleted("record-1"),
+                &["pet-a"],
+            ),
+            (
+                "a record in a keyed to b's Pet",
+                "a",
+                RecordChange::changed("record-9", "uid-pet-b", "Rex"),
+                &[],
+            ),
+            (
+                "a record in a holding b's Pet's name",
+                "a",
+                RecordChange::changed("record-9", "", "Rex").named("team/pet-b"),
+                &[],
+            ),
+            (
+                "a's record-3, which a Pet of b names",
+                "a",
+                RecordChange::changed("record-3", "", "Rex"),
+                &[],
+            ),
+            (
+                "b's record-3, which that Pet names",
+                "b",
+                RecordChange::changed("record-3", "", "Rex"),
+                &["watching"],
+            ),
+            (
+                "the own store's record-2",
+                "own",
+                RecordChange::changed("record-2", "", "Rex"),
+                &["pet-own"],
+            ),
+        ];
+        for (row, from, change, want) in rows {
+            let mut stores = three_stores(&pets);
+            settle().await;
+            stores.feeds[from]
+                .unbounded_send(batch_of(1, vec![change]))
+                .expect("send");
+            settle().await;
+            // Past any deferred judgement.
+            tokio::time::sleep(INDEX_REFRESH * 2).await;
+            settle().await;
+            assert_eq!(queued_now(&mut stores.queued), want, "{row}");
+            let verdict = if want.is_empty() {
+                "unrelated"
+            } else {
+                "drifted"
+            };
+            let counted = format!("change_feed_changes_total{{verdict=\"{verdict}\"}} 1");
+            let metrics = stores.ctx.metrics.encode().expect("metrics");
+            assert!(metrics.contains(&counted), "{row}: {metrics}");
+            stores.stop.cancel();
+        }
+    }
+
+    /// Each store's feed decides the poll of its own Pets: one live, one
+    /// down, one that has none, one that takes the operator for a tenant.
+    #[tokio::test(start_paused = true)]
+    async fn each_stores_feed_state_sets_the_poll_of_its_own_pets() {
+        let log = Captured::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer({
+                let log = log.clone();
+                move || log.clone()
+            })
+            .finish();
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let (ctx, own, cache, _writer) = context(&[]);
+        let (queue, _queued) = futures::channel::mpsc::unbounded();
+        let stop = CancellationToken::new();
+        let live = Arc::new(FakeStore::default());
+        let _live_feed = scripted_feed(&live);
+        let down = Arc::new(FakeStore::default());
+        down.set_unavailable(true);
+        // No feed scripted: the store has none.
+        let absent = Arc::new(FakeStore::default());
+        let tenant_only = Arc::new(FakeStore::default());
+        tenant_only.set_tenant_only(true);
+        let _own_feed = scripted_feed(&own);
+        let stores: [(StoreId, Arc<FakeStore>); 5] = [
+            (StoreId::Own, Arc::clone(&own)),
+            (cluster("live"), Arc::clone(&live)),
+            (cluster("down"), down),
+            (cluster("absent"), absent),
+            (cluster("tenant-only"), Arc::clone(&tenant_only)),
+        ];
+        for (id, store) in stores {
+            tokio::spawn(follow(
+                Arc::clone(&ctx),
+                id,
+                store,
+                cache.clone(),
+                queue.clone(),
+                stop.clone(),
+            ));
+        }
+        settle().await;
+        _live_feed.unbounded_send(batch(3)).expect("send");
+        _own_feed.unbounded_send(batch(3)).expect("send");
+        settle().await;
+        let poll = Settings::default().poll_interval;
+        let audit = Settings::default().audit_interval;
+        let rows: [(&str, StoreId, Duration); 5] = [
+            ("the own store's feed is followed", StoreId::Own, audit),
+            ("a live feed", cluster("live"), audit),
+            ("a store that is down", cluster("down"), poll),
+            ("a store without a feed", cluster("absent"), poll),
+            (
+                "a store that takes the operator for a tenant",
+                cluster("tenant-only"),
+                poll,
+            ),
+        ];
+        for (row, store, want) in &rows {
+            assert_eq!(ctx.poll.interval_for(Some(store), 10), *want, "{row}");
+        }
+        let metrics = ctx.metrics.encode().expect("metrics");
+        for state in [
+            "state=\"live\"} 1",
+            "state=\"broken\"} 1",
+            "state=\"absent\"} 1",
+            "state=\"refused\"} 1",
+            "state=\"connecting\"} 0",
+        ] {
+            assert!(
+                metrics.contains(&format!("change_feed_stores{{{state}")),
+                "{state}: {metrics}"
+            );
+        }
+        // The refusal is told once, naming the flag the store needs, and
+        // the store is asked again every minute.
+        tokio::time::sleep(FEED_RECHECK * 3 + Duration::from_secs(1)).await;
+        settle().await;
+        let told = log.text();
+        assert_eq!(
+            told.matches("start it with `--observer").count(),
+            1,
+            "{told}"
+        );
+        let asked = tenant_only
+            .calls()
+            .iter()
+            .filter(|call| *call == "reads_every_tenant")
+            .count();
+        assert_eq!(asked, 4, "at the start and once a minute since");
+        assert!(
+            watches(&tenant_only).is_empty(),
+            "a feed that would show one tenant is not read"
+        );
+        // Once restarted with --observer for the operator, it is followed.
+        let _feed = scripted_feed(&tenant_only);
+        tenant_only.set_tenant_only(false);
+        tokio::time::sleep(FEED_RECHECK).await;
+        _feed.unbounded_send(batch(5)).expect("send");
+        settle().await;
+        assert_eq!(
+            ctx.poll.interval_for(Some(&cluster("tenant-only")), 10),
+            audit
+        );
+        assert!(
+            ctx.metrics
+                .encode()
+                .expect("metrics")
+                .contains("change_feed_stores{state=\"refused\"} 0")
+        );
+        // Stopped, every follower lets go of its store.
+        stop.cancel();
+        settle().await;
+        for (row, store, _) in &rows {
+            assert_eq!(ctx.poll.interval_for(Some(store), 10), poll, "{row}");
+        }
+        let metrics = ctx.metrics.encode().expect("metrics");
+        assert!(
+            !metrics.lines().any(
+                |line| line.starts_with("petstore_operator_change_feed_stores{")
+                    && !line.ends_with(" 0")
+            ),
+            "{metrics}"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_stores_kept_open_are_those_holding_records_of_pets() {
+        let (_, _, cache, _writer) = context(&[
+            pet_on(None, "own", Some("r-1")),
+            pet_on(Some("ClusterPetStore/a"), "on-a", Some("r-1")),
+            pet_on(Some("ClusterPetStore/a"), "also-on-a", Some("r-2")),
+            pet_on(Some("PetStore/b"), "on-b", None),
+        ]);
+        let b = StoreId::Namespaced {
+            namespace: "team".into(),
+            name: "b".into(),
+        };
+        assert_eq!(stores_with_pets(&cache), HashSet::from([cluster("a"), b]));
+    }
+
+    /// A store's follower runs while the store is open, and goes with it;
+    /// a store opened again (a new spec) gets a new one, from now.
+    #[tokio::test(start_paused = true)]
+    async fn a_follower_runs_while_its_store_is_open() {
+        let pets = [pet_on(Some("ClusterPetStore/a"), "pet-a", Some("record-1"))];
+        let (ctx, own, cache, _writer) = context(&pets);
+        let uid = "uid-pet-a";
+        ctx.memory.in_sync(&pets[0], uid, (Some(1), 0), "r");
+        let (queue, mut queued) = futures::channel::mpsc::unbounded();
+        let stop = CancellationToken::new();
+        let (open, feeds) = watch::channel(Feeds::new());
+        let _own_feed = scripted_feed(&own);
+        tokio::spawn(follow_stores(
+            Arc::clone(&ctx),
+            feeds,
+            cache,
+            queue,
+            stop.clone(),
+        ));
+        settle().await;
+        let audit = Settings::default().audit_interval;
+        let poll = Settings::default().poll_interval;
+        let a = Some(cluster("a"));
+        assert_eq!(ctx.poll.interval_for(a.as_ref(), 1), poll, "not open yet");
+
+        let first = Arc::new(FakeStore::default());
+        let first_feed = scripted_feed(&first);
+        open.send_modify(|feeds| drop(feeds.insert(cluster("a"), first.clone())));
+        settle().await;
+        first_feed.unbounded_send(batch(4)).expect("send");
+        settle().await;
+        assert_eq!(ctx.poll.interval_for(a.as_ref(), 1), audit, "followed");
+        assert_eq!(watches(&first), ["watch:0"]);
+        // Followed from now: the Pet synced before is read once more.
+        assert_eq!(queued_now(&mut queued), ["pet-a"]);
+
+        // Its reconcile found it in sync.
+        ctx.memory.in_sync(&pets[0], uid, (Some(1), 0), "r");
+
+        // Opened again with a new spec: a new follower, on the new client.
+        let second = Arc::new(FakeStore::default());
+        let second_feed = scripted_feed(&second);
+        open.send_modify(|feeds| drop(feeds.insert(cluster("a"), second.clone())));
+        settle().await;
+        second_feed.unbounded_send(batch(1)).expect("send");
+        settle().await;
+        assert_eq!(watches(&second), ["watch:0"]);
+        assert_eq!(ctx.poll.interval_for(a.as_ref(), 1), audit);
+        assert!(
+            first_feed.is_closed(),
+            "the first follower let go of its feed"
+        );
+
+        assert_eq!(
+            queued_now(&mut queued),
+            ["pet-a"],
+            "followed from now again"
+        );
+
+        ctx.memory.in_sync(&pets[0], uid, (Some(1), 0), "r");
+
+        // Closed (its object deleted, say): polled again, and its Pets,
+        // which were only audited, are read now.
+        open.send_modify(|feeds| drop(feeds.remove(&cluster("a"))));
+        settle().await;
+        assert_eq!(ctx.poll.interval_for(a.as_ref(), 1), poll, "closed");
+        assert_eq!(queued_now(&mut queued), ["pet-a"], "read on closing");
+        assert_eq!(
+            ctx.poll.interval_for(Some(&StoreId::Own), 1),
+            poll,
+            "the own store's feed was never live here"
+        );
+        stop.cancel();
     }
 }

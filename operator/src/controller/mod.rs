@@ -12,6 +12,8 @@
 //!   then records how it ended, in one place;
 //! - `memory.rs`: what is remembered about each Pet between reconciles;
 //! - `finalizer.rs` and `status_write.rs`: the two writes to the Pet;
+//! - `feed.rs`: drift from each store's change feed, the own store's and
+//!   every open `PetStore`'s and `ClusterPetStore`'s;
 //! - `poll.rs`: when an in-sync Pet is next checked for drift.
 //!
 //! Ordering that makes a crash at any point safe:
@@ -93,8 +95,9 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
         Arc::clone(&ctx.metrics),
     ));
     if ctx.settings.follow_store_changes {
-        tokio::spawn(feed::follow(
+        tokio::spawn(feed::follow_stores(
             Arc::clone(&ctx),
+            ctx.stores.feeds(),
             reader.clone(),
             released.clone(),
             stop.clone(),
@@ -102,7 +105,7 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
     } else {
         info!(
             poll_interval = ?ctx.settings.poll_interval,
-            "not following the store's change feed (--follow-store-changes=false); drift is found by polling each Pet every poll interval"
+            "not following the stores' change feeds (--follow-store-changes=false); drift is found by polling each Pet every poll interval"
         );
     }
     tokio::spawn(hand_over_due_polls(

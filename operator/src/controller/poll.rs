@@ -6,9 +6,12 @@
 //! fall evenly over the interval, so the store sees a steady N / interval
 //! reads per second instead of the creation burst repeated every interval.
 //!
-//! Audit: while the store's change feed is followed, drift is found from the
-//! feed within a second, and the poll only audits, at the longer audit
-//! interval (see `--audit-interval`).
+//! Audit: while the change feed of a Pet's store is followed, drift is
+//! found from the feed within a second, and the poll only audits, at the
+//! longer audit interval (see `--audit-interval`). Each store's feed counts
+//! for its own Pets only: a store whose feed is down, absent or refused
+//! has its Pets polled at the poll interval, whatever the other stores'
+//! feeds do.
 //!
 //! Bound: when N / interval would exceed `max_rate`, the interval stretches
 //! to N / max_rate, so the drift poll alone never asks the store for more
@@ -20,14 +23,16 @@
 //! interval late), rather than kube's scheduler holding an entry for every
 //! Pet.
 
+use std::collections::HashSet;
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{OnceLock, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use kube::runtime::reflector::Store;
 
 use crate::crd::Pet;
+use crate::stores::StoreId;
 
 /// The shortest interval used, whatever the settings say.
 const MIN_INTERVAL: Duration = Duration::from_millis(100);
@@ -36,7 +41,11 @@ pub struct PollSchedule {
     interval: Duration,
     /// The interval while the change feed is followed.
     audit_interval: Duration,
-    feed_live: AtomicBool,
+    /// The operator's own store's feed is followed now.
+    own_feed_live: AtomicBool,
+    /// The other stores whose feeds are followed now: at most one entry per
+    /// open store, removed when its follower stops.
+    feeds_live: RwLock<HashSet<StoreId>>,
     max_rate: f64,
     epoch: Instant,
     /// The watch cache, to count the Pets; unset until the controller runs.
@@ -48,7 +57,8 @@ impl PollSchedule {
         Self {
             interval: interval.max(MIN_INTERVAL),
             audit_interval: interval.max(MIN_INTERVAL),
-            feed_live: AtomicBool::new(false),
+            own_feed_live: AtomicBool::new(false),
+            feeds_live: RwLock::default(),
             max_rate,
             epoch: Instant::now(),
             pets: OnceLock::new(),
@@ -62,30 +72,35 @@ impl PollSchedule {
         self
     }
 
-    /// Whether the change feed is followed now.
-    pub fn set_feed_live(&self, live: bool) {
-        self.feed_live.store(live, Ordering::Relaxed);
-    }
-
-    fn base_interval(&self) -> Duration {
-        if self.feed_live.load(Ordering::Relaxed) {
-            self.audit_interval
+    /// Whether the change feed of `store` is followed now.
+    pub fn set_feed_live(&self, store: &StoreId, live: bool) {
+        if *store == StoreId::Own {
+            self.own_feed_live.store(live, Ordering::Relaxed);
+            return;
+        }
+        let mut feeds = self
+            .feeds_live
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        if live {
+            feeds.insert(store.clone());
         } else {
-            self.interval
+            feeds.remove(store);
         }
     }
 
-    /// As [`PollSchedule::delay`] for a Pet whose store's feed is not
-    /// followed (a `PetStore`'s or `ClusterPetStore`'s): the poll interval,
-    /// whatever the own store's feed does.
-    pub fn delay_unfollowed(&self, uid: &str) -> Duration {
-        let pets = self.pet_count() as f64;
-        let needed = if self.max_rate.is_finite() && self.max_rate > 0.0 {
-            Duration::try_from_secs_f64(pets / self.max_rate).unwrap_or(Duration::MAX)
-        } else {
-            Duration::ZERO
-        };
-        self.delay_at(uid, self.interval.max(needed), Instant::now())
+    /// Whether the feed of `store` is followed now; `None`, a store that
+    /// cannot be told, is polled.
+    fn feed_live(&self, store: Option<&StoreId>) -> bool {
+        match store {
+            None => false,
+            Some(StoreId::Own) => self.own_feed_live.load(Ordering::Relaxed),
+            Some(store) => self
+                .feeds_live
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .contains(store),
+        }
     }
 
     /// Counts Pets in this cache from now on (the first call wins).
@@ -97,10 +112,14 @@ impl PollSchedule {
         self.pets.get().map_or(0, Store::len)
     }
 
-    /// The configured interval, stretched so that `pets` polls per interval
-    /// stay within `max_rate` per second.
-    pub fn interval_for(&self, pets: usize) -> Duration {
-        let base = self.base_interval();
+    /// The interval for the Pets of `store`, stretched so that `pets` polls
+    /// per interval stay within `max_rate` per second.
+    pub fn interval_for(&self, store: Option<&StoreId>, pets: usize) -> Duration {
+        let base = if self.feed_live(store) {
+            self.audit_interval
+        } else {
+            self.interval
+        };
         if !(self.max_rate.is_finite() && self.max_rate > 0.0) {
             return base;
         }
@@ -109,15 +128,17 @@ impl PollSchedule {
         base.max(needed)
     }
 
-    /// The interval in effect now.
+    /// The interval in effect now for the Pets of the operator's own store
+    /// (what the poll sweep and `poll_interval_seconds` follow).
     pub fn interval(&self) -> Duration {
-        self.interval_for(self.pet_count())
+        self.interval_for(Some(&StoreId::Own), self.pet_count())
     }
 
-    /// How long until the Pet with this UID is next polled: the next time
-    /// at its phase that is at least half an interval away.
-    pub fn delay(&self, uid: &str) -> Duration {
-        self.delay_at(uid, self.interval(), Instant::now())
+    /// How long until the Pet with this UID, on `store`, is next polled:
+    /// the next time at its phase that is at least half an interval away.
+    pub fn delay(&self, store: Option<&StoreId>, uid: &str) -> Duration {
+        let interval = self.interval_for(store, self.pet_count());
+        self.delay_at(uid, interval, Instant::now())
     }
 
     fn delay_at(&self, uid: &str, interval: Duration, now: Instant) -> Duration {
@@ -200,34 +221,125 @@ mod tests {
     #[test]
     fn the_interval_stretches_to_bound_the_read_rate() {
         let schedule = PollSchedule::new(Duration::from_secs(300), 100.0);
-        assert_eq!(schedule.interval_for(0), Duration::from_secs(300));
-        assert_eq!(schedule.interval_for(20_000), Duration::from_secs(300));
-        assert_eq!(schedule.interval_for(60_000), Duration::from_secs(600));
+        let own = Some(&StoreId::Own);
+        assert_eq!(schedule.interval_for(own, 0), Duration::from_secs(300));
+        assert_eq!(schedule.interval_for(own, 20_000), Duration::from_secs(300));
+        assert_eq!(schedule.interval_for(own, 60_000), Duration::from_secs(600));
         // Without a tracked cache the configured interval holds.
         assert_eq!(schedule.interval(), Duration::from_secs(300));
         let unbounded = PollSchedule::new(Duration::from_secs(10), 0.0);
-        assert_eq!(unbounded.interval_for(1_000_000), Duration::from_secs(10));
+        assert_eq!(
+            unbounded.interval_for(own, 1_000_000),
+            Duration::from_secs(10)
+        );
+    }
+
+    fn store(name: &str) -> StoreId {
+        StoreId::Cluster { name: name.into() }
     }
 
     #[test]
     fn the_audit_interval_holds_while_the_feed_is_followed() {
         let schedule = PollSchedule::new(Duration::from_secs(300), 100.0)
             .with_audit_interval(Duration::from_secs(3600));
-        assert_eq!(schedule.interval_for(1_000), Duration::from_secs(300));
-        schedule.set_feed_live(true);
-        assert_eq!(schedule.interval_for(1_000), Duration::from_secs(3600));
+        let own = Some(&StoreId::Own);
+        assert_eq!(schedule.interval_for(own, 1_000), Duration::from_secs(300));
+        schedule.set_feed_live(&StoreId::Own, true);
+        assert_eq!(schedule.interval_for(own, 1_000), Duration::from_secs(3600));
         // The read-rate bound still stretches it.
-        assert_eq!(schedule.interval_for(720_000), Duration::from_secs(7200));
-        // A Pet on a store whose feed is not followed keeps the poll
-        // interval: its next poll is at most one and a half intervals away.
-        assert!(schedule.delay_unfollowed("uid") <= Duration::from_secs(450));
-        assert!(schedule.delay("uid") >= Duration::from_secs(1800));
-        schedule.set_feed_live(false);
-        assert_eq!(schedule.interval_for(1_000), Duration::from_secs(300));
+        assert_eq!(
+            schedule.interval_for(own, 720_000),
+            Duration::from_secs(7200)
+        );
+        schedule.set_feed_live(&StoreId::Own, false);
+        assert_eq!(schedule.interval_for(own, 1_000), Duration::from_secs(300));
         // An audit never comes more often than the poll would.
         let short = PollSchedule::new(Duration::from_secs(300), 100.0)
             .with_audit_interval(Duration::from_secs(60));
-        short.set_feed_live(true);
-        assert_eq!(short.interval_for(1_000), Duration::from_secs(300));
+        short.set_feed_live(&StoreId::Own, true);
+        assert_eq!(short.interval_for(own, 1_000), Duration::from_secs(300));
+    }
+
+    #[test]
+    fn each_stores_feed_decides_the_poll_of_its_own_pets_only() {
+        let poll = Duration::from_secs(300);
+        let audit = Duration::from_secs(3600);
+        let b = store("b");
+        let a_namespaced = StoreId::Namespaced {
+            namespace: "team-a".into(),
+            name: "b".into(),
+        };
+        // (row, the stores whose feeds are live, the store asked, interval)
+        let rows: [(&str, &[&StoreId], Option<&StoreId>, Duration); 8] = [
+            ("no feed live: polled", &[], Some(&b), poll),
+            ("its own feed live: audited", &[&b], Some(&b), audit),
+            (
+                "another store's feed live: polled",
+                &[&StoreId::Own],
+                Some(&b),
+                poll,
+            ),
+            (
+                "the own store's feed alone",
+                &[&StoreId::Own],
+                Some(&StoreId::Own),
+                audit,
+            ),
+            (
+                "b live does not audit the own store",
+                &[&b],
+                Some(&StoreId::Own),
+                poll,
+            ),
+            (
+                "a PetStore named like a ClusterPetStore is another store",
+                &[&b],
+                Some(&a_namespaced),
+                poll,
+            ),
+            (
+                "every feed live",
+                &[&StoreId::Own, &b, &a_namespaced],
+                Some(&a_namespaced),
+                audit,
+            ),
+            (
+                "a store that cannot be told is polled",
+                &[&StoreId::Own, &b],
+                None,
+                poll,
+            ),
+        ];
+        for (row, live, asked, want) in rows {
+            let schedule = PollSchedule::new(poll, 100.0).with_audit_interval(audit);
+            for store in live {
+                schedule.set_feed_live(store, true);
+            }
+            assert_eq!(schedule.interval_for(asked, 1_000), want, "{row}");
+            // The next poll follows the same interval: within one and a half.
+            let delay = schedule.delay(asked, "uid");
+            assert!(
+                delay >= want / 2 && delay <= want * 3 / 2,
+                "{row}: {delay:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_feed_that_stops_leaves_no_trace() {
+        let schedule = PollSchedule::new(Duration::from_secs(300), 100.0)
+            .with_audit_interval(Duration::from_secs(3600));
+        for i in 0..100 {
+            schedule.set_feed_live(&store(&format!("s-{i}")), true);
+        }
+        for i in 0..100 {
+            schedule.set_feed_live(&store(&format!("s-{i}")), false);
+        }
+        let live = schedule.feeds_live.read().expect("lock").len();
+        assert_eq!(live, 0, "one entry per live feed, gone with it");
+        assert_eq!(
+            schedule.interval_for(Some(&store("s-7")), 1_000),
+            Duration::from_secs(300)
+        );
     }
 }

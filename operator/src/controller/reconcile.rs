@@ -20,6 +20,7 @@ use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
 use tracing::{Instrument, debug, info, info_span, warn};
 
+use super::context::store_of;
 use super::{Context, finalizer, status_write};
 use crate::crd::Pet;
 // `Sync` would shadow the marker trait.
@@ -31,6 +32,7 @@ use crate::decision::{
 };
 use crate::status::{self, Outcome, PlanUpdate, Reason};
 use crate::store::{Changes, Created, Field, PetStore, StoreError};
+use crate::stores::StoreId;
 use crate::{Error, Fault};
 
 /// Observations per reconcile: a record that vanishes before an update, or
@@ -45,6 +47,9 @@ pub struct Reconcile<'a> {
     facts: Facts,
     /// The store this Pet uses, with its namespace's identity.
     store: Arc<dyn PetStore>,
+    /// Which store that is, once found: its change feed decides the next
+    /// poll (the Pet's copy may predate pinning it in `status.store`).
+    store_id: Option<StoreId>,
 }
 
 /// How a reconcile ended, before [`Reconcile::record`] makes it known.
@@ -130,8 +135,14 @@ impl<'a> Reconcile<'a> {
             api: Api::namespaced(ctx.client.clone(), &namespace),
             pet: Arc::clone(pet),
             store: Arc::clone(&ctx.store),
+            store_id: None,
             ctx,
         })
+    }
+
+    /// The store the Pet uses: as found, else as its status says.
+    fn store_id(&self) -> Option<StoreId> {
+        self.store_id.clone().or_else(|| store_of(&self.pet))
     }
 
     /// Finds the store the Pet uses, and pins it in `status.store` before
@@ -152,6 +163,7 @@ impl<'a> Reconcile<'a> {
                 .map_err(Problem::unshown)?;
         }
         self.store = found.store;
+        self.store_id = Some(found.id);
         Ok(())
     }
 
@@ -497,7 +509,9 @@ impl<'a> Reconcile<'a> {
                 } else {
                     self.ctx.memory.succeeded(uid);
                 }
-                return Ok(self.ctx.action(next, &self.pet, uid));
+                return Ok(self
+                    .ctx
+                    .action(next, self.store_id().as_ref(), &self.pet, uid));
             }
             Ending::Synced {
                 id,
@@ -505,7 +519,10 @@ impl<'a> Reconcile<'a> {
                 changes,
                 approved,
             } => match self.record_sync(&id, &sync, &changes, approved).await {
-                Ok(()) => return Ok(self.ctx.requeue(&self.pet, uid, self.ctx.poll_delay(uid))),
+                Ok(()) => {
+                    let delay = self.ctx.poll_delay(self.store_id().as_ref(), uid);
+                    return Ok(self.ctx.requeue(&self.pet, uid, delay));
+                }
                 Err(error) => Problem::failed(error),
             },
             Ending::Finished(story) => match self.record_finish(&story).await {
@@ -707,7 +724,7 @@ pub fn count(
             }
             // Neither in sync nor failing: only what it was shown.
             ctx.memory.held(uid);
-            return Ok(ctx.action(next, pet, uid));
+            return Ok(ctx.action(next, store_of(pet).as_ref(), pet, uid));
         }
         _ => {}
     }

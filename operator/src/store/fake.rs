@@ -36,6 +36,9 @@ struct State {
     watch_answers: VecDeque<Result<Feed, StoreError>>,
     /// When each `watch` was called (Tokio's clock, which tests may pause).
     watched_at: Vec<tokio::time::Instant>,
+    /// Emulates a store with tenancy that takes the caller for a tenant,
+    /// not its observer.
+    tenant_only: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -168,6 +171,12 @@ impl FakeStore {
         self.state().watched_at.clone()
     }
 
+    /// Take the caller for a tenant, not an observer (a store started
+    /// without `--observer` for it).
+    pub fn set_tenant_only(&self, tenant_only: bool) {
+        self.state().tenant_only = tenant_only;
+    }
+
     pub fn set_without_extensions(&self, without: bool) {
         self.state().without_extensions = without;
     }
@@ -277,6 +286,11 @@ impl PetStore for FakeStore {
             .unwrap_or(Err(StoreError::Unimplemented {
                 operation: Operation::Watch,
             }))
+    }
+
+    async fn reads_every_tenant(&self) -> Result<bool, StoreError> {
+        let state = self.enter(Operation::Watch, "reads_every_tenant".into())?;
+        Ok(!state.tenant_only)
     }
 
     async fn update(&self, id: &str, pet: &PetData) -> Result<(), StoreError> {

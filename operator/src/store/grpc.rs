@@ -500,6 +500,24 @@ fn feed_batch(resp: pb::WatchPetsResp) -> Result<FeedBatch, StoreError> {
     })
 }
 
+/// What a ChangeSampler without a sampler says of the caller (see
+/// [`PetStore::reads_every_tenant`]).
+fn observer_answer(answer: Result<(), Status>) -> Result<bool, StoreError> {
+    match answer {
+        // Let in: an observer, or a store without tenancy.
+        Ok(()) => Ok(true),
+        Err(status) => match status.code() {
+            Code::InvalidArgument => Ok(true),
+            // A tenant, or a namespace the store does not serve.
+            Code::PermissionDenied => Ok(false),
+            // A store without ChangeSampler predates tenancy: it shows
+            // every caller every record.
+            Code::Unimplemented => Ok(true),
+            _ => Err(classify_status(Operation::Watch, &status)),
+        },
+    }
+}
+
 /// The store's answer to a claim, as the operator reads it.
 fn claim_answer(resp: pb::ClaimInstallationResp) -> InstallationClaim {
     InstallationClaim {
@@ -572,6 +590,19 @@ impl PetStore for GrpcPetStore {
 
     fn echoes(&self) -> Option<&Echoes> {
         Some(&self.echoes)
+    }
+
+    async fn reads_every_tenant(&self) -> Result<bool, StoreError> {
+        // ChangeSampler is the one call a store with tenancy keeps to its
+        // observers, and it refuses a request without a sampler
+        // (INVALID_ARGUMENT) only after letting the caller in: asked with
+        // none, it tells who the caller is taken for and changes nothing.
+        let request = pb::ChangeSamplerReq { sampler: None };
+        let answer = self
+            .rpc
+            .call(async |mut c| c.change_sampler(request).await)
+            .await;
+        observer_answer(answer.map(drop))
     }
 
     async fn claim_installation(
@@ -998,6 +1029,50 @@ mod tests {
             store.calls()
         );
         assert_eq!(store.calls().len(), 3);
+    }
+
+    #[test]
+    fn a_sampler_change_without_a_sampler_tells_whether_the_caller_is_an_observer() {
+        /// (row, the store's answer, what it says of the caller)
+        type Row = (&'static str, Result<(), Status>, Result<bool, &'static str>);
+        let rows: [Row; 6] = [
+            (
+                "an observer: let in, then the request refused",
+                Err(Status::invalid_argument("sampler: is required")),
+                Ok(true),
+            ),
+            (
+                "a tenant",
+                Err(Status::permission_denied(
+                    "tenant \"petstore-system\" may not change the trace sampler: only observers may",
+                )),
+                Ok(false),
+            ),
+            (
+                "a store without the sampler",
+                Err(Status::unimplemented("")),
+                Ok(true),
+            ),
+            ("a store that took it", Ok(()), Ok(true)),
+            (
+                "a token the store does not take",
+                Err(Status::unauthenticated("bad audience")),
+                Err("denied"),
+            ),
+            (
+                "no answer",
+                Err(Status::unavailable("connection refused")),
+                Err("unavailable"),
+            ),
+        ];
+        for (row, answer, want) in rows {
+            let got = observer_answer(answer).map_err(|error| match error {
+                StoreError::Denied { .. } => "denied",
+                StoreError::Unavailable { .. } => "unavailable",
+                _ => "other",
+            });
+            assert_eq!(got, want, "{row}");
+        }
     }
 
     #[test]

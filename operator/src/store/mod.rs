@@ -394,6 +394,14 @@ pub trait PetStore: Send + Sync + 'static {
         })
     }
 
+    /// Whether this client's reads show every tenant's records: true from
+    /// a store that checks no tenants, and from one that names the caller
+    /// an observer (`--observer`); false from one that takes the caller
+    /// for a tenant, whose change feed shows that tenant's records only.
+    async fn reads_every_tenant(&self) -> Result<bool, StoreError> {
+        Ok(true)
+    }
+
     /// Claims the installation's name `installation` in the store for
     /// `holder` (this cluster) for `ttl`, or renews this holder's claim:
     /// refused while another holder's claim lasts.

@@ -7,13 +7,15 @@
 //! - this module: the watch caches of `PetStore`, `ClusterPetStore` and
 //!   Namespace that the rule reads, and the clients, opened on a store's
 //!   first use, one per store and namespace over one channel per store,
-//!   and closed when no Pet has used the store for a while.
+//!   and closed when no Pet has used the store for a while, or its object
+//!   is gone or changed; with each open store, a client that reads its
+//!   change feed as the operator's own ServiceAccount ([`Stores::feeds`]).
 
 pub mod caller;
 pub mod resolve;
 pub mod tokens;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -24,7 +26,7 @@ use kube::api::{Api, ListParams};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Client, ResourceExt as _};
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
@@ -36,7 +38,7 @@ use crate::store::budget::CallBudget;
 use crate::store::grpc::{GrpcPetStore, StoreCallMetrics};
 use resolve::{Endpoint, Known};
 pub use resolve::{Refused, Resolved, StoreId};
-use tokens::{TenantCredentials, TokenMinter};
+use tokens::{ObserverAccount, TenantCredentials, TokenMinter};
 
 /// The longest a reconcile waits for the store kinds' first list.
 const CACHE_WAIT: Duration = Duration::from_secs(2);
@@ -51,7 +53,14 @@ pub struct ClientSettings {
     pub qps: f64,
     pub burst: u32,
     pub create_batch_wait: Duration,
+    /// The operator's own ServiceAccount, whose tokens read each store's
+    /// change feed; `None` publishes no feeds.
+    pub observer: Option<ObserverAccount>,
 }
+
+/// The open stores, each with a client that reads its change feed as the
+/// operator's observer identity (see [`Stores::feeds`]).
+pub type Feeds = BTreeMap<StoreId, Arc<dyn StoreClient>>;
 
 /// The store a Pet uses, and its client for the Pet's namespace.
 pub struct ForPet {
@@ -93,6 +102,43 @@ impl Known for Caches {
     }
 }
 
+impl Caches {
+    /// The generation of the store object `id` names: `Some(None)` once
+    /// it is gone, `None` before the first list.
+    fn generation(&self, id: &StoreId) -> Option<Option<i64>> {
+        if !self.listed.load(Ordering::Relaxed) {
+            return None;
+        }
+        Some(match id {
+            StoreId::Own => return None,
+            StoreId::Namespaced { namespace, name } => self
+                .pet_store(namespace, name)
+                .map(|store| store.metadata.generation.unwrap_or_default()),
+            StoreId::Cluster { name } => self
+                .cluster_pet_store(name)
+                .map(|store| store.metadata.generation.unwrap_or_default()),
+        })
+    }
+}
+
+/// Why an open store is closed, if it is: its object (`Some(None)`) is
+/// gone, its spec changed since it was opened (`Some(Some(generation))`
+/// unlike `opened`), or no Pet has used it for [`IDLE_CLOSE`].
+fn close_reason(
+    current: Option<Option<i64>>,
+    opened: Option<i64>,
+    unused_for: Duration,
+) -> Option<&'static str> {
+    match current {
+        Some(None) => Some("its object is gone"),
+        Some(Some(generation)) if generation != opened.unwrap_or_default() => {
+            Some("its spec changed; the next Pet to use it opens it anew")
+        }
+        _ if unused_for >= IDLE_CLOSE => Some("no Pet has used it for 10 minutes"),
+        _ => None,
+    }
+}
+
 /// One open store: its channel, and a client per namespace on it.
 struct Open {
     generation: Option<i64>,
@@ -113,6 +159,8 @@ pub struct Stores {
     settings: ClientSettings,
     metrics: StoreCallMetrics,
     changed: broadcast::Sender<Changed>,
+    /// Changed under the `open` lock, so it always names the open clients.
+    feeds: watch::Sender<Feeds>,
 }
 
 impl Stores {
@@ -156,6 +204,7 @@ impl Stores {
             settings,
             metrics,
             changed,
+            feeds: watch::Sender::default(),
         })
     }
 
@@ -174,15 +223,39 @@ impl Stores {
                 qps: 0.0,
                 burst: 0,
                 create_batch_wait: Duration::ZERO,
+                observer: None,
             },
             metrics: StoreCallMetrics::default(),
             changed,
+            feeds: watch::Sender::default(),
         })
     }
 
     /// The operator's own store.
     pub fn own(&self) -> &Arc<dyn StoreClient> {
         &self.own
+    }
+
+    /// The operator's own ServiceAccount, whose tokens read the feeds.
+    pub fn observer(&self) -> Option<&ObserverAccount> {
+        self.settings.observer.as_ref()
+    }
+
+    /// The open stores' change feeds, as they open and close: what the
+    /// feed followers follow (`controller/feed.rs`).
+    pub fn feeds(&self) -> watch::Receiver<Feeds> {
+        self.feeds.subscribe()
+    }
+
+    /// The stores in `used` (that have Pets) stay open: a Pet whose store's
+    /// feed is followed is only audited, so it may not call for hours.
+    pub fn keep_open(&self, used: &HashSet<StoreId>) {
+        let now = Instant::now();
+        for (id, store) in self.lock_open().iter_mut() {
+            if used.contains(id) {
+                store.last_used = now;
+            }
+        }
     }
 
     /// Changes a held Pet may be waiting on.
@@ -296,6 +369,11 @@ impl Stores {
         let credentials =
             TenantCredentials::new(Arc::clone(&self.minter), namespace, &endpoint.audience);
         let tenant: Arc<dyn StoreClient> = Arc::new(base.for_caller(Arc::new(credentials)));
+        let feed = self.settings.observer.as_ref().map(|account| {
+            let observer =
+                TenantCredentials::observer(Arc::clone(&self.minter), account, &endpoint.audience);
+            Arc::new(base.for_caller(Arc::new(observer))) as Arc<dyn StoreClient>
+        });
         let mut open = self.lock_open();
         open.insert(
             id.clone(),
@@ -307,6 +385,10 @@ impl Stores {
                 last_used: Instant::now(),
             },
         );
+        self.feeds.send_modify(|feeds| match feed {
+            Some(feed) => drop(feeds.insert(id.clone(), feed)),
+            None => drop(feeds.remove(id)),
+        });
         Ok(tenant)
     }
 
@@ -328,17 +410,32 @@ impl Stores {
         }
     }
 
-    /// Closes the stores no Pet has used for [`IDLE_CLOSE`]; returns how
+    /// Closes the stores no Pet has used for [`IDLE_CLOSE`], and those
+    /// whose object is gone or changed (see [`close_reason`]); returns how
     /// many are still open.
     fn close_idle(&self) -> usize {
         let mut open = self.lock_open();
+        let mut closed = Vec::new();
         open.retain(|id, store| {
-            let keep = store.last_used.elapsed() < IDLE_CLOSE;
-            if !keep {
-                info!(store = %id, "closing a store no Pet has used for 10 minutes");
-            }
-            keep
+            let current = self
+                .caches
+                .as_ref()
+                .and_then(|caches| caches.generation(id));
+            let Some(why) = close_reason(current, store.generation, store.last_used.elapsed())
+            else {
+                return true;
+            };
+            info!(store = %id, "closing a store: {why}");
+            closed.push(id.clone());
+            false
         });
+        if !closed.is_empty() {
+            self.feeds.send_modify(|feeds| {
+                for id in &closed {
+                    feeds.remove(id);
+                }
+            });
+        }
         open.len()
     }
 
@@ -440,4 +537,113 @@ where
         }
     });
     reader
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Stores with `ids` open (never dialled), as their first Pets left
+    /// them, and the feeds they publish.
+    fn open_stores(ids: &[StoreId]) -> Arc<Stores> {
+        let (service, _handle) = tower_test::mock::pair::<
+            http::Request<kube::client::Body>,
+            http::Response<kube::client::Body>,
+        >();
+        let client = Client::new(service, "default");
+        let own: Arc<dyn StoreClient> = Arc::new(crate::store::fake::FakeStore::default());
+        let stores = Stores::own_only(client, own);
+        for id in ids {
+            let base = GrpcPetStore::connect_lazy_pem(
+                "127.0.0.1:1",
+                Duration::from_secs(1),
+                None,
+                None,
+                StoreCallMetrics::default(),
+            )
+            .expect("an address");
+            let feed: Arc<dyn StoreClient> = Arc::new(base.clone());
+            stores.lock_open().insert(
+                id.clone(),
+                Open {
+                    generation: Some(1),
+                    base,
+                    audience: "petstore".into(),
+                    tenants: HashMap::new(),
+                    last_used: Instant::now(),
+                },
+            );
+            stores
+                .feeds
+                .send_modify(|feeds| drop(feeds.insert(id.clone(), feed)));
+        }
+        stores
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_store_with_pets_stays_open_and_an_unused_one_closes_with_its_feed() {
+        let used = StoreId::Cluster {
+            name: "used".into(),
+        };
+        let unused = StoreId::Cluster {
+            name: "unused".into(),
+        };
+        let stores = open_stores(&[used.clone(), unused.clone()]);
+        let feeds = stores.feeds();
+        // Its Pets are only audited, hourly: no call for 11 minutes.
+        for _ in 0..11 {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            stores.keep_open(&HashSet::from([used.clone()]));
+        }
+        assert_eq!(stores.close_idle(), 1);
+        let followed: Vec<StoreId> = feeds.borrow().keys().cloned().collect();
+        assert_eq!(followed, [used], "the closed store's feed is gone with it");
+    }
+
+    #[test]
+    fn a_store_closes_when_unused_gone_or_changed() {
+        let minute = Duration::from_secs(60);
+        /// (row, its object's generation now, at opening, unused for, closed)
+        type Row = (
+            &'static str,
+            Option<Option<i64>>,
+            Option<i64>,
+            Duration,
+            bool,
+        );
+        let rows: [Row; 7] = [
+            ("in use, unchanged", Some(Some(2)), Some(2), minute, false),
+            (
+                "unused for 10 minutes",
+                Some(Some(2)),
+                Some(2),
+                IDLE_CLOSE,
+                true,
+            ),
+            ("its object deleted", Some(None), Some(2), minute, true),
+            ("its spec changed", Some(Some(3)), Some(2), minute, true),
+            (
+                "no generation either way",
+                Some(Some(0)),
+                None,
+                minute,
+                false,
+            ),
+            (
+                "not listed yet: only idleness counts",
+                None,
+                Some(2),
+                minute,
+                false,
+            ),
+            ("not listed yet, idle", None, Some(2), IDLE_CLOSE, true),
+        ];
+        for (row, current, opened, unused_for, closed) in rows {
+            assert_eq!(
+                close_reason(current, opened, unused_for).is_some(),
+                closed,
+                "{row}"
+            );
+        }
+    }
 }

@@ -4,6 +4,12 @@
 //! operator's own token: a store that checks tenants sees the Pet's
 //! namespace, whatever the operator is asked to do.
 //!
+//! The one exception reads and writes nothing of a tenant's on its behalf:
+//! the store's change feed, which shows a tenant only its own records, is
+//! read with a token of the operator's own ServiceAccount
+//! ([`ObserverAccount`]), which a store names an observer
+//! (`--observer`) to let it see every tenant's changes and write none.
+//!
 //! Minted tokens are kept until a fifth of their life is left (as the
 //! kubelet renews projected tokens), so a store call costs a map lookup,
 //! and a namespace costs one TokenRequest per renewal, not per call.
@@ -27,6 +33,21 @@ pub const TENANT_SERVICE_ACCOUNT: &str = "petstore-tenant";
 
 /// How long a minted token lasts: the API server's minimum is 10 minutes.
 pub const TOKEN_LIFETIME: Duration = Duration::from_secs(600);
+
+/// The operator's own ServiceAccount: the identity its change-feed reads
+/// carry (`--service-account` in the namespace `--lease-namespace` names).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObserverAccount {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ObserverAccount {
+    /// The subject a store's `--observer` names it by.
+    pub fn subject(&self) -> String {
+        format!("system:serviceaccount:{}:{}", self.namespace, self.name)
+    }
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
 struct Key {
@@ -138,19 +159,36 @@ fn mint_error(key: &Key, error: &kube::Error) -> String {
     }
 }
 
-/// One namespace's identity towards one store: what a Pet's calls carry.
+/// One ServiceAccount's identity towards one store: a tenant's, which a
+/// Pet's calls carry, or the operator's own, which reads the change feed.
 pub struct TenantCredentials {
     minter: Arc<TokenMinter>,
     key: Key,
 }
 
 impl TenantCredentials {
+    /// The identity of `namespace`'s [`TENANT_SERVICE_ACCOUNT`].
     pub fn new(minter: Arc<TokenMinter>, namespace: &str, audience: &str) -> Self {
+        Self::of_account(minter, namespace, TENANT_SERVICE_ACCOUNT, audience)
+    }
+
+    /// The operator's own identity, for reading the store's change feed as
+    /// its observer; never for a write.
+    pub fn observer(minter: Arc<TokenMinter>, account: &ObserverAccount, audience: &str) -> Self {
+        Self::of_account(minter, &account.namespace, &account.name, audience)
+    }
+
+    fn of_account(
+        minter: Arc<TokenMinter>,
+        namespace: &str,
+        service_account: &str,
+        audience: &str,
+    ) -> Self {
         Self {
             minter,
             key: Key {
                 namespace: namespace.to_owned(),
-                service_account: TENANT_SERVICE_ACCOUNT.to_owned(),
+                service_account: service_account.to_owned(),
                 audience: audience.to_owned(),
             },
         }
@@ -165,5 +203,77 @@ impl Credentials for TenantCredentials {
 
     fn refused(&self) {
         self.minter.forget(&self.key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http::Method;
+    use serde_json::json;
+
+    use super::*;
+    use crate::api_server::ApiServerVerifier;
+
+    fn minted(token: &str) -> serde_json::Value {
+        let expires = chrono::Utc::now() + chrono::Duration::minutes(10);
+        json!({
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"audiences": []},
+            "status": {"token": token, "expirationTimestamp": expires.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)},
+        })
+    }
+
+    #[tokio::test]
+    async fn the_feed_reads_as_the_operator_and_writes_as_the_pets_namespace() {
+        let api = ApiServerVerifier::default();
+        let token_path = |namespace: &str, account: &str| {
+            format!("/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token")
+        };
+        api.expect(
+            Method::POST,
+            &token_path("petstore-system", "petstore-operator"),
+            201,
+            minted("operator"),
+        );
+        api.expect(
+            Method::POST,
+            &token_path("team-a", TENANT_SERVICE_ACCOUNT),
+            201,
+            minted("tenant"),
+        );
+        let minter = Arc::new(TokenMinter::new(api.start()));
+        let operator = ObserverAccount {
+            namespace: "petstore-system".into(),
+            name: "petstore-operator".into(),
+        };
+        assert_eq!(
+            operator.subject(),
+            "system:serviceaccount:petstore-system:petstore-operator",
+            "what the store's --observer names"
+        );
+        let observer = TenantCredentials::observer(Arc::clone(&minter), &operator, "store-b");
+        let tenant = TenantCredentials::new(minter, "team-a", "store-b");
+        assert_eq!(
+            observer.authorization().await.expect("minted"),
+            "Bearer operator"
+        );
+        assert_eq!(
+            tenant.authorization().await.expect("minted"),
+            "Bearer tenant"
+        );
+        // Kept: no second TokenRequest for either.
+        assert_eq!(
+            observer.authorization().await.expect("kept"),
+            "Bearer operator"
+        );
+        api.verify();
+        for call in api.calls(|_| true) {
+            assert_eq!(
+                call.body["spec"]["audiences"],
+                json!(["store-b"]),
+                "{call:?}"
+            );
+        }
     }
 }

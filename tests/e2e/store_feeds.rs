@@ -1,0 +1,333 @@
+//! The change feed of every store in use, read as the stores' observer
+//! (docs/tenancy.md): one operator, the real API server, and three stores
+//! with tenancy. Stores A and B name the operator's own ServiceAccount an
+//! observer; store C does not. The operator polls every 10 minutes, so
+//! whatever it puts back within seconds it found on a feed.
+//!
+//! - An out-of-band change in B is put back within seconds.
+//! - A change in A to a record whose ID a Pet of B names queues nothing in
+//!   B: B is not read.
+//! - C is told of once in the log, counted as `refused`, and its Pets are
+//!   polled.
+//! - With B stopped, A's Pets keep reconciling and A's feed is still
+//!   followed.
+
+use std::time::{Duration, Instant};
+
+use fixtures::env::{OPERATOR_ACCOUNT, OPERATOR_NAMESPACE, condition, is_ready};
+use fixtures::{ControlPlane, Env, Operator, PetStoreServer, Storage, wait_for};
+use serde_json::Value;
+
+const TIMEOUT: Duration = Duration::from_secs(90);
+/// Far longer than the story: a Pet's first poll is at least half of it
+/// away.
+const POLL_INTERVAL: &str = "10m";
+/// How soon a change in a followed store is put back: a feed message and a
+/// reconcile away, with room for a machine twice as slow under load. The
+/// poll is minutes away.
+const FROM_THE_FEED: Duration = Duration::from_secs(15);
+/// How soon a new Pet is Ready on a store that answers.
+const READY_WITHIN: Duration = Duration::from_secs(20);
+
+fn pet(
+    namespace: &str,
+    name: &str,
+    store_ref: Option<(&str, &str)>,
+    external_id: Option<&str>,
+) -> String {
+    let annotations = external_id
+        .map(|id| format!("\n  annotations:\n    petstore.example.com/external-id: \"{id}\""))
+        .unwrap_or_default();
+    let store_ref = store_ref
+        .map(|(kind, store)| format!("\n  storeRef: {{kind: {kind}, name: {store}}}"))
+        .unwrap_or_default();
+    format!(
+        "apiVersion: petstore.example.com/v1\nkind: Pet\nmetadata:\n  name: {name}\n  namespace: {namespace}{annotations}\nspec:\n  name: {name}\n  type: dog\n  birthday: \"2021-04-01\"{store_ref}\n"
+    )
+}
+
+/// The control plane's service-account issuer and its JWKS, in a file the
+/// stores read: what a store is given to check tokens offline.
+fn issuer_flag(cp: &ControlPlane) -> fixtures::Result<String> {
+    let jwks = cp.kubectl(&["get", "--raw", "/openid/v1/jwks"])?;
+    let path = cp.dir().join("jwks.json");
+    std::fs::write(&path, jwks).map_err(fixtures::io("writing the JWKS"))?;
+    Ok(format!(
+        "https://kubernetes.default.svc.cluster.local={}",
+        path.display()
+    ))
+}
+
+/// A store with tenancy for `audience`, naming the operator an observer if
+/// `observer`.
+fn tenancy_store(
+    cp: &ControlPlane,
+    issuer: &str,
+    audience: &str,
+    observer: bool,
+) -> fixtures::Result<PetStoreServer> {
+    let subject = format!("system:serviceaccount:{OPERATOR_NAMESPACE}:{OPERATOR_ACCOUNT}");
+    let mut args = vec![
+        "--tenancy",
+        "--token-issuer",
+        issuer,
+        "--token-audience",
+        audience,
+        // The fixtures' stores serve plaintext on 127.0.0.1.
+        "--allow-plaintext-tokens",
+    ];
+    if observer {
+        args.extend(["--observer", subject.as_str()]);
+    }
+    PetStoreServer::start_in(&cp.dir().join(audience), Storage::Memory, &args)
+}
+
+fn token(cp: &ControlPlane, namespace: &str, audience: &str) -> fixtures::Result<String> {
+    Ok(cp
+        .kubectl(&[
+            "create",
+            "token",
+            "petstore-tenant",
+            "-n",
+            namespace,
+            "--audience",
+            audience,
+            "--duration=10m",
+        ])?
+        .trim()
+        .to_owned())
+}
+
+/// grpcurl against `store` as a tenant, answering the messages.
+fn grpcurl_as(
+    store: &PetStoreServer,
+    token: &str,
+    method: &str,
+    data: &str,
+) -> fixtures::Result<Vec<Value>> {
+    let header = format!("authorization: Bearer {token}");
+    fixtures::petstore::grpcurl_with(
+        &["-plaintext".as_ref(), "-H".as_ref(), header.as_ref()],
+        &store.addr,
+        &format!("petstore.PetStore/{method}"),
+        data,
+    )
+}
+
+/// The name of record `id`, as the tenant reads it.
+fn record_name(store: &PetStoreServer, token: &str, id: &str) -> fixtures::Result<String> {
+    let answer = grpcurl_as(store, token, "GetPets", &format!(r#"{{"ids":["{id}"]}}"#))?;
+    Ok(answer
+        .first()
+        .and_then(|reply| reply["pets"][0]["name"].as_str())
+        .unwrap_or_default()
+        .to_owned())
+}
+
+/// Renames record `id` out of band, as the tenant.
+fn rename(store: &PetStoreServer, token: &str, id: &str, name: &str) -> fixtures::Result<()> {
+    grpcurl_as(
+        store,
+        token,
+        "UpdatePets",
+        &format!(
+            r#"{{"pets":[{{"id":"{id}","name":"{name}","type":"PTCanine","birthday":{{"year":2021,"month":4,"day":1}}}}]}}"#
+        ),
+    )
+    .map(drop)
+}
+
+/// Renames the record out of band and waits until it is put back; how long
+/// that took.
+fn put_back_after(
+    store: &PetStoreServer,
+    token: &str,
+    id: &str,
+    name: &str,
+) -> fixtures::Result<Duration> {
+    let changed = Instant::now();
+    rename(store, token, id, "Tampered")?;
+    wait_for(TIMEOUT, &format!("record {id} put back to {name}"), || {
+        (record_name(store, token, id).ok()? == name).then_some(())
+    })?;
+    Ok(changed.elapsed())
+}
+
+fn get(cp: &ControlPlane, namespace: &str, name: &str) -> Option<Value> {
+    cp.kubectl_json(&["get", "pet", name, "-n", namespace]).ok()
+}
+
+fn wait_ready(cp: &ControlPlane, namespace: &str, name: &str) -> fixtures::Result<Value> {
+    wait_for(TIMEOUT, &format!("{namespace}/{name} Ready"), || {
+        get(cp, namespace, name).filter(is_ready)
+    })
+}
+
+fn status_id(pet: &Value) -> String {
+    pet["status"]["id"].as_str().unwrap_or_default().to_owned()
+}
+
+/// The operator's `change_feed_stores{state}`.
+fn feeds_in(operator: &Operator, state: &str) -> f64 {
+    operator.metrics().map_or(-1.0, |scrape| {
+        fixtures::http::sum_series(
+            &scrape,
+            "petstore_operator_change_feed_stores",
+            &format!("state=\"{state}\""),
+        )
+    })
+}
+
+fn feed_changes(operator: &Operator, verdict: &str) -> f64 {
+    operator.metrics().map_or(-1.0, |scrape| {
+        fixtures::http::sum_series(
+            &scrape,
+            "petstore_operator_change_feed_changes_total",
+            &format!("verdict=\"{verdict}\""),
+        )
+    })
+}
+
+#[test]
+fn every_stores_feed_is_followed_and_each_holds_only_its_own_pets() -> fixtures::Result<()> {
+    let env = Env::start(Storage::Memory)?;
+    let cp = &env.cp;
+    let issuer = issuer_flag(cp)?;
+    let store_a = tenancy_store(cp, &issuer, "store-a", true)?;
+    let mut store_b = tenancy_store(cp, &issuer, "store-b", true)?;
+    let store_c = tenancy_store(cp, &issuer, "store-c", false)?;
+    for namespace in ["team-a", "team-b", "team-c"] {
+        cp.ensure_namespace(namespace)?;
+        cp.apply(&format!(
+            "apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: petstore-tenant\n  namespace: {namespace}\n"
+        ))?;
+    }
+    let team_a = token(cp, "team-a", "store-a")?;
+    let team_b = token(cp, "team-b", "store-b")?;
+    // A record of team-a's in A that no Pet owns; a Pet of B names its ID.
+    let added = grpcurl_as(
+        &store_a,
+        &team_a,
+        "AddPets",
+        r#"{"pets":[{"name":"Stray","type":"PTFeline","birthday":{"year":2019,"month":5,"day":6}}]}"#,
+    )?;
+    let stray = added
+        .first()
+        .and_then(|reply| reply["ids"][0].as_str())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(!stray.is_empty(), "AddPets answered no ID: {added:?}");
+    let stores = [
+        format!(
+            "apiVersion: petstore.example.com/v1\nkind: PetStore\nmetadata:\n  name: default\n  namespace: team-a\nspec:\n  address: http://{}\n  audience: store-a\n",
+            store_a.addr
+        ),
+        format!(
+            "apiVersion: petstore.example.com/v1\nkind: ClusterPetStore\nmetadata:\n  name: b\nspec:\n  address: http://{}\n  audience: store-b\n  allowedNamespaces:\n    names: [team-b]\n",
+            store_b.addr
+        ),
+        format!(
+            "apiVersion: petstore.example.com/v1\nkind: PetStore\nmetadata:\n  name: default\n  namespace: team-c\nspec:\n  address: http://{}\n  audience: store-c\n",
+            store_c.addr
+        ),
+    ];
+    cp.apply(&stores.join("---\n"))?;
+    let mut options = env.operator_options("store-feeds");
+    options.poll_interval = POLL_INTERVAL;
+    let operator = env.start_operator_with(&options)?;
+    let on_b = Some(("ClusterPetStore", "b"));
+    cp.apply(
+        &[
+            pet("team-a", "rex", None, None),
+            pet("team-b", "fido", on_b, None),
+            pet("team-b", "watcher", on_b, Some(&stray)),
+            pet("team-c", "tom", None, None),
+        ]
+        .join("---\n"),
+    )?;
+    let rex = status_id(&wait_ready(cp, "team-a", "rex")?);
+    let fido = wait_ready(cp, "team-b", "fido")?;
+    assert_eq!(fido["status"]["store"], "ClusterPetStore/b", "{fido}");
+    let fido = status_id(&fido);
+    wait_ready(cp, "team-c", "tom")?;
+    // The watcher names a record B does not have (it is A's): held.
+    wait_for(TIMEOUT, "team-b/watcher held RecordNotFound", || {
+        let watcher = get(cp, "team-b", "watcher")?;
+        (condition(&watcher, "Ready")?["reason"] == "RecordNotFound").then_some(())
+    })?;
+
+    // A and B are followed; C, which does not name the operator an
+    // observer, is refused, and says which flag it needs.
+    wait_for(TIMEOUT, "A and B followed, C refused", || {
+        (feeds_in(&operator, "live") == 2.0 && feeds_in(&operator, "refused") == 1.0).then_some(())
+    })?;
+    let needs = format!(
+        "start it with `--observer system:serviceaccount:{OPERATOR_NAMESPACE}:{OPERATOR_ACCOUNT}`"
+    );
+    assert!(
+        operator.log_contains(&needs),
+        "the log names the flag C needs"
+    );
+
+    // An out-of-band change in B, put back from B's feed.
+    let took = put_back_after(&store_b, &team_b, &fido, "fido")?;
+    assert!(
+        took <= FROM_THE_FEED,
+        "B's change put back after {took:?}, not within {FROM_THE_FEED:?}"
+    );
+
+    // A's record that B's watcher names by ID changes: A's feed judges it
+    // unrelated, and B is not read for it. Then A's own Pet's record
+    // changes and is put back: A's feed, behind the first change, is done
+    // with it by then.
+    let judged = |verdict: &str| feed_changes(&operator, verdict);
+    let (unrelated, drifted) = (judged("unrelated"), judged("drifted"));
+    let b_reads = store_b.answered("GetPets")?;
+    let watcher_version =
+        get(cp, "team-b", "watcher").map(|watcher| watcher["metadata"]["resourceVersion"].clone());
+    rename(&store_a, &team_a, &stray, "Stray Cat")?;
+    wait_for(TIMEOUT, "A's feed to judge the stray record", || {
+        (judged("unrelated") + judged("drifted") > unrelated + drifted).then_some(())
+    })?;
+    assert_eq!(
+        (judged("unrelated"), judged("drifted")),
+        (unrelated + 1.0, drifted),
+        "the stray record concerns no Pet of A, and no Pet of B may be judged for it"
+    );
+    let took = put_back_after(&store_a, &team_a, &rex, "rex")?;
+    assert!(took <= FROM_THE_FEED, "A's change put back after {took:?}");
+    assert_eq!(
+        store_b.answered("GetPets")?,
+        b_reads,
+        "a change in A reconciled a Pet of B"
+    );
+    assert_eq!(
+        get(cp, "team-b", "watcher").map(|watcher| watcher["metadata"]["resourceVersion"].clone()),
+        watcher_version,
+        "B's watcher was not written"
+    );
+    assert_eq!(record_name(&store_b, &team_b, &fido)?, "fido");
+
+    // B stops: its feed breaks, A's is still followed, and A's Pets keep
+    // reconciling: a change there is put back, a new Pet there is Ready.
+    store_b.kill();
+    wait_for(TIMEOUT, "B's feed broken, A's still live", || {
+        (feeds_in(&operator, "broken") == 1.0 && feeds_in(&operator, "live") == 1.0).then_some(())
+    })?;
+    let took = put_back_after(&store_a, &team_a, &rex, "rex")?;
+    assert!(
+        took <= FROM_THE_FEED,
+        "A's change put back after {took:?} with B down"
+    );
+    let applied = Instant::now();
+    cp.apply(&pet("team-a", "rex-2", None, None))?;
+    let rex_2 = wait_ready(cp, "team-a", "rex-2")?;
+    let took = applied.elapsed();
+    assert!(
+        took <= READY_WITHIN,
+        "rex-2 Ready after {took:?} with B down"
+    );
+    assert_eq!(rex_2["status"]["store"], "PetStore/default", "{rex_2}");
+    assert_eq!(record_name(&store_a, &team_a, &status_id(&rex_2))?, "rex-2");
+    Ok(())
+}
