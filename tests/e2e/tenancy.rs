@@ -114,7 +114,7 @@ fn each_pet_writes_to_the_store_it_may_use_and_nowhere_else() -> fixtures::Resul
     cp.apply(&pet_store("team-a", "default", &store_a))?;
     cp.apply(&pet_store("team-b", "shared", &store_b))?;
     cp.apply(&cluster_pet_store("cluster-b", &store_b, &["team-c"]))?;
-    let _operator = env.start_operator("tenancy")?;
+    let operator = env.start_operator("tenancy")?;
 
     // Each Pet in its store: the namespace's default, a named PetStore, a
     // ClusterPetStore that admits it, and the operator's own.
@@ -139,6 +139,12 @@ fn each_pet_writes_to_the_store_it_may_use_and_nowhere_else() -> fixtures::Resul
     assert_eq!(names(&store_a)?, ["rex"]);
     assert_eq!(names(&store_b)?, ["fido", "tom"]);
     assert_eq!(names(&env.store)?, ["own"]);
+    // Pinning status.store and then adding the finalizer are two writes of
+    // one reconcile: the second carries the first's resourceVersion.
+    assert!(
+        !operator.log_contains("the object has been modified"),
+        "a write of the operator's own reconcile conflicted with its previous one"
+    );
     assert_eq!(
         shown,
         BTreeMap::from([

@@ -158,9 +158,14 @@ impl<'a> Reconcile<'a> {
         let pinned = self.pet.status.as_ref().and_then(|s| s.store.clone());
         let wanted = found.id.status_value();
         if wanted.is_some() && pinned != wanted && !self.facts.deleting {
-            status_write::pin_store(&self.api, &self.pet, wanted.as_deref())
+            let pet = status_write::pin_store(&self.api, &self.pet, wanted.as_deref())
                 .await
                 .map_err(Problem::unshown)?;
+            // Went on with the copy from before the pin, the finalizer's
+            // write (which carries its resourceVersion) was refused as a
+            // conflict once for every new Pet on a store.
+            self.facts = self.ctx.facts(&pet).map_err(Problem::unshown)?;
+            self.pet = Arc::new(pet);
         }
         self.store = found.store;
         self.store_id = Some(found.id);

@@ -88,12 +88,12 @@ async fn patch(
 }
 
 /// Writes `status.store` alone: the store a Pet's record is about to be
-/// made in, before it is (see [`crate::stores`]).
-pub async fn pin_store(api: &Api<Pet>, pet: &Pet, store: Option<&str>) -> Result<(), Error> {
+/// made in, before it is (see [`crate::stores`]). The Pet as written: a
+/// later write (the finalizer's) must carry its resourceVersion.
+pub async fn pin_store(api: &Api<Pet>, pet: &Pet, store: Option<&str>) -> Result<Pet, Error> {
     let name = pet.name_any();
     let body = serde_json::json!({ "status": { "store": store } });
     api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
         .await
-        .map(drop)
         .map_err(|source| Error::WriteStatus { name, source })
 }

@@ -600,7 +600,9 @@ impl PetStore for GrpcPetStore {
         let request = pb::ChangeSamplerReq { sampler: None };
         let answer = self
             .rpc
-            .call(async |mut c| c.change_sampler(request).await)
+            .call(request, async |mut c, request| {
+                c.change_sampler(request).await
+            })
             .await;
         observer_answer(answer.map(drop))
     }
