@@ -274,10 +274,9 @@ async fn build_controller(
     };
     tracing::info!(store = %args.petstore_addr, tls = tls.is_some(), ?settings, %identity, "starting");
     let events = EventQueue::start(recorder, Arc::clone(metrics));
-    let store: Arc<dyn crate::store::PetStore> = Arc::new(store);
     let stores = Stores::start(
         client.clone(),
-        Arc::clone(&store),
+        store,
         ClientSettings {
             call_timeout: args.petstore_timeout,
             qps: args.store_qps,
@@ -287,10 +286,14 @@ async fn build_controller(
                 namespace: args.lease_namespace.clone(),
                 name: args.service_account.clone(),
             }),
+            own_audience: args.petstore_audience.clone(),
         },
         metrics.store_calls(),
     )
     .await;
+    // Calls made for no Pet (the feed, claims, probes): as the observer
+    // when the own store checks tenants.
+    let store = Arc::clone(stores.own());
     let ctx = Arc::new(
         Context::new(
             client.clone(),

@@ -28,6 +28,15 @@ pub struct Args {
     #[command(flatten)]
     pub petstore_tls: StoreTlsArgs,
 
+    /// The audience of the --petstore-addr store's tokens, when that store
+    /// checks tenants (`petstore-server --tenancy`): each Pet's calls there
+    /// then carry a token of its namespace's `petstore-tenant`, as on a
+    /// PetStore, and the operator's other calls (its change feed, the
+    /// installation claim, probes) one of --service-account, which the
+    /// store must name an observer. Unset: no tokens, as before tenancy.
+    #[arg(long, env = "PETSTORE_AUDIENCE", value_parser = parse_audience)]
+    pub petstore_audience: Option<String>,
+
     /// Timeout for each pet store call (and for connecting). The old
     /// spelling --store-timeout is still accepted.
     #[arg(long, env = "PETSTORE_TIMEOUT", alias = "store-timeout", default_value = "5s", value_parser = parse_duration)]
@@ -236,6 +245,16 @@ fn old_installation_env(old: &str, new: Option<&str>) -> Result<String, String> 
 
 /// A ServiceAccount's name: a DNS subdomain (lowercase letters, digits, '-'
 /// and '.'), as the API server takes it.
+/// A token audience: not empty, no spaces.
+pub fn parse_audience(value: &str) -> Result<String, String> {
+    if value.is_empty() || value.chars().any(char::is_whitespace) {
+        return Err(format!(
+            "{value:?} is not an audience (a non-empty word, e.g. petstore)"
+        ));
+    }
+    Ok(value.to_owned())
+}
+
 pub fn parse_service_account(value: &str) -> Result<String, String> {
     let valid = !value.is_empty()
         && value.len() <= 253
@@ -294,6 +313,21 @@ mod tests {
         assert_eq!(poll("500ms").ok(), Some(Duration::from_millis(500)));
         for bad in ["7", "-5m", "soon"] {
             assert!(poll(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn the_own_store_takes_tokens_only_with_an_audience() {
+        let args = Args::try_parse_from(["petstore-operator"]).expect("defaults");
+        assert_eq!(args.petstore_audience, None, "no tokens, as before tenancy");
+        let args = Args::try_parse_from(["petstore-operator", "--petstore-audience", "petstore"])
+            .expect("an audience");
+        assert_eq!(args.petstore_audience.as_deref(), Some("petstore"));
+        for bad in ["", "two words"] {
+            assert!(
+                Args::try_parse_from(["petstore-operator", "--petstore-audience", bad]).is_err(),
+                "{bad:?}"
+            );
         }
     }
 

@@ -439,3 +439,127 @@ fn the_store_keeps_each_namespace_to_its_own_records() -> fixtures::Result<()> {
     );
     Ok(())
 }
+
+/// A store that held records before tenancy is restarted with it, and the
+/// operator given its audience (`--petstore-audience`): each Pet keeps its
+/// record and ID, the upgrade writes nothing, and a Pet's first write
+/// after it is one write (its tenant is stamped in the same
+/// compare-and-set). A record made without an identity is every tenant's
+/// to read and none's to write until one claims it, by the documented
+/// import (an `external-id` Pet); from then on it is that tenant's alone.
+#[test]
+fn records_made_before_tenancy_keep_their_ids_and_take_their_tenant_on_the_first_write()
+-> fixtures::Result<()> {
+    let mut env = Env::start(Storage::Durable)?;
+    tenant_namespaces(&env.cp)?;
+    let operator = env.start_operator("before-tenancy")?;
+    env.cp.apply(&pet("team-a", "rex", None))?;
+    env.cp.apply(&pet("team-b", "fido", None))?;
+    let ids: Vec<String> = [("team-a", "rex"), ("team-b", "fido")]
+        .iter()
+        .map(|(namespace, name)| {
+            wait_ready(&env.cp, namespace, name)
+                .map(|pet| pet["status"]["id"].as_str().unwrap_or_default().to_owned())
+        })
+        .collect::<Result<_, _>>()?;
+    let stray = env.store.add_unowned("stray")?;
+    drop(operator);
+
+    let issuer = issuer_flag(&env.cp)?;
+    env.store.set_restart_args(
+        [
+            "--tenancy",
+            "--token-issuer",
+            issuer.as_str(),
+            "--token-audience",
+            "petstore",
+            "--observer",
+            "system:serviceaccount:petstore-system:petstore-operator",
+            "--allow-plaintext-tokens",
+        ]
+        .into_iter()
+        .map(Into::into)
+        .collect(),
+    );
+    env.store.restart(Storage::Durable)?;
+    let writes_before = env.store.writes()?;
+    let mut options = env.operator_options("with-tenancy");
+    options
+        .extra_args
+        .extend(["--petstore-audience".into(), "petstore".into()]);
+    let operator = env.start_operator_with(&options)?;
+    let cp = &env.cp;
+    // Every Pet read again, and nothing written.
+    operator.wait_reads_settled(Duration::from_secs(3), TIMEOUT)?;
+    for ((namespace, name), id) in [("team-a", "rex"), ("team-b", "fido")].iter().zip(&ids) {
+        let pet = wait_ready(cp, namespace, name)?;
+        assert_eq!(pet["status"]["id"], id.as_str(), "{name} keeps its ID");
+    }
+    assert_eq!(
+        env.store.writes()?,
+        writes_before,
+        "the upgrade wrote nothing"
+    );
+
+    // The first change of rex: one write.
+    cp.kubectl(&[
+        "patch",
+        "pet",
+        "rex",
+        "-n",
+        "team-a",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"name":"rex-2"}}"#,
+    ])?;
+    wait_for(TIMEOUT, "rex at generation 2", || {
+        let pet = get(cp, "team-a", "rex")?;
+        (is_ready(&pet) && pet["status"]["observedGeneration"] == 2).then_some(())
+    })?;
+    assert_eq!(env.store.writes()?, writes_before + 1.0, "one write");
+    let team_a = token(cp, "team-a", "petstore")?;
+    let team_b = token(cp, "team-b", "petstore")?;
+    let get_ids = |token: &str, id: &str| {
+        grpcurl_as(
+            &env.store,
+            Some(token),
+            "GetPets",
+            &format!("{{\"ids\":[\"{id}\"]}}"),
+        )
+    };
+    assert_eq!(
+        get_ids(&team_a, &ids[0]).map(|m| m[0]["pets"][0]["name"].clone()),
+        Ok("rex-2".into())
+    );
+    assert!(
+        get_ids(&team_b, &ids[0]).is_ok_and(|m| m[0]["missingIds"][0] == ids[0].as_str()),
+        "team-a's record is not team-b's to read"
+    );
+
+    // The record without an identity: any tenant reads it, none writes it
+    // directly, and the import claims it for its namespace.
+    assert!(
+        get_ids(&team_b, &stray).is_ok_and(|m| m[0]["pets"][0]["id"] == stray.as_str()),
+        "an unclaimed record is readable"
+    );
+    let update = format!(
+        "{{\"pets\":[{{\"id\":\"{stray}\",\"name\":\"mine\",\"type\":\"PTFeline\",\"birthday\":{{\"year\":2019,\"month\":5,\"day\":6}}}}]}}"
+    );
+    let refused = grpcurl_as(&env.store, Some(&team_b), "UpdatePets", &update);
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(|error| error.contains("PermissionDenied") && error.contains("import")),
+        "{refused:?}"
+    );
+    cp.apply(&format!(
+        "apiVersion: petstore.example.com/v1\nkind: Pet\nmetadata:\n  name: stray\n  namespace: team-a\n  annotations:\n    petstore.example.com/external-id: \"{stray}\"\nspec:\n  name: stray\n  type: cat\n  birthday: \"2019-05-06\"\n"
+    ))?;
+    let claimed = wait_ready(cp, "team-a", "stray")?;
+    assert_eq!(claimed["status"]["id"], stray.as_str());
+    assert!(
+        get_ids(&team_b, &stray).is_ok_and(|m| m[0]["missingIds"][0] == stray.as_str()),
+        "once claimed, the record is team-a's alone"
+    );
+    Ok(())
+}

@@ -56,6 +56,19 @@ pub struct ClientSettings {
     /// The operator's own ServiceAccount, whose tokens read each store's
     /// change feed; `None` publishes no feeds.
     pub observer: Option<ObserverAccount>,
+    /// The audience of the operator's own store, when it checks tenants
+    /// (`--petstore-audience`).
+    pub own_audience: Option<String>,
+}
+
+/// The operator's own store, when it checks tenants: each Pet's calls
+/// carry its namespace's token, as on any store.
+struct OwnTenancy {
+    base: GrpcPetStore,
+    audience: String,
+    /// One client a namespace, made on first use (a handful of bytes and
+    /// an `Arc` each: kept for the process's life).
+    tenants: Mutex<HashMap<String, Arc<dyn StoreClient>>>,
 }
 
 /// The open stores, each with a client that reads its change feed as the
@@ -149,7 +162,10 @@ struct Open {
 }
 
 pub struct Stores {
+    /// The own store's client for calls made for no Pet: as the observer
+    /// when it checks tenants.
     own: Arc<dyn StoreClient>,
+    own_tenancy: Option<OwnTenancy>,
     client: Client,
     minter: Arc<TokenMinter>,
     /// `None` where the store kinds are not installed: every Pet uses the
@@ -168,10 +184,27 @@ impl Stores {
     /// process's life.
     pub async fn start(
         client: Client,
-        own: Arc<dyn StoreClient>,
+        own: GrpcPetStore,
         settings: ClientSettings,
         metrics: StoreCallMetrics,
     ) -> Arc<Self> {
+        let minter = Arc::new(TokenMinter::new(client.clone()));
+        let (own, own_tenancy): (Arc<dyn StoreClient>, _) =
+            match (&settings.own_audience, &settings.observer) {
+                (Some(audience), Some(observer)) => {
+                    let as_observer =
+                        TenantCredentials::observer(Arc::clone(&minter), observer, audience);
+                    (
+                        Arc::new(own.for_caller(Arc::new(as_observer))),
+                        Some(OwnTenancy {
+                            base: own,
+                            audience: audience.clone(),
+                            tenants: Mutex::default(),
+                        }),
+                    )
+                }
+                _ => (Arc::new(own), None),
+            };
         let (changed, _) = broadcast::channel(256);
         let installed = kinds_installed(&client).await;
         let caches = installed.then(|| Caches {
@@ -197,7 +230,8 @@ impl Stores {
         }
         Arc::new(Self {
             own,
-            minter: Arc::new(TokenMinter::new(client.clone())),
+            own_tenancy,
+            minter,
             client,
             caches,
             open: Mutex::default(),
@@ -214,6 +248,7 @@ impl Stores {
         let (changed, _) = broadcast::channel(1);
         Arc::new(Self {
             own,
+            own_tenancy: None,
             minter: Arc::new(TokenMinter::new(client.clone())),
             client,
             caches: None,
@@ -224,6 +259,7 @@ impl Stores {
                 burst: 0,
                 create_batch_wait: Duration::ZERO,
                 observer: None,
+                own_audience: None,
             },
             metrics: StoreCallMetrics::default(),
             changed,
@@ -231,9 +267,26 @@ impl Stores {
         })
     }
 
-    /// The operator's own store.
+    /// The operator's own store, for calls made for no Pet.
     pub fn own(&self) -> &Arc<dyn StoreClient> {
         &self.own
+    }
+
+    /// The own store's client for a Pet of `namespace`.
+    fn own_for(&self, namespace: &str) -> Arc<dyn StoreClient> {
+        let Some(tenancy) = &self.own_tenancy else {
+            return Arc::clone(&self.own);
+        };
+        let mut tenants = tenancy
+            .tenants
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let tenant = tenants.entry(namespace.to_owned()).or_insert_with(|| {
+            let credentials =
+                TenantCredentials::new(Arc::clone(&self.minter), namespace, &tenancy.audience);
+            Arc::new(tenancy.base.for_caller(Arc::new(credentials)))
+        });
+        Arc::clone(tenant)
     }
 
     /// The operator's own ServiceAccount, whose tokens read the feeds.
@@ -283,7 +336,7 @@ impl Stores {
             return match (store_ref, &pinned) {
                 (None, None | Some(StoreId::Own)) => Ok(ForPet {
                     id: StoreId::Own,
-                    store: Arc::clone(&self.own),
+                    store: self.own_for(&namespace),
                 }),
                 _ => Err(Refused {
                     reason: Reason::StoreNotFound,
@@ -311,7 +364,7 @@ impl Stores {
         match resolve::resolve(&namespace, store_ref, pinned.as_ref(), caches)? {
             Resolved::Own => Ok(ForPet {
                 id: StoreId::Own,
-                store: Arc::clone(&self.own),
+                store: self.own_for(&namespace),
             }),
             Resolved::Store { id, endpoint } => {
                 let store = self.client_for(&id, &endpoint, &namespace).await?;
