@@ -283,6 +283,7 @@ async fn build_controller(
             qps: args.store_qps,
             burst: args.store_burst,
             create_batch_wait: args.create_batch_wait,
+            status_interval: args.store_status_interval,
         },
         metrics.store_calls(),
     )

@@ -4,12 +4,15 @@
 //! - [`resolve`]: the pure rule: `spec.storeRef`, the namespace's default,
 //!   or the store the Pet's record is already in;
 //! - [`tokens`]: the namespace's ServiceAccount tokens each write carries;
+//! - [`status`]: each store object's status (does it answer, its
+//!   extensions, the Pets that use it), written by the leader;
 //! - this module: the watch caches of `PetStore`, `ClusterPetStore` and
 //!   Namespace that the rule reads, and the clients, opened on a store's
 //!   first use, one per store and namespace over one channel per store,
 //!   and closed when no Pet has used the store for a while.
 
 pub mod resolve;
+pub mod status;
 pub mod tokens;
 
 use std::collections::{BTreeMap, HashMap};
@@ -50,6 +53,8 @@ pub struct ClientSettings {
     pub qps: f64,
     pub burst: u32,
     pub create_batch_wait: Duration,
+    /// How often each store's status is checked again (see [`status`]).
+    pub status_interval: Duration,
 }
 
 /// The store a Pet uses, and its client for the Pet's namespace.
@@ -173,6 +178,7 @@ impl Stores {
                 qps: 0.0,
                 burst: 0,
                 create_batch_wait: Duration::ZERO,
+                status_interval: Duration::from_secs(30),
             },
             metrics: StoreCallMetrics::default(),
             changed,
