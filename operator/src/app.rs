@@ -287,6 +287,7 @@ async fn build_controller(
                 name: args.service_account.clone(),
             }),
             own_audience: args.petstore_audience.clone(),
+            status_interval: args.store_status_interval,
         },
         metrics.store_calls(),
     )

@@ -90,6 +90,12 @@ pub struct Args {
     #[arg(long, env = "CREATE_BATCH_WAIT", default_value = "25ms", value_parser = parse_duration)]
     pub create_batch_wait: Duration,
 
+    /// How often each PetStore's and ClusterPetStore's status (does it
+    /// answer, its extensions, how many Pets use it) is checked again; a
+    /// store whose spec changes is checked at once.
+    #[arg(long, env = "STORE_STATUS_INTERVAL", default_value = "30s", value_parser = parse_duration)]
+    pub store_status_interval: Duration,
+
     /// This installation's name, kept for the life of the records it makes:
     /// a record's key is `<installation>/<Pet UID>`. A cluster rebuilt or
     /// restored with the same name, against the same store, takes its

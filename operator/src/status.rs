@@ -22,7 +22,8 @@ pub const STALLED: &str = "Stalled";
 /// never disagree. The README lists them all.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Reason {
-    /// Ready=True: the store record matches the spec.
+    /// Ready=True: the store record matches the spec; on a PetStore or
+    /// ClusterPetStore, the store answers.
     Available,
     /// Synced=True: the last reconciliation succeeded.
     ReconcileSuccess,
@@ -33,9 +34,11 @@ pub enum Reason {
     /// An annotation has a value the operator does not know; it does
     /// whatever is safe (paused: touch nothing; deletion policy: never delete).
     InvalidAnnotation,
-    /// The pet store cannot be reached; retried with backoff.
+    /// The pet store cannot be reached; retried with backoff (a store
+    /// object's: checked again every interval).
     StoreUnavailable,
-    /// The store rejected the spec; fix the spec to retry.
+    /// The store rejected the spec; fix the spec to retry. On a store
+    /// object: no client can be made of its address and CA.
     InvalidSpec,
     /// The store lacks the extension RPCs (GetPets, SetIdempotencyKeys)
     /// that the operator needs.

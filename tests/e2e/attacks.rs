@@ -1046,6 +1046,10 @@ fn a_namespace_deleted_takes_its_records_and_one_made_again_owns_only_what_was_k
         "{refused}"
     );
     cp.kubectl(&["delete", "namespace", "team-r", "--wait=false"])?;
+    // The namespace controller empties a namespace with deletecollection,
+    // whose reviews name no object but carry it: the guard reads the
+    // name there, or the store and the ServiceAccount would go first and
+    // strand the Pets.
     wait_for(Duration::from_secs(120), "team-r gone", || {
         cp.kubectl_json(&["get", "namespace", "team-r"])
             .err()

@@ -1,13 +1,17 @@
 //! PetStores and ClusterPetStores on the real API server: their schemas'
 //! rules, a Pet's `spec.storeRef` fixed once the Pet has a record (the
-//! CRD's CEL rule, in both versions), and the operator's admission webhook
+//! CRD's CEL rule, in both versions), the operator's admission webhook
 //! refusing to delete a store that Pets use, naming them: a PetStore counts
-//! only its own namespace's Pets, a ClusterPetStore every namespace's.
+//! only its own namespace's Pets, a ClusterPetStore every namespace's; and
+//! each store's status (does it answer, its extensions, its Pets), as
+//! kubectl and kstatus read it.
 
 use std::time::Duration;
 
-use fixtures::env::install_store_guard;
+use fixtures::env::{condition, install_store_guard};
+use fixtures::health::kstatus;
 use fixtures::{ControlPlane, Env, Storage, wait_for};
+use serde_json::Value;
 
 /// The refusal the CRD's rule gives.
 const IMMUTABLE: &str = "spec.storeRef cannot change once the Pet has a record (status.id is set); moving records between stores is not supported";
@@ -300,15 +304,17 @@ fn deleting_a_store_in_use_is_refused_naming_its_pets() -> fixtures::Result<()> 
     let cp = &env.cp;
     // Installed before the operator starts, which points it at itself.
     install_store_guard(cp)?;
+    // The stores' addresses are loopback ports where nothing listens: the
+    // operator checks each store it sees.
     let _operator = env.start_operator("operator")?;
     for ns in ["team-a", "team-b"] {
         cp.ensure_namespace(ns)?;
         cp.apply(&format!(
-            "apiVersion: petstore.example.com/v1\nkind: PetStore\nmetadata:\n  name: shared\n  namespace: {ns}\nspec:\n  address: https://petstore.{ns}.svc:6742\n"
+            "apiVersion: petstore.example.com/v1\nkind: PetStore\nmetadata:\n  name: shared\n  namespace: {ns}\nspec:\n  address: https://127.0.0.1:1\n"
         ))?;
     }
-    cp.apply("apiVersion: petstore.example.com/v1\nkind: PetStore\nmetadata:\n  name: other\n  namespace: team-b\nspec:\n  address: https://other:6742\n")?;
-    cp.apply("apiVersion: petstore.example.com/v1\nkind: ClusterPetStore\nmetadata:\n  name: global\nspec:\n  address: https://global:6742\n  allowedNamespaces: {names: [team-b]}\n")?;
+    cp.apply("apiVersion: petstore.example.com/v1\nkind: PetStore\nmetadata:\n  name: other\n  namespace: team-b\nspec:\n  address: https://127.0.0.1:1\n")?;
+    cp.apply("apiVersion: petstore.example.com/v1\nkind: ClusterPetStore\nmetadata:\n  name: global\nspec:\n  address: https://127.0.0.1:1\n  allowedNamespaces: {names: [team-b]}\n")?;
     // Paused: the operator (which does not resolve stores yet) leaves them
     // and their records alone.
     cp.apply(&pet(
@@ -410,5 +416,344 @@ fn deleting_a_store_in_use_is_refused_naming_its_pets() -> fixtures::Result<()> 
     cp.kubectl(&["delete", "petstores", "shared", "-n", "team-a"])?;
     cp.kubectl(&["delete", "petstores", "other", "-n", "team-b"])?;
     cp.kubectl(&["delete", "clusterpetstores", "global"])?;
+    Ok(())
+}
+
+/// How often the operator under test checks each store again.
+const STATUS_INTERVAL: &str = "1s";
+/// How long a store's status may take to show what is so: a few
+/// intervals, with room for a machine twice as slow under the suite's load.
+const STATUS_TIMEOUT: Duration = Duration::from_secs(60);
+/// What a store of this project serves beyond the book's RPCs.
+const EXTENSIONS: [&str; 4] = [
+    "GetPets",
+    "SetIdempotencyKeys",
+    "WatchPets",
+    "ClaimInstallation",
+];
+/// The operator's debug line for each probe of a store.
+const PROBED: &str = "store probed";
+
+/// A store object of `kind`, in `namespace` if namespaced; `spec` indented
+/// under `spec:`.
+fn store_object(kind: &str, namespace: Option<&str>, name: &str, spec: &str) -> String {
+    let namespace = namespace
+        .map(|ns| format!("\n  namespace: {ns}"))
+        .unwrap_or_default();
+    format!(
+        "apiVersion: petstore.example.com/v1\nkind: {kind}\nmetadata:\n  name: {name}{namespace}\nspec:\n{spec}"
+    )
+}
+
+/// `kubectl get <plural> <name> [-n <namespace>] -o json`.
+fn get_store(
+    cp: &ControlPlane,
+    plural: &str,
+    namespace: Option<&str>,
+    name: &str,
+) -> Option<Value> {
+    let mut args = vec!["get", plural, name];
+    if let Some(namespace) = namespace {
+        args.extend(["-n", namespace]);
+    }
+    cp.kubectl_json(&args).ok()
+}
+
+/// Waits until the store's status describes its current generation and
+/// `check` holds of it; the store as it then is.
+fn wait_store(
+    cp: &ControlPlane,
+    (plural, namespace, name): (&str, Option<&str>, &str),
+    what: &str,
+    check: impl Fn(&Value) -> bool,
+) -> fixtures::Result<Value> {
+    wait_for(STATUS_TIMEOUT, &format!("{plural} {name}: {what}"), || {
+        get_store(cp, plural, namespace, name).filter(|store| {
+            store["status"]["observedGeneration"] == store["metadata"]["generation"] && check(store)
+        })
+    })
+}
+
+/// The status and reason of the store's condition `type_`.
+fn shows(store: &Value, type_: &str) -> (String, String) {
+    condition(store, type_)
+        .map(|c| {
+            (
+                c["status"].as_str().unwrap_or_default().to_owned(),
+                c["reason"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .unwrap_or_default()
+}
+
+fn ready_with_pets(pets: i64) -> impl Fn(&Value) -> bool {
+    move |store| shows(store, "Ready").0 == "True" && store["status"]["pets"] == pets
+}
+
+/// The writes (PATCH, PUT) to the store kinds' status the API server has
+/// served, by its own metrics: a write that changes nothing counts too.
+fn status_writes(cp: &ControlPlane) -> fixtures::Result<f64> {
+    let metrics = cp.kubectl(&["get", "--raw", "/metrics"])?;
+    Ok(metrics
+        .lines()
+        .filter(|line| {
+            line.starts_with("apiserver_request_total{")
+                && (line.contains(r#"resource="petstores""#)
+                    || line.contains(r#"resource="clusterpetstores""#))
+                && line.contains(r#"subresource="status""#)
+                && (line.contains(r#"verb="PATCH""#) || line.contains(r#"verb="PUT""#))
+        })
+        .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum())
+}
+
+/// The rows of `kubectl get` as NAME -> (READY, PETS), checking the header.
+fn table(out: &str) -> std::collections::BTreeMap<String, (String, String)> {
+    let mut lines = out.lines();
+    let header: Vec<&str> = lines
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(header, ["NAME", "ADDRESS", "READY", "PETS", "AGE"], "{out}");
+    lines
+        .map(|line| {
+            let cells: Vec<&str> = line.split_whitespace().collect();
+            let cell = |i: usize| cells.get(i).copied().unwrap_or_default().to_owned();
+            (cell(0), (cell(2), cell(3)))
+        })
+        .collect()
+}
+
+#[test]
+fn a_stores_status_says_whether_it_answers_its_extensions_and_the_pets_that_use_it()
+-> fixtures::Result<()> {
+    let env = Env::start(Storage::Memory)?;
+    let cp = &env.cp;
+    let mut accounts = Vec::new();
+    for ns in ["team-a", "team-b"] {
+        cp.ensure_namespace(ns)?;
+        accounts.push(format!(
+            "apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: petstore-tenant\n  namespace: {ns}\n"
+        ));
+    }
+    cp.apply(&accounts.join("---\n"))?;
+    // One running store behind three objects; nothing listens at `nowhere`.
+    let running = format!("  address: http://{}\n", env.store.addr);
+    let nowhere = format!("http://127.0.0.1:{}", fixtures::free_port()?);
+    let untrusted = format!(
+        "  address: https://127.0.0.1:{}\n  tls:\n    ca:\n      configMapKeyRef: {{name: missing-ca, key: ca.crt}}\n",
+        fixtures::free_port()?
+    );
+    cp.apply(
+        &[
+            store_object("PetStore", Some("team-a"), "near", &running),
+            store_object("PetStore", Some("team-b"), "near", &running),
+            store_object(
+                "ClusterPetStore",
+                None,
+                "shared",
+                &format!("{running}  allowedNamespaces: {{names: [team-a, team-b]}}\n"),
+            ),
+            store_object(
+                "ClusterPetStore",
+                None,
+                "far",
+                &format!("  address: {nowhere}\n"),
+            ),
+            store_object("PetStore", Some("team-a"), "untrusted", &untrusted),
+        ]
+        .join("---\n"),
+    )?;
+    let mut options = env.operator_options("store-status");
+    options
+        .extra_args
+        .push(format!("--store-status-interval={STATUS_INTERVAL}").into());
+    let mut operator = env.start_operator_with(&options)?;
+    let pets = [
+        ("team-a", "rex", "PetStore", "near"),
+        ("team-a", "fido", "PetStore", "near"),
+        ("team-b", "max", "PetStore", "near"),
+        ("team-a", "tom", "ClusterPetStore", "shared"),
+        ("team-b", "kit", "ClusterPetStore", "shared"),
+    ];
+    let manifests: Vec<String> = pets
+        .iter()
+        .map(|(ns, name, kind, store)| {
+            format!(
+                "apiVersion: petstore.example.com/v1\nkind: Pet\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  name: {name}\n  type: dog\n  birthday: \"2021-04-01\"\n  storeRef: {{kind: {kind}, name: {store}}}\n"
+            )
+        })
+        .collect();
+    cp.apply(&manifests.join("---\n"))?;
+    for (ns, name, _, _) in pets {
+        env.wait_ready(ns, name, STATUS_TIMEOUT)?;
+    }
+
+    // A PetStore counts its own namespace's Pets, a ClusterPetStore every
+    // namespace's; each lists the extensions the running store serves.
+    let near_a = ("petstores", Some("team-a"), "near");
+    let near_b = ("petstores", Some("team-b"), "near");
+    let shared = ("clusterpetstores", None, "shared");
+    let far = ("clusterpetstores", None, "far");
+    let untrusted = ("petstores", Some("team-a"), "untrusted");
+    cp.kubectl(&[
+        "wait",
+        "--for=condition=Ready",
+        "petstores/near",
+        "-n",
+        "team-a",
+        "--timeout=60s",
+    ])?;
+    let reachable = wait_store(cp, near_a, "Ready with 2 Pets", ready_with_pets(2))?;
+    assert_eq!(
+        shows(&reachable, "Ready"),
+        ("True".into(), "Available".into())
+    );
+    assert_eq!(
+        shows(&reachable, "Reachable"),
+        ("True".into(), "Available".into())
+    );
+    assert_eq!(
+        reachable["status"]["extensions"],
+        serde_json::json!(EXTENSIONS),
+        "{reachable}"
+    );
+    wait_store(cp, near_b, "Ready with 1 Pet", ready_with_pets(1))?;
+    wait_store(cp, shared, "Ready with 2 Pets", ready_with_pets(2))?;
+
+    // Nothing listens: not Ready, and why, re-checked (Reconciling).
+    let unreachable = wait_store(cp, far, "not Ready", |store| {
+        shows(store, "Ready").0 == "False"
+    })?;
+    assert_eq!(
+        shows(&unreachable, "Ready"),
+        ("False".into(), "StoreUnavailable".into())
+    );
+    assert_eq!(
+        shows(&unreachable, "Reachable"),
+        ("False".into(), "StoreUnavailable".into())
+    );
+    assert_eq!(
+        shows(&unreachable, "Reconciling"),
+        ("True".into(), "StoreUnavailable".into())
+    );
+    let message = condition(&unreachable, "Ready")
+        .map(|c| c["message"].to_string())
+        .unwrap_or_default();
+    assert!(
+        message.contains(&format!("no answer from {nowhere}"))
+            && message.contains("Connection refused"),
+        "{message}"
+    );
+    assert_eq!(unreachable["status"]["pets"], 0, "{unreachable}");
+    assert!(
+        unreachable["status"].get("extensions").is_none(),
+        "{unreachable}"
+    );
+    // Its CA cannot be read: nothing tried, and only a person can help.
+    let distrusted = wait_store(cp, untrusted, "held on its trust", |store| {
+        shows(store, "Ready").0 == "False"
+    })?;
+    assert_eq!(
+        shows(&distrusted, "Ready"),
+        ("False".into(), "StoreTrustMissing".into())
+    );
+    assert_eq!(
+        shows(&distrusted, "Stalled"),
+        ("True".into(), "StoreTrustMissing".into())
+    );
+    let message = condition(&distrusted, "Ready")
+        .map(|c| c["message"].to_string())
+        .unwrap_or_default();
+    assert!(message.contains("team-a/missing-ca"), "{message}");
+
+    // kstatus: the one that answers is Current, the others are not.
+    let verdicts = kstatus(&[reachable.clone(), unreachable, distrusted])?;
+    let statuses: Vec<&str> = verdicts.iter().map(|(status, _)| status.as_str()).collect();
+    assert_eq!(
+        statuses,
+        ["Current", "InProgress", "Failed"],
+        "{verdicts:?}"
+    );
+
+    // kubectl's columns.
+    let rows = table(&cp.kubectl(&["get", "ps", "-n", "team-a"])?);
+    assert_eq!(
+        rows.get("near"),
+        Some(&("True".into(), "2".into())),
+        "{rows:?}"
+    );
+    assert_eq!(
+        rows.get("untrusted"),
+        Some(&("False".into(), "0".into())),
+        "{rows:?}"
+    );
+    let rows = table(&cp.kubectl(&["get", "cps"])?);
+    assert_eq!(
+        rows.get("shared"),
+        Some(&("True".into(), "2".into())),
+        "{rows:?}"
+    );
+    assert_eq!(
+        rows.get("far"),
+        Some(&("False".into(), "0".into())),
+        "{rows:?}"
+    );
+
+    // Nothing changes: every store probed three times more, and not one
+    // status write, by the API server's count and by the resourceVersions.
+    let all = [near_a, near_b, shared, far, untrusted];
+    let versions = |cp: &ControlPlane| -> Vec<Value> {
+        all.iter()
+            .map(|(plural, ns, name)| {
+                get_store(cp, plural, *ns, name)
+                    .map(|store| store["metadata"]["resourceVersion"].clone())
+                    .unwrap_or_default()
+            })
+            .collect()
+    };
+    let log = operator.process().log_path().to_owned();
+    let probes = || {
+        std::fs::read_to_string(&log)
+            .map(|text| text.lines().filter(|line| line.contains(PROBED)).count())
+            .unwrap_or_default()
+    };
+    assert!(status_writes(cp)? >= 5.0, "the count sees the first writes");
+    let before = (versions(cp), status_writes(cp)?);
+    let probed = probes();
+    wait_for(STATUS_TIMEOUT, "three more probes of every store", || {
+        (probes() >= probed + 3 * all.len()).then_some(())
+    })?;
+    assert_eq!(
+        (versions(cp), status_writes(cp)?),
+        before,
+        "no status writes while nothing changes"
+    );
+
+    // A changed spec is checked again: `far` now points at the running
+    // store. Until its status describes the new generation, kstatus waits.
+    let edited = cp.kubectl_json(&[
+        "patch",
+        "clusterpetstores",
+        "far",
+        "--type=merge",
+        "-p",
+        &format!(r#"{{"spec":{{"address":"http://{}"}}}}"#, env.store.addr),
+    ])?;
+    let moved = wait_store(cp, far, "Ready at its new address", ready_with_pets(0))?;
+    let verdicts = kstatus(&[edited, moved.clone()])?;
+    let statuses: Vec<&str> = verdicts.iter().map(|(status, _)| status.as_str()).collect();
+    assert_eq!(statuses, ["InProgress", "Current"], "{verdicts:?}");
+    assert_eq!(moved["status"]["observedGeneration"], 2, "{moved}");
+    assert_eq!(condition(&moved, "Reconciling"), None, "{moved}");
+
+    // The Pets gone, no store counts them.
+    for ns in ["team-a", "team-b"] {
+        cp.kubectl(&["delete", "pets", "--all", "-n", ns, "--wait=true"])?;
+    }
+    for store in [near_a, near_b, shared] {
+        wait_store(cp, store, "Ready with no Pets", ready_with_pets(0))?;
+    }
     Ok(())
 }

@@ -117,6 +117,11 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
         let (stores, stop) = (Arc::clone(&ctx.stores), stop.clone());
         async move { stores.close_idle_until(stop).await }
     });
+    tokio::spawn(crate::stores::status::write_until(
+        Arc::clone(&ctx.stores),
+        reader.clone(),
+        stop.clone(),
+    ));
     tokio::spawn(release_on_store_change(
         Arc::clone(&ctx),
         reader.clone(),

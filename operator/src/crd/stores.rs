@@ -306,6 +306,25 @@ impl<R: JsonSchema> JsonSchema for CaSource<R> {
     }
 }
 
+impl StoreTls<NamespacedKeyRef> {
+    /// A ClusterPetStore's CA as a PetStore names it, with the namespace
+    /// it is in.
+    pub fn ca_in_namespace(&self) -> Option<(String, CaSource)> {
+        self.ca.as_ref().map(|ca| {
+            let named = ca.key_ref();
+            let key_ref = KeyRef {
+                name: named.name.clone(),
+                key: named.key.clone(),
+            };
+            let source = match ca {
+                CaSource::SecretKeyRef(_) => CaSource::SecretKeyRef(key_ref),
+                CaSource::ConfigMapKeyRef(_) => CaSource::ConfigMapKeyRef(key_ref),
+            };
+            (named.namespace.clone(), source)
+        })
+    }
+}
+
 /// A key of a Secret or ConfigMap in the PetStore's own namespace.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash, JsonSchema)]
 pub struct KeyRef {
@@ -336,17 +355,22 @@ pub struct NamespacedKeyRef {
 #[serde(rename_all = "camelCase")]
 pub struct StoreStatus {
     /// `Ready` (the operator may use the store) and `Reachable` (it
-    /// answered at its address), each with a reason and message.
+    /// answered at its address), each with a reason and message; and, as
+    /// kstatus reads them, `Reconciling` while an unreachable store is
+    /// re-checked and `Stalled` while only a person can help.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
 
-    /// Whether the store offers this project's extension RPCs (the book's
-    /// store does not).
+    /// The extension RPCs the store serves beyond the book's
+    /// (GetPets, SetIdempotencyKeys, WatchPets, ClaimInstallation), as its
+    /// gRPC reflection lists them: empty for the book's store, unset while
+    /// not known (the store does not answer, or serves no reflection).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub extensions: Option<bool>,
+    pub extensions: Option<Vec<String>>,
 
-    /// How many Pets use the store.
+    /// How many Pets use the store: those whose status.store names it (a
+    /// PetStore's in its own namespace only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pets: Option<i64>,
 
@@ -429,14 +453,14 @@ impl FromStr for StoreRef {
 /// kstatus and `kubectl wait --for=condition=Ready` read it.
 fn conditions_schema(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
-        "description": "Ready (the operator may use the store) and Reachable (it answered at its address), each with a reason and message.",
+        "description": "Ready (the operator may use the store) and Reachable (it answered at its address), each with a reason and message; Reconciling while an unreachable store is re-checked, Stalled while only a person can help (kstatus reads both).",
         "type": "array",
         "x-kubernetes-list-type": "map",
         "x-kubernetes-list-map-keys": ["type"],
         "items": {
             "type": "object",
             "properties": {
-                "type": {"type": "string", "description": "Ready or Reachable."},
+                "type": {"type": "string", "description": "Ready, Reachable, Reconciling or Stalled."},
                 "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
                 "reason": {"type": "string", "description": "One CamelCase word."},
                 "message": {"type": "string", "description": "Human-readable detail."},

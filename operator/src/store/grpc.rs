@@ -206,6 +206,12 @@ impl GrpcPetStore {
         })
     }
 
+    /// The channel without the calls' layer, for the store's other
+    /// services (health, reflection): no budget, token or metric.
+    pub fn channel(&self) -> Channel {
+        self.channel.clone()
+    }
+
     /// Every call waits for its place in `budget` (`--store-qps`).
     pub fn with_budget(mut self, budget: CallBudget) -> Self {
         self.layer.budget = Arc::new(budget);

@@ -4,6 +4,8 @@
 //! - [`resolve`]: the pure rule: `spec.storeRef`, the namespace's default,
 //!   or the store the Pet's record is already in;
 //! - [`tokens`]: the namespace's ServiceAccount tokens each write carries;
+//! - [`status`]: each store object's status (does it answer, its
+//!   extensions, the Pets that use it), written by the leader;
 //! - this module: the watch caches of `PetStore`, `ClusterPetStore` and
 //!   Namespace that the rule reads, and the clients, opened on a store's
 //!   first use, one per store and namespace over one channel per store,
@@ -13,6 +15,7 @@
 
 pub mod caller;
 pub mod resolve;
+pub mod status;
 pub mod tokens;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -59,6 +62,8 @@ pub struct ClientSettings {
     /// The audience of the operator's own store, when it checks tenants
     /// (`--petstore-audience`).
     pub own_audience: Option<String>,
+    /// How often each store's status is checked again (see [`status`]).
+    pub status_interval: Duration,
 }
 
 /// The operator's own store, when it checks tenants: each Pet's calls
@@ -260,6 +265,7 @@ impl Stores {
                 create_batch_wait: Duration::ZERO,
                 observer: None,
                 own_audience: None,
+                status_interval: Duration::from_secs(30),
             },
             metrics: StoreCallMetrics::default(),
             changed,

@@ -184,6 +184,36 @@ struct Request {
     namespace: Option<String>,
     #[serde(default)]
     operation: String,
+    /// The object being deleted. A `deletecollection` (the namespace
+    /// controller's way of emptying a namespace) is reviewed once per
+    /// object with an empty `name`: the name is only here.
+    #[serde(default)]
+    old_object: Option<OldObject>,
+}
+
+#[derive(Deserialize, Default)]
+struct OldObject {
+    #[serde(default)]
+    metadata: OldMetadata,
+}
+
+#[derive(Deserialize, Default)]
+struct OldMetadata {
+    #[serde(default)]
+    name: String,
+}
+
+impl Request {
+    /// The deleted object's name, from `oldObject` when `name` is empty.
+    fn object_name(&self) -> String {
+        if !self.name.is_empty() {
+            return self.name.clone();
+        }
+        self.old_object
+            .as_ref()
+            .map(|old| old.metadata.name.clone())
+            .unwrap_or_default()
+    }
 }
 
 #[derive(Deserialize, Default)]
@@ -213,6 +243,7 @@ where
             );
         }
     };
+    let name = request.object_name();
     let store = match (
         request.operation.as_str(),
         request.kind.group.as_str(),
@@ -220,12 +251,10 @@ where
     ) {
         ("DELETE", crate::crd::GROUP, "PetStore") => DeletedStore::PetStore {
             namespace: request.namespace.unwrap_or_default(),
-            name: request.name,
+            name,
         },
-        ("DELETE", crate::crd::GROUP, "ClusterPetStore") => {
-            DeletedStore::ClusterPetStore { name: request.name }
-        }
-        ("DELETE", "", "ServiceAccount") if request.name == TENANT_SERVICE_ACCOUNT => {
+        ("DELETE", crate::crd::GROUP, "ClusterPetStore") => DeletedStore::ClusterPetStore { name },
+        ("DELETE", "", "ServiceAccount") if name == TENANT_SERVICE_ACCOUNT => {
             DeletedStore::TenantAccount {
                 namespace: request.namespace.unwrap_or_default(),
             }
@@ -462,6 +491,34 @@ mod tests {
             assert_eq!(store, tenant_account("team-a"));
             Ok(vec![pet("team-a", "rex", None, Some("PetStore/default"))])
         })
+        .await;
+        assert_eq!(answer["response"]["allowed"], false, "{answer}");
+
+        // What the namespace controller's deletecollection sends: no name,
+        // the object in oldObject.
+        let mut collection: Value =
+            serde_json::from_slice(&deletion("PetStore", Some("team-a"), "")).expect("json");
+        collection["request"]["oldObject"] =
+            json!({"metadata": {"name": "shared", "namespace": "team-a"}});
+        let answer = review(
+            &serde_json::to_vec(&collection).expect("json"),
+            |store| async move {
+                assert_eq!(store, pet_store("team-a", "shared"));
+                Ok(vec![pet("team-a", "rex", Some("PetStore/shared"), None)])
+            },
+        )
+        .await;
+        assert_eq!(answer["response"]["allowed"], false, "{answer}");
+        let mut collection: Value =
+            serde_json::from_slice(&deletion("ServiceAccount", Some("team-a"), "")).expect("json");
+        collection["request"]["oldObject"] = json!({"metadata": {"name": "petstore-tenant"}});
+        let answer = review(
+            &serde_json::to_vec(&collection).expect("json"),
+            |store| async move {
+                assert_eq!(store, tenant_account("team-a"));
+                Ok(vec![pet("team-a", "rex", None, Some("PetStore/shared"))])
+            },
+        )
         .await;
         assert_eq!(answer["response"]["allowed"], false, "{answer}");
 
