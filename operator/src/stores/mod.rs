@@ -353,11 +353,11 @@ impl Stores {
         // Until their first list, a named store would look missing, and a
         // namespace's default absent: hold the Pet rather than guess.
         if !caches.listed.load(Ordering::Relaxed) {
-            let listed = async {
-                caches.pet_stores.wait_until_ready().await.ok();
-                caches.cluster_stores.wait_until_ready().await.ok();
+            let both = async {
+                listed(&caches.pet_stores).await;
+                listed(&caches.cluster_stores).await;
             };
-            if tokio::time::timeout(CACHE_WAIT, listed).await.is_err() {
+            if tokio::time::timeout(CACHE_WAIT, both).await.is_err() {
                 return Err(Refused {
                     reason: Reason::StoreNotFound,
                     message: "the PetStores and ClusterPetStores are not listed yet; retrying"
@@ -596,6 +596,24 @@ where
         }
     });
     reader
+}
+
+/// How often [`listed`] asks again.
+const LISTED_RECHECK: Duration = Duration::from_millis(500);
+
+/// Waits until `cache` has listed its objects (or its writer is gone).
+/// Asked again every [`LISTED_RECHECK`]: kube's readiness signal wakes only
+/// the last of the tasks waiting on one cache at once, and the reconciles
+/// wait on the store kinds' caches too.
+pub(crate) async fn listed<K>(cache: &reflector::Store<K>)
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    while tokio::time::timeout(LISTED_RECHECK, cache.wait_until_ready())
+        .await
+        .is_err()
+    {}
 }
 
 #[cfg(test)]

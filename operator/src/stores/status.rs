@@ -39,6 +39,7 @@ use tonic::Code;
 use tonic::transport::Channel;
 use tracing::{debug, info, warn};
 
+use super::listed;
 use super::resolve::{Endpoint, StoreId};
 use super::{Caches, Stores};
 use crate::crd::stores::{STORE_REACHABLE, STORE_READY};
@@ -571,24 +572,6 @@ pub async fn write_until(
             Some((store, done)) = writer.probes.next() => writer.probed(caches, store, done).await,
         }
     }
-}
-
-/// How often [`listed`] asks again.
-const LISTED_RECHECK: Duration = Duration::from_millis(500);
-
-/// Waits until `cache` has listed its objects (or its writer is gone).
-/// Asked again every [`LISTED_RECHECK`]: kube's readiness signal wakes only
-/// the last of the tasks waiting on one cache at once, and the reconciles
-/// wait on the store kinds' caches too.
-async fn listed<K>(cache: &reflector::Store<K>)
-where
-    K: kube::Resource + Clone + 'static,
-    K::DynamicType: Eq + std::hash::Hash + Clone,
-{
-    while tokio::time::timeout(LISTED_RECHECK, cache.wait_until_ready())
-        .await
-        .is_err()
-    {}
 }
 
 impl Writer {
