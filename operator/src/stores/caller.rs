@@ -144,24 +144,6 @@ impl AsCaller for Client {
     }
 }
 
-/// The store `status.store` pins a Pet to, as the operator reads it: a Pet
-/// with a record but no `status.store` made it before stores were
-/// resources, in the operator's own store.
-pub fn pinned_store(pet: &Pet) -> Result<Option<StoreId>, Refused> {
-    let namespace = pet.namespace().unwrap_or_default();
-    let status = pet.status.as_ref();
-    match status.and_then(|status| status.store.as_deref()) {
-        Some(value) => StoreId::from_status(&namespace, Some(value))
-            .map(Some)
-            .ok_or_else(|| Refused {
-                reason: Reason::StoreNotFound,
-                message: format!("status.store names {value:?}, which is no store kind"),
-            }),
-        None if status.is_some_and(|status| status.id.is_some()) => Ok(Some(StoreId::Own)),
-        None => Ok(None),
-    }
-}
-
 /// The `storeRef` that names `id` from a Pet of its namespace; `None` for
 /// the operator's own store.
 pub fn store_ref_of(id: &StoreId) -> Option<StoreRef> {
@@ -335,7 +317,7 @@ impl<C: AsCaller> CallerStores<C> {
     /// default.
     pub async fn for_pet(&mut self, pet: &Pet) -> Result<Chosen, CallerError> {
         let namespace = pet.namespace().unwrap_or_default();
-        let pinned = pinned_store(pet).map_err(CallerError::Refused)?;
+        let pinned = resolve::pinned(pet).map_err(CallerError::Refused)?;
         let store_ref = pet.spec.store_ref.as_ref();
         match self.resolve(&namespace, store_ref, pinned.as_ref()).await? {
             Resolved::Own => Ok(Chosen::Own),
@@ -469,44 +451,20 @@ impl<C: AsCaller> CallerStores<C> {
 
     /// The PEM of a store's CA, read as the caller.
     async fn ca(&self, namespace: &str, source: &CaSource) -> Result<Vec<u8>, CallerError> {
-        let key_ref = source.key_ref();
-        let kind = match source {
-            CaSource::SecretKeyRef(_) => "Secret",
-            CaSource::ConfigMapKeyRef(_) => "ConfigMap",
-        };
-        let what = format!("the store's CA {kind} {namespace}/{}", key_ref.name);
-        let missing = |message: String| {
-            CallerError::Refused(Refused {
-                reason: Reason::StoreTrustMissing,
-                message,
-            })
-        };
-        let data = match self.caller.ca_data(namespace, source).await {
-            Ok(Some(data)) => data,
-            Ok(None) => return Err(missing(format!("{what} does not exist"))),
+        match self.caller.ca_data(namespace, source).await {
+            Ok(data) => ca_pem(namespace, source, data.as_ref()).map_err(CallerError::Refused),
             Err(kube::Error::Api(status)) if status.code == 403 => {
-                return Err(CallerError::Forbidden(format!(
-                    "you may not get {what}, which kubectl petstore reads as you to trust the store: {}",
+                Err(CallerError::Forbidden(format!(
+                    "you may not get {}, which kubectl petstore reads as you to trust the store: {}",
+                    ca_described(namespace, source),
                     status.message
-                )));
+                )))
             }
-            Err(source) => {
-                return Err(CallerError::Api {
-                    what: format!("reading {what}"),
-                    source,
-                });
-            }
-        };
-        let Some(pem) = data.get(&key_ref.key) else {
-            return Err(missing(format!("{what} has no key {:?}", key_ref.key)));
-        };
-        if !String::from_utf8_lossy(pem).contains("-----BEGIN CERTIFICATE-----") {
-            return Err(missing(format!(
-                "{what}: {:?} is not a PEM certificate",
-                key_ref.key
-            )));
+            Err(source_error) => Err(CallerError::Api {
+                what: format!("reading {}", ca_described(namespace, source)),
+                source: source_error,
+            }),
         }
-        Ok(pem.clone())
     }
 }
 
@@ -530,6 +488,42 @@ fn mint_error(namespace: &str, error: kube::Error) -> CallerError {
             source,
         },
     }
+}
+
+/// `the store's CA Secret team-a/ca`, for messages.
+pub(super) fn ca_described(namespace: &str, source: &CaSource) -> String {
+    let kind = match source {
+        CaSource::SecretKeyRef(_) => "Secret",
+        CaSource::ConfigMapKeyRef(_) => "ConfigMap",
+    };
+    format!(
+        "the store's CA {kind} {namespace}/{}",
+        source.key_ref().name
+    )
+}
+
+/// The CA certificate from the data of the Secret or ConfigMap `source`
+/// names (`None`: there is none), or what is missing: one rule for the
+/// operator and the plugin.
+pub(super) fn ca_pem(
+    namespace: &str,
+    source: &CaSource,
+    data: Option<&BTreeMap<String, Vec<u8>>>,
+) -> Result<Vec<u8>, Refused> {
+    let what = ca_described(namespace, source);
+    let missing = |message: String| Refused {
+        reason: Reason::StoreTrustMissing,
+        message,
+    };
+    let key = &source.key_ref().key;
+    let data = data.ok_or_else(|| missing(format!("{what} does not exist")))?;
+    let pem = data
+        .get(key)
+        .ok_or_else(|| missing(format!("{what} has no key {key:?}")))?;
+    if !String::from_utf8_lossy(pem).contains("-----BEGIN CERTIFICATE-----") {
+        return Err(missing(format!("{what}: {key:?} is not a PEM certificate")));
+    }
+    Ok(pem.clone())
 }
 
 #[cfg(test)]

@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt as _;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ListParams};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt as _, watcher};
@@ -39,6 +39,7 @@ use crate::status::Reason;
 use crate::store::PetStore as StoreClient;
 use crate::store::budget::CallBudget;
 use crate::store::grpc::{GrpcPetStore, StoreCallMetrics};
+use caller::AsCaller as _;
 use resolve::{Endpoint, Known};
 pub use resolve::{Refused, Resolved, StoreId};
 use tokens::{ObserverAccount, TenantCredentials, TokenMinter};
@@ -325,18 +326,7 @@ impl Stores {
     /// The store `pet` uses and its client: see [`resolve`].
     pub async fn for_pet(&self, pet: &Pet) -> Result<ForPet, Refused> {
         let namespace = pet.namespace().unwrap_or_default();
-        let status = pet.status.as_ref();
-        let pinned = match status.and_then(|status| status.store.as_deref()) {
-            Some(value) => Some(StoreId::from_status(&namespace, Some(value)).ok_or_else(
-                || Refused {
-                    reason: Reason::StoreNotFound,
-                    message: format!("status.store names {value:?}, which is no store kind"),
-                },
-            )?),
-            // A record made before stores were resources is in the own one.
-            None if status.is_some_and(|status| status.id.is_some()) => Some(StoreId::Own),
-            None => None,
-        };
+        let pinned = resolve::pinned(pet)?;
         let store_ref = pet.spec.store_ref.as_ref();
         let Some(caches) = &self.caches else {
             return match (store_ref, &pinned) {
@@ -500,50 +490,16 @@ impl Stores {
 
     /// The PEM of a store's CA, from its Secret or ConfigMap.
     async fn read_ca(&self, namespace: &str, source: &CaSource) -> Result<Vec<u8>, Refused> {
-        let missing = |what: String| Refused {
-            reason: Reason::StoreTrustMissing,
-            message: what,
-        };
-        let (kind, key_ref) = match source {
-            CaSource::SecretKeyRef(key_ref) => ("Secret", key_ref),
-            CaSource::ConfigMapKeyRef(key_ref) => ("ConfigMap", key_ref),
-        };
-        let what = format!("the store's CA {kind} {namespace}/{}", key_ref.name);
-        let data = match source {
-            CaSource::SecretKeyRef(_) => Api::<Secret>::namespaced(self.client.clone(), namespace)
-                .get_opt(&key_ref.name)
-                .await
-                .map(|secret| {
-                    secret.map(|s| s.data.unwrap_or_default().remove(&key_ref.key).map(|b| b.0))
-                }),
-            CaSource::ConfigMapKeyRef(_) => {
-                Api::<ConfigMap>::namespaced(self.client.clone(), namespace)
-                    .get_opt(&key_ref.name)
-                    .await
-                    .map(|map| {
-                        map.map(|m| {
-                            m.data
-                                .unwrap_or_default()
-                                .remove(&key_ref.key)
-                                .map(String::into_bytes)
-                        })
-                    })
-            }
-        };
-        let pem = match data {
-            Err(error) => return Err(missing(format!("reading {what}: {error}"))),
-            Ok(None) => return Err(missing(format!("{what} does not exist"))),
-            Ok(Some(None)) => {
-                return Err(missing(format!("{what} has no key {:?}", key_ref.key)));
-            }
-            Ok(Some(Some(pem))) => pem,
-        };
-        if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
-            return Err(missing(format!(
-                "the store's CA in namespace {namespace} is not a PEM certificate"
-            )));
+        match self.client.ca_data(namespace, source).await {
+            Ok(data) => caller::ca_pem(namespace, source, data.as_ref()),
+            Err(error) => Err(Refused {
+                reason: Reason::StoreTrustMissing,
+                message: format!(
+                    "reading {}: {error}",
+                    caller::ca_described(namespace, source)
+                ),
+            }),
         }
-        Ok(pem)
     }
 }
 

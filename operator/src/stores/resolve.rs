@@ -11,8 +11,10 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use kube::ResourceExt as _;
+
 use crate::crd::{CaSource, KeyRef};
-use crate::crd::{ClusterPetStore, PetStore, StoreKind, StoreRef};
+use crate::crd::{ClusterPetStore, Pet, PetStore, StoreKind, StoreRef};
 use crate::status::Reason;
 
 /// The name of the default store of a namespace, of either kind.
@@ -233,6 +235,25 @@ fn endpoint_of(
                 generation: store.metadata.generation,
             }))
         }
+    }
+}
+
+/// The store `status.store` pins a Pet to, as the operator reads it: a Pet
+/// with a record but no `status.store` made it before stores were
+/// resources, in the operator's own store.
+pub fn pinned(pet: &Pet) -> Result<Option<StoreId>, Refused> {
+    let namespace = pet.namespace().unwrap_or_default();
+    let status = pet.status.as_ref();
+    match status.and_then(|status| status.store.as_deref()) {
+        Some(value) => StoreId::from_status(&namespace, Some(value))
+            .map(Some)
+            .ok_or_else(|| Refused {
+                reason: Reason::StoreNotFound,
+                message: format!("status.store names {value:?}, which is no store kind"),
+            }),
+        // A record made before stores were resources is in the own one.
+        None if status.is_some_and(|status| status.id.is_some()) => Ok(Some(StoreId::Own)),
+        None => Ok(None),
     }
 }
 
