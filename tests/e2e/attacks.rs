@@ -475,7 +475,7 @@ fn the_attack_matrix_holds_over_a_thousand_seeded_tries_a_row() -> Result<(), Er
     // test and that no cluster runs with.
     let mut options = env.operator_options("attacks");
     options.poll_interval = "5m";
-    let _operator = env.start_operator_with(&options)?;
+    let operator = env.start_operator_with(&options)?;
     // The victims: one Pet per namespace, on its default store.
     let mut victims_yaml = String::new();
     for i in 0..NAMESPACES {
@@ -717,6 +717,34 @@ fn the_attack_matrix_holds_over_a_thousand_seeded_tries_a_row() -> Result<(), Er
 
     // The stores took nothing: no write applied, every record as before,
     // and each store's own counter counts exactly the tries refused.
+    // Tokens are kept, not minted per call: one for each namespace's
+    // store (every Pet of a namespace here is on its own store, its
+    // victim's and its row-3 attackers'), and one observer's for each
+    // store's feed, for thousands of calls.
+    let scrape = operator.metrics()?;
+    let minted = |account: &str| {
+        fixtures::http::sum_series(
+            &scrape,
+            "petstore_operator_store_token_requests_total",
+            &format!("account=\"{account}\",outcome=\"minted\""),
+        )
+    };
+    let calls = fixtures::http::sum_series(
+        &scrape,
+        "petstore_operator_store_call_duration_seconds_count",
+        "",
+    );
+    eprintln!(
+        "attack matrix: {calls} store calls with {} tenant and {} observer TokenRequests",
+        minted("tenant"),
+        minted("observer")
+    );
+    assert_eq!(
+        (minted("tenant"), minted("observer")),
+        (NAMESPACES as f64, STORES as f64),
+        "seed {seed}: TokenRequests (tenant, observer)"
+    );
+    assert!(calls > 1_000.0, "the tokens were used: {calls} store calls");
     assert_eq!(
         records(&rt, &mut grpc, &tokens)?,
         records_before,

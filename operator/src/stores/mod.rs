@@ -194,7 +194,7 @@ impl Stores {
         settings: ClientSettings,
         metrics: StoreCallMetrics,
     ) -> Arc<Self> {
-        let minter = Arc::new(TokenMinter::new(client.clone()));
+        let minter = Arc::new(TokenMinter::new(client.clone(), metrics.clone()));
         let (own, own_tenancy): (Arc<dyn StoreClient>, _) =
             match (&settings.own_audience, &settings.observer) {
                 (Some(audience), Some(observer)) => {
@@ -255,7 +255,10 @@ impl Stores {
         Arc::new(Self {
             own,
             own_tenancy: None,
-            minter: Arc::new(TokenMinter::new(client.clone())),
+            minter: Arc::new(TokenMinter::new(
+                client.clone(),
+                StoreCallMetrics::default(),
+            )),
             client,
             caches: None,
             open: Mutex::default(),

@@ -25,6 +25,7 @@ use tokio::time::Instant;
 use tonic::codegen::http::HeaderValue;
 
 use crate::store::Credentials;
+use crate::store::grpc::StoreCallMetrics;
 
 /// The ServiceAccount whose tokens a Pet's writes carry, in each namespace
 /// that has Pets on a store that checks tenants. The operator's RBAC may
@@ -64,14 +65,16 @@ struct Minted {
 /// Mints and keeps tokens; one per process.
 pub struct TokenMinter {
     client: kube::Client,
+    metrics: StoreCallMetrics,
     lifetime: Duration,
     cache: Mutex<HashMap<Key, Arc<tokio::sync::Mutex<Option<Minted>>>>>,
 }
 
 impl TokenMinter {
-    pub fn new(client: kube::Client) -> Self {
+    pub fn new(client: kube::Client, metrics: StoreCallMetrics) -> Self {
         Self {
             client,
+            metrics,
             lifetime: TOKEN_LIFETIME,
             cache: Mutex::default(),
         }
@@ -95,7 +98,10 @@ impl TokenMinter {
         {
             return Ok(kept.header.clone());
         }
-        let fresh = self.mint(key).await?;
+        let fresh = self.mint(key).await;
+        self.metrics
+            .token_request(key.service_account == TENANT_SERVICE_ACCOUNT, fresh.is_ok());
+        let fresh = fresh?;
         let header = fresh.header.clone();
         *minted = Some(fresh);
         Ok(header)
@@ -242,7 +248,7 @@ mod tests {
             201,
             minted("tenant"),
         );
-        let minter = Arc::new(TokenMinter::new(api.start()));
+        let minter = Arc::new(TokenMinter::new(api.start(), StoreCallMetrics::default()));
         let operator = ObserverAccount {
             namespace: "petstore-system".into(),
             name: "petstore-operator".into(),

@@ -22,6 +22,7 @@ use std::time::Instant;
 
 use http_body::{Body, Frame, SizeHint};
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
@@ -42,6 +43,17 @@ use crate::store::{Credentials, Operation};
 #[derive(Clone, Debug)]
 pub struct StoreCallMetrics {
     calls: Family<StoreCallLabels, Histogram, fn() -> Histogram>,
+    tokens: Family<TokenLabels, Counter>,
+}
+
+/// Whose token a TokenRequest asked for, and how it ended.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TokenLabels {
+    /// `tenant` (a namespace's, for its Pets' calls) or `observer` (the
+    /// operator's own, for the change feeds).
+    account: &'static str,
+    /// `minted` or `failed`.
+    outcome: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -65,6 +77,7 @@ impl Default for StoreCallMetrics {
             calls: Family::new_with_constructor(|| {
                 Histogram::new(exponential_buckets(0.0005, 2.0, 14))
             }),
+            tokens: Family::default(),
         }
     }
 }
@@ -77,6 +90,21 @@ impl StoreCallMetrics {
             "Latency of pet store RPCs, by method and outcome",
             self.calls.clone(),
         );
+        registry.register(
+            "store_token_requests",
+            "TokenRequests for the tokens store calls carry, by account (tenant, observer) and outcome; tokens are kept until a fifth of their life is left, so this grows by one per namespace and store every 8 minutes, not per call",
+            self.tokens.clone(),
+        );
+    }
+
+    /// One TokenRequest, for a tenant's or the observer's token.
+    pub fn token_request(&self, tenant: bool, minted: bool) {
+        self.tokens
+            .get_or_create(&TokenLabels {
+                account: if tenant { "tenant" } else { "observer" },
+                outcome: if minted { "minted" } else { "failed" },
+            })
+            .inc();
     }
 
     /// One call to `method`, which ended with `outcome` after `took`.
