@@ -536,6 +536,31 @@ fn records_made_before_tenancy_keep_their_ids_and_take_their_tenant_on_the_first
         "team-a's record is not team-b's to read"
     );
 
+    // kubectl petstore reads the own store as the Pet's namespace too,
+    // given the operator's audience; without it the store refuses it.
+    let rex_now = "apiVersion: petstore.example.com/v1\nkind: Pet\nmetadata:\n  name: rex\n  namespace: team-a\nspec:\n  name: rex-2\n  type: dog\n  birthday: \"2021-04-01\"\n";
+    let addr: Vec<std::ffi::OsString> =
+        vec!["--petstore-addr".into(), env.store.addr.clone().into()];
+    let with_audience = [
+        addr.clone(),
+        vec!["--petstore-audience".into(), "petstore".into()],
+    ]
+    .concat();
+    let planned = env.kubectl_petstore_plan(rex_now, &with_audience)?;
+    assert_eq!(
+        planned.code,
+        Some(0),
+        "nothing to change: {}",
+        planned.stderr
+    );
+    let refused = env.kubectl_petstore_plan(rex_now, &addr)?;
+    assert_eq!(
+        refused.code,
+        Some(1),
+        "no token, refused: {}",
+        refused.stderr
+    );
+
     // The record without an identity: any tenant reads it, none writes it
     // directly, and the import claims it for its namespace.
     assert!(

@@ -35,7 +35,7 @@ use clap::{Parser, Subcommand};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use petstore_operator::Error;
-use petstore_operator::cli::{INSTALLATION_ENV, StoreTlsArgs, parse_installation};
+use petstore_operator::cli::{INSTALLATION_ENV, StoreTlsArgs, parse_audience, parse_installation};
 use petstore_operator::controller::facts_of;
 use petstore_operator::controller::plan::{self as planning, Planned};
 use petstore_operator::controller::uninstall::UninstallProbe;
@@ -46,7 +46,7 @@ use petstore_operator::import::{
 };
 use petstore_operator::store::grpc::{GrpcPetStore, StoreCallMetrics};
 use petstore_operator::stores::caller::{CallerError, CallerStores, Chosen, store_ref_of};
-use petstore_operator::stores::resolve::Resolved;
+use petstore_operator::stores::resolve::{Resolved, StoreId};
 use petstore_proto::petstore as pb;
 use serde_json::Value;
 
@@ -137,6 +137,11 @@ struct StoreArgs {
     /// The operator's --installation: part of the key its records carry.
     #[arg(long, env = INSTALLATION_ENV, default_value = "", value_parser = parse_installation)]
     installation: String,
+    /// The operator's --petstore-audience: the own store checks tenants,
+    /// and is read with a token of the namespace's petstore-tenant minted
+    /// as you.
+    #[arg(long, env = "PETSTORE_AUDIENCE", value_parser = parse_audience)]
+    petstore_audience: Option<String>,
 }
 
 impl StoreArgs {
@@ -223,16 +228,27 @@ async fn import(
     // One streamed read of every record asked for, however many.
     let call_timeout = Duration::from_secs(60);
     let mut stores = CallerStores::new(client.clone(), call_timeout);
+    if let Some(audience) = &store_args.petstore_audience {
+        stores = stores.with_own_tenancy(store_args.connect(call_timeout)?, audience.clone());
+    }
     let resolved = stores.resolve(&namespace, store_ref.as_ref(), None).await?;
     // Through a PetStore or ClusterPetStore the store shows this namespace
     // its own records only, so the Pets that may own them are this
     // namespace's: what a user of one namespace may list.
     let (store, through, pets) = match resolved {
-        Resolved::Own => (
-            store_args.connect(call_timeout)?,
-            None,
-            Api::<Pet>::all(client),
-        ),
+        // An own store that checks tenants is read as this namespace too.
+        Resolved::Own => match stores.own_for(&namespace).await? {
+            Some(store) => (
+                store,
+                Some(StoreId::Own),
+                Api::<Pet>::namespaced(client, &namespace),
+            ),
+            None => (
+                store_args.connect(call_timeout)?,
+                None,
+                Api::<Pet>::all(client),
+            ),
+        },
         Resolved::Store { id, endpoint } => {
             // The token is minted before anything is sent: a caller who may
             // not act as the namespace gets no client, and the store no call.
@@ -304,6 +320,9 @@ async fn plan(
     let call_timeout = Duration::from_secs(10);
     let own = store_args.connect(call_timeout)?;
     let mut stores = CallerStores::new(client.clone(), call_timeout);
+    if let Some(audience) = &store_args.petstore_audience {
+        stores = stores.with_own_tenancy(own.clone(), audience.clone());
+    }
     let uninstall = UninstallProbe::new(client.clone(), operator_namespace);
     let (mut changes, mut refused) = (false, Vec::new());
     for manifest in manifests {
@@ -535,7 +554,12 @@ spec: {name: Rex, type: dog, birthday: \"2022-03-01\"}
                 shared.push(arg.get_long().unwrap_or_default().to_owned());
             }
         }
-        for flag in ["installation", "petstore-addr", "petstore-ca-file"] {
+        for flag in [
+            "installation",
+            "petstore-addr",
+            "petstore-ca-file",
+            "petstore-audience",
+        ] {
             assert!(
                 shared.iter().any(|s| s == flag),
                 "{flag} not shared: {shared:?}"

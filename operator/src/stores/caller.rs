@@ -299,6 +299,9 @@ pub struct CallerStores<C> {
     channels: HashMap<StoreId, GrpcPetStore>,
     /// One client (one token) per store and namespace.
     tenants: HashMap<(StoreId, String), GrpcPetStore>,
+    /// The operator's own store and its audience, when it checks tenants
+    /// (the operator's `--petstore-audience`).
+    own: Option<(GrpcPetStore, String)>,
 }
 
 impl<C: AsCaller> CallerStores<C> {
@@ -309,7 +312,27 @@ impl<C: AsCaller> CallerStores<C> {
             seen: Seen::default(),
             channels: HashMap::new(),
             tenants: HashMap::new(),
+            own: None,
         }
+    }
+
+    /// The operator's own store checks tenants with `audience`: its Pets
+    /// are read with their namespace's token too, minted as the caller.
+    #[must_use]
+    pub fn with_own_tenancy(mut self, own: GrpcPetStore, audience: String) -> Self {
+        self.own = Some((own, audience));
+        self
+    }
+
+    /// The own store's client for `namespace`, when it checks tenants;
+    /// `None` when it takes no tokens.
+    pub async fn own_for(&mut self, namespace: &str) -> Result<Option<GrpcPetStore>, CallerError> {
+        let Some((base, audience)) = self.own.clone() else {
+            return Ok(None);
+        };
+        self.tenant(&StoreId::Own, base, &audience, namespace)
+            .await
+            .map(Some)
     }
 
     /// The store `pet` uses and its client, as the operator would choose
@@ -320,7 +343,13 @@ impl<C: AsCaller> CallerStores<C> {
         let pinned = resolve::pinned(pet).map_err(CallerError::Refused)?;
         let store_ref = pet.spec.store_ref.as_ref();
         match self.resolve(&namespace, store_ref, pinned.as_ref()).await? {
-            Resolved::Own => Ok(Chosen::Own),
+            Resolved::Own => match self.own_for(&namespace).await? {
+                None => Ok(Chosen::Own),
+                Some(client) => Ok(Chosen::Store {
+                    id: StoreId::Own,
+                    client: Box::new(client),
+                }),
+            },
             Resolved::Store { id, endpoint } => {
                 let client = self.client(&id, &endpoint, &namespace).await?;
                 Ok(Chosen::Store {
@@ -431,9 +460,26 @@ impl<C: AsCaller> CallerStores<C> {
                 base
             }
         };
+        self.tenant(id, base, &endpoint.audience, namespace).await
+    }
+
+    /// A client of `base` carrying a token of `namespace`'s
+    /// `petstore-tenant` for `audience`, minted as the caller; one per store
+    /// and namespace.
+    async fn tenant(
+        &mut self,
+        id: &StoreId,
+        base: GrpcPetStore,
+        audience: &str,
+        namespace: &str,
+    ) -> Result<GrpcPetStore, CallerError> {
+        let key = (id.clone(), namespace.to_owned());
+        if let Some(client) = self.tenants.get(&key) {
+            return Ok(client.clone());
+        }
         let token = self
             .caller
-            .mint(namespace, &endpoint.audience)
+            .mint(namespace, audience)
             .await
             .map_err(|error| mint_error(namespace, error))?;
         let header = HeaderValue::try_from(format!("Bearer {token}")).map_err(|_| {
