@@ -438,7 +438,7 @@ fn the_attack_matrix_holds_over_a_thousand_seeded_tries_a_row() -> Result<(), Er
     let started = Instant::now();
     let env = Env::start(Storage::Memory)?;
     let cp = &env.cp;
-    let issuer = crate::tenancy::issuer_flag(cp)?;
+    let issuer = cp.token_issuer_flag()?;
     let stores = (0..STORES)
         .map(|store| {
             let audience = audience(store);
@@ -863,7 +863,7 @@ fn a_token_refused_mid_reconcile_is_minted_afresh_and_nothing_is_lost() -> Resul
     const MAX_AGE_SECONDS: u64 = 3;
     let env = Env::start(Storage::Memory)?;
     let cp = &env.cp;
-    let issuer = crate::tenancy::issuer_flag(cp)?;
+    let issuer = cp.token_issuer_flag()?;
     let max_age = format!("{MAX_AGE_SECONDS}s");
     let store = PetStoreServer::start_in(
         &cp.dir().join("short-lived"),
@@ -987,7 +987,7 @@ fn a_namespace_deleted_takes_its_records_and_one_made_again_owns_only_what_was_k
     let env = Env::start(Storage::Memory)?;
     let cp = &env.cp;
     fixtures::env::install_store_guard(cp)?;
-    let issuer = crate::tenancy::issuer_flag(cp)?;
+    let issuer = cp.token_issuer_flag()?;
     let store = PetStoreServer::start_in(
         &cp.dir().join("store"),
         Storage::Memory,

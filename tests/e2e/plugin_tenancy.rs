@@ -86,18 +86,6 @@ subjects: [{{kind: ServiceAccount, name: alice, namespace: users}}]
     yaml
 }
 
-/// The control plane's service-account issuer and its JWKS, in a file the
-/// store reads.
-fn issuer_flag(cp: &ControlPlane) -> fixtures::Result<String> {
-    let jwks = cp.kubectl(&["get", "--raw", "/openid/v1/jwks"])?;
-    let path = cp.dir().join("jwks.json");
-    std::fs::write(&path, jwks).map_err(fixtures::io("writing the JWKS"))?;
-    Ok(format!(
-        "https://kubernetes.default.svc.cluster.local={}",
-        path.display()
-    ))
-}
-
 /// A Pet on the namespace's PetStore `store`; `more` adds spec fields.
 fn pet(namespace: &str, name: &str, pet_name: &str, store: &str, more: &str) -> String {
     format!(
@@ -139,30 +127,10 @@ fn add_record(
         .to_owned())
 }
 
-/// `kubectl petstore <args>` found on PATH as kubectl finds a plugin, run
-/// with `kubeconfig`: as the user it names.
+/// `kubectl petstore <args>` as the user `kubeconfig` names.
 fn kubectl_petstore_as(kubeconfig: &Path, args: &[&str]) -> fixtures::Result<Planned> {
-    let plugin = fixtures::cargo_bin("kubectl-petstore")?;
-    let path_now = std::env::var_os("PATH").unwrap_or_default();
-    let dirs = plugin
-        .parent()
-        .map(Path::to_path_buf)
-        .into_iter()
-        .chain(std::env::split_paths(&path_now));
-    let path = std::env::join_paths(dirs)
-        .map_err(|e| fixtures::io("joining PATH")(std::io::Error::other(e)))?;
-    let output = std::process::Command::new(fixtures::Tools::get()?.kubectl())
-        .env("KUBECONFIG", kubeconfig)
-        .env("PATH", path)
-        .arg("petstore")
-        .args(args)
-        .output()
-        .map_err(fixtures::io("running kubectl petstore"))?;
-    Ok(Planned {
-        code: output.status.code(),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    })
+    let args: Vec<std::ffi::OsString> = args.iter().map(Into::into).collect();
+    fixtures::env::kubectl_petstore_as(kubeconfig, &args)
 }
 
 /// Every call the store has answered, whatever the answer, and every call
@@ -180,7 +148,7 @@ fn the_plugin_reads_a_tenancy_store_as_its_caller_and_only_where_the_caller_may(
 -> fixtures::Result<()> {
     let env = Env::start(Storage::Memory)?;
     let cp = &env.cp;
-    let issuer = issuer_flag(cp)?;
+    let issuer = cp.token_issuer_flag()?;
     let store = PetStoreServer::start_in(
         &cp.dir().join("tenancy"),
         Storage::Memory,

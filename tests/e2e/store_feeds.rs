@@ -46,18 +46,6 @@ fn pet(
     )
 }
 
-/// The control plane's service-account issuer and its JWKS, in a file the
-/// stores read: what a store is given to check tokens offline.
-fn issuer_flag(cp: &ControlPlane) -> fixtures::Result<String> {
-    let jwks = cp.kubectl(&["get", "--raw", "/openid/v1/jwks"])?;
-    let path = cp.dir().join("jwks.json");
-    std::fs::write(&path, jwks).map_err(fixtures::io("writing the JWKS"))?;
-    Ok(format!(
-        "https://kubernetes.default.svc.cluster.local={}",
-        path.display()
-    ))
-}
-
 /// A store with tenancy for `audience`, naming the operator an observer if
 /// `observer`.
 fn tenancy_store(
@@ -80,22 +68,6 @@ fn tenancy_store(
         args.extend(["--observer", subject.as_str()]);
     }
     PetStoreServer::start_in(&cp.dir().join(audience), Storage::Memory, &args)
-}
-
-fn token(cp: &ControlPlane, namespace: &str, audience: &str) -> fixtures::Result<String> {
-    Ok(cp
-        .kubectl(&[
-            "create",
-            "token",
-            "petstore-tenant",
-            "-n",
-            namespace,
-            "--audience",
-            audience,
-            "--duration=10m",
-        ])?
-        .trim()
-        .to_owned())
 }
 
 /// grpcurl against `store` as a tenant, answering the messages.
@@ -192,7 +164,7 @@ fn feed_changes(operator: &Operator, verdict: &str) -> f64 {
 fn every_stores_feed_is_followed_and_each_holds_only_its_own_pets() -> fixtures::Result<()> {
     let env = Env::start(Storage::Memory)?;
     let cp = &env.cp;
-    let issuer = issuer_flag(cp)?;
+    let issuer = cp.token_issuer_flag()?;
     let store_a = tenancy_store(cp, &issuer, "store-a", true)?;
     let mut store_b = tenancy_store(cp, &issuer, "store-b", true)?;
     let store_c = tenancy_store(cp, &issuer, "store-c", false)?;
@@ -202,8 +174,8 @@ fn every_stores_feed_is_followed_and_each_holds_only_its_own_pets() -> fixtures:
             "apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: petstore-tenant\n  namespace: {namespace}\n"
         ))?;
     }
-    let team_a = token(cp, "team-a", "store-a")?;
-    let team_b = token(cp, "team-b", "store-b")?;
+    let team_a = cp.tenant_token("team-a", "store-a")?;
+    let team_b = cp.tenant_token("team-b", "store-b")?;
     // A record of team-a's in A that no Pet owns; a Pet of B names its ID.
     let added = grpcurl_as(
         &store_a,

@@ -261,22 +261,6 @@ fn grpcurl_as(
     .map_err(|error| error.to_string())
 }
 
-fn token(cp: &ControlPlane, namespace: &str, audience: &str) -> fixtures::Result<String> {
-    Ok(cp
-        .kubectl(&[
-            "create",
-            "token",
-            "petstore-tenant",
-            "-n",
-            namespace,
-            "--audience",
-            audience,
-            "--duration=10m",
-        ])?
-        .trim()
-        .to_owned())
-}
-
 fn record_names(messages: &[Value]) -> Vec<String> {
     let mut names: Vec<String> = messages
         .iter()
@@ -286,23 +270,11 @@ fn record_names(messages: &[Value]) -> Vec<String> {
     names
 }
 
-/// The control plane's service-account issuer and its JWKS, in a file the
-/// store reads: what a store is given to check tokens offline.
-pub(crate) fn issuer_flag(cp: &ControlPlane) -> fixtures::Result<String> {
-    let jwks = cp.kubectl(&["get", "--raw", "/openid/v1/jwks"])?;
-    let path = cp.dir().join("jwks.json");
-    std::fs::write(&path, jwks).map_err(fixtures::io("writing the JWKS"))?;
-    Ok(format!(
-        "https://kubernetes.default.svc.cluster.local={}",
-        path.display()
-    ))
-}
-
 #[test]
 fn the_store_keeps_each_namespace_to_its_own_records() -> fixtures::Result<()> {
     let env = Env::start(Storage::Memory)?;
     let cp = &env.cp;
-    let issuer = issuer_flag(cp)?;
+    let issuer = cp.token_issuer_flag()?;
     let tenancy = |audience: &'static str| {
         [
             "--tenancy",
@@ -334,8 +306,8 @@ fn the_store_keeps_each_namespace_to_its_own_records() -> fixtures::Result<()> {
     let rex_id = rex["status"]["id"].as_str().unwrap_or_default().to_owned();
 
     // Each namespace reads its own records only.
-    let team_a = token(cp, "team-a", "shared")?;
-    let team_b = token(cp, "team-b", "shared")?;
+    let team_a = cp.tenant_token("team-a", "shared")?;
+    let team_b = cp.tenant_token("team-b", "shared")?;
     let search = |token: Option<&str>| grpcurl_as(&store, token, "SearchPets", "{}");
     assert_eq!(
         search(Some(&team_a)).map(|m| record_names(&m)),
@@ -347,7 +319,7 @@ fn the_store_keeps_each_namespace_to_its_own_records() -> fixtures::Result<()> {
     );
     // Without a token, with an expired-looking one, with one for another
     // store (its audience): refused, by the store.
-    let for_other_store = token(cp, "team-b", "other")?;
+    let for_other_store = cp.tenant_token("team-b", "other")?;
     for (what, token) in [
         ("no token", None),
         ("a forged token", Some("eyJhbGciOiJFUzI1NiJ9.e30.c2ln")),
@@ -465,7 +437,7 @@ fn records_made_before_tenancy_keep_their_ids_and_take_their_tenant_on_the_first
     let stray = env.store.add_unowned("stray")?;
     drop(operator);
 
-    let issuer = issuer_flag(&env.cp)?;
+    let issuer = env.cp.token_issuer_flag()?;
     env.store.set_restart_args(
         [
             "--tenancy",
@@ -517,8 +489,8 @@ fn records_made_before_tenancy_keep_their_ids_and_take_their_tenant_on_the_first
         (is_ready(&pet) && pet["status"]["observedGeneration"] == 2).then_some(())
     })?;
     assert_eq!(env.store.writes()?, writes_before + 1.0, "one write");
-    let team_a = token(cp, "team-a", "petstore")?;
-    let team_b = token(cp, "team-b", "petstore")?;
+    let team_a = cp.tenant_token("team-a", "petstore")?;
+    let team_b = cp.tenant_token("team-b", "petstore")?;
     let get_ids = |token: &str, id: &str| {
         grpcurl_as(
             &env.store,
