@@ -167,6 +167,11 @@ impl Default for Metrics {
             feed_changes.clone(),
         );
         let store_feeds = Family::<FeedStateLabels, Gauge>::default();
+        // Every state from the start, at 0: an alert on `refused` reads 0,
+        // not an absent series, while every store is followed.
+        for state in ["connecting", "live", "broken", "absent", "refused"] {
+            store_feeds.get_or_create(&FeedStateLabels { state }).set(0);
+        }
         registry.register(
             "change_feed_stores",
             "PetStores and ClusterPetStores open, by the state of their change feed: connecting, live (followed; their Pets are only audited), broken (reconnecting), absent (the store has no feed) or refused (the store does not take the operator as its --observer); their Pets are polled unless live",
