@@ -880,6 +880,7 @@ mod tests {
         }
     }
 
+    /// `store` served on a port of its own, and a client of it.
     async fn serve<S: petstore_proto::PetStore>(store: &Arc<S>) -> GrpcPetStore {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -931,25 +932,8 @@ mod tests {
     /// The recording store on a port of its own, and a client that batches
     /// creates waiting up to `wait`.
     async fn batching_client(wait: Duration) -> (Arc<RecordingStore>, GrpcPetStore) {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("a port");
-        let addr = listener.local_addr().expect("its address");
         let store = Arc::new(RecordingStore::default());
-        let service = petstore_proto::PetStoreServer::from_arc(Arc::clone(&store));
-        tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(service)
-                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
-        );
-        let client = GrpcPetStore::connect_lazy(
-            &addr.to_string(),
-            Duration::from_secs(5),
-            None,
-            StoreCallMetrics::default(),
-        )
-        .expect("a valid address")
-        .with_create_batching(wait);
+        let client = serve(&store).await.with_create_batching(wait);
         (store, client)
     }
 

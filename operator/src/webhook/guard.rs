@@ -16,8 +16,9 @@ use std::future::Future;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 
+use super::admission_answer as answer;
 use crate::crd::{CONFIRM_DELETE_PETS_ANNOTATION, CRD_NAME, PROTECTED_ANNOTATION, Pet};
 
 /// The Pets there are, and how many of them are protected.
@@ -140,24 +141,10 @@ pub async fn count(pets: Api<Pet>) -> Result<PetCount, String> {
     }
 }
 
-fn answer(uid: &str, verdict: Result<(), String>) -> Value {
-    let response = match verdict {
-        Ok(()) => json!({ "uid": uid, "allowed": true }),
-        Err(message) => json!({
-            "uid": uid,
-            "allowed": false,
-            "status": { "code": 403, "reason": "Forbidden", "message": message },
-        }),
-    };
-    json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "response": response,
-    })
-}
-
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     fn deletion(annotations: Value) -> Vec<u8> {

@@ -20,7 +20,7 @@ pub mod store_guard;
 
 use kube::core::Status;
 use kube::core::conversion::{ConversionRequest, ConversionResponse, ConversionReview};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::crd::conversion::{self, ConversionError};
 
@@ -85,6 +85,24 @@ fn describe(object: &Value) -> String {
         Some(namespace) => format!("{namespace}/{name}"),
         None => name.to_owned(),
     }
+}
+
+/// The `AdmissionReview` answer of the deletion guards: allowed, or
+/// refused (403) with the message a person reads in kubectl.
+fn admission_answer(uid: &str, verdict: Result<(), String>) -> Value {
+    let response = match verdict {
+        Ok(()) => json!({ "uid": uid, "allowed": true }),
+        Err(message) => json!({
+            "uid": uid,
+            "allowed": false,
+            "status": { "code": 403, "reason": "Forbidden", "message": message },
+        }),
+    };
+    json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "response": response,
+    })
 }
 
 #[cfg(test)]

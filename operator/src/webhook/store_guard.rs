@@ -27,8 +27,9 @@ use std::future::Future;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 
+use super::admission_answer as answer;
 use crate::crd::{Pet, StoreKind, StoreRef};
 use crate::stores::tokens::TENANT_SERVICE_ACCOUNT;
 
@@ -300,24 +301,10 @@ pub async fn list_pets(client: kube::Client, store: DeletedStore) -> Result<Vec<
     }
 }
 
-fn answer(uid: &str, verdict: Result<(), String>) -> Value {
-    let response = match verdict {
-        Ok(()) => json!({ "uid": uid, "allowed": true }),
-        Err(message) => json!({
-            "uid": uid,
-            "allowed": false,
-            "status": { "code": 403, "reason": "Forbidden", "message": message },
-        }),
-    };
-    json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "response": response,
-    })
-}
-
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     fn pet(namespace: &str, name: &str, spec: Option<&str>, status: Option<&str>) -> PetUse {
