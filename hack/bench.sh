@@ -8,6 +8,8 @@
 #   hack/bench.sh --store-only       # the store only; keeps the operator section
 #   hack/bench.sh --smoke            # tiny, to check that it works
 #   hack/bench.sh --import 10000     # only `kubectl petstore import` of N records
+#   hack/bench.sh --fairness 10000   # only a burst of N Pets in one namespace against
+#                                    # new Pets in another, each timed until Ready
 #   hack/bench.sh --tracing ...      # with every trace exported to a local Jaeger
 #
 # The arguments go to petstore-bench (benches/) unchanged; `--help` lists

@@ -344,7 +344,7 @@ impl Seen {
     }
 }
 
-fn ready(pet: &Pet) -> bool {
+pub(crate) fn ready(pet: &Pet) -> bool {
     let generation = pet.metadata.generation;
     pet.status_id().is_some()
         && pet
@@ -476,7 +476,7 @@ const WARMUP_PETS: usize = 20;
 
 /// [`prepare`], then waits until an operator has made the warm-up Pets
 /// Ready.
-async fn warmed_up(env: &Env, timeout: Duration) -> Result<kube::Client> {
+pub(crate) async fn warmed_up(env: &Env, timeout: Duration) -> Result<kube::Client> {
     let client = prepare(env).await?;
     Tracker::start(Api::namespaced(client.clone(), "warmup"))
         .all(Shows::Ready, WARMUP_PETS, 1, timeout, "warm-up Pets Ready")

@@ -5,6 +5,7 @@
 pub mod apimetrics;
 pub mod convergence;
 pub mod drift;
+pub mod fairness;
 pub mod feed_cost;
 pub mod idle;
 pub mod import;

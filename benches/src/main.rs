@@ -147,6 +147,18 @@ struct Args {
     )]
     import: Option<usize>,
 
+    /// Only fairness between namespaces: this many Pets created at once in
+    /// one namespace, while a Pet is created in another every 250 ms; each
+    /// of those timed until Ready. Rewrites only the report's fairness
+    /// section, which every other run keeps.
+    #[arg(
+        long,
+        value_name = "N",
+        value_parser = at_least_one,
+        conflicts_with_all = ["store_only", "skip_store", "pairs_only", "side_by_side", "smoke", "tracing", "scale", "idle", "plans", "import", "sizes", "pairs", "floor_as", "poll_max_rate"]
+    )]
+    fairness: Option<usize>,
+
     /// Where to write the report; the plot goes to docs/convergence.svg in
     /// the report's folder [default: BENCHMARKS.md at the repository root].
     #[arg(long, value_name = "PATH")]
@@ -374,6 +386,17 @@ fn plans(args: &Args, pets: usize, out: &Path) -> ExitCode {
     write_section(out, bench::plans::SECTION, &section, result.goal_met())
 }
 
+/// The --fairness run: measures, then rewrites the report's fairness
+/// section.
+fn fairness(pets: usize, out: &Path) -> ExitCode {
+    let config = bench::fairness::FairnessConfig { pets };
+    let Some(result) = reported(bench::fairness::measure(&config, &progress)) else {
+        return ExitCode::FAILURE;
+    };
+    let section = bench::fairness::markdown(&result, &command_line());
+    write_section(out, bench::fairness::SECTION, &section, result.goal_met())
+}
+
 /// The --import run: measures, then rewrites the report's import section.
 fn import(records: usize, out: &Path) -> ExitCode {
     let config = bench::import::ImportConfig { records };
@@ -448,6 +471,9 @@ fn main() -> ExitCode {
     }
     if let Some(pets) = args.plans {
         return plans(&args, pets, &out);
+    }
+    if let Some(pets) = args.fairness {
+        return fairness(pets, &out);
     }
     if let Some(records) = args.import {
         return import(records, &out);

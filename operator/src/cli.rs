@@ -123,7 +123,8 @@ pub struct Args {
     #[arg(long, env = "INSTALLATION_CLAIM_TTL", default_value = "60s", value_parser = parse_claim_ttl)]
     pub installation_claim_ttl: Duration,
 
-    /// Pets reconciled concurrently.
+    /// Pets reconciled concurrently; while more wait, each namespace takes
+    /// its turn. 0: no bound, and then no turns either.
     #[arg(long, env = "CONCURRENCY", default_value_t = crate::controller::DEFAULT_CONCURRENCY)]
     pub concurrency: u16,
 

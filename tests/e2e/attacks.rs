@@ -225,6 +225,16 @@ fn pet_value(namespace: &str, name: &str, extra_spec: Value, annotations: Value)
     })
 }
 
+/// `PETSTORE_ATTACK_SEED`, or 49.
+fn seed() -> u64 {
+    let seed = std::env::var("PETSTORE_ATTACK_SEED")
+        .ok()
+        .and_then(|seed| seed.parse().ok())
+        .unwrap_or(49);
+    eprintln!("attacks: seed {seed} (PETSTORE_ATTACK_SEED replays it)");
+    seed
+}
+
 /// A `petstore-tenant` token of each `(namespace, audience)`, minted by
 /// TokenRequest on `client`'s cluster, all at once.
 async fn mint(client: &kube::Client, wanted: &[(usize, String)]) -> Result<Vec<String>, Error> {
@@ -428,11 +438,7 @@ fn watch_held(client: kube::Client, seen: Seen) -> tokio::task::JoinHandle<()> {
 
 #[test]
 fn the_attack_matrix_holds_over_a_thousand_seeded_tries_a_row() -> Result<(), Error> {
-    let seed = std::env::var("PETSTORE_ATTACK_SEED")
-        .ok()
-        .and_then(|seed| seed.parse().ok())
-        .unwrap_or(49);
-    eprintln!("attack matrix: seed {seed} (PETSTORE_ATTACK_SEED replays it)");
+    let seed = seed();
     let mut rng = fastrand::Rng::with_seed(seed);
 
     let started = Instant::now();
@@ -1113,5 +1119,193 @@ fn a_namespace_deleted_takes_its_records_and_one_made_again_owns_only_what_was_k
         "the Pet says it took the record back: {events}"
     );
     assert_eq!(all_records()?.len(), 2);
+    Ok(())
+}
+
+/// Row 4: `hand-over-to` cannot move a record across tenants. Two clusters,
+/// each with its own token issuer, share one store that trusts both. Blue's
+/// `team-a` hands a Pet's record over to green. In green the record is
+/// still `team-a`'s: `team-b`'s Pet that names it by `external-id` is held
+/// `RecordNotFound`, and [`TRIES`] seeded direct calls on it with `team-b`
+/// tokens that green minted are refused (writes) or shown nothing (reads),
+/// each write counted by the store. Green's `team-a` Pet of the same name
+/// then takes it over, with its ID, and it stays `team-a`'s.
+#[test]
+fn a_handed_over_record_stays_with_its_tenant_in_the_other_cluster() -> Result<(), Error> {
+    const GREEN_ISSUER: &str = "https://green.cluster.example";
+    let seed = seed();
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut env = Env::start(Storage::Durable)?;
+    let green = env.another_cluster_from(ControlPlane::builder().issuer(GREEN_ISSUER))?;
+    for cp in [&env.cp, &green.cp] {
+        for namespace in ["team-a", "team-b"] {
+            cp.ensure_namespace(namespace)?;
+            cp.apply(&format!(
+                "apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: petstore-tenant\n  namespace: {namespace}\n"
+            ))?;
+        }
+    }
+    let issuers = [env.cp.token_issuer_flag()?, green.cp.token_issuer_flag()?];
+    assert_ne!(issuers[0], issuers[1], "two issuers, told apart by name");
+    env.store.set_restart_args(
+        [
+            "--tenancy",
+            "--token-issuer",
+            issuers[0].as_str(),
+            "--token-issuer",
+            issuers[1].as_str(),
+            "--token-audience",
+            "petstore",
+            "--observer",
+            "system:serviceaccount:petstore-system:petstore-operator",
+            "--allow-plaintext-tokens",
+        ]
+        .into_iter()
+        .map(Into::into)
+        .collect(),
+    );
+    env.store.restart(Storage::Durable)?;
+    let tenancy = ["--petstore-audience", "petstore"];
+    let mut blue_options = env.operator_options("operator-blue");
+    blue_options.extra_args.extend(
+        tenancy
+            .iter()
+            .chain(&["--installation=blue"])
+            .map(Into::into),
+    );
+    let _blue = env.start_operator_with(&blue_options)?;
+    let _green = env.start_operator_in(
+        &green,
+        "operator-green",
+        &[tenancy[0], tenancy[1], "--installation=green"],
+    )?;
+
+    let rex = |namespace: &str, annotations: Value| -> Result<String, Error> {
+        Ok(serde_json::to_string(&pet_value(
+            namespace,
+            "rex",
+            json!({}),
+            annotations,
+        ))?)
+    };
+    env.cp.apply(&rex("team-a", json!({}))?)?;
+    let id = env.wait_ready("team-a", "rex", Duration::from_secs(90))?;
+    env.cp.kubectl(&[
+        "annotate",
+        "pet",
+        "rex",
+        "-n",
+        "team-a",
+        "petstore.example.com/hand-over-to=green",
+    ])?;
+    wait_for(Duration::from_secs(90), "blue's rex HandedOver", || {
+        let pet = env.pet("team-a", "rex").ok()?;
+        fixtures::env::condition(&pet, "Synced")
+            .is_some_and(|c| c["reason"] == "HandedOver")
+            .then_some(())
+    })?;
+
+    // Green's team-b names the record.
+    let created = Instant::now();
+    green.cp.apply(&rex(
+        "team-b",
+        json!({"petstore.example.com/external-id": id}),
+    )?)?;
+    let held = wait_for(Duration::from_secs(90), "green's team-b/rex held", || {
+        let pet = green
+            .cp
+            .kubectl_json(&["get", "pet", "rex", "-n", "team-b"])
+            .ok()?;
+        let ready = fixtures::env::condition(&pet, "Ready")?;
+        (ready["reason"] != "Reconciling" && ready["status"] != "Unknown")
+            .then(|| (created.elapsed(), ready["reason"].clone()))
+    })?;
+    assert_eq!(held.1, "RecordNotFound", "seed {seed}");
+    assert!(held.0 <= HELD_WITHIN, "held after {:?}", held.0);
+
+    // Green's team-b tokens, straight at the store.
+    let rt = tokio::runtime::Runtime::new()?;
+    let team_a = env.cp.tenant_token("team-a", "petstore")?;
+    let team_b_green = green.cp.tenant_token("team-b", "petstore")?;
+    let mut grpc = rt.block_on(PetStoreClient::connect(format!(
+        "http://{}",
+        env.store.addr
+    )))?;
+    let read_as = |grpc: &mut PetStoreClient<Channel>, token: &str| {
+        let mut request = tonic::Request::new(pb::GetPetsReq {
+            ids: vec![id.clone()],
+            ..Default::default()
+        });
+        request
+            .metadata_mut()
+            .insert("authorization", format!("Bearer {token}").parse()?);
+        Ok::<_, Error>(rt.block_on(grpc.get_pets(request))?.into_inner())
+    };
+    let record = read_as(&mut grpc, &team_a)?
+        .pets
+        .into_iter()
+        .next()
+        .ok_or("team-a reads its handed-over record")?;
+    assert!(
+        record.idempotency_key.starts_with("green/from:"),
+        "waiting for green: {:?}",
+        record.idempotency_key
+    );
+    let refusals_before = refusals(&env.store, "cross_tenant")?;
+    let mut writes = 0.0;
+    let mut wrong = Vec::new();
+    for n in 0..TRIES {
+        let what = CALLS[rng.usize(0..CALLS.len())];
+        let answer = rt.block_on(call(&mut grpc, Some(&team_b_green), &record, what))?;
+        match (what, &answer) {
+            (Call::Get, Answer::ReadHidden) => {}
+            (Call::Update | Call::Delete | Call::SetKey, Answer::PermissionDenied) => writes += 1.0,
+            _ => wrong.push(format!("try {n}: {what:?}: {answer:?}")),
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "seed {seed}: {} of {TRIES} tries got through: {:#?}",
+        wrong.len(),
+        &wrong[..wrong.len().min(10)]
+    );
+    assert_eq!(
+        refusals(&env.store, "cross_tenant")? - refusals_before,
+        writes,
+        "the store counted each refused write"
+    );
+    let unchanged = read_as(&mut grpc, &team_a)?.pets;
+    assert_eq!(
+        unchanged,
+        std::slice::from_ref(&record),
+        "seed {seed}: the record is as it was"
+    );
+
+    // Green's team-a: the same tenant, in the cluster it was handed to.
+    green.cp.apply(&rex("team-a", json!({}))?)?;
+    let taken = wait_for(Duration::from_secs(90), "green's team-a/rex Ready", || {
+        let pet = green
+            .cp
+            .kubectl_json(&["get", "pet", "rex", "-n", "team-a"])
+            .ok()?;
+        fixtures::env::is_ready(&pet).then(|| pet["status"]["id"].clone())
+    })?;
+    assert_eq!(
+        taken,
+        id.as_str(),
+        "green's team-a took the record, ID and all"
+    );
+    let now = read_as(&mut grpc, &team_a)?;
+    assert!(
+        now.pets
+            .first()
+            .is_some_and(|r| r.idempotency_key.starts_with("green/")
+                && !r.idempotency_key.starts_with("green/from:")),
+        "green's team-a/rex holds it: {now:?}"
+    );
+    assert!(
+        read_as(&mut grpc, &team_b_green)?.pets.is_empty(),
+        "and it is still not team-b's to read"
+    );
     Ok(())
 }

@@ -6,9 +6,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
-use kube::Client;
 use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
 
 use super::memory::Memory;
 use super::poll::PollSchedule;
@@ -166,10 +167,10 @@ impl Context {
         self.poll.delay(store, uid)
     }
 
-    /// The Pet a watch event asks to reconcile, if any, as kube's trigger
-    /// needs it (see [`for_trigger`]). A Pet the watch no longer holds is
+    /// The Pet a watch event asks to reconcile, if any, as the fair queue
+    /// holds it (see [`for_trigger`]). A Pet the watch no longer holds is
     /// forgotten.
-    pub(super) fn to_reconcile(&self, event: watcher::Event<Pet>) -> Option<Pet> {
+    pub(super) fn to_reconcile(&self, event: watcher::Event<Pet>) -> Option<ObjectRef<Pet>> {
         match event {
             watcher::Event::Apply(pet) | watcher::Event::InitApply(pet) => {
                 if !self.needs_reconcile(&pet) {
@@ -178,7 +179,7 @@ impl Context {
                 if let Some(uid) = &pet.metadata.uid {
                     self.memory.triggered(&pet, uid);
                 }
-                Some(for_trigger(pet))
+                Some(for_trigger(&pet))
             }
             watcher::Event::Delete(pet) => {
                 if let Some(uid) = &pet.metadata.uid {
@@ -279,14 +280,15 @@ pub(super) fn on_store(pet: &Pet, store: &StoreId) -> bool {
     }
 }
 
-/// The copy of a Pet kube's trigger turns into the reference it queues:
-/// the reconcile reads the Pet from the watch cache, and references compare
-/// by name and namespace alone. Without its UID and resourceVersion, every
-/// reference kube holds is two strings lighter: 3.5 MiB less peak RSS at
-/// N = 20,000 (measured when kube's scheduler still held each Pet's next
-/// poll).
-fn for_trigger(mut pet: Pet) -> Pet {
-    pet.metadata.uid = None;
-    pet.metadata.resource_version = None;
-    pet
+/// The reference the fair queue holds: the reconcile reads the Pet from
+/// the watch cache, and references compare by name and namespace alone.
+/// Without the UID and resourceVersion, every reference held is two strings
+/// lighter: 3.5 MiB less peak RSS at N = 20,000 (measured when kube's
+/// scheduler still held each Pet's next poll).
+fn for_trigger(pet: &Pet) -> ObjectRef<Pet> {
+    let reference = ObjectRef::new(&pet.name_any());
+    match &pet.metadata.namespace {
+        Some(namespace) => reference.within(namespace),
+        None => reference,
+    }
 }

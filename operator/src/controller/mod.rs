@@ -5,6 +5,8 @@
 //!
 //! - `mod.rs`: the watch and kube's two hooks, [`reconcile()`] and
 //!   [`error_policy`];
+//! - `fair_queue.rs`: which Pet kube reconciles next, each namespace in
+//!   turn, so one namespace's burst does not hold the others;
 //! - `context.rs`: the controller's settings and the context every
 //!   reconcile shares, with the filter that turns watch events into
 //!   reconciles; `backoff.rs`: a failing Pet's retry delay;
@@ -29,9 +31,9 @@ use std::future::ready;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use kube::api::Api;
-use kube::runtime::controller::{self, Action, Controller};
+use kube::runtime::controller::{self, Action};
 use kube::runtime::reflector;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
@@ -45,10 +47,12 @@ use crate::decision::{Facts, Observation};
 use crate::metrics::Metrics;
 use crate::status;
 use crate::store::{PetStore, Probe, StoreError};
+use fair_queue::FairQueue;
 use reconcile::{Problem, Reconcile};
 
 mod backoff;
 mod context;
+mod fair_queue;
 mod feed;
 mod finalizer;
 mod memory;
@@ -74,21 +78,20 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
     let (reader, writer) = reflector::store();
     ctx.poll.track(reader.clone());
     ctx.memory.track(reader.clone());
-    let stream = watcher(pets, watcher::Config::default())
-        .default_backoff()
-        // The cache holds every Pet. managedFields and kubectl's copy of the
-        // last applied object are most of each one, and nothing reads them.
-        .modify(|pet| {
-            pet.managed_fields_mut().clear();
-            pet.annotations_mut().remove(LAST_APPLIED_ANNOTATION);
-        })
-        .reflect(writer)
-        .try_filter_map({
-            let ctx = Arc::clone(&ctx);
-            move |event| ready(Ok(ctx.to_reconcile(event)))
-        });
+    let queue = FairQueue::new(match ctx.settings.concurrency {
+        0 => usize::MAX,
+        bound => usize::from(bound),
+    });
+    tokio::spawn(queue_watched_pets(
+        Arc::clone(&ctx),
+        pets,
+        writer,
+        Arc::clone(&queue),
+        stop.clone(),
+    ));
     let config = controller::Config::default().concurrency(ctx.settings.concurrency);
     let (released, retry_now) = futures::channel::mpsc::unbounded();
+    tokio::spawn(queue_all(retry_now, Arc::clone(&queue)));
     // Once per leadership; idempotent, so a leader lost part-way is no harm.
     tokio::spawn(migrate_storage(
         ctx.client.clone(),
@@ -133,18 +136,92 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
         released,
         stop.clone(),
     ));
-    Controller::for_stream(stream, reader)
-        .with_config(config)
-        .reconcile_on(retry_now)
-        .graceful_shutdown_on(stop.cancelled_owned())
-        .run(reconcile, error_policy, ctx)
-        // Failures are already logged (and rate-limited) by the reconcile.
-        .for_each(|result| async move {
+    let admitted = Arc::clone(&queue)
+        .admitted()
+        .take_until(stop.cancelled_owned())
+        .map(Ok::<_, std::convert::Infallible>);
+    // kube's applier, not its Controller: the Controller would feed every
+    // trigger to the scheduler at once, and the fair queue could not take
+    // turns (see fair_queue.rs). The applier ends, letting the reconciles in
+    // flight finish, once `admitted` ends at `stop`.
+    let reconcile = |pet, ctx| Box::pin(reconcile(pet, ctx));
+    controller::applier(reconcile, error_policy, ctx, reader, admitted, config)
+        .for_each(|result| {
+            if let Some(pet) = ran(&result) {
+                queue.finished(&pet);
+            }
+            // Failures are already logged (and rate-limited) by the reconcile.
             if let Err(err) = result {
                 debug!(error = %err, "reconcile ended with an error");
             }
+            ready(())
         })
         .await;
+}
+
+/// The Pet one run of the applier was for, however it ended.
+fn ran(
+    result: &Result<
+        (reflector::ObjectRef<Pet>, Action),
+        controller::Error<Error, std::convert::Infallible>,
+    >,
+) -> Option<reflector::ObjectRef<Pet>> {
+    let erased = match result {
+        Ok((pet, _)) => return Some(pet.clone()),
+        Err(
+            controller::Error::ReconcilerFailed(_, pet) | controller::Error::ObjectNotFound(pet),
+        ) => pet,
+        Err(_) => return None,
+    };
+    let pet = reflector::ObjectRef::new(&erased.name);
+    Some(match &erased.namespace {
+        Some(namespace) => pet.within(namespace),
+        None => pet,
+    })
+}
+
+/// Follows the Pets' watch into the cache every part of the controller
+/// reads, and queues the Pets its events ask to reconcile, until `stop`.
+async fn queue_watched_pets(
+    ctx: Arc<Context>,
+    pets: Api<Pet>,
+    writer: reflector::store::Writer<Pet>,
+    queue: Arc<FairQueue>,
+    stop: CancellationToken,
+) {
+    let stream = watcher(pets, watcher::Config::default())
+        .default_backoff()
+        // The cache holds every Pet. managedFields and kubectl's copy of the
+        // last applied object are most of each one, and nothing reads them.
+        .modify(|pet| {
+            pet.managed_fields_mut().clear();
+            pet.annotations_mut().remove(LAST_APPLIED_ANNOTATION);
+        })
+        .reflect(writer)
+        .take_until(stop.cancelled_owned());
+    let mut stream = std::pin::pin!(stream);
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(event) => {
+                if let Some(pet) = ctx.to_reconcile(event) {
+                    queue.push(pet);
+                }
+            }
+            // The watcher retries with its backoff.
+            Err(err) => debug!(error = %err, "watching Pets failed; retrying"),
+        }
+    }
+}
+
+/// Queues every Pet the controller's other parts ask to reconcile (feeds,
+/// due polls, store changes), until they all stop.
+async fn queue_all(
+    mut triggers: futures::channel::mpsc::UnboundedReceiver<reflector::ObjectRef<Pet>>,
+    queue: Arc<FairQueue>,
+) {
+    while let Some(pet) = triggers.next().await {
+        queue.push(pet);
+    }
 }
 
 /// Rewrites Pets stored in an older version after an upgrade (see

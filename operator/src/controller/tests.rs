@@ -535,14 +535,13 @@ async fn failure_counts_are_per_uid_so_a_recreated_pet_starts_clean() {
 }
 
 #[tokio::test]
-async fn kube_queues_a_reference_without_the_uid_or_resource_version() {
+async fn the_queue_holds_a_reference_without_the_uid_or_resource_version() {
     let h = harness();
     let pet = Pet::test();
-    let trigger = h
+    let reference = h
         .ctx
         .to_reconcile(watcher::Event::Apply(pet.clone()))
         .expect("a new Pet is reconciled");
-    let reference = reflector::ObjectRef::from_obj(&trigger);
     assert_eq!(reference, reflector::ObjectRef::from_obj(&pet));
     assert_eq!(reference.extra.uid, None);
     assert_eq!(reference.extra.resource_version, None);

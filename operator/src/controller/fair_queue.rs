@@ -1,0 +1,249 @@
+//! Admission to kube's scheduler, one namespace at a time.
+//!
+//! kube's controller runs triggers in the order they come. Without this,
+//! 10,000 Pets created at once in one namespace would make a Pet of any
+//! other namespace wait behind all of them: one tenant's burst would stall
+//! every other tenant. Here each namespace has a queue of its own, and kube
+//! is handed the next Pet of each namespace in turn, and only as many as
+//! can run at once, so kube's own queue never grows long.
+//!
+//! A Pet triggered while it is admitted (queued in kube or running) is
+//! marked and queued again once that run ends, as kube's scheduler would
+//! hold it: nothing is lost, and no Pet runs twice at once. Each Pet is held
+//! at most once, so the memory is bounded by the number of Pets.
+//!
+//! kube's own retries and requeues (backoffs, polls scheduled by a
+//! reconcile) go straight to its scheduler: they are timed, not a burst.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use futures::Stream;
+use kube::runtime::reflector::ObjectRef;
+use tokio::sync::Notify;
+
+use crate::crd::Pet;
+
+/// A namespace's name; `None` never comes from the API server (Pets are
+/// namespaced), but an `ObjectRef` allows it.
+type Namespace = Option<String>;
+
+pub struct FairQueue {
+    state: Mutex<State>,
+    /// One waiter only: the stream of [`FairQueue::admitted`]. `notify_one`
+    /// keeps a permit when nobody waits, so no wakeup is lost.
+    wake: Notify,
+    /// Pets admitted and not yet finished, at most.
+    limit: usize,
+}
+
+#[derive(Default)]
+struct State {
+    waiting: HashMap<Namespace, VecDeque<ObjectRef<Pet>>>,
+    /// The namespaces with waiting Pets, in the order of their turns.
+    turns: VecDeque<Namespace>,
+    /// Every Pet in `waiting`, to keep each once.
+    queued: HashSet<ObjectRef<Pet>>,
+    /// Handed to kube, and not yet finished.
+    admitted: HashSet<ObjectRef<Pet>>,
+    /// Admitted Pets triggered again meanwhile.
+    again: HashSet<ObjectRef<Pet>>,
+}
+
+impl State {
+    fn enqueue(&mut self, pet: ObjectRef<Pet>) {
+        if !self.queued.insert(pet.clone()) {
+            return;
+        }
+        let namespace = pet.namespace.clone();
+        let queue = self.waiting.entry(namespace.clone()).or_default();
+        if queue.is_empty() {
+            self.turns.push_back(namespace);
+        }
+        queue.push_back(pet);
+    }
+
+    /// The first Pet of the namespace whose turn it is.
+    fn next_turn(&mut self) -> Option<ObjectRef<Pet>> {
+        let namespace = self.turns.pop_front()?;
+        let queue = self.waiting.get_mut(&namespace)?;
+        let pet = queue.pop_front()?;
+        if queue.is_empty() {
+            self.waiting.remove(&namespace);
+        } else {
+            self.turns.push_back(namespace);
+        }
+        self.queued.remove(&pet);
+        Some(pet)
+    }
+}
+
+impl FairQueue {
+    /// `limit`: how many Pets kube may hold at once, its concurrency.
+    pub fn new(limit: usize) -> Arc<Self> {
+        Arc::new(Self {
+            state: Mutex::default(),
+            wake: Notify::new(),
+            limit: limit.max(1),
+        })
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // Nothing here panics while holding the lock; if something did, the
+        // sets are still consistent enough to go on with.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Asks for `pet` to be reconciled.
+    pub fn push(&self, pet: ObjectRef<Pet>) {
+        let mut state = self.state();
+        if state.admitted.contains(&pet) {
+            state.again.insert(pet);
+            return;
+        }
+        state.enqueue(pet);
+        drop(state);
+        self.wake.notify_one();
+    }
+
+    /// A run of `pet` by kube ended (however it ended). Runs kube made on
+    /// its own (retries) end here too, and are ignored.
+    pub fn finished(&self, pet: &ObjectRef<Pet>) {
+        let mut state = self.state();
+        if !state.admitted.remove(pet) {
+            return;
+        }
+        if state.again.remove(pet) {
+            state.enqueue(pet.clone());
+        }
+        drop(state);
+        self.wake.notify_one();
+    }
+
+    /// The Pets waiting for their turn.
+    #[cfg(test)]
+    fn waiting(&self) -> usize {
+        self.state().queued.len()
+    }
+
+    fn try_admit(&self) -> Option<ObjectRef<Pet>> {
+        let mut state = self.state();
+        if state.admitted.len() >= self.limit {
+            return None;
+        }
+        let pet = state.next_turn()?;
+        state.admitted.insert(pet.clone());
+        Some(pet)
+    }
+
+    /// The Pets to hand to kube, in their turns, each once there is room.
+    /// Never ends: end it with the controller's shutdown.
+    pub fn admitted(self: Arc<Self>) -> impl Stream<Item = ObjectRef<Pet>> {
+        futures::stream::unfold(self, |queue| async move {
+            loop {
+                if let Some(pet) = queue.try_admit() {
+                    return Some((pet, queue));
+                }
+                queue.wake.notified().await;
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use futures::StreamExt;
+
+    use super::*;
+
+    fn pet(namespace: &str, name: &str) -> ObjectRef<Pet> {
+        ObjectRef::new(name).within(namespace)
+    }
+
+    /// Takes what the queue admits now, without waiting for more.
+    async fn admit_now(stream: &mut (impl Stream<Item = ObjectRef<Pet>> + Unpin)) -> Vec<String> {
+        let mut names = Vec::new();
+        while let Ok(Some(pet)) =
+            tokio::time::timeout(Duration::from_millis(20), stream.next()).await
+        {
+            names.push(format!(
+                "{}/{}",
+                pet.namespace.unwrap_or_default(),
+                pet.name
+            ));
+        }
+        names
+    }
+
+    #[tokio::test]
+    async fn a_burst_in_one_namespace_takes_turns_with_the_others() {
+        let queue = FairQueue::new(4);
+        for i in 0..100 {
+            queue.push(pet("burst", &format!("p{i}")));
+        }
+        queue.push(pet("quiet", "one"));
+        queue.push(pet("other", "two"));
+        let mut admitted = Box::pin(Arc::clone(&queue).admitted());
+        assert_eq!(
+            admit_now(&mut admitted).await,
+            ["burst/p0", "quiet/one", "other/two", "burst/p1"],
+            "one Pet of each namespace in turn, up to the limit"
+        );
+        assert_eq!(queue.waiting(), 98);
+    }
+
+    #[tokio::test]
+    async fn no_more_than_the_limit_is_admitted_until_a_run_finishes() {
+        let queue = FairQueue::new(2);
+        for name in ["a", "b", "c"] {
+            queue.push(pet("ns", name));
+        }
+        let mut admitted = Box::pin(Arc::clone(&queue).admitted());
+        assert_eq!(admit_now(&mut admitted).await, ["ns/a", "ns/b"]);
+        queue.finished(&pet("ns", "a"));
+        assert_eq!(admit_now(&mut admitted).await, ["ns/c"]);
+    }
+
+    #[tokio::test]
+    async fn a_pet_triggered_twice_while_waiting_runs_once() {
+        let queue = FairQueue::new(8);
+        queue.push(pet("ns", "a"));
+        queue.push(pet("ns", "a"));
+        let mut admitted = Box::pin(Arc::clone(&queue).admitted());
+        assert_eq!(admit_now(&mut admitted).await, ["ns/a"]);
+    }
+
+    #[tokio::test]
+    async fn a_pet_triggered_while_admitted_runs_again_after_that_run() {
+        let queue = FairQueue::new(8);
+        queue.push(pet("ns", "a"));
+        let mut admitted = Box::pin(Arc::clone(&queue).admitted());
+        assert_eq!(admit_now(&mut admitted).await, ["ns/a"]);
+        queue.push(pet("ns", "a"));
+        queue.push(pet("ns", "a"));
+        assert!(
+            admit_now(&mut admitted).await.is_empty(),
+            "not twice at once"
+        );
+        queue.finished(&pet("ns", "a"));
+        assert_eq!(admit_now(&mut admitted).await, ["ns/a"], "and not lost");
+        queue.finished(&pet("ns", "a"));
+        assert!(admit_now(&mut admitted).await.is_empty(), "and once");
+    }
+
+    #[tokio::test]
+    async fn runs_kube_made_on_its_own_free_no_room() {
+        let queue = FairQueue::new(1);
+        queue.push(pet("ns", "a"));
+        queue.push(pet("ns", "b"));
+        let mut admitted = Box::pin(Arc::clone(&queue).admitted());
+        assert_eq!(admit_now(&mut admitted).await, ["ns/a"]);
+        // A retry of another Pet ended: "a" still runs.
+        queue.finished(&pet("ns", "x"));
+        assert!(admit_now(&mut admitted).await.is_empty());
+        queue.finished(&pet("ns", "a"));
+        assert_eq!(admit_now(&mut admitted).await, ["ns/b"]);
+    }
+}
