@@ -10,6 +10,8 @@
 #   hack/bench.sh --import 10000     # only `kubectl petstore import` of N records
 #   hack/bench.sh --fairness 10000   # only a burst of N Pets in one namespace against
 #                                    # new Pets in another, each timed until Ready
+#   hack/bench.sh --token-cost 1h    # only tenancy's TokenRequests and store calls
+#                                    # at steady state, 20 namespaces, over the window
 #   hack/bench.sh --tracing ...      # with every trace exported to a local Jaeger
 #
 # The arguments go to petstore-bench (benches/) unchanged; `--help` lists

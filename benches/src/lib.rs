@@ -14,6 +14,7 @@ pub mod procstat;
 pub mod report;
 pub mod side_by_side;
 pub mod store_load;
+pub mod token_cost;
 
 use std::fmt::Write as _;
 use std::process::Command;

@@ -159,6 +159,23 @@ struct Args {
     )]
     fairness: Option<usize>,
 
+    /// Only tenancy's token cost at steady state, over a real window this
+    /// long (at most 1h): 20 namespaces with --token-cost-pets Pets each,
+    /// on a store with tenancy; the operator's TokenRequests and store
+    /// calls counted over the window once all are Ready. Rewrites only the
+    /// report's token cost section, which every other run keeps.
+    #[arg(
+        long,
+        value_name = "WINDOW",
+        value_parser = idle_window,
+        conflicts_with_all = ["store_only", "skip_store", "pairs_only", "side_by_side", "smoke", "tracing", "scale", "idle", "plans", "import", "fairness", "sizes", "pairs", "floor_as", "poll_max_rate"]
+    )]
+    token_cost: Option<std::time::Duration>,
+
+    /// With --token-cost: Pets in each namespace.
+    #[arg(long, value_name = "N", default_value_t = 50, requires = "token_cost", value_parser = at_least_one)]
+    token_cost_pets: usize,
+
     /// Where to write the report; the plot goes to docs/convergence.svg in
     /// the report's folder [default: BENCHMARKS.md at the repository root].
     #[arg(long, value_name = "PATH")]
@@ -471,6 +488,17 @@ fn main() -> ExitCode {
     }
     if let Some(pets) = args.plans {
         return plans(&args, pets, &out);
+    }
+    if let Some(window) = args.token_cost {
+        let config = bench::token_cost::TokenCostConfig {
+            pets_per_namespace: args.token_cost_pets,
+            window,
+        };
+        let Some(result) = reported(bench::token_cost::measure(&config, &progress)) else {
+            return ExitCode::FAILURE;
+        };
+        let section = bench::token_cost::markdown(&result, &command_line());
+        return write_section(&out, bench::token_cost::SECTION, &section, result.goal_met());
     }
     if let Some(pets) = args.fairness {
         return fairness(pets, &out);
