@@ -383,3 +383,87 @@ fn the_plugin_reads_a_tenancy_store_as_its_caller_and_only_where_the_caller_may(
     );
     Ok(())
 }
+
+/// From outside the cluster a store's `spec.address` is an in-cluster name
+/// no laptop resolves. `--store-address` dials a port-forward instead, and
+/// TLS still checks the name the spec gives: the store's certificate is
+/// only for `petstore.team-a.svc`, and a PetStore whose spec names another
+/// host is refused through the same forward.
+#[test]
+fn the_plugin_reaches_a_store_through_a_port_forward_and_still_checks_its_name()
+-> fixtures::Result<()> {
+    let env = Env::start(Storage::Memory)?;
+    let cp = &env.cp;
+    let (cert, key) = cp
+        .pki()
+        .issue_server_for("far-store", &["petstore.team-a.svc".to_owned()])?;
+    // Started here: the fixtures' store checks its health as 127.0.0.1,
+    // which this certificate does not name.
+    let addr = format!("127.0.0.1:{}", fixtures::free_port()?);
+    let mut command = std::process::Command::new(fixtures::cargo_bin("petstore-server")?);
+    command
+        .args(["--listen", &addr, "--storage", "memory"])
+        .args([
+            "--metrics-listen",
+            &format!("127.0.0.1:{}", fixtures::free_port()?),
+        ])
+        .arg("--tls-cert")
+        .arg(&cert)
+        .arg("--tls-key")
+        .arg(&key);
+    let _store = fixtures::Process::spawn("far-store", command, &cp.dir().join("far-store.log"))?;
+    wait_for(TIMEOUT, "the store listening", || {
+        std::net::TcpStream::connect(&addr).ok().map(drop)
+    })?;
+    // What `kubectl port-forward` gives: a local port to the store.
+    let forward = fixtures::forwarder::Forwarder::start(vec![addr.clone()])?;
+    let ca = std::fs::read_to_string(&cp.pki().ca_cert).map_err(fixtures::io("the CA"))?;
+    let ca_map = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "petstore-ca", "namespace": "team-a"},
+        "data": {"ca.crt": ca},
+    });
+    cp.ensure_namespace("team-a")?;
+    cp.apply(&ca_map.to_string())?;
+    // The plugin sends the namespace's token, as it does to any PetStore.
+    cp.apply(
+        "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: petstore-tenant, namespace: team-a}\n",
+    )?;
+    for (name, host) in [
+        ("far", "petstore.team-a.svc"),
+        ("misnamed", "other.team-a.svc"),
+    ] {
+        cp.apply(&format!(
+            "apiVersion: petstore.example.com/v1\nkind: PetStore\nmetadata: {{name: {name}, namespace: team-a}}\nspec:\n  address: https://{host}:6742\n  tls:\n    ca:\n      configMapKeyRef: {{name: petstore-ca, key: ca.crt}}\n"
+        ))?;
+    }
+    let import = |store: &str, address: Option<&str>| {
+        let store_ref = format!("PetStore/{store}");
+        let redirect = address.map(|to| format!("--store-address=PetStore/team-a/{store}={to}"));
+        let mut args = vec!["import", "-n", "team-a", "--store-ref", &store_ref];
+        args.extend(redirect.as_deref());
+        kubectl_petstore_as(&cp.kubeconfig, &args)
+    };
+    let through = forward.addr.clone();
+
+    let unrouted = import("far", None)?;
+    assert_eq!(unrouted.code, Some(1), "{}", unrouted.stderr);
+    let forwarded = import("far", Some(&through))?;
+    assert_eq!(forwarded.code, Some(0), "{}", forwarded.stderr);
+    assert!(
+        forwarded
+            .stderr
+            .starts_with("0 of 0 records in PetStore team-a/far, read as namespace team-a,"),
+        "{}",
+        forwarded.stderr
+    );
+    let misnamed = import("misnamed", Some(&through))?;
+    assert_eq!(misnamed.code, Some(1), "{}", misnamed.stderr);
+    assert!(
+        misnamed.stderr.contains("certificate") || misnamed.stderr.contains("Certificate"),
+        "refused for the name its spec gives: {}",
+        misnamed.stderr
+    );
+    Ok(())
+}

@@ -142,9 +142,20 @@ struct StoreArgs {
     /// as you.
     #[arg(long, env = "PETSTORE_AUDIENCE", value_parser = parse_audience)]
     petstore_audience: Option<String>,
+    /// Reach a store at ADDR rather than at its spec.address, as through
+    /// `kubectl port-forward`: PetStore/<namespace>/<name>=ADDR or
+    /// ClusterPetStore/<name>=ADDR; repeatable. TLS still checks the name
+    /// the store's spec gives.
+    #[arg(long = "store-address", value_name = "STORE=ADDR", value_parser = parse_store_address)]
+    store_addresses: Vec<(StoreId, String)>,
 }
 
 impl StoreArgs {
+    fn caller_stores(&self, client: Client, call_timeout: Duration) -> CallerStores<Client> {
+        CallerStores::new(client, call_timeout)
+            .with_addresses(self.store_addresses.iter().cloned().collect())
+    }
+
     fn connect(&self, call_timeout: Duration) -> anyhow::Result<GrpcPetStore> {
         GrpcPetStore::connect_lazy(
             &self.petstore_addr,
@@ -208,6 +219,29 @@ fn parse_policy(value: &str) -> Result<ChangePolicy, String> {
         .map_err(|_| format!("{value:?} is not Automatic, Approve or Observe"))
 }
 
+fn parse_store_address(value: &str) -> Result<(StoreId, String), String> {
+    let wrong = || {
+        format!("{value:?} is not PetStore/<namespace>/<name>=ADDR or ClusterPetStore/<name>=ADDR")
+    };
+    let (store, address) = value.split_once('=').ok_or_else(wrong)?;
+    if address.is_empty() {
+        return Err(wrong());
+    }
+    let id = match store.split('/').collect::<Vec<_>>()[..] {
+        ["PetStore", namespace, name] if !namespace.is_empty() && !name.is_empty() => {
+            StoreId::Namespaced {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+            }
+        }
+        ["ClusterPetStore", name] if !name.is_empty() => StoreId::Cluster {
+            name: name.to_owned(),
+        },
+        _ => return Err(wrong()),
+    };
+    Ok((id, address.to_owned()))
+}
+
 fn parse_store_ref(value: &str) -> Result<StoreRef, String> {
     value.parse().map_err(|error| format!("{error}"))
 }
@@ -227,7 +261,7 @@ async fn import(
     let namespace = namespace.unwrap_or_else(|| client.default_namespace().to_owned());
     // One streamed read of every record asked for, however many.
     let call_timeout = Duration::from_secs(60);
-    let mut stores = CallerStores::new(client.clone(), call_timeout);
+    let mut stores = store_args.caller_stores(client.clone(), call_timeout);
     if let Some(audience) = &store_args.petstore_audience {
         stores = stores.with_own_tenancy(store_args.connect(call_timeout)?, audience.clone());
     }
@@ -319,7 +353,7 @@ async fn plan(
     let namespace = namespace.unwrap_or_else(|| client.default_namespace().to_owned());
     let call_timeout = Duration::from_secs(10);
     let own = store_args.connect(call_timeout)?;
-    let mut stores = CallerStores::new(client.clone(), call_timeout);
+    let mut stores = store_args.caller_stores(client.clone(), call_timeout);
     if let Some(audience) = &store_args.petstore_audience {
         stores = stores.with_own_tenancy(own.clone(), audience.clone());
     }
@@ -576,6 +610,58 @@ spec: {name: Rex, type: dog, birthday: \"2022-03-01\"}
             installation.and_then(|env| env.to_str()),
             Some("PETSTORE_INSTALLATION")
         );
+    }
+
+    /// `--store-address` names a store as its status does, with the
+    /// namespace of a PetStore; plan and import both take it.
+    #[test]
+    fn a_store_address_names_one_store_and_an_address() {
+        let parsed = |args: &[&str]| {
+            Cli::try_parse_from(std::iter::once("kubectl-petstore").chain(args.iter().copied()))
+                .map(|cli| match cli.command {
+                    Command::Plan { store, .. } | Command::Import { store, .. } => {
+                        store.store_addresses
+                    }
+                })
+                .map_err(|error| error.to_string())
+        };
+        assert_eq!(
+            parsed(&[
+                "plan",
+                "-f",
+                "-",
+                "--store-address",
+                "PetStore/team-a/shared=127.0.0.1:16742",
+                "--store-address=ClusterPetStore/big=localhost:9",
+            ]),
+            Ok(vec![
+                (
+                    StoreId::Namespaced {
+                        namespace: "team-a".into(),
+                        name: "shared".into()
+                    },
+                    "127.0.0.1:16742".into()
+                ),
+                (
+                    StoreId::Cluster { name: "big".into() },
+                    "localhost:9".into()
+                ),
+            ])
+        );
+        for wrong in [
+            "PetStore/shared=127.0.0.1:1",
+            "ClusterPetStore/big",
+            "ClusterPetStore/big=",
+            "Secret/x/y=127.0.0.1:1",
+        ] {
+            let error = parsed(&["import", "--store-address", wrong]).unwrap_err();
+            assert!(
+                error.contains(
+                    "is not PetStore/<namespace>/<name>=ADDR or ClusterPetStore/<name>=ADDR"
+                ),
+                "{wrong}: {error}"
+            );
+        }
     }
 
     /// `--store-ref` as a Pet's `storeRef` reads, on import only: each row

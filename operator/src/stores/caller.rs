@@ -291,6 +291,34 @@ impl Credentials for MintedToken {
 
 /// The stores the Pets of one plugin run use, found and reached as the
 /// caller.
+/// The address to dial for a store reached at `to` (`host:port`, or with
+/// a scheme) rather than at its `spec.address`, and the name its
+/// certificate must carry: still the one its spec gives (`tls.serverName`,
+/// or the host of `spec.address`), so a port-forward changes the route and
+/// never what is trusted. Without a scheme, `to` keeps the spec's. A store
+/// without TLS (no CA, no server name) stays without.
+pub fn redirected(endpoint: &Endpoint, to: &str) -> (String, Option<String>) {
+    let (scheme, authority) = match endpoint.address.split_once("://") {
+        Some((scheme, rest)) => (Some(scheme), rest),
+        None => (None, endpoint.address.as_str()),
+    };
+    let address = match (to.contains("://"), scheme) {
+        (false, Some(scheme)) => format!("{scheme}://{to}"),
+        _ => to.to_owned(),
+    };
+    let host = authority.split('/').next().unwrap_or_default();
+    let host = match host.strip_prefix('[') {
+        // [v6]:port
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => host.rsplit_once(':').map_or(host, |(host, _)| host),
+    };
+    let server_name = endpoint
+        .server_name
+        .clone()
+        .or_else(|| (endpoint.ca.is_some() && !host.is_empty()).then(|| host.to_owned()));
+    (address, server_name)
+}
+
 pub struct CallerStores<C> {
     caller: C,
     call_timeout: Duration,
@@ -302,6 +330,8 @@ pub struct CallerStores<C> {
     /// The operator's own store and its audience, when it checks tenants
     /// (the operator's `--petstore-audience`).
     own: Option<(GrpcPetStore, String)>,
+    /// Where to reach a store instead of its `spec.address`.
+    addresses: HashMap<StoreId, String>,
 }
 
 impl<C: AsCaller> CallerStores<C> {
@@ -313,7 +343,17 @@ impl<C: AsCaller> CallerStores<C> {
             channels: HashMap::new(),
             tenants: HashMap::new(),
             own: None,
+            addresses: HashMap::new(),
         }
+    }
+
+    /// Reaches each of these stores at its address here rather than at its
+    /// `spec.address`: from outside the cluster, through `kubectl
+    /// port-forward`. See [`redirected`].
+    #[must_use]
+    pub fn with_addresses(mut self, addresses: HashMap<StoreId, String>) -> Self {
+        self.addresses = addresses;
+        self
     }
 
     /// The operator's own store checks tenants with `audience`: its Pets
@@ -443,11 +483,15 @@ impl<C: AsCaller> CallerStores<C> {
                     Some((ca_namespace, source)) => Some(self.ca(ca_namespace, source).await?),
                     None => None,
                 };
+                let (address, server_name) = match self.addresses.get(id) {
+                    Some(to) => redirected(endpoint, to),
+                    None => (endpoint.address.clone(), endpoint.server_name.clone()),
+                };
                 let base = GrpcPetStore::connect_lazy_pem(
-                    &endpoint.address,
+                    &address,
                     self.call_timeout,
                     ca.as_deref(),
-                    endpoint.server_name.as_deref(),
+                    server_name.as_deref(),
                     StoreCallMetrics::default(),
                 )
                 .map_err(|error| {
@@ -574,6 +618,71 @@ pub(super) fn ca_pem(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_redirected_store_is_dialled_here_and_trusted_for_the_name_its_spec_gives() {
+        use crate::crd::CaSource;
+        let ca = Some((
+            "team-a".to_owned(),
+            CaSource::SecretKeyRef(crate::crd::KeyRef {
+                name: "ca".into(),
+                key: "ca.crt".into(),
+            }),
+        ));
+        let endpoint =
+            |address: &str, ca: &Option<(String, CaSource)>, name: Option<&str>| super::Endpoint {
+                address: address.into(),
+                audience: "petstore".into(),
+                ca: ca.clone(),
+                server_name: name.map(Into::into),
+                generation: None,
+            };
+        let cases = [
+            (
+                "TLS: the spec's host is still the name checked",
+                endpoint("https://petstore.team-a.svc:6742", &ca, None),
+                "127.0.0.1:16742",
+                ("https://127.0.0.1:16742", Some("petstore.team-a.svc")),
+            ),
+            (
+                "TLS with a serverName: that name",
+                endpoint("https://10.0.0.7:6742", &ca, Some("petstore")),
+                "127.0.0.1:16742",
+                ("https://127.0.0.1:16742", Some("petstore")),
+            ),
+            (
+                "no scheme in the spec: none added",
+                endpoint("petstore.team-a.svc:6742", &ca, None),
+                "127.0.0.1:16742",
+                ("127.0.0.1:16742", Some("petstore.team-a.svc")),
+            ),
+            (
+                "an IPv6 host",
+                endpoint("https://[fd00::7]:6742", &ca, None),
+                "127.0.0.1:16742",
+                ("https://127.0.0.1:16742", Some("fd00::7")),
+            ),
+            (
+                "plaintext stays plaintext",
+                endpoint("http://petstore.team-a.svc:6742", &None, None),
+                "127.0.0.1:16742",
+                ("http://127.0.0.1:16742", None),
+            ),
+            (
+                "a scheme given here is kept",
+                endpoint("http://petstore.team-a.svc:6742", &None, None),
+                "http://localhost:9",
+                ("http://localhost:9", None),
+            ),
+        ];
+        for (why, endpoint, to, (address, name)) in cases {
+            assert_eq!(
+                super::redirected(&endpoint, to),
+                (address.to_owned(), name.map(str::to_owned)),
+                "{why}"
+            );
+        }
+    }
+
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
