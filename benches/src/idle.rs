@@ -301,10 +301,7 @@ pub fn markdown(result: &IdleResult, command: &str) -> String {
             ""
         },
     );
-    let _ = writeln!(
-        out,
-        "| measurement | goal | measured |  |\n|---|---|---|---|"
-    );
+    let _ = writeln!(out, "{}", crate::report::GOAL_TABLE);
     let _ = writeln!(
         out,
         "| store calls in a {window} idle window at N = {n}{observe}, with the defaults (the feed followed) | ≤ {n} | {} ({}) | {} |",

@@ -502,10 +502,7 @@ pub fn markdown(result: &PlansResult, command: &str) -> String {
             n => format!("{n} times over"),
         },
     );
-    let _ = writeln!(
-        out,
-        "| measurement | goal | measured |  |\n|---|---|---|---|"
-    );
+    let _ = writeln!(out, "{}", crate::report::GOAL_TABLE);
     let met = |ok: bool| if ok { "met" } else { "not met" };
     for burst in &result.bursts {
         let n = burst.edits(result.pets);

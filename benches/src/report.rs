@@ -20,6 +20,20 @@ pub const GOAL_DRIFT_P99: std::time::Duration = std::time::Duration::from_secs(1
 pub const GOAL_LIST_RATIO: f64 = 1.5;
 
 /// `/proc/loadavg`'s three load averages.
+/// The head of every section's table of goals.
+pub const GOAL_TABLE: &str = "| measurement | goal | measured |  |\n|---|---|---|---|";
+
+/// How a section's text begins: what was run, on which commit, when, and
+/// the build measured.
+pub fn measured_with(command: &str, commit: &str, started_at: &str) -> String {
+    let build = if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    };
+    format!("Measured with `{command}` on commit {commit}, from {started_at} ({build} build).")
+}
+
 pub fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .ok()

@@ -95,19 +95,9 @@ pub fn measure(config: &TokenCostConfig, progress: &dyn Fn(&str)) -> Result<Toke
     let mut env = Env::start(Storage::Durable)?;
     let issuer = env.cp.token_issuer_flag()?;
     env.store.set_restart_args(
-        [
-            "--tenancy",
-            "--token-issuer",
-            issuer.as_str(),
-            "--token-audience",
-            AUDIENCE,
-            "--observer",
-            "system:serviceaccount:petstore-system:petstore-operator",
-            "--allow-plaintext-tokens",
-        ]
-        .into_iter()
-        .map(Into::into)
-        .collect(),
+        fixtures::TenancyFlags::new(&issuer, AUDIENCE)
+            .operator_observer()
+            .os_args(),
     );
     env.store.restart(Storage::Durable)?;
     let mut setup = String::new();
@@ -180,21 +170,12 @@ pub fn markdown(result: &TokenCostResult, command: &str) -> String {
     let _ = writeln!(out, "{}\n", SECTION.trim_start());
     let _ = writeln!(
         out,
-        "Measured with `{command}` on commit {}, from {} ({} build). A durable store with `--tenancy`; {NAMESPACES} namespaces with {} Pets each ({} in all), one operator with its shipped settings and `--petstore-audience`. The operator's own counters (`petstore_operator_store_token_requests_total`, `petstore_operator_store_call_duration_seconds_count`) are read once every Pet is Ready, and again after a {minutes:.0}-minute window with nothing changing. Nothing is scaled.\n",
-        result.commit,
-        result.started_at,
-        if cfg!(debug_assertions) {
-            "debug"
-        } else {
-            "release"
-        },
+        "{} A durable store with `--tenancy`; {NAMESPACES} namespaces with {} Pets each ({} in all), one operator with its shipped settings and `--petstore-audience`. The operator's own counters (`petstore_operator_store_token_requests_total`, `petstore_operator_store_call_duration_seconds_count`) are read once every Pet is Ready, and again after a {minutes:.0}-minute window with nothing changing. Nothing is scaled.\n",
+        crate::report::measured_with(command, &result.commit, &result.started_at),
         result.pets_per_namespace,
         result.pets(),
     );
-    let _ = writeln!(
-        out,
-        "| measurement | goal | measured |  |\n|---|---|---|---|"
-    );
+    let _ = writeln!(out, "{}", crate::report::GOAL_TABLE);
     let per_namespace = result.window_tokens.0 as f64 / NAMESPACES as f64;
     let _ = writeln!(
         out,

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use fixtures::{ControlPlane, Env, PetStoreServer, Storage, wait_for};
+use fixtures::{ControlPlane, Env, PetStoreServer, Storage, TenancyFlags, wait_for};
 use futures::StreamExt as _;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::ServiceAccount;
@@ -451,14 +451,7 @@ fn the_attack_matrix_holds_over_a_thousand_seeded_tries_a_row() -> Result<(), Er
             PetStoreServer::start_in(
                 &cp.dir().join(&audience),
                 Storage::Memory,
-                &[
-                    "--tenancy",
-                    "--token-issuer",
-                    &issuer,
-                    "--token-audience",
-                    &audience,
-                    "--allow-plaintext-tokens",
-                ],
+                &TenancyFlags::new(&issuer, &audience).args(),
             )
         })
         .collect::<Result<Vec<_>, _>>()?;
@@ -874,16 +867,9 @@ fn a_token_refused_mid_reconcile_is_minted_afresh_and_nothing_is_lost() -> Resul
     let store = PetStoreServer::start_in(
         &cp.dir().join("short-lived"),
         Storage::Memory,
-        &[
-            "--tenancy",
-            "--token-issuer",
-            &issuer,
-            "--token-audience",
-            "petstore",
-            "--token-max-age",
-            &max_age,
-            "--allow-plaintext-tokens",
-        ],
+        &TenancyFlags::new(&issuer, "petstore")
+            .with("--token-max-age", &max_age)
+            .args(),
     )?;
     cp.apply(&format!(
         "apiVersion: v1\nkind: Namespace\nmetadata: {{name: team-x}}\n---\n\
@@ -997,16 +983,9 @@ fn a_namespace_deleted_takes_its_records_and_one_made_again_owns_only_what_was_k
     let store = PetStoreServer::start_in(
         &cp.dir().join("store"),
         Storage::Memory,
-        &[
-            "--tenancy",
-            "--token-issuer",
-            &issuer,
-            "--token-audience",
-            "petstore",
-            "--observer",
-            "system:serviceaccount:default:auditor",
-            "--allow-plaintext-tokens",
-        ],
+        &TenancyFlags::new(&issuer, "petstore")
+            .observer("system:serviceaccount:default:auditor")
+            .args(),
     )?;
     cp.apply(
         "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: auditor, namespace: default}\n",
@@ -1148,21 +1127,10 @@ fn a_handed_over_record_stays_with_its_tenant_in_the_other_cluster() -> Result<(
     let issuers = [env.cp.token_issuer_flag()?, green.cp.token_issuer_flag()?];
     assert_ne!(issuers[0], issuers[1], "two issuers, told apart by name");
     env.store.set_restart_args(
-        [
-            "--tenancy",
-            "--token-issuer",
-            issuers[0].as_str(),
-            "--token-issuer",
-            issuers[1].as_str(),
-            "--token-audience",
-            "petstore",
-            "--observer",
-            "system:serviceaccount:petstore-system:petstore-operator",
-            "--allow-plaintext-tokens",
-        ]
-        .into_iter()
-        .map(Into::into)
-        .collect(),
+        TenancyFlags::new(&issuers[0], "petstore")
+            .issuer(&issuers[1])
+            .operator_observer()
+            .os_args(),
     );
     env.store.restart(Storage::Durable)?;
     let tenancy = ["--petstore-audience", "petstore"];

@@ -152,15 +152,7 @@ fn the_plugin_reads_a_tenancy_store_as_its_caller_and_only_where_the_caller_may(
     let store = PetStoreServer::start_in(
         &cp.dir().join("tenancy"),
         Storage::Memory,
-        &[
-            "--tenancy",
-            "--token-issuer",
-            &issuer,
-            "--token-audience",
-            AUDIENCE,
-            // The fixtures' stores serve plaintext on 127.0.0.1.
-            "--allow-plaintext-tokens",
-        ],
+        &fixtures::TenancyFlags::new(&issuer, AUDIENCE).args(),
     )?;
     cp.apply(&setup(&store, &env.store))?;
     let alice = cp.service_account_kubeconfig("users", "alice")?;

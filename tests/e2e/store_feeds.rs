@@ -54,20 +54,11 @@ fn tenancy_store(
     audience: &str,
     observer: bool,
 ) -> fixtures::Result<PetStoreServer> {
-    let subject = format!("system:serviceaccount:{OPERATOR_NAMESPACE}:{OPERATOR_ACCOUNT}");
-    let mut args = vec![
-        "--tenancy",
-        "--token-issuer",
-        issuer,
-        "--token-audience",
-        audience,
-        // The fixtures' stores serve plaintext on 127.0.0.1.
-        "--allow-plaintext-tokens",
-    ];
+    let mut flags = fixtures::TenancyFlags::new(issuer, audience);
     if observer {
-        args.extend(["--observer", subject.as_str()]);
+        flags = flags.operator_observer();
     }
-    PetStoreServer::start_in(&cp.dir().join(audience), Storage::Memory, &args)
+    PetStoreServer::start_in(&cp.dir().join(audience), Storage::Memory, &flags.args())
 }
 
 /// grpcurl against `store` as a tenant, answering the messages.

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use fixtures::env::{condition, is_ready};
-use fixtures::{ControlPlane, Env, PetStoreServer, Storage, wait_for};
+use fixtures::{ControlPlane, Env, PetStoreServer, Storage, TenancyFlags, wait_for};
 use serde_json::Value;
 
 const TIMEOUT: Duration = Duration::from_secs(90);
@@ -108,8 +108,10 @@ fn wait_ready(cp: &ControlPlane, namespace: &str, name: &str) -> fixtures::Resul
 fn each_pet_writes_to_the_store_it_may_use_and_nowhere_else() -> fixtures::Result<()> {
     let env = Env::start(Storage::Memory)?;
     let cp = &env.cp;
-    let store_a = PetStoreServer::start_in(&cp.dir().join("store-a"), Storage::Memory, &[])?;
-    let store_b = PetStoreServer::start_in(&cp.dir().join("store-b"), Storage::Memory, &[])?;
+    let store_a =
+        PetStoreServer::start_in(&cp.dir().join("store-a"), Storage::Memory, &[] as &[&str])?;
+    let store_b =
+        PetStoreServer::start_in(&cp.dir().join("store-b"), Storage::Memory, &[] as &[&str])?;
     tenant_namespaces(cp)?;
     cp.apply(&pet_store("team-a", "default", &store_a))?;
     cp.apply(&pet_store("team-b", "shared", &store_b))?;
@@ -275,17 +277,7 @@ fn the_store_keeps_each_namespace_to_its_own_records() -> fixtures::Result<()> {
     let env = Env::start(Storage::Memory)?;
     let cp = &env.cp;
     let issuer = cp.token_issuer_flag()?;
-    let tenancy = |audience: &'static str| {
-        [
-            "--tenancy",
-            "--token-issuer",
-            issuer.as_str(),
-            "--token-audience",
-            audience,
-            // The fixtures' stores serve plaintext on 127.0.0.1.
-            "--allow-plaintext-tokens",
-        ]
-    };
+    let tenancy = |audience: &str| TenancyFlags::new(&issuer, audience).args();
     let store = PetStoreServer::start_in(
         &cp.dir().join("shared"),
         Storage::Memory,
@@ -439,19 +431,9 @@ fn records_made_before_tenancy_keep_their_ids_and_take_their_tenant_on_the_first
 
     let issuer = env.cp.token_issuer_flag()?;
     env.store.set_restart_args(
-        [
-            "--tenancy",
-            "--token-issuer",
-            issuer.as_str(),
-            "--token-audience",
-            "petstore",
-            "--observer",
-            "system:serviceaccount:petstore-system:petstore-operator",
-            "--allow-plaintext-tokens",
-        ]
-        .into_iter()
-        .map(Into::into)
-        .collect(),
+        TenancyFlags::new(&issuer, "petstore")
+            .operator_observer()
+            .os_args(),
     );
     env.store.restart(Storage::Durable)?;
     let writes_before = env.store.writes()?;
