@@ -54,6 +54,8 @@ pub struct FairnessResult {
     /// Each probe, from its create's answer until it was seen Ready.
     pub probes: Vec<Duration>,
     pub operator_peak_rss_kib: u64,
+    /// The machine's load averages when the burst ended.
+    pub load: String,
     pub started_at: String,
     pub commit: String,
 }
@@ -104,6 +106,7 @@ pub fn measure(config: &FairnessConfig, progress: &dyn Fn(&str)) -> Result<Fairn
             .all(Shows::Ready, n, 1, timeout, "every Pet of the burst Ready")
             .await?;
         let burst_ready = started.elapsed();
+        let load = crate::report::load_average();
         stop.notify_one();
         let burst_created = creating
             .await
@@ -112,9 +115,9 @@ pub fn measure(config: &FairnessConfig, progress: &dyn Fn(&str)) -> Result<Fairn
             .await
             .map_err(|e| kube_error(format!("the probes: {e}")))??;
         let probes = probes_ready.latencies(&created, timeout).await?;
-        Ok::<_, fixtures::Error>((burst_created, burst_ready, probes))
+        Ok::<_, fixtures::Error>((burst_created, burst_ready, probes, load))
     });
-    let (burst_created, burst_ready, probes) = measured?;
+    let (burst_created, burst_ready, probes, load) = measured?;
     let operator_peak_rss_kib = operator
         .process()
         .pid()
@@ -126,6 +129,7 @@ pub fn measure(config: &FairnessConfig, progress: &dyn Fn(&str)) -> Result<Fairn
         burst_ready,
         probes,
         operator_peak_rss_kib,
+        load,
         started_at,
         commit: crate::idle::commit(),
     })
@@ -225,10 +229,11 @@ pub fn markdown(result: &FairnessResult, command: &str) -> String {
     let _ = writeln!(out, "{}\n", SECTION.trim_start());
     let _ = writeln!(
         out,
-        "{} One operator with its shipped settings, on a durable store. {n} Pets were created at once in one namespace by {BURST_CLIENTS} clients, and one Pet in another namespace every {} ms until the whole burst was Ready. Each of those {} probes is timed from its create's answer until a watch saw it Ready. The operator takes the namespaces in turn (`operator/src/controller/fair_queue.rs`).\n",
+        "{} One operator with its shipped settings, on a durable store. {n} Pets were created at once in one namespace by {BURST_CLIENTS} clients, and one Pet in another namespace every {} ms until the whole burst was Ready. Each of those {} probes is timed from its create's answer until a watch saw it Ready. The operator takes the namespaces in turn (`operator/src/controller/fair_queue.rs`). Load averages when the burst was Ready: {}.\n",
         crate::report::measured_with(command, &result.commit, &result.started_at),
         PROBE_EVERY.as_millis(),
         result.probes.len(),
+        result.load,
     );
     let _ = writeln!(out, "{}", crate::report::GOAL_TABLE);
     let _ = writeln!(

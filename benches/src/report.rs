@@ -19,7 +19,6 @@ pub const GOAL_DRIFT_P99: std::time::Duration = std::time::Duration::from_secs(1
 /// Listing as v1alpha1 (converted by the webhook) ÷ listing as v1.
 pub const GOAL_LIST_RATIO: f64 = 1.5;
 
-/// `/proc/loadavg`'s three load averages.
 /// The head of every section's table of goals.
 pub const GOAL_TABLE: &str = "| measurement | goal | measured |  |\n|---|---|---|---|";
 
@@ -34,6 +33,7 @@ pub fn measured_with(command: &str, commit: &str, started_at: &str) -> String {
     format!("Measured with `{command}` on commit {commit}, from {started_at} ({build} build).")
 }
 
+/// `/proc/loadavg`'s three load averages.
 pub fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .ok()
