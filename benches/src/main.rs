@@ -498,7 +498,12 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         };
         let section = bench::token_cost::markdown(&result, &command_line());
-        return write_section(&out, bench::token_cost::SECTION, &section, result.goal_met());
+        return write_section(
+            &out,
+            bench::token_cost::SECTION,
+            &section,
+            result.goal_met(),
+        );
     }
     if let Some(pets) = args.fairness {
         return fairness(pets, &out);
