@@ -1,21 +1,53 @@
-//! Fails when config/crd/ no longer matches the Rust types. Regenerate with
-//! `cargo xtask crdgen`.
+//! Fails when config/crd/, or the Helm chart's copy in
+//! charts/petstore-operator/files/crds/, no longer matches the Rust types.
+//! Regenerate both with `cargo xtask crdgen`.
 
 use petstore_operator::crd::{self, CLUSTERPETSTORES_CRD_FILE, PETS_CRD_FILE, PETSTORES_CRD_FILE};
 
-/// The committed file `name` in config/crd/ is what the types generate.
+/// The folders that hold a committed copy of every CRD.
+const CRD_DIRS: [&str; 2] = ["config/crd", "charts/petstore-operator/files/crds"];
+
+/// The committed file `name` in each of [`CRD_DIRS`] is what the types
+/// generate.
 fn assert_committed(name: &str) {
-    let path = format!("{}/../config/crd/{name}", env!("CARGO_MANIFEST_DIR"));
-    let committed = std::fs::read_to_string(&path).expect("read the committed CRD");
     let generated = crd::crd_files()
         .expect("generate the CRDs")
         .into_iter()
         .find_map(|(file, yaml)| (file == name).then_some(yaml))
         .expect("a generated CRD of that name");
-    assert!(
-        committed == generated,
-        "config/crd/{name} is out of date; run: cargo xtask crdgen"
-    );
+    for dir in CRD_DIRS {
+        let path = format!("{}/../{dir}/{name}", env!("CARGO_MANIFEST_DIR"));
+        let committed = std::fs::read_to_string(&path).expect("read the committed CRD");
+        assert!(
+            committed == generated,
+            "{dir}/{name} is out of date; run: cargo xtask crdgen"
+        );
+    }
+}
+
+/// The chart's copy holds the CRDs and nothing else: its template renders
+/// every file there.
+#[test]
+fn the_chart_holds_exactly_the_generated_crds() {
+    let dir = format!("{}/../{}", env!("CARGO_MANIFEST_DIR"), CRD_DIRS[1]);
+    let mut held: Vec<String> = std::fs::read_dir(&dir)
+        .expect("read the chart's CRD folder")
+        .map(|entry| {
+            entry
+                .expect("an entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    held.sort();
+    let mut generated: Vec<String> = crd::crd_files()
+        .expect("CRDs")
+        .into_iter()
+        .map(|(file, _)| file.to_owned())
+        .collect();
+    generated.sort();
+    assert_eq!(held, generated, "{dir}; run: cargo xtask crdgen");
 }
 
 #[test]

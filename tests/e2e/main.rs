@@ -18,6 +18,7 @@ mod drift;
 mod fairness;
 mod faults;
 mod health;
+mod helm;
 mod import;
 mod installation_claim;
 mod kubernetes;

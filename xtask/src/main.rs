@@ -31,11 +31,10 @@ enum Task {
     /// Needs root. Ctrl-C stops and removes everything.
     Cluster,
     /// Regenerate the CRDs (Pet, PetStore, ClusterPetStore) from the
-    /// operator's Rust types.
+    /// operator's Rust types, into config/crd and the Helm chart.
     Crdgen {
-        /// The folder to write them into (`-` for stdout).
-        #[arg(default_value = crdgen::CRD_DIR)]
-        path: PathBuf,
+        /// The folder to write them into instead (`-` for stdout).
+        path: Option<PathBuf>,
     },
 }
 
@@ -44,12 +43,14 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Task::Crdgen { path } => {
             // Relative paths are the repository's, wherever cargo was run.
-            let path = if path.is_relative() && path != std::path::Path::new("-") {
-                fixtures::repo_root().join(path)
-            } else {
-                path
+            let root = fixtures::repo_root();
+            let paths = match path {
+                Some(path) if path == std::path::Path::new("-") || path.is_absolute() => vec![path],
+                Some(path) => vec![root.join(path)],
+                None => vec![root.join(crdgen::CRD_DIR), root.join(crdgen::CHART_CRD_DIR)],
             };
-            crdgen::run(&path)
+            let paths: Vec<&std::path::Path> = paths.iter().map(PathBuf::as_path).collect();
+            crdgen::run(&paths)
         }
         Task::Dev => petstore_process::stop_flag()
             .map_err(anyhow::Error::from)
