@@ -485,6 +485,62 @@ mod tests {
         healthy(&rotated).await.expect("the new CA's client stays");
     }
 
+    #[tokio::test]
+    async fn bad_files_at_start_stop_the_store() {
+        let pki_dir = tempfile::tempdir().expect("dir");
+        let pki = Pki::create(pki_dir.path(), "store", &[]).expect("CA");
+        let files = StoreFiles::new(&pki.issue_server("store").expect("cert"), &pki.ca_cert);
+        std::fs::write(files.dir.path().join("tls.key"), "not a key").expect("write");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let storage = StorageConfig::Memory.open().await.expect("memory");
+        let options = ServeOptions {
+            tls: Some(files.tls()),
+            ..ServeOptions::default()
+        };
+        let refused = serve(listener, storage, options, std::future::pending()).await;
+        assert!(
+            matches!(
+                refused,
+                Err(ServeError::Tls(petstore_tls::TlsError::Pem { .. }))
+            ),
+            "{refused:?}"
+        );
+    }
+
+    // Fails if serving TLS no longer stops when asked: with a client
+    // connected and one that never handshakes.
+    #[tokio::test]
+    async fn a_tls_store_stops_when_asked() {
+        let pki_dir = tempfile::tempdir().expect("dir");
+        let pki = Pki::create(pki_dir.path(), "store", &[]).expect("CA");
+        let files = StoreFiles::new(&pki.issue_server("store").expect("cert"), &pki.ca_cert);
+        let client = pki.issue_client("operator").expect("client");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let storage = StorageConfig::Memory.open().await.expect("memory");
+        let options = ServeOptions {
+            tls: Some(files.tls()),
+            ..ServeOptions::default()
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(listener, storage, options, async {
+            let _ = stopped.await;
+        }));
+        let operator = channel(addr, &pki.ca_cert, &client).await;
+        healthy(&operator).await.expect("a call");
+        let _silent = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let _ = stop.send(());
+        tokio::time::timeout(PATIENCE, server)
+            .await
+            .expect("stopped in time")
+            .expect("task")
+            .expect("a clean stop");
+        assert!(
+            !admitted(addr, &pki.ca_cert, &client).await,
+            "still serving"
+        );
+    }
+
     // Fails if a handshake runs on the accepting task: the silent client
     // would hold it for the whole handshake timeout.
     #[tokio::test]

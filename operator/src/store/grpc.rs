@@ -1037,6 +1037,15 @@ mod tests {
             seen.lock().expect("seen").last().cloned().flatten()
         };
         assert_eq!(last_seen().await, Some(first.der().to_vec()));
+        let connections = |outcome: &str| {
+            let mut registry = prometheus_client::registry::Registry::default();
+            metrics.register(&mut registry);
+            let mut text = String::new();
+            prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+            let series = format!("store_tls_connections_total{{outcome=\"{outcome}\"}} 1");
+            text.contains(&series)
+        };
+        assert!(connections("ok"), "one connection");
 
         let wait_for = |wanted: Vec<u8>| {
             let last_seen = &last_seen;
@@ -1097,6 +1106,21 @@ mod tests {
             StoreCallMetrics::default(),
         );
         assert!(matches!(refused, Err(ConnectError::NoCa)));
+        let missing = TlsFiles {
+            ca: Some("no-such-dir/ca.crt".into()),
+            ..files
+        };
+        let refused = GrpcPetStore::connect_lazy(
+            "localhost:6742",
+            Duration::from_secs(1),
+            Some(&missing),
+            StoreCallMetrics::default(),
+        );
+        assert!(
+            matches!(refused, Err(ConnectError::TlsFiles(_))),
+            "{:?}",
+            refused.err()
+        );
     }
 
     #[tokio::test]

@@ -45,9 +45,10 @@ pub struct StoreCallMetrics {
     calls: Family<StoreCallLabels, Histogram, fn() -> Histogram>,
     tokens: Family<TokenLabels, Counter>,
     tls_reloads: Family<ReloadLabels, Counter>,
+    tls_connections: Family<ReloadLabels, Counter>,
 }
 
-/// How a reload of the TLS files ended.
+/// How a reload of the TLS files, or a TLS connection, ended.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReloadLabels {
     /// `ok` or `failed`.
@@ -86,17 +87,20 @@ impl Default for StoreCallMetrics {
                 Histogram::new(exponential_buckets(0.0005, 2.0, 14))
             }),
             tokens: Family::default(),
-            tls_reloads: {
-                // Both outcomes from the start: an alert on `failed` reads
-                // 0, not an absent series.
-                let reloads = Family::<ReloadLabels, Counter>::default();
-                for outcome in ["ok", "failed"] {
-                    reloads.get_or_create(&ReloadLabels { outcome }).inc_by(0);
-                }
-                reloads
-            },
+            tls_reloads: outcomes(),
+            tls_connections: outcomes(),
         }
     }
+}
+
+/// A counter by outcome with both outcomes from the start: an alert on
+/// `failed` reads 0, not an absent series.
+fn outcomes() -> Family<ReloadLabels, Counter> {
+    let family = Family::<ReloadLabels, Counter>::default();
+    for outcome in ["ok", "failed"] {
+        family.get_or_create(&ReloadLabels { outcome }).inc_by(0);
+    }
+    family
 }
 
 impl StoreCallMetrics {
@@ -117,6 +121,20 @@ impl StoreCallMetrics {
             "Reloads of the store's TLS files (--petstore-ca-file, --petstore-cert-file, --petstore-key-file) after they changed, by outcome: ok (the next store call opens a connection with them), failed (a file missing, unreadable or not matching the others: the certificates in use stay until the files change again)",
             self.tls_reloads.clone(),
         );
+        registry.register(
+            "store_tls_connections",
+            "Connections opened to the store with TLS from files, by outcome: ok, failed (TCP or the handshake); one more after each reload of the files, as the next call opens a connection with them",
+            self.tls_connections.clone(),
+        );
+    }
+
+    /// One connection to the store with TLS from files: made or not.
+    pub fn tls_connection(&self, ok: bool) {
+        self.tls_connections
+            .get_or_create(&ReloadLabels {
+                outcome: if ok { "ok" } else { "failed" },
+            })
+            .inc();
     }
 
     /// One reload of the TLS files that changed: `ok` or not.

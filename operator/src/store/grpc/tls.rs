@@ -90,6 +90,7 @@ impl StoreChannel {
         let reloads = Arc::new(AtomicU64::new(0));
         let watcher = tls.watch({
             let reloads = Arc::clone(&reloads);
+            let metrics = metrics.clone();
             move |outcome| match outcome {
                 Ok(Reload::Changed) => {
                     metrics.tls_reloaded(true);
@@ -113,6 +114,7 @@ impl StoreChannel {
             http,
             tls: tokio_rustls::TlsConnector::from(tls.config()),
             server_name,
+            metrics,
         };
         let channel = endpoint.connect_with_connector_lazy(connector.clone());
         Ok(Self {
@@ -180,6 +182,7 @@ struct TlsConnector {
     http: HttpConnector,
     tls: tokio_rustls::TlsConnector,
     server_name: ServerName<'static>,
+    metrics: StoreCallMetrics,
 }
 
 type Connected = TokioIo<tokio_rustls::client::TlsStream<TcpStream>>;
@@ -202,13 +205,19 @@ impl Service<Uri> for TlsConnector {
         let tcp = self.http.call(uri);
         let tls = self.tls.clone();
         let name = self.server_name.clone();
+        let metrics = self.metrics.clone();
         Box::pin(async move {
-            let tcp = tcp.await?.into_inner();
-            let stream = tls.connect(name, tcp).await?;
-            if stream.get_ref().1.alpn_protocol() != Some(b"h2") {
-                return Err(NoHttp2.into());
+            let connected = async {
+                let tcp = tcp.await?.into_inner();
+                let stream = tls.connect(name, tcp).await?;
+                if stream.get_ref().1.alpn_protocol() != Some(b"h2") {
+                    return Err(NoHttp2.into());
+                }
+                Ok(TokioIo::new(stream))
             }
-            Ok(TokioIo::new(stream))
+            .await;
+            metrics.tls_connection(connected.is_ok());
+            connected
         })
     }
 }
