@@ -19,6 +19,7 @@ COPY operator/Cargo.toml operator/
 COPY petstore-server/Cargo.toml petstore-server/
 COPY telemetry/Cargo.toml telemetry/
 COPY process/Cargo.toml process/
+COPY tls/Cargo.toml tls/
 # The workspace's other members (test fixtures, end-to-end tests, benchmarks,
 # developer commands) are not in the images, but cargo must load the whole
 # workspace: their manifests come with empty targets.
@@ -26,8 +27,8 @@ COPY tests/fixtures/Cargo.toml tests/fixtures/
 COPY tests/e2e/Cargo.toml tests/e2e/
 COPY benches/Cargo.toml benches/
 COPY xtask/Cargo.toml xtask/
-RUN mkdir -p src operator/src petstore-server/src telemetry/src process/src tests/fixtures/src tests/e2e/bin benches/src xtask/src \
- && touch src/lib.rs operator/src/lib.rs petstore-server/src/lib.rs telemetry/src/lib.rs process/src/lib.rs tests/fixtures/src/lib.rs benches/src/lib.rs tests/e2e/main.rs \
+RUN mkdir -p src operator/src petstore-server/src telemetry/src process/src tls/src tests/fixtures/src tests/e2e/bin benches/src xtask/src \
+ && touch src/lib.rs operator/src/lib.rs petstore-server/src/lib.rs telemetry/src/lib.rs process/src/lib.rs tls/src/lib.rs tests/fixtures/src/lib.rs benches/src/lib.rs tests/e2e/main.rs \
  && for main in operator/src/main.rs petstore-server/src/main.rs tests/e2e/bin/petstore-operator-faults.rs \
                 benches/src/main.rs xtask/src/main.rs; do echo 'fn main() {}' > "$main"; done
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
@@ -38,6 +39,7 @@ COPY operator operator
 COPY petstore-server petstore-server
 COPY telemetry telemetry
 COPY process process
+COPY tls tls
 # The registry and target caches persist across builds (BuildKit), so an
 # edit recompiles only the crates it touches.
 # cargo judges freshness by mtime, but the target cache outlives the sources:
@@ -51,7 +53,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     set -e; \
-    for part in build.rs src proto operator petstore-server telemetry process; do \
+    for part in build.rs src proto operator petstore-server telemetry process tls; do \
       sum=$(find "$part" -type f -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -d' ' -f1); \
       if [ "$(cat "target/.sources-${CARGO_PROFILE}-$part" 2>/dev/null)" = "$sum" ]; then \
         find "$part" -exec touch -h -d @1 {} +; \

@@ -476,6 +476,8 @@ mod tests {
             Duration::from_millis(1),
         );
         metrics.drift_detected(Field::Name);
+        metrics.store_calls().tls_reloaded(false);
+        metrics.store_calls().tls_connection(true);
         metrics.became_ready(Duration::from_millis(80));
         metrics.gauges_from(|| PetGauges {
             queue_depth: 3,
@@ -496,6 +498,10 @@ mod tests {
         for series in [
             "petstore_operator_store_actions_total{action=\"update\",cause=\"spec_change\"} 1",
             "petstore_operator_drift_detected_total{field=\"name\"} 1",
+            "petstore_operator_tls_reloads_total{outcome=\"ok\"} 0",
+            "petstore_operator_tls_reloads_total{outcome=\"failed\"} 1",
+            "petstore_operator_store_tls_connections_total{outcome=\"ok\"} 1",
+            "petstore_operator_store_tls_connections_total{outcome=\"failed\"} 0",
             "petstore_operator_time_to_ready_seconds_bucket{le=\"0.1\"} 1",
             "petstore_operator_queue_depth 3",
             "petstore_operator_queue_oldest_age_seconds 1.5",

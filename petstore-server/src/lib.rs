@@ -11,6 +11,7 @@ pub mod server;
 pub mod service;
 pub mod storage;
 pub mod tenancy;
+pub mod tls;
 pub mod validate;
 pub mod watch;
 pub mod wire;

@@ -30,6 +30,13 @@ struct TerminationLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReloadLabels {
+    /// `ok` (in use from the next handshake) or `failed` (the certificates
+    /// in use stay).
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RefusalLabels {
     /// The RPC's name, e.g. `AddPets`.
     method: &'static str,
@@ -48,6 +55,7 @@ pub struct ServerMetrics {
     watch_revision: Gauge,
     watch_terminated: Family<TerminationLabels, Counter>,
     tenant_refusals: Family<RefusalLabels, Counter>,
+    tls_reloads: Family<ReloadLabels, Counter>,
 }
 
 impl std::fmt::Debug for ServerMetrics {
@@ -101,6 +109,19 @@ impl Default for ServerMetrics {
             "Calls tenancy refused, by method and reason: unauthenticated (no or a bad token), namespace_not_allowed, observer_only, cross_tenant, unclaimed (a record from before tenancy, claimed only by import), observer_write, identity_namespace",
             tenant_refusals.clone(),
         );
+        let tls_reloads = Family::<ReloadLabels, Counter>::default();
+        // Both outcomes from the start: an alert on `failed` reads 0, not
+        // an absent series.
+        for outcome in ["ok", "failed"] {
+            tls_reloads
+                .get_or_create(&ReloadLabels { outcome })
+                .inc_by(0);
+        }
+        registry.register(
+            "tls_reloads",
+            "Reloads of the TLS files (--tls-cert, --tls-key, --tls-client-ca) after they changed, by outcome: ok (used from the next handshake on), failed (a file missing, unreadable or not matching the others: the certificates in use stay until the files change again)",
+            tls_reloads.clone(),
+        );
         Self {
             registry,
             rpc_duration,
@@ -110,6 +131,7 @@ impl Default for ServerMetrics {
             watch_revision,
             watch_terminated,
             tenant_refusals,
+            tls_reloads,
         }
     }
 }
@@ -164,6 +186,15 @@ impl ServerMetrics {
             .inc();
     }
 
+    /// Counts one reload of the TLS files that changed: `ok` or not.
+    pub fn tls_reloaded(&self, ok: bool) {
+        self.tls_reloads
+            .get_or_create(&ReloadLabels {
+                outcome: if ok { "ok" } else { "failed" },
+            })
+            .inc();
+    }
+
     pub fn set_sampler(&self, setting: SamplerSetting) {
         self.sampler_ratio.set(setting.ratio());
     }
@@ -211,6 +242,7 @@ mod tests {
         metrics.set_watch_revision(42);
         metrics.watch_terminated("slow");
         metrics.tenant_refused("UpdatePets", "cross_tenant");
+        metrics.tls_reloaded(true);
         let text = metrics.encode().expect("encode");
         for series in [
             "petstore_server_rpc_duration_seconds_count{method=\"AddPets\",code=\"OK\"} 1",
@@ -221,6 +253,8 @@ mod tests {
             "petstore_server_watch_revision 42",
             "petstore_server_watch_terminated_total{reason=\"slow\"} 1",
             "petstore_server_tenant_refusals_total{method=\"UpdatePets\",reason=\"cross_tenant\"} 1",
+            "petstore_server_tls_reloads_total{outcome=\"ok\"} 1",
+            "petstore_server_tls_reloads_total{outcome=\"failed\"} 0",
             "# HELP petstore_server_rpc_duration_seconds ",
             "# HELP petstore_server_rpcs_in_flight ",
             "# HELP petstore_server_trace_sampler_ratio ",

@@ -1,20 +1,23 @@
 //! Assembles the gRPC server: the pet store, health, reflection and limits.
 
 use std::future::Future;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use petstore_proto::PetStoreServer;
+use petstore_tls::server::ServerTls;
+use petstore_tls::{FileWatcher, Reload};
 use tokio::net::TcpListener;
+use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
-use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
 use crate::admission::AdmissionLayer;
+use crate::metrics::ServerMetrics;
 use crate::model::MAX_MESSAGE_BYTES;
 use crate::observe::ObserveLayer;
 use crate::service::{Observability, PetStoreService};
 use crate::storage::Storage;
+use crate::tls::Connections;
 use crate::watch::WatchOptions;
 
 /// Concurrent requests served per HTTP/2 connection; further streams queue.
@@ -23,13 +26,9 @@ pub const MAX_CONCURRENT_STREAMS_PER_CONNECTION: u32 = 256;
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Serving certificate and key (PEM), and optionally a CA whose client
-/// certificates are then required (mutual TLS).
-#[derive(Clone, Debug)]
-pub struct TlsFiles {
-    pub cert: PathBuf,
-    pub key: PathBuf,
-    pub client_ca: Option<PathBuf>,
-}
+/// certificates are then required (mutual TLS). Read at start, and again
+/// whenever they change (see [`crate::tls`]).
+pub type TlsFiles = petstore_tls::server::ServerFiles;
 
 #[derive(Clone, Debug, Default)]
 pub struct ServeOptions {
@@ -45,24 +44,6 @@ pub struct ServeOptions {
     pub tenancy: Option<Arc<crate::auth::Tenancy>>,
 }
 
-fn read(path: &Path) -> Result<Vec<u8>, ServeError> {
-    std::fs::read(path).map_err(|source| ServeError::ReadTlsFile {
-        path: path.to_owned(),
-        source,
-    })
-}
-
-impl TlsFiles {
-    fn config(&self) -> Result<ServerTlsConfig, ServeError> {
-        let identity = Identity::from_pem(read(&self.cert)?, read(&self.key)?);
-        let mut config = ServerTlsConfig::new().identity(identity);
-        if let Some(ca) = &self.client_ca {
-            config = config.client_ca_root(Certificate::from_pem(read(ca)?));
-        }
-        Ok(config)
-    }
-}
-
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     #[error("building the reflection service: {0}")]
@@ -73,12 +54,8 @@ pub enum ServeError {
         "tenancy without TLS would take ServiceAccount tokens over plaintext: serve TLS (--tls-cert and --tls-key), or pass --allow-plaintext-tokens for local development only"
     )]
     PlaintextTokens,
-    #[error("reading {path}: {source}")]
-    ReadTlsFile {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("TLS: {0}")]
+    Tls(#[from] petstore_tls::TlsError),
 }
 
 /// The connections `serve` accepts, each with `TCP_NODELAY` set (TLS runs on
@@ -120,10 +97,19 @@ pub async fn serve(
     {
         return Err(ServeError::PlaintextTokens);
     }
-    let mut builder = Server::builder();
-    if let Some(tls) = &options.tls {
-        builder = builder.tls_config(tls.config()?)?;
-    }
+    // Read before anything serves: files that make no TLS identity stop
+    // the store here.
+    let tls = options
+        .tls
+        .clone()
+        .map(ServerTls::load)
+        .transpose()?
+        .map(Arc::new);
+    let connections = Arc::new(Connections::default());
+    let _watcher = tls
+        .as_ref()
+        .map(|tls| follow_files(tls, &connections, &options.observability.metrics))
+        .transpose()?;
     let (health, health_service) = tonic_health::server::health_reporter();
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(petstore_proto::FILE_DESCRIPTOR_SET)
@@ -178,7 +164,7 @@ pub async fn serve(
             options.observability.spans,
         ))
         .layer(AdmissionLayer(options.admission));
-    builder
+    let router = Server::builder()
         .layer(layers)
         .concurrency_limit_per_connection(MAX_CONCURRENT_STREAMS_PER_CONNECTION as usize)
         .timeout(REQUEST_TIMEOUT)
@@ -188,17 +174,70 @@ pub async fn serve(
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(pet_store)
-        .serve_with_incoming_shutdown(incoming(listener), shutdown)
-        .await?;
+        .add_service(pet_store);
+    match &tls {
+        Some(tls) => {
+            let accepted = crate::tls::incoming(listener, tls, connections);
+            router
+                .serve_with_incoming_shutdown(accepted, shutdown)
+                .await?;
+        }
+        None => {
+            router
+                .serve_with_incoming_shutdown(incoming(listener), shutdown)
+                .await?;
+        }
+    }
     Ok(())
+}
+
+/// Reloads the TLS files whenever they change, and counts each reload. A
+/// new client CA also closes the connections whose client certificate it
+/// no longer trusts.
+fn follow_files(
+    tls: &Arc<ServerTls>,
+    connections: &Arc<Connections>,
+    metrics: &Arc<ServerMetrics>,
+) -> Result<FileWatcher, ServeError> {
+    let (reloaded, connections, metrics) = (
+        Arc::clone(tls),
+        Arc::clone(connections),
+        Arc::clone(metrics),
+    );
+    Ok(tls.watch(move |outcome| {
+        match outcome {
+            Ok(Reload::Unchanged) => return,
+            Ok(Reload::Changed) => metrics.tls_reloaded(true),
+            Err(_) => metrics.tls_reloaded(false),
+        }
+        if outcome.is_ok() && reloaded.requires_client_certificates() {
+            let closed = connections.close_untrusted(|chain| reloaded.trusts_client(chain));
+            if closed > 0 {
+                tracing::warn!(
+                    closed,
+                    "closed connections whose client certificate the new client CA does not trust"
+                );
+            }
+        }
+    })?)
 }
 
 #[cfg(test)]
 mod tests {
+    use std::path::{Path, PathBuf};
+
+    use fixtures::certs::Pki;
     use futures::StreamExt;
+    use rustls_pki_types::pem::PemObject as _;
+    use rustls_pki_types::{CertificateDer, ServerName};
+    use tokio_rustls::rustls;
+    use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_client::HealthClient;
 
     use super::*;
+    use crate::service::Observability;
+    use crate::storage::StorageConfig;
 
     // Fails if any accepted connection, the first or a later one, lacks
     // TCP_NODELAY: every RPC, unary or streaming, is written to these sockets.
@@ -217,5 +256,353 @@ mod tests {
                 .expect("accepted");
             assert!(stream.nodelay().expect("read TCP_NODELAY"));
         }
+    }
+
+    /// Long enough on a loaded machine; the tests poll and finish sooner.
+    const PATIENCE: Duration = Duration::from_secs(10);
+
+    fn pem(path: &Path) -> String {
+        std::fs::read_to_string(path).expect("read PEM")
+    }
+
+    fn der(path: &Path) -> CertificateDer<'static> {
+        CertificateDer::from_pem_file(path).expect("a certificate")
+    }
+
+    /// Replaces `to` as `mv` would: a new inode renamed over it.
+    fn replace(to: &Path, text: &str) {
+        let next = to.with_extension("next");
+        std::fs::write(&next, text).expect("write");
+        std::fs::rename(&next, to).expect("rename");
+    }
+
+    /// The store's files in a directory of their own, as a volume holds
+    /// them: its certificate and key from `pki`, and `client_ca`.
+    struct StoreFiles {
+        dir: tempfile::TempDir,
+    }
+
+    impl StoreFiles {
+        fn new(serving: &(PathBuf, PathBuf), client_ca: &Path) -> Self {
+            let files = Self {
+                dir: tempfile::tempdir().expect("dir"),
+            };
+            files.serve(serving);
+            files.trust(&[client_ca]);
+            files
+        }
+
+        fn serve(&self, (cert, key): &(PathBuf, PathBuf)) {
+            replace(&self.dir.path().join("tls.crt"), &pem(cert));
+            replace(&self.dir.path().join("tls.key"), &pem(key));
+        }
+
+        fn trust(&self, cas: &[&Path]) {
+            let bundle = cas.iter().map(|ca| pem(ca)).collect::<String>();
+            replace(&self.dir.path().join("ca.crt"), &bundle);
+        }
+
+        fn tls(&self) -> TlsFiles {
+            TlsFiles {
+                cert: self.dir.path().join("tls.crt"),
+                key: self.dir.path().join("tls.key"),
+                client_ca: Some(self.dir.path().join("ca.crt")),
+            }
+        }
+    }
+
+    async fn serve_tls(files: TlsFiles, observability: Observability) -> std::net::SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let storage = StorageConfig::Memory.open().await.expect("memory");
+        let options = ServeOptions {
+            tls: Some(files),
+            observability,
+            ..ServeOptions::default()
+        };
+        tokio::spawn(serve(listener, storage, options, std::future::pending()));
+        addr
+    }
+
+    /// A gRPC channel over mutual TLS, as the operator's was before it
+    /// reloaded anything: tonic's own, with fixed files.
+    async fn try_channel(
+        addr: std::net::SocketAddr,
+        ca: &Path,
+        client: &(PathBuf, PathBuf),
+    ) -> Result<Channel, tonic::transport::Error> {
+        let tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(pem(ca)))
+            .identity(Identity::from_pem(pem(&client.0), pem(&client.1)));
+        Endpoint::from_shared(format!("https://{addr}"))?
+            .tls_config(tls)?
+            .connect_timeout(PATIENCE)
+            .connect()
+            .await
+    }
+
+    async fn channel(
+        addr: std::net::SocketAddr,
+        ca: &Path,
+        client: &(PathBuf, PathBuf),
+    ) -> Channel {
+        try_channel(addr, ca, client).await.expect("connect")
+    }
+
+    /// Whether a new connection with `client`'s certificate can make a call.
+    async fn admitted(addr: std::net::SocketAddr, ca: &Path, client: &(PathBuf, PathBuf)) -> bool {
+        match try_channel(addr, ca, client).await {
+            Ok(channel) => healthy(&channel).await.is_ok(),
+            Err(_) => false,
+        }
+    }
+
+    async fn healthy(channel: &Channel) -> Result<(), tonic::Status> {
+        HealthClient::new(channel.clone())
+            .check(HealthCheckRequest::default())
+            .await
+            .map(drop)
+    }
+
+    /// One handshake; the certificate the store presented.
+    async fn presented(
+        addr: std::net::SocketAddr,
+        ca: &Path,
+        client: &(PathBuf, PathBuf),
+    ) -> CertificateDer<'static> {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(der(ca)).expect("CA");
+        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_client_auth_cert(
+            vec![der(&client.0)],
+            rustls_pki_types::PrivateKeyDer::from_pem_file(&client.1).expect("key"),
+        )
+        .expect("identity");
+        let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let name = ServerName::try_from("127.0.0.1").expect("name");
+        let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+            .connect(name, tcp)
+            .await
+            .expect("handshake");
+        let (_, session) = tls.get_ref();
+        assert_eq!(session.alpn_protocol(), None, "the probe offered no ALPN");
+        session.peer_certificates().expect("certificates")[0].clone()
+    }
+
+    fn reloads(observability: &Observability, outcome: &str) -> f64 {
+        let text = observability.metrics.encode().expect("metrics");
+        let series = format!("petstore_server_tls_reloads_total{{outcome=\"{outcome}\"}} ");
+        text.lines()
+            .find_map(|line| line.strip_prefix(&series))
+            .and_then(|value| value.parse().ok())
+            .unwrap_or_default()
+    }
+
+    async fn eventually<F, Fut>(what: &str, mut check: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = bool>,
+    {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        while !check().await {
+            assert!(tokio::time::Instant::now() < deadline, "{what}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    // Fails if the store reads its files only at start, if a reload that
+    // finds a key not matching its certificate replaces the identity, or if
+    // removing a CA from the client CA file leaves the connections it had
+    // authenticated open.
+    #[tokio::test]
+    async fn certificates_and_client_ca_rotate_without_a_restart() {
+        let pki_dir = tempfile::tempdir().expect("dir");
+        let old = Pki::create(&pki_dir.path().join("old"), "old", &[]).expect("old CA");
+        let new = Pki::create(&pki_dir.path().join("new"), "new", &[]).expect("new CA");
+        let first = old.issue_server("store-1").expect("certificate");
+        let old_client = old.issue_client("operator-old").expect("client");
+        let new_client = new.issue_client("operator-new").expect("client");
+        let files = StoreFiles::new(&first, &old.ca_cert);
+        let observability = Observability::default();
+        let addr = serve_tls(files.tls(), observability.clone()).await;
+
+        let operator = channel(addr, &old.ca_cert, &old_client).await;
+        healthy(&operator).await.expect("a call over mutual TLS");
+        assert_eq!(
+            presented(addr, &old.ca_cert, &old_client).await,
+            der(&first.0)
+        );
+
+        // A new certificate from the same CA: the next handshake has it.
+        let second = old.issue_server("store-2").expect("certificate");
+        files.serve(&second);
+        eventually("the new certificate presented", || async {
+            presented(addr, &old.ca_cert, &old_client).await == der(&second.0)
+        })
+        .await;
+        assert!(reloads(&observability, "ok") >= 1.0);
+
+        // A key that is not the certificate's: counted, and nothing changes.
+        let failed = reloads(&observability, "failed");
+        let third = old.issue_server("store-3").expect("certificate");
+        replace(&files.dir.path().join("tls.crt"), &pem(&third.0));
+        eventually("the failed reload counted", || async {
+            reloads(&observability, "failed") > failed
+        })
+        .await;
+        assert_eq!(
+            presented(addr, &old.ca_cert, &old_client).await,
+            der(&second.0)
+        );
+        healthy(&operator).await.expect("still serving");
+
+        // The client CA moves to the new CA through a bundle of both.
+        files.serve(&second);
+        assert!(!admitted(addr, &old.ca_cert, &new_client).await);
+        files.trust(&[&old.ca_cert, &new.ca_cert]);
+        eventually("the new CA's client admitted", || {
+            admitted(addr, &old.ca_cert, &new_client)
+        })
+        .await;
+        let rotated = channel(addr, &old.ca_cert, &new_client).await;
+        healthy(&rotated)
+            .await
+            .expect("the new CA's client, with both trusted");
+        healthy(&operator)
+            .await
+            .expect("the old CA's client, with both trusted");
+        files.trust(&[&new.ca_cert]);
+        // The old client's connection is closed, and it cannot make another.
+        eventually("the old CA's client refused", || async {
+            healthy(&operator).await.is_err()
+        })
+        .await;
+        healthy(&rotated).await.expect("the new CA's client stays");
+    }
+
+    #[tokio::test]
+    async fn bad_files_at_start_stop_the_store() {
+        let pki_dir = tempfile::tempdir().expect("dir");
+        let pki = Pki::create(pki_dir.path(), "store", &[]).expect("CA");
+        let files = StoreFiles::new(&pki.issue_server("store").expect("cert"), &pki.ca_cert);
+        std::fs::write(files.dir.path().join("tls.key"), "not a key").expect("write");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let storage = StorageConfig::Memory.open().await.expect("memory");
+        let options = ServeOptions {
+            tls: Some(files.tls()),
+            ..ServeOptions::default()
+        };
+        let refused = serve(listener, storage, options, std::future::pending()).await;
+        assert!(
+            matches!(
+                refused,
+                Err(ServeError::Tls(petstore_tls::TlsError::Pem { .. }))
+            ),
+            "{refused:?}"
+        );
+    }
+
+    // Fails if serving TLS no longer stops when asked: with a client
+    // connected and one that never handshakes.
+    #[tokio::test]
+    async fn a_tls_store_stops_when_asked() {
+        let pki_dir = tempfile::tempdir().expect("dir");
+        let pki = Pki::create(pki_dir.path(), "store", &[]).expect("CA");
+        let files = StoreFiles::new(&pki.issue_server("store").expect("cert"), &pki.ca_cert);
+        let client = pki.issue_client("operator").expect("client");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let storage = StorageConfig::Memory.open().await.expect("memory");
+        let options = ServeOptions {
+            tls: Some(files.tls()),
+            ..ServeOptions::default()
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(listener, storage, options, async {
+            let _ = stopped.await;
+        }));
+        let operator = channel(addr, &pki.ca_cert, &client).await;
+        healthy(&operator).await.expect("a call");
+        let _silent = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let _ = stop.send(());
+        tokio::time::timeout(PATIENCE, server)
+            .await
+            .expect("stopped in time")
+            .expect("task")
+            .expect("a clean stop");
+        assert!(
+            !admitted(addr, &pki.ca_cert, &client).await,
+            "still serving"
+        );
+    }
+
+    // Fails if a handshake runs on the accepting task: the silent client
+    // would hold it for the whole handshake timeout.
+    #[tokio::test]
+    async fn a_client_that_never_handshakes_does_not_stall_the_others() {
+        let pki_dir = tempfile::tempdir().expect("dir");
+        let pki = Pki::create(pki_dir.path(), "store", &[]).expect("CA");
+        let files = StoreFiles::new(&pki.issue_server("store").expect("cert"), &pki.ca_cert);
+        let client = pki.issue_client("operator").expect("client");
+        let addr = serve_tls(files.tls(), Observability::default()).await;
+        let _silent = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let _also = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let started = std::time::Instant::now();
+        let operator = channel(addr, &pki.ca_cert, &client).await;
+        healthy(&operator).await.expect("a call");
+        assert!(
+            started.elapsed() < crate::tls::HANDSHAKE_TIMEOUT / 2,
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
+    // Fails if a TLS connection lacks TCP_NODELAY, or if the store does
+    // not offer HTTP/2 by ALPN (tonic's client refuses a connection without).
+    #[tokio::test]
+    async fn tls_connections_have_tcp_nodelay_and_speak_h2() {
+        let pki_dir = tempfile::tempdir().expect("dir");
+        let pki = Pki::create(pki_dir.path(), "store", &[]).expect("CA");
+        let files = StoreFiles::new(&pki.issue_server("store").expect("cert"), &pki.ca_cert);
+        let client = pki.issue_client("operator").expect("client");
+        let tls = ServerTls::load(files.tls()).expect("TLS");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let connections = Arc::new(Connections::default());
+        let mut accepted = crate::tls::incoming(listener, &tls, Arc::clone(&connections));
+        let channel = tokio::spawn({
+            let (ca, client) = (pki.ca_cert.clone(), client.clone());
+            async move { channel(addr, &ca, &client).await }
+        });
+        let connection = accepted
+            .next()
+            .await
+            .expect("a connection")
+            .expect("accepted");
+        assert!(connection.tcp().nodelay().expect("read TCP_NODELAY"));
+        assert_eq!(connections.open(), 1);
+        // tonic's client connects only over h2.
+        let handshake = tokio::time::timeout(PATIENCE, async {
+            let _server = tokio::spawn(
+                Server::builder()
+                    .add_service(tonic_health::server::health_reporter().1)
+                    .serve_with_incoming(futures::stream::iter([Ok::<_, std::io::Error>(
+                        connection,
+                    )])),
+            );
+            channel.await.expect("task")
+        })
+        .await;
+        assert!(handshake.is_ok());
+        drop(handshake);
+        eventually("the connection forgotten once closed", || async {
+            connections.open() == 0
+        })
+        .await;
     }
 }

@@ -30,6 +30,7 @@ mod plans_soak;
 mod plugin_tenancy;
 mod postgres_replicas;
 mod rebuild;
+mod rotation;
 mod security;
 mod store_feeds;
 mod stores;

@@ -6,20 +6,22 @@
 //! once per call, and a call that arrives alone pays for waking it.
 
 mod calls;
+mod tls;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use petstore_proto::PetStoreClient;
 use petstore_proto::petstore as pb;
 use tokio::sync::{mpsc, oneshot};
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use tonic::{Code, Status};
 use tower::Layer as _;
 
 pub use self::calls::StoreCallMetrics;
 use self::calls::{StoreCallLayer, StoreCalls};
+use self::tls::StoreChannel;
 
 use super::budget::CallBudget;
 use super::echoes::Echoes;
@@ -31,13 +33,13 @@ use super::{
 
 /// The store's client: every call budgeted, traced and timed by the
 /// channel's layer (see [`calls`]).
-type StoreClient = PetStoreClient<StoreCalls<Channel>>;
+type StoreClient = PetStoreClient<StoreCalls<StoreChannel>>;
 
 #[derive(Clone)]
 pub struct GrpcPetStore {
     /// The channel before its layer, to rebuild the client with a budget
     /// or a tenant's token.
-    channel: Channel,
+    channel: StoreChannel,
     layer: StoreCallLayer,
     rpc: Rpc,
     echoes: Arc<Echoes>,
@@ -59,7 +61,7 @@ struct Rpc {
 }
 
 impl Rpc {
-    fn new(channel: Channel, layer: &StoreCallLayer) -> Self {
+    fn new(channel: StoreChannel, layer: &StoreCallLayer) -> Self {
         Self {
             client: PetStoreClient::new(layer.layer(channel)),
             renews_tokens: layer.credentials.is_some(),
@@ -85,19 +87,26 @@ pub enum ConnectError {
         #[source]
         source: tonic::transport::Error,
     },
-    #[error("reading {path}: {source}")]
-    ReadTlsFile {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
     #[error("TLS settings for the pet store: {0}")]
     Tls(#[source] tonic::transport::Error),
+    #[error("TLS files for the pet store: {0}")]
+    TlsFiles(#[from] petstore_tls::TlsError),
+    #[error(
+        "--petstore-cert-file needs --petstore-ca-file: without a CA no store certificate is trusted"
+    )]
+    NoCa,
+    #[error("{name:?} cannot be checked in the store's certificate: {source}")]
+    ServerName {
+        name: String,
+        #[source]
+        source: rustls_pki_types::InvalidDnsNameError,
+    },
 }
 
 /// TLS towards the store: the CA that signed its certificate, and for mutual
 /// TLS this client's certificate and key (all PEM, e.g. from a Secret that
-/// cert-manager fills).
+/// cert-manager fills). Read at connect, and again whenever they change
+/// (see [`tls`]).
 #[derive(Clone, Debug, Default)]
 pub struct TlsFiles {
     pub ca: Option<PathBuf>,
@@ -106,41 +115,76 @@ pub struct TlsFiles {
     pub server_name: Option<String>,
 }
 
-fn read(path: &Path) -> Result<Vec<u8>, ConnectError> {
-    std::fs::read(path).map_err(|source| ConnectError::ReadTlsFile {
-        path: path.to_owned(),
-        source,
-    })
+impl TlsFiles {
+    fn load(&self) -> Result<petstore_tls::client::ClientTls, ConnectError> {
+        let ca = self.ca.clone().ok_or(ConnectError::NoCa)?;
+        Ok(petstore_tls::client::ClientTls::load(
+            petstore_tls::client::ClientFiles {
+                ca,
+                cert_and_key: self.client_cert_and_key.clone(),
+            },
+        )?)
+    }
 }
 
-impl TlsFiles {
-    fn config(&self) -> Result<ClientTlsConfig, ConnectError> {
-        let mut config = ClientTlsConfig::new();
-        if let Some(ca) = &self.ca {
-            config = config.ca_certificate(Certificate::from_pem(read(ca)?));
-        }
-        if let Some((cert, key)) = &self.client_cert_and_key {
-            config = config.identity(Identity::from_pem(read(cert)?, read(key)?));
-        }
-        if let Some(name) = &self.server_name {
-            config = config.domain_name(name.clone());
-        }
-        Ok(config)
-    }
+/// The endpoint of `address` (`host:port` or a URL) with the channel
+/// settings every store client shares; `https` unless the URL says
+/// otherwise when `tls`.
+fn endpoint(address: &str, call_timeout: Duration, tls: bool) -> Result<Endpoint, ConnectError> {
+    let url = match (address.split_once("://"), tls) {
+        (Some(("http", rest)), true) => format!("https://{rest}"),
+        (Some(_), _) => address.to_owned(),
+        (None, true) => format!("https://{address}"),
+        (None, false) => format!("http://{address}"),
+    };
+    let endpoint = Endpoint::from_shared(url).map_err(|source| ConnectError::Address {
+        address: address.to_owned(),
+        source,
+    })?;
+    Ok(endpoint
+        .connect_timeout(call_timeout)
+        .timeout(call_timeout)
+        .tcp_keepalive(Some(Duration::from_secs(30)))
+        .http2_keep_alive_interval(Duration::from_secs(30))
+        .keep_alive_while_idle(true))
 }
 
 impl GrpcPetStore {
     /// `address` is `host:port` or a URL such as `http://host:port`. With
-    /// `tls`, the channel uses TLS (`https`). Nothing is dialled until the
-    /// first call, so the operator starts even while the store is down.
+    /// `tls`, the channel uses TLS (`https`), following its files as they
+    /// change. Nothing is dialled until the first call, so the operator
+    /// starts even while the store is down.
     pub fn connect_lazy(
         address: &str,
         call_timeout: Duration,
         tls: Option<&TlsFiles>,
         metrics: StoreCallMetrics,
     ) -> Result<Self, ConnectError> {
-        let tls = tls.map(TlsFiles::config).transpose()?;
-        Self::connect_lazy_with(address, call_timeout, tls, metrics)
+        let Some(files) = tls else {
+            return Self::connect_lazy_with(address, call_timeout, None, metrics);
+        };
+        let loaded = files.load()?;
+        // The TLS is the connector's: tonic's endpoint speaks plain HTTP/2
+        // over it, while the requests name the https origin.
+        let https = endpoint(address, call_timeout, true)?;
+        let authority = https.uri().authority().map(|a| a.as_str().to_owned());
+        let plain = endpoint(
+            &format!("http://{}", authority.as_deref().unwrap_or_default()),
+            call_timeout,
+            false,
+        )?
+        .origin(https.uri().clone());
+        let host = match &files.server_name {
+            Some(name) => name.clone(),
+            None => https.uri().host().unwrap_or_default().to_owned(),
+        };
+        let server_name = tls::server_name(&host).map_err(|source| ConnectError::ServerName {
+            name: host.clone(),
+            source,
+        })?;
+        let channel =
+            StoreChannel::reloading(plain, loaded, server_name, call_timeout, metrics.clone())?;
+        Ok(Self::over(channel, metrics))
     }
 
     /// As [`GrpcPetStore::connect_lazy`], trusting the CA in `ca_pem` (the
@@ -171,45 +215,36 @@ impl GrpcPetStore {
         tls: Option<ClientTlsConfig>,
         metrics: StoreCallMetrics,
     ) -> Result<Self, ConnectError> {
-        let url = match (address.split_once("://"), &tls) {
-            (Some(("http", rest)), Some(_)) => format!("https://{rest}"),
-            (Some(_), _) => address.to_owned(),
-            (None, Some(_)) => format!("https://{address}"),
-            (None, None) => format!("http://{address}"),
-        };
-        let mut endpoint = Endpoint::from_shared(url).map_err(|source| ConnectError::Address {
-            address: address.to_owned(),
-            source,
-        })?;
+        let mut endpoint = endpoint(address, call_timeout, tls.is_some())?;
         if let Some(tls) = tls {
             endpoint = endpoint.tls_config(tls).map_err(ConnectError::Tls)?;
         }
-        let channel = endpoint
-            .connect_timeout(call_timeout)
-            .timeout(call_timeout)
-            .tcp_keepalive(Some(Duration::from_secs(30)))
-            .http2_keep_alive_interval(Duration::from_secs(30))
-            .keep_alive_while_idle(true)
-            .connect_lazy();
+        let channel = StoreChannel::fixed(endpoint.connect_lazy());
+        Ok(Self::over(channel, metrics))
+    }
+
+    fn over(channel: StoreChannel, metrics: StoreCallMetrics) -> Self {
         let layer = StoreCallLayer {
             metrics,
             budget: Arc::new(CallBudget::unlimited()),
             credentials: None,
         };
-        Ok(Self {
+        Self {
             rpc: Rpc::new(channel.clone(), &layer),
             channel,
             layer,
             echoes: Arc::default(),
             create_batch_wait: Duration::ZERO,
             creates: Arc::default(),
-        })
+        }
     }
 
     /// The channel without the calls' layer, for the store's other
-    /// services (health, reflection): no budget, token or metric.
+    /// services (health, reflection): no budget, token or metric. With TLS
+    /// from files, the one in use now: a caller that keeps it keeps the
+    /// connection of before a reload.
     pub fn channel(&self) -> Channel {
-        self.channel.clone()
+        self.channel.current()
     }
 
     /// Every call waits for its place in `budget` (`--store-qps`).
@@ -899,6 +934,193 @@ mod tests {
             StoreCallMetrics::default(),
         )
         .expect("a valid address")
+    }
+
+    /// The store's TLS files in a directory: a CA and a client certificate.
+    struct ClientFiles {
+        dir: tempfile::TempDir,
+    }
+
+    impl ClientFiles {
+        fn tls(&self) -> TlsFiles {
+            TlsFiles {
+                ca: Some(self.dir.path().join("ca.crt")),
+                client_cert_and_key: Some((
+                    self.dir.path().join("tls.crt"),
+                    self.dir.path().join("tls.key"),
+                )),
+                // The store's certificate names localhost; the address is
+                // 127.0.0.1.
+                server_name: Some("localhost".into()),
+            }
+        }
+
+        fn write(&self, name: &str, text: &str) {
+            std::fs::write(self.dir.path().join(name), text).expect("write");
+        }
+    }
+
+    fn reloads(metrics: &StoreCallMetrics, outcome: &str) -> f64 {
+        let mut registry = prometheus_client::registry::Registry::with_prefix("petstore_operator");
+        metrics.register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+        let series = format!("petstore_operator_tls_reloads_total{{outcome=\"{outcome}\"}} ");
+        text.lines()
+            .find_map(|line| line.strip_prefix(&series))
+            .and_then(|value| value.parse().ok())
+            .unwrap_or_default()
+    }
+
+    // Fails if the client reads its TLS files only at connect, or swaps
+    // its rustls config without opening a new connection after a reload:
+    // the store would go on seeing the first client certificate.
+    #[tokio::test]
+    async fn calls_present_the_client_certificate_the_files_hold_now() {
+        use petstore_tls::testing::Ca;
+        use tonic::transport::{Identity, ServerTlsConfig};
+
+        let ca = Ca::new("store-ca");
+        let files = ClientFiles {
+            dir: tempfile::tempdir().expect("dir"),
+        };
+        files.write("ca.crt", &ca.cert_pem);
+        let first = ca.client("operator-1");
+        files.write("tls.crt", &first.cert_pem);
+        files.write("tls.key", &first.key_pem);
+
+        // A store over mutual TLS that notes the client certificate of
+        // every call.
+        let serving = ca.server("store");
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let note = {
+            let seen = Arc::clone(&seen);
+            move |request: tonic::Request<()>| {
+                let cert = request
+                    .peer_certs()
+                    .and_then(|chain| chain.first().map(|cert| cert.to_vec()));
+                seen.lock().expect("seen").push(cert);
+                Ok(request)
+            }
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port");
+        let addr = listener.local_addr().expect("its address");
+        let server = tonic::transport::Server::builder()
+            .tls_config(
+                ServerTlsConfig::new()
+                    .identity(Identity::from_pem(&serving.cert_pem, &serving.key_pem))
+                    .client_ca_root(Certificate::from_pem(&ca.cert_pem)),
+            )
+            .expect("server TLS")
+            .layer(tonic::service::InterceptorLayer::new(note))
+            .add_service(petstore_proto::PetStoreServer::from_arc(Arc::new(
+                RecordingStore::default(),
+            )))
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener));
+        tokio::spawn(server);
+
+        let metrics = StoreCallMetrics::default();
+        let client = GrpcPetStore::connect_lazy(
+            &addr.to_string(),
+            Duration::from_secs(5),
+            Some(&files.tls()),
+            metrics.clone(),
+        )
+        .expect("connect");
+        let last_seen = || async {
+            client
+                .create("key", None, &pet("rex"))
+                .await
+                .expect("a call over mutual TLS");
+            seen.lock().expect("seen").last().cloned().flatten()
+        };
+        assert_eq!(last_seen().await, Some(first.der().to_vec()));
+        let connections = |outcome: &str| {
+            let mut registry = prometheus_client::registry::Registry::default();
+            metrics.register(&mut registry);
+            let mut text = String::new();
+            prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+            let series = format!("store_tls_connections_total{{outcome=\"{outcome}\"}} 1");
+            text.contains(&series)
+        };
+        assert!(connections("ok"), "one connection");
+
+        let wait_for = |wanted: Vec<u8>| {
+            let last_seen = &last_seen;
+            async move {
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while last_seen().await != Some(wanted.clone()) {
+                    assert!(
+                        Instant::now() < deadline,
+                        "the new client certificate unseen"
+                    );
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        };
+        let second = ca.client("operator-2");
+        files.write("tls.crt", &second.cert_pem);
+        files.write("tls.key", &second.key_pem);
+        wait_for(second.der().to_vec()).await;
+        assert!(reloads(&metrics, "ok") >= 1.0);
+
+        // A certificate whose key is not there yet: counted as failed, and
+        // the calls go on.
+        let failed = reloads(&metrics, "failed");
+        let third = ca.client("operator-3");
+        files.write("tls.crt", &third.cert_pem);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while reloads(&metrics, "failed") <= failed {
+            assert!(Instant::now() < deadline, "the failed reload uncounted");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(last_seen().await, Some(second.der().to_vec()));
+        files.write("tls.key", &third.key_pem);
+        wait_for(third.der().to_vec()).await;
+        // The channel for health and reflection is the new one too.
+        let mut health = tonic_health::pb::health_client::HealthClient::new(client.channel());
+        let unimplemented = health
+            .check(tonic_health::pb::HealthCheckRequest::default())
+            .await
+            .expect_err("this store serves no health");
+        assert_eq!(unimplemented.code(), Code::Unimplemented);
+        assert_eq!(
+            seen.lock().expect("seen").last().cloned().flatten(),
+            Some(third.der().to_vec())
+        );
+    }
+
+    #[test]
+    fn a_client_certificate_without_a_ca_is_refused() {
+        let files = TlsFiles {
+            ca: None,
+            client_cert_and_key: Some(("tls.crt".into(), "tls.key".into())),
+            server_name: None,
+        };
+        let refused = GrpcPetStore::connect_lazy(
+            "localhost:6742",
+            Duration::from_secs(1),
+            Some(&files),
+            StoreCallMetrics::default(),
+        );
+        assert!(matches!(refused, Err(ConnectError::NoCa)));
+        let missing = TlsFiles {
+            ca: Some("no-such-dir/ca.crt".into()),
+            ..files
+        };
+        let refused = GrpcPetStore::connect_lazy(
+            "localhost:6742",
+            Duration::from_secs(1),
+            Some(&missing),
+            StoreCallMetrics::default(),
+        );
+        assert!(
+            matches!(refused, Err(ConnectError::TlsFiles(_))),
+            "{:?}",
+            refused.err()
+        );
     }
 
     #[tokio::test]

@@ -44,6 +44,15 @@ use crate::store::{Credentials, Operation};
 pub struct StoreCallMetrics {
     calls: Family<StoreCallLabels, Histogram, fn() -> Histogram>,
     tokens: Family<TokenLabels, Counter>,
+    tls_reloads: Family<ReloadLabels, Counter>,
+    tls_connections: Family<ReloadLabels, Counter>,
+}
+
+/// How a reload of the TLS files, or a TLS connection, ended.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReloadLabels {
+    /// `ok` or `failed`.
+    outcome: &'static str,
 }
 
 /// Whose token a TokenRequest asked for, and how it ended.
@@ -78,8 +87,20 @@ impl Default for StoreCallMetrics {
                 Histogram::new(exponential_buckets(0.0005, 2.0, 14))
             }),
             tokens: Family::default(),
+            tls_reloads: outcomes(),
+            tls_connections: outcomes(),
         }
     }
+}
+
+/// A counter by outcome with both outcomes from the start: an alert on
+/// `failed` reads 0, not an absent series.
+fn outcomes() -> Family<ReloadLabels, Counter> {
+    let family = Family::<ReloadLabels, Counter>::default();
+    for outcome in ["ok", "failed"] {
+        family.get_or_create(&ReloadLabels { outcome }).inc_by(0);
+    }
+    family
 }
 
 impl StoreCallMetrics {
@@ -95,6 +116,34 @@ impl StoreCallMetrics {
             "TokenRequests for the tokens store calls carry, by account (tenant, observer) and outcome; tokens are kept until a fifth of their life is left, so this grows by one per namespace and store every 8 minutes, not per call",
             self.tokens.clone(),
         );
+        registry.register(
+            "tls_reloads",
+            "Reloads of the store's TLS files (--petstore-ca-file, --petstore-cert-file, --petstore-key-file) after they changed, by outcome: ok (the next store call opens a connection with them), failed (a file missing, unreadable or not matching the others: the certificates in use stay until the files change again)",
+            self.tls_reloads.clone(),
+        );
+        registry.register(
+            "store_tls_connections",
+            "Connections opened to the store with TLS from files, by outcome: ok, failed (TCP or the handshake); one more after each reload of the files, as the next call opens a connection with them",
+            self.tls_connections.clone(),
+        );
+    }
+
+    /// One connection to the store with TLS from files: made or not.
+    pub fn tls_connection(&self, ok: bool) {
+        self.tls_connections
+            .get_or_create(&ReloadLabels {
+                outcome: if ok { "ok" } else { "failed" },
+            })
+            .inc();
+    }
+
+    /// One reload of the TLS files that changed: `ok` or not.
+    pub fn tls_reloaded(&self, ok: bool) {
+        self.tls_reloads
+            .get_or_create(&ReloadLabels {
+                outcome: if ok { "ok" } else { "failed" },
+            })
+            .inc();
     }
 
     /// One TokenRequest, for a tenant's or the observer's token.

@@ -1,0 +1,397 @@
+//! Certificates rotated under a running store and operator, with mutual TLS
+//! and Pets changing all along: the store's serving certificate, the
+//! operator's client certificate and both CAs move to new ones without a
+//! restart and without a failed store call.
+//!
+//! The store reads its files from a directory laid out as a Kubernetes
+//! Secret volume (updated by swapping `..data`); the operator from plain
+//! files replaced by `mv`, its certificate once before its key.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use fixtures::certs::{Pki, SecretVolume};
+use fixtures::env::is_ready;
+use fixtures::http::scrape;
+use fixtures::petstore::StoreTls;
+use fixtures::{Env, Result, Storage};
+use rustls_pki_types::pem::PemObject as _;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+
+const PETS: usize = 50;
+/// The issue's bound: the new certificate in use within this long of the
+/// file change, measured from the change.
+const IN_USE: Duration = Duration::from_secs(5);
+/// How finely "in use" is polled.
+const POLL: Duration = Duration::from_millis(50);
+/// For things without a bound of their own (Pets turning Ready).
+const SETTLE: Duration = Duration::from_secs(120);
+
+fn pet_yaml(index: usize) -> String {
+    format!(
+        "---\napiVersion: petstore.example.com/v1\nkind: Pet\nmetadata:\n  name: rot-{index}\n  namespace: default\nspec:\n  name: Rot {index}\n  type: {}\n  birthday: \"2020-01-{:02}\"\n",
+        if index.is_multiple_of(2) {
+            "dog"
+        } else {
+            "cat"
+        },
+        index % 28 + 1
+    )
+}
+
+/// Replaces `to` with `from`'s content as `mv` does: a new inode renamed
+/// over it.
+fn replace(to: &Path, from: &[&Path]) -> Result<()> {
+    let mut text = String::new();
+    for file in from {
+        text.push_str(
+            &std::fs::read_to_string(file).map_err(fixtures::io(format!("reading {file:?}")))?,
+        );
+    }
+    let next = to.with_extension("next");
+    std::fs::write(&next, text).map_err(fixtures::io("writing a TLS file"))?;
+    std::fs::rename(&next, to).map_err(fixtures::io("replacing a TLS file"))
+}
+
+/// Both CAs' PEM in one file, as a bundle in rotation is.
+fn bundle(dir: &Path, cas: &[&Path]) -> Result<PathBuf> {
+    let file = dir.join(format!("bundle-{}.crt", cas.len()));
+    replace(&file, cas)?;
+    Ok(file)
+}
+
+fn der(file: &Path) -> Vec<u8> {
+    CertificateDer::from_pem_file(file)
+        .map(|cert| cert.to_vec())
+        .unwrap_or_default()
+}
+
+/// One handshake with the store, as a scanner makes it: the certificate
+/// it presented, trusting `cas` and presenting `client`. `None` if it
+/// failed.
+fn presented(addr: &str, cas: &[&Path], client: (&Path, &Path)) -> Option<Vec<u8>> {
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in cas {
+        for cert in CertificateDer::pem_file_iter(ca).ok()? {
+            roots.add(cert.ok()?).ok()?;
+        }
+    }
+    let chain = vec![CertificateDer::from_pem_file(client.0).ok()?];
+    let key = PrivateKeyDer::from_pem_file(client.1).ok()?;
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .ok()?
+    .with_root_certificates(roots)
+    .with_client_auth_cert(chain, key)
+    .ok()?;
+    let name = ServerName::try_from("127.0.0.1").ok()?;
+    let mut tls = rustls::ClientConnection::new(Arc::new(config), name).ok()?;
+    let mut tcp = std::net::TcpStream::connect(addr).ok()?;
+    tcp.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    while tls.is_handshaking() {
+        tls.complete_io(&mut tcp).ok()?;
+    }
+    Some(tls.peer_certificates()?.first()?.to_vec())
+}
+
+/// How long after `since` `check` first held, polled every [`POLL`]; an
+/// error after [`IN_USE`] twice over (the assertion on [`IN_USE`] is the
+/// caller's, with the figure).
+fn took(what: &str, since: Instant, mut check: impl FnMut() -> bool) -> Result<Duration> {
+    loop {
+        if check() {
+            return Ok(since.elapsed());
+        }
+        if since.elapsed() > IN_USE * 2 {
+            return Err(fixtures::Error::Timeout(IN_USE * 2, what.to_owned()));
+        }
+        std::thread::sleep(POLL);
+    }
+}
+
+fn series(scrape: &str, name: &str, labels: &str) -> f64 {
+    fixtures::http::sum_series(scrape, name, labels)
+}
+
+/// The operator's store calls by outcome, as its metric counts them:
+/// (answered OK, every other outcome's series with a count).
+fn store_calls(operator: &fixtures::Operator) -> Result<(f64, Vec<String>)> {
+    let text = operator.metrics()?;
+    let name = "petstore_operator_store_call_duration_seconds_count";
+    let ok = series(&text, name, r#"outcome="OK""#);
+    let failed = text
+        .lines()
+        .filter(|line| line.starts_with(name) && !line.contains(r#"outcome="OK""#))
+        .filter(|line| !line.ends_with(" 0"))
+        .map(str::to_owned)
+        .collect();
+    Ok((ok, failed))
+}
+
+fn reloads(metrics_addr: &str, name: &str, outcome: &str) -> f64 {
+    scrape(metrics_addr)
+        .map(|text| series(&text, name, &format!(r#"outcome="{outcome}""#)))
+        .unwrap_or_default()
+}
+
+/// Whether the process `pid` still runs (a restarted one has another).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|stat| !stat.split(") ").nth(1).is_some_and(|s| s.starts_with('Z')))
+}
+
+#[test]
+fn certificates_and_cas_rotate_live_while_pets_change() -> Result<()> {
+    let pki_dir = tempfile::tempdir().map_err(fixtures::io("a temporary directory"))?;
+    let pki = pki_dir.path();
+    let old = Pki::create(&pki.join("old"), "rotation-old", &[])?;
+    let new = Pki::create(&pki.join("new"), "rotation-new", &[])?;
+    let store_1 = old.issue_server("store-1")?;
+    let store_2 = old.issue_server("store-2")?;
+    let store_3 = new.issue_server("store-3")?;
+    let operator_1 = old.issue_client("operator-1")?;
+    let operator_2 = new.issue_client("operator-2")?;
+    let both = bundle(pki, &[&old.ca_cert, &new.ca_cert])?;
+
+    // The store's Secret volume: its certificate, and the CA of its clients.
+    let mut volume = SecretVolume::create(
+        &pki.join("store-volume"),
+        &[
+            ("tls.crt", &store_1.0),
+            ("tls.key", &store_1.1),
+            ("ca.crt", &old.ca_cert),
+        ],
+    )?;
+    // The operator's files: the CA of the store's certificate, and its own.
+    let files = pki.join("operator");
+    std::fs::create_dir(&files).map_err(fixtures::io("the operator's directory"))?;
+    let (op_ca, op_cert, op_key) = (
+        files.join("ca.crt"),
+        files.join("tls.crt"),
+        files.join("tls.key"),
+    );
+    replace(&op_ca, &[&old.ca_cert])?;
+    replace(&op_cert, &[&operator_1.0])?;
+    replace(&op_key, &[&operator_1.1])?;
+
+    let store_tls = StoreTls {
+        ca: volume.path("ca.crt"),
+        cert: volume.path("tls.crt"),
+        key: volume.path("tls.key"),
+        // For the fixtures' grpcurl health check at start.
+        client_cert: operator_1.0.clone(),
+        client_key: operator_1.1.clone(),
+    };
+    let mut env = Env::start_with_store_tls(Storage::Durable, |_| Ok(Some(store_tls)))?;
+    // The operator's flags name its own files.
+    env.tls = Some(StoreTls {
+        ca: op_ca.clone(),
+        cert: PathBuf::new(),
+        key: PathBuf::new(),
+        client_cert: op_cert.clone(),
+        client_key: op_key.clone(),
+    });
+    let mut operator = env.start_operator("rotation")?;
+    let store_pid = env.store.process().pid().expect("the store's pid");
+    let operator_pid = operator.process().pid().expect("the operator's pid");
+
+    let yaml: String = (0..PETS).map(pet_yaml).collect();
+    env.cp.apply(&yaml)?;
+    let all_ready = || -> bool {
+        env.cp
+            .kubectl_json(&["get", "pets", "-n", "default"])
+            .ok()
+            .and_then(|list| {
+                let pets = list["items"].as_array()?.clone();
+                Some(pets.len() == PETS && pets.iter().all(is_ready))
+            })
+            .unwrap_or(false)
+    };
+    fixtures::wait_for(SETTLE, "every Pet Ready", || all_ready().then_some(()))?;
+
+    let store_addr = env.store.addr.clone();
+    let store_metrics = env.store.metrics_addr.clone();
+    let operator_metrics = operator.metrics_addr.clone();
+    let store_reloads =
+        |outcome| reloads(&store_metrics, "petstore_server_tls_reloads_total", outcome);
+    let operator_reloads = |outcome| {
+        reloads(
+            &operator_metrics,
+            "petstore_operator_tls_reloads_total",
+            outcome,
+        )
+    };
+    // A connection made with the operator's files as they are now: one
+    // more than before they changed.
+    let operator_connections = || {
+        reloads(
+            &operator_metrics,
+            "petstore_operator_store_tls_connections_total",
+            "ok",
+        )
+    };
+    let mut figures = Vec::new();
+
+    let stop = AtomicBool::new(false);
+    let changes = AtomicUsize::new(0);
+    let refused_changes = AtomicUsize::new(0);
+    std::thread::scope(|scope| -> Result<()> {
+        // Churn: every Pet renamed in turn, for as long as the rotations go.
+        scope.spawn(|| {
+            let mut round = 0;
+            while !stop.load(Ordering::Relaxed) {
+                round += 1;
+                for index in 0..PETS {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let spec = format!(r#"{{"name":"Rot {index} r{round}"}}"#);
+                    match env.patch_spec("default", &format!("rot-{index}"), &spec) {
+                        Ok(_) => changes.fetch_add(1, Ordering::Relaxed),
+                        Err(_) => refused_changes.fetch_add(1, Ordering::Relaxed),
+                    };
+                }
+            }
+        });
+        let result = (|| -> Result<()> {
+            // Let the churn get going before the first rotation.
+            std::thread::sleep(Duration::from_secs(2));
+
+            // 1. The store's certificate, renewed by the same CA.
+            let changed = Instant::now();
+            volume.update(&[("tls.crt", &store_2.0), ("tls.key", &store_2.1)])?;
+            let trusted = [old.ca_cert.as_path()];
+            let operator_old = (operator_1.0.as_path(), operator_1.1.as_path());
+            let latency = took("the store's renewed certificate", changed, || {
+                presented(&store_addr, &trusted, operator_old) == Some(der(&store_2.0))
+            })?;
+            figures.push(("store certificate renewed, same CA", latency));
+
+            // 2. The operator trusts the old and the new CA: in use once
+            // a connection is made with it.
+            let (before, connections) = (operator_reloads("ok"), operator_connections());
+            let changed = Instant::now();
+            replace(&op_ca, &[&both])?;
+            let latency = took("the operator's CA bundle in use", changed, || {
+                operator_reloads("ok") > before && operator_connections() > connections
+            })?;
+            figures.push(("operator trusts old+new CA", latency));
+
+            // 3. The store takes client certificates of both CAs.
+            let before = store_reloads("ok");
+            let changed = Instant::now();
+            volume.update(&[("ca.crt", &both)])?;
+            let latency = took("the store's client CA bundle", changed, || {
+                store_reloads("ok") > before
+            })?;
+            figures.push(("store takes old+new client CA", latency));
+
+            // 4. The store moves to a certificate of the new CA.
+            let changed = Instant::now();
+            volume.update(&[("tls.crt", &store_3.0), ("tls.key", &store_3.1)])?;
+            let trusted = [old.ca_cert.as_path(), new.ca_cert.as_path()];
+            let latency = took("the store's new-CA certificate", changed, || {
+                presented(&store_addr, &trusted, operator_old) == Some(der(&store_3.0))
+            })?;
+            figures.push(("store certificate from the new CA", latency));
+
+            // 5. The operator trusts the new CA only: the connection it
+            // makes with it checks the store's new certificate.
+            let (before, connections) = (operator_reloads("ok"), operator_connections());
+            let changed = Instant::now();
+            replace(&op_ca, &[&new.ca_cert])?;
+            let latency = took("the operator's new CA in use", changed, || {
+                operator_reloads("ok") > before && operator_connections() > connections
+            })?;
+            figures.push(("operator trusts the new CA only", latency));
+
+            // 6. The operator's certificate, from the new CA: the
+            // certificate first, its key a moment later (a reload between
+            // them finds them unmatched and keeps the old pair).
+            let before = operator_reloads("ok");
+            replace(&op_cert, &[&operator_2.0])?;
+            std::thread::sleep(Duration::from_millis(300));
+            let connections = operator_connections();
+            let changed = Instant::now();
+            replace(&op_key, &[&operator_2.1])?;
+            let latency = took("the operator's new certificate in use", changed, || {
+                operator_reloads("ok") > before && operator_connections() > connections
+            })?;
+            figures.push(("operator certificate from the new CA", latency));
+
+            // 7. IN_USE after that change, the store takes the new CA's
+            // clients only, and closes the connections made with the old
+            // certificate: from here on the operator's calls succeed only
+            // over a connection that presents its new one (a connection
+            // counted above but made with the old certificate would be
+            // closed, and refused when made again).
+            let deadline = changed + IN_USE;
+            std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
+            let (ok_before, _) = store_calls(&operator)?;
+            let before = store_reloads("ok");
+            let changed = Instant::now();
+            volume.update(&[("ca.crt", &new.ca_cert)])?;
+            let latency = took("the store's new client CA", changed, || {
+                store_reloads("ok") > before
+            })?;
+            figures.push(("store takes the new client CA only", latency));
+            let operator_new = (operator_2.0.as_path(), operator_2.1.as_path());
+            assert_eq!(
+                presented(&store_addr, &[new.ca_cert.as_path()], operator_new),
+                Some(der(&store_3.0))
+            );
+            // The churn's calls go on after the switch.
+            fixtures::wait_for(SETTLE, "20 store calls after the switch", || {
+                store_calls(&operator)
+                    .ok()
+                    .filter(|(ok, _)| *ok >= ok_before + 20.0)
+            })?;
+            Ok(())
+        })();
+        stop.store(true, Ordering::Relaxed);
+        result
+    })?;
+
+    fixtures::wait_for(SETTLE, "every Pet Ready after the churn", || {
+        all_ready().then_some(())
+    })?;
+    let (ok, failed) = store_calls(&operator)?;
+    let closed = env
+        .store
+        .process()
+        .log_contains("closed connections whose client certificate");
+    eprintln!(
+        "rotation: {} Pet changes ({} refused by the API server), {ok} store calls OK, failed: {failed:?}; \
+         store reloads ok {} failed {}, operator reloads ok {} failed {}; old connections closed by the store: {closed}",
+        changes.load(Ordering::Relaxed),
+        refused_changes.load(Ordering::Relaxed),
+        store_reloads("ok"),
+        store_reloads("failed"),
+        operator_reloads("ok"),
+        operator_reloads("failed"),
+    );
+    for (what, latency) in &figures {
+        eprintln!("rotation: {what}: {latency:?} after the file change");
+    }
+    assert!(failed.is_empty(), "failed store calls: {failed:#?}");
+    // kubectl takes its time on a loaded machine: a few changes a second
+    // is churn enough, as long as there were some throughout.
+    assert!(
+        changes.load(Ordering::Relaxed) >= 10,
+        "the churn made too few changes"
+    );
+    for (what, latency) in &figures {
+        assert!(*latency <= IN_USE, "{what}: {latency:?}");
+    }
+    assert!(store_reloads("ok") >= 4.0, "the store's reloads");
+    assert!(operator_reloads("ok") >= 3.0, "the operator's reloads");
+    assert_eq!(env.store.process().pid(), Some(store_pid));
+    assert!(alive(store_pid), "the store exited");
+    assert_eq!(operator.process().pid(), Some(operator_pid));
+    assert!(operator.process().is_running(), "the operator exited");
+    Ok(())
+}
