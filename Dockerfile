@@ -28,7 +28,7 @@ COPY tests/e2e/Cargo.toml tests/e2e/
 COPY benches/Cargo.toml benches/
 COPY xtask/Cargo.toml xtask/
 RUN mkdir -p src operator/src petstore-server/src telemetry/src process/src tls/src tests/fixtures/src tests/e2e/bin benches/src xtask/src \
- && touch src/lib.rs operator/src/lib.rs petstore-server/src/lib.rs telemetry/src/lib.rs process/src/lib.rs tls/src/lib.rs tests/fixtures/src/lib.rs benches/src/lib.rs tests/e2e/main.rs \
+ && touch src/lib.rs operator/src/lib.rs petstore-server/src/lib.rs telemetry/src/lib.rs process/src/lib.rs tls/src/lib.rs tests/fixtures/src/lib.rs benches/src/lib.rs tests/e2e/main.rs xtask/src/lib.rs \
  && for main in operator/src/main.rs petstore-server/src/main.rs tests/e2e/bin/petstore-operator-faults.rs \
                 benches/src/main.rs xtask/src/main.rs; do echo 'fn main() {}' > "$main"; done
 RUN --mount=type=cache,target=/usr/local/cargo/registry \

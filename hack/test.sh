@@ -87,6 +87,7 @@ phase "prerequisites" check_prerequisites
 #      trace receiver: an OpenTelemetry Collector for the traces of tests/e2e/traces.rs
 #      health: kstatus, Argo CD's Lua check and Flux's CEL judging Pets (tests/e2e/health.rs)
 #      helm: lints, renders, installs and upgrades the chart (tests/e2e/helm.rs)
+#      krew: installs the kubectl plugin from a local index (tests/e2e/krew.rs)
 #      static checks: hadolint and the Tiltfile check
 #  - "tilt": what only the last phase needs, the nodes of tests/e2e/tilt.rs
 #    and Tilt, at the lowest CPU and I/O priority, so it builds on the cores
@@ -102,6 +103,7 @@ tool_steps=(
   "tests:trace receiver (cached build):hack/tracing/build.sh"
   "tests:health, kstatus (cached build):hack/health/build.sh"
   "tests:helm (cached build):hack/helm/build.sh"
+  "tests:krew (cached build):hack/krew/build.sh"
   "tests:static checks (Dockerfile, Tiltfile):hack/static-checks.sh"
   "tilt:one-node cluster and Tilt (cached build):hack/cluster/build.sh"
 )

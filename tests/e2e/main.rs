@@ -21,6 +21,7 @@ mod health;
 mod helm;
 mod import;
 mod installation_claim;
+mod krew;
 mod kubernetes;
 mod monitoring;
 mod ownership;

@@ -1,13 +1,15 @@
 //! Developer commands, run as `cargo xtask <command>` (an alias in
 //! .cargo/config.toml), after rust-analyzer's xtask: plain Rust, so they need
-//! no tool beyond cargo and work the same on every machine.
+//! no tool beyond cargo and work the same on every machine. `krew`'s code is
+//! in the library (src/lib.rs), which the end-to-end tests reuse.
 
 mod crdgen;
 mod dev;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -36,6 +38,41 @@ enum Task {
         /// The folder to write them into instead (`-` for stdout).
         path: Option<PathBuf>,
     },
+    /// Pack the built kubectl-petstore (and LICENSE, if the repository has
+    /// one) into a .tar.gz for this machine's platform, and write the krew
+    /// manifest petstore.yaml with each archive's URI and sha256 beside it.
+    Krew {
+        /// The folder the archive and the manifest are written to.
+        #[arg(long)]
+        out: PathBuf,
+        /// The plugin binary, built for this machine.
+        #[arg(long, default_value = "target/release/kubectl-petstore")]
+        binary: PathBuf,
+        /// Where the archives will be served from: each archive's URI in
+        /// the manifest is this, a slash and the archive's file name.
+        #[arg(long)]
+        uri_base: String,
+    },
+}
+
+/// `cargo xtask krew`; relative paths are the repository's, wherever cargo
+/// was run.
+fn krew(out: &Path, binary: &Path, uri_base: &str) -> anyhow::Result<()> {
+    let root = fixtures::repo_root();
+    let (out, binary) = (root.join(out), root.join(binary));
+    let released = xtask::krew::release_from_repo(&root, &binary, uri_base, &out)
+        .context("packing the plugin for krew")?;
+    for archive in &released.archives {
+        println!(
+            "{}  {} ({}/{})",
+            archive.sha256,
+            archive.path.display(),
+            archive.platform.os,
+            archive.platform.arch
+        );
+    }
+    println!("{}", released.manifest.display());
+    Ok(())
 }
 
 fn main() -> ExitCode {
@@ -52,6 +89,11 @@ fn main() -> ExitCode {
             let paths: Vec<&std::path::Path> = paths.iter().map(PathBuf::as_path).collect();
             crdgen::run(&paths)
         }
+        Task::Krew {
+            out,
+            binary,
+            uri_base,
+        } => krew(&out, &binary, &uri_base),
         Task::Dev => petstore_process::stop_flag()
             .map_err(anyhow::Error::from)
             .and_then(|stop| dev::dev(&stop).map_err(anyhow::Error::from)),
@@ -65,5 +107,31 @@ fn main() -> ExitCode {
             eprintln!("xtask: {err:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn krew_takes_out_uri_base_and_a_binary_defaulting_to_the_release_build() {
+        let cli =
+            Cli::try_parse_from(["xtask", "krew", "--out", "dist", "--uri-base", "https://x"])
+                .unwrap();
+        let Task::Krew {
+            out,
+            binary,
+            uri_base,
+        } = cli.command
+        else {
+            panic!("not the krew command");
+        };
+        assert_eq!(out, PathBuf::from("dist"));
+        assert_eq!(binary, PathBuf::from("target/release/kubectl-petstore"));
+        assert_eq!(uri_base, "https://x");
+        // Both are required: an archive needs somewhere to go and a URI.
+        assert!(Cli::try_parse_from(["xtask", "krew", "--out", "dist"]).is_err());
+        assert!(Cli::try_parse_from(["xtask", "krew", "--uri-base", "https://x"]).is_err());
     }
 }
