@@ -196,3 +196,17 @@ impl RecordChange {
         self
     }
 }
+
+/// Makes a test's own subscriber (`tracing::subscriber::set_default`) see
+/// every span and event on its thread. Without a global subscriber, a
+/// callsite first reached on another test's thread can cache "never
+/// interested" while this test's subscriber is being registered (a race in
+/// tracing's callsite cache), and the test then sees nothing: the test of
+/// the store calls' spans failed so, about once in 13 runs. A global
+/// registry without layers is interested in everything and shows nothing.
+pub fn scoped_subscribers_see_everything() {
+    static GLOBAL: std::sync::Once = std::sync::Once::new();
+    GLOBAL.call_once(|| {
+        let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry());
+    });
+}

@@ -938,6 +938,7 @@ mod tests {
             })
             .with_max_level(tracing::Level::DEBUG)
             .finish();
+        crate::fixtures::scoped_subscribers_see_everything();
         let _guard = tracing::subscriber::set_default(subscriber);
         let start = tokio::time::Instant::now();
         let f = following(&[]);
@@ -1165,6 +1166,7 @@ mod tests {
                 move || log.clone()
             })
             .finish();
+        crate::fixtures::scoped_subscribers_see_everything();
         let _guard = tracing::subscriber::set_default(subscriber);
         let (ctx, own, cache, _writer) = context(&[]);
         let (queue, _queued) = futures::channel::mpsc::unbounded();

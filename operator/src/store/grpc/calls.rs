@@ -604,6 +604,7 @@ mod tests {
     #[tokio::test]
     async fn calls_carry_their_span_as_traceparent_and_are_timed_by_outcome() {
         petstore_telemetry::enable_spans_for_tests();
+        crate::fixtures::scoped_subscribers_see_everything();
         let spans = InMemorySpanExporter::default();
         let provider = SdkTracerProvider::builder()
             .with_simple_exporter(spans.clone())
