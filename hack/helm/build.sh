@@ -12,10 +12,6 @@ source "$here/../lib.sh"
 bin_dir=$(tool_dir "helm-$HELM_VERSION")
 
 if [[ ! -x "$bin_dir/helm" ]]; then
-  log "building helm $HELM_VERSION (first run only; this takes a few minutes)"
-  start=$SECONDS
-  work=$(mktemp -d)
-  trap 'rm -rf "$work"' EXIT
   # The ldflags of helm's own Makefile: the version stamp makes `helm
   # version` truthful, and the Kubernetes version (its client-go's, major
   # + 1) is what `helm template` and `helm lint` assume for
@@ -33,12 +29,7 @@ if [[ ! -x "$bin_dir/helm" ]]; then
   for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
     ldflags+=" -X $pkg.k8sVersionMajor=$kube_major -X $pkg.k8sVersionMinor=$kube_minor"
   done
-  # helm's go.mod has no replace directives, so `go install` builds it as
-  # released.
-  GOBIN="$work" CGO_ENABLED=0 GOFLAGS=-buildvcs=false go install -trimpath \
-    -ldflags "$ldflags" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
-  mv "$work/helm" "$bin_dir/helm"
-  log "built helm in $((SECONDS - start))s"
+  go_install_once "$bin_dir" helm "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" -ldflags "$ldflags"
 fi
 
 echo "$bin_dir"

@@ -13,21 +13,11 @@ source "$here/../lib.sh"
 
 bin_dir=$(tool_dir "krew-$KREW_VERSION")
 
-if [[ ! -x "$bin_dir/kubectl-krew" ]]; then
-  log "building krew $KREW_VERSION (first run only; about a minute and a half)"
-  start=$SECONDS
-  work=$(mktemp -d)
-  trap 'rm -rf "$work"' EXIT
-  # The flags of krew's own hack/make-binaries.sh, with the version for
-  # `git describe` (a module has no .git), so `kubectl krew version` is
-  # truthful. A release build sometimes asks GitHub for a newer release:
-  # the tests set KREW_NO_UPGRADE_CHECK. krew's go.mod has no replace
-  # directives, so `go install` builds it as released.
-  GOBIN="$work" CGO_ENABLED=0 GOFLAGS=-buildvcs=false go install -trimpath -tags netgo \
-    -ldflags "-s -w -X sigs.k8s.io/krew/internal/version.gitTag=$KREW_VERSION" \
-    "sigs.k8s.io/krew/cmd/krew@$KREW_VERSION"
-  mv "$work/krew" "$bin_dir/kubectl-krew"
-  log "built krew in $((SECONDS - start))s"
-fi
+# The flags of krew's own hack/make-binaries.sh, with the version for
+# `git describe` (a module has no .git), so `kubectl krew version` is
+# truthful. A release build sometimes asks GitHub for a newer release: the
+# tests set KREW_NO_UPGRADE_CHECK.
+go_install_once "$bin_dir" kubectl-krew "sigs.k8s.io/krew/cmd/krew@$KREW_VERSION" -tags netgo \
+  -ldflags "-s -w -X sigs.k8s.io/krew/internal/version.gitTag=$KREW_VERSION"
 
 echo "$bin_dir"

@@ -11,21 +11,11 @@ source "$here/../lib.sh"
 
 bin_dir=$(tool_dir "promtool-$PROMETHEUS_MODULE_VERSION")
 
-if [[ ! -x "$bin_dir/promtool" ]]; then
-  log "building promtool $PROMETHEUS_MODULE_VERSION (first run only; this takes a few minutes)"
-  start=$SECONDS
-  work=$(mktemp -d)
-  trap 'rm -rf "$work"' EXIT
-  # Prometheus's go.mod has no replace directives, so `go install` builds it
-  # as released. The version stamp makes `promtool --version` truthful.
-  # remove_all_sd is Prometheus's own build tag that leaves out the service
-  # discovery plugins (AWS, Azure, GCE, ...): `test rules` and `check
-  # metrics` need none, and it builds cold in well under half the time.
-  GOBIN="$work" CGO_ENABLED=0 GOFLAGS=-buildvcs=false go install -trimpath -tags remove_all_sd \
-    -ldflags "-s -w -X github.com/prometheus/common/version.Version=$PROMETHEUS_VERSION" \
-    "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_MODULE_VERSION"
-  mv "$work/promtool" "$bin_dir/promtool"
-  log "built promtool in $((SECONDS - start))s"
-fi
+# The version stamp makes `promtool --version` truthful. remove_all_sd is
+# Prometheus's own build tag that leaves out the service discovery plugins
+# (AWS, Azure, GCE, ...): `test rules` and `check metrics` need none, and it
+# builds cold in well under half the time.
+go_install_once "$bin_dir" promtool "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_MODULE_VERSION" \
+  -tags remove_all_sd -ldflags "-s -w -X github.com/prometheus/common/version.Version=$PROMETHEUS_VERSION"
 
 echo "$bin_dir"
