@@ -83,6 +83,8 @@ pub fn measure(config: &FairnessConfig, progress: &dyn Fn(&str)) -> Result<Fairn
     let mut operator = start_leader(&env, &shipped_options(&env, "bench-operator"))?;
     let timeout = Duration::from_secs(600) + Duration::from_millis(20 * config.pets as u64);
     let started_at = chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string();
+    // Read now: the tree may move on during a long window.
+    let commit = crate::idle::commit();
     let n = config.pets;
     let measured = rt.block_on(async {
         let client = warmed_up(&env, timeout).await?;
@@ -131,7 +133,7 @@ pub fn measure(config: &FairnessConfig, progress: &dyn Fn(&str)) -> Result<Fairn
         operator_peak_rss_kib,
         load,
         started_at,
-        commit: crate::idle::commit(),
+        commit,
     })
 }
 

@@ -115,6 +115,8 @@ pub fn measure(config: &TokenCostConfig, progress: &dyn Fn(&str)) -> Result<Toke
         .extend(["--petstore-audience".into(), AUDIENCE.into()]);
     let operator = start_leader(&env, &options)?;
     let started_at = chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string();
+    // Read now: the tree may move on during a long window.
+    let commit = crate::idle::commit();
     let per = config.pets_per_namespace;
     let timeout = Duration::from_secs(600);
     progress(&format!(
@@ -160,7 +162,7 @@ pub fn measure(config: &TokenCostConfig, progress: &dyn Fn(&str)) -> Result<Toke
         failed_tokens: failed,
         window_calls: calls_after.saturating_sub(calls_before),
         started_at,
-        commit: crate::idle::commit(),
+        commit,
     })
 }
 
