@@ -113,7 +113,7 @@ impl StoreCallMetrics {
         );
         registry.register(
             "store_token_requests",
-            "TokenRequests for the tokens store calls carry, by account (tenant, observer) and outcome; tokens are kept until a fifth of their life is left, so this grows by one per namespace and store every 8 minutes, not per call",
+            "TokenRequests for the tokens store calls carry, by account (tenant, observer) and outcome; tokens are kept until a fifth of their life is left and renewed when a call needs one, so this grows by at most one per namespace and store every 8 minutes, not per call",
             self.tokens.clone(),
         );
         registry.register(
