@@ -89,7 +89,13 @@ where
         Box::pin(async move {
             // Counted until the handler answers, or the call is dropped.
             let _in_flight = in_flight;
+            let mut abandoned = Abandoned {
+                metrics: Some(Arc::clone(&metrics)),
+                method: rpc.method,
+                started,
+            };
             let result = answer.instrument(span.clone()).await;
+            abandoned.metrics = None;
             if let Ok(response) = &result {
                 let code = code(response.headers());
                 span.record("rpc.grpc.status_code", code as i64);
@@ -97,6 +103,25 @@ where
             }
             result
         })
+    }
+}
+
+/// A call its client gave up on (a deadline, a cancelled request) is
+/// dropped before its answer, but was received and may have been done (a
+/// write committed): it is timed as `Canceled` (gRPC's CANCELLED) rather than left out, so
+/// the calls counted are the calls made.
+struct Abandoned {
+    /// `None` once answered.
+    metrics: Option<Arc<ServerMetrics>>,
+    method: &'static str,
+    started: Instant,
+}
+
+impl Drop for Abandoned {
+    fn drop(&mut self) {
+        if let Some(metrics) = self.metrics.take() {
+            metrics.observe_rpc(self.method, tonic::Code::Cancelled, self.started.elapsed());
+        }
     }
 }
 
@@ -181,6 +206,29 @@ mod tests {
             assert!(text.contains(series), "no {series:?} in\n{text}");
         }
         assert!(!text.contains("Check"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn a_call_its_client_gives_up_on_is_counted_as_cancelled() {
+        let metrics = Arc::new(ServerMetrics::default());
+        let never = tower::service_fn(|_: http::Request<()>| {
+            std::future::pending::<Result<http::Response<tonic::body::Body>, Infallible>>()
+        });
+        let service = ObserveLayer::new(Arc::clone(&metrics), false).layer(never);
+        let gave_up = tokio::time::timeout(
+            std::time::Duration::from_millis(10),
+            call(service, "/petstore.PetStore/SetIdempotencyKeys"),
+        )
+        .await;
+        assert!(gave_up.is_err(), "the handler never answers");
+        let text = metrics.encode().expect("encode");
+        assert!(
+            text.contains(
+                "petstore_server_rpc_duration_seconds_count{method=\"SetIdempotencyKeys\",code=\"Canceled\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("petstore_server_rpcs_in_flight 0"), "{text}");
     }
 
     #[tokio::test]
