@@ -101,17 +101,8 @@ fn add_record(
     namespace: &str,
     name: &str,
 ) -> fixtures::Result<String> {
-    let token = cp.kubectl(&[
-        "create",
-        "token",
-        "petstore-tenant",
-        "-n",
-        namespace,
-        "--audience",
-        AUDIENCE,
-        "--duration=10m",
-    ])?;
-    let header = format!("authorization: Bearer {}", token.trim());
+    let token = cp.tenant_token(namespace, AUDIENCE)?;
+    let header = format!("authorization: Bearer {token}");
     let reply = fixtures::petstore::grpcurl_with(
         &["-plaintext".as_ref(), "-H".as_ref(), header.as_ref()],
         &store.addr,
