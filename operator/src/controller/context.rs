@@ -12,7 +12,7 @@ use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 
 use super::memory::Memory;
-use super::poll::PollSchedule;
+use super::poll::{FeedMark, PollSchedule};
 use super::{facts_of, uninstall};
 use crate::crd::Pet;
 use crate::decision::{Facts, Next, Step, first_step};
@@ -167,6 +167,19 @@ impl Context {
         self.poll.delay(store, uid)
     }
 
+    /// As [`Context::poll_delay`], after reads that began at `mark`.
+    pub(super) fn poll_delay_after(
+        &self,
+        store: Option<&StoreId>,
+        uid: &str,
+        mark: FeedMark,
+    ) -> Duration {
+        if store == Some(&StoreId::Own) {
+            self.metrics.set_poll_interval(self.poll.interval());
+        }
+        self.poll.delay_after(store, uid, mark)
+    }
+
     /// The Pet a watch event asks to reconcile, if any, as the fair queue
     /// holds it (see [`for_trigger`]). A Pet the watch no longer holds is
     /// forgotten.
@@ -223,18 +236,21 @@ impl Context {
         Ok(facts)
     }
 
-    /// The controller action for `next`, for a Pet on `store`; a failure's
-    /// backoff comes from [`super::error_policy`].
+    /// The controller action for `next`, for a Pet on `store` whose reads
+    /// began at `mark`; a failure's backoff comes from
+    /// [`super::error_policy`].
     pub(super) fn action(
         &self,
         next: Next,
         store: Option<&StoreId>,
         pet: &Pet,
-        uid: &str,
+        (uid, mark): (&str, FeedMark),
     ) -> Action {
         match next {
             Next::AwaitChange => Action::await_change(),
-            Next::Poll | Next::Retry => self.requeue(pet, uid, self.poll_delay(store, uid)),
+            Next::Poll | Next::Retry => {
+                self.requeue(pet, uid, self.poll_delay_after(store, uid, mark))
+            }
             Next::After(delay) => self.requeue(pet, uid, delay),
         }
     }

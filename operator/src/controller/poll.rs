@@ -18,6 +18,10 @@
 //! than `max_rate` reads per second on average, at any N. Bursts are bounded
 //! by the controller's concurrency.
 //!
+//! A read begun before the feed was followed (a start, a reconnect from
+//! now) may have missed a change the feed will never tell: the Pet it
+//! synced is polled once more at the poll interval, not audited.
+//!
 //! Delivery: a Pet's next poll is kept in the controller's memory, and a
 //! sweep hands the due ones to kube's controller (at most a sixtieth of the
 //! interval late), rather than kube's scheduler holding an entry for every
@@ -25,7 +29,7 @@
 
 use std::collections::HashSet;
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{OnceLock, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
@@ -46,6 +50,9 @@ pub struct PollSchedule {
     /// The other stores whose feeds are followed now: at most one entry per
     /// open store, removed when its follower stops.
     feeds_live: RwLock<HashSet<StoreId>>,
+    /// How many times any feed started or stopped being followed: a read
+    /// that saw no change of it ran while its store's feed was followed.
+    feed_turns: AtomicU64,
     max_rate: f64,
     epoch: Instant,
     /// The watch cache, to count the Pets; unset until the controller runs.
@@ -59,6 +66,7 @@ impl PollSchedule {
             audit_interval: interval.max(MIN_INTERVAL),
             own_feed_live: AtomicBool::new(false),
             feeds_live: RwLock::default(),
+            feed_turns: AtomicU64::new(0),
             max_rate,
             epoch: Instant::now(),
             pets: OnceLock::new(),
@@ -74,19 +82,28 @@ impl PollSchedule {
 
     /// Whether the change feed of `store` is followed now.
     pub fn set_feed_live(&self, store: &StoreId, live: bool) {
-        if *store == StoreId::Own {
-            self.own_feed_live.store(live, Ordering::Relaxed);
-            return;
-        }
-        let mut feeds = self
-            .feeds_live
-            .write()
-            .unwrap_or_else(PoisonError::into_inner);
-        if live {
-            feeds.insert(store.clone());
+        let turned = if *store == StoreId::Own {
+            self.own_feed_live.swap(live, Ordering::SeqCst) != live
         } else {
-            feeds.remove(store);
+            let mut feeds = self
+                .feeds_live
+                .write()
+                .unwrap_or_else(PoisonError::into_inner);
+            if live {
+                feeds.insert(store.clone())
+            } else {
+                feeds.remove(store)
+            }
+        };
+        if turned {
+            self.feed_turns.fetch_add(1, Ordering::SeqCst);
         }
+    }
+
+    /// Taken before a reconcile reads the store, and handed to
+    /// [`PollSchedule::delay_after`] once it is done.
+    pub fn mark(&self) -> FeedMark {
+        FeedMark(self.feed_turns.load(Ordering::SeqCst))
     }
 
     /// Whether the feed of `store` is followed now; `None`, a store that
@@ -141,6 +158,18 @@ impl PollSchedule {
         self.delay_at(uid, interval, Instant::now())
     }
 
+    /// As [`PollSchedule::delay`], for a Pet whose reads began at `mark`: a
+    /// feed that started being followed since cannot tell what changed
+    /// between those reads and its start (its first batch counts from
+    /// then), so the Pet is polled at the poll interval once more.
+    pub fn delay_after(&self, store: Option<&StoreId>, uid: &str, mark: FeedMark) -> Duration {
+        if self.mark() == mark {
+            return self.delay(store, uid);
+        }
+        let interval = self.interval_for(None, self.pet_count());
+        self.delay_at(uid, interval, Instant::now())
+    }
+
     fn delay_at(&self, uid: &str, interval: Duration, now: Instant) -> Duration {
         let period = interval.as_secs_f64();
         let phase = phase(uid) * period;
@@ -151,6 +180,11 @@ impl PollSchedule {
         Duration::try_from_secs_f64(at - elapsed).unwrap_or(interval)
     }
 }
+
+/// Which feeds were followed when a reconcile began: see
+/// [`PollSchedule::mark`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FeedMark(u64);
 
 /// A fraction in [0, 1) fixed for each UID.
 fn phase(uid: &str) -> f64 {
@@ -258,6 +292,25 @@ mod tests {
             .with_audit_interval(Duration::from_secs(60));
         short.set_feed_live(&StoreId::Own, true);
         assert_eq!(short.interval_for(own, 1_000), Duration::from_secs(300));
+    }
+
+    #[test]
+    fn a_read_begun_before_its_feed_was_followed_is_polled_once_more_not_audited() {
+        let poll = Duration::from_secs(300);
+        let schedule = PollSchedule::new(poll, 0.0).with_audit_interval(Duration::from_secs(3600));
+        let own = Some(&StoreId::Own);
+        let read_before = schedule.mark();
+        schedule.set_feed_live(&StoreId::Own, true);
+        let read_after = schedule.mark();
+        assert!(schedule.delay_after(own, "uid-1", read_before) <= poll);
+        assert!(schedule.delay_after(own, "uid-1", read_after) > poll);
+        // Told live again while live: no turn, nothing to miss.
+        schedule.set_feed_live(&StoreId::Own, true);
+        assert!(schedule.delay_after(own, "uid-1", read_after) > poll);
+        // Another store's feed turning counts too: rare, and cheaper than a
+        // mark per store.
+        schedule.set_feed_live(&store("b"), true);
+        assert!(schedule.delay_after(own, "uid-1", read_after) <= poll);
     }
 
     #[test]

@@ -21,6 +21,7 @@ use kube::{Resource, ResourceExt};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::context::store_of;
+use super::poll::FeedMark;
 use super::{Context, finalizer, status_write};
 use crate::crd::Pet;
 // `Sync` would shadow the marker trait.
@@ -50,6 +51,9 @@ pub struct Reconcile<'a> {
     /// Which store that is, once found: its change feed decides the next
     /// poll (the Pet's copy may predate pinning it in `status.store`).
     store_id: Option<StoreId>,
+    /// Which feeds were followed before the first read: see
+    /// [`super::poll::FeedMark`].
+    feed_mark: FeedMark,
 }
 
 /// How a reconcile ended, before [`Reconcile::record`] makes it known.
@@ -131,6 +135,7 @@ impl<'a> Reconcile<'a> {
             .namespace()
             .ok_or_else(|| Error::MalformedPet(pet.name_any()))?;
         Ok(Self {
+            feed_mark: ctx.poll.mark(),
             facts: ctx.facts(pet)?,
             api: Api::namespaced(ctx.client.clone(), &namespace),
             pet: Arc::clone(pet),
@@ -514,9 +519,12 @@ impl<'a> Reconcile<'a> {
                 } else {
                     self.ctx.memory.succeeded(uid);
                 }
-                return Ok(self
-                    .ctx
-                    .action(next, self.store_id().as_ref(), &self.pet, uid));
+                return Ok(self.ctx.action(
+                    next,
+                    self.store_id().as_ref(),
+                    &self.pet,
+                    (uid, self.feed_mark),
+                ));
             }
             Ending::Synced {
                 id,
@@ -525,7 +533,9 @@ impl<'a> Reconcile<'a> {
                 approved,
             } => match self.record_sync(&id, &sync, &changes, approved).await {
                 Ok(()) => {
-                    let delay = self.ctx.poll_delay(self.store_id().as_ref(), uid);
+                    let delay =
+                        self.ctx
+                            .poll_delay_after(self.store_id().as_ref(), uid, self.feed_mark);
                     return Ok(self.ctx.requeue(&self.pet, uid, delay));
                 }
                 Err(error) => Problem::failed(error),
@@ -541,7 +551,12 @@ impl<'a> Reconcile<'a> {
             } => match self.record_plan(&plan, &outcome, stale).await {
                 Ok(()) => {
                     let held = Problem::held(outcome, Next::Poll);
-                    return count(self.ctx, &self.pet, Some(&self.facts), held);
+                    return count(
+                        self.ctx,
+                        &self.pet,
+                        Some((&self.facts, self.feed_mark)),
+                        held,
+                    );
                 }
                 Err(error) => Problem::failed(error),
             },
@@ -553,7 +568,12 @@ impl<'a> Reconcile<'a> {
             }
             self.show(outcome, true);
         }
-        count(self.ctx, &self.pet, Some(&self.facts), problem)
+        count(
+            self.ctx,
+            &self.pet,
+            Some((&self.facts, self.feed_mark)),
+            problem,
+        )
     }
 
     /// The ID and conditions to status, then the story's Event: after the
@@ -704,14 +724,16 @@ impl<'a> Reconcile<'a> {
 /// that is retried, the Pet's failures in a row and the intent that failed
 /// (from which [`super::error_policy`] makes the backoff, without building
 /// the facts again) and a log line at the first failure and then at powers
-/// of two, so a long outage does not flood the log. `facts` are the ones
-/// the reconcile acted on; `None` only for a malformed Pet.
+/// of two, so a long outage does not flood the log. `read` holds the facts
+/// the reconcile acted on and the feeds followed before its reads; `None`
+/// only for a malformed Pet.
 pub fn count(
     ctx: &Context,
     pet: &Pet,
-    facts: Option<&Facts>,
+    read: Option<(&Facts, FeedMark)>,
     problem: Problem,
 ) -> Result<Action, Error> {
+    let facts = read.map(|(facts, _)| facts);
     let Problem {
         reason,
         outcome,
@@ -722,14 +744,14 @@ pub fn count(
         ctx.metrics.reconcile_failed(reason);
     }
     let message = outcome.map(|outcome| outcome.message).unwrap_or_default();
-    match facts.map(|facts| facts.uid.as_str()) {
-        Some(uid) if next != Next::Retry => {
+    match read.map(|(facts, mark)| (facts.uid.as_str(), mark)) {
+        Some((uid, mark)) if next != Next::Retry => {
             if reason.is_warning() {
                 info!(%reason, %message, "not in line; waiting for a change or the next poll");
             }
             // Neither in sync nor failing: only what it was shown.
             ctx.memory.held(uid);
-            return Ok(ctx.action(next, store_of(pet).as_ref(), pet, uid));
+            return Ok(ctx.action(next, store_of(pet).as_ref(), pet, (uid, mark)));
         }
         _ => {}
     }
