@@ -290,7 +290,7 @@ fn the_policy_refuses_annotation_typos_on_create_and_new_ones_on_update() -> fix
     cp.kubectl(&["label", "pet", "legacy", "-n", "default", "tier=gold"])?;
     patch_spec(cp, "legacy", r#"{"name":"Thorbert"}"#)?;
     patch(cp, "legacy", "json", REMOVE_FINALIZERS)?;
-    let legacy = cp.kubectl_json(&["get", "pet", "legacy", "-n", "default"])?;
+    let legacy = cp.pet("default", "legacy")?;
     assert!(legacy["metadata"].get("finalizers").is_none(), "{legacy}");
     assert_eq!(legacy["metadata"]["annotations"][PAUSED], "yes");
     // ...but a changed bad value, or a new one, is refused.
@@ -322,7 +322,7 @@ fn the_policy_refuses_annotation_typos_on_create_and_new_ones_on_update() -> fix
     }
     annotate(cp, "legacy", PAUSED, "false")?;
     annotate(cp, "legacy", DELETION_POLICY, "Orphan")?;
-    let legacy = cp.kubectl_json(&["get", "pet", "legacy", "-n", "default"])?;
+    let legacy = cp.pet("default", "legacy")?;
     assert_eq!(legacy["metadata"]["annotations"][PAUSED], "false");
     assert_eq!(legacy["metadata"]["annotations"][DELETION_POLICY], "Orphan");
 
@@ -383,9 +383,7 @@ fn the_policy_refuses_annotation_typos_on_create_and_new_ones_on_update() -> fix
             POLICY_ACTIVE_TIMEOUT,
             "the operator's finalizer to go",
             || {
-                let pet = cp
-                    .kubectl_json(&["get", "pet", name, "-n", "default"])
-                    .ok()?;
+                let pet = cp.pet("default", name).ok()?;
                 (pet["metadata"]["finalizers"] == json!([HOLD])).then_some(())
             },
         )?;

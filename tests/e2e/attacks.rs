@@ -532,9 +532,7 @@ fn the_attack_matrix_holds_over_a_thousand_seeded_tries_a_row() -> Result<(), Er
                 Duration::from_secs(90),
                 &format!("victim {i} Ready"),
                 || {
-                    let pet = cp
-                        .kubectl_json(&["get", "pet", "victim", "-n", &namespace(i)])
-                        .ok()?;
+                    let pet = cp.pet(&namespace(i), "victim").ok()?;
                     let id = pet["status"]["id"].as_str()?.to_owned();
                     fixtures::env::is_ready(&pet).then_some(())?;
                     let mut client = grpc[store].clone();
@@ -888,9 +886,7 @@ fn a_token_refused_mid_reconcile_is_minted_afresh_and_nothing_is_lost() -> Resul
             Duration::from_secs(90),
             &format!("rex Ready at generation {generation}"),
             || {
-                let pet = cp
-                    .kubectl_json(&["get", "pet", "rex", "-n", "team-x"])
-                    .ok()?;
+                let pet = cp.pet("team-x", "rex").ok()?;
                 (fixtures::env::is_ready(&pet) && pet["status"]["observedGeneration"] == generation)
                     .then_some(pet)
             },
@@ -1031,9 +1027,7 @@ fn a_namespace_deleted_takes_its_records_and_one_made_again_owns_only_what_was_k
     let _operator = env.start_operator("namespace-again")?;
     let ready = |name: &str| {
         wait_for(Duration::from_secs(90), &format!("{name} Ready"), || {
-            let pet = cp
-                .kubectl_json(&["get", "pet", name, "-n", "team-r"])
-                .ok()?;
+            let pet = cp.pet("team-r", name).ok()?;
             fixtures::env::is_ready(&pet)
                 .then(|| pet["status"]["id"].as_str().map(str::to_owned))?
         })
@@ -1180,10 +1174,7 @@ fn a_handed_over_record_stays_with_its_tenant_in_the_other_cluster() -> Result<(
         json!({"petstore.example.com/external-id": id}),
     )?)?;
     let held = wait_for(Duration::from_secs(90), "green's team-b/rex held", || {
-        let pet = green
-            .cp
-            .kubectl_json(&["get", "pet", "rex", "-n", "team-b"])
-            .ok()?;
+        let pet = green.cp.pet("team-b", "rex").ok()?;
         let ready = fixtures::env::condition(&pet, "Ready")?;
         (ready["reason"] != "Reconciling" && ready["status"] != "Unknown")
             .then(|| (created.elapsed(), ready["reason"].clone()))
@@ -1252,10 +1243,7 @@ fn a_handed_over_record_stays_with_its_tenant_in_the_other_cluster() -> Result<(
     // Green's team-a: the same tenant, in the cluster it was handed to.
     green.cp.apply(&rex("team-a", json!({}))?)?;
     let taken = wait_for(Duration::from_secs(90), "green's team-a/rex Ready", || {
-        let pet = green
-            .cp
-            .kubectl_json(&["get", "pet", "rex", "-n", "team-a"])
-            .ok()?;
+        let pet = green.cp.pet("team-a", "rex").ok()?;
         fixtures::env::is_ready(&pet).then(|| pet["status"]["id"].clone())
     })?;
     assert_eq!(

@@ -421,11 +421,7 @@ impl Soak<'_> {
     /// Whether this Pet is Ready and the record in its status is its own,
     /// with its name (a Pet since deleted counts as done).
     fn put_back(&self, namespace: &str, name: &str) -> bool {
-        let Ok(pet) = self
-            .env
-            .cp
-            .kubectl_json(&["get", "pet", name, "-n", namespace])
-        else {
+        let Ok(pet) = self.env.cp.pet(namespace, name) else {
             return !self.pets.iter().any(|p| p.0 == namespace && p.1 == name);
         };
         let id = pet["status"]["id"].as_str().unwrap_or_default();

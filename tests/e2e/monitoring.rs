@@ -387,7 +387,7 @@ fn scrapes_pass_promtool_and_hold_every_queried_metric() -> fixtures::Result<()>
 
     let sample = repo_root().join("config/samples/pet-sample1.yaml");
     cp.kubectl(&["apply", "-f", &sample.to_string_lossy()])?;
-    let pet = || cp.kubectl_json(&["get", "pet", "pet-sample1", "-n", "default"]);
+    let pet = || cp.pet("default", "pet-sample1");
     let id = wait_for(TIMEOUT, "Pet default/pet-sample1 Ready", || {
         let pet = pet().ok()?;
         is_ready(&pet).then(|| pet["status"]["id"].as_str().map(str::to_owned))?

@@ -156,12 +156,8 @@ fn the_plugin_reads_a_tenancy_store_as_its_caller_and_only_where_the_caller_may(
         .join("---\n"),
     )?;
     let rex_id = wait_for(TIMEOUT, "rex and fido Ready", || {
-        let rex = cp
-            .kubectl_json(&["get", "pet", "rex", "-n", "team-a"])
-            .ok()?;
-        let fido = cp
-            .kubectl_json(&["get", "pet", "fido", "-n", "team-b"])
-            .ok()?;
+        let rex = cp.pet("team-a", "rex").ok()?;
+        let fido = cp.pet("team-b", "fido").ok()?;
         (is_ready(&rex) && is_ready(&fido)).then(|| rex["status"]["id"].clone())
     })?;
     let stray_a = add_record(cp, &store, "team-a", "Stray A")?;
@@ -180,9 +176,7 @@ fn the_plugin_reads_a_tenancy_store_as_its_caller_and_only_where_the_caller_may(
     );
     cp.apply(&renamed)?;
     let shown = wait_for(TIMEOUT, "rex's plan: update name", || {
-        let rex = cp
-            .kubectl_json(&["get", "pet", "rex", "-n", "team-a"])
-            .ok()?;
+        let rex = cp.pet("team-a", "rex").ok()?;
         (rex["status"]["plan"]["summary"] == "update name").then(|| rex["status"]["plan"].clone())
     })?;
     let file = cp.dir().join("rex.yaml");

@@ -117,7 +117,7 @@ fn put_back_after(
 }
 
 fn get(cp: &ControlPlane, namespace: &str, name: &str) -> Option<Value> {
-    cp.kubectl_json(&["get", "pet", name, "-n", namespace]).ok()
+    cp.pet(namespace, name).ok()
 }
 
 fn wait_ready(cp: &ControlPlane, namespace: &str, name: &str) -> fixtures::Result<Value> {

@@ -171,7 +171,7 @@ fn store_ref_is_fixed_once_the_pet_has_a_record_and_stores_are_validated() -> fi
     patch(&cp, ns, "rex", "merge", r#"{"spec":{"name":"Rexy"}}"#)?;
     cp.kubectl(&["label", "pet", "rex", "-n", ns, "team=blue"])?;
     set_status(&cp, ns, "rex", r#"{"store":"ClusterPetStore/d"}"#)?;
-    let stored = cp.kubectl_json(&["get", "pet", "rex", "-n", ns])?;
+    let stored = cp.pet(ns, "rex")?;
     assert_eq!(stored["spec"]["storeRef"]["name"], "d", "{stored}");
     assert_eq!(stored["status"]["store"], "ClusterPetStore/d", "{stored}");
 

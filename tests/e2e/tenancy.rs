@@ -59,7 +59,7 @@ fn tenant_namespaces(cp: &ControlPlane) -> fixtures::Result<()> {
 }
 
 fn get(cp: &ControlPlane, namespace: &str, name: &str) -> Option<Value> {
-    cp.kubectl_json(&["get", "pet", name, "-n", namespace]).ok()
+    cp.pet(namespace, name).ok()
 }
 
 /// The record names in a store, sorted.

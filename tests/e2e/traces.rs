@@ -209,7 +209,7 @@ fn each_store_write_is_one_trace_across_operator_and_store() -> fixtures::Result
     cp.apply(PET)?;
     let ready = |what: &str| {
         wait_for(TIMEOUT, what, || {
-            let pet = cp.kubectl_json(&["get", "pet", "traced"]).ok()?;
+            let pet = cp.pet("default", "traced").ok()?;
             is_ready(&pet).then(|| pet["status"]["id"].as_str().map(str::to_owned))?
         })
     };
