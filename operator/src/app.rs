@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use crate::Fault;
 use crate::claim::{self, Claim, Claimed};
 use crate::cli::Args;
-use crate::controller::{self, Context, Settings};
+use crate::controller::{self, Context, Settings, StormThreshold};
 use crate::crd::Pet;
 use crate::events::{EventQueue, EventWriter};
 use crate::leader::{self, LeaderError, Lease, Reign};
@@ -270,6 +270,11 @@ async fn build_controller(
         backoff_max: args.backoff_max,
         concurrency: args.concurrency,
         installation: args.installation.clone(),
+        drift_storm: StormThreshold {
+            share: args.drift_storm_share,
+            min: args.drift_storm_min,
+            window: args.drift_storm_window,
+        },
         fault,
     };
     tracing::info!(store = %args.petstore_addr, tls = tls.is_some(), ?settings, %identity, "starting");

@@ -62,6 +62,23 @@ pub struct Args {
     #[arg(long, env = "AUDIT_INTERVAL", default_value = "1h", value_parser = parse_duration)]
     pub audit_interval: Duration,
 
+    /// The drift-storm brake: once more than this share of a store's Pets
+    /// (and at least --drift-storm-min) drifted within
+    /// --drift-storm-window, drift is not written back to that store until
+    /// each Pet's plan is approved: a store restored from an old backup, come
+    /// back empty or serving wrong data would otherwise be overwritten.
+    #[arg(long, env = "DRIFT_STORM_SHARE", default_value_t = 0.05, value_parser = parse_share)]
+    pub drift_storm_share: f64,
+
+    /// The fewest drifted Pets that make a drift storm (0: no brake).
+    #[arg(long, env = "DRIFT_STORM_MIN", default_value_t = 50)]
+    pub drift_storm_min: usize,
+
+    /// The window in which drift counts toward a storm; a storm ends once a
+    /// whole window passes with no new Pet drifting.
+    #[arg(long, env = "DRIFT_STORM_WINDOW", default_value = "60s", value_parser = parse_duration)]
+    pub drift_storm_window: Duration,
+
     /// Follow the store's change feed (`WatchPets`), so drift is put back
     /// within a second. `false` finds drift by polling alone, every
     /// --poll-interval, as against a store without the feed: for comparing
@@ -209,6 +226,16 @@ pub fn parse_rate(text: &str) -> Result<f64, String> {
         Ok(rate) if rate.is_finite() && rate >= 0.0 => Ok(rate),
         _ => Err(format!(
             "{text:?} is not a rate: give reads per second, such as 100 (0: no bound)"
+        )),
+    }
+}
+
+/// A share of a store's Pets: a fraction from 0 to 1, such as 0.05.
+pub fn parse_share(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(share) if (0.0..=1.0).contains(&share) => Ok(share),
+        _ => Err(format!(
+            "{text:?} is not a share: give a fraction from 0 to 1, such as 0.05 for 5%"
         )),
     }
 }

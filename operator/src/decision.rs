@@ -45,7 +45,7 @@ pub mod preview;
 mod prose;
 mod rules;
 
-pub use facts::{Facts, Uninstall, facts_of};
+pub use facts::{DriftBrake, Facts, Uninstall, facts_of};
 pub use plan::{
     Cause, Decision, Finish, ForeignHolder, HandOver, Hold, Misspelled, Next, Observation, Step,
     Story, Sync, Target,

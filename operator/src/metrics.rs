@@ -85,6 +85,7 @@ pub struct Metrics {
     time_to_ready: Histogram,
     drift_detected: Family<DriftLabels, Counter>,
     queue_depth: Gauge,
+    drift_storms: Gauge,
     queue_oldest_age: Gauge<f64, AtomicU64>,
     not_ready: Gauge,
     not_ready_oldest: Gauge<f64, AtomicU64>,
@@ -143,6 +144,7 @@ impl Default for Metrics {
         let time_to_ready = Histogram::new(exponential_buckets(0.05, 2.0, 19));
         let drift_detected = Family::<DriftLabels, Counter>::default();
         let queue_depth = Gauge::default();
+        let drift_storms = Gauge::default();
         let queue_oldest_age = Gauge::<f64, AtomicU64>::default();
         let not_ready = Gauge::default();
         let not_ready_oldest = Gauge::<f64, AtomicU64>::default();
@@ -220,6 +222,11 @@ impl Default for Metrics {
             drift_detected.clone(),
         );
         registry.register(
+            "drift_storm_stores",
+            "Stores in a drift storm: so many of their records drifted at once that drift is not written back to them until each plan is approved",
+            drift_storms.clone(),
+        );
+        registry.register(
             "queue_depth",
             "Pets due for a reconcile that has not started",
             queue_depth.clone(),
@@ -276,6 +283,7 @@ impl Default for Metrics {
             time_to_ready,
             drift_detected,
             queue_depth,
+            drift_storms,
             queue_oldest_age,
             not_ready,
             not_ready_oldest,
@@ -354,6 +362,11 @@ impl Metrics {
 
     pub fn set_poll_interval(&self, interval: Duration) {
         self.poll_interval.set(interval.as_secs_f64());
+    }
+
+    pub fn set_drift_storms(&self, stores: usize) {
+        self.drift_storms
+            .set(i64::try_from(stores).unwrap_or(i64::MAX));
     }
 
     pub fn set_feed_connected(&self, connected: bool) {

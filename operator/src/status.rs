@@ -56,6 +56,9 @@ pub enum Reason {
     /// changePolicy is Observe: the record differs from the spec, and is
     /// left as it is (status.plan shows what differs).
     RecordDiffers,
+    /// Many of the store's records drifted at once (a restore, a store come
+    /// back empty): drift is not written back until its plan is approved.
+    DriftStorm,
     /// Event: the approve-plan annotation names a plan that is no longer
     /// the pending one (the spec or the record changed); nothing written.
     ApprovalStale,
@@ -110,6 +113,7 @@ impl Reason {
             Reason::ReconcileError => "ReconcileError",
             Reason::PlanPending => "PlanPending",
             Reason::RecordDiffers => "RecordDiffers",
+            Reason::DriftStorm => "DriftStorm",
             Reason::ApprovalStale => "ApprovalStale",
             Reason::Created => "Created",
             Reason::Updated => "Updated",
@@ -143,6 +147,7 @@ impl Reason {
             Reason::ReconcileError => "reconcile_error",
             Reason::PlanPending => "plan_pending",
             Reason::RecordDiffers => "record_differs",
+            Reason::DriftStorm => "drift_storm",
             Reason::ApprovalStale => "approval_stale",
             Reason::Created => "created",
             Reason::Updated => "updated",
@@ -172,6 +177,7 @@ impl Reason {
                 | Reason::AdoptionConflict
                 | Reason::StoreLacksExtensions
                 | Reason::HandedOver
+                | Reason::DriftStorm
                 | Reason::StoreNotFound
                 | Reason::StoreNotAllowed
                 | Reason::StoreTrustMissing

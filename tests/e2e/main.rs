@@ -15,6 +15,7 @@ mod chaos;
 mod conversion;
 mod deploy;
 mod drift;
+mod drift_storm;
 mod fairness;
 mod faults;
 mod health;

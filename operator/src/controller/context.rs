@@ -12,6 +12,7 @@ use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 
 use super::memory::Memory;
+use super::drift_storm::{DriftStorms, Storm, StormThreshold};
 use super::poll::{FeedMark, PollSchedule};
 use super::{facts_of, uninstall};
 use crate::crd::Pet;
@@ -53,6 +54,9 @@ pub struct Settings {
     /// This installation's name (`--installation`): part of every key it
     /// gives a record; empty for the unnamed installation.
     pub installation: String,
+    /// When many drifted records at once brake a store's writes
+    /// ([`super::drift_storm`]).
+    pub drift_storm: StormThreshold,
     /// A crash-test fault; `None` outside the end-to-end tests.
     pub fault: Option<Fault>,
 }
@@ -68,6 +72,7 @@ impl Default for Settings {
             backoff_max: Duration::from_secs(300),
             concurrency: DEFAULT_CONCURRENCY,
             installation: String::new(),
+            drift_storm: StormThreshold::DEFAULT,
             fault: None,
         }
     }
@@ -86,6 +91,7 @@ pub struct Context {
     pub settings: Settings,
     pub(super) poll: PollSchedule,
     pub(super) memory: Memory,
+    pub(super) drift_storms: DriftStorms,
     /// The last create said whether its key already named a record: until
     /// one has, every create is read for first (see [`Step::Create`]), so a
     /// store that ignores keys never gets a create without a read.
@@ -106,6 +112,7 @@ impl Context {
         settings: Settings,
     ) -> Self {
         Self {
+            drift_storms: DriftStorms::new(settings.drift_storm),
             poll: PollSchedule::new(settings.poll_interval, settings.poll_max_rate)
                 .with_audit_interval(settings.audit_interval),
             stores: Stores::own_only(client.clone(), Arc::clone(&store)),
@@ -178,6 +185,26 @@ impl Context {
             self.metrics.set_poll_interval(self.poll.interval());
         }
         self.poll.delay_after(store, uid, mark)
+    }
+
+    /// A Pet of `store` is about to write its drift back: whether that
+    /// store is in a drift storm, this drift included.
+    pub(super) fn drift_noticed(&self, store: &StoreId, uid: &str) -> Storm {
+        let now = std::time::Instant::now();
+        let storm = self
+            .drift_storms
+            .noticed(store, uid, || self.poll.pets_on(store), now);
+        if matches!(storm, Storm::Braking { .. }) {
+            self.refresh_drift_storms(now);
+        }
+        storm
+    }
+
+    /// Sets the drift-storm gauge to the stores braking now (a storm ends
+    /// by time, so the poll sweep calls this too).
+    pub(super) fn refresh_drift_storms(&self, now: std::time::Instant) {
+        let braking = self.drift_storms.braking(now);
+        self.metrics.set_drift_storms(braking.len());
     }
 
     /// The Pet a watch event asks to reconcile, if any, as the fair queue

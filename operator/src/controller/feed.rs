@@ -565,8 +565,24 @@ impl Follower {
     /// Judges again the changes the index missed, with a fresh index; a
     /// change that finds no Pet now concerns none.
     fn judge_missed(&mut self) {
-        for change in std::mem::take(&mut self.missed) {
-            self.judge(&change, false);
+        let drifted: Vec<Arc<Pet>> = std::mem::take(&mut self.missed)
+            .iter()
+            .filter_map(|change| self.judge(change, false))
+            .collect();
+        self.queue_drifted(&drifted);
+    }
+
+    /// Queues the Pets whose records drifted, each counted toward the
+    /// store's drift storm first: a batch that makes a storm (a restore the
+    /// feed reports) is braked before its first write.
+    fn queue_drifted(&self, pets: &[Arc<Pet>]) {
+        for pet in pets {
+            if let Some(uid) = pet.uid() {
+                self.ctx.drift_noticed(&self.store, &uid);
+            }
+        }
+        for pet in pets {
+            self.queue(pet);
         }
     }
 
@@ -587,35 +603,35 @@ impl Follower {
         if others.is_empty() {
             return;
         }
-        for change in others {
-            self.judge(change, true);
-        }
+        let drifted: Vec<Arc<Pet>> = others
+            .into_iter()
+            .filter_map(|change| self.judge(change, true))
+            .collect();
+        self.queue_drifted(&drifted);
     }
 
-    /// Queues the Pet `change` drifted, if any; counts the verdict. With
+    /// The Pet `change` drifted, if any, to queue; counts the verdict. With
     /// `defer`, a change whose Pet the index cannot find yet is kept for
     /// [`Follower::judge_missed`].
-    fn judge(&mut self, change: &RecordChange, defer: bool) {
+    fn judge(&mut self, change: &RecordChange, defer: bool) -> Option<Arc<Pet>> {
         // A lookup on a stale index rebuilds it: a miss then is final.
         let could_rebuild = !self.index_is_fresh();
         let pet = self.current_pet_for(change);
         if pet.is_none() && defer && !could_rebuild {
             self.missed.push(change.clone());
-            return;
+            return None;
         }
-        let pet = pet.as_ref();
-        let verdict = verdict(change, pet.map(Arc::as_ref));
+        let verdict = verdict(change, pet.as_deref());
         self.ctx.metrics.feed_change(verdict);
-        if let (Verdict::Drifted, Some(pet)) = (verdict, pet) {
-            debug!(
-                store = %self.store,
-                id = %change.id,
-                revision = change.revision,
-                pet = %pet.name_any(),
-                "the store changed a Pet's record; reconciling it"
-            );
-            self.queue(pet);
-        }
+        let pet = pet.filter(|_| verdict == Verdict::Drifted)?;
+        debug!(
+            store = %self.store,
+            id = %change.id,
+            revision = change.revision,
+            pet = %pet.name_any(),
+            "the store changed a Pet's record; reconciling it"
+        );
+        Some(pet)
     }
 
     /// Queues the Pet for a reconcile that reads the store.

@@ -52,6 +52,7 @@ use reconcile::{Problem, Reconcile};
 
 mod backoff;
 mod context;
+mod drift_storm;
 mod fair_queue;
 mod feed;
 mod finalizer;
@@ -63,6 +64,7 @@ mod status_write;
 pub mod uninstall;
 
 pub use backoff::backoff;
+pub use drift_storm::StormThreshold;
 pub use context::{Context, DEFAULT_CONCURRENCY, Settings};
 
 /// Runs the controller until `stop` is cancelled, then lets the reconciles
@@ -271,7 +273,11 @@ async fn hand_over_due_polls(
     stop: CancellationToken,
 ) {
     let period = || sweep_period(ctx.poll.interval());
-    let find = || ready(ctx.memory.take_due_polls(std::time::Instant::now()));
+    let find = || {
+        let now = std::time::Instant::now();
+        ctx.refresh_drift_storms(now);
+        ready(ctx.memory.take_due_polls(now))
+    };
     trigger_every(period, find, trigger, stop).await;
 }
 

@@ -125,6 +125,16 @@ impl PollSchedule {
         let _ = self.pets.set(pets);
     }
 
+    /// The Pets whose records are in `store`: a walk of the cache.
+    pub fn pets_on(&self, store: &StoreId) -> usize {
+        self.pets.get().map_or(0, |pets| {
+            pets.state()
+                .iter()
+                .filter(|pet| super::context::store_of(pet).as_ref() == Some(store))
+                .count()
+        })
+    }
+
     fn pet_count(&self) -> usize {
         self.pets.get().map_or(0, Store::len)
     }

@@ -21,6 +21,7 @@ use kube::{Resource, ResourceExt};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::context::store_of;
+use super::drift_storm::Storm;
 use super::poll::FeedMark;
 use super::{Context, finalizer, status_write};
 use crate::crd::Pet;
@@ -28,7 +29,7 @@ use crate::crd::Pet;
 use super::plan::{Planned, plan};
 use crate::decision::preview::created_fields;
 use crate::decision::{
-    Cause, Decision, Facts, Gate, Next, Plan, StoreAction, Story, Sync as SyncPlan, Target, Write,
+    Cause, Decision, DriftBrake, Facts, Gate, Next, Plan, StoreAction, Story, Sync as SyncPlan, Target, Write,
     after_create, gate, read_after_create,
 };
 use crate::status::{self, Outcome, PlanUpdate, Reason};
@@ -241,14 +242,19 @@ impl<'a> Reconcile<'a> {
                     }
                     Err(error) => return Ending::Problem(Problem::failed(error)),
                 },
-                Ok(Planned::Plan(plan)) => match gate(&self.facts, &plan) {
-                    Gate::Apply { approved } => self.execute(plan, approved).await,
-                    Gate::Show { outcome, stale } => Ok(Some(Ending::Planned {
-                        plan,
-                        outcome,
-                        stale,
-                    })),
-                },
+                Ok(Planned::Plan(plan)) => {
+                    if plan.cause == Some(Cause::Drift) && !plan.is_empty() {
+                        self.notice_drift();
+                    }
+                    match gate(&self.facts, &plan) {
+                        Gate::Apply { approved } => self.execute(plan, approved).await,
+                        Gate::Show { outcome, stale } => Ok(Some(Ending::Planned {
+                            plan,
+                            outcome,
+                            stale,
+                        })),
+                    }
+                }
                 Err(error) => Err(error),
             };
             match result {
@@ -274,6 +280,15 @@ impl<'a> Reconcile<'a> {
             // Read again, never create first: the last read or create
             // found a record.
             may_create_first = false;
+        }
+    }
+
+    /// This reconcile is about to write drift back: counted toward its
+    /// store's drift storm, which brakes the write if it is one.
+    fn notice_drift(&mut self) {
+        let store = self.store_id().unwrap_or(StoreId::Own);
+        if let Storm::Braking { drifted, pets } = self.ctx.drift_noticed(&store, &self.facts.uid) {
+            self.facts.drift_brake = Some(DriftBrake::Storm { drifted, pets });
         }
     }
 

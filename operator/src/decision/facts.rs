@@ -8,7 +8,7 @@ use kube::{Resource, ResourceExt};
 use super::Cause;
 use crate::Error;
 use crate::crd::{ChangePolicy, DeletionPolicy, FINALIZER, Pet, Setting};
-use crate::status;
+use crate::status::{self, Reason};
 use crate::store::{Holder, Owner, PetData};
 
 #[derive(Clone, Debug, PartialEq)]
@@ -53,6 +53,18 @@ pub struct Facts {
     pub uninstalling: Option<Uninstall>,
     /// The installation the hand-over-to annotation names.
     pub hand_over_to: Option<Setting<String>>,
+    /// Why drift is not written back by itself now, if it is not.
+    pub drift_brake: Option<DriftBrake>,
+}
+
+/// Why a drift-caused plan waits for approval whatever the change policy
+/// (see `controller::drift_storm`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DriftBrake {
+    /// `drifted` of the store's `pets` Pets drifted within the window.
+    Storm { drifted: usize, pets: usize },
+    /// The Pet was held in a storm and its plan is not approved yet.
+    HeldInStorm,
 }
 
 /// Why a deletion keeps and releases its record although the Pet's policy
@@ -159,6 +171,11 @@ pub fn facts_of(pet: &Pet, installation: &str) -> Result<Facts, Error> {
         hand_over_to: pet.hand_over_to(),
         applied_plan: pet.status.as_ref().and_then(|s| s.applied_plan.clone()),
         plan_shown: pet.status.as_ref().is_some_and(|s| s.plan.is_some()),
+        // Kept in the Pet's own status, so a restart does not release it.
+        drift_brake: pet
+            .condition(status::SYNCED)
+            .is_some_and(|synced| synced.reason == Reason::DriftStorm.as_str())
+            .then_some(DriftBrake::HeldInStorm),
     })
 }
 

@@ -423,7 +423,26 @@ pub enum Gate {
 /// plan whose hash the annotation names, once; `Observe` never writes. A
 /// plan that writes nothing is always "applied" (the status is brought in
 /// line).
+///
+/// In a drift storm ([`Facts::drift_brake`]) a plan caused by drift waits
+/// for its approval as under `Approve`, whatever the policy.
 pub fn gate(facts: &Facts, plan: &Plan) -> Gate {
+    let used = |hash: &str| facts.applied_plan.as_deref() == Some(hash);
+    if let Some(brake) = facts.drift_brake
+        && plan.cause == Some(Cause::Drift)
+        && !plan.is_empty()
+        && facts.change_policy != ChangePolicy::Observe
+    {
+        return match facts.approved_plan.as_deref() {
+            Some(hash) if hash == plan.hash && !used(hash) => Gate::Apply {
+                approved: Some(hash.to_owned()),
+            },
+            approved => Gate::Show {
+                outcome: Outcome::failed(Reason::DriftStorm, super::prose::drift_braked(brake, plan)),
+                stale: approved.filter(|hash| !used(hash)).map(str::to_owned),
+            },
+        };
+    }
     if plan.is_empty() || facts.change_policy == ChangePolicy::Automatic {
         return Gate::Apply { approved: None };
     }
@@ -439,7 +458,6 @@ pub fn gate(facts: &Facts, plan: &Plan) -> Gate {
             stale: None,
         };
     }
-    let used = |hash: &str| facts.applied_plan.as_deref() == Some(hash);
     match facts.approved_plan.as_deref() {
         Some(hash) if hash == plan.hash && !used(hash) => Gate::Apply {
             approved: Some(hash.to_owned()),

@@ -379,3 +379,23 @@ pub fn release_by_hand(id: &str, owner: &Owner, clear_identity: bool) -> String 
         owner.to_string()
     )
 }
+
+/// The hold of a drift-caused plan in a drift storm: why nothing is
+/// written, what would be, and how to let it.
+pub fn drift_braked(brake: super::DriftBrake, plan: &super::Plan) -> String {
+    let why = match brake {
+        super::DriftBrake::Storm { drifted, pets } => format!(
+            "{drifted} of this store's {pets} Pets drifted at once, so the operator writes no drift back to it"
+        ),
+        super::DriftBrake::HeldInStorm => {
+            "this Pet was held in a drift storm on its store".to_owned()
+        }
+    };
+    format!(
+        "{why} (a store restored from an old backup, come back empty or serving wrong data looks so): plan {} would {}. Check the store; approve it with the annotation {}={}",
+        plan.hash,
+        plan.describe(),
+        crate::crd::APPROVE_PLAN_ANNOTATION,
+        plan.hash
+    )
+}

@@ -74,6 +74,7 @@ pub(super) fn facts() -> Facts {
         plan_shown: false,
         uninstalling: None,
         hand_over_to: None,
+        drift_brake: None,
     }
 }
 
@@ -84,6 +85,10 @@ impl Facts {
     }
     pub(super) fn approving(mut self, hash: &str) -> Self {
         self.approved_plan = Some(hash.into());
+        self
+    }
+    pub(super) fn braked(mut self, brake: super::DriftBrake) -> Self {
+        self.drift_brake = Some(brake);
         self
     }
     pub(super) fn applied(mut self, hash: &str) -> Self {

@@ -7,7 +7,7 @@ use proptest::prelude::*;
 use super::super::tests::{facts, found, mine, record};
 use super::*;
 use crate::crd::{ChangePolicy, PetType};
-use crate::decision::Uninstall;
+use crate::decision::{DriftBrake, Uninstall};
 use crate::decision::{Observation, Step, decide, first_step};
 use crate::status::Reason;
 
@@ -179,6 +179,13 @@ fn gate_table() {
     );
     let hash = pending.hash.clone();
     let nothing = planned(&facts().status_id("a"), found(mine("a"), mine("a")));
+    let mut edited = facts().status_id("a").wanting(PetData::named("Thorbert"));
+    edited.spec_changed = true;
+    let spec_change = planned(&edited, found(mine("a"), mine("a")));
+    let storm = DriftBrake::Storm {
+        drifted: 60,
+        pets: 100,
+    };
     // Ok(approval used) when written; Err((reason shown, stale approval)).
     type Expected = Result<Option<String>, (Reason, Option<String>)>;
     let stale = "0123456789abcdef".to_owned();
@@ -222,6 +229,42 @@ fn gate_table() {
         (
             "a plan that writes nothing needs no approval",
             approve(facts()),
+            &nothing,
+            Ok(None),
+        ),
+        (
+            "in a drift storm, Automatic holds a drift plan for approval",
+            facts().braked(storm),
+            &pending,
+            Err((Reason::DriftStorm, None)),
+        ),
+        (
+            "in a drift storm, the approved drift plan is written",
+            facts().braked(storm).approving(&hash),
+            &pending,
+            Ok(Some(hash.clone())),
+        ),
+        (
+            "a Pet held in a storm stays held once the storm is over",
+            facts().braked(DriftBrake::HeldInStorm),
+            &pending,
+            Err((Reason::DriftStorm, None)),
+        ),
+        (
+            "a drift storm does not hold a spec change",
+            facts().braked(storm),
+            &spec_change,
+            Ok(None),
+        ),
+        (
+            "in a drift storm, Observe still writes nothing",
+            facts().policy(ChangePolicy::Observe).braked(storm),
+            &pending,
+            Err((Reason::RecordDiffers, None)),
+        ),
+        (
+            "in a drift storm, a plan that writes nothing needs no approval",
+            facts().braked(storm),
             &nothing,
             Ok(None),
         ),

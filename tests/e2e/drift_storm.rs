@@ -1,0 +1,159 @@
+//! The drift-storm brake on the real API server and store: a store whose
+//! records change all at once (as a restore from an old backup changes
+//! them) gets no write from the operator until each plan is approved, and
+//! once the storm is over, a lone drift is written back by itself again.
+
+use std::time::Duration;
+
+use fixtures::env::{condition, pet_manifest};
+use fixtures::{Env, Storage, wait_for};
+use serde_json::{Value, json};
+
+const PETS: usize = 40;
+/// Records the "restore" changes: more than the brake's minimum below.
+const RESTORED: usize = 30;
+const STORM_MIN: &str = "20";
+/// Short, so that the storm's end is seen within the test.
+const STORM_WINDOW: &str = "5s";
+const TIMEOUT: Duration = Duration::from_secs(60);
+const APPROVE_PLAN: &str = "petstore.example.com/approve-plan";
+
+fn name(i: usize) -> String {
+    format!("storm-{i}")
+}
+
+fn synced_reason(pet: &Value) -> String {
+    condition(pet, "Synced")
+        .and_then(|c| c["reason"].as_str())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// Renames the records of these Pets in one `UpdatePets` call, as a
+/// restore of the store's data would change them all at once.
+fn rename_records(env: &Env, ids: &[String], to: &str) -> fixtures::Result<()> {
+    let pets: Vec<Value> = ids
+        .iter()
+        .map(|id| {
+            json!({"id": id, "name": to, "type": 1,
+                   "birthday": {"year": 2020, "month": 1, "day": 1}})
+        })
+        .collect();
+    env.store.grpcurl(
+        "petstore.PetStore/UpdatePets",
+        &json!({ "pets": pets }).to_string(),
+    )?;
+    Ok(())
+}
+
+fn record_name(env: &Env, id: &str) -> fixtures::Result<String> {
+    let pets = env.store.all_pets()?;
+    Ok(pets
+        .iter()
+        .find(|pet| pet["id"] == id)
+        .and_then(|pet| pet["name"].as_str())
+        .unwrap_or_default()
+        .to_owned())
+}
+
+#[test]
+fn a_store_rewritten_at_once_is_not_written_back_until_each_plan_is_approved()
+-> fixtures::Result<()> {
+    let env = Env::start(Storage::Memory)?;
+    let mut options = env.operator_options("operator");
+    options.extra_args.extend([
+        format!("--drift-storm-min={STORM_MIN}").into(),
+        format!("--drift-storm-window={STORM_WINDOW}").into(),
+    ]);
+    let operator = env.start_operator_with(&options)?;
+    let manifests: Vec<String> = (0..PETS)
+        .map(|i| {
+            pet_manifest(
+                &name(i),
+                &[],
+                " {name: Rex, type: dog, birthday: \"2020-01-01\"}",
+            )
+        })
+        .collect();
+    env.cp.apply(&manifests.join("---\n"))?;
+    let ids: Vec<String> = (0..PETS)
+        .map(|i| env.wait_ready("default", &name(i), TIMEOUT))
+        .collect::<fixtures::Result<_>>()?;
+    let writes_before = env.store.writes()?;
+
+    // The "restore": 30 of the 40 records renamed in one call.
+    let restored = &ids[..RESTORED];
+    rename_records(&env, restored, "Old")?;
+
+    // Each drifted Pet is held with its plan; none is written back.
+    let held: Vec<Value> = (0..RESTORED)
+        .map(|i| {
+            wait_for(TIMEOUT, &format!("{} held in the storm", name(i)), || {
+                let pet = env.pet("default", &name(i)).ok()?;
+                (synced_reason(&pet) == "DriftStorm" && pet["status"]["plan"].is_object())
+                    .then_some(pet)
+            })
+        })
+        .collect::<fixtures::Result<_>>()?;
+    let message = condition(&held[0], "Synced").map_or(Value::Null, |c| c["message"].clone());
+    let message = message.as_str().unwrap_or_default();
+    assert!(
+        message.contains("drifted at once") && message.contains(APPROVE_PLAN),
+        "the hold says why and how to let it: {message}"
+    );
+    let scrape = operator.metrics()?;
+    assert_eq!(
+        fixtures::http::sum_series(&scrape, "petstore_operator_drift_storm_stores", ""),
+        1.0,
+        "the store is shown braking"
+    );
+    // Every held Pet's reconcile has run (its plan is shown): the only
+    // write since is the test's own rename.
+    assert_eq!(
+        env.store.writes()? - writes_before,
+        1.0,
+        "the operator wrote to a store in a drift storm"
+    );
+    for id in restored {
+        assert_eq!(record_name(&env, id)?, "Old", "record {id} was written back");
+    }
+    env.wait_event(&format!("DriftStorm/{}", name(0)), TIMEOUT)?;
+
+    // Approving one Pet's plan writes exactly that plan.
+    let hash = held[0]["status"]["plan"]["hash"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    env.cp.kubectl(&[
+        "annotate",
+        "pet",
+        &name(0),
+        "-n",
+        "default",
+        &format!("{APPROVE_PLAN}={hash}"),
+    ])?;
+    env.wait_ready("default", &name(0), TIMEOUT)?;
+    assert_eq!(record_name(&env, &restored[0])?, "Rex");
+    assert_eq!(
+        env.store.writes()? - writes_before,
+        2.0,
+        "the approval wrote its one update"
+    );
+
+    // A window with no new drift ends the storm; the Pets held in it stay
+    // held until approved, and a lone drift is written back by itself.
+    wait_for(TIMEOUT, "the storm to end", || {
+        let scrape = operator.metrics().ok()?;
+        (fixtures::http::sum_series(&scrape, "petstore_operator_drift_storm_stores", "") == 0.0)
+            .then_some(())
+    })?;
+    let lone = &ids[PETS - 1];
+    rename_records(&env, std::slice::from_ref(lone), "Lone")?;
+    wait_for(TIMEOUT, "the lone drift written back", || {
+        (record_name(&env, lone).ok()? == "Rex").then_some(())
+    })?;
+    let still_held = env.pet("default", &name(1))?;
+    assert_eq!(synced_reason(&still_held), "DriftStorm", "{still_held}");
+    assert_eq!(record_name(&env, &restored[1])?, "Old");
+    Ok(())
+}
