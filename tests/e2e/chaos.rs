@@ -200,6 +200,11 @@ impl Soak<'_> {
         if let Some(replicas) = &self.replicas {
             options.store_addr = replicas.service.addr.clone();
         }
+        // A store restarted empty is one of the faults, and the soak holds
+        // the operator to recreating every record: without the drift-storm
+        // brake, which would wait for each plan's approval instead
+        // (tests/e2e/drift_storm.rs).
+        options.extra_args.push("--drift-storm-min=0".into());
         self.operators.push(self.env.start_operator_with(&options)?);
         Ok(())
     }
