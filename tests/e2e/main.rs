@@ -10,6 +10,7 @@
 mod admission;
 mod attacks;
 mod book_rpcs;
+mod capabilities;
 mod change_feed;
 mod chaos;
 mod conversion;

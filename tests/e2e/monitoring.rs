@@ -2,7 +2,8 @@
 //! alert rules are valid and their unit tests pass; both processes' scrapes
 //! pass `promtool check metrics`; and every metric the alerts and the Grafana
 //! dashboard query exists in those scrapes, so a renamed metric fails here
-//! rather than in an empty panel or a silent alert.
+//! rather than in an empty panel or a silent alert. And every alert links
+//! its own section of docs/runbooks.md, which has none for a gone alert.
 
 use std::ffi::OsStr;
 use std::path::Path;
@@ -447,4 +448,221 @@ fn scrapes_pass_promtool_and_hold_every_queried_metric() -> fixtures::Result<()>
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
     Ok(())
+}
+
+/// docs/runbooks.md as GitHub shows it: `repository` of the workspace's
+/// `[workspace.package]`, on branch main.
+fn runbooks_url() -> String {
+    let manifest = read(&repo_root().join("Cargo.toml"));
+    let mut section = "";
+    let repository = manifest
+        .lines()
+        .map(str::trim)
+        .find_map(|line| {
+            if line.starts_with('[') {
+                section = line;
+                return None;
+            }
+            (section == "[workspace.package]")
+                .then(|| line.strip_prefix("repository"))?
+                .and_then(|rest| rest.trim_start().strip_prefix('='))
+                .map(|value| value.trim().trim_matches('"').to_owned())
+        })
+        .expect("Cargo.toml's [workspace.package] has a repository");
+    format!("{repository}/blob/main/docs/runbooks.md")
+}
+
+/// The anchor GitHub gives a heading: lower case, spaces to `-`, every
+/// other character but letters, digits, `-` and `_` dropped.
+fn github_anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .flat_map(char::to_lowercase)
+        .collect()
+}
+
+/// A Markdown document's ATX headings outside fenced code (where `#`
+/// starts a shell comment), as (level, text).
+fn headings(markdown: &str) -> Vec<(usize, String)> {
+    let mut fenced = false;
+    let mut found = Vec::new();
+    for line in markdown.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        let level = line.chars().take_while(|&c| c == '#').count();
+        if fenced || !(1..=6).contains(&level) {
+            continue;
+        }
+        if let Some(text) = line[level..].strip_prefix(' ') {
+            found.push((level, text.trim().trim_end_matches('#').trim().to_owned()));
+        }
+    }
+    found
+}
+
+/// Every anchor of a document's headings; a repeated heading's anchor gets
+/// `-1`, `-2`, ... as on GitHub.
+fn anchors(markdown: &str) -> Vec<String> {
+    let mut anchors: Vec<String> = Vec::new();
+    for (_, text) in headings(markdown) {
+        let base = github_anchor(&text);
+        let mut anchor = base.clone();
+        let mut n = 0;
+        while anchors.contains(&anchor) {
+            n += 1;
+            anchor = format!("{base}-{n}");
+        }
+        anchors.push(anchor);
+    }
+    anchors
+}
+
+/// What is wrong between the alerts of `prometheus_rule` and `runbooks`, the
+/// runbooks document published at `url`: an alert without a `runbook_url`,
+/// one that points elsewhere, at no heading, or at a section not its own;
+/// and a section (a `##` heading) named after no alert.
+fn runbook_problems(prometheus_rule: &str, runbooks: &str, url: &str) -> Vec<String> {
+    let rule: serde_json::Value =
+        serde_norway::from_str(prometheus_rule).expect("the PrometheusRule is YAML");
+    let alerts: Vec<(String, Option<String>)> = rule["spec"]["groups"]
+        .as_array()
+        .expect("spec.groups")
+        .iter()
+        .flat_map(|group| group["rules"].as_array().expect("a group's rules"))
+        .filter_map(|rule| {
+            let alert = rule["alert"].as_str()?.to_owned();
+            let link = rule["annotations"]["runbook_url"]
+                .as_str()
+                .map(str::to_owned);
+            Some((alert, link))
+        })
+        .collect();
+    let anchors = anchors(runbooks);
+    let mut problems = Vec::new();
+    for (alert, link) in &alerts {
+        let Some(link) = link else {
+            problems.push(format!("{alert} has no runbook_url"));
+            continue;
+        };
+        let Some(anchor) = link
+            .strip_prefix(url)
+            .and_then(|rest| rest.strip_prefix('#'))
+        else {
+            problems.push(format!(
+                "{alert}'s runbook_url {link} is not {url}#<its section>"
+            ));
+            continue;
+        };
+        if !anchors.iter().any(|a| a == anchor) {
+            problems.push(format!(
+                "{alert}'s runbook_url anchor #{anchor} is no heading of the runbooks"
+            ));
+        } else if anchor != github_anchor(alert) {
+            problems.push(format!(
+                "{alert}'s runbook_url points at #{anchor}, not its own section #{}",
+                github_anchor(alert)
+            ));
+        }
+    }
+    let sections = headings(runbooks)
+        .into_iter()
+        .filter(|(level, _)| *level == 2)
+        .map(|(_, text)| text);
+    for section in sections {
+        if !alerts.iter().any(|(alert, _)| *alert == section) {
+            problems.push(format!(
+                "the runbooks have a section \"{section}\" for no alert"
+            ));
+        }
+    }
+    problems
+}
+
+/// Each alert's runbook_url is its own section of docs/runbooks.md, at the
+/// repository's address, and the runbooks have no section for an alert
+/// that is gone. Reads files only: no promtool, no control plane.
+#[test]
+fn every_alert_links_its_own_runbook_section() {
+    let runbooks = read(&repo_root().join("docs/runbooks.md"));
+    let problems = runbook_problems(&prometheus_rule(), &runbooks, &runbooks_url());
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    assert_eq!(
+        runbooks_url(),
+        "https://github.com/petstore-operator/petstore-operator/blob/main/docs/runbooks.md"
+    );
+}
+
+/// The checker itself: a rule without a runbook, a broken anchor, a link
+/// elsewhere, one to another alert's section and a section left behind by
+/// a removed alert are each reported; the fixed document passes.
+#[test]
+fn runbook_checker_reports_each_broken_link_and_stale_section() {
+    let url = "https://example.com/o/r/blob/main/docs/runbooks.md";
+    let alerts = ["StoreDown", "NoRunbook", "BadAnchor", "Elsewhere"];
+    // The four alerts with these runbook_urls ("" for none).
+    let rule = |links: [String; 4]| {
+        let mut yaml = String::from("spec:\n  groups:\n    - name: g\n      rules:\n");
+        for (alert, link) in alerts.into_iter().zip(links) {
+            yaml.push_str(&format!(
+                "        - alert: {alert}\n          expr: vector(1)\n          annotations:\n            summary: s\n"
+            ));
+            if !link.is_empty() {
+                yaml.push_str(&format!("            runbook_url: {link}\n"));
+            }
+        }
+        // A recording rule needs no runbook.
+        yaml.push_str("        - record: job:up:sum\n          expr: sum(up)\n");
+        yaml
+    };
+    let doc = "# Runbooks\n\n```sh\n# a shell comment, not a heading\n```\n\n\
+        ## StoreDown\n\n**Confirm.**\n\n## Bad anchor: the store's `up` == 0\n\n\
+        ## OldAlert\n";
+    let broken = rule([
+        format!("{url}#storedown"),
+        String::new(),
+        format!("{url}#badanchor"),
+        "https://wiki.example.com/runbooks#elsewhere".to_owned(),
+    ]);
+    assert_eq!(
+        runbook_problems(&broken, doc, url),
+        [
+            "NoRunbook has no runbook_url".to_owned(),
+            "BadAnchor's runbook_url anchor #badanchor is no heading of the runbooks".to_owned(),
+            format!(
+                "Elsewhere's runbook_url https://wiki.example.com/runbooks#elsewhere is not {url}#<its section>"
+            ),
+            "the runbooks have a section \"Bad anchor: the store's `up` == 0\" for no alert"
+                .to_owned(),
+            "the runbooks have a section \"OldAlert\" for no alert".to_owned(),
+        ]
+    );
+    assert_eq!(
+        github_anchor("Bad anchor: the store's `up` == 0"),
+        "bad-anchor-the-stores-up--0"
+    );
+
+    let fixed = "# Runbooks\n\n## StoreDown\n\n## NoRunbook\n\n## BadAnchor\n\n## Elsewhere\n";
+    let all_to_one = rule(alerts.map(|_| format!("{url}#storedown")));
+    assert_eq!(
+        runbook_problems(&all_to_one, fixed, url),
+        ["NoRunbook", "BadAnchor", "Elsewhere"].map(|alert| format!(
+            "{alert}'s runbook_url points at #storedown, not its own section #{}",
+            alert.to_lowercase()
+        ))
+    );
+    let own = rule(alerts.map(|alert| format!("{url}#{}", alert.to_lowercase())));
+    assert_eq!(runbook_problems(&own, fixed, url), Vec::<String>::new());
+    // A repeated heading's anchor is numbered, as on GitHub.
+    assert_eq!(
+        anchors("## Confirm\n## Confirm\n### Confirm\n"),
+        ["confirm", "confirm-1", "confirm-2"]
+    );
 }
