@@ -87,6 +87,8 @@ phase "prerequisites" check_prerequisites
 #      trace receiver: an OpenTelemetry Collector for the traces of tests/e2e/traces.rs
 #      health: kstatus, Argo CD's Lua check and Flux's CEL judging Pets (tests/e2e/health.rs)
 #      helm: lints, renders, installs and upgrades the chart (tests/e2e/helm.rs)
+#      registry: the OCI registry the chart is pushed to and installed from (tests/e2e/oci.rs)
+#      cosign: signs the pushed chart and attests its SBOM (tests/e2e/oci.rs)
 #      krew: installs the kubectl plugin from a local index (tests/e2e/krew.rs)
 #      static checks: hadolint and the Tiltfile check
 #  - "tilt": what only the last phase needs, the nodes of tests/e2e/tilt.rs
@@ -103,6 +105,8 @@ tool_steps=(
   "tests:trace receiver (cached build):hack/tracing/build.sh"
   "tests:health, kstatus (cached build):hack/health/build.sh"
   "tests:helm (cached build):hack/helm/build.sh"
+  "tests:registry (cached build):hack/registry/build.sh"
+  "tests:cosign (cached build):hack/cosign/build.sh"
   "tests:krew (cached build):hack/krew/build.sh"
   "tests:static checks (Dockerfile, Tiltfile):hack/static-checks.sh"
   "tilt:one-node cluster and Tilt (cached build):hack/cluster/build.sh"

@@ -26,6 +26,7 @@ mod installation_claim;
 mod krew;
 mod kubernetes;
 mod monitoring;
+mod oci;
 mod ownership;
 mod plans;
 mod plans_restart;

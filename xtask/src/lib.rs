@@ -1,4 +1,6 @@
 //! What other crates reuse of the developer commands: the plugin's release
-//! step for krew, which the end-to-end story installs with the real krew.
+//! step for krew, which the end-to-end story installs with the real krew,
+//! and the SBOM, which the OCI story attests to the chart with cosign.
 
 pub mod krew;
+pub mod sbom;

@@ -53,6 +53,35 @@ enum Task {
         #[arg(long)]
         uri_base: String,
     },
+    /// Write a CycloneDX 1.5 JSON SBOM of the operator and the pet store:
+    /// every package their binaries are built from, with its locked version
+    /// and purl, from `cargo metadata`.
+    Sbom {
+        /// The file to write (stdout without it).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// The target triple the binaries are built for (the host's without
+        /// it): it decides which platform-specific dependencies count.
+        #[arg(long)]
+        target: Option<String>,
+    },
+}
+
+/// `cargo xtask sbom`.
+fn sbom(out: Option<&Path>, target: Option<&str>) -> anyhow::Result<()> {
+    let root = fixtures::repo_root();
+    let bom = xtask::sbom::generate(&root, target).context("making the SBOM")?;
+    let text = serde_json::to_string_pretty(&bom)? + "\n";
+    match out {
+        None => print!("{text}"),
+        Some(out) => {
+            let out = root.join(out);
+            std::fs::write(&out, text).with_context(|| format!("writing {}", out.display()))?;
+            let count = bom["components"].as_array().map_or(0, Vec::len);
+            eprintln!("{}: {count} components", out.display());
+        }
+    }
+    Ok(())
 }
 
 /// `cargo xtask krew`; relative paths are the repository's, wherever cargo
@@ -94,6 +123,7 @@ fn main() -> ExitCode {
             binary,
             uri_base,
         } => krew(&out, &binary, &uri_base),
+        Task::Sbom { out, target } => sbom(out.as_deref(), target.as_deref()),
         Task::Dev => petstore_process::stop_flag()
             .map_err(anyhow::Error::from)
             .and_then(|stop| dev::dev(&stop).map_err(anyhow::Error::from)),
