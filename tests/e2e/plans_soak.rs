@@ -707,9 +707,10 @@ impl Soak {
             }
             if Instant::now() > deadline {
                 return Err(format!(
-                    "step {step}: not settled after {SETTLE:?}; records {:?}\n{}",
+                    "step {step}: not settled after {SETTLE:?}; records {:?}\n{}\nthe operator's log:\n{}",
                     now.records,
-                    self.describe(&now)
+                    self.describe(&now),
+                    self.operator.process().log_tail(80)
                 )
                 .into());
             }
