@@ -115,7 +115,11 @@ fn a_store_rewritten_at_once_is_not_written_back_until_each_plan_is_approved()
         "the operator wrote to a store in a drift storm"
     );
     for id in restored {
-        assert_eq!(record_name(&env, id)?, "Old", "record {id} was written back");
+        assert_eq!(
+            record_name(&env, id)?,
+            "Old",
+            "record {id} was written back"
+        );
     }
     env.wait_event(&format!("DriftStorm/{}", name(0)), TIMEOUT)?;
 

@@ -11,8 +11,8 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 
-use super::memory::Memory;
 use super::drift_storm::{DriftStorms, Storm, StormThreshold};
+use super::memory::Memory;
 use super::poll::{FeedMark, PollSchedule};
 use super::{facts_of, uninstall};
 use crate::crd::Pet;

@@ -74,7 +74,10 @@ pub enum Storm {
     Calm,
     /// Writing to the store is braked; `drifted` Pets drifted in the
     /// window, of `pets`.
-    Braking { drifted: usize, pets: usize },
+    Braking {
+        drifted: usize,
+        pets: usize,
+    },
 }
 
 impl DriftStorms {
@@ -198,7 +201,10 @@ mod tests {
         assert_eq!(storms.noticed(&own, "a", || 10, start), Storm::Calm);
         assert_eq!(storms.noticed(&own, "b", || 10, start), Storm::Calm);
         // The same Pet again is not new drift.
-        assert_eq!(storms.noticed(&own, "b", || 10, start + SECOND), Storm::Calm);
+        assert_eq!(
+            storms.noticed(&own, "b", || 10, start + SECOND),
+            Storm::Calm
+        );
         // A window later the first two are forgotten.
         let later = start + 61 * SECOND;
         assert_eq!(storms.noticed(&own, "c", || 10, later), Storm::Calm);

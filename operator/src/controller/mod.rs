@@ -64,8 +64,8 @@ mod status_write;
 pub mod uninstall;
 
 pub use backoff::backoff;
-pub use drift_storm::StormThreshold;
 pub use context::{Context, DEFAULT_CONCURRENCY, Settings};
+pub use drift_storm::StormThreshold;
 
 /// Runs the controller until `stop` is cancelled, then lets the reconciles
 /// in flight finish.

@@ -29,8 +29,8 @@ use crate::crd::Pet;
 use super::plan::{Planned, plan};
 use crate::decision::preview::created_fields;
 use crate::decision::{
-    Cause, Decision, DriftBrake, Facts, Gate, Next, Plan, StoreAction, Story, Sync as SyncPlan, Target, Write,
-    after_create, gate, read_after_create,
+    Cause, Decision, DriftBrake, Facts, Gate, Next, Plan, StoreAction, Story, Sync as SyncPlan,
+    Target, Write, after_create, gate, read_after_create,
 };
 use crate::status::{self, Outcome, PlanUpdate, Reason};
 use crate::store::{Changes, Created, Field, PetStore, StoreError};

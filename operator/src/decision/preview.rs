@@ -438,7 +438,10 @@ pub fn gate(facts: &Facts, plan: &Plan) -> Gate {
                 approved: Some(hash.to_owned()),
             },
             approved => Gate::Show {
-                outcome: Outcome::failed(Reason::DriftStorm, super::prose::drift_braked(brake, plan)),
+                outcome: Outcome::failed(
+                    Reason::DriftStorm,
+                    super::prose::drift_braked(brake, plan),
+                ),
                 stale: approved.filter(|hash| !used(hash)).map(str::to_owned),
             },
         };
