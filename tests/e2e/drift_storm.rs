@@ -161,3 +161,65 @@ fn a_store_rewritten_at_once_is_not_written_back_until_each_plan_is_approved()
     assert_eq!(record_name(&env, &restored[1])?, "Old");
     Ok(())
 }
+
+/// A store that comes back empty (a memory store restarted, a database
+/// wiped) is a storm at once: no record is made again until a plan is
+/// approved.
+#[test]
+fn a_store_come_back_empty_gets_no_record_made_again_until_a_plan_is_approved()
+-> fixtures::Result<()> {
+    const EMPTIED: usize = 25;
+    let mut env = Env::start(Storage::Memory)?;
+    let mut options = env.operator_options("operator");
+    options
+        .extra_args
+        .push(format!("--drift-storm-min={STORM_MIN}").into());
+    let _operator = env.start_operator_with(&options)?;
+    let manifests: Vec<String> = (0..EMPTIED)
+        .map(|i| {
+            pet_manifest(
+                &name(i),
+                &[],
+                " {name: Rex, type: dog, birthday: \"2020-01-01\"}",
+            )
+        })
+        .collect();
+    env.cp.apply(&manifests.join("---\n"))?;
+    for i in 0..EMPTIED {
+        env.wait_ready("default", &name(i), TIMEOUT)?;
+    }
+
+    env.store.restart(Storage::Memory)?;
+    let held: Vec<Value> = (0..EMPTIED)
+        .map(|i| {
+            wait_for(TIMEOUT, &format!("{} held in the storm", name(i)), || {
+                let pet = env.pet("default", &name(i)).ok()?;
+                (synced_reason(&pet) == "DriftStorm").then_some(pet)
+            })
+        })
+        .collect::<fixtures::Result<_>>()?;
+    // Every Pet's reconcile found its record gone and held it: the
+    // restarted store was asked for no record.
+    assert_eq!(
+        env.store.answered("AddPets")?,
+        0.0,
+        "a record was made again"
+    );
+    assert!(env.store.all_pets()?.is_empty());
+    let plan = &held[0]["status"]["plan"];
+    assert_eq!(plan["summary"], "create", "{plan}");
+
+    // Approved, that one Pet's record is made again, and only it.
+    let hash = plan["hash"].as_str().unwrap_or_default().to_owned();
+    env.cp.kubectl(&[
+        "annotate",
+        "pet",
+        &name(0),
+        "-n",
+        "default",
+        &format!("{APPROVE_PLAN}={hash}"),
+    ])?;
+    env.wait_ready("default", &name(0), TIMEOUT)?;
+    assert_eq!(env.store.all_pets()?.len(), 1);
+    Ok(())
+}

@@ -193,11 +193,38 @@ impl Context {
         let now = std::time::Instant::now();
         let storm = self
             .drift_storms
-            .noticed(store, uid, || self.poll.pets_on(store), now);
+            .noticed(store, uid, || self.poll.pets_on(store, None), now);
         if matches!(storm, Storm::Braking { .. }) {
             self.refresh_drift_storms(now);
         }
         storm
+    }
+
+    /// A Pet of `store` in `namespace` found its record gone: if that
+    /// namespace has at least the storm's minimum of Pets on the store and
+    /// the store, as this Pet's client sees it, holds no record at all, the
+    /// store came back empty, and that is a storm at once.
+    pub(super) async fn record_gone(
+        &self,
+        store: &StoreId,
+        namespace: &str,
+        client: &dyn crate::store::PetStore,
+    ) -> Storm {
+        let min = self.settings.drift_storm.min;
+        let pets = self.poll.pets_on(store, Some(namespace));
+        if min == 0 || pets < min {
+            return Storm::Calm;
+        }
+        match client.holds_no_records().await {
+            Ok(true) => {
+                let now = std::time::Instant::now();
+                let storm = self.drift_storms.declare(store, pets, now);
+                self.refresh_drift_storms(now);
+                storm
+            }
+            // Records there, or no answer: judged as any drift.
+            Ok(false) | Err(_) => Storm::Calm,
+        }
     }
 
     /// Sets the drift-storm gauge to the stores braking now (a storm ends

@@ -61,6 +61,8 @@ struct StoreDrift {
     /// The store's Pets, as last counted, and when: counted only once
     /// enough Pets drifted to matter, and at most once a second.
     pets: Option<(usize, Instant)>,
+    /// The records the store lost at once, if it came back empty.
+    emptied: Option<usize>,
 }
 
 pub struct DriftStorms {
@@ -115,8 +117,8 @@ impl DriftStorms {
             drift.drifted.insert(uid.to_owned(), now);
             drift.last_new = Some(now);
         }
-        let drifted = drift.drifted.len();
-        if drifted < self.threshold.min {
+        let drifted = drift.drifted.len().max(drift.emptied.unwrap_or(0));
+        if drift.storm_since.is_none() && drifted < self.threshold.min {
             return Storm::Calm;
         }
         let pets = match drift.pets {
@@ -136,6 +138,24 @@ impl DriftStorms {
         }
     }
 
+    /// The store holds none of its `pets` Pets' records (it came back
+    /// empty): a storm now, whatever has drifted so far.
+    pub fn declare(&self, store: &StoreId, pets: usize, now: Instant) -> Storm {
+        if !self.threshold.enabled() {
+            return Storm::Calm;
+        }
+        let mut stores = self.stores();
+        let drift = stores.entry(store.clone()).or_default();
+        drift.storm_since.get_or_insert(now);
+        drift.last_new = Some(now);
+        drift.pets = Some((pets, now));
+        drift.emptied = Some(pets);
+        Storm::Braking {
+            drifted: pets,
+            pets,
+        }
+    }
+
     /// Ends a storm whose store has had no new drift for a window, and
     /// forgets drift older than a window while calm.
     fn expire(drift: &mut StoreDrift, window: Duration, now: Instant) {
@@ -144,6 +164,7 @@ impl DriftStorms {
             .is_none_or(|last| now.saturating_duration_since(last) >= window);
         if drift.storm_since.is_some() && quiet {
             drift.storm_since = None;
+            drift.emptied = None;
             drift.drifted.clear();
         }
         if drift.storm_since.is_none() {
@@ -160,12 +181,15 @@ impl DriftStorms {
         let mut stores = self.stores();
         stores.retain(|_, drift| {
             Self::expire(drift, window, now);
-            !drift.drifted.is_empty()
+            !drift.drifted.is_empty() || drift.storm_since.is_some()
         });
         stores
             .iter()
             .filter(|(_, drift)| drift.storm_since.is_some())
-            .map(|(store, drift)| (store.clone(), drift.drifted.len()))
+            .map(|(store, drift)| {
+                let drifted = drift.drifted.len().max(drift.emptied.unwrap_or(0));
+                (store.clone(), drifted)
+            })
             .collect()
     }
 }
@@ -247,12 +271,31 @@ mod tests {
     }
 
     #[test]
+    fn a_store_come_back_empty_is_a_storm_at_once() {
+        let storms = storms(50);
+        let now = Instant::now();
+        assert_eq!(
+            storms.declare(&StoreId::Own, 60, now),
+            Storm::Braking {
+                drifted: 60,
+                pets: 60
+            }
+        );
+        assert!(matches!(
+            storms.noticed(&StoreId::Own, "a", || 60, now),
+            Storm::Braking { .. }
+        ));
+        assert_eq!(storms.braking(now), vec![(StoreId::Own, 60)]);
+    }
+
+    #[test]
     fn a_minimum_of_zero_turns_the_brake_off() {
         let storms = storms(0);
         let now = Instant::now();
         for uid in ["a", "b", "c", "d"] {
             assert_eq!(storms.noticed(&StoreId::Own, uid, || 4, now), Storm::Calm);
         }
+        assert_eq!(storms.declare(&StoreId::Own, 4, now), Storm::Calm);
         assert!(storms.braking(now).is_empty());
     }
 }

@@ -125,12 +125,16 @@ impl PollSchedule {
         let _ = self.pets.set(pets);
     }
 
-    /// The Pets whose records are in `store`: a walk of the cache.
-    pub fn pets_on(&self, store: &StoreId) -> usize {
+    /// The Pets whose records are in `store`, of `namespace` only if
+    /// given: a walk of the cache.
+    pub fn pets_on(&self, store: &StoreId, namespace: Option<&str>) -> usize {
         self.pets.get().map_or(0, |pets| {
             pets.state()
                 .iter()
                 .filter(|pet| super::context::store_of(pet).as_ref() == Some(store))
+                .filter(|pet| {
+                    namespace.is_none_or(|ns| pet.metadata.namespace.as_deref() == Some(ns))
+                })
                 .count()
         })
     }

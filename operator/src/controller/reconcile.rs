@@ -244,7 +244,7 @@ impl<'a> Reconcile<'a> {
                 },
                 Ok(Planned::Plan(plan)) => {
                     if plan.cause == Some(Cause::Drift) && !plan.is_empty() {
-                        self.notice_drift();
+                        self.notice_drift(&plan).await;
                     }
                     match gate(&self.facts, &plan) {
                         Gate::Apply { approved } => self.execute(plan, approved).await,
@@ -285,9 +285,23 @@ impl<'a> Reconcile<'a> {
 
     /// This reconcile is about to write drift back: counted toward its
     /// store's drift storm, which brakes the write if it is one.
-    fn notice_drift(&mut self) {
+    /// A record gone while the store is calm is asked about once more: a
+    /// store that holds no record at all came back empty.
+    async fn notice_drift(&mut self, plan: &Plan) {
         let store = self.store_id().unwrap_or(StoreId::Own);
-        if let Storm::Braking { drifted, pets } = self.ctx.drift_noticed(&store, &self.facts.uid) {
+        let mut storm = self.ctx.drift_noticed(&store, &self.facts.uid);
+        let recreates = matches!(
+            &plan.decision,
+            Decision::Sync(sync) if matches!(sync.story, Story::Recreated { .. })
+        );
+        if storm == Storm::Calm && recreates {
+            let namespace = self.pet.namespace().unwrap_or_default();
+            storm = self
+                .ctx
+                .record_gone(&store, &namespace, self.store.as_ref())
+                .await;
+        }
+        if let Storm::Braking { drifted, pets } = storm {
             self.facts.drift_brake = Some(DriftBrake::Storm { drifted, pets });
         }
     }

@@ -201,6 +201,11 @@ impl FakeStore {
 
 #[tonic::async_trait]
 impl PetStore for FakeStore {
+    async fn holds_no_records(&self) -> Result<bool, StoreError> {
+        let state = self.enter(Operation::Search, "search".into())?;
+        Ok(state.records.is_empty())
+    }
+
     async fn observe(
         &self,
         id: Option<&str>,

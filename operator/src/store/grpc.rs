@@ -633,6 +633,22 @@ impl PetStore for GrpcPetStore {
         Some(&self.echoes)
     }
 
+    async fn holds_no_records(&self) -> Result<bool, StoreError> {
+        // Only the first message: dropping the stream then cancels the rest.
+        let mut stream = self
+            .rpc
+            .call(pb::SearchPetsReq::default(), async |mut c, request| {
+                c.search_pets(request).await
+            })
+            .await
+            .map_err(classify(Operation::Search))?;
+        let first = stream
+            .message()
+            .await
+            .map_err(classify(Operation::Search))?;
+        Ok(first.is_none())
+    }
+
     async fn reads_every_tenant(&self) -> Result<bool, StoreError> {
         // ChangeSampler is the one call a store with tenancy keeps to its
         // observers, and it refuses a request without a sampler

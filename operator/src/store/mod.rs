@@ -394,6 +394,12 @@ pub trait PetStore: Send + Sync + 'static {
         })
     }
 
+    /// Whether the store holds no record this client can read: the first
+    /// answer of an unfiltered search. False from a store that cannot tell.
+    async fn holds_no_records(&self) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+
     /// Whether this client's reads show every tenant's records: true from
     /// a store that checks no tenants, and from one that names the caller
     /// an observer (`--observer`); false from one that takes the caller
