@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use fixtures::env::{condition, pet_manifest};
-use fixtures::{Env, Storage, wait_for};
+use fixtures::{Env, Operator, Storage, wait_for};
 use serde_json::{Value, json};
 
 const PETS: usize = 40;
@@ -56,9 +56,9 @@ fn record_name(env: &Env, id: &str) -> fixtures::Result<String> {
         .to_owned())
 }
 
-#[test]
-fn a_store_rewritten_at_once_is_not_written_back_until_each_plan_is_approved()
--> fixtures::Result<()> {
+/// A memory store, an operator with the storm's minimum at [`STORM_MIN`]
+/// and its window at [`STORM_WINDOW`], and `pets` Pets Ready: their IDs.
+fn storm_ready(pets: usize) -> fixtures::Result<(Env, Operator, Vec<String>)> {
     let env = Env::start(Storage::Memory)?;
     let mut options = env.operator_options("operator");
     options.extra_args.extend([
@@ -66,7 +66,7 @@ fn a_store_rewritten_at_once_is_not_written_back_until_each_plan_is_approved()
         format!("--drift-storm-window={STORM_WINDOW}").into(),
     ]);
     let operator = env.start_operator_with(&options)?;
-    let manifests: Vec<String> = (0..PETS)
+    let manifests: Vec<String> = (0..pets)
         .map(|i| {
             pet_manifest(
                 &name(i),
@@ -76,9 +76,16 @@ fn a_store_rewritten_at_once_is_not_written_back_until_each_plan_is_approved()
         })
         .collect();
     env.cp.apply(&manifests.join("---\n"))?;
-    let ids: Vec<String> = (0..PETS)
+    let ids = (0..pets)
         .map(|i| env.wait_ready("default", &name(i), TIMEOUT))
         .collect::<fixtures::Result<_>>()?;
+    Ok((env, operator, ids))
+}
+
+#[test]
+fn a_store_rewritten_at_once_is_not_written_back_until_each_plan_is_approved()
+-> fixtures::Result<()> {
+    let (env, operator, ids) = storm_ready(PETS)?;
     let writes_before = env.store.writes()?;
 
     // The "restore": 30 of the 40 records renamed in one call.
@@ -169,25 +176,7 @@ fn a_store_rewritten_at_once_is_not_written_back_until_each_plan_is_approved()
 fn a_store_come_back_empty_gets_no_record_made_again_until_a_plan_is_approved()
 -> fixtures::Result<()> {
     const EMPTIED: usize = 25;
-    let mut env = Env::start(Storage::Memory)?;
-    let mut options = env.operator_options("operator");
-    options
-        .extra_args
-        .push(format!("--drift-storm-min={STORM_MIN}").into());
-    let _operator = env.start_operator_with(&options)?;
-    let manifests: Vec<String> = (0..EMPTIED)
-        .map(|i| {
-            pet_manifest(
-                &name(i),
-                &[],
-                " {name: Rex, type: dog, birthday: \"2020-01-01\"}",
-            )
-        })
-        .collect();
-    env.cp.apply(&manifests.join("---\n"))?;
-    for i in 0..EMPTIED {
-        env.wait_ready("default", &name(i), TIMEOUT)?;
-    }
+    let (mut env, _operator, _) = storm_ready(EMPTIED)?;
 
     env.store.restart(Storage::Memory)?;
     let held: Vec<Value> = (0..EMPTIED)
