@@ -832,6 +832,7 @@ mod tests {
         // Synced since: the changes a lost history held may concern them.
         for pet in pets {
             let uid = pet.metadata.uid.as_deref().expect("uid");
+            f.ctx.memory.started(uid);
             f.ctx.memory.in_sync(pet, uid, (Some(1), 0), "r");
         }
         queued_now(&mut f.queued);
@@ -1320,6 +1321,7 @@ mod tests {
         let pets = [pet_on(Some("ClusterPetStore/a"), "pet-a", Some("record-1"))];
         let (ctx, own, cache, _writer) = context(&pets);
         let uid = "uid-pet-a";
+        ctx.memory.started(uid);
         ctx.memory.in_sync(&pets[0], uid, (Some(1), 0), "r");
         let (queue, mut queued) = futures::channel::mpsc::unbounded();
         let stop = CancellationToken::new();
@@ -1350,6 +1352,7 @@ mod tests {
         assert_eq!(queued_now(&mut queued), ["pet-a"]);
 
         // Its reconcile found it in sync.
+        ctx.memory.started(uid);
         ctx.memory.in_sync(&pets[0], uid, (Some(1), 0), "r");
 
         // Opened again with a new spec: a new follower, on the new client.
@@ -1372,6 +1375,7 @@ mod tests {
             "followed from now again"
         );
 
+        ctx.memory.started(uid);
         ctx.memory.in_sync(&pets[0], uid, (Some(1), 0), "r");
 
         // Closed (its object deleted, say): polled again, and its Pets,

@@ -63,6 +63,10 @@ struct Remembered {
     /// once handed over, and while `due` is a watch event's, which reaches
     /// the controller by itself.
     poll_pending: bool,
+    /// The change feed saw its record drift since its reconcile started:
+    /// that reconcile may have read the record before the change, so what
+    /// it finds in sync is not remembered as synced.
+    drift_suspected: bool,
     /// Only while it backs off, or drifted within the window.
     rare: Option<Box<Rare>>,
     /// The warning reason its status was last given here, and a Warning
@@ -217,6 +221,12 @@ impl Memory {
                 rare.plan = None;
             }
             remembered.end_backoff();
+            // Read before a drift the feed has told since: the reconcile
+            // queued for it must read the store, not take this for an echo.
+            if std::mem::take(&mut remembered.drift_suspected) {
+                remembered.synced = None;
+                return;
+            }
             remembered.synced = Some(Synced {
                 generation: generation.and_then(NonZeroI64::new),
                 intent,
@@ -329,6 +339,7 @@ impl Memory {
         self.triggered(pet, uid);
         if let Some(remembered) = self.pets().get_mut(&UidKey::new(uid)) {
             remembered.synced = None;
+            remembered.drift_suspected = true;
         }
     }
 
@@ -337,6 +348,7 @@ impl Memory {
         if let Some(remembered) = self.pets().get_mut(&UidKey::new(uid)) {
             remembered.due = None;
             remembered.poll_pending = false;
+            remembered.drift_suspected = false;
         }
     }
 
@@ -876,6 +888,33 @@ mod tests {
         // A watch event during a requeue's wait makes it due at once.
         memory.triggered(&loki, "loki");
         assert_eq!(memory.gauges().queue_depth, 1);
+    }
+
+    /// The feed tells of a drift while a reconcile that read the record
+    /// before it is still running: that reconcile's in-sync is not
+    /// remembered, so the one queued for the drift reads the store.
+    #[test]
+    fn a_drift_told_while_a_reconcile_runs_is_not_covered_by_its_in_sync() {
+        let memory = Memory::default();
+        let (cache, mut writer) = reflector::store();
+        memory.track(cache);
+        let thor = pet("thor");
+        writer.apply_watcher_event(&watcher::Event::Apply(thor.clone()));
+        memory.triggered(&thor, "thor");
+
+        memory.started("thor");
+        memory.suspect_drift(&thor, "thor");
+        memory.in_sync(&thor, "thor", (Some(1), 0), "r");
+        assert_eq!(
+            memory.synced("thor"),
+            None,
+            "the drift's reconcile must read"
+        );
+
+        // That reconcile starts after the drift: what it finds is remembered.
+        memory.started("thor");
+        memory.in_sync(&thor, "thor", (Some(1), 0), "r");
+        assert!(memory.synced("thor").is_some());
     }
 
     #[test]
