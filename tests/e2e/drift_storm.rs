@@ -166,6 +166,37 @@ fn a_store_rewritten_at_once_is_not_written_back_until_each_plan_is_approved()
     let still_held = env.pet("default", &name(1))?;
     assert_eq!(synced_reason(&still_held), "DriftStorm", "{still_held}");
     assert_eq!(record_name(&env, &restored[1])?, "Old");
+
+    // The rest approved at once, as each shows its plan: exactly one
+    // update each, and nothing else.
+    let approved = env.kubectl_petstore(&[
+        "approve".into(),
+        "--all".into(),
+        "--reason".into(),
+        "DriftStorm".into(),
+        "-n".into(),
+        "default".into(),
+    ])?;
+    assert_eq!(approved.code, Some(0), "{}", approved.stderr);
+    assert_eq!(
+        approved.stdout.lines().count(),
+        RESTORED - 1,
+        "{}",
+        approved.stdout
+    );
+    for i in 1..RESTORED {
+        env.wait_ready("default", &name(i), TIMEOUT)?;
+    }
+    for id in restored {
+        assert_eq!(record_name(&env, id)?, "Rex", "record {id}");
+    }
+    // The rename, one approval, the lone drift and its correction, and one
+    // update for each of the rest.
+    assert_eq!(
+        env.store.writes()? - writes_before,
+        (4 + RESTORED - 1) as f64,
+        "the approvals wrote what their plans showed, once each"
+    );
     Ok(())
 }
 

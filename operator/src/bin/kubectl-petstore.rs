@@ -16,7 +16,13 @@
 //! manifests on standard output, safe to apply as they are (see
 //! [`petstore_operator::import`]). It writes nothing either.
 //!
-//! Both act with the caller's rights: each Pet's store is found by the
+//! `kubectl petstore approve`: approves the plans Pets show now, each by
+//! setting its approve-plan annotation to the hash in its `status.plan`,
+//! so the operator writes exactly the plan that was shown (one that changed
+//! meanwhile is not approved). For the many Pets a drift storm holds, or
+//! many pending plans; it writes only those annotations.
+//!
+//! Both plan and import act with the caller's rights: each Pet's store is found by the
 //! operator's rule over the store objects the caller may read, and a store
 //! named by a `PetStore` or `ClusterPetStore` is read with a token of the
 //! namespace minted with the caller's kubeconfig
@@ -39,7 +45,9 @@ use petstore_operator::cli::{INSTALLATION_ENV, StoreTlsArgs, parse_audience, par
 use petstore_operator::controller::facts_of;
 use petstore_operator::controller::plan::{self as planning, Planned};
 use petstore_operator::controller::uninstall::UninstallProbe;
-use petstore_operator::crd::{ChangePolicy, GROUP, Pet, PetType, PlanStatus, StoreRef};
+use petstore_operator::crd::{
+    APPROVE_PLAN_ANNOTATION, ChangePolicy, GROUP, Pet, PetType, PlanStatus, StoreRef,
+};
 use petstore_operator::decision::nothing_planned;
 use petstore_operator::import::{
     Born, Holder, holder, importable, manifest, of_namespace, search_request, to_yaml,
@@ -119,6 +127,23 @@ enum Command {
         /// context's); a record keeps the namespace and name of the Pet it
         /// last belonged to. Through a PetStore or ClusterPetStore, the
         /// namespace the records are read as and the manifests go to.
+        #[arg(short = 'n', long)]
+        namespace: Option<String>,
+    },
+    /// Approve the plans these Pets show now: each Pet's
+    /// petstore.example.com/approve-plan annotation is set to the hash in
+    /// its status.plan, so the operator writes exactly the plan shown.
+    Approve {
+        /// The Pets to approve (or --all).
+        names: Vec<String>,
+        /// Every Pet of the namespace that shows a plan.
+        #[arg(long, conflicts_with = "names")]
+        all: bool,
+        /// Only Pets whose Synced reason is this, such as DriftStorm or
+        /// PlanPending.
+        #[arg(long)]
+        reason: Option<String>,
+        /// The Pets' namespace (default: the kubeconfig context's).
         #[arg(short = 'n', long)]
         namespace: Option<String>,
     },
@@ -206,7 +231,83 @@ async fn main() -> ExitCode {
                 }
             }
         }
+        Command::Approve {
+            names,
+            all,
+            reason,
+            namespace,
+        } => match approve(names, all, reason, namespace).await {
+            Ok(approved) => {
+                eprintln!("{approved} plan(s) approved");
+                ExitCode::SUCCESS
+            }
+            Err(error) => {
+                eprintln!("kubectl petstore approve: {error:#}");
+                ExitCode::FAILURE
+            }
+        },
     }
+}
+
+/// Sets each chosen Pet's approve-plan annotation to the hash of the plan
+/// it shows; returns how many were approved.
+async fn approve(
+    names: Vec<String>,
+    all: bool,
+    reason: Option<String>,
+    namespace: Option<String>,
+) -> anyhow::Result<usize> {
+    if names.is_empty() && !all {
+        bail!(
+            "name the Pets to approve, or pass --all for every Pet of the namespace that shows a plan"
+        );
+    }
+    let client = Client::try_default()
+        .await
+        .context("no Kubernetes client (kubeconfig)")?;
+    let namespace = namespace.unwrap_or_else(|| client.default_namespace().to_owned());
+    let api: Api<Pet> = Api::namespaced(client, &namespace);
+    let pets = if all {
+        api.list(&ListParams::default())
+            .await
+            .context("listing Pets")?
+            .items
+    } else {
+        let mut pets = Vec::with_capacity(names.len());
+        for name in &names {
+            pets.push(api.get(name).await.with_context(|| format!("pet {name}"))?);
+        }
+        pets
+    };
+    let mut approved = 0;
+    for pet in pets {
+        let name = pet.name_any();
+        let synced = pet
+            .condition(petstore_operator::status::SYNCED)
+            .map(|c| c.reason.clone())
+            .unwrap_or_default();
+        if reason.as_ref().is_some_and(|wanted| *wanted != synced) {
+            continue;
+        }
+        let Some(plan) = pet.status.as_ref().and_then(|s| s.plan.as_ref()) else {
+            if !all {
+                eprintln!("pet/{name} shows no plan: nothing to approve");
+            }
+            continue;
+        };
+        let patch = serde_json::json!({
+            "metadata": {"annotations": {APPROVE_PLAN_ANNOTATION: plan.hash}}
+        });
+        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .with_context(|| format!("annotating pet {name}"))?;
+        println!(
+            "pet/{name} approved: plan {} ({}, {synced})",
+            plan.hash, plan.summary
+        );
+        approved += 1;
+    }
+    Ok(approved)
 }
 
 fn parse_type(value: &str) -> Result<PetType, String> {
@@ -612,6 +713,26 @@ spec: {name: Rex, type: dog, birthday: \"2022-03-01\"}
         );
     }
 
+    /// `approve` approves named Pets, or every Pet only when asked with
+    /// --all, never both.
+    #[test]
+    fn approve_takes_names_or_all() {
+        let parsed = |args: &[&str]| {
+            Cli::try_parse_from(std::iter::once("kubectl-petstore").chain(args.iter().copied()))
+                .map(|cli| match cli.command {
+                    Command::Approve { names, all, .. } => (names, all),
+                    _ => (Vec::new(), false),
+                })
+                .map_err(|error| error.to_string())
+        };
+        assert_eq!(parsed(&["approve", "rex"]), Ok((vec!["rex".into()], false)));
+        assert_eq!(
+            parsed(&["approve", "--all", "--reason", "DriftStorm"]),
+            Ok((Vec::new(), true))
+        );
+        assert!(parsed(&["approve", "rex", "--all"]).is_err());
+    }
+
     /// `--store-address` names a store as its status does, with the
     /// namespace of a PetStore; plan and import both take it.
     #[test]
@@ -622,6 +743,7 @@ spec: {name: Rex, type: dog, birthday: \"2022-03-01\"}
                     Command::Plan { store, .. } | Command::Import { store, .. } => {
                         store.store_addresses
                     }
+                    Command::Approve { .. } => Vec::new(),
                 })
                 .map_err(|error| error.to_string())
         };
