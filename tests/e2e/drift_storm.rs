@@ -56,6 +56,19 @@ fn record_name(env: &Env, id: &str) -> fixtures::Result<String> {
         .to_owned())
 }
 
+/// Approves the plan with this hash on Pet `name`, as a person does.
+fn approve(env: &Env, name: &str, hash: &str) -> fixtures::Result<()> {
+    env.cp.kubectl(&[
+        "annotate",
+        "pet",
+        name,
+        "-n",
+        "default",
+        &format!("{APPROVE_PLAN}={hash}"),
+    ])?;
+    Ok(())
+}
+
 /// A memory store, an operator with the storm's minimum at [`STORM_MIN`]
 /// and its window at [`STORM_WINDOW`], and `pets` Pets Ready: their IDs.
 fn storm_ready(pets: usize) -> fixtures::Result<(Env, Operator, Vec<String>)> {
@@ -135,14 +148,7 @@ fn a_store_rewritten_at_once_is_not_written_back_until_each_plan_is_approved()
         .as_str()
         .unwrap_or_default()
         .to_owned();
-    env.cp.kubectl(&[
-        "annotate",
-        "pet",
-        &name(0),
-        "-n",
-        "default",
-        &format!("{APPROVE_PLAN}={hash}"),
-    ])?;
+    approve(&env, &name(0), &hash)?;
     env.wait_ready("default", &name(0), TIMEOUT)?;
     assert_eq!(record_name(&env, &restored[0])?, "Rex");
     assert_eq!(
@@ -231,14 +237,7 @@ fn a_store_come_back_empty_gets_no_record_made_again_until_a_plan_is_approved()
 
     // Approved, that one Pet's record is made again, and only it.
     let hash = plan["hash"].as_str().unwrap_or_default().to_owned();
-    env.cp.kubectl(&[
-        "annotate",
-        "pet",
-        &name(0),
-        "-n",
-        "default",
-        &format!("{APPROVE_PLAN}={hash}"),
-    ])?;
+    approve(&env, &name(0), &hash)?;
     env.wait_ready("default", &name(0), TIMEOUT)?;
     assert_eq!(env.store.all_pets()?.len(), 1);
     Ok(())

@@ -168,10 +168,7 @@ impl Context {
     /// rate-bounded, at the audit interval while that store's change feed
     /// is followed (see [`super::poll`]).
     pub(super) fn poll_delay(&self, store: Option<&StoreId>, uid: &str) -> Duration {
-        if store == Some(&StoreId::Own) {
-            self.metrics.set_poll_interval(self.poll.interval());
-        }
-        self.poll.delay(store, uid)
+        self.poll_delay_after(store, uid, self.poll.mark())
     }
 
     /// As [`Context::poll_delay`], after reads that began at `mark`.
