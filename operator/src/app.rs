@@ -21,6 +21,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::Fault;
+use crate::certs::CertError;
+use crate::certs::store::StoreCertificates;
 use crate::claim::{self, Claim, Claimed};
 use crate::cli::Args;
 use crate::controller::{self, Context, Settings, StormThreshold};
@@ -29,9 +31,10 @@ use crate::events::{EventQueue, EventWriter};
 use crate::leader::{self, LeaderError, Lease, Reign};
 use crate::metrics::{self, Metrics};
 use crate::store::budget::CallBudget;
+use crate::store::grpc::TlsFiles;
 use crate::store::grpc::{ConnectError, GrpcPetStore};
 use crate::stores::{ClientSettings, Stores};
-use crate::webhook::certs::{self, CertError, WebhookTarget};
+use crate::webhook::certs::{self, WebhookError, WebhookTarget};
 use crate::webhook::server::{self, ServerError, ServingCertificate};
 use crate::webhook::{guard, store_guard};
 
@@ -49,12 +52,15 @@ pub enum AppError {
     #[error("cannot set up the webhook's certificates: {0}")]
     WebhookCertificates(#[source] CertError),
 
+    #[error("cannot set up the store channel's certificates (--store-certificates): {0}")]
+    StoreCertificates(#[source] CertError),
+
     /// The certificate in the webhook's Secret cannot be served.
     #[error(transparent)]
     ServingCertificate(ServerError),
 
     #[error("cannot point the Pet CRD at the conversion webhook: {0}")]
-    ConversionWebhook(#[source] CertError),
+    ConversionWebhook(#[source] WebhookError),
 
     #[error(
         "cannot list Pets; is the CRD installed (kubectl apply -f config/crd/) and may this account list pets? {0}"
@@ -103,7 +109,9 @@ pub async fn run(args: Args, fault: Option<Fault>) -> Result<ExitCode, AppError>
     let webhook_server = serve_webhook(&args, &client, webhook_listener, &shutdown).await?;
     wait_for_pets(&client).await?;
     let metrics_server = serve_metrics(&args, &metrics, &shutdown);
-    let (ctx, events) = build_controller(&args, &client, &metrics, &identity, fault).await?;
+    let store_tls = store_tls(&args, &client, &shutdown).await?;
+    let (ctx, events) =
+        build_controller(&args, &client, store_tls, &metrics, &identity, fault).await?;
     let exit = lead(&args, client, ctx, &shutdown, &metrics, &identity).await?;
     shut_down(&shutdown, &events, webhook_server, metrics_server).await;
     Ok(exit)
@@ -188,6 +196,42 @@ async fn serve_webhook(
     Ok(webhook_server)
 }
 
+/// The store channel's TLS files: the flags', or with
+/// `--store-certificates` the ones this operator makes (and keeps fresh
+/// until `shutdown`). Its own CA and certificate must be ready before the
+/// first store call; the store's Secret may fail (its namespace not there
+/// yet) and is retried every minute.
+async fn store_tls(
+    args: &Args,
+    client: &kube::Client,
+    shutdown: &CancellationToken,
+) -> Result<Option<TlsFiles>, AppError> {
+    let Some(store_secret) = &args.store_certificates else {
+        return Ok(args.petstore_tls.files());
+    };
+    let certs = StoreCertificates::new(
+        client.clone(),
+        store_secret,
+        &args.petstore_addr,
+        args.store_certificates_dir.clone(),
+    );
+    let now = crate::certs::unix_now();
+    let own = certs
+        .ensure_own(now)
+        .await
+        .map_err(AppError::StoreCertificates)?;
+    match certs.ensure_store(&own, now).await {
+        Ok(()) => tracing::info!(secret = %store_secret, "the store's certificate is ready"),
+        Err(err) => tracing::warn!(
+            error = %err,
+            "cannot write the store's certificate yet; retrying every minute"
+        ),
+    }
+    let files = certs.files();
+    tokio::spawn(crate::certs::store::keep_fresh(certs, shutdown.clone()));
+    Ok(Some(files))
+}
+
 /// Lists a Pet, to know the CRD is installed and Pets may be read. The API
 /// server takes a moment to use the webhook settings just written to the
 /// CRD; until then a Pet stored in another version cannot be read (its
@@ -237,11 +281,11 @@ fn serve_metrics(
 async fn build_controller(
     args: &Args,
     client: &kube::Client,
+    tls: Option<TlsFiles>,
     metrics: &Arc<Metrics>,
     identity: &str,
     fault: Option<Fault>,
 ) -> Result<(Arc<Context>, EventQueue), AppError> {
-    let tls = args.petstore_tls.files();
     let store = GrpcPetStore::connect_lazy(
         &args.petstore_addr,
         args.petstore_timeout,

@@ -28,6 +28,30 @@ pub struct Args {
     #[command(flatten)]
     pub petstore_tls: StoreTlsArgs,
 
+    /// Make the store channel's mutual TLS here, as `config/` does: the
+    /// store's serving certificate, for the host of --petstore-addr and
+    /// loopback, in the Secret `<NAMESPACE>/<NAME>` that the store mounts,
+    /// and beside it a CA and this operator's client certificate in the
+    /// Secret `petstore-store-client`. Both are renewed with a third of
+    /// their 90 days left. Instead of --petstore-ca-file and the client
+    /// files.
+    #[arg(
+        long,
+        env = "PETSTORE_STORE_CERTIFICATES",
+        value_name = "NAMESPACE/NAME",
+        conflicts_with_all = ["petstore_ca_file", "petstore_cert_file"]
+    )]
+    pub store_certificates: Option<crate::certs::store::SecretRef>,
+
+    /// Where --store-certificates writes this operator's own CA,
+    /// certificate and key, which its store client reads.
+    #[arg(
+        long,
+        env = "PETSTORE_STORE_CERTIFICATES_DIR",
+        default_value = "/var/run/petstore-operator/store-tls"
+    )]
+    pub store_certificates_dir: PathBuf,
+
     /// The audience of the --petstore-addr store's tokens, when that store
     /// checks tenants (`petstore-server --tenancy`): each Pet's calls there
     /// then carry a token of its namespace's `petstore-tenant`, as on a

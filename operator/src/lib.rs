@@ -4,6 +4,8 @@
 //!   deprecated) and the conversion between them.
 //! - [`webhook`]: the conversion webhook every replica serves over HTTPS,
 //!   and its certificates.
+//! - [`certs`]: certificates the operator makes itself (a CA and a leaf in
+//!   a Secret): the webhook's, and the store channel's mutual TLS.
 //! - [`decision`]: the pure decision step (desired vs observed -> plan).
 //! - [`status`]: the pure status and condition rules.
 //! - [`store`]: the external-client contract and its gRPC implementation.
@@ -16,6 +18,7 @@
 //! - [`cli`] and [`app`]: the command line, and the wiring of all the above.
 
 pub mod app;
+pub mod certs;
 pub mod claim;
 pub mod cli;
 pub mod controller;

@@ -56,6 +56,9 @@ pub struct ServerMetrics {
     watch_terminated: Family<TerminationLabels, Counter>,
     tenant_refusals: Family<RefusalLabels, Counter>,
     tls_reloads: Family<ReloadLabels, Counter>,
+    /// Whether the pet store service answers: `/readyz`, for a probe that
+    /// cannot speak the TLS the gRPC port may require.
+    serving: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for ServerMetrics {
@@ -132,6 +135,7 @@ impl Default for ServerMetrics {
             watch_terminated,
             tenant_refusals,
             tls_reloads,
+            serving: std::sync::atomic::AtomicBool::new(false),
         }
     }
 }
@@ -199,6 +203,17 @@ impl ServerMetrics {
         self.sampler_ratio.set(setting.ratio());
     }
 
+    /// Said by the server as its health service says SERVING or
+    /// NOT_SERVING.
+    pub fn set_serving(&self, serving: bool) {
+        self.serving
+            .store(serving, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn is_serving(&self) -> bool {
+        self.serving.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// The metrics in the Prometheus text format.
     pub fn encode(&self) -> Result<String, std::fmt::Error> {
         let mut text = String::new();
@@ -213,13 +228,33 @@ impl petstore_telemetry::OpenMetrics for ServerMetrics {
     }
 }
 
-/// Serves `GET /metrics` on `listener` until `shutdown` resolves.
+/// `/readyz`: 200 while the pet store service is SERVING, as the gRPC
+/// health service says, else 503.
+async fn readyz(
+    axum::extract::State(metrics): axum::extract::State<Arc<ServerMetrics>>,
+) -> (axum::http::StatusCode, &'static str) {
+    if metrics.is_serving() {
+        (axum::http::StatusCode::OK, "ok\n")
+    } else {
+        (axum::http::StatusCode::SERVICE_UNAVAILABLE, "not serving\n")
+    }
+}
+
+/// Serves `GET /metrics`, and the probes `GET /healthz` (the process
+/// answers) and `GET /readyz` (the pet store service is serving), on
+/// `listener` until `shutdown` resolves. Plain HTTP: a kubelet probe
+/// cannot present the client certificate a store with mutual TLS asks for
+/// on its gRPC port.
 pub async fn serve(
     listener: TcpListener,
     metrics: Arc<ServerMetrics>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let app = petstore_telemetry::metrics_router(metrics);
+    let probes = axum::Router::new()
+        .route("/healthz", axum::routing::get(|| async { "ok\n" }))
+        .route("/readyz", axum::routing::get(readyz))
+        .with_state(Arc::clone(&metrics));
+    let app = petstore_telemetry::metrics_router(metrics).merge(probes);
     petstore_telemetry::serve_http(listener, app, "metrics", shutdown).await
 }
 
@@ -269,5 +304,40 @@ mod tests {
                 .expect("encode")
                 .contains("petstore_server_rpcs_in_flight 0")
         );
+    }
+
+    /// GET `path` on `addr`: the status line's code.
+    async fn status_of(addr: std::net::SocketAddr, path: &str) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let request = format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.expect("send");
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.expect("read");
+        response
+            .split_whitespace()
+            .nth(1)
+            .unwrap_or_default()
+            .to_owned()
+    }
+
+    #[tokio::test]
+    async fn readyz_follows_the_health_service_and_healthz_the_process() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let metrics = Arc::new(ServerMetrics::default());
+        let server = tokio::spawn(serve(
+            listener,
+            Arc::clone(&metrics),
+            std::future::pending(),
+        ));
+        assert_eq!(status_of(addr, "/readyz").await, "503");
+        assert_eq!(status_of(addr, "/healthz").await, "200");
+        metrics.set_serving(true);
+        assert_eq!(status_of(addr, "/readyz").await, "200");
+        assert_eq!(status_of(addr, "/metrics").await, "200");
+        metrics.set_serving(false);
+        assert_eq!(status_of(addr, "/readyz").await, "503");
+        server.abort();
     }
 }

@@ -134,8 +134,10 @@ pub async fn serve(
 
     // Storage is already open when we get here, so we can serve at once.
     report_health(&health, tonic_health::ServingStatus::Serving).await;
+    options.observability.metrics.set_serving(true);
 
     let draining_health = health.clone();
+    let draining_metrics = Arc::clone(&options.observability.metrics);
     let shutdown = async move {
         shutdown.await;
         tracing::info!("shutting down: draining in-flight calls");
@@ -143,6 +145,7 @@ pub async fn serve(
         // them forever.
         stop_watchers.send_replace(true);
         report_health(&draining_health, tonic_health::ServingStatus::NotServing).await;
+        draining_metrics.set_serving(false);
     };
 
     if let Ok(addr) = listener.local_addr() {

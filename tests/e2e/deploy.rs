@@ -84,6 +84,7 @@ fn config_default_and_the_store_pass_server_side_validation_and_install() -> fix
         "service/petstore-service",
         "persistentvolumeclaim/petstore-data",
         "deployment.apps/petstore",
+        "role.rbac.authorization.k8s.io/petstore-operator-store-tls",
     ] {
         assert!(
             dry_store.contains(&format!("{object} ")),
@@ -101,16 +102,24 @@ fn config_default_and_the_store_pass_server_side_validation_and_install() -> fix
     // Each object with a JSONPath into it and what it must read. Both
     // namespaces enforce the restricted Pod Security Standard, so the API
     // server would refuse pods that broke it.
-    let stored: [(&[&str], &str, &str); 4] = [
+    let stored: [(&[&str], &str, &str); 5] = [
         (
             &["service", "petstore-service", "-n", "petstore"],
             "{.spec.ports[0].name}:{.spec.ports[0].port}",
             "grpc:6742",
         ),
+        // Probed on the plain metrics port (the gRPC port asks for a client
+        // certificate), and serving mutual TLS from the Secret the operator
+        // makes.
         (
             &["deployment", "petstore", "-n", "petstore"],
-            "{.spec.template.spec.containers[0].readinessProbe.grpc.port}",
-            "6742",
+            "{.spec.template.spec.containers[0].readinessProbe.httpGet.path}:{.spec.template.spec.containers[0].readinessProbe.httpGet.port}/{.spec.template.spec.volumes[?(@.name==\"tls\")].secret.secretName}",
+            "/readyz:metrics/petstore-tls",
+        ),
+        (
+            &["deployment", "petstore-operator", "-n", "petstore-system"],
+            "{.spec.template.spec.containers[0].env[?(@.name==\"PETSTORE_STORE_CERTIFICATES\")].value}",
+            "petstore/petstore-tls",
         ),
         (
             &["deployment", "petstore-operator", "-n", "petstore-system"],
@@ -221,6 +230,28 @@ fn operator_service_account_has_least_privilege() -> fixtures::Result<()> {
         );
     }
     assert!(can_i(&cp, "create", "secrets", Some("petstore-system")));
+    // The store channel's certificates, beside the store (config/petstore
+    // grants it): its two Secrets there, and creating them; never replacing
+    // another Secret of the store's namespace.
+    cp.ensure_namespace("petstore")?;
+    cp.kubectl(&[
+        "apply",
+        "-f",
+        &config.join("petstore/tls_role.yaml").to_string_lossy(),
+    ])?;
+    for secret in ["petstore-tls", "petstore-store-client"] {
+        for verb in ["get", "update"] {
+            assert!(
+                can_i(&cp, verb, &format!("secrets/{secret}"), Some("petstore")),
+                "needs {verb} on the store's Secret {secret}"
+            );
+        }
+    }
+    assert!(can_i(&cp, "create", "secrets", Some("petstore")));
+    assert!(
+        !can_i(&cp, "update", "secrets/petstore-postgres", Some("petstore")),
+        "must not replace the store's other Secrets"
+    );
     for verb in ["get", "patch"] {
         assert!(
             can_i(

@@ -1,12 +1,13 @@
 //! Mutual TLS between the operator and the store, with certificates from
-//! files: the user story works over it, and clients without the right
-//! credentials are refused.
+//! files, or made by the operator itself (`--store-certificates`, as
+//! `config/` runs it): the user story works over it, and clients without
+//! the right credentials are refused.
 
 use std::ffi::OsStr;
 
 use fixtures::certs::Pki;
-use fixtures::petstore::grpcurl_with;
-use fixtures::{Env, Storage, repo_root};
+use fixtures::petstore::{StoreTls, grpcurl_with};
+use fixtures::{Env, Storage, repo_root, wait_for};
 
 #[test]
 fn operator_and_store_speak_mutual_tls_and_strangers_are_refused() -> fixtures::Result<()> {
@@ -84,6 +85,147 @@ fn operator_and_store_speak_mutual_tls_and_strangers_are_refused() -> fixtures::
         ]),
         "a client certificate from another CA"
     );
+    Ok(())
+}
+
+/// One key of a Secret, decoded, as the README's quick start reads it:
+/// `kubectl get secret -o go-template=...`.
+fn secret_key(env: &Env, name: &str, key: &str) -> fixtures::Result<String> {
+    env.cp.kubectl(&[
+        "get",
+        "secret",
+        name,
+        "-n",
+        "petstore",
+        "-o",
+        &format!("go-template={{{{index .data \"{key}\" | base64decode}}}}"),
+    ])
+}
+
+fn resource_version(env: &Env, name: &str) -> fixtures::Result<String> {
+    let secret = env
+        .cp
+        .get(&format!("/api/v1/namespaces/petstore/secrets/{name}"))?;
+    Ok(secret["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned())
+}
+
+/// `config/`'s default: the operator makes a CA, its own client
+/// certificate and the store's certificate in the store's namespace, with
+/// no RBAC but what `config/` ships; the store, given that Secret's files
+/// as the store's Pod mounts them, serves the user story over mutual TLS
+/// and refuses a client without a certificate from that CA. A second
+/// replica, starting after, keeps both Secrets as they are.
+#[test]
+fn the_operator_makes_the_store_channels_certificates_and_the_store_trusts_only_them()
+-> fixtures::Result<()> {
+    let mut env = Env::start_with(Storage::Durable, false)?;
+    // The store waits for its certificate, as its Pod does for its volume.
+    env.store.kill();
+    env.cp.ensure_namespace("petstore")?;
+    let tls_role = repo_root().join("config/petstore/tls_role.yaml");
+    env.cp
+        .kubectl(&["apply", "-f", &tls_role.to_string_lossy()])?;
+    let own_files = env.cp.dir().join("operator-store-tls");
+    let mut options = env.operator_options("operator");
+    options.extra_args.extend([
+        "--store-certificates".into(),
+        "petstore/petstore-tls".into(),
+        "--store-certificates-dir".into(),
+        own_files.clone().into_os_string(),
+    ]);
+    let _operator = env.start_operator_with(&options)?;
+
+    wait_for(
+        std::time::Duration::from_secs(30),
+        "the store's Secret",
+        || resource_version(&env, "petstore-tls").ok(),
+    )?;
+    let files = env.cp.dir().join("store-files");
+    std::fs::create_dir_all(&files).map_err(fixtures::io("creating the files' directory"))?;
+    let mut pems = std::collections::BTreeMap::new();
+    for (secret, key, file) in [
+        ("petstore-tls", "tls.crt", "store.crt"),
+        ("petstore-tls", "tls.key", "store.key"),
+        ("petstore-tls", "ca.crt", "client-ca.crt"),
+        ("petstore-store-client", "tls.crt", "client.crt"),
+        ("petstore-store-client", "tls.key", "client.key"),
+        ("petstore-store-client", "ca.crt", "ca.crt"),
+    ] {
+        let pem = secret_key(&env, secret, key)?;
+        assert!(pem.contains("-----BEGIN"), "{secret} {key}: {pem}");
+        std::fs::write(files.join(file), &pem).map_err(fixtures::io("writing a PEM"))?;
+        pems.insert(file, pem);
+    }
+    assert_eq!(
+        pems["client-ca.crt"], pems["ca.crt"],
+        "the store checks clients by the operator's CA"
+    );
+    let store_secret = env
+        .cp
+        .get("/api/v1/namespaces/petstore/secrets/petstore-tls")?;
+    assert!(
+        store_secret["data"].get("ca.key").is_none(),
+        "the store's Secret holds no CA key: {store_secret}"
+    );
+    // The operator reads its own certificate from the files it wrote.
+    let own = std::fs::read_to_string(own_files.join("tls.crt"))
+        .map_err(fixtures::io("reading the operator's certificate"))?;
+    assert_eq!(own, pems["client.crt"]);
+
+    let tls = StoreTls {
+        ca: files.join("ca.crt"),
+        cert: files.join("store.crt"),
+        key: files.join("store.key"),
+        client_cert: files.join("client.crt"),
+        client_key: files.join("client.key"),
+    };
+    env.store.restart_with_tls(tls.clone())?;
+    let (thor, tron) = env.apply_samples()?;
+    let ids: Vec<String> = env
+        .store
+        .all_pets()?
+        .iter()
+        .filter_map(|pet| pet["id"].as_str().map(str::to_owned))
+        .collect();
+    assert!(ids.contains(&thor) && ids.contains(&tron), "{ids:?}");
+
+    let refused = |flags: &[&OsStr]| {
+        let flags = [&["-connect-timeout".as_ref(), "2".as_ref()], flags].concat();
+        grpcurl_with(
+            &flags,
+            &env.store.addr,
+            "petstore.PetStore/SearchPets",
+            "{}",
+        )
+        .is_err()
+    };
+    assert!(refused(&["-plaintext".as_ref()]), "plaintext");
+    assert!(
+        refused(&["-cacert".as_ref(), tls.ca.as_os_str()]),
+        "TLS without a client certificate"
+    );
+
+    // A second replica, started now, reads both Secrets and writes neither.
+    let before = (
+        resource_version(&env, "petstore-tls")?,
+        resource_version(&env, "petstore-store-client")?,
+    );
+    let mut standby = env.operator_options("standby");
+    standby.extra_args.extend([
+        "--store-certificates".into(),
+        "petstore/petstore-tls".into(),
+        "--store-certificates-dir".into(),
+        env.cp.dir().join("standby-store-tls").into_os_string(),
+    ]);
+    let _standby = env.start_operator_with(&standby)?;
+    let after = (
+        resource_version(&env, "petstore-tls")?,
+        resource_version(&env, "petstore-store-client")?,
+    );
+    assert_eq!(before, after, "a second replica rewrote a Secret");
     Ok(())
 }
 

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use fixtures::cluster::Cluster;
 use fixtures::env::is_ready;
-use fixtures::petstore::grpcurl;
+use fixtures::petstore::{grpcurl, grpcurl_with};
 use fixtures::{Kubectl, Tools, free_port, repo_root, wait_for};
 use serde_json::Value;
 
@@ -54,19 +54,59 @@ fn tilt_ci(cluster: &Cluster, dir: &Path) -> Result<String, String> {
     }
 }
 
-/// README step 4's SearchPets with `body` as the request, through Tilt's
-/// port-forward: (name, id) of every pet it returned.
-fn search(body: &str) -> fixtures::Result<Vec<(String, String)>> {
-    let pets = grpcurl(STORE, "petstore.PetStore/SearchPets", body)?;
-    Ok(pets
-        .iter()
-        .map(|pet| {
-            (
-                pet["name"].as_str().unwrap_or_default().to_owned(),
-                pet["id"].as_str().unwrap_or_default().to_owned(),
-            )
-        })
-        .collect())
+/// The store's client certificate, CA and key, as the README's quick start
+/// takes them from the Secret the operator made, for grpcurl's flags.
+struct StoreClient {
+    _dir: tempfile::TempDir,
+    flags: Vec<std::ffi::OsString>,
+}
+
+impl StoreClient {
+    /// The README's loop: each of `ca.crt`, `tls.crt` and `tls.key` out of
+    /// `petstore-store-client` in the store's namespace with kubectl.
+    fn from_secret(cluster: &Cluster) -> Result<Self, Box<dyn std::error::Error>> {
+        let dir = tempfile::Builder::new().prefix("store-client-").tempdir()?;
+        let mut flags = Vec::new();
+        for (flag, file) in [
+            ("-cacert", "ca.crt"),
+            ("-cert", "tls.crt"),
+            ("-key", "tls.key"),
+        ] {
+            let pem = cluster.kubectl(&[
+                "get",
+                "secret",
+                "petstore-store-client",
+                "-n",
+                "petstore",
+                "-o",
+                &format!("go-template={{{{index .data \"{file}\" | base64decode}}}}"),
+            ])?;
+            let path = dir.path().join(file);
+            std::fs::write(&path, pem)?;
+            flags.extend([flag.into(), path.into_os_string()]);
+        }
+        Ok(Self { _dir: dir, flags })
+    }
+
+    fn grpcurl(&self, method: &str, body: &str) -> fixtures::Result<Vec<Value>> {
+        let flags: Vec<&std::ffi::OsStr> = self.flags.iter().map(|f| f.as_os_str()).collect();
+        grpcurl_with(&flags, STORE, method, body)
+    }
+
+    /// README step 4's SearchPets with `body` as the request, through
+    /// Tilt's port-forward: (name, id) of every pet it returned.
+    fn search(&self, body: &str) -> fixtures::Result<Vec<(String, String)>> {
+        let pets = self.grpcurl("petstore.PetStore/SearchPets", body)?;
+        Ok(pets
+            .iter()
+            .map(|pet| {
+                (
+                    pet["name"].as_str().unwrap_or_default().to_owned(),
+                    pet["id"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect())
+    }
 }
 
 /// The Pet's store ID once it is Ready for its current generation.
@@ -289,6 +329,7 @@ impl TiltUp {
         cluster: &Cluster,
         repo: &Path,
         log_name: &str,
+        store: &StoreClient,
     ) -> Result<Self, Box<dyn std::error::Error>> {
         let log_path = cluster.dir().join(log_name);
         let log = std::fs::File::create(&log_path)?;
@@ -307,7 +348,8 @@ impl TiltUp {
             Duration::from_secs(600),
             "Tilt's port-forward to the store",
             || {
-                grpcurl(STORE, "grpc.health.v1.Health/Check", "{}")
+                store
+                    .grpcurl("grpc.health.v1.Health/Check", "{}")
                     .ok()
                     .filter(|out| out.first().is_some_and(|v| v["status"] == "SERVING"))
             },
@@ -371,7 +413,8 @@ fn tilt_quick_start_on_a_one_node_cluster() -> TestResult {
     eprintln!("[{}] tilt ci: all resources healthy", elapsed(start));
 
     // tilt up for the port-forwards of steps 3-6 (tilt ci ends with them).
-    let tilt_up = TiltUp::start(&cluster, &repo, "tilt-up.log")?;
+    let store = StoreClient::from_secret(&cluster)?;
+    let tilt_up = TiltUp::start(&cluster, &repo, "tilt-up.log", &store)?;
     eprintln!("[{}] tilt up: port-forwards live", elapsed(start));
 
     // 2. The quick start, steps 3-6, as written.
@@ -392,13 +435,27 @@ fn tilt_quick_start_on_a_one_node_cluster() -> TestResult {
         "{table}"
     );
     // Step 4.
-    let found = search("{}")?;
+    let found = store.search("{}")?;
     assert_found(&found, &[("Thor", &thor_id), ("Tron", &tron_id)]);
     assert_eq!(found.len(), 2, "{found:?}");
+    // Mutual TLS by default: the store refuses plaintext, and a client that
+    // trusts its CA but has no certificate of its own.
+    let plaintext = grpcurl(STORE, "petstore.PetStore/SearchPets", "{}");
+    assert!(plaintext.is_err(), "plaintext answered: {plaintext:?}");
+    let ca_only = grpcurl_with(
+        &[store.flags[0].as_os_str(), store.flags[1].as_os_str()],
+        STORE,
+        "petstore.PetStore/SearchPets",
+        "{}",
+    );
+    assert!(
+        ca_only.is_err(),
+        "a client without a certificate: {ca_only:?}"
+    );
     // Step 5: the rename keeps the ID.
     cluster.rename_pet("pet-sample1", "Thorbert")?;
     wait_for(Duration::from_secs(120), "Thorbert in the store", || {
-        let found = search(r#"{"names":["Thorbert"]}"#).ok()?;
+        let found = store.search(r#"{"names":["Thorbert"]}"#).ok()?;
         (found == vec![("Thorbert".to_owned(), thor_id.clone())]).then_some(())
     })?;
     assert_eq!(
@@ -430,7 +487,9 @@ fn tilt_quick_start_on_a_one_node_cluster() -> TestResult {
         "{as_alpha}"
     );
     assert!(
-        search(r#"{"names":["Alpha"]}"#)?.contains(&("Alpha".to_owned(), alpha_id)),
+        store
+            .search(r#"{"names":["Alpha"]}"#)?
+            .contains(&("Alpha".to_owned(), alpha_id)),
         "the v1alpha1 Pet's record"
     );
     cluster.kubectl(&["delete", "pet", "pet-alpha", "--timeout=120s"])?;
@@ -479,7 +538,8 @@ fn tilt_quick_start_on_a_one_node_cluster() -> TestResult {
             "{deployment} is not clean under restricted Pod Security: {err}"
         );
         // Probes: a pod turns Ready only when its readiness probe passes
-        // (gRPC health for the store, HTTP /readyz for the operator). Every
+        // (HTTP /readyz for both; the store's says what its gRPC health
+        // service says, since a kubelet probe has no client certificate). Every
         // replica, not only the one `tilt ci` waited for: a second replica
         // can still be starting, or an earlier one terminating, when the
         // first turns Ready, so this waits for all of them.
@@ -541,7 +601,7 @@ fn tilt_quick_start_on_a_one_node_cluster() -> TestResult {
         Duration::from_secs(120),
         "records after the store pod's deletion",
         || {
-            let found = search("{}").ok()?;
+            let found = store.search("{}").ok()?;
             (found.len() == 2).then_some(found)
         },
     )
@@ -595,7 +655,7 @@ spec: {name: Rex, type: dog, birthday: \"2022-02-02\"}
         })
     })?;
     let rex_id = wait_ready_id(&cluster, "after-handover")?;
-    let found = search(r#"{"names":["Rex"]}"#)?;
+    let found = store.search(r#"{"names":["Rex"]}"#)?;
     assert_eq!(found, vec![("Rex".to_owned(), rex_id.clone())]);
     eprintln!(
         "[{}] Lease handed over from {leader} to {new_leader}; Rex recorded",
@@ -648,7 +708,7 @@ spec: {name: Rex, type: dog, birthday: \"2022-02-02\"}
     assert!(crd["metadata"]["deletionTimestamp"].is_null(), "{crd}");
     let pets = cluster.kubectl_json(&["get", "pets", "-n", "default"])?;
     assert_eq!(pets["items"].as_array().map(Vec::len), Some(records.len()));
-    all_found(&search("{}")?);
+    all_found(&store.search("{}")?);
     eprintln!(
         "[{}] kubectl delete -k config/default: the operator gone, every Pet and record kept",
         elapsed(start)
@@ -660,17 +720,21 @@ spec: {name: Rex, type: dog, birthday: \"2022-02-02\"}
     drop(tilt_up);
     let ci = tilt_ci(&cluster, &repo)?;
     assert!(ci.contains("SUCCESS. All workloads are healthy."), "{ci}");
-    let tilt_up = TiltUp::start(&cluster, &repo, "tilt-up-again.log")?;
+    let tilt_up = TiltUp::start(&cluster, &repo, "tilt-up-again.log", &store)?;
     cluster.rename_pet("pet-sample2", "Tronald")?;
     wait_for(Duration::from_secs(120), "Tronald in the store", || {
-        let found = search(r#"{"names":["Tronald"]}"#).ok()?;
+        let found = store.search(r#"{"names":["Tronald"]}"#).ok()?;
         (found == vec![("Tronald".to_owned(), tron_id.clone())]).then_some(())
     })
     .map_err(|e| format!("{e}\n{}", tilt_up.log()))?;
     for (pet, _, id) in records {
         assert_eq!(wait_ready_id(&cluster, pet)?, *id, "{pet}");
     }
-    assert_eq!(search("{}")?.len(), records.len(), "no record was created");
+    assert_eq!(
+        store.search("{}")?.len(),
+        records.len(),
+        "no record was created"
+    );
     assert_no_forbidden(&cluster)?;
     eprintln!(
         "[{}] installed again: every Pet on its own record",
@@ -679,7 +743,7 @@ spec: {name: Rex, type: dog, birthday: \"2022-02-02\"}
 
     // Step 6: deleting the Pets empties the store.
     cluster.kubectl(&["delete", "pets", "--all", "-A", "--timeout=120s"])?;
-    let left = search("{}")?;
+    let left = store.search("{}")?;
     assert!(left.is_empty(), "the store still holds: {left:?}");
     eprintln!(
         "[{}] quick start step 6 passed; pods proven",

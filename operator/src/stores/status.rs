@@ -1205,11 +1205,13 @@ mod tests {
             .expect("its address")
             .to_string();
         let certs = crate::webhook::certs::WebhookCerts::generate(
+            &crate::webhook::certs::WEBHOOK,
             &["127.0.0.1".to_owned()],
             crate::webhook::certs::unix_now(),
         )
         .expect("certificates");
         let other_ca = crate::webhook::certs::WebhookCerts::generate(
+            &crate::webhook::certs::WEBHOOK,
             &["127.0.0.1".to_owned()],
             crate::webhook::certs::unix_now(),
         )

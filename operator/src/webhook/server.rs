@@ -182,7 +182,7 @@ mod tests {
     use tokio_rustls::TlsConnector;
 
     use super::*;
-    use crate::webhook::certs::{WebhookCerts, serving_names, unix_now};
+    use crate::webhook::certs::{WEBHOOK, WebhookCerts, serving_names, unix_now};
 
     /// POSTs `body` to `path` over TLS, trusting `ca_pem` only; returns
     /// the whole HTTP response and the certificate the server presented.
@@ -236,7 +236,7 @@ mod tests {
     #[tokio::test]
     async fn serves_reviews_over_tls_and_swaps_its_certificate_without_a_restart() {
         let names = serving_names("petstore-system");
-        let certs = WebhookCerts::generate(&names, unix_now()).expect("certs");
+        let certs = WebhookCerts::generate(&WEBHOOK, &names, unix_now()).expect("certs");
         let serving =
             Arc::new(ServingCertificate::from_pem(&certs.cert, &certs.key).expect("identity"));
         let listener = bind("127.0.0.1:0".parse().expect("addr"))
@@ -312,7 +312,9 @@ mod tests {
         assert!(response.contains("team-a/rex"), "{response}");
 
         // A renewal signed by the same CA: the next handshake presents it.
-        let renewed = certs.renew_serving(&names, unix_now()).expect("renew");
+        let renewed = certs
+            .renew_leaf(&WEBHOOK, &names, unix_now())
+            .expect("renew");
         serving.replace(&renewed.cert, &renewed.key).expect("swap");
         let (_, presented) = post(addr, &certs.ca_cert, b"{}").await;
         assert_eq!(presented, der(&renewed.cert));
@@ -325,8 +327,8 @@ mod tests {
     #[test]
     fn a_key_that_does_not_match_is_refused() {
         let names = serving_names("petstore-system");
-        let one = WebhookCerts::generate(&names, 1_800_000_000).expect("certs");
-        let other = WebhookCerts::generate(&names, 1_800_000_000).expect("certs");
+        let one = WebhookCerts::generate(&WEBHOOK, &names, 1_800_000_000).expect("certs");
+        let other = WebhookCerts::generate(&WEBHOOK, &names, 1_800_000_000).expect("certs");
         assert!(ServingCertificate::from_pem(&one.cert, &other.key).is_err());
         assert!(ServingCertificate::from_pem("", &one.key).is_err());
         assert!(ServingCertificate::from_pem(&one.cert, "garbage").is_err());
