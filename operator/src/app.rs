@@ -109,6 +109,13 @@ pub async fn run(args: Args, fault: Option<Fault>) -> Result<ExitCode, AppError>
     let webhook_server = serve_webhook(&args, &client, webhook_listener, &shutdown).await?;
     wait_for_pets(&client).await?;
     let metrics_server = serve_metrics(&args, &metrics, &shutdown);
+    if let Some(target) = &args.publish_token_issuer {
+        tokio::spawn(crate::stores::issuer::keep_published(
+            client.clone(),
+            target.clone(),
+            shutdown.clone(),
+        ));
+    }
     let store_tls = store_tls(&args, &client, &shutdown).await?;
     let (ctx, events) =
         build_controller(&args, &client, store_tls, &metrics, &identity, fault).await?;

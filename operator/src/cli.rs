@@ -41,7 +41,18 @@ pub struct Args {
         value_name = "NAMESPACE/NAME",
         conflicts_with_all = ["petstore_ca_file", "petstore_cert_file"]
     )]
-    pub store_certificates: Option<crate::certs::store::SecretRef>,
+    pub store_certificates: Option<crate::shared_object::NamespacedName>,
+
+    /// Publish this cluster's ServiceAccount token issuer (its name and
+    /// its keys, from the API server's OIDC discovery) to the ConfigMap
+    /// `<NAMESPACE>/<NAME>`, as `issuer` and `jwks.json`, and keep it
+    /// current: what a store with --tenancy mounts to check tokens by.
+    #[arg(
+        long,
+        env = "PETSTORE_PUBLISH_TOKEN_ISSUER",
+        value_name = "NAMESPACE/NAME"
+    )]
+    pub publish_token_issuer: Option<crate::shared_object::NamespacedName>,
 
     /// Where --store-certificates writes this operator's own CA,
     /// certificate and key, which its store client reads.

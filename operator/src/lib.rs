@@ -29,6 +29,7 @@ pub mod import;
 pub mod leader;
 pub mod metrics;
 pub mod migration;
+pub mod shared_object;
 pub mod status;
 pub mod store;
 pub mod stores;

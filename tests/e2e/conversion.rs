@@ -228,7 +228,7 @@ fn two_operators_starting_at_once_share_one_secret_and_either_converts() -> fixt
 
     // Exactly one replica created the Secret (and so the certificate the
     // CRD's bundle trusts); the other read it.
-    const CREATED: &str = "created the webhook certificates";
+    const CREATED: &str = "created the shared Secret petstore-operator-webhook-tls";
     let (a_created, b_created) = (a.log_contains(CREATED), b.log_contains(CREATED));
     assert!(
         a_created != b_created,

@@ -84,7 +84,7 @@ fn config_default_and_the_store_pass_server_side_validation_and_install() -> fix
         "service/petstore-service",
         "persistentvolumeclaim/petstore-data",
         "deployment.apps/petstore",
-        "role.rbac.authorization.k8s.io/petstore-operator-store-tls",
+        "role.rbac.authorization.k8s.io/petstore-operator-store-trust",
     ] {
         assert!(
             dry_store.contains(&format!("{object} ")),
@@ -102,7 +102,7 @@ fn config_default_and_the_store_pass_server_side_validation_and_install() -> fix
     // Each object with a JSONPath into it and what it must read. Both
     // namespaces enforce the restricted Pod Security Standard, so the API
     // server would refuse pods that broke it.
-    let stored: [(&[&str], &str, &str); 5] = [
+    let stored: [(&[&str], &str, &str); 6] = [
         (
             &["service", "petstore-service", "-n", "petstore"],
             "{.spec.ports[0].name}:{.spec.ports[0].port}",
@@ -118,8 +118,14 @@ fn config_default_and_the_store_pass_server_side_validation_and_install() -> fix
         ),
         (
             &["deployment", "petstore-operator", "-n", "petstore-system"],
-            "{.spec.template.spec.containers[0].env[?(@.name==\"PETSTORE_STORE_CERTIFICATES\")].value}",
-            "petstore/petstore-tls",
+            "{.spec.template.spec.containers[0].env[?(@.name==\"PETSTORE_STORE_CERTIFICATES\")].value}/{.spec.template.spec.containers[0].env[?(@.name==\"PETSTORE_AUDIENCE\")].value}/{.spec.template.spec.containers[0].env[?(@.name==\"PETSTORE_PUBLISH_TOKEN_ISSUER\")].value}",
+            "petstore/petstore-tls/petstore/petstore/petstore-token-issuer",
+        ),
+        // Tenancy, checked against the issuer the operator publishes.
+        (
+            &["deployment", "petstore", "-n", "petstore"],
+            "{.spec.template.spec.containers[0].env[?(@.name==\"PETSTORE_TENANCY\")].value}/{.spec.template.spec.containers[0].env[?(@.name==\"PETSTORE_OBSERVERS\")].value}/{.spec.template.spec.volumes[?(@.name==\"token-issuer\")].configMap.name}",
+            "true/system:serviceaccount:petstore-system:petstore-operator/petstore-token-issuer",
         ),
         (
             &["deployment", "petstore-operator", "-n", "petstore-system"],
@@ -237,7 +243,7 @@ fn operator_service_account_has_least_privilege() -> fixtures::Result<()> {
     cp.kubectl(&[
         "apply",
         "-f",
-        &config.join("petstore/tls_role.yaml").to_string_lossy(),
+        &config.join("petstore/trust_role.yaml").to_string_lossy(),
     ])?;
     for secret in ["petstore-tls", "petstore-store-client"] {
         for verb in ["get", "update"] {
@@ -252,6 +258,24 @@ fn operator_service_account_has_least_privilege() -> fixtures::Result<()> {
         !can_i(&cp, "update", "secrets/petstore-postgres", Some("petstore")),
         "must not replace the store's other Secrets"
     );
+    // And the token issuer it publishes there for tenancy, read from the
+    // API server's OIDC discovery.
+    for verb in ["get", "update"] {
+        assert!(
+            can_i(
+                &cp,
+                verb,
+                "configmaps/petstore-token-issuer",
+                Some("petstore")
+            ),
+            "needs {verb} on the ConfigMap petstore-token-issuer"
+        );
+    }
+    assert!(can_i(&cp, "create", "configmaps", Some("petstore")));
+    assert!(!can_i(&cp, "update", "configmaps/other", Some("petstore")));
+    for path in ["/.well-known/openid-configuration", "/openid/v1/jwks"] {
+        assert!(can_i(&cp, "get", path, Some("default")), "needs get {path}");
+    }
     for verb in ["get", "patch"] {
         assert!(
             can_i(

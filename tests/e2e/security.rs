@@ -102,47 +102,62 @@ fn secret_key(env: &Env, name: &str, key: &str) -> fixtures::Result<String> {
     ])
 }
 
-fn resource_version(env: &Env, name: &str) -> fixtures::Result<String> {
-    let secret = env
+/// `object` is `secrets/<name>` or `configmaps/<name>`, in `petstore`.
+fn resource_version(env: &Env, object: &str) -> fixtures::Result<String> {
+    let read = env
         .cp
-        .get(&format!("/api/v1/namespaces/petstore/secrets/{name}"))?;
-    Ok(secret["metadata"]["resourceVersion"]
+        .get(&format!("/api/v1/namespaces/petstore/{object}"))?;
+    Ok(read["metadata"]["resourceVersion"]
         .as_str()
         .unwrap_or_default()
         .to_owned())
 }
 
-/// `config/`'s default: the operator makes a CA, its own client
-/// certificate and the store's certificate in the store's namespace, with
-/// no RBAC but what `config/` ships; the store, given that Secret's files
-/// as the store's Pod mounts them, serves the user story over mutual TLS
-/// and refuses a client without a certificate from that CA. A second
-/// replica, starting after, keeps both Secrets as they are.
+/// `config/`'s defaults: the operator makes a CA, its own client
+/// certificate and the store's certificate, and publishes the cluster's
+/// token issuer, all in the store's namespace, with no RBAC but what
+/// `config/` ships. The store, given those files as its Pod mounts them,
+/// with tenancy, serves the user story over mutual TLS with each Pet's
+/// namespace's token; it refuses plaintext, a client without a
+/// certificate, and a call without a token, and shows another namespace
+/// none of these records. A second replica, starting after, rewrites
+/// nothing.
 #[test]
-fn the_operator_makes_the_store_channels_certificates_and_the_store_trusts_only_them()
+fn the_store_set_up_as_config_does_trusts_only_the_operators_certificate_and_each_namespaces_token()
 -> fixtures::Result<()> {
     let mut env = Env::start_with(Storage::Durable, false)?;
     // The store waits for its certificate, as its Pod does for its volume.
     env.store.kill();
     env.cp.ensure_namespace("petstore")?;
-    let tls_role = repo_root().join("config/petstore/tls_role.yaml");
+    let trust_role = repo_root().join("config/petstore/trust_role.yaml");
     env.cp
-        .kubectl(&["apply", "-f", &tls_role.to_string_lossy()])?;
-    let own_files = env.cp.dir().join("operator-store-tls");
+        .kubectl(&["apply", "-f", &trust_role.to_string_lossy()])?;
+    let made_here = |dir: &str| {
+        vec![
+            "--store-certificates".into(),
+            "petstore/petstore-tls".into(),
+            "--store-certificates-dir".into(),
+            env.cp.dir().join(dir).into_os_string(),
+            "--publish-token-issuer".into(),
+            "petstore/petstore-token-issuer".into(),
+            "--petstore-audience".into(),
+            "petstore".into(),
+        ]
+    };
     let mut options = env.operator_options("operator");
-    options.extra_args.extend([
-        "--store-certificates".into(),
-        "petstore/petstore-tls".into(),
-        "--store-certificates-dir".into(),
-        own_files.clone().into_os_string(),
-    ]);
+    options.extra_args.extend(made_here("operator-store-tls"));
     let _operator = env.start_operator_with(&options)?;
 
-    wait_for(
-        std::time::Duration::from_secs(30),
-        "the store's Secret",
-        || resource_version(&env, "petstore-tls").ok(),
-    )?;
+    let objects = [
+        "secrets/petstore-tls",
+        "secrets/petstore-store-client",
+        "configmaps/petstore-token-issuer",
+    ];
+    for object in objects {
+        wait_for(std::time::Duration::from_secs(30), object, || {
+            resource_version(&env, object).ok()
+        })?;
+    }
     let files = env.cp.dir().join("store-files");
     std::fs::create_dir_all(&files).map_err(fixtures::io("creating the files' directory"))?;
     let mut pems = std::collections::BTreeMap::new();
@@ -171,9 +186,19 @@ fn the_operator_makes_the_store_channels_certificates_and_the_store_trusts_only_
         "the store's Secret holds no CA key: {store_secret}"
     );
     // The operator reads its own certificate from the files it wrote.
-    let own = std::fs::read_to_string(own_files.join("tls.crt"))
+    let own = std::fs::read_to_string(env.cp.dir().join("operator-store-tls/tls.crt"))
         .map_err(fixtures::io("reading the operator's certificate"))?;
     assert_eq!(own, pems["client.crt"]);
+    // The issuer, as the API server describes it.
+    let issuer = env
+        .cp
+        .get("/api/v1/namespaces/petstore/configmaps/petstore-token-issuer")?;
+    let published = |key: &str| issuer["data"][key].as_str().unwrap_or_default().to_owned();
+    assert_eq!(published("issuer"), fixtures::control_plane::DEFAULT_ISSUER);
+    let jwks = env.cp.kubectl(&["get", "--raw", "/openid/v1/jwks"])?;
+    assert_eq!(published("jwks.json").trim(), jwks.trim());
+    let jwks_file = files.join("jwks.json");
+    std::fs::write(&jwks_file, published("jwks.json")).map_err(fixtures::io("writing the JWKS"))?;
 
     let tls = StoreTls {
         ca: files.join("ca.crt"),
@@ -182,15 +207,62 @@ fn the_operator_makes_the_store_channels_certificates_and_the_store_trusts_only_
         client_cert: files.join("client.crt"),
         client_key: files.join("client.key"),
     };
+    env.store.set_restart_args(vec![
+        "--tenancy".into(),
+        "--token-issuer".into(),
+        format!("{}={}", published("issuer"), jwks_file.display()).into(),
+        "--token-audience".into(),
+        "petstore".into(),
+        "--observer".into(),
+        "system:serviceaccount:petstore-system:petstore-operator".into(),
+    ]);
     env.store.restart_with_tls(tls.clone())?;
     let (thor, tron) = env.apply_samples()?;
-    let ids: Vec<String> = env
-        .store
-        .all_pets()?
-        .iter()
-        .filter_map(|pet| pet["id"].as_str().map(str::to_owned))
-        .collect();
+
+    let with_certificate: Vec<std::ffi::OsString> = vec![
+        "-cacert".into(),
+        tls.ca.clone().into_os_string(),
+        "-cert".into(),
+        tls.client_cert.clone().into_os_string(),
+        "-key".into(),
+        tls.client_key.clone().into_os_string(),
+    ];
+    let search_as = |namespace: &str| -> fixtures::Result<Vec<String>> {
+        let header = format!(
+            "authorization: Bearer {}",
+            env.cp.tenant_token(namespace, "petstore")?
+        );
+        let flags: Vec<&OsStr> = with_certificate
+            .iter()
+            .map(|f| f.as_os_str())
+            .chain(["-H".as_ref(), header.as_ref()])
+            .collect();
+        let pets = grpcurl_with(
+            &flags,
+            &env.store.addr,
+            "petstore.PetStore/SearchPets",
+            "{}",
+        )?;
+        Ok(pets
+            .iter()
+            .filter_map(|pet| pet["id"].as_str().map(str::to_owned))
+            .collect())
+    };
+    let ids = search_as("default")?;
     assert!(ids.contains(&thor) && ids.contains(&tron), "{ids:?}");
+    env.cp.ensure_namespace("team-b")?;
+    env.cp.kubectl(&[
+        "create",
+        "serviceaccount",
+        "petstore-tenant",
+        "-n",
+        "team-b",
+    ])?;
+    let team_b = search_as("team-b")?;
+    assert!(
+        team_b.is_empty(),
+        "team-b reads default's records: {team_b:?}"
+    );
 
     let refused = |flags: &[&OsStr]| {
         let flags = [&["-connect-timeout".as_ref(), "2".as_ref()], flags].concat();
@@ -207,25 +279,21 @@ fn the_operator_makes_the_store_channels_certificates_and_the_store_trusts_only_
         refused(&["-cacert".as_ref(), tls.ca.as_os_str()]),
         "TLS without a client certificate"
     );
+    let certificate: Vec<&OsStr> = with_certificate.iter().map(|f| f.as_os_str()).collect();
+    assert!(refused(&certificate), "a call without a token");
 
-    // A second replica, started now, reads both Secrets and writes neither.
-    let before = (
-        resource_version(&env, "petstore-tls")?,
-        resource_version(&env, "petstore-store-client")?,
-    );
+    // A second replica, started now, reads all three and writes none.
+    let versions = || -> fixtures::Result<Vec<String>> {
+        objects
+            .iter()
+            .map(|object| resource_version(&env, object))
+            .collect()
+    };
+    let before = versions()?;
     let mut standby = env.operator_options("standby");
-    standby.extra_args.extend([
-        "--store-certificates".into(),
-        "petstore/petstore-tls".into(),
-        "--store-certificates-dir".into(),
-        env.cp.dir().join("standby-store-tls").into_os_string(),
-    ]);
+    standby.extra_args.extend(made_here("standby-store-tls"));
     let _standby = env.start_operator_with(&standby)?;
-    let after = (
-        resource_version(&env, "petstore-tls")?,
-        resource_version(&env, "petstore-store-client")?,
-    );
-    assert_eq!(before, after, "a second replica rewrote a Secret");
+    assert_eq!(before, versions()?, "a second replica rewrote one");
     Ok(())
 }
 

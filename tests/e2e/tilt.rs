@@ -56,15 +56,16 @@ fn tilt_ci(cluster: &Cluster, dir: &Path) -> Result<String, String> {
 
 /// The store's client certificate, CA and key, as the README's quick start
 /// takes them from the Secret the operator made, for grpcurl's flags.
-struct StoreClient {
+struct StoreClient<'a> {
     _dir: tempfile::TempDir,
     flags: Vec<std::ffi::OsString>,
+    cluster: &'a Cluster,
 }
 
-impl StoreClient {
+impl<'a> StoreClient<'a> {
     /// The README's loop: each of `ca.crt`, `tls.crt` and `tls.key` out of
     /// `petstore-store-client` in the store's namespace with kubectl.
-    fn from_secret(cluster: &Cluster) -> Result<Self, Box<dyn std::error::Error>> {
+    fn from_secret(cluster: &'a Cluster) -> Result<Self, Box<dyn std::error::Error>> {
         let dir = tempfile::Builder::new().prefix("store-client-").tempdir()?;
         let mut flags = Vec::new();
         for (flag, file) in [
@@ -85,7 +86,11 @@ impl StoreClient {
             std::fs::write(&path, pem)?;
             flags.extend([flag.into(), path.into_os_string()]);
         }
-        Ok(Self { _dir: dir, flags })
+        Ok(Self {
+            _dir: dir,
+            flags,
+            cluster,
+        })
     }
 
     fn grpcurl(&self, method: &str, body: &str) -> fixtures::Result<Vec<Value>> {
@@ -93,10 +98,31 @@ impl StoreClient {
         grpcurl_with(&flags, STORE, method, body)
     }
 
-    /// README step 4's SearchPets with `body` as the request, through
-    /// Tilt's port-forward: (name, id) of every pet it returned.
-    fn search(&self, body: &str) -> fixtures::Result<Vec<(String, String)>> {
-        let pets = self.grpcurl("petstore.PetStore/SearchPets", body)?;
+    /// As the README's `search` asks: with the certificate, and a token of
+    /// `namespace`'s petstore-tenant minted for the call.
+    fn search_as(
+        &self,
+        cluster: &Cluster,
+        namespace: &str,
+        body: &str,
+    ) -> fixtures::Result<Vec<(String, String)>> {
+        let token = cluster.kubectl(&[
+            "create",
+            "token",
+            "petstore-tenant",
+            "-n",
+            namespace,
+            "--audience",
+            "petstore",
+        ])?;
+        let header = format!("authorization: Bearer {}", token.trim());
+        let flags: Vec<&std::ffi::OsStr> = self
+            .flags
+            .iter()
+            .map(|f| f.as_os_str())
+            .chain(["-H".as_ref(), header.as_ref()])
+            .collect();
+        let pets = grpcurl_with(&flags, STORE, "petstore.PetStore/SearchPets", body)?;
         Ok(pets
             .iter()
             .map(|pet| {
@@ -106,6 +132,12 @@ impl StoreClient {
                 )
             })
             .collect())
+    }
+
+    /// README step 4's `search`, in namespace default, through Tilt's
+    /// port-forward: (name, id) of every pet it returned.
+    fn search(&self, body: &str) -> fixtures::Result<Vec<(String, String)>> {
+        self.search_as(self.cluster, "default", body)
     }
 }
 
@@ -329,7 +361,7 @@ impl TiltUp {
         cluster: &Cluster,
         repo: &Path,
         log_name: &str,
-        store: &StoreClient,
+        store: &StoreClient<'_>,
     ) -> Result<Self, Box<dyn std::error::Error>> {
         let log_path = cluster.dir().join(log_name);
         let log = std::fs::File::create(&log_path)?;
@@ -451,6 +483,23 @@ fn tilt_quick_start_on_a_one_node_cluster() -> TestResult {
     assert!(
         ca_only.is_err(),
         "a client without a certificate: {ca_only:?}"
+    );
+    // Tenancy by default: the certificate without a token is refused, and
+    // another namespace's token sees none of default's records.
+    let no_token = store.grpcurl("petstore.PetStore/SearchPets", "{}");
+    assert!(no_token.is_err(), "a call without a token: {no_token:?}");
+    cluster.kubectl(&["create", "namespace", "team-b"])?;
+    cluster.kubectl(&[
+        "create",
+        "serviceaccount",
+        "petstore-tenant",
+        "-n",
+        "team-b",
+    ])?;
+    let as_team_b = store.search_as(&cluster, "team-b", "{}")?;
+    assert!(
+        as_team_b.is_empty(),
+        "team-b reads default's records: {as_team_b:?}"
     );
     // Step 5: the rename keeps the ID.
     cluster.rename_pet("pet-sample1", "Thorbert")?;

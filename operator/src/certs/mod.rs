@@ -19,12 +19,14 @@ use std::time::{Duration, SystemTime};
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 use kube::core::ObjectMeta;
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
     Issuer, KeyPair, KeyUsagePurpose,
 };
+
+use crate::shared_object::{SharedObjectError, Wanted, ensure};
 
 /// How long a CA is valid: it outlives any release, so what trusts it stays
 /// put while leaves rotate under it.
@@ -45,16 +47,8 @@ const NOT_AFTER_ANNOTATION: &str = "petstore.example.com/serving-not-after";
 pub enum CertError {
     #[error("making a certificate: {0}")]
     Generate(#[from] rcgen::Error),
-    #[error("{action} (Secret {namespace}/{name}): {source}")]
-    Secret {
-        namespace: String,
-        name: String,
-        action: &'static str,
-        #[source]
-        source: Box<kube::Error>,
-    },
-    #[error("the Secret {name} kept changing under us; giving up for now")]
-    Contended { name: String },
+    #[error(transparent)]
+    Secret(#[from] SharedObjectError),
     #[error("writing {path}: {source}")]
     Files {
         path: std::path::PathBuf,
@@ -345,77 +339,6 @@ impl Leaf {
     }
 }
 
-pub(crate) fn is_conflict(err: &kube::Error) -> bool {
-    matches!(err, kube::Error::Api(status) if status.code == 409)
-}
-
-/// What [`ensure`] does with the Secret it read.
-pub enum Wanted<T> {
-    /// It holds what is wanted.
-    Keep(T),
-    /// Replace it (or create it, when absent) with this.
-    Write(T, Box<Secret>),
-}
-
-/// Reads Secret `name`, asks `decide` what it should hold (given what it
-/// holds now, `None` when absent), and writes that: create-if-absent, or
-/// replace at the resourceVersion read. On a conflict (another replica
-/// wrote first) it reads again, so every replica ends with the same Secret.
-pub async fn ensure<T>(
-    secrets: &Api<Secret>,
-    name: &str,
-    mut decide: impl FnMut(Option<&Secret>) -> Result<Wanted<T>, CertError>,
-) -> Result<T, CertError> {
-    let secret_error = |action: &'static str| {
-        let namespace = secrets.namespace().unwrap_or_default().to_owned();
-        move |source: kube::Error| CertError::Secret {
-            namespace,
-            name: name.to_owned(),
-            action,
-            source: Box::new(source),
-        }
-    };
-    for _ in 0..5 {
-        let existing = secrets
-            .get_opt(name)
-            .await
-            .map_err(secret_error("reading"))?;
-        let (value, mut replacement) = match decide(existing.as_ref())? {
-            Wanted::Keep(value) => return Ok(value),
-            Wanted::Write(value, replacement) => (value, replacement),
-        };
-        let written = match &existing {
-            None => secrets
-                .create(&PostParams::default(), &replacement)
-                .await
-                .map_err(|err| (err, "creating")),
-            Some(existing) => {
-                // Replace only what we read: a replica that wrote meanwhile wins.
-                replacement.metadata.resource_version = existing.metadata.resource_version.clone();
-                secrets
-                    .replace(name, &PostParams::default(), &replacement)
-                    .await
-                    .map_err(|err| (err, "replacing"))
-            }
-        };
-        match written {
-            Ok(_) => {
-                tracing::info!(
-                    secret = name,
-                    created = existing.is_none(),
-                    "wrote certificates"
-                );
-                return Ok(value);
-            }
-            Err((err, _)) if is_conflict(&err) => continue,
-            Err((err, action)) => return Err(secret_error(action)(err)),
-        }
-    }
-    Err(CertError::Contended {
-        name: name.to_owned(),
-    })
-}
-
 /// The shared CA and leaf of `profile`: read, created if absent, the leaf
 /// renewed if due. Every replica calling this at once ends up with the
 /// same Secret.
@@ -425,7 +348,7 @@ pub async fn ensure_ca_and_leaf(
     names: &[String],
     now: i64,
 ) -> Result<CaAndLeaf, CertError> {
-    ensure(secrets, profile.secret, |existing| {
+    Ok(ensure(secrets, profile.secret, |existing| {
         let fresh = match existing.map(CaAndLeaf::from_secret) {
             None => CaAndLeaf::generate(profile, names, now)?,
             Some(Some(certs)) if !certs.needs_renewal(now) => return Ok(Wanted::Keep(certs)),
@@ -439,9 +362,9 @@ pub async fn ensure_ca_and_leaf(
             }
         };
         let secret = fresh.to_secret(profile);
-        Ok(Wanted::Write(fresh, Box::new(secret)))
+        Ok::<_, CertError>(Wanted::Write(fresh, Box::new(secret)))
     })
-    .await
+    .await?)
 }
 
 #[cfg(test)]

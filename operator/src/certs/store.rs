@@ -18,7 +18,6 @@
 //! file watch follows.
 
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
@@ -26,9 +25,10 @@ use kube::api::Api;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    CA_CERT_KEY, CaAndLeaf, CertError, Leaf, Profile, TLS_CERT_KEY, TLS_KEY_KEY, Usage, Wanted,
-    ensure, ensure_ca_and_leaf,
+    CA_CERT_KEY, CaAndLeaf, CertError, Leaf, Profile, TLS_CERT_KEY, TLS_KEY_KEY, Usage,
+    ensure_ca_and_leaf,
 };
+use crate::shared_object::{NamespacedName, Wanted, ensure};
 use crate::store::grpc::TlsFiles;
 
 /// The Secret with the CA and the operator's client certificate, beside
@@ -49,39 +49,6 @@ const NAMES_ANNOTATION: &str = "petstore.example.com/serving-names";
 /// How often each replica re-reads both Secrets: renewing when due, taking
 /// up another replica's renewal, putting back a store Secret deleted.
 pub const REFRESH_INTERVAL: Duration = Duration::from_secs(60);
-
-/// `--store-certificates`: the store's Secret, `<namespace>/<name>`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SecretRef {
-    pub namespace: String,
-    pub name: String,
-}
-
-impl FromStr for SecretRef {
-    type Err = String;
-
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        match text.split_once('/') {
-            Some((namespace, name))
-                if !namespace.is_empty() && !name.is_empty() && !name.contains('/') =>
-            {
-                Ok(Self {
-                    namespace: namespace.to_owned(),
-                    name: name.to_owned(),
-                })
-            }
-            _ => Err(format!(
-                "{text:?} is not <namespace>/<name> (e.g. petstore/petstore-tls)"
-            )),
-        }
-    }
-}
-
-impl std::fmt::Display for SecretRef {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
-    }
-}
 
 /// The host of a store address (`host:port` or a URL).
 pub fn address_host(address: &str) -> &str {
@@ -130,7 +97,7 @@ pub struct StoreCertificates {
 impl StoreCertificates {
     pub fn new(
         client: kube::Client,
-        store_secret: &SecretRef,
+        store_secret: &NamespacedName,
         store_address: &str,
         dir: PathBuf,
     ) -> Self {
@@ -166,7 +133,7 @@ impl StoreCertificates {
     /// from `ca`, not for today's names, or due for renewal.
     pub async fn ensure_store(&self, ca: &CaAndLeaf, now: i64) -> Result<(), CertError> {
         let names = self.store_names.join(",");
-        ensure(&self.store, &self.store_secret, |existing| {
+        Ok(ensure(&self.store, &self.store_secret, |existing| {
             let current = existing.and_then(|secret| {
                 let leaf = Leaf::from_secret(secret)?;
                 let made_for = secret
@@ -188,9 +155,9 @@ impl StoreCertificates {
                 now,
             )?;
             let secret = leaf.to_secret(&self.store_secret, (NAMES_ANNOTATION, names.clone()));
-            Ok(Wanted::Write((), Box::new(secret)))
+            Ok::<_, CertError>(Wanted::Write((), Box::new(secret)))
         })
-        .await
+        .await?)
     }
 }
 
@@ -250,21 +217,6 @@ pub async fn keep_fresh(certs: StoreCertificates, stop: CancellationToken) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_store_secret_is_named_namespace_slash_name() {
-        assert_eq!(
-            "petstore/petstore-tls".parse::<SecretRef>(),
-            Ok(SecretRef {
-                namespace: "petstore".into(),
-                name: "petstore-tls".into()
-            })
-        );
-        for bad in ["petstore-tls", "/x", "x/", "a/b/c", ""] {
-            let err = bad.parse::<SecretRef>().expect_err(bad);
-            assert!(err.contains("<namespace>/<name>"), "{err}");
-        }
-    }
 
     #[test]
     fn the_host_comes_from_any_address_form() {

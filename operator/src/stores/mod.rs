@@ -6,6 +6,8 @@
 //! - [`tokens`]: the namespace's ServiceAccount tokens each write carries;
 //! - [`status`]: each store object's status (does it answer, its
 //!   extensions, the Pets that use it), written by the leader;
+//! - [`issuer`]: this cluster's token issuer, published for a store with
+//!   tenancy to check tokens by;
 //! - this module: the watch caches of `PetStore`, `ClusterPetStore` and
 //!   Namespace that the rule reads, and the clients, opened on a store's
 //!   first use, one per store and namespace over one channel per store,
@@ -14,6 +16,7 @@
 //!   change feed as the operator's own ServiceAccount ([`Stores::feeds`]).
 
 pub mod caller;
+pub mod issuer;
 pub mod resolve;
 pub mod status;
 pub mod tokens;
