@@ -53,6 +53,14 @@ enum Task {
         #[arg(long)]
         uri_base: String,
     },
+    /// Compare the operator's RBAC in config/ with what its
+    /// ServiceAccount asked of the API servers whose requests are kept in
+    /// DIR (the test command's audit): fails on a verb granted and never
+    /// used, and on a request refused or allowed by no rule.
+    RbacAudit {
+        /// The requests, as the fixtures keep them (PETSTORE_AUDIT_DIR).
+        dir: PathBuf,
+    },
     /// Write a CycloneDX 1.5 JSON SBOM of the operator and the pet store:
     /// every package their binaries are built from, with its locked version
     /// and purl, from `cargo metadata`.
@@ -65,6 +73,35 @@ enum Task {
         #[arg(long)]
         target: Option<String>,
     },
+}
+
+/// `cargo xtask rbac-audit`.
+fn rbac_audit(dir: &Path) -> anyhow::Result<bool> {
+    use xtask::rbac_audit;
+    let root = fixtures::repo_root();
+    let rules = rbac_audit::read_rules(&root, &rbac_audit::RBAC_FILES)?;
+    let requests = rbac_audit::read_requests(dir)?;
+    let findings = rbac_audit::compare(&rules, &requests);
+    println!(
+        "rbac-audit: {} rules in {} files against {} distinct requests of the operator",
+        rules.len(),
+        rbac_audit::RBAC_FILES.len(),
+        requests.len()
+    );
+    for unused in &findings.unused {
+        println!("  unused:  {unused}");
+    }
+    for missing in &findings.missing {
+        println!("  missing: {missing}");
+    }
+    let equal = findings.unused.is_empty() && findings.missing.is_empty();
+    println!(
+        "rbac-audit: {} unused, {} missing{}",
+        findings.unused.len(),
+        findings.missing.len(),
+        if equal { ": RBAC equal to use" } else { "" }
+    );
+    Ok(equal)
 }
 
 /// `cargo xtask sbom`.
@@ -124,6 +161,13 @@ fn main() -> ExitCode {
             uri_base,
         } => krew(&out, &binary, &uri_base),
         Task::Sbom { out, target } => sbom(out.as_deref(), target.as_deref()),
+        Task::RbacAudit { dir } => match rbac_audit(&dir) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(anyhow::anyhow!(
+                "the operator's RBAC is not equal to its use"
+            )),
+            Err(err) => Err(err),
+        },
         Task::Dev => petstore_process::stop_flag()
             .map_err(anyhow::Error::from)
             .and_then(|stop| dev::dev(&stop).map_err(anyhow::Error::from)),
