@@ -283,7 +283,17 @@ async fn rewrite(
                     break;
                 }
                 debug!(%namespace, %name, "changed meanwhile; reading it again");
-                match api.get_opt(&name).await.map_err(failed)? {
+                // A list by name, not a get: the list the operator needs
+                // anyway, so its RBAC grants no verb for this rare path.
+                let by_name = ListParams::default().fields(&format!("metadata.name={name}"));
+                match api
+                    .list(&by_name)
+                    .await
+                    .map_err(failed)?
+                    .items
+                    .into_iter()
+                    .next()
+                {
                     Some(fresh) => object = fresh,
                     None => return Ok(Outcome::Gone),
                 }

@@ -121,7 +121,7 @@ fn resource_version(env: &Env, object: &str) -> fixtures::Result<String> {
 /// namespace's token; it refuses plaintext, a client without a
 /// certificate, and a call without a token, and shows another namespace
 /// none of these records. A second replica, starting after, rewrites
-/// nothing.
+/// nothing; one starting when the certificates are due renews them.
 #[test]
 fn the_store_set_up_as_config_does_trusts_only_the_operators_certificate_and_each_namespaces_token()
 -> fixtures::Result<()> {
@@ -294,6 +294,90 @@ fn the_store_set_up_as_config_does_trusts_only_the_operators_certificate_and_eac
     standby.extra_args.extend(made_here("standby-store-tls"));
     let _standby = env.start_operator_with(&standby)?;
     assert_eq!(before, versions()?, "a second replica rewrote one");
+
+    // The store's, the operator's and the webhook's certificates due for
+    // renewal (their recorded validity ends in a minute, within its last
+    // third), and the issuer's keys tampered with: a replica starting now
+    // renews all three, keeping the CA, reads its renewed one, and puts the
+    // keys back.
+    let soon = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+        + 60)
+        .to_string();
+    for secret in ["petstore-tls", "petstore-store-client"] {
+        env.cp.kubectl(&[
+            "annotate",
+            "secret",
+            secret,
+            "-n",
+            "petstore",
+            "--overwrite",
+            &format!("petstore.example.com/serving-not-after={soon}"),
+        ])?;
+    }
+    env.cp.kubectl(&[
+        "patch",
+        "configmap",
+        "petstore-token-issuer",
+        "-n",
+        "petstore",
+        "--type=merge",
+        "-p",
+        r#"{"data":{"jwks.json":"{\"keys\":[]}"}}"#,
+    ])?;
+    // The webhook's certificate too, in the operator's namespace.
+    let webhook_secret = "/api/v1/namespaces/petstore-system/secrets/petstore-operator-webhook-tls";
+    let webhook_before = env.cp.get(webhook_secret)?["data"]["tls.crt"].clone();
+    env.cp.kubectl(&[
+        "annotate",
+        "secret",
+        "petstore-operator-webhook-tls",
+        "-n",
+        "petstore-system",
+        "--overwrite",
+        &format!("petstore.example.com/serving-not-after={soon}"),
+    ])?;
+    let mut renewer = env.operator_options("renewer");
+    renewer.extra_args.extend(made_here("renewer-store-tls"));
+    let _renewer = env.start_operator_with(&renewer)?;
+    for (secret, before) in [
+        ("petstore-tls", &pems["store.crt"]),
+        ("petstore-store-client", &pems["client.crt"]),
+    ] {
+        let renewed = secret_key(&env, secret, "tls.crt")?;
+        assert_ne!(&renewed, before, "{secret} not renewed");
+    }
+    assert_eq!(
+        secret_key(&env, "petstore-store-client", "ca.crt")?,
+        pems["ca.crt"],
+        "the renewal keeps the CA"
+    );
+    assert_ne!(
+        env.cp.get(webhook_secret)?["data"]["tls.crt"],
+        webhook_before,
+        "the webhook's certificate not renewed"
+    );
+    let restored = wait_for(
+        std::time::Duration::from_secs(30),
+        "the issuer's keys put back",
+        || {
+            let issuer = env
+                .cp
+                .get("/api/v1/namespaces/petstore/configmaps/petstore-token-issuer")
+                .ok()?;
+            let keys = issuer["data"]["jwks.json"].as_str()?.trim().to_owned();
+            (keys == jwks.trim()).then_some(keys)
+        },
+    )?;
+    assert!(restored.contains("\"kid\""), "{restored}");
+    // The renewing replica reads the certificate it renewed.
+    let renewer_own = std::fs::read_to_string(env.cp.dir().join("renewer-store-tls/tls.crt"))
+        .map_err(fixtures::io("reading the renewer's certificate"))?;
+    assert_eq!(
+        renewer_own,
+        secret_key(&env, "petstore-store-client", "tls.crt")?
+    );
     Ok(())
 }
 

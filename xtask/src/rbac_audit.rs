@@ -3,10 +3,10 @@
 //! server in the test command (their audit logs, kept by the fixtures).
 //!
 //! - **Unused**: a verb a rule grants (on each resource, and each name it
-//!   is limited to) that no request used. A request counts whatever its
-//!   answer but 403: a `get` answered 404 still needed the verb.
-//! - **Missing**: a request refused with 403, or one that no rule here
-//!   allows and that Kubernetes does not grant every account anyway
+//!   is limited to) that no request used. A request the authorizer allowed
+//!   counts whatever its answer: a `get` answered 404 still needed the verb.
+//! - **Missing**: a request the authorizer refused, or one that no rule
+//!   here allows and that Kubernetes does not grant every account anyway
 //!   (discovery, its own access reviews).
 
 use std::collections::BTreeSet;
@@ -101,10 +101,18 @@ pub struct Request {
     pub namespace: String,
     pub name: String,
     pub path: String,
+    /// The authorizer's: `allow` or `forbid` (a 403 from admission, such as
+    /// a namespace being deleted, is an `allow`).
+    #[serde(default)]
+    pub decision: String,
     pub code: u64,
 }
 
 impl Request {
+    fn refused(&self) -> bool {
+        self.decision == "forbid"
+    }
+
     fn resource_path(&self) -> String {
         if self.subresource.is_empty() {
             self.resource.clone()
@@ -349,7 +357,7 @@ fn grants(rule: &Rule) -> Vec<(String, Request)> {
 /// Whether `request` used `grant` (one verb on one resource, and name when
 /// the rule names one).
 fn uses(grant: &Request, request: &Request) -> bool {
-    if request.code == 403 || grant.verb != request.verb {
+    if request.refused() || grant.verb != request.verb {
         return false;
     }
     if grant.resource.is_empty() {
@@ -382,7 +390,7 @@ pub fn compare(rules: &[Rule], requests: &BTreeSet<Request>) -> Findings {
     }
     for request in requests {
         let allowed = rules.iter().any(|rule| allows(rule, request));
-        if request.code == 403 || (!allowed && !granted_to_everyone(request)) {
+        if request.refused() || (!allowed && !granted_to_everyone(request)) {
             findings.missing.push(request.to_string());
         }
     }
@@ -439,7 +447,8 @@ metadata: {name: ignored, namespace: ops}
             json!({"verb": "watch", "group": "petstore.example.com", "resource": "pets", "subresource": "", "namespace": "", "name": "", "path": "", "code": 200}),
             json!({"verb": "patch", "group": "petstore.example.com", "resource": "pets", "subresource": "status", "namespace": "a", "name": "x", "path": "", "code": 200}),
             json!({"verb": "get", "group": "", "resource": "", "subresource": "", "namespace": "", "name": "", "path": "/openid/v1/jwks", "code": 200}),
-            // A 404 still used the verb.
+            // A 404 still used the verb, and so did a 403 from admission.
+            json!({"verb": "get", "group": "petstore.example.com", "resource": "pets", "subresource": "", "namespace": "gone", "name": "x", "path": "", "decision": "allow", "code": 403}),
             json!({"verb": "get", "group": "", "resource": "secrets", "subresource": "", "namespace": "ops", "name": "tls", "path": "", "code": 404}),
             // Discovery: every account may.
             json!({"verb": "get", "group": "", "resource": "", "subresource": "", "namespace": "", "name": "", "path": "/apis/petstore.example.com/v1", "code": 200}),
@@ -473,7 +482,7 @@ metadata: {name: ignored, namespace: ops}
     #[test]
     fn a_refused_request_and_one_no_rule_allows_are_found_missing() {
         let mut requests = used_as_granted();
-        requests.insert(request(json!({"verb": "delete", "group": "petstore.example.com", "resource": "pets", "subresource": "", "namespace": "a", "name": "x", "path": "", "code": 403})));
+        requests.insert(request(json!({"verb": "delete", "group": "petstore.example.com", "resource": "pets", "subresource": "", "namespace": "a", "name": "x", "path": "", "decision": "forbid", "code": 403})));
         // Allowed only by a binding from elsewhere: still not ours.
         requests.insert(request(json!({"verb": "list", "group": "", "resource": "pods", "subresource": "", "namespace": "a", "name": "", "path": "", "code": 200})));
         let findings = compare(&rules(), &requests);

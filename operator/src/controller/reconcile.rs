@@ -701,7 +701,7 @@ impl<'a> Reconcile<'a> {
         outcome: &Outcome,
         plan: &PlanUpdate,
     ) -> Result<(), Error> {
-        status_write::write(&self.ctx.client, &self.api, &self.pet, id, outcome, plan)
+        status_write::write(&self.ctx.client, &self.pet, id, outcome, plan)
             .instrument(petstore_telemetry::span(|| info_span!("kube.patch_status")))
             .await
     }

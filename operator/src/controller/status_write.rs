@@ -4,60 +4,37 @@
 use chrono::Utc;
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, Resource, ResourceExt};
-use tracing::debug;
 
 use crate::Error;
 use crate::crd::{PENDING_PLAN_FIELD, Pet, PetStatus};
 use crate::status::{Outcome, PlanUpdate, next_status};
 
-/// Status writes tried after a 409 before giving up (and retrying the whole
-/// reconcile with backoff, which never creates again: the create is keyed by
-/// the Pet's UID).
-const ATTEMPTS: u32 = 5;
-
 /// Writes the status for `outcome`, with `id` as the record's ID (`None`
-/// keeps the current one) and `plan` applied to `status.plan`. On a 409 it re-reads the status and recomputes
-/// from it.
+/// keeps the current one) and `plan` applied to `status.plan`. A merge
+/// patch without a resourceVersion never conflicts (the API server applies
+/// it to whatever is current), so there is nothing to re-read and retry,
+/// and the operator needs no `get` or `update` on the status.
 pub async fn write(
     client: &Client,
-    api: &Api<Pet>,
     pet: &Pet,
     id: Option<&str>,
     outcome: &Outcome,
     plan: &PlanUpdate,
 ) -> Result<(), Error> {
     let name = pet.name_any();
-    // The generation acted upon, even if a re-read shows a newer one.
-    let generation = pet.metadata.generation;
-    let mut current = pet.status.clone();
-    let mut attempt = 1;
-    loop {
-        let now = Utc::now();
-        let mut next = next_status(current.as_ref(), generation, id, outcome, now);
-        plan.apply_to(&mut next, now);
-        if current.as_ref() == Some(&next) {
-            return Ok(());
-        }
-        // Only a plan the Pet shows needs removing: most writes send none.
-        let clear_plan = matches!(plan, PlanUpdate::Clear { .. })
-            && current.as_ref().is_some_and(|status| status.plan.is_some());
-        match patch(client, pet, &name, &next, clear_plan).await {
-            Ok(()) => return Ok(()),
-            Err(kube::Error::Api(status)) if status.is_conflict() && attempt < ATTEMPTS => {
-                debug!(attempt, "status write conflicted; re-reading the Pet");
-                attempt += 1;
-                current = api
-                    .get_status(&name)
-                    .await
-                    .map_err(|source| Error::WriteStatus {
-                        name: name.clone(),
-                        source,
-                    })?
-                    .status;
-            }
-            Err(source) => return Err(Error::WriteStatus { name, source }),
-        }
+    let current = pet.status.as_ref();
+    let now = Utc::now();
+    let mut next = next_status(current, pet.metadata.generation, id, outcome, now);
+    plan.apply_to(&mut next, now);
+    if current == Some(&next) {
+        return Ok(());
     }
+    // Only a plan the Pet shows needs removing: most writes send none.
+    let clear_plan = matches!(plan, PlanUpdate::Clear { .. })
+        && current.is_some_and(|status| status.plan.is_some());
+    patch(client, pet, &name, &next, clear_plan)
+        .await
+        .map_err(|source| Error::WriteStatus { name, source })
 }
 
 /// Merge-patches the Pet's status. The reply (the whole Pet, managedFields

@@ -13,6 +13,9 @@ const CRD_PATH: &str =
     "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/pets.petstore.example.com";
 const LIST: &str = "/apis/petstore.example.com/v1/pets";
 
+/// Where a Pet is read again after a conflict: a list by its name.
+const HERD: &str = "/apis/petstore.example.com/v1/namespaces/herd/pets";
+
 fn pet_path(name: &str) -> String {
     format!("/apis/petstore.example.com/v1/namespaces/herd/pets/{name}")
 }
@@ -172,13 +175,13 @@ async fn a_conflict_is_read_again_and_rewritten_and_a_pet_gone_is_counted() {
     );
     // a changed since the list: read again, written at its new version.
     api.expect(Method::PUT, &pet_path("a"), 409, failure(409));
-    api.expect(Method::GET, &pet_path("a"), 200, pet("a", "50"));
+    api.expect(Method::GET, HERD, 200, page(&[pet("a", "50")], None));
     api.expect(Method::PUT, &pet_path("a"), 200, pet("a", "103"));
     // b deleted since the list.
     api.expect(Method::PUT, &pet_path("b"), 404, failure(404));
     // c changed, then deleted before the second read.
     api.expect(Method::PUT, &pet_path("c"), 409, failure(409));
-    api.expect(Method::GET, &pet_path("c"), 404, failure(404));
+    api.expect(Method::GET, HERD, 200, page(&[], None));
     stored_versions_set(&api);
 
     let migrated = migrate_storage(&client, CRD, &metrics).await.expect("ok");
@@ -190,6 +193,20 @@ async fn a_conflict_is_read_again_and_rewritten_and_a_pet_gone_is_counted() {
     );
     let puts = calls(&api, Method::PUT);
     assert_eq!(puts[1].body, pet("a", "50"), "the fresh read is written");
+    let reads = calls(&api, Method::GET);
+    let by_name: Vec<&str> = reads
+        .iter()
+        .filter(|call| call.path == HERD)
+        .map(|call| call.query.trim_start_matches('&'))
+        .collect();
+    assert_eq!(
+        by_name,
+        [
+            "fieldSelector=metadata.name%3Da",
+            "fieldSelector=metadata.name%3Dc"
+        ],
+        "read again by a list of its name alone"
+    );
     assert_sample(
         &metrics,
         r#"petstore_operator_storage_migration_pets_total{outcome="gone"} 2"#,
@@ -203,7 +220,7 @@ async fn a_pet_that_keeps_conflicting_fails_the_migration_and_stored_versions_st
     for attempt in 0..ATTEMPTS {
         api.expect(Method::PUT, &pet_path("a"), 409, failure(409));
         if attempt + 1 < ATTEMPTS {
-            api.expect(Method::GET, &pet_path("a"), 200, pet("a", "11"));
+            api.expect(Method::GET, HERD, 200, page(&[pet("a", "11")], None));
         }
     }
 
