@@ -58,24 +58,14 @@ fn operator_and_store_speak_mutual_tls_and_strangers_are_refused() -> fixtures::
     );
     let stranger = Pki::create(&env.cp.dir().join("stranger"), "stranger", &[])?;
     let (stranger_cert, stranger_key) = stranger.issue_client("stranger")?;
-    // A refused handshake makes grpcurl retry until its deadline; keep it short.
-    let refused = |flags: &[&OsStr]| {
-        let flags = [&["-connect-timeout".as_ref(), "2".as_ref()], flags].concat();
-        grpcurl_with(
-            &flags,
-            &env.store.addr,
-            "petstore.PetStore/SearchPets",
-            "{}",
-        )
-        .is_err()
-    };
-    assert!(refused(&["-plaintext".as_ref()]), "plaintext");
+    let is_refused = |flags: &[&OsStr]| refused(&env.store.addr, flags);
+    assert!(is_refused(&["-plaintext".as_ref()]), "plaintext");
     assert!(
-        refused(&["-cacert".as_ref(), tls.ca.as_os_str()]),
+        is_refused(&["-cacert".as_ref(), tls.ca.as_os_str()]),
         "TLS without a client certificate"
     );
     assert!(
-        refused(&[
+        is_refused(&[
             "-cacert".as_ref(),
             tls.ca.as_os_str(),
             "-cert".as_ref(),
@@ -86,6 +76,14 @@ fn operator_and_store_speak_mutual_tls_and_strangers_are_refused() -> fixtures::
         "a client certificate from another CA"
     );
     Ok(())
+}
+
+/// Whether the store at `addr` refuses a SearchPets made with grpcurl's
+/// connection `flags`. A refused handshake makes grpcurl retry until its
+/// deadline; keep it short.
+fn refused(addr: &str, flags: &[&OsStr]) -> bool {
+    let flags = [&["-connect-timeout".as_ref(), "2".as_ref()], flags].concat();
+    grpcurl_with(&flags, addr, "petstore.PetStore/SearchPets", "{}").is_err()
 }
 
 /// One key of a Secret, decoded, as the README's quick start reads it:
@@ -264,23 +262,14 @@ fn the_store_set_up_as_config_does_trusts_only_the_operators_certificate_and_eac
         "team-b reads default's records: {team_b:?}"
     );
 
-    let refused = |flags: &[&OsStr]| {
-        let flags = [&["-connect-timeout".as_ref(), "2".as_ref()], flags].concat();
-        grpcurl_with(
-            &flags,
-            &env.store.addr,
-            "petstore.PetStore/SearchPets",
-            "{}",
-        )
-        .is_err()
-    };
-    assert!(refused(&["-plaintext".as_ref()]), "plaintext");
+    let is_refused = |flags: &[&OsStr]| refused(&env.store.addr, flags);
+    assert!(is_refused(&["-plaintext".as_ref()]), "plaintext");
     assert!(
-        refused(&["-cacert".as_ref(), tls.ca.as_os_str()]),
+        is_refused(&["-cacert".as_ref(), tls.ca.as_os_str()]),
         "TLS without a client certificate"
     );
     let certificate: Vec<&OsStr> = with_certificate.iter().map(|f| f.as_os_str()).collect();
-    assert!(refused(&certificate), "a call without a token");
+    assert!(is_refused(&certificate), "a call without a token");
 
     // A second replica, started now, reads all three and writes none.
     let versions = || -> fixtures::Result<Vec<String>> {

@@ -80,7 +80,8 @@ fn rbac_audit(dir: &Path) -> anyhow::Result<bool> {
     use xtask::rbac_audit;
     let root = fixtures::repo_root();
     let rules = rbac_audit::read_rules(&root, &rbac_audit::RBAC_FILES)?;
-    let requests = rbac_audit::read_requests(dir)?;
+    let sources = rbac_audit::read_requests(dir)?;
+    let requests = sources.keys().cloned().collect();
     let findings = rbac_audit::compare(&rules, &requests);
     println!(
         "rbac-audit: {} rules in {} files against {} distinct requests of the operator",
@@ -92,7 +93,13 @@ fn rbac_audit(dir: &Path) -> anyhow::Result<bool> {
         println!("  unused:  {unused}");
     }
     for missing in &findings.missing {
-        println!("  missing: {missing}");
+        // Which stories asked it, to find why.
+        let seen: std::collections::BTreeSet<&String> = sources
+            .iter()
+            .filter(|(request, _)| request.to_string() == *missing)
+            .flat_map(|(_, files)| files)
+            .collect();
+        println!("  missing: {missing}, asked in {seen:?}");
     }
     let equal = findings.unused.is_empty() && findings.missing.is_empty();
     println!(

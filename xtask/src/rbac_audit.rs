@@ -9,7 +9,7 @@
 //!   here allows and that Kubernetes does not grant every account anyway
 //!   (discovery, its own access reviews).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use serde::Deserialize;
@@ -192,9 +192,10 @@ fn rules_in(text: &str) -> Result<Vec<Rule>, serde_norway::Error> {
     Ok(rules)
 }
 
-/// Reads every request kept in `dir`.
-pub fn read_requests(dir: &Path) -> Result<BTreeSet<Request>, AuditError> {
-    let mut requests = BTreeSet::new();
+/// Reads every request kept in `dir`, each with the files (one per story
+/// and API server) it was kept in.
+pub fn read_requests(dir: &Path) -> Result<BTreeMap<Request, BTreeSet<String>>, AuditError> {
+    let mut requests: BTreeMap<Request, BTreeSet<String>> = BTreeMap::new();
     let entries = std::fs::read_dir(dir).map_err(|source| AuditError::Read {
         path: dir.display().to_string(),
         source,
@@ -215,7 +216,11 @@ pub fn read_requests(dir: &Path) -> Result<BTreeSet<Request>, AuditError> {
                     line: index + 1,
                     source,
                 })?;
-            requests.insert(request);
+            let source = path
+                .file_stem()
+                .map(|stem| stem.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            requests.entry(request).or_default().insert(source);
         }
     }
     if requests.is_empty() {
