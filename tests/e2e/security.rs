@@ -7,7 +7,7 @@ use std::ffi::OsStr;
 
 use fixtures::certs::Pki;
 use fixtures::petstore::{StoreTls, grpcurl_with};
-use fixtures::{Env, Storage, repo_root, wait_for};
+use fixtures::{Env, Kubectl, Storage, repo_root, wait_for};
 
 #[test]
 fn operator_and_store_speak_mutual_tls_and_strangers_are_refused() -> fixtures::Result<()> {
@@ -249,13 +249,7 @@ fn the_store_set_up_as_config_does_trusts_only_the_operators_certificate_and_eac
     let ids = search_as("default")?;
     assert!(ids.contains(&thor) && ids.contains(&tron), "{ids:?}");
     env.cp.ensure_namespace("team-b")?;
-    env.cp.kubectl(&[
-        "create",
-        "serviceaccount",
-        "petstore-tenant",
-        "-n",
-        "team-b",
-    ])?;
+    env.cp.create_tenant("team-b")?;
     let team_b = search_as("team-b")?;
     assert!(
         team_b.is_empty(),

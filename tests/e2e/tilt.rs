@@ -106,16 +106,8 @@ impl<'a> StoreClient<'a> {
         namespace: &str,
         body: &str,
     ) -> fixtures::Result<Vec<(String, String)>> {
-        let token = cluster.kubectl(&[
-            "create",
-            "token",
-            "petstore-tenant",
-            "-n",
-            namespace,
-            "--audience",
-            "petstore",
-        ])?;
-        let header = format!("authorization: Bearer {}", token.trim());
+        let token = cluster.tenant_token(namespace, "petstore")?;
+        let header = format!("authorization: Bearer {token}");
         let flags: Vec<&std::ffi::OsStr> = self
             .flags
             .iter()
@@ -489,13 +481,7 @@ fn tilt_quick_start_on_a_one_node_cluster() -> TestResult {
     let no_token = store.grpcurl("petstore.PetStore/SearchPets", "{}");
     assert!(no_token.is_err(), "a call without a token: {no_token:?}");
     cluster.kubectl(&["create", "namespace", "team-b"])?;
-    cluster.kubectl(&[
-        "create",
-        "serviceaccount",
-        "petstore-tenant",
-        "-n",
-        "team-b",
-    ])?;
+    cluster.create_tenant("team-b")?;
     let as_team_b = store.search_as(&cluster, "team-b", "{}")?;
     assert!(
         as_team_b.is_empty(),
