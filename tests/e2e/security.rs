@@ -275,7 +275,18 @@ fn the_store_set_up_as_config_does_trusts_only_the_operators_certificate_and_eac
     let before = versions()?;
     let mut standby = env.operator_options("standby");
     standby.extra_args.extend(made_here("standby-store-tls"));
-    let _standby = env.start_operator_with(&standby)?;
+    let standby = env.start_operator_with(&standby)?;
+    // Starting waited for its webhook only; its store certificates and the
+    // issuer come after.
+    wait_for(
+        std::time::Duration::from_secs(30),
+        "the standby's store certificate and issuer checked",
+        || {
+            (standby.log_contains("the store's certificate is ready")
+                && standby.log_contains("the token issuer is published"))
+            .then_some(())
+        },
+    )?;
     assert_eq!(before, versions()?, "a second replica rewrote one");
 
     // The store's, the operator's and the webhook's certificates due for
@@ -324,12 +335,21 @@ fn the_store_set_up_as_config_does_trusts_only_the_operators_certificate_and_eac
     let mut renewer = env.operator_options("renewer");
     renewer.extra_args.extend(made_here("renewer-store-tls"));
     let _renewer = env.start_operator_with(&renewer)?;
+    // The store channel's certificates come after the webhook is serving,
+    // which is all that starting the replica waited for.
     for (secret, before) in [
         ("petstore-tls", &pems["store.crt"]),
         ("petstore-store-client", &pems["client.crt"]),
     ] {
-        let renewed = secret_key(&env, secret, "tls.crt")?;
-        assert_ne!(&renewed, before, "{secret} not renewed");
+        wait_for(
+            std::time::Duration::from_secs(30),
+            &format!("{secret} renewed"),
+            || {
+                secret_key(&env, secret, "tls.crt")
+                    .ok()
+                    .filter(|renewed| renewed != before)
+            },
+        )?;
     }
     assert_eq!(
         secret_key(&env, "petstore-store-client", "ca.crt")?,
@@ -355,12 +375,13 @@ fn the_store_set_up_as_config_does_trusts_only_the_operators_certificate_and_eac
     )?;
     assert!(restored.contains("\"kid\""), "{restored}");
     // The renewing replica reads the certificate it renewed.
-    let renewer_own = std::fs::read_to_string(env.cp.dir().join("renewer-store-tls/tls.crt"))
-        .map_err(fixtures::io("reading the renewer's certificate"))?;
-    assert_eq!(
-        renewer_own,
-        secret_key(&env, "petstore-store-client", "tls.crt")?
-    );
+    let renewed = secret_key(&env, "petstore-store-client", "tls.crt")?;
+    let own = env.cp.dir().join("renewer-store-tls/tls.crt");
+    wait_for(
+        std::time::Duration::from_secs(30),
+        "the renewer's own certificate file",
+        || (std::fs::read_to_string(&own).ok()? == renewed).then_some(()),
+    )?;
     Ok(())
 }
 

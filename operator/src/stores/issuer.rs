@@ -122,8 +122,11 @@ pub async fn publish(
 /// Reads and publishes once; errors are logged.
 async fn refresh(client: &kube::Client, target: &NamespacedName) {
     let published = async { publish(client, target, &read(client).await?).await }.await;
-    if let Err(err) = published {
-        tracing::warn!(error = %err, config_map = %target, "cannot publish the token issuer; retrying every minute");
+    match published {
+        Ok(()) => tracing::debug!(config_map = %target, "the token issuer is published"),
+        Err(err) => {
+            tracing::warn!(error = %err, config_map = %target, "cannot publish the token issuer; retrying every minute")
+        }
     }
 }
 
