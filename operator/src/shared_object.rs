@@ -11,6 +11,14 @@ use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+/// The labels of every object the operator makes itself.
+pub fn labels() -> std::collections::BTreeMap<String, String> {
+    std::collections::BTreeMap::from([(
+        "app.kubernetes.io/name".to_owned(),
+        "petstore-operator".to_owned(),
+    )])
+}
+
 /// Why an object could not be made what it should be.
 #[derive(Debug, thiserror::Error)]
 pub enum SharedObjectError {

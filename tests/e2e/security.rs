@@ -217,14 +217,7 @@ fn the_store_set_up_as_config_does_trusts_only_the_operators_certificate_and_eac
     env.store.restart_with_tls(tls.clone())?;
     let (thor, tron) = env.apply_samples()?;
 
-    let with_certificate: Vec<std::ffi::OsString> = vec![
-        "-cacert".into(),
-        tls.ca.clone().into_os_string(),
-        "-cert".into(),
-        tls.client_cert.clone().into_os_string(),
-        "-key".into(),
-        tls.client_key.clone().into_os_string(),
-    ];
+    let with_certificate = tls.grpcurl_flags();
     let search_as = |namespace: &str| -> fixtures::Result<Vec<String>> {
         let header = format!(
             "authorization: Bearer {}",

@@ -175,10 +175,7 @@ fn tls_secret(
     Secret {
         metadata: ObjectMeta {
             name: Some(name.into()),
-            labels: Some(BTreeMap::from([(
-                "app.kubernetes.io/name".to_owned(),
-                "petstore-operator".to_owned(),
-            )])),
+            labels: Some(crate::shared_object::labels()),
             annotations: Some(annotations),
             ..ObjectMeta::default()
         },

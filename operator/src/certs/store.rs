@@ -87,8 +87,8 @@ pub fn store_names(host: &str) -> Vec<String> {
 /// Both Secrets and the operator's files.
 #[derive(Clone)]
 pub struct StoreCertificates {
-    own: Api<Secret>,
-    store: Api<Secret>,
+    /// The store's namespace, where both Secrets live.
+    secrets: Api<Secret>,
     store_secret: String,
     store_names: Vec<String>,
     dir: PathBuf,
@@ -102,8 +102,7 @@ impl StoreCertificates {
         dir: PathBuf,
     ) -> Self {
         Self {
-            own: Api::namespaced(client.clone(), &store_secret.namespace),
-            store: Api::namespaced(client, &store_secret.namespace),
+            secrets: Api::namespaced(client, &store_secret.namespace),
             store_secret: store_secret.name.clone(),
             store_names: store_names(address_host(store_address)),
             dir,
@@ -124,7 +123,7 @@ impl StoreCertificates {
     /// due, and written to the files.
     pub async fn ensure_own(&self, now: i64) -> Result<CaAndLeaf, CertError> {
         // A client certificate names no host.
-        let own = ensure_ca_and_leaf(&self.own, &CLIENT, &[], now).await?;
+        let own = ensure_ca_and_leaf(&self.secrets, &CLIENT, &[], now).await?;
         write_files(&self.dir, &own).await?;
         Ok(own)
     }
@@ -133,7 +132,7 @@ impl StoreCertificates {
     /// from `ca`, not for today's names, or due for renewal.
     pub async fn ensure_store(&self, ca: &CaAndLeaf, now: i64) -> Result<(), CertError> {
         let names = self.store_names.join(",");
-        Ok(ensure(&self.store, &self.store_secret, |existing| {
+        Ok(ensure(&self.secrets, &self.store_secret, |existing| {
             let current = existing.and_then(|secret| {
                 let leaf = Leaf::from_secret(secret)?;
                 let made_for = secret

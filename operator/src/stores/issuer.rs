@@ -64,10 +64,7 @@ impl TokenIssuer {
         ConfigMap {
             metadata: ObjectMeta {
                 name: Some(name.to_owned()),
-                labels: Some(BTreeMap::from([(
-                    "app.kubernetes.io/name".to_owned(),
-                    "petstore-operator".to_owned(),
-                )])),
+                labels: Some(crate::shared_object::labels()),
                 ..ObjectMeta::default()
             },
             data: Some(BTreeMap::from([
