@@ -605,3 +605,36 @@ fn a_release_into_a_namespace_the_chart_makes_fails() -> fixtures::Result<()> {
     );
     Ok(())
 }
+
+/// CHANGELOG.md's newest section is this version, and its oldest the
+/// previous release the upgrade test starts from, by its commit.
+#[test]
+fn the_changelog_starts_at_the_workspace_version_and_ends_at_the_previous_release() {
+    let text = std::fs::read_to_string(fixtures::repo_root().join("CHANGELOG.md"))
+        .expect("CHANGELOG.md at the root");
+    let versions: Vec<&str> = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("## ["))
+        .filter_map(|rest| rest.split_once(']').map(|(version, _)| version))
+        .collect();
+    assert_eq!(
+        versions.first().copied(),
+        Some(env!("CARGO_PKG_VERSION")),
+        "the newest section is the workspace version: {versions:?}"
+    );
+    let previous = fixtures::previous_release::commit();
+    let oldest = text
+        .rsplit_once("\n## [")
+        .map(|(_, section)| section)
+        .unwrap_or_default();
+    assert!(
+        oldest.contains(&format!("`{}`", &previous[..7])),
+        "the oldest section names the previous release's commit {previous}:\n{oldest}"
+    );
+    for version in &versions {
+        assert!(
+            text.contains(&format!("\n[{version}]: ")),
+            "a link for [{version}]"
+        );
+    }
+}
