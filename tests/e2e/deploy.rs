@@ -143,6 +143,60 @@ fn config_default_and_the_store_pass_server_side_validation_and_install() -> fix
         let read = cp.kubectl(&[&["get"], object, &["-o", &output]].concat())?;
         assert_eq!(read, expected, "{object:?} {jsonpath}");
     }
+    assert_restricted_pod_security(&cp, &["petstore-system", "petstore"])
+}
+
+/// In each of `namespaces`, the API server refuses a Pod that breaks the
+/// restricted Pod Security Standard, naming what it breaks, and admits one
+/// that keeps it (server-side dry runs: the refusal is admission's, and
+/// nothing is left behind).
+fn assert_restricted_pod_security(cp: &ControlPlane, namespaces: &[&str]) -> fixtures::Result<()> {
+    let pod = |namespace: &str, name: &str, spec: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {namespace}}}\nspec:\n{spec}"
+        )
+    };
+    let breaking = "  hostNetwork: true
+  containers:
+    - name: c
+      image: busybox
+      securityContext: {privileged: true, runAsUser: 0}
+";
+    let keeping = "  securityContext: {runAsNonRoot: true, seccompProfile: {type: RuntimeDefault}}
+  containers:
+    - name: c
+      image: busybox
+      securityContext:
+        allowPrivilegeEscalation: false
+        capabilities: {drop: [ALL]}
+";
+    for namespace in namespaces {
+        // The Pods run as the namespace's default ServiceAccount, which
+        // this control plane (no ServiceAccount controller) does not make.
+        cp.kubectl_stdin(
+            &["apply", "-f", "-"],
+            &format!("apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: default, namespace: {namespace}}}\n"),
+        )?;
+        let refused = cp
+            .kubectl_stdin(
+                &["apply", "--dry-run=server", "-f", "-"],
+                &pod(namespace, "breaks-restricted", breaking),
+            )
+            .expect_err("a privileged, root, host-network Pod is refused");
+        let message = refused.to_string();
+        for said in [
+            "violates PodSecurity \"restricted:latest\"",
+            "host namespaces (hostNetwork=true)",
+            "privileged (container \"c\" must not set securityContext.privileged=true)",
+            "runAsUser=0",
+        ] {
+            assert!(message.contains(said), "{namespace}: {said:?} in {message}");
+        }
+        cp.kubectl_stdin(
+            &["apply", "--dry-run=server", "-f", "-"],
+            &pod(namespace, "keeps-restricted", keeping),
+        )?;
+    }
     Ok(())
 }
 
