@@ -851,6 +851,34 @@ fn records(
     Ok(all)
 }
 
+/// The records `store` shows `namespace`'s ServiceAccount `account`, with
+/// a token kubectl mints for it for the audience `petstore`.
+fn search_as(
+    cp: &ControlPlane,
+    store: &PetStoreServer,
+    namespace: &str,
+    account: &str,
+) -> Result<Vec<Value>, Error> {
+    let token = cp
+        .kubectl(&[
+            "create",
+            "token",
+            account,
+            "-n",
+            namespace,
+            "--audience",
+            "petstore",
+        ])?
+        .trim()
+        .to_owned();
+    Ok(fixtures::petstore::grpcurl_with_token(
+        &store.addr,
+        &token,
+        "petstore.PetStore/SearchPets",
+        "{}",
+    )?)
+}
+
 /// Row 12: the store refuses a token mid-reconcile (it outlived the
 /// store's `--token-max-age` while the operator still held it). The call
 /// is sent again at once with a fresh token: the Pet converges, its record
@@ -915,29 +943,7 @@ fn a_token_refused_mid_reconcile_is_minted_afresh_and_nothing_is_lost() -> Resul
         refusals(&store, "unauthenticated")? > refused_before,
         "the store refused the old token (else this tried nothing)"
     );
-    let token = cp
-        .kubectl(&[
-            "create",
-            "token",
-            "petstore-tenant",
-            "-n",
-            "team-x",
-            "--audience",
-            "petstore",
-        ])?
-        .trim()
-        .to_owned();
-    let header = format!("authorization: Bearer {token}");
-    let records = fixtures::petstore::grpcurl_with(
-        &[
-            "-plaintext".as_ref(),
-            "-H".as_ref(),
-            std::ffi::OsStr::new(&header),
-        ],
-        &store.addr,
-        "petstore.PetStore/SearchPets",
-        "{}",
-    )?;
+    let records = search_as(cp, &store, "team-x", "petstore-tenant")?;
     assert_eq!(
         records.len(),
         1,
@@ -987,31 +993,7 @@ fn a_namespace_deleted_takes_its_records_and_one_made_again_owns_only_what_was_k
         "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: auditor, namespace: default}\n",
     )?;
     // Every record in the store, read as the observer.
-    let all_records = || -> Result<Vec<Value>, Error> {
-        let token = cp
-            .kubectl(&[
-                "create",
-                "token",
-                "auditor",
-                "-n",
-                "default",
-                "--audience",
-                "petstore",
-            ])?
-            .trim()
-            .to_owned();
-        let header = format!("authorization: Bearer {token}");
-        Ok(fixtures::petstore::grpcurl_with(
-            &[
-                "-plaintext".as_ref(),
-                "-H".as_ref(),
-                std::ffi::OsStr::new(&header),
-            ],
-            &store.addr,
-            "petstore.PetStore/SearchPets",
-            "{}",
-        )?)
-    };
+    let all_records = || search_as(cp, &store, "default", "auditor");
     let namespace_with_pets = format!(
         "apiVersion: v1\nkind: Namespace\nmetadata: {{name: team-r}}\n---\n\
          apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: petstore-tenant, namespace: team-r}}\n---\n\

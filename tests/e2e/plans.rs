@@ -348,9 +348,7 @@ fn observe_shows_drift_without_reverting_it_and_automatic_applies_the_plan() -> 
         "petstore.PetStore/AddPets",
         r#"{"pets":[{"name":"Old Tom","type":"PTFeline","birthday":{"year":2015,"month":3,"day":1}}]}"#,
     )?;
-    let id = added
-        .first()
-        .and_then(|reply| reply["ids"][0].as_str())
+    let id = fixtures::petstore::added_id(&added)
         .expect("AddPets returns the new record's ID")
         .to_owned();
     let start = writes()?;

@@ -13,6 +13,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use fixtures::env::{Planned, is_ready};
+use fixtures::petstore::{added_id, grpcurl_with_token};
 use fixtures::{ControlPlane, Env, PetStoreServer, Storage, wait_for};
 use serde_json::Value;
 
@@ -102,20 +103,15 @@ fn add_record(
     name: &str,
 ) -> fixtures::Result<String> {
     let token = cp.tenant_token(namespace, AUDIENCE)?;
-    let header = format!("authorization: Bearer {token}");
-    let reply = fixtures::petstore::grpcurl_with(
-        &["-plaintext".as_ref(), "-H".as_ref(), header.as_ref()],
+    let reply = grpcurl_with_token(
         &store.addr,
+        &token,
         "petstore.PetStore/AddPets",
         &format!(
             r#"{{"pets":[{{"name":"{name}","type":"PTFeline","birthday":{{"year":2019,"month":5,"day":6}}}}]}}"#
         ),
     )?;
-    Ok(reply
-        .first()
-        .and_then(|r| r["ids"][0].as_str())
-        .unwrap_or_default()
-        .to_owned())
+    Ok(added_id(&reply).unwrap_or_default().to_owned())
 }
 
 /// `kubectl petstore <args>` as the user `kubeconfig` names.

@@ -68,10 +68,9 @@ fn grpcurl_as(
     method: &str,
     data: &str,
 ) -> fixtures::Result<Vec<Value>> {
-    let header = format!("authorization: Bearer {token}");
-    fixtures::petstore::grpcurl_with(
-        &["-plaintext".as_ref(), "-H".as_ref(), header.as_ref()],
+    fixtures::petstore::grpcurl_with_token(
         &store.addr,
+        token,
         &format!("petstore.PetStore/{method}"),
         data,
     )
@@ -174,9 +173,7 @@ fn every_stores_feed_is_followed_and_each_holds_only_its_own_pets() -> fixtures:
         "AddPets",
         r#"{"pets":[{"name":"Stray","type":"PTFeline","birthday":{"year":2019,"month":5,"day":6}}]}"#,
     )?;
-    let stray = added
-        .first()
-        .and_then(|reply| reply["ids"][0].as_str())
+    let stray = fixtures::petstore::added_id(&added)
         .unwrap_or_default()
         .to_owned();
     assert!(!stray.is_empty(), "AddPets answered no ID: {added:?}");

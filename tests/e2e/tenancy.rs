@@ -248,18 +248,11 @@ fn grpcurl_as(
     method: &str,
     data: &str,
 ) -> Result<Vec<Value>, String> {
-    let header = token.map(|token| format!("authorization: Bearer {token}"));
-    let mut flags: Vec<&std::ffi::OsStr> = vec!["-plaintext".as_ref()];
-    if let Some(header) = &header {
-        flags.push(std::ffi::OsStr::new("-H"));
-        flags.push(std::ffi::OsStr::new(header.as_str()));
+    let method = format!("petstore.PetStore/{method}");
+    match token {
+        Some(token) => fixtures::petstore::grpcurl_with_token(&store.addr, token, &method, data),
+        None => fixtures::petstore::grpcurl(&store.addr, &method, data),
     }
-    fixtures::petstore::grpcurl_with(
-        &flags,
-        &store.addr,
-        &format!("petstore.PetStore/{method}"),
-        data,
-    )
     .map_err(|error| error.to_string())
 }
 
