@@ -98,15 +98,7 @@ fn assert_names(case: &str, message: &str, fragments: &[&str]) {
 }
 
 fn annotate(cp: &ControlPlane, pet: &str, key: &str, value: &str) -> fixtures::Result<String> {
-    cp.kubectl(&[
-        "annotate",
-        "pet",
-        pet,
-        "-n",
-        "default",
-        "--overwrite",
-        &format!("{key}={value}"),
-    ])
+    cp.annotate_pet("default", pet, &["--overwrite", &format!("{key}={value}")])
 }
 
 #[test]
@@ -579,16 +571,7 @@ fn a_protected_pet_and_its_record_stay_until_the_annotation_goes() -> fixtures::
             "" => format!("{PROTECTED}-"),
             value => format!("{PROTECTED}={value}"),
         };
-        let args = [
-            "annotate",
-            "pet",
-            "guarded",
-            "-n",
-            namespace,
-            &annotation,
-            "--overwrite",
-        ];
-        cp.kubectl(&args)
+        cp.annotate_pet(namespace, "guarded", &[&annotation, "--overwrite"])
     };
 
     // Lifted: the deletion proceeds, and deletes the record.

@@ -1134,14 +1134,11 @@ fn a_handed_over_record_stays_with_its_tenant_in_the_other_cluster() -> Result<(
     };
     env.cp.apply(&rex("team-a", json!({}))?)?;
     let id = env.wait_ready("team-a", "rex", Duration::from_secs(90))?;
-    env.cp.kubectl(&[
-        "annotate",
-        "pet",
-        "rex",
-        "-n",
+    env.cp.annotate_pet(
         "team-a",
-        "petstore.example.com/hand-over-to=green",
-    ])?;
+        "rex",
+        &["petstore.example.com/hand-over-to=green"],
+    )?;
     wait_for(Duration::from_secs(90), "blue's rex HandedOver", || {
         let pet = env.pet("team-a", "rex").ok()?;
         fixtures::env::condition(&pet, "Synced")

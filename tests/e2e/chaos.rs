@@ -315,14 +315,11 @@ impl Soak<'_> {
             }
             85..99 => {
                 let uid = self.pet_field(&namespace, &name, "{.metadata.uid}");
-                let annotated = self.env.cp.kubectl(&[
-                    "annotate",
-                    "pet",
-                    &name,
-                    "-n",
+                let annotated = self.env.cp.annotate_pet(
                     &namespace,
-                    "petstore.example.com/deletion-policy=Orphan",
-                ]);
+                    &name,
+                    &["petstore.example.com/deletion-policy=Orphan"],
+                );
                 // Annotated, the Pet releases its record whenever it goes
                 // (even with its namespace, should the delete below fail).
                 if annotated.is_ok() && !uid.is_empty() {

@@ -209,14 +209,8 @@ fn kstatus_reads_each_stalled_reason_as_failed() -> Result<(), Error> {
     env.cp
         .apply(&pet_manifest("handed", &[], &spec("Handed")))?;
     env.wait_ready("default", "handed", TIMEOUT)?;
-    env.cp.kubectl(&[
-        "annotate",
-        "pet",
-        "handed",
-        "-n",
-        "default",
-        &format!("{HAND_OVER_TO}=green"),
-    ])?;
+    env.cp
+        .annotate_pet("default", "handed", &[&format!("{HAND_OVER_TO}=green")])?;
     let cases = [
         (
             "named-missing",
@@ -243,14 +237,8 @@ fn kstatus_reads_each_stalled_reason_as_failed() -> Result<(), Error> {
         env.cp
             .apply(&pet_manifest(name, &annotations, &spec("Stuck")))?;
     }
-    env.cp.kubectl(&[
-        "annotate",
-        "pet",
-        "holder",
-        "-n",
-        "default",
-        &format!("{EXTERNAL_ID}={unowned}"),
-    ])?;
+    env.cp
+        .annotate_pet("default", "holder", &[&format!("{EXTERNAL_ID}={unowned}")])?;
     // The store refuses a name longer than 128 characters, and so does the
     // CRD. With its limit taken out (as a hand-edited or older CRD might
     // be), the API server stores such a Pet and the store refuses it.

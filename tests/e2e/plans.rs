@@ -60,15 +60,8 @@ fn hash(plan: &Value) -> String {
 }
 
 fn annotate(env: &Env, name: &str, key: &str, value: &str) -> fixtures::Result<String> {
-    env.cp.kubectl(&[
-        "annotate",
-        "pet",
-        name,
-        "-n",
-        "default",
-        "--overwrite",
-        &format!("{key}={value}"),
-    ])
+    env.cp
+        .annotate_pet("default", name, &["--overwrite", &format!("{key}={value}")])
 }
 
 fn record(env: &Env, id: &str) -> fixtures::Result<Value> {

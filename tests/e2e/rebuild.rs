@@ -863,14 +863,11 @@ fn a_handover_moves_every_pet_although_one_waits_and_its_pet_takes_it_back() -> 
     let before = counts(&env)?;
 
     // It is handed over first, and waits: no Pet in green takes it.
-    env.cp.kubectl(&[
-        "annotate",
-        "pet",
-        lone,
-        "-n",
+    env.cp.annotate_pet(
         "default",
-        "petstore.example.com/hand-over-to=green",
-    ])?;
+        lone,
+        &["petstore.example.com/hand-over-to=green"],
+    )?;
     let waiting = format!("green/from:{lone_uid}");
     wait_for(TIMEOUT, "the lone record released to green", || {
         let (key, _) = records(&env).ok()?.remove(&lone_id)?;
