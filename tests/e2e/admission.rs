@@ -59,16 +59,7 @@ fn install_policy(cp: &ControlPlane) -> fixtures::Result<()> {
 
 /// `kubectl patch pet <pet> --type=<kind> -p <patch>` in default.
 fn patch(cp: &ControlPlane, pet: &str, kind: &str, patch: &str) -> fixtures::Result<String> {
-    cp.kubectl(&[
-        "patch",
-        "pet",
-        pet,
-        "-n",
-        "default",
-        &format!("--type={kind}"),
-        "-p",
-        patch,
-    ])
+    cp.patch_pet("default", pet, &[&format!("--type={kind}"), "-p", patch])
 }
 
 fn patch_spec(cp: &ControlPlane, pet: &str, spec: &str) -> fixtures::Result<String> {

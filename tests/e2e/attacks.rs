@@ -927,16 +927,11 @@ fn a_token_refused_mid_reconcile_is_minted_afresh_and_nothing_is_lost() -> Resul
     let refused_before = refusals(&store, "unauthenticated")?;
     // The token the operator holds is now older than the store accepts.
     std::thread::sleep(Duration::from_secs(MAX_AGE_SECONDS + 1));
-    cp.kubectl(&[
-        "patch",
-        "pet",
-        "rex",
-        "-n",
+    cp.patch_pet(
         "team-x",
-        "--type=merge",
-        "-p",
-        r#"{"spec":{"name":"rex-renamed"}}"#,
-    ])?;
+        "rex",
+        &["--type=merge", "-p", r#"{"spec":{"name":"rex-renamed"}}"#],
+    )?;
     ready(2)?;
 
     assert!(

@@ -372,18 +372,17 @@ fn argo_cd_and_flux_read_each_state_right() -> Result<(), Error> {
     let healthy = captured(env.pet("default", "healthy")?);
     env.wait_ready("default", "progressing", TIMEOUT)?;
     // An edit's answer: the new generation, the old status.
-    let edited = env.cp.kubectl(&[
-        "patch",
-        "pet",
-        "progressing",
-        "-n",
+    let edited = env.cp.patch_pet(
         "default",
-        "--type=merge",
-        "-p",
-        r#"{"spec":{"name":"Busier"}}"#,
-        "-o",
-        "json",
-    ])?;
+        "progressing",
+        &[
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"name":"Busier"}}"#,
+            "-o",
+            "json",
+        ],
+    )?;
     let progressing = captured(serde_json::from_str(&edited)?);
     let degraded = captured(wait_synced(&env, "degraded", "RecordNotFound")?);
     let paused = captured(wait_synced(&env, "suspended-paused", "ReconcilePaused")?);

@@ -140,16 +140,11 @@ fn uid(pet: &Value) -> String {
 /// cluster is torn down or its etcd lost.
 fn lose_pets(cp: &ControlPlane) -> fixtures::Result<()> {
     for name in pets(cp)?.keys() {
-        cp.kubectl(&[
-            "patch",
-            "pet",
-            name,
-            "-n",
+        cp.patch_pet(
             "default",
-            "--type=merge",
-            "-p",
-            r#"{"metadata":{"finalizers":null}}"#,
-        ])?;
+            name,
+            &["--type=merge", "-p", r#"{"metadata":{"finalizers":null}}"#],
+        )?;
     }
     cp.kubectl(&["delete", "pets", "--all", "-n", "default", "--wait=true"])?;
     Ok(())
@@ -221,17 +216,16 @@ fn a_cluster_rebuilt_from_git_or_restored_finds_every_record() -> fixtures::Resu
         .cp
         .kubectl_stdin(&["apply", "-f", "-"], &manifests())?;
     for (name, id) in &ids {
-        rebuilt.cp.kubectl(&[
-            "patch",
-            "pet",
-            name,
-            "-n",
+        rebuilt.cp.patch_pet(
             "default",
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            &format!(r#"{{"status":{{"id":"{id}"}}}}"#),
-        ])?;
+            name,
+            &[
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                &format!(r#"{{"status":{{"id":"{id}"}}}}"#),
+            ],
+        )?;
     }
     let before = counts(&env)?;
     let _operator = env.start_operator_in(&rebuilt, "operator-restored", &installation)?;
@@ -565,16 +559,15 @@ fn edit_in_green(
     let mut edits = 0;
     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
         let pet = format!("pet-{}", edits % PETS);
-        cp.kubectl(&[
-            "patch",
-            "pet",
-            &pet,
-            "-n",
+        cp.patch_pet(
             "default",
-            "--type=merge",
-            "-p",
-            &format!(r#"{{"spec":{{"name":"Edited in green {edits}"}}}}"#),
-        ])?;
+            &pet,
+            &[
+                "--type=merge",
+                "-p",
+                &format!(r#"{{"spec":{{"name":"Edited in green {edits}"}}}}"#),
+            ],
+        )?;
         edits += 1;
         made.store(edits, std::sync::atomic::Ordering::Relaxed);
     }

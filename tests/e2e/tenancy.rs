@@ -449,16 +449,11 @@ fn records_made_before_tenancy_keep_their_ids_and_take_their_tenant_on_the_first
     );
 
     // The first change of rex: one write.
-    cp.kubectl(&[
-        "patch",
-        "pet",
-        "rex",
-        "-n",
+    cp.patch_pet(
         "team-a",
-        "--type=merge",
-        "-p",
-        r#"{"spec":{"name":"rex-2"}}"#,
-    ])?;
+        "rex",
+        &["--type=merge", "-p", r#"{"spec":{"name":"rex-2"}}"#],
+    )?;
     wait_for(TIMEOUT, "rex at generation 2", || {
         let pet = get(cp, "team-a", "rex")?;
         (is_ready(&pet) && pet["status"]["observedGeneration"] == 2).then_some(())
