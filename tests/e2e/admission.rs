@@ -11,7 +11,6 @@
 use std::time::Duration;
 
 use fixtures::env::{condition, pet_metadata};
-use fixtures::legacy_store::LegacyStore;
 use fixtures::{ControlPlane, Env, Storage, repo_root, wait_for};
 use serde_json::{Value, json};
 
@@ -396,8 +395,7 @@ fn the_policy_refuses_annotation_typos_on_create_and_new_ones_on_update() -> fix
 #[test]
 fn a_deletion_waiting_on_the_books_store_is_let_go_as_its_message_says() -> fixtures::Result<()> {
     let env = Env::start(Storage::Durable)?;
-    let legacy = LegacyStore::start()?;
-    let _operator = env.start_operator_on("operator", &legacy.addr)?;
+    let (legacy, _operator) = env.start_operator_on_legacy_store("operator")?;
     let cp = &env.cp;
     install_policy(cp)?;
 

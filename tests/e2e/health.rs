@@ -284,8 +284,7 @@ fn kstatus_reads_each_stalled_reason_as_failed() -> Result<(), Error> {
     // A store without the extension RPCs (the book's): the operator,
     // pointed at it alone, says so, and waits for a person.
     drop(_operator);
-    let legacy = fixtures::legacy_store::LegacyStore::start()?;
-    let _on_legacy = env.start_operator_on("on-the-books-store", &legacy.addr)?;
+    let (_legacy, _on_legacy) = env.start_operator_on_legacy_store("on-the-books-store")?;
     env.cp.apply(&pet_manifest("bookish", &[], &spec("Book")))?;
     let bookish = wait_synced(&env, "bookish", "StoreLacksExtensions")?;
     let (status, message) = kstatus(std::slice::from_ref(&bookish))?.remove(0);
