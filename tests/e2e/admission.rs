@@ -87,6 +87,19 @@ fn assert_names(case: &str, message: &str, fragments: &[&str]) {
     }
 }
 
+/// Waits until the operator has taken its finalizer off the Pet, leaving
+/// only the test's [`HOLD`].
+fn wait_only_held(cp: &ControlPlane, name: &str) -> fixtures::Result<()> {
+    wait_for(
+        POLICY_ACTIVE_TIMEOUT,
+        "the operator's finalizer to go",
+        || {
+            let pet = cp.pet("default", name).ok()?;
+            (pet["metadata"]["finalizers"] == json!([HOLD])).then_some(())
+        },
+    )
+}
+
 fn annotate(cp: &ControlPlane, pet: &str, key: &str, value: &str) -> fixtures::Result<String> {
     cp.annotate_pet("default", pet, &["--overwrite", &format!("{key}={value}")])
 }
@@ -361,14 +374,7 @@ fn the_policy_refuses_annotation_typos_on_create_and_new_ones_on_update() -> fix
     // released for the other), releasing the test's finalizer, a change
     // that keeps the policy, lets both go.
     for name in ["leaving", "legacy-leaving"] {
-        wait_for(
-            POLICY_ACTIVE_TIMEOUT,
-            "the operator's finalizer to go",
-            || {
-                let pet = cp.pet("default", name).ok()?;
-                (pet["metadata"]["finalizers"] == json!([HOLD])).then_some(())
-            },
-        )?;
+        wait_only_held(cp, name)?;
         patch(
             cp,
             name,
@@ -439,14 +445,7 @@ fn a_deletion_waiting_on_the_books_store_is_let_go_as_its_message_says() -> fixt
     patch_spec(cp, "by-spec", r#"{"deletionPolicy":"Orphan"}"#)?;
     annotate(cp, "by-annotation", DELETION_POLICY, "Orphan")?;
     for name in names {
-        wait_for(
-            POLICY_ACTIVE_TIMEOUT,
-            "the operator's finalizer to go",
-            || {
-                let pet = env.pet("default", name).ok()?;
-                (pet["metadata"]["finalizers"] == json!([HOLD])).then_some(())
-            },
-        )?;
+        wait_only_held(cp, name)?;
     }
     // A change back to Delete is still refused.
     let changed_back = [
