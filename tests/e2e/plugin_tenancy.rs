@@ -175,11 +175,16 @@ fn the_plugin_reads_a_tenancy_store_as_its_caller_and_only_where_the_caller_may(
         let rex = cp.pet("team-a", "rex").ok()?;
         (rex["status"]["plan"]["summary"] == "update name").then(|| rex["status"]["plan"].clone())
     })?;
-    let file = cp.dir().join("rex.yaml");
-    std::fs::write(&file, &renamed).map_err(fixtures::io("writing rex.yaml"))?;
-    let file = file.to_string_lossy().into_owned();
     let own = ["--petstore-addr", env.store.addr.as_str()];
-    let planned = kubectl_petstore_as(&alice, &[&["plan", "-f", &file][..], &own].concat())?;
+    // `kubectl petstore plan -f <file>` as alice, `manifest` written to
+    // `file` first.
+    let plan_as_alice = |file: &str, manifest: &str| -> fixtures::Result<Planned> {
+        let path = cp.dir().join(file);
+        std::fs::write(&path, manifest).map_err(fixtures::io(format!("writing {file}")))?;
+        let path = path.to_string_lossy().into_owned();
+        kubectl_petstore_as(&alice, &[&["plan", "-f", &path][..], &own].concat())
+    };
+    let planned = plan_as_alice("rex.yaml", &renamed)?;
     assert_eq!(planned.code, Some(2), "{}", planned.stderr);
     let printed: Value = serde_json::from_str(planned.stdout.trim()).map_err(|error| {
         fixtures::io("the plan printed")(std::io::Error::other(format!(
@@ -195,11 +200,7 @@ fn the_plugin_reads_a_tenancy_store_as_its_caller_and_only_where_the_caller_may(
     // A Pet whose store does not exist: named with the operator's reason,
     // the other Pets still planned, and exit 1.
     let ghost = pet("team-a", "ghost", "Ghost", "missing", "");
-    let both = cp.dir().join("both.yaml");
-    std::fs::write(&both, format!("{renamed}---\n{ghost}"))
-        .map_err(fixtures::io("writing both.yaml"))?;
-    let both = both.to_string_lossy().into_owned();
-    let planned = kubectl_petstore_as(&alice, &[&["plan", "-f", &both][..], &own].concat())?;
+    let planned = plan_as_alice("both.yaml", &format!("{renamed}---\n{ghost}"))?;
     assert_eq!(planned.code, Some(1), "{}", planned.stderr);
     assert!(
         planned.stderr.contains(
