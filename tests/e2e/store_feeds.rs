@@ -131,22 +131,27 @@ fn status_id(pet: &Value) -> String {
 
 /// The operator's `change_feed_stores{state}`.
 fn feeds_in(operator: &Operator, state: &str) -> f64 {
-    operator.metrics().map_or(-1.0, |scrape| {
-        fixtures::http::sum_series(
-            &scrape,
-            "petstore_operator_change_feed_stores",
-            &format!("state=\"{state}\""),
-        )
-    })
+    operator_series(
+        operator,
+        "petstore_operator_change_feed_stores",
+        &format!("state=\"{state}\""),
+    )
 }
 
+/// The operator's `change_feed_changes_total{verdict}`.
 fn feed_changes(operator: &Operator, verdict: &str) -> f64 {
+    operator_series(
+        operator,
+        "petstore_operator_change_feed_changes_total",
+        &format!("verdict=\"{verdict}\""),
+    )
+}
+
+/// The sum of the operator's series `name` with `labels`, or -1 (no
+/// count) while its metrics cannot be read.
+fn operator_series(operator: &Operator, name: &str, labels: &str) -> f64 {
     operator.metrics().map_or(-1.0, |scrape| {
-        fixtures::http::sum_series(
-            &scrape,
-            "petstore_operator_change_feed_changes_total",
-            &format!("verdict=\"{verdict}\""),
-        )
+        fixtures::http::sum_series(&scrape, name, labels)
     })
 }
 
