@@ -699,6 +699,29 @@ fn handover_keys(env: &Env) -> fixtures::Result<BTreeMap<String, String>> {
         .collect())
 }
 
+/// What the kill -9 stories read before the handover starts.
+struct Handover {
+    /// Blue's IDs, by name.
+    ids: BTreeMap<String, String>,
+    /// Each Pet's handover key, by name.
+    waiting: BTreeMap<String, String>,
+    before: StoreCounts,
+}
+
+/// The kill -9 stories' start, their operators running: blue's Pets Ready
+/// and green's held, then the handover asked for.
+fn begin_handover(env: &Env, green: &fixtures::env::Cluster) -> fixtures::Result<Handover> {
+    let ids = blue_and_green(env, green)?;
+    let waiting = handover_keys(env)?;
+    let before = counts(env)?;
+    hand_over_to_green(env)?;
+    Ok(Handover {
+        ids,
+        waiting,
+        before,
+    })
+}
+
 #[test]
 fn a_handover_survives_kill_9_of_blue_after_its_releases_and_of_green_before_its_claims()
 -> fixtures::Result<()> {
@@ -718,10 +741,7 @@ fn a_handover_survives_kill_9_of_blue_after_its_releases_and_of_green_before_its
         "green",
         Some("hang-before-claim"),
     )?;
-    let ids = blue_and_green(&env, &green)?;
-    let waiting = handover_keys(&env)?;
-    let before = counts(&env)?;
-    hand_over_to_green(&env)?;
+    let handover = begin_handover(&env, &green)?;
 
     // Blue's kill lands between each release and its status: every record
     // is under its handover key in the store, and no Pet of blue's says
@@ -738,7 +758,7 @@ fn a_handover_survives_kill_9_of_blue_after_its_releases_and_of_green_before_its
     assert_eq!(logged(&mut blue, HANGS_AFTER_RELEASE), PETS);
     assert_eq!(
         keys_by_name(&env)?,
-        waiting,
+        handover.waiting,
         "every record released to green, none claimed"
     );
     for name in pets(&env.cp)?.keys() {
@@ -768,12 +788,12 @@ fn a_handover_survives_kill_9_of_blue_after_its_releases_and_of_green_before_its
     );
     assert_eq!(
         keys_by_name(&env)?,
-        waiting,
+        handover.waiting,
         "at green's kill, every record waits under its handover key"
     );
     green_operator.kill(); // kill -9
     let _green = start_in(&env, Some(&green), "operator-green-1", "green", None)?;
-    assert_handed_over(&env, &green, &ids, &before)
+    assert_handed_over(&env, &green, &handover.ids, &handover.before)
 }
 
 #[test]
@@ -789,10 +809,7 @@ fn a_handover_survives_kill_9_of_green_in_the_middle_of_its_claims() -> fixtures
         "green",
         Some("hang-after-claims=4"),
     )?;
-    let ids = blue_and_green(&env, &green)?;
-    let waiting = handover_keys(&env)?;
-    let before = counts(&env)?;
-    hand_over_to_green(&env)?;
+    let handover = begin_handover(&env, &green)?;
 
     // Green's kill lands in the middle of the batch: CLAIMED records under
     // green Pets' keys, the rest released and waiting for a claim that hung
@@ -815,13 +832,13 @@ fn a_handover_survives_kill_9_of_green_in_the_middle_of_its_claims() -> fixtures
     assert_eq!(claimed.len(), CLAIMED, "claimed at the kill: {keys:?}");
     for (name, key) in &keys {
         assert!(
-            is_greens_pet(key) || *key == waiting[name],
+            is_greens_pet(key) || *key == handover.waiting[name],
             "{name}: claimed, or waiting under its handover key: {key}"
         );
     }
     green_operator.kill(); // kill -9
     let _green = start_in(&env, Some(&green), "operator-green-1", "green", None)?;
-    assert_handed_over(&env, &green, &ids, &before)
+    assert_handed_over(&env, &green, &handover.ids, &handover.before)
 }
 
 /// The Synced reason of blue's Pet `name`.
