@@ -128,6 +128,18 @@ fn start_operator(env: &Env, identity: &str, installation: &str) -> fixtures::Re
     env.start_operator_with(&options)
 }
 
+/// Blue's operator and green's, each of its own installation, as the
+/// live handovers run them.
+fn start_both_operators(
+    env: &Env,
+    green: &fixtures::env::Cluster,
+) -> fixtures::Result<(Operator, Operator)> {
+    let blue_operator = start_operator(env, "operator-blue", "blue")?;
+    let green_operator =
+        env.start_operator_in(green, "operator-green", &["--installation=green"])?;
+    Ok((blue_operator, green_operator))
+}
+
 fn uid(pet: &Value) -> String {
     pet["metadata"]["uid"]
         .as_str()
@@ -578,9 +590,7 @@ fn edit_in_green(
 fn a_handover_between_two_live_clusters_under_edits() -> fixtures::Result<()> {
     let env = Env::start(Storage::Durable)?;
     let green = env.another_cluster()?;
-    let _blue_operator = start_operator(&env, "operator-blue", "blue")?;
-    let _green_operator =
-        env.start_operator_in(&green, "operator-green", &["--installation=green"])?;
+    let (_blue_operator, _green_operator) = start_both_operators(&env, &green)?;
     let ids = blue_and_green(&env, &green)?;
     let feed = TimedFeed::start(&env.store.addr)?;
     let before = counts(&env)?;
@@ -853,9 +863,7 @@ fn a_handover_moves_every_pet_although_one_waits_and_its_pet_takes_it_back() -> 
 {
     let env = Env::start(Storage::Durable)?;
     let green = env.another_cluster()?;
-    let _blue_operator = start_operator(&env, "operator-blue", "blue")?;
-    let _green_operator =
-        env.start_operator_in(&green, "operator-green", &["--installation=green"])?;
+    let (_blue_operator, _green_operator) = start_both_operators(&env, &green)?;
     let ids = blue_and_green(&env, &green)?;
     // A Pet that green does not have.
     let lone = "only-in-blue";
