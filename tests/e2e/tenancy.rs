@@ -329,12 +329,15 @@ fn the_store_keeps_each_namespace_to_its_own_records() -> fixtures::Result<()> {
     assert!(grpcurl_as(&other, Some(&team_a), "SearchPets", "{}").is_err());
 
     // team-b writes to team-a's record directly: refused, record unchanged.
-    let before = grpcurl_as(
-        &store,
-        Some(&team_a),
-        "GetPets",
-        &format!("{{\"ids\":[\"{rex_id}\"]}}"),
-    );
+    let get_rex = |token: &str| {
+        grpcurl_as(
+            &store,
+            Some(token),
+            "GetPets",
+            &format!("{{\"ids\":[\"{rex_id}\"]}}"),
+        )
+    };
+    let before = get_rex(&team_a);
     for (method, data) in [
         (
             "UpdatePets",
@@ -358,28 +361,14 @@ fn the_store_keeps_each_namespace_to_its_own_records() -> fixtures::Result<()> {
             "{method} by team-b on team-a's record: {answer:?}"
         );
     }
-    let hidden = grpcurl_as(
-        &store,
-        Some(&team_b),
-        "GetPets",
-        &format!("{{\"ids\":[\"{rex_id}\"]}}"),
-    )
-    .map_err(|error| fixtures::Error::Timeout(Duration::ZERO, error))?;
+    let hidden =
+        get_rex(&team_b).map_err(|error| fixtures::Error::Timeout(Duration::ZERO, error))?;
     assert_eq!(
         hidden[0]["missingIds"][0],
         rex_id.as_str(),
         "team-a's record is invisible to team-b"
     );
-    assert_eq!(
-        grpcurl_as(
-            &store,
-            Some(&team_a),
-            "GetPets",
-            &format!("{{\"ids\":[\"{rex_id}\"]}}")
-        ),
-        before,
-        "team-a's record is unchanged"
-    );
+    assert_eq!(get_rex(&team_a), before, "team-a's record is unchanged");
 
     // A Pet of team-b that names team-a's record for adoption: the store
     // shows it no such record, so it is held, and writes nothing to it.
@@ -389,16 +378,7 @@ fn the_store_keeps_each_namespace_to_its_own_records() -> fixtures::Result<()> {
     ))?;
     let (took, message) = wait_reason(cp, "team-b", "taker", "RecordNotFound", applied)?;
     assert!(took <= HELD_WITHIN, "taker held after {took:?}: {message}");
-    assert_eq!(
-        grpcurl_as(
-            &store,
-            Some(&team_a),
-            "GetPets",
-            &format!("{{\"ids\":[\"{rex_id}\"]}}")
-        ),
-        before,
-        "team-a's record is unchanged"
-    );
+    assert_eq!(get_rex(&team_a), before, "team-a's record is unchanged");
     Ok(())
 }
 
