@@ -11,7 +11,6 @@
 use std::time::Duration;
 
 use fixtures::env::{condition, pet_metadata};
-use fixtures::legacy_store::LegacyStore;
 use fixtures::{ControlPlane, Env, Storage, repo_root, wait_for};
 use serde_json::{Value, json};
 
@@ -59,16 +58,7 @@ fn install_policy(cp: &ControlPlane) -> fixtures::Result<()> {
 
 /// `kubectl patch pet <pet> --type=<kind> -p <patch>` in default.
 fn patch(cp: &ControlPlane, pet: &str, kind: &str, patch: &str) -> fixtures::Result<String> {
-    cp.kubectl(&[
-        "patch",
-        "pet",
-        pet,
-        "-n",
-        "default",
-        &format!("--type={kind}"),
-        "-p",
-        patch,
-    ])
+    cp.patch_pet("default", pet, &[&format!("--type={kind}"), "-p", patch])
 }
 
 fn patch_spec(cp: &ControlPlane, pet: &str, spec: &str) -> fixtures::Result<String> {
@@ -97,16 +87,21 @@ fn assert_names(case: &str, message: &str, fragments: &[&str]) {
     }
 }
 
+/// Waits until the operator has taken its finalizer off the Pet, leaving
+/// only the test's [`HOLD`].
+fn wait_only_held(cp: &ControlPlane, name: &str) -> fixtures::Result<()> {
+    wait_for(
+        POLICY_ACTIVE_TIMEOUT,
+        "the operator's finalizer to go",
+        || {
+            let pet = cp.pet("default", name).ok()?;
+            (pet["metadata"]["finalizers"] == json!([HOLD])).then_some(())
+        },
+    )
+}
+
 fn annotate(cp: &ControlPlane, pet: &str, key: &str, value: &str) -> fixtures::Result<String> {
-    cp.kubectl(&[
-        "annotate",
-        "pet",
-        pet,
-        "-n",
-        "default",
-        "--overwrite",
-        &format!("{key}={value}"),
-    ])
+    cp.annotate_pet("default", pet, &["--overwrite", &format!("{key}={value}")])
 }
 
 #[test]
@@ -379,14 +374,7 @@ fn the_policy_refuses_annotation_typos_on_create_and_new_ones_on_update() -> fix
     // released for the other), releasing the test's finalizer, a change
     // that keeps the policy, lets both go.
     for name in ["leaving", "legacy-leaving"] {
-        wait_for(
-            POLICY_ACTIVE_TIMEOUT,
-            "the operator's finalizer to go",
-            || {
-                let pet = cp.pet("default", name).ok()?;
-                (pet["metadata"]["finalizers"] == json!([HOLD])).then_some(())
-            },
-        )?;
+        wait_only_held(cp, name)?;
         patch(
             cp,
             name,
@@ -413,8 +401,7 @@ fn the_policy_refuses_annotation_typos_on_create_and_new_ones_on_update() -> fix
 #[test]
 fn a_deletion_waiting_on_the_books_store_is_let_go_as_its_message_says() -> fixtures::Result<()> {
     let env = Env::start(Storage::Durable)?;
-    let legacy = LegacyStore::start()?;
-    let _operator = env.start_operator_on("operator", &legacy.addr)?;
+    let (legacy, _operator) = env.start_operator_on_legacy_store("operator")?;
     let cp = &env.cp;
     install_policy(cp)?;
 
@@ -458,14 +445,7 @@ fn a_deletion_waiting_on_the_books_store_is_let_go_as_its_message_says() -> fixt
     patch_spec(cp, "by-spec", r#"{"deletionPolicy":"Orphan"}"#)?;
     annotate(cp, "by-annotation", DELETION_POLICY, "Orphan")?;
     for name in names {
-        wait_for(
-            POLICY_ACTIVE_TIMEOUT,
-            "the operator's finalizer to go",
-            || {
-                let pet = env.pet("default", name).ok()?;
-                (pet["metadata"]["finalizers"] == json!([HOLD])).then_some(())
-            },
-        )?;
+        wait_only_held(cp, name)?;
     }
     // A change back to Delete is still refused.
     let changed_back = [
@@ -579,16 +559,7 @@ fn a_protected_pet_and_its_record_stay_until_the_annotation_goes() -> fixtures::
             "" => format!("{PROTECTED}-"),
             value => format!("{PROTECTED}={value}"),
         };
-        let args = [
-            "annotate",
-            "pet",
-            "guarded",
-            "-n",
-            namespace,
-            &annotation,
-            "--overwrite",
-        ];
-        cp.kubectl(&args)
+        cp.annotate_pet(namespace, "guarded", &[&annotation, "--overwrite"])
     };
 
     // Lifted: the deletion proceeds, and deletes the record.

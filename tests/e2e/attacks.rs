@@ -851,6 +851,34 @@ fn records(
     Ok(all)
 }
 
+/// The records `store` shows `namespace`'s ServiceAccount `account`, with
+/// a token kubectl mints for it for the audience `petstore`.
+fn search_as(
+    cp: &ControlPlane,
+    store: &PetStoreServer,
+    namespace: &str,
+    account: &str,
+) -> Result<Vec<Value>, Error> {
+    let token = cp
+        .kubectl(&[
+            "create",
+            "token",
+            account,
+            "-n",
+            namespace,
+            "--audience",
+            "petstore",
+        ])?
+        .trim()
+        .to_owned();
+    Ok(fixtures::petstore::grpcurl_with_token(
+        &store.addr,
+        &token,
+        "petstore.PetStore/SearchPets",
+        "{}",
+    )?)
+}
+
 /// Row 12: the store refuses a token mid-reconcile (it outlived the
 /// store's `--token-max-age` while the operator still held it). The call
 /// is sent again at once with a fresh token: the Pet converges, its record
@@ -899,45 +927,18 @@ fn a_token_refused_mid_reconcile_is_minted_afresh_and_nothing_is_lost() -> Resul
     let refused_before = refusals(&store, "unauthenticated")?;
     // The token the operator holds is now older than the store accepts.
     std::thread::sleep(Duration::from_secs(MAX_AGE_SECONDS + 1));
-    cp.kubectl(&[
-        "patch",
-        "pet",
-        "rex",
-        "-n",
+    cp.patch_pet(
         "team-x",
-        "--type=merge",
-        "-p",
-        r#"{"spec":{"name":"rex-renamed"}}"#,
-    ])?;
+        "rex",
+        &["--type=merge", "-p", r#"{"spec":{"name":"rex-renamed"}}"#],
+    )?;
     ready(2)?;
 
     assert!(
         refusals(&store, "unauthenticated")? > refused_before,
         "the store refused the old token (else this tried nothing)"
     );
-    let token = cp
-        .kubectl(&[
-            "create",
-            "token",
-            "petstore-tenant",
-            "-n",
-            "team-x",
-            "--audience",
-            "petstore",
-        ])?
-        .trim()
-        .to_owned();
-    let header = format!("authorization: Bearer {token}");
-    let records = fixtures::petstore::grpcurl_with(
-        &[
-            "-plaintext".as_ref(),
-            "-H".as_ref(),
-            std::ffi::OsStr::new(&header),
-        ],
-        &store.addr,
-        "petstore.PetStore/SearchPets",
-        "{}",
-    )?;
+    let records = search_as(cp, &store, "team-x", "petstore-tenant")?;
     assert_eq!(
         records.len(),
         1,
@@ -987,31 +988,7 @@ fn a_namespace_deleted_takes_its_records_and_one_made_again_owns_only_what_was_k
         "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: auditor, namespace: default}\n",
     )?;
     // Every record in the store, read as the observer.
-    let all_records = || -> Result<Vec<Value>, Error> {
-        let token = cp
-            .kubectl(&[
-                "create",
-                "token",
-                "auditor",
-                "-n",
-                "default",
-                "--audience",
-                "petstore",
-            ])?
-            .trim()
-            .to_owned();
-        let header = format!("authorization: Bearer {token}");
-        Ok(fixtures::petstore::grpcurl_with(
-            &[
-                "-plaintext".as_ref(),
-                "-H".as_ref(),
-                std::ffi::OsStr::new(&header),
-            ],
-            &store.addr,
-            "petstore.PetStore/SearchPets",
-            "{}",
-        )?)
-    };
+    let all_records = || search_as(cp, &store, "default", "auditor");
     let namespace_with_pets = format!(
         "apiVersion: v1\nkind: Namespace\nmetadata: {{name: team-r}}\n---\n\
          apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: petstore-tenant, namespace: team-r}}\n---\n\
@@ -1152,14 +1129,11 @@ fn a_handed_over_record_stays_with_its_tenant_in_the_other_cluster() -> Result<(
     };
     env.cp.apply(&rex("team-a", json!({}))?)?;
     let id = env.wait_ready("team-a", "rex", Duration::from_secs(90))?;
-    env.cp.kubectl(&[
-        "annotate",
-        "pet",
-        "rex",
-        "-n",
+    env.cp.annotate_pet(
         "team-a",
-        "petstore.example.com/hand-over-to=green",
-    ])?;
+        "rex",
+        &["petstore.example.com/hand-over-to=green"],
+    )?;
     wait_for(Duration::from_secs(90), "blue's rex HandedOver", || {
         let pet = env.pet("team-a", "rex").ok()?;
         fixtures::env::condition(&pet, "Synced")

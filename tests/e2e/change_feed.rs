@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use fixtures::petstore::grpcurl;
+use fixtures::petstore::{added_id, grpcurl};
 use fixtures::postgres::Postgres;
 use fixtures::{Error, Process, Result, Tools, cargo_bin, free_port, wait_for};
 use serde_json::Value;
@@ -70,11 +70,7 @@ impl Store {
                 r#"{{"pets":[{{"name":"{name}","type":"PTCanine","birthday":{{"year":2021,"month":4,"day":1}}}}]}}"#
             ),
         )?;
-        Ok(out
-            .first()
-            .and_then(|r| r["ids"][0].as_str())
-            .unwrap_or_default()
-            .to_owned())
+        Ok(added_id(&out).unwrap_or_default().to_owned())
     }
 
     /// A grpcurl `WatchPets` stream after `after`, reading into a file.

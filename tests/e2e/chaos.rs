@@ -315,14 +315,11 @@ impl Soak<'_> {
             }
             85..99 => {
                 let uid = self.pet_field(&namespace, &name, "{.metadata.uid}");
-                let annotated = self.env.cp.kubectl(&[
-                    "annotate",
-                    "pet",
-                    &name,
-                    "-n",
+                let annotated = self.env.cp.annotate_pet(
                     &namespace,
-                    "petstore.example.com/deletion-policy=Orphan",
-                ]);
+                    &name,
+                    &["petstore.example.com/deletion-policy=Orphan"],
+                );
                 // Annotated, the Pet releases its record whenever it goes
                 // (even with its namespace, should the delete below fail).
                 if annotated.is_ok() && !uid.is_empty() {
@@ -787,6 +784,16 @@ pub fn run_soak(config: SoakConfig, backend: Backend) -> Result<SoakReport> {
     Ok(std::mem::take(&mut soak.report))
 }
 
+/// [`run_soak`] with `default` as the environment overrides it (see
+/// [`SoakConfig::from_env`]), printing the config as `what` and the report.
+fn soak(what: &str, default: SoakConfig, backend: Backend) -> Result<SoakReport> {
+    let config = SoakConfig::from_env(default);
+    eprintln!("{what}: {config:?}");
+    let report = run_soak(config, backend)?;
+    eprintln!("{report}");
+    Ok(report)
+}
+
 /// What a converged soak must show besides run_soak's per-Pet check: Pets
 /// left, every record a live Pet's or one an Orphan deletion released, and
 /// all of it settled before any poll could have run.
@@ -810,17 +817,18 @@ fn assert_settled(report: &SoakReport) {
 ///       cargo test -p e2e -- chaos:: --nocapture
 #[test]
 fn chaos_soak_converges_with_nothing_lost_or_leaked() -> Result<()> {
-    let config = SoakConfig::from_env(SoakConfig {
-        seed: 42,
-        operations: 100,
-        initial_pets: 40,
-        namespaces: 4,
-        faults: 7,
-        converge_timeout: Duration::from_secs(180),
-    });
-    eprintln!("chaos soak: {config:?}");
-    let report = run_soak(config, Backend::Durable)?;
-    eprintln!("{report}");
+    let report = soak(
+        "chaos soak",
+        SoakConfig {
+            seed: 42,
+            operations: 100,
+            initial_pets: 40,
+            namespaces: 4,
+            faults: 7,
+            converge_timeout: Duration::from_secs(180),
+        },
+        Backend::Durable,
+    )?;
     // run_soak has checked every live Pet against its record. The counts of
     // the soak's own operations and faults are in the report above; what
     // is asserted here is what the system did.
@@ -850,17 +858,18 @@ fn chaos_soak_converges_with_nothing_lost_or_leaked() -> Result<()> {
 ///       cargo test -p e2e -- chaos::chaos_soak_on_postgres --nocapture
 #[test]
 fn chaos_soak_on_postgres_replicas_converges_with_nothing_lost_or_leaked() -> Result<()> {
-    let config = SoakConfig::from_env(SoakConfig {
-        seed: 42,
-        operations: 60,
-        initial_pets: 30,
-        namespaces: 3,
-        faults: 6,
-        converge_timeout: Duration::from_secs(180),
-    });
-    eprintln!("chaos soak on PostgreSQL: {config:?}");
-    let report = run_soak(config, Backend::PostgresReplicas)?;
-    eprintln!("{report}");
+    let report = soak(
+        "chaos soak on PostgreSQL",
+        SoakConfig {
+            seed: 42,
+            operations: 60,
+            initial_pets: 30,
+            namespaces: 3,
+            faults: 6,
+            converge_timeout: Duration::from_secs(180),
+        },
+        Backend::PostgresReplicas,
+    )?;
     // The survivor took changes while the operator's replica was down, and
     // run_soak found them put back (it compares every record with its Pet).
     assert!(

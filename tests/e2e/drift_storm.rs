@@ -58,14 +58,8 @@ fn record_name(env: &Env, id: &str) -> fixtures::Result<String> {
 
 /// Approves the plan with this hash on Pet `name`, as a person does.
 fn approve(env: &Env, name: &str, hash: &str) -> fixtures::Result<()> {
-    env.cp.kubectl(&[
-        "annotate",
-        "pet",
-        name,
-        "-n",
-        "default",
-        &format!("{APPROVE_PLAN}={hash}"),
-    ])?;
+    env.cp
+        .annotate_pet("default", name, &[&format!("{APPROVE_PLAN}={hash}")])?;
     Ok(())
 }
 

@@ -18,6 +18,14 @@ fn ids(pets: &[Value]) -> Vec<String> {
     ids
 }
 
+/// The store's records are exactly those with these IDs.
+#[track_caller]
+fn assert_store_holds(env: &Env, mut expected: Vec<String>) -> fixtures::Result<()> {
+    expected.sort();
+    assert_eq!(ids(&env.store_pets()?), expected);
+    Ok(())
+}
+
 #[test]
 fn memory_store_restart_recreates_every_pet_with_new_ids() -> fixtures::Result<()> {
     let mut env = Env::start(Storage::Memory)?;
@@ -40,9 +48,7 @@ fn memory_store_restart_recreates_every_pet_with_new_ids() -> fixtures::Result<(
     })?;
     env.wait_ready("default", "pet-sample1", TIMEOUT)?;
     env.wait_ready("default", "pet-sample2", TIMEOUT)?;
-    let mut expected = vec![new_thor, new_tron];
-    expected.sort();
-    assert_eq!(ids(&env.store_pets()?), expected);
+    assert_store_holds(&env, vec![new_thor, new_tron])?;
     env.wait_event("Recreated/pet-sample1", TIMEOUT)?;
     env.wait_event("Recreated/pet-sample2", TIMEOUT)?;
     Ok(())
@@ -140,9 +146,7 @@ fn unreachable_store_is_reported_then_converges() -> fixtures::Result<()> {
     env.store.restart(Storage::Durable)?;
     let thor = env.wait_ready("default", "pet-sample1", TIMEOUT)?;
     let tron = env.wait_ready("default", "pet-sample2", TIMEOUT)?;
-    let mut expected = vec![thor, tron];
-    expected.sort();
-    assert_eq!(ids(&env.store_pets()?), expected);
+    assert_store_holds(&env, vec![thor, tron])?;
     Ok(())
 }
 

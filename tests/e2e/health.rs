@@ -209,14 +209,8 @@ fn kstatus_reads_each_stalled_reason_as_failed() -> Result<(), Error> {
     env.cp
         .apply(&pet_manifest("handed", &[], &spec("Handed")))?;
     env.wait_ready("default", "handed", TIMEOUT)?;
-    env.cp.kubectl(&[
-        "annotate",
-        "pet",
-        "handed",
-        "-n",
-        "default",
-        &format!("{HAND_OVER_TO}=green"),
-    ])?;
+    env.cp
+        .annotate_pet("default", "handed", &[&format!("{HAND_OVER_TO}=green")])?;
     let cases = [
         (
             "named-missing",
@@ -243,14 +237,8 @@ fn kstatus_reads_each_stalled_reason_as_failed() -> Result<(), Error> {
         env.cp
             .apply(&pet_manifest(name, &annotations, &spec("Stuck")))?;
     }
-    env.cp.kubectl(&[
-        "annotate",
-        "pet",
-        "holder",
-        "-n",
-        "default",
-        &format!("{EXTERNAL_ID}={unowned}"),
-    ])?;
+    env.cp
+        .annotate_pet("default", "holder", &[&format!("{EXTERNAL_ID}={unowned}")])?;
     // The store refuses a name longer than 128 characters, and so does the
     // CRD. With its limit taken out (as a hand-edited or older CRD might
     // be), the API server stores such a Pet and the store refuses it.
@@ -296,8 +284,7 @@ fn kstatus_reads_each_stalled_reason_as_failed() -> Result<(), Error> {
     // A store without the extension RPCs (the book's): the operator,
     // pointed at it alone, says so, and waits for a person.
     drop(_operator);
-    let legacy = fixtures::legacy_store::LegacyStore::start()?;
-    let _on_legacy = env.start_operator_on("on-the-books-store", &legacy.addr)?;
+    let (_legacy, _on_legacy) = env.start_operator_on_legacy_store("on-the-books-store")?;
     env.cp.apply(&pet_manifest("bookish", &[], &spec("Book")))?;
     let bookish = wait_synced(&env, "bookish", "StoreLacksExtensions")?;
     let (status, message) = kstatus(std::slice::from_ref(&bookish))?.remove(0);
@@ -384,18 +371,17 @@ fn argo_cd_and_flux_read_each_state_right() -> Result<(), Error> {
     let healthy = captured(env.pet("default", "healthy")?);
     env.wait_ready("default", "progressing", TIMEOUT)?;
     // An edit's answer: the new generation, the old status.
-    let edited = env.cp.kubectl(&[
-        "patch",
-        "pet",
-        "progressing",
-        "-n",
+    let edited = env.cp.patch_pet(
         "default",
-        "--type=merge",
-        "-p",
-        r#"{"spec":{"name":"Busier"}}"#,
-        "-o",
-        "json",
-    ])?;
+        "progressing",
+        &[
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"name":"Busier"}}"#,
+            "-o",
+            "json",
+        ],
+    )?;
     let progressing = captured(serde_json::from_str(&edited)?);
     let degraded = captured(wait_synced(&env, "degraded", "RecordNotFound")?);
     let paused = captured(wait_synced(&env, "suspended-paused", "ReconcilePaused")?);

@@ -104,28 +104,27 @@ fn differences(path: &str, chart: &Value, config: &Value, out: &mut Vec<String>)
         (Value::Object(a), Value::Object(b)) => {
             let names: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
             for name in names {
-                let here = format!("{path}.{name}");
-                match (a.get(name), b.get(name)) {
-                    (Some(x), Some(y)) => differences(&here, x, y, out),
-                    (Some(x), None) => out.push(format!("{here}: chart {x}, config/ has none")),
-                    (None, Some(y)) => out.push(format!("{here}: chart has none, config/ {y}")),
-                    (None, None) => {}
-                }
+                difference_at(&format!("{path}.{name}"), a.get(name), b.get(name), out);
             }
         }
         (Value::Array(a), Value::Array(b)) => {
             for i in 0..a.len().max(b.len()) {
-                let here = format!("{path}[{i}]");
-                match (a.get(i), b.get(i)) {
-                    (Some(x), Some(y)) => differences(&here, x, y, out),
-                    (Some(x), None) => out.push(format!("{here}: chart {x}, config/ has none")),
-                    (None, Some(y)) => out.push(format!("{here}: chart has none, config/ {y}")),
-                    (None, None) => {}
-                }
+                difference_at(&format!("{path}[{i}]"), a.get(i), b.get(i), out);
             }
         }
         (a, b) if a != b => out.push(format!("{path}: chart {a}, config/ {b}")),
         _ => {}
+    }
+}
+
+/// One key or index of an object or array that either side has: compared
+/// further where both have it, else named as missing on one side.
+fn difference_at(here: &str, chart: Option<&Value>, config: Option<&Value>, out: &mut Vec<String>) {
+    match (chart, config) {
+        (Some(x), Some(y)) => differences(here, x, y, out),
+        (Some(x), None) => out.push(format!("{here}: chart {x}, config/ has none")),
+        (None, Some(y)) => out.push(format!("{here}: chart has none, config/ {y}")),
+        (None, None) => {}
     }
 }
 

@@ -47,6 +47,15 @@ struct Writes {
     keys: Vec<String>,
 }
 
+impl Writes {
+    /// Whether every record's key is `blue/<UID>` of one of these Pets.
+    fn keyed_by(&self, uids: &[String]) -> bool {
+        self.keys
+            .iter()
+            .all(|key| uids.iter().any(|uid| *key == format!("blue/{uid}")))
+    }
+}
+
 fn writes(env: &Env) -> fixtures::Result<Writes> {
     let mut keys: Vec<String> = env
         .store
@@ -144,10 +153,7 @@ fn a_second_live_cluster_with_the_same_installation_is_refused_until_the_first_d
     assert_eq!(gauge(&second_operator, "installation_claimed"), Some(0.0));
     let first_uids = uids(&env.cp)?;
     assert!(
-        before
-            .keys
-            .iter()
-            .all(|key| first_uids.iter().any(|uid| *key == format!("blue/{uid}"))),
+        before.keyed_by(&first_uids),
         "{:?}: every record still the first cluster's",
         before.keys
     );
@@ -187,10 +193,7 @@ fn a_second_live_cluster_with_the_same_installation_is_refused_until_the_first_d
         "one key claim per Pet, nothing created, updated or deleted"
     );
     assert!(
-        after
-            .keys
-            .iter()
-            .all(|key| second_uids.iter().any(|uid| *key == format!("blue/{uid}"))),
+        after.keyed_by(&second_uids),
         "{:?}: every record now the second cluster's",
         after.keys
     );

@@ -248,6 +248,12 @@ fn verify_sbom(cosign: &Cosign, public: &Path, image: &str) -> fixtures::Result<
     ])
 }
 
+/// cosign verified it; what cosign printed if not.
+#[track_caller]
+fn assert_verified(out: &Output) {
+    assert!(out.status.success(), "{}", text(out));
+}
+
 fn assert_refused(out: &Output, what: &str, says: &str) {
     assert!(!out.status.success(), "{what} verified:\n{}", text(out));
     assert!(text(out).contains(says), "{what}:\n{}", text(out));
@@ -320,7 +326,7 @@ fn cosign_verifies_the_signed_chart_and_its_sbom_and_refuses_the_rest() -> fixtu
     // Signed by digest, as the docs say; verified by tag, it names that digest.
     sign(&cosign, &key, &by_digest)?;
     let out = verify(&cosign, &public, &by_tag)?;
-    assert!(out.status.success(), "{}", text(&out));
+    assert_verified(&out);
     let payloads: Value = serde_json::from_slice(&out.stdout).expect("cosign verify prints JSON");
     assert_eq!(
         payloads[0]["critical"]["image"]["docker-manifest-digest"],
@@ -344,8 +350,7 @@ fn cosign_verifies_the_signed_chart_and_its_sbom_and_refuses_the_rest() -> fixtu
         "another key's signature",
         "no matching signatures",
     );
-    let out = verify(&cosign, &other_public, &mirror)?;
-    assert!(out.status.success(), "{}", text(&out));
+    assert_verified(&verify(&cosign, &other_public, &mirror)?);
 
     // The SBOM, attested to the chart with the release key.
     let sbom = xtask::sbom::generate(&repo_root(), None)
@@ -371,7 +376,7 @@ fn cosign_verifies_the_signed_chart_and_its_sbom_and_refuses_the_rest() -> fixtu
         &by_digest,
     ])?;
     let out = verify_sbom(&cosign, &public, &by_tag)?;
-    assert!(out.status.success(), "{}", text(&out));
+    assert_verified(&out);
     let statements = statements(&out.stdout);
     let [statement] = statements.as_slice() else {
         panic!("one attestation: {statements:?}");
@@ -419,8 +424,7 @@ fn cosign_verifies_the_signed_chart_and_its_sbom_and_refuses_the_rest() -> fixtu
         "the re-pushed chart's SBOM",
         "no matching attestations",
     );
-    let out = verify(&cosign, &public, &by_digest)?;
-    assert!(out.status.success(), "{}", text(&out));
+    assert_verified(&verify(&cosign, &public, &by_digest)?);
     let pulled = work.path().join("pulled");
     std::fs::create_dir(&pulled).map_err(io("making a folder"))?;
     helm.run(&[

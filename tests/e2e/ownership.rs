@@ -377,8 +377,7 @@ fn a_misspelled_deletion_policy_never_deletes() -> fixtures::Result<()> {
 #[test]
 fn a_store_without_the_extensions_is_named_and_orphan_lets_go() -> fixtures::Result<()> {
     let env = Env::start(Storage::Durable)?;
-    let legacy = LegacyStore::start()?;
-    let _operator = env.start_operator_on("operator", &legacy.addr)?;
+    let (legacy, _operator) = env.start_operator_on_legacy_store("operator")?;
 
     env.cp.apply(&pet_yaml("old", "Old", &[], ""))?;
     let message = wait_synced_reason(&env, "old", "StoreLacksExtensions")?;

@@ -60,15 +60,8 @@ fn hash(plan: &Value) -> String {
 }
 
 fn annotate(env: &Env, name: &str, key: &str, value: &str) -> fixtures::Result<String> {
-    env.cp.kubectl(&[
-        "annotate",
-        "pet",
-        name,
-        "-n",
-        "default",
-        "--overwrite",
-        &format!("{key}={value}"),
-    ])
+    env.cp
+        .annotate_pet("default", name, &["--overwrite", &format!("{key}={value}")])
 }
 
 fn record(env: &Env, id: &str) -> fixtures::Result<Value> {
@@ -348,9 +341,7 @@ fn observe_shows_drift_without_reverting_it_and_automatic_applies_the_plan() -> 
         "petstore.PetStore/AddPets",
         r#"{"pets":[{"name":"Old Tom","type":"PTFeline","birthday":{"year":2015,"month":3,"day":1}}]}"#,
     )?;
-    let id = added
-        .first()
-        .and_then(|reply| reply["ids"][0].as_str())
+    let id = fixtures::petstore::added_id(&added)
         .expect("AddPets returns the new record's ID")
         .to_owned();
     let start = writes()?;

@@ -13,6 +13,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use fixtures::env::{Planned, is_ready};
+use fixtures::petstore::{added_id, grpcurl_with_token};
 use fixtures::{ControlPlane, Env, PetStoreServer, Storage, wait_for};
 use serde_json::Value;
 
@@ -102,20 +103,15 @@ fn add_record(
     name: &str,
 ) -> fixtures::Result<String> {
     let token = cp.tenant_token(namespace, AUDIENCE)?;
-    let header = format!("authorization: Bearer {token}");
-    let reply = fixtures::petstore::grpcurl_with(
-        &["-plaintext".as_ref(), "-H".as_ref(), header.as_ref()],
+    let reply = grpcurl_with_token(
         &store.addr,
+        &token,
         "petstore.PetStore/AddPets",
         &format!(
             r#"{{"pets":[{{"name":"{name}","type":"PTFeline","birthday":{{"year":2019,"month":5,"day":6}}}}]}}"#
         ),
     )?;
-    Ok(reply
-        .first()
-        .and_then(|r| r["ids"][0].as_str())
-        .unwrap_or_default()
-        .to_owned())
+    Ok(added_id(&reply).unwrap_or_default().to_owned())
 }
 
 /// `kubectl petstore <args>` as the user `kubeconfig` names.
@@ -179,11 +175,16 @@ fn the_plugin_reads_a_tenancy_store_as_its_caller_and_only_where_the_caller_may(
         let rex = cp.pet("team-a", "rex").ok()?;
         (rex["status"]["plan"]["summary"] == "update name").then(|| rex["status"]["plan"].clone())
     })?;
-    let file = cp.dir().join("rex.yaml");
-    std::fs::write(&file, &renamed).map_err(fixtures::io("writing rex.yaml"))?;
-    let file = file.to_string_lossy().into_owned();
     let own = ["--petstore-addr", env.store.addr.as_str()];
-    let planned = kubectl_petstore_as(&alice, &[&["plan", "-f", &file][..], &own].concat())?;
+    // `kubectl petstore plan -f <file>` as alice, `manifest` written to
+    // `file` first.
+    let plan_as_alice = |file: &str, manifest: &str| -> fixtures::Result<Planned> {
+        let path = cp.dir().join(file);
+        std::fs::write(&path, manifest).map_err(fixtures::io(format!("writing {file}")))?;
+        let path = path.to_string_lossy().into_owned();
+        kubectl_petstore_as(&alice, &[&["plan", "-f", &path][..], &own].concat())
+    };
+    let planned = plan_as_alice("rex.yaml", &renamed)?;
     assert_eq!(planned.code, Some(2), "{}", planned.stderr);
     let printed: Value = serde_json::from_str(planned.stdout.trim()).map_err(|error| {
         fixtures::io("the plan printed")(std::io::Error::other(format!(
@@ -199,11 +200,7 @@ fn the_plugin_reads_a_tenancy_store_as_its_caller_and_only_where_the_caller_may(
     // A Pet whose store does not exist: named with the operator's reason,
     // the other Pets still planned, and exit 1.
     let ghost = pet("team-a", "ghost", "Ghost", "missing", "");
-    let both = cp.dir().join("both.yaml");
-    std::fs::write(&both, format!("{renamed}---\n{ghost}"))
-        .map_err(fixtures::io("writing both.yaml"))?;
-    let both = both.to_string_lossy().into_owned();
-    let planned = kubectl_petstore_as(&alice, &[&["plan", "-f", &both][..], &own].concat())?;
+    let planned = plan_as_alice("both.yaml", &format!("{renamed}---\n{ghost}"))?;
     assert_eq!(planned.code, Some(1), "{}", planned.stderr);
     assert!(
         planned.stderr.contains(

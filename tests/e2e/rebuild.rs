@@ -128,6 +128,18 @@ fn start_operator(env: &Env, identity: &str, installation: &str) -> fixtures::Re
     env.start_operator_with(&options)
 }
 
+/// Blue's operator and green's, each of its own installation, as the
+/// live handovers run them.
+fn start_both_operators(
+    env: &Env,
+    green: &fixtures::env::Cluster,
+) -> fixtures::Result<(Operator, Operator)> {
+    let blue_operator = start_operator(env, "operator-blue", "blue")?;
+    let green_operator =
+        env.start_operator_in(green, "operator-green", &["--installation=green"])?;
+    Ok((blue_operator, green_operator))
+}
+
 fn uid(pet: &Value) -> String {
     pet["metadata"]["uid"]
         .as_str()
@@ -140,16 +152,11 @@ fn uid(pet: &Value) -> String {
 /// cluster is torn down or its etcd lost.
 fn lose_pets(cp: &ControlPlane) -> fixtures::Result<()> {
     for name in pets(cp)?.keys() {
-        cp.kubectl(&[
-            "patch",
-            "pet",
-            name,
-            "-n",
+        cp.patch_pet(
             "default",
-            "--type=merge",
-            "-p",
-            r#"{"metadata":{"finalizers":null}}"#,
-        ])?;
+            name,
+            &["--type=merge", "-p", r#"{"metadata":{"finalizers":null}}"#],
+        )?;
     }
     cp.kubectl(&["delete", "pets", "--all", "-n", "default", "--wait=true"])?;
     Ok(())
@@ -221,17 +228,16 @@ fn a_cluster_rebuilt_from_git_or_restored_finds_every_record() -> fixtures::Resu
         .cp
         .kubectl_stdin(&["apply", "-f", "-"], &manifests())?;
     for (name, id) in &ids {
-        rebuilt.cp.kubectl(&[
-            "patch",
-            "pet",
-            name,
-            "-n",
+        rebuilt.cp.patch_pet(
             "default",
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            &format!(r#"{{"status":{{"id":"{id}"}}}}"#),
-        ])?;
+            name,
+            &[
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                &format!(r#"{{"status":{{"id":"{id}"}}}}"#),
+            ],
+        )?;
     }
     let before = counts(&env)?;
     let _operator = env.start_operator_in(&rebuilt, "operator-restored", &installation)?;
@@ -565,16 +571,15 @@ fn edit_in_green(
     let mut edits = 0;
     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
         let pet = format!("pet-{}", edits % PETS);
-        cp.kubectl(&[
-            "patch",
-            "pet",
-            &pet,
-            "-n",
+        cp.patch_pet(
             "default",
-            "--type=merge",
-            "-p",
-            &format!(r#"{{"spec":{{"name":"Edited in green {edits}"}}}}"#),
-        ])?;
+            &pet,
+            &[
+                "--type=merge",
+                "-p",
+                &format!(r#"{{"spec":{{"name":"Edited in green {edits}"}}}}"#),
+            ],
+        )?;
         edits += 1;
         made.store(edits, std::sync::atomic::Ordering::Relaxed);
     }
@@ -585,9 +590,7 @@ fn edit_in_green(
 fn a_handover_between_two_live_clusters_under_edits() -> fixtures::Result<()> {
     let env = Env::start(Storage::Durable)?;
     let green = env.another_cluster()?;
-    let _blue_operator = start_operator(&env, "operator-blue", "blue")?;
-    let _green_operator =
-        env.start_operator_in(&green, "operator-green", &["--installation=green"])?;
+    let (_blue_operator, _green_operator) = start_both_operators(&env, &green)?;
     let ids = blue_and_green(&env, &green)?;
     let feed = TimedFeed::start(&env.store.addr)?;
     let before = counts(&env)?;
@@ -706,6 +709,29 @@ fn handover_keys(env: &Env) -> fixtures::Result<BTreeMap<String, String>> {
         .collect())
 }
 
+/// What the kill -9 stories read before the handover starts.
+struct Handover {
+    /// Blue's IDs, by name.
+    ids: BTreeMap<String, String>,
+    /// Each Pet's handover key, by name.
+    waiting: BTreeMap<String, String>,
+    before: StoreCounts,
+}
+
+/// The kill -9 stories' start, their operators running: blue's Pets Ready
+/// and green's held, then the handover asked for.
+fn begin_handover(env: &Env, green: &fixtures::env::Cluster) -> fixtures::Result<Handover> {
+    let ids = blue_and_green(env, green)?;
+    let waiting = handover_keys(env)?;
+    let before = counts(env)?;
+    hand_over_to_green(env)?;
+    Ok(Handover {
+        ids,
+        waiting,
+        before,
+    })
+}
+
 #[test]
 fn a_handover_survives_kill_9_of_blue_after_its_releases_and_of_green_before_its_claims()
 -> fixtures::Result<()> {
@@ -725,10 +751,7 @@ fn a_handover_survives_kill_9_of_blue_after_its_releases_and_of_green_before_its
         "green",
         Some("hang-before-claim"),
     )?;
-    let ids = blue_and_green(&env, &green)?;
-    let waiting = handover_keys(&env)?;
-    let before = counts(&env)?;
-    hand_over_to_green(&env)?;
+    let handover = begin_handover(&env, &green)?;
 
     // Blue's kill lands between each release and its status: every record
     // is under its handover key in the store, and no Pet of blue's says
@@ -745,7 +768,7 @@ fn a_handover_survives_kill_9_of_blue_after_its_releases_and_of_green_before_its
     assert_eq!(logged(&mut blue, HANGS_AFTER_RELEASE), PETS);
     assert_eq!(
         keys_by_name(&env)?,
-        waiting,
+        handover.waiting,
         "every record released to green, none claimed"
     );
     for name in pets(&env.cp)?.keys() {
@@ -775,12 +798,12 @@ fn a_handover_survives_kill_9_of_blue_after_its_releases_and_of_green_before_its
     );
     assert_eq!(
         keys_by_name(&env)?,
-        waiting,
+        handover.waiting,
         "at green's kill, every record waits under its handover key"
     );
     green_operator.kill(); // kill -9
     let _green = start_in(&env, Some(&green), "operator-green-1", "green", None)?;
-    assert_handed_over(&env, &green, &ids, &before)
+    assert_handed_over(&env, &green, &handover.ids, &handover.before)
 }
 
 #[test]
@@ -796,10 +819,7 @@ fn a_handover_survives_kill_9_of_green_in_the_middle_of_its_claims() -> fixtures
         "green",
         Some("hang-after-claims=4"),
     )?;
-    let ids = blue_and_green(&env, &green)?;
-    let waiting = handover_keys(&env)?;
-    let before = counts(&env)?;
-    hand_over_to_green(&env)?;
+    let handover = begin_handover(&env, &green)?;
 
     // Green's kill lands in the middle of the batch: CLAIMED records under
     // green Pets' keys, the rest released and waiting for a claim that hung
@@ -822,13 +842,13 @@ fn a_handover_survives_kill_9_of_green_in_the_middle_of_its_claims() -> fixtures
     assert_eq!(claimed.len(), CLAIMED, "claimed at the kill: {keys:?}");
     for (name, key) in &keys {
         assert!(
-            is_greens_pet(key) || *key == waiting[name],
+            is_greens_pet(key) || *key == handover.waiting[name],
             "{name}: claimed, or waiting under its handover key: {key}"
         );
     }
     green_operator.kill(); // kill -9
     let _green = start_in(&env, Some(&green), "operator-green-1", "green", None)?;
-    assert_handed_over(&env, &green, &ids, &before)
+    assert_handed_over(&env, &green, &handover.ids, &handover.before)
 }
 
 /// The Synced reason of blue's Pet `name`.
@@ -843,9 +863,7 @@ fn a_handover_moves_every_pet_although_one_waits_and_its_pet_takes_it_back() -> 
 {
     let env = Env::start(Storage::Durable)?;
     let green = env.another_cluster()?;
-    let _blue_operator = start_operator(&env, "operator-blue", "blue")?;
-    let _green_operator =
-        env.start_operator_in(&green, "operator-green", &["--installation=green"])?;
+    let (_blue_operator, _green_operator) = start_both_operators(&env, &green)?;
     let ids = blue_and_green(&env, &green)?;
     // A Pet that green does not have.
     let lone = "only-in-blue";
@@ -863,14 +881,11 @@ fn a_handover_moves_every_pet_although_one_waits_and_its_pet_takes_it_back() -> 
     let before = counts(&env)?;
 
     // It is handed over first, and waits: no Pet in green takes it.
-    env.cp.kubectl(&[
-        "annotate",
-        "pet",
-        lone,
-        "-n",
+    env.cp.annotate_pet(
         "default",
-        "petstore.example.com/hand-over-to=green",
-    ])?;
+        lone,
+        &["petstore.example.com/hand-over-to=green"],
+    )?;
     let waiting = format!("green/from:{lone_uid}");
     wait_for(TIMEOUT, "the lone record released to green", || {
         let (key, _) = records(&env).ok()?.remove(&lone_id)?;

@@ -258,55 +258,73 @@ fn certificates_and_cas_rotate_live_while_pets_change() -> Result<()> {
             }
         });
         let result = (|| -> Result<()> {
+            let operator_old = (operator_1.0.as_path(), operator_1.1.as_path());
+            // The store's Secret volume given the certificate `pair`: how
+            // long until a handshake trusting `trusted` is presented it.
+            let store_serves = |volume: &mut SecretVolume,
+                                what: &str,
+                                pair: &(PathBuf, PathBuf),
+                                trusted: &[&Path]|
+             -> Result<Duration> {
+                let changed = Instant::now();
+                volume.update(&[("tls.crt", &pair.0), ("tls.key", &pair.1)])?;
+                took(what, changed, || {
+                    presented(&store_addr, trusted, operator_old) == Some(der(&pair.0))
+                })
+            };
+            // The operator's CA file replaced by the bundle of `cas`: how
+            // long until a connection is made with it.
+            let operator_trusts = |what: &str, cas: &[&Path]| -> Result<Duration> {
+                let (before, connections) = (operator_reloads("ok"), operator_connections());
+                let changed = Instant::now();
+                replace(&op_ca, cas)?;
+                took(what, changed, || {
+                    operator_reloads("ok") > before && operator_connections() > connections
+                })
+            };
+            // The store's Secret volume given the client CA `ca`: how long
+            // until the store has reloaded it.
+            let store_takes =
+                |volume: &mut SecretVolume, what: &str, ca: &Path| -> Result<Duration> {
+                    let before = store_reloads("ok");
+                    let changed = Instant::now();
+                    volume.update(&[("ca.crt", ca)])?;
+                    took(what, changed, || store_reloads("ok") > before)
+                };
+
             // Let the churn get going before the first rotation.
             std::thread::sleep(Duration::from_secs(2));
 
             // 1. The store's certificate, renewed by the same CA.
-            let changed = Instant::now();
-            volume.update(&[("tls.crt", &store_2.0), ("tls.key", &store_2.1)])?;
-            let trusted = [old.ca_cert.as_path()];
-            let operator_old = (operator_1.0.as_path(), operator_1.1.as_path());
-            let latency = took("the store's renewed certificate", changed, || {
-                presented(&store_addr, &trusted, operator_old) == Some(der(&store_2.0))
-            })?;
+            let latency = store_serves(
+                &mut volume,
+                "the store's renewed certificate",
+                &store_2,
+                &[&old.ca_cert],
+            )?;
             figures.push(("store certificate renewed, same CA", latency));
 
             // 2. The operator trusts the old and the new CA: in use once
             // a connection is made with it.
-            let (before, connections) = (operator_reloads("ok"), operator_connections());
-            let changed = Instant::now();
-            replace(&op_ca, &[&both])?;
-            let latency = took("the operator's CA bundle in use", changed, || {
-                operator_reloads("ok") > before && operator_connections() > connections
-            })?;
+            let latency = operator_trusts("the operator's CA bundle in use", &[&both])?;
             figures.push(("operator trusts old+new CA", latency));
 
             // 3. The store takes client certificates of both CAs.
-            let before = store_reloads("ok");
-            let changed = Instant::now();
-            volume.update(&[("ca.crt", &both)])?;
-            let latency = took("the store's client CA bundle", changed, || {
-                store_reloads("ok") > before
-            })?;
+            let latency = store_takes(&mut volume, "the store's client CA bundle", &both)?;
             figures.push(("store takes old+new client CA", latency));
 
             // 4. The store moves to a certificate of the new CA.
-            let changed = Instant::now();
-            volume.update(&[("tls.crt", &store_3.0), ("tls.key", &store_3.1)])?;
-            let trusted = [old.ca_cert.as_path(), new.ca_cert.as_path()];
-            let latency = took("the store's new-CA certificate", changed, || {
-                presented(&store_addr, &trusted, operator_old) == Some(der(&store_3.0))
-            })?;
+            let latency = store_serves(
+                &mut volume,
+                "the store's new-CA certificate",
+                &store_3,
+                &[&old.ca_cert, &new.ca_cert],
+            )?;
             figures.push(("store certificate from the new CA", latency));
 
             // 5. The operator trusts the new CA only: the connection it
             // makes with it checks the store's new certificate.
-            let (before, connections) = (operator_reloads("ok"), operator_connections());
-            let changed = Instant::now();
-            replace(&op_ca, &[&new.ca_cert])?;
-            let latency = took("the operator's new CA in use", changed, || {
-                operator_reloads("ok") > before && operator_connections() > connections
-            })?;
+            let latency = operator_trusts("the operator's new CA in use", &[&new.ca_cert])?;
             figures.push(("operator trusts the new CA only", latency));
 
             // 6. The operator's certificate, from the new CA: the
@@ -332,12 +350,7 @@ fn certificates_and_cas_rotate_live_while_pets_change() -> Result<()> {
             let deadline = changed + IN_USE;
             std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
             let (ok_before, _) = store_calls(&operator)?;
-            let before = store_reloads("ok");
-            let changed = Instant::now();
-            volume.update(&[("ca.crt", &new.ca_cert)])?;
-            let latency = took("the store's new client CA", changed, || {
-                store_reloads("ok") > before
-            })?;
+            let latency = store_takes(&mut volume, "the store's new client CA", &new.ca_cert)?;
             figures.push(("store takes the new client CA only", latency));
             let operator_new = (operator_2.0.as_path(), operator_2.1.as_path());
             assert_eq!(

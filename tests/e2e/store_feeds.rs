@@ -68,10 +68,9 @@ fn grpcurl_as(
     method: &str,
     data: &str,
 ) -> fixtures::Result<Vec<Value>> {
-    let header = format!("authorization: Bearer {token}");
-    fixtures::petstore::grpcurl_with(
-        &["-plaintext".as_ref(), "-H".as_ref(), header.as_ref()],
+    fixtures::petstore::grpcurl_with_token(
         &store.addr,
+        token,
         &format!("petstore.PetStore/{method}"),
         data,
     )
@@ -132,22 +131,27 @@ fn status_id(pet: &Value) -> String {
 
 /// The operator's `change_feed_stores{state}`.
 fn feeds_in(operator: &Operator, state: &str) -> f64 {
-    operator.metrics().map_or(-1.0, |scrape| {
-        fixtures::http::sum_series(
-            &scrape,
-            "petstore_operator_change_feed_stores",
-            &format!("state=\"{state}\""),
-        )
-    })
+    operator_series(
+        operator,
+        "petstore_operator_change_feed_stores",
+        &format!("state=\"{state}\""),
+    )
 }
 
+/// The operator's `change_feed_changes_total{verdict}`.
 fn feed_changes(operator: &Operator, verdict: &str) -> f64 {
+    operator_series(
+        operator,
+        "petstore_operator_change_feed_changes_total",
+        &format!("verdict=\"{verdict}\""),
+    )
+}
+
+/// The sum of the operator's series `name` with `labels`, or -1 (no
+/// count) while its metrics cannot be read.
+fn operator_series(operator: &Operator, name: &str, labels: &str) -> f64 {
     operator.metrics().map_or(-1.0, |scrape| {
-        fixtures::http::sum_series(
-            &scrape,
-            "petstore_operator_change_feed_changes_total",
-            &format!("verdict=\"{verdict}\""),
-        )
+        fixtures::http::sum_series(&scrape, name, labels)
     })
 }
 
@@ -174,9 +178,7 @@ fn every_stores_feed_is_followed_and_each_holds_only_its_own_pets() -> fixtures:
         "AddPets",
         r#"{"pets":[{"name":"Stray","type":"PTFeline","birthday":{"year":2019,"month":5,"day":6}}]}"#,
     )?;
-    let stray = added
-        .first()
-        .and_then(|reply| reply["ids"][0].as_str())
+    let stray = fixtures::petstore::added_id(&added)
         .unwrap_or_default()
         .to_owned();
     assert!(!stray.is_empty(), "AddPets answered no ID: {added:?}");

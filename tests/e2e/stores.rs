@@ -41,16 +41,35 @@ fn patch(
     kind: &str,
     body: &str,
 ) -> fixtures::Result<String> {
-    cp.kubectl(&[
-        "patch",
-        "pet",
-        name,
-        "-n",
+    cp.patch_pet(namespace, name, &[&format!("--type={kind}"), "-p", body])
+}
+
+/// Points the Pet at the store `kind`/`store` with a merge patch.
+fn set_store_ref(
+    cp: &ControlPlane,
+    namespace: &str,
+    name: &str,
+    kind: &str,
+    store: &str,
+) -> fixtures::Result<String> {
+    patch(
+        cp,
         namespace,
-        &format!("--type={kind}"),
-        "-p",
-        body,
-    ])
+        name,
+        "merge",
+        &format!(r#"{{"spec":{{"storeRef":{{"kind":"{kind}","name":"{store}"}}}}}}"#),
+    )
+}
+
+/// Takes the Pet's storeRef out with a JSON patch.
+fn remove_store_ref(cp: &ControlPlane, namespace: &str, name: &str) -> fixtures::Result<String> {
+    patch(
+        cp,
+        namespace,
+        name,
+        "json",
+        r#"[{"op":"remove","path":"/spec/storeRef"}]"#,
+    )
 }
 
 /// Gives the Pet a record, as the operator would: `status.id`.
@@ -60,17 +79,16 @@ fn set_status(
     name: &str,
     status: &str,
 ) -> fixtures::Result<String> {
-    cp.kubectl(&[
-        "patch",
-        "pet",
-        name,
-        "-n",
+    cp.patch_pet(
         namespace,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        &format!(r#"{{"status":{status}}}"#),
-    ])
+        name,
+        &[
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &format!(r#"{{"status":{status}}}"#),
+        ],
+    )
 }
 
 /// The refusal's message, or a panic if `result` was accepted.
@@ -100,73 +118,27 @@ fn store_ref_is_fixed_once_the_pet_has_a_record_and_stores_are_validated() -> fi
 
     // Before the record: storeRef may be set, changed and removed.
     cp.apply(&pet(ns, "rex", Some("{kind: PetStore, name: a}"), false))?;
-    patch(
-        &cp,
-        ns,
-        "rex",
-        "merge",
-        r#"{"spec":{"storeRef":{"kind":"PetStore","name":"b"}}}"#,
-    )?;
-    patch(
-        &cp,
-        ns,
-        "rex",
-        "json",
-        r#"[{"op":"remove","path":"/spec/storeRef"}]"#,
-    )?;
-    patch(
-        &cp,
-        ns,
-        "rex",
-        "merge",
-        r#"{"spec":{"storeRef":{"kind":"ClusterPetStore","name":"c"}}}"#,
-    )?;
+    set_store_ref(&cp, ns, "rex", "PetStore", "b")?;
+    remove_store_ref(&cp, ns, "rex")?;
+    set_store_ref(&cp, ns, "rex", "ClusterPetStore", "c")?;
     // An empty status.id is no record either.
     set_status(&cp, ns, "rex", r#"{"id":""}"#)?;
-    patch(
-        &cp,
-        ns,
-        "rex",
-        "merge",
-        r#"{"spec":{"storeRef":{"kind":"ClusterPetStore","name":"d"}}}"#,
-    )?;
+    set_store_ref(&cp, ns, "rex", "ClusterPetStore", "d")?;
 
     // With a record: not changed, not removed.
     set_status(&cp, ns, "rex", r#"{"id":"r-1"}"#)?;
     let field = "spec.storeRef";
     assert_refused(
         "change the name",
-        patch(
-            &cp,
-            ns,
-            "rex",
-            "merge",
-            r#"{"spec":{"storeRef":{"kind":"ClusterPetStore","name":"e"}}}"#,
-        ),
+        set_store_ref(&cp, ns, "rex", "ClusterPetStore", "e"),
         &[field, IMMUTABLE],
     );
     assert_refused(
         "change the kind",
-        patch(
-            &cp,
-            ns,
-            "rex",
-            "merge",
-            r#"{"spec":{"storeRef":{"kind":"PetStore","name":"d"}}}"#,
-        ),
+        set_store_ref(&cp, ns, "rex", "PetStore", "d"),
         &[IMMUTABLE],
     );
-    assert_refused(
-        "remove",
-        patch(
-            &cp,
-            ns,
-            "rex",
-            "json",
-            r#"[{"op":"remove","path":"/spec/storeRef"}]"#,
-        ),
-        &[IMMUTABLE],
-    );
+    assert_refused("remove", remove_store_ref(&cp, ns, "rex"), &[IMMUTABLE]);
     // Everything else still changes, and so does the status.
     patch(&cp, ns, "rex", "merge", r#"{"spec":{"name":"Rexy"}}"#)?;
     cp.kubectl(&["label", "pet", "rex", "-n", ns, "team=blue"])?;
@@ -180,38 +152,19 @@ fn store_ref_is_fixed_once_the_pet_has_a_record_and_stores_are_validated() -> fi
     set_status(&cp, ns, "tom", r#"{"id":"r-2"}"#)?;
     assert_refused(
         "set",
-        patch(
-            &cp,
-            ns,
-            "tom",
-            "merge",
-            r#"{"spec":{"storeRef":{"kind":"PetStore","name":"a"}}}"#,
-        ),
+        set_store_ref(&cp, ns, "tom", "PetStore", "a"),
         &[IMMUTABLE],
     );
     // The schema checks the reference itself.
     assert_refused(
         "an unknown kind",
-        patch(
-            &cp,
-            ns,
-            "rex",
-            "merge",
-            r#"{"spec":{"storeRef":{"kind":"Store","name":"d"}}}"#,
-        ),
+        set_store_ref(&cp, ns, "rex", "Store", "d"),
         &["spec.storeRef.kind", "Unsupported value"],
     );
 
     // The stores' own rules, with messages a person can act on.
-    let store = |kind: &str, namespace: Option<&str>, spec: &str| {
-        let metadata = match namespace {
-            Some(ns) => format!("  name: s\n  namespace: {ns}\n"),
-            None => "  name: s\n".to_owned(),
-        };
-        format!(
-            "apiVersion: petstore.example.com/v1\nkind: {kind}\nmetadata:\n{metadata}spec:\n{spec}"
-        )
-    };
+    let store =
+        |kind: &str, namespace: Option<&str>, spec: &str| store_object(kind, namespace, "s", spec);
     assert_refused(
         "no scheme",
         cp.apply(&store("PetStore", Some(ns), "  address: petstore:6742\n")),
@@ -271,18 +224,7 @@ fn store_ref_is_fixed_once_the_pet_has_a_record_and_stores_are_validated() -> fi
         stored["spec"]["audience"], "petstore",
         "defaulted: {stored}"
     );
-    let table = cp.kubectl(&["get", "ps", "-n", ns])?;
-    let header: Vec<&str> = table
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .split_whitespace()
-        .collect();
-    assert_eq!(
-        header,
-        ["NAME", "ADDRESS", "READY", "PETS", "AGE"],
-        "{table}"
-    );
+    assert_columns(&cp.kubectl(&["get", "ps", "-n", ns])?);
     assert!(
         cp.kubectl(&["get", "cps"])?
             .contains("http://petstore:6742")
@@ -486,8 +428,41 @@ fn shows(store: &Value, type_: &str) -> (String, String) {
         .unwrap_or_default()
 }
 
+/// Each `(type, status, reason)` is what the store's condition of that
+/// type shows.
+#[track_caller]
+fn assert_shows(store: &Value, expected: &[(&str, &str, &str)]) {
+    for &(type_, status, reason) in expected {
+        assert_eq!(
+            shows(store, type_),
+            (status.to_owned(), reason.to_owned()),
+            "{type_}"
+        );
+    }
+}
+
+/// The message of the store's Ready condition, as JSON text.
+fn ready_message(store: &Value) -> String {
+    condition(store, "Ready")
+        .map(|c| c["message"].to_string())
+        .unwrap_or_default()
+}
+
+/// kstatus's verdict on each object, in order, is `expected`.
+#[track_caller]
+fn assert_kstatus(objects: &[Value], expected: &[&str]) -> fixtures::Result<()> {
+    let verdicts = kstatus(objects)?;
+    let statuses: Vec<&str> = verdicts.iter().map(|(status, _)| status.as_str()).collect();
+    assert_eq!(statuses, expected, "{verdicts:?}");
+    Ok(())
+}
+
 fn ready_with_pets(pets: i64) -> impl Fn(&Value) -> bool {
     move |store| shows(store, "Ready").0 == "True" && store["status"]["pets"] == pets
+}
+
+fn not_ready(store: &Value) -> bool {
+    shows(store, "Ready").0 == "False"
 }
 
 /// The writes (PATCH, PUT) to the store kinds' status the API server has
@@ -507,16 +482,38 @@ fn status_writes(cp: &ControlPlane) -> fixtures::Result<f64> {
         .sum())
 }
 
-/// The rows of `kubectl get` as NAME -> (READY, PETS), checking the header.
-fn table(out: &str) -> std::collections::BTreeMap<String, (String, String)> {
-    let mut lines = out.lines();
-    let header: Vec<&str> = lines
+/// The store kinds' columns in `kubectl get`'s header.
+#[track_caller]
+fn assert_columns(out: &str) {
+    let header: Vec<&str> = out
+        .lines()
         .next()
         .unwrap_or_default()
         .split_whitespace()
         .collect();
     assert_eq!(header, ["NAME", "ADDRESS", "READY", "PETS", "AGE"], "{out}");
-    lines
+}
+
+/// The row `name` of [`table`] shows READY `ready` and PETS `pets`.
+#[track_caller]
+fn assert_row(
+    rows: &std::collections::BTreeMap<String, (String, String)>,
+    name: &str,
+    ready: &str,
+    pets: &str,
+) {
+    assert_eq!(
+        rows.get(name),
+        Some(&(ready.to_owned(), pets.to_owned())),
+        "{rows:?}"
+    );
+}
+
+/// The rows of `kubectl get` as NAME -> (READY, PETS), checking the header.
+fn table(out: &str) -> std::collections::BTreeMap<String, (String, String)> {
+    assert_columns(out);
+    out.lines()
+        .skip(1)
         .map(|line| {
             let cells: Vec<&str> = line.split_whitespace().collect();
             let cell = |i: usize| cells.get(i).copied().unwrap_or_default().to_owned();
@@ -606,13 +603,12 @@ fn a_stores_status_says_whether_it_answers_its_extensions_and_the_pets_that_use_
         "--timeout=60s",
     ])?;
     let reachable = wait_store(cp, near_a, "Ready with 2 Pets", ready_with_pets(2))?;
-    assert_eq!(
-        shows(&reachable, "Ready"),
-        ("True".into(), "Available".into())
-    );
-    assert_eq!(
-        shows(&reachable, "Reachable"),
-        ("True".into(), "Available".into())
+    assert_shows(
+        &reachable,
+        &[
+            ("Ready", "True", "Available"),
+            ("Reachable", "True", "Available"),
+        ],
     );
     assert_eq!(
         reachable["status"]["extensions"],
@@ -623,24 +619,16 @@ fn a_stores_status_says_whether_it_answers_its_extensions_and_the_pets_that_use_
     wait_store(cp, shared, "Ready with 2 Pets", ready_with_pets(2))?;
 
     // Nothing listens: not Ready, and why, re-checked (Reconciling).
-    let unreachable = wait_store(cp, far, "not Ready", |store| {
-        shows(store, "Ready").0 == "False"
-    })?;
-    assert_eq!(
-        shows(&unreachable, "Ready"),
-        ("False".into(), "StoreUnavailable".into())
+    let unreachable = wait_store(cp, far, "not Ready", not_ready)?;
+    assert_shows(
+        &unreachable,
+        &[
+            ("Ready", "False", "StoreUnavailable"),
+            ("Reachable", "False", "StoreUnavailable"),
+            ("Reconciling", "True", "StoreUnavailable"),
+        ],
     );
-    assert_eq!(
-        shows(&unreachable, "Reachable"),
-        ("False".into(), "StoreUnavailable".into())
-    );
-    assert_eq!(
-        shows(&unreachable, "Reconciling"),
-        ("True".into(), "StoreUnavailable".into())
-    );
-    let message = condition(&unreachable, "Ready")
-        .map(|c| c["message"].to_string())
-        .unwrap_or_default();
+    let message = ready_message(&unreachable);
     assert!(
         message.contains(&format!("no answer from {nowhere}"))
             && message.contains("Connection refused"),
@@ -652,54 +640,30 @@ fn a_stores_status_says_whether_it_answers_its_extensions_and_the_pets_that_use_
         "{unreachable}"
     );
     // Its CA cannot be read: nothing tried, and only a person can help.
-    let distrusted = wait_store(cp, untrusted, "held on its trust", |store| {
-        shows(store, "Ready").0 == "False"
-    })?;
-    assert_eq!(
-        shows(&distrusted, "Ready"),
-        ("False".into(), "StoreTrustMissing".into())
+    let distrusted = wait_store(cp, untrusted, "held on its trust", not_ready)?;
+    assert_shows(
+        &distrusted,
+        &[
+            ("Ready", "False", "StoreTrustMissing"),
+            ("Stalled", "True", "StoreTrustMissing"),
+        ],
     );
-    assert_eq!(
-        shows(&distrusted, "Stalled"),
-        ("True".into(), "StoreTrustMissing".into())
-    );
-    let message = condition(&distrusted, "Ready")
-        .map(|c| c["message"].to_string())
-        .unwrap_or_default();
+    let message = ready_message(&distrusted);
     assert!(message.contains("team-a/missing-ca"), "{message}");
 
     // kstatus: the one that answers is Current, the others are not.
-    let verdicts = kstatus(&[reachable.clone(), unreachable, distrusted])?;
-    let statuses: Vec<&str> = verdicts.iter().map(|(status, _)| status.as_str()).collect();
-    assert_eq!(
-        statuses,
-        ["Current", "InProgress", "Failed"],
-        "{verdicts:?}"
-    );
+    assert_kstatus(
+        &[reachable.clone(), unreachable, distrusted],
+        &["Current", "InProgress", "Failed"],
+    )?;
 
     // kubectl's columns.
     let rows = table(&cp.kubectl(&["get", "ps", "-n", "team-a"])?);
-    assert_eq!(
-        rows.get("near"),
-        Some(&("True".into(), "2".into())),
-        "{rows:?}"
-    );
-    assert_eq!(
-        rows.get("untrusted"),
-        Some(&("False".into(), "0".into())),
-        "{rows:?}"
-    );
+    assert_row(&rows, "near", "True", "2");
+    assert_row(&rows, "untrusted", "False", "0");
     let rows = table(&cp.kubectl(&["get", "cps"])?);
-    assert_eq!(
-        rows.get("shared"),
-        Some(&("True".into(), "2".into())),
-        "{rows:?}"
-    );
-    assert_eq!(
-        rows.get("far"),
-        Some(&("False".into(), "0".into())),
-        "{rows:?}"
-    );
+    assert_row(&rows, "shared", "True", "2");
+    assert_row(&rows, "far", "False", "0");
 
     // Nothing changes: every store probed three times more, and not one
     // status write, by the API server's count and by the resourceVersions.
@@ -742,9 +706,7 @@ fn a_stores_status_says_whether_it_answers_its_extensions_and_the_pets_that_use_
         &format!(r#"{{"spec":{{"address":"http://{}"}}}}"#, env.store.addr),
     ])?;
     let moved = wait_store(cp, far, "Ready at its new address", ready_with_pets(0))?;
-    let verdicts = kstatus(&[edited, moved.clone()])?;
-    let statuses: Vec<&str> = verdicts.iter().map(|(status, _)| status.as_str()).collect();
-    assert_eq!(statuses, ["InProgress", "Current"], "{verdicts:?}");
+    assert_kstatus(&[edited, moved.clone()], &["InProgress", "Current"])?;
     assert_eq!(moved["status"]["observedGeneration"], 2, "{moved}");
     assert_eq!(condition(&moved, "Reconciling"), None, "{moved}");
 

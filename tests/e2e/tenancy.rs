@@ -169,24 +169,29 @@ fn each_pet_writes_to_the_store_it_may_use_and_nowhere_else() -> fixtures::Resul
         "intruder",
         Some(("ClusterPetStore", "cluster-b")),
     ))?;
-    let (took, message) = wait_reason(cp, "team-b", "thief", "StoreNotFound", applied)?;
-    assert!(
-        took <= HELD_WITHIN,
-        "thief held after {took:?}, not within {HELD_WITHIN:?}"
-    );
-    assert!(
-        message.contains("no PetStore \"default\" in namespace team-b"),
-        "the condition names what is missing: {message}"
-    );
-    let (took, message) = wait_reason(cp, "team-a", "intruder", "StoreNotAllowed", applied)?;
-    assert!(
-        took <= HELD_WITHIN,
-        "intruder held after {took:?}, not within {HELD_WITHIN:?}"
-    );
-    assert!(
-        message.contains("does not admit namespace team-a"),
-        "the condition says why: {message}"
-    );
+    for (namespace, name, reason, says, why) in [
+        (
+            "team-b",
+            "thief",
+            "StoreNotFound",
+            "no PetStore \"default\" in namespace team-b",
+            "names what is missing",
+        ),
+        (
+            "team-a",
+            "intruder",
+            "StoreNotAllowed",
+            "does not admit namespace team-a",
+            "says why",
+        ),
+    ] {
+        let (took, message) = wait_reason(cp, namespace, name, reason, applied)?;
+        assert!(
+            took <= HELD_WITHIN,
+            "{name} held after {took:?}, not within {HELD_WITHIN:?}"
+        );
+        assert!(message.contains(says), "the condition {why}: {message}");
+    }
     // The operator's reads of a held Pet touch no store either: a held
     // Pet's reconciles ran (its condition) and wrote nothing.
     assert_eq!(
@@ -248,18 +253,11 @@ fn grpcurl_as(
     method: &str,
     data: &str,
 ) -> Result<Vec<Value>, String> {
-    let header = token.map(|token| format!("authorization: Bearer {token}"));
-    let mut flags: Vec<&std::ffi::OsStr> = vec!["-plaintext".as_ref()];
-    if let Some(header) = &header {
-        flags.push(std::ffi::OsStr::new("-H"));
-        flags.push(std::ffi::OsStr::new(header.as_str()));
+    let method = format!("petstore.PetStore/{method}");
+    match token {
+        Some(token) => fixtures::petstore::grpcurl_with_token(&store.addr, token, &method, data),
+        None => fixtures::petstore::grpcurl(&store.addr, &method, data),
     }
-    fixtures::petstore::grpcurl_with(
-        &flags,
-        &store.addr,
-        &format!("petstore.PetStore/{method}"),
-        data,
-    )
     .map_err(|error| error.to_string())
 }
 
@@ -331,12 +329,15 @@ fn the_store_keeps_each_namespace_to_its_own_records() -> fixtures::Result<()> {
     assert!(grpcurl_as(&other, Some(&team_a), "SearchPets", "{}").is_err());
 
     // team-b writes to team-a's record directly: refused, record unchanged.
-    let before = grpcurl_as(
-        &store,
-        Some(&team_a),
-        "GetPets",
-        &format!("{{\"ids\":[\"{rex_id}\"]}}"),
-    );
+    let get_rex = |token: &str| {
+        grpcurl_as(
+            &store,
+            Some(token),
+            "GetPets",
+            &format!("{{\"ids\":[\"{rex_id}\"]}}"),
+        )
+    };
+    let before = get_rex(&team_a);
     for (method, data) in [
         (
             "UpdatePets",
@@ -360,28 +361,14 @@ fn the_store_keeps_each_namespace_to_its_own_records() -> fixtures::Result<()> {
             "{method} by team-b on team-a's record: {answer:?}"
         );
     }
-    let hidden = grpcurl_as(
-        &store,
-        Some(&team_b),
-        "GetPets",
-        &format!("{{\"ids\":[\"{rex_id}\"]}}"),
-    )
-    .map_err(|error| fixtures::Error::Timeout(Duration::ZERO, error))?;
+    let hidden =
+        get_rex(&team_b).map_err(|error| fixtures::Error::Timeout(Duration::ZERO, error))?;
     assert_eq!(
         hidden[0]["missingIds"][0],
         rex_id.as_str(),
         "team-a's record is invisible to team-b"
     );
-    assert_eq!(
-        grpcurl_as(
-            &store,
-            Some(&team_a),
-            "GetPets",
-            &format!("{{\"ids\":[\"{rex_id}\"]}}")
-        ),
-        before,
-        "team-a's record is unchanged"
-    );
+    assert_eq!(get_rex(&team_a), before, "team-a's record is unchanged");
 
     // A Pet of team-b that names team-a's record for adoption: the store
     // shows it no such record, so it is held, and writes nothing to it.
@@ -391,16 +378,7 @@ fn the_store_keeps_each_namespace_to_its_own_records() -> fixtures::Result<()> {
     ))?;
     let (took, message) = wait_reason(cp, "team-b", "taker", "RecordNotFound", applied)?;
     assert!(took <= HELD_WITHIN, "taker held after {took:?}: {message}");
-    assert_eq!(
-        grpcurl_as(
-            &store,
-            Some(&team_a),
-            "GetPets",
-            &format!("{{\"ids\":[\"{rex_id}\"]}}")
-        ),
-        before,
-        "team-a's record is unchanged"
-    );
+    assert_eq!(get_rex(&team_a), before, "team-a's record is unchanged");
     Ok(())
 }
 
@@ -456,16 +434,11 @@ fn records_made_before_tenancy_keep_their_ids_and_take_their_tenant_on_the_first
     );
 
     // The first change of rex: one write.
-    cp.kubectl(&[
-        "patch",
-        "pet",
-        "rex",
-        "-n",
+    cp.patch_pet(
         "team-a",
-        "--type=merge",
-        "-p",
-        r#"{"spec":{"name":"rex-2"}}"#,
-    ])?;
+        "rex",
+        &["--type=merge", "-p", r#"{"spec":{"name":"rex-2"}}"#],
+    )?;
     wait_for(TIMEOUT, "rex at generation 2", || {
         let pet = get(cp, "team-a", "rex")?;
         (is_ready(&pet) && pet["status"]["observedGeneration"] == 2).then_some(())

@@ -76,11 +76,6 @@ fn ready_pets(env: &Env, prefix: &str, n: usize) -> fixtures::Result<()> {
     Ok(())
 }
 
-fn annotate_pet(env: &Env, name: &str, annotation: &str) -> fixtures::Result<String> {
-    env.cp
-        .kubectl(&["annotate", "pet", name, "-n", "default", annotation])
-}
-
 fn answered(env: &Env, method: &str) -> f64 {
     env.store.answered(method).expect("the store's /metrics")
 }
@@ -230,10 +225,12 @@ fn the_guard_refuses_to_delete_the_crd_unless_the_count_is_confirmed() -> fixtur
     env.cp
         .kubectl(&["annotate", CRD, &confirmed, "--overwrite"])?;
     // Matched ignoring case, as the admission policy does.
-    annotate_pet(&env, "a-7", &format!("{PROTECTED}=True"))?;
+    env.cp
+        .annotate_pet("default", "a-7", &[&format!("{PROTECTED}=True")])?;
     let refused = delete_crd(&env).expect_err("refused while a Pet is protected");
     assert!(refused.contains("1 of them protected"), "{refused}");
-    annotate_pet(&env, "a-7", &format!("{PROTECTED}-"))?;
+    env.cp
+        .annotate_pet("default", "a-7", &[&format!("{PROTECTED}-")])?;
 
     // Stopped: nothing answers for the guard, so the CRD stays, confirmed
     // or not.
