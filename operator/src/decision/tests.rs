@@ -240,6 +240,16 @@ impl Facts {
 /// Thor's record, handed over by Thor of `blue` to `green`.
 const HANDED: &str = "green/from:uid-thor";
 
+/// The plan that takes [`HANDED`] back, cancelling its handover.
+fn handover_cancelled() -> Result<Decision, Reason> {
+    Ok(claim_from(
+        "a",
+        HANDED,
+        false,
+        Story::HandOverCancelled { to: "green".into() },
+    ))
+}
+
 fn hand_over(release: Option<&str>, to: &str) -> Result<Decision, Reason> {
     Ok(Decision::HandOver(HandOver {
         release: release.map(str::to_owned),
@@ -587,23 +597,13 @@ fn decide_table() {
                 .hand_over_to("blue")
                 .status_id("a"),
             found_status_named("a", HANDED),
-            Ok(claim_from(
-                "a",
-                HANDED,
-                false,
-                Story::HandOverCancelled { to: "green".into() },
-            )),
+            handover_cancelled(),
         ),
         (
             "and so does taking the annotation off",
             facts().installation("blue").status_id("a"),
             found_status_named("a", HANDED),
-            Ok(claim_from(
-                "a",
-                HANDED,
-                false,
-                Story::HandOverCancelled { to: "green".into() },
-            )),
+            handover_cancelled(),
         ),
         (
             "a handover another Pet of its name made is not this Pet's to cancel",
