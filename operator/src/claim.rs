@@ -206,33 +206,30 @@ async fn acquire(
 
 #[cfg(test)]
 mod tests {
-    use std::collections::VecDeque;
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-    use std::sync::{Arc, Mutex};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
 
     use super::*;
-    use crate::store::{Created, Lookup, Operation, PetData};
+    use crate::store::Operation;
+    use crate::store::fake::FakeStore;
 
     const TTL: Duration = Duration::from_secs(6);
 
     /// A store that answers claims from a script, repeating its last
-    /// answer; it has no pets.
-    struct Script {
-        answers: Mutex<VecDeque<Result<InstallationClaim, StoreError>>>,
-        claims: AtomicUsize,
+    /// answer.
+    fn script(answers: Vec<Result<InstallationClaim, StoreError>>) -> FakeStore {
+        let store = FakeStore::default();
+        store.answer_claims(answers);
+        store
     }
 
-    impl Script {
-        fn new(answers: Vec<Result<InstallationClaim, StoreError>>) -> Self {
-            Self {
-                answers: Mutex::new(answers.into()),
-                claims: AtomicUsize::new(0),
-            }
+    /// How many claims `store` was sent, each for [`blue`].
+    fn claims(store: &FakeStore) -> usize {
+        let calls = store.calls();
+        for call in &calls {
+            assert_eq!(call, &format!("claim:blue:this-cluster:{TTL:?}"));
         }
-
-        fn claims(&self) -> usize {
-            self.claims.load(Ordering::SeqCst)
-        }
+        calls.len()
     }
 
     fn granted() -> Result<InstallationClaim, StoreError> {
@@ -259,63 +256,6 @@ mod tests {
             message: "connection refused".into(),
             retry_after: None,
         })
-    }
-
-    fn no_pets() -> StoreError {
-        StoreError::Failed {
-            operation: Operation::Observe,
-            message: "no pets here".into(),
-        }
-    }
-
-    #[tonic::async_trait]
-    impl PetStore for Script {
-        async fn observe(
-            &self,
-            _: Option<&str>,
-            _: &str,
-            _: Option<&str>,
-        ) -> Result<Lookup, StoreError> {
-            Err(no_pets())
-        }
-        async fn create(
-            &self,
-            _: &str,
-            _: Option<&str>,
-            _: &PetData,
-        ) -> Result<Created, StoreError> {
-            Err(no_pets())
-        }
-        async fn update(&self, _: &str, _: &PetData) -> Result<(), StoreError> {
-            Err(no_pets())
-        }
-        async fn delete(&self, _: &str) -> Result<(), StoreError> {
-            Err(no_pets())
-        }
-        async fn set_key(
-            &self,
-            _: &str,
-            _: &str,
-            _: &str,
-            _: Option<&str>,
-        ) -> Result<(), StoreError> {
-            Err(no_pets())
-        }
-        async fn claim_installation(
-            &self,
-            installation: &str,
-            holder: &str,
-            ttl: Duration,
-        ) -> Result<InstallationClaim, StoreError> {
-            assert_eq!((installation, holder, ttl), ("blue", "this-cluster", TTL));
-            self.claims.fetch_add(1, Ordering::SeqCst);
-            let mut answers = self.answers.lock().expect("answers");
-            if answers.len() > 1 {
-                answers.pop_front().expect("an answer")
-            } else {
-                answers.front().cloned().expect("an answer")
-            }
-        }
     }
 
     fn blue() -> Claim<'static> {
@@ -349,7 +289,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_refused_claim_reconciles_nothing_until_the_other_expires() {
-        let store = Script::new(vec![
+        let store = script(vec![
             refused(Duration::from_secs(30)),
             refused(Duration::from_millis(500)),
             granted(),
@@ -366,7 +306,7 @@ mod tests {
             _ = &mut run => panic!("ended while refused"),
             () = tokio::time::sleep(Duration::from_millis(1_900)) => {}
         }
-        assert_eq!(store.claims(), 1);
+        assert_eq!(claims(&store), 1);
         assert!(!started.load(Ordering::SeqCst), "worked while refused");
         assert!(!claimed_gauge(&metrics));
         // The second expires in 500 ms: retried just after.
@@ -374,7 +314,7 @@ mod tests {
             _ = &mut run => panic!("ended"),
             () = tokio::time::sleep(Duration::from_millis(1_000)) => {}
         }
-        assert_eq!(store.claims(), 3);
+        assert_eq!(claims(&store), 3);
         assert!(begun.elapsed() < Duration::from_secs(3));
         assert!(started.load(Ordering::SeqCst), "works once granted");
         assert!(claimed_gauge(&metrics));
@@ -383,7 +323,7 @@ mod tests {
             _ = &mut run => panic!("ended"),
             () = tokio::time::sleep(TTL * 2) => {}
         }
-        assert_eq!(store.claims(), 3 + 6);
+        assert_eq!(claims(&store), 3 + 6);
         stop.cancel();
         assert_eq!(run.await, Claimed::Ended);
         assert!(!claimed_gauge(&metrics));
@@ -391,7 +331,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_claim_lost_while_working_stops_the_work() {
-        let store = Script::new(vec![granted(), granted(), refused(TTL)]);
+        let store = script(vec![granted(), granted(), refused(TTL)]);
         let metrics = Metrics::default();
         let stop = CancellationToken::new();
         let started = Arc::new(AtomicBool::new(false));
@@ -400,14 +340,14 @@ mod tests {
         assert_eq!(ended, Claimed::Lost);
         assert!(started.load(Ordering::SeqCst));
         assert!(!stop.is_cancelled(), "only the work's token is cancelled");
-        assert_eq!(store.claims(), 3);
+        assert_eq!(claims(&store), 3);
         assert!(!claimed_gauge(&metrics));
     }
 
     #[tokio::test(start_paused = true)]
     async fn renewals_ride_out_a_short_outage_but_not_the_claims_expiry() {
         // Down for two tries (2 s then 1 s later), then back: kept.
-        let store = Script::new(vec![granted(), down(), down(), granted()]);
+        let store = script(vec![granted(), down(), down(), granted()]);
         let metrics = Metrics::default();
         let stop = CancellationToken::new();
         let started = Arc::new(AtomicBool::new(false));
@@ -422,7 +362,7 @@ mod tests {
         assert_eq!(run.await, Claimed::Ended);
 
         // Down for good: stopped before the claim expires.
-        let store = Script::new(vec![granted(), down()]);
+        let store = script(vec![granted(), down()]);
         let stop = CancellationToken::new();
         let begun = Instant::now();
         let ended =
@@ -435,7 +375,7 @@ mod tests {
     async fn the_unnamed_installation_and_a_store_without_claims_work_unclaimed() {
         let metrics = Metrics::default();
         let started = Arc::new(AtomicBool::new(false));
-        let store = Script::new(vec![Err(StoreError::Unimplemented {
+        let store = script(vec![Err(StoreError::Unimplemented {
             operation: Operation::Claim,
         })]);
         let stop = CancellationToken::new();
@@ -444,9 +384,9 @@ mod tests {
             run_while_claimed(&store, blue(), &stop, &metrics, work(Arc::clone(&started))).await;
         assert_eq!(ended, Claimed::Ended);
         assert!(started.load(Ordering::SeqCst), "works unclaimed");
-        assert_eq!(store.claims(), 1);
+        assert_eq!(claims(&store), 1);
 
-        let store = Script::new(vec![granted()]);
+        let store = script(vec![granted()]);
         let unnamed = Claim {
             installation: "",
             ..blue()
@@ -454,13 +394,13 @@ mod tests {
         started.store(false, Ordering::SeqCst);
         run_while_claimed(&store, unnamed, &stop, &metrics, work(Arc::clone(&started))).await;
         assert!(started.load(Ordering::SeqCst));
-        assert_eq!(store.claims(), 0, "the unnamed installation claims nothing");
+        assert_eq!(claims(&store), 0, "the unnamed installation claims nothing");
         assert!(!claimed_gauge(&metrics));
     }
 
     #[tokio::test(start_paused = true)]
     async fn stop_ends_the_wait_of_a_refused_claim() {
-        let store = Script::new(vec![refused(Duration::from_secs(60))]);
+        let store = script(vec![refused(Duration::from_secs(60))]);
         let metrics = Metrics::default();
         let stop = CancellationToken::new();
         let started = Arc::new(AtomicBool::new(false));
@@ -474,7 +414,7 @@ mod tests {
         assert_eq!(ended, Claimed::Ended);
         assert!(!started.load(Ordering::SeqCst));
         // Retried every third of the TTL meanwhile: at 0, 2, 4, 6 and 8 s.
-        assert_eq!(store.claims(), 5);
+        assert_eq!(claims(&store), 5);
     }
 
     #[test]

@@ -661,11 +661,8 @@ mod tests {
     #[test]
     fn a_queued_event_keeps_every_field_it_writes() {
         let event = Event {
-            type_: EventType::Warning,
-            reason: "StoreUnavailable".into(),
             note: Some("connection refused ✗".into()),
-            action: "Reconcile".into(),
-            secondary: None,
+            ..warning("StoreUnavailable")
         };
         let regarding = ObjectReference {
             api_version: Some("petstore.example.com/v1".into()),
@@ -713,11 +710,8 @@ mod tests {
             ..ObjectReference::default()
         };
         let event = Event {
-            type_: EventType::Warning,
-            reason: "Recreated".into(),
             note: Some("record was missing".into()),
-            action: "Reconcile".into(),
-            secondary: None,
+            ..warning("Recreated")
         };
         let now = Timestamp::from_second(1_700_000_000).expect("valid timestamp");
         let object = writer.event_object(&event, &regarding, now);

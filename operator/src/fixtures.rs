@@ -210,3 +210,13 @@ pub fn scoped_subscribers_see_everything() {
         let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry());
     });
 }
+
+/// The metrics text of what `register` adds to a registry, named as the
+/// operator names its metrics.
+pub fn metrics_text(register: impl FnOnce(&mut prometheus_client::registry::Registry)) -> String {
+    let mut registry = prometheus_client::registry::Registry::with_prefix("petstore_operator");
+    register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+    text
+}

@@ -89,6 +89,24 @@ fn store_crd(name: &str) -> (serde_json::Value, serde_json::Value) {
     (crd, version)
 }
 
+/// The names of a CRD version's printer columns, in order.
+fn column_names(version: &serde_json::Value) -> Vec<String> {
+    version["additionalPrinterColumns"]
+        .as_array()
+        .expect("columns")
+        .iter()
+        .map(|c| c["name"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+/// A CRD version's printer column `name`.
+fn column<'a>(version: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    version["additionalPrinterColumns"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["name"] == name))
+        .unwrap_or_else(|| panic!("a {name} column"))
+}
+
 #[test]
 fn store_crds_have_the_promised_shape() {
     for (file, kind, scope) in [
@@ -101,12 +119,7 @@ fn store_crds_have_the_promised_shape() {
         assert_eq!(crd["spec"]["scope"], scope, "{kind}");
         assert_eq!(version["name"], "v1");
         assert!(version["subresources"]["status"].is_object(), "{kind}");
-        let columns: Vec<_> = version["additionalPrinterColumns"]
-            .as_array()
-            .expect("columns")
-            .iter()
-            .map(|c| c["name"].as_str().unwrap_or_default().to_owned())
-            .collect();
+        let columns = column_names(&version);
         assert_eq!(columns, ["Address", "Ready", "Pets", "Age"], "{kind}");
         let schema = &version["schema"]["openAPIV3Schema"];
         let spec = &schema["properties"]["spec"]["properties"];
@@ -202,19 +215,11 @@ fn crd_has_the_promised_shape() {
     }
     assert_eq!(spec["properties"]["birthday"]["format"], "date");
     assert_eq!(spec["properties"]["name"]["maxLength"], 128);
-    let columns: Vec<_> = version["additionalPrinterColumns"]
-        .as_array()
-        .expect("columns")
-        .iter()
-        .map(|c| c["name"].as_str().unwrap_or_default().to_owned())
-        .collect();
-    for column in [
+    let columns = column_names(version);
+    for name in [
         "Pet Name", "Type", "Birthday", "Store ID", "Plan", "Ready", "Age",
     ] {
-        assert!(
-            columns.contains(&column.to_owned()),
-            "{column} in {columns:?}"
-        );
+        assert!(columns.contains(&name.to_owned()), "{name} in {columns:?}");
     }
     // The Plan column prints `none` when nothing waits, Pets written before
     // the field existed included: the API server fills the default on read.
@@ -226,15 +231,9 @@ fn crd_has_the_promised_shape() {
         let spec = &v["schema"]["openAPIV3Schema"]["properties"]["spec"];
         assert!(spec["properties"]["storeRef"].is_object());
         // The Store column is wide only: the default table is the README's.
-        let store_column = v["additionalPrinterColumns"]
-            .as_array()
-            .and_then(|c| c.iter().find(|c| c["name"] == "Store"))
-            .expect("a Store column");
+        let store_column = column(v, "Store");
         assert_eq!(store_column["priority"], 1);
-        let plan = v["additionalPrinterColumns"]
-            .as_array()
-            .and_then(|c| c.iter().find(|c| c["name"] == "Plan"))
-            .expect("a Plan column");
+        let plan = column(v, "Plan");
         assert_eq!(plan["jsonPath"], ".status.pendingPlan");
         let status = &v["schema"]["openAPIV3Schema"]["properties"]["status"];
         assert_eq!(status["properties"]["pendingPlan"]["default"], "none");

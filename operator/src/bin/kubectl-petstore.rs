@@ -758,16 +758,10 @@ spec: {name: Rex, type: dog, birthday: \"2022-03-01\"}
             ]),
             Ok(vec![
                 (
-                    StoreId::Namespaced {
-                        namespace: "team-a".into(),
-                        name: "shared".into()
-                    },
+                    StoreId::namespaced("team-a", "shared"),
                     "127.0.0.1:16742".into()
                 ),
-                (
-                    StoreId::Cluster { name: "big".into() },
-                    "localhost:9".into()
-                ),
+                (StoreId::cluster("big"), "localhost:9".into()),
             ])
         );
         for wrong in [

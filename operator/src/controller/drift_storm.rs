@@ -239,9 +239,7 @@ mod tests {
     fn a_storm_brakes_its_store_only_until_a_window_passes_without_new_drift() {
         let storms = storms(3);
         let own = StoreId::Own;
-        let other = StoreId::Cluster {
-            name: "other".into(),
-        };
+        let other = StoreId::cluster("other");
         let start = Instant::now();
         storms.noticed(&own, "a", || 10, start);
         storms.noticed(&own, "b", || 10, start);

@@ -47,7 +47,7 @@ use super::Context;
 use super::context::{on_store, store_of};
 use crate::crd::Pet;
 use crate::decision::feed::{Verdict, verdict};
-use crate::store::{PetStore, RecordChange, StoreError};
+use crate::store::{Feed, PetStore, RecordChange, StoreError};
 use crate::stores::{Feeds, StoreId};
 
 /// How long to wait before asking a store without a feed again: it may be
@@ -338,6 +338,20 @@ struct Follower {
     missed: Vec<RecordChange>,
 }
 
+/// When to try a feed that could not be opened again.
+enum Retry {
+    /// After FEED_RECHECK: the store has no feed, or refuses the operator.
+    Recheck,
+    /// After the reconnect's wait, which grows each time.
+    Backoff,
+}
+
+/// Waits `wait`, and doubles it for the next time, up to RECONNECT_MAX.
+async fn back_off(wait: &mut Duration) {
+    tokio::time::sleep(*wait).await;
+    *wait = (*wait * 2).min(RECONNECT_MAX);
+}
+
 impl Follower {
     /// Another store than the operator's own: read as its observer.
     fn reads_as_observer(&self) -> bool {
@@ -348,50 +362,14 @@ impl Follower {
         let mut wait = RECONNECT_FIRST;
         loop {
             let from_now = self.revision == 0;
-            if self.reads_as_observer() {
-                match self.client.reads_every_tenant().await {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        self.refused(None);
-                        tokio::time::sleep(FEED_RECHECK).await;
-                        continue;
-                    }
-                    Err(StoreError::Denied { message, .. }) => {
-                        self.refused(Some(&message));
-                        tokio::time::sleep(FEED_RECHECK).await;
-                        continue;
-                    }
-                    Err(error) => {
-                        self.broken(&error);
-                        tokio::time::sleep(wait).await;
-                        wait = (wait * 2).min(RECONNECT_MAX);
-                        continue;
-                    }
-                }
-            }
-            let mut feed = match self.client.watch(self.revision).await {
+            let mut feed = match self.open().await {
                 Ok(feed) => feed,
-                Err(StoreError::Unimplemented { .. }) => {
-                    if self.state != State::Absent {
-                        info!(
-                            store = %self.store,
-                            poll_interval = ?self.ctx.settings.poll_interval,
-                            "the pet store offers no change feed (petstore.PetStore/WatchPets is unimplemented); drift is found by polling each Pet every poll interval"
-                        );
-                        self.stopped_following(State::Absent);
-                    }
+                Err(Retry::Recheck) => {
                     tokio::time::sleep(FEED_RECHECK).await;
                     continue;
                 }
-                Err(StoreError::Denied { message, .. }) if self.reads_as_observer() => {
-                    self.refused(Some(&message));
-                    tokio::time::sleep(FEED_RECHECK).await;
-                    continue;
-                }
-                Err(error) => {
-                    self.broken(&error);
-                    tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(RECONNECT_MAX);
+                Err(Retry::Backoff) => {
+                    back_off(&mut wait).await;
                     continue;
                 }
             };
@@ -430,8 +408,53 @@ impl Follower {
                 // The store ended the stream (a restart, say): resume.
                 debug!(store = %self.store, revision = self.revision, "the change feed ended; resuming");
             }
-            tokio::time::sleep(wait).await;
-            wait = (wait * 2).min(RECONNECT_MAX);
+            back_off(&mut wait).await;
+        }
+    }
+
+    /// Opens the change feed, after checking that another store lets the
+    /// operator read every tenant's changes; or tells why not, and when to
+    /// try again.
+    async fn open(&mut self) -> Result<Feed, Retry> {
+        if self.reads_as_observer() {
+            match self.client.reads_every_tenant().await {
+                Ok(true) => {}
+                Ok(false) => {
+                    self.refused(None);
+                    return Err(Retry::Recheck);
+                }
+                Err(error) => return Err(self.not_opened(error)),
+            }
+        }
+        match self.client.watch(self.revision).await {
+            Ok(feed) => Ok(feed),
+            Err(StoreError::Unimplemented { .. }) => {
+                if self.state != State::Absent {
+                    info!(
+                        store = %self.store,
+                        poll_interval = ?self.ctx.settings.poll_interval,
+                        "the pet store offers no change feed (petstore.PetStore/WatchPets is unimplemented); drift is found by polling each Pet every poll interval"
+                    );
+                    self.stopped_following(State::Absent);
+                }
+                Err(Retry::Recheck)
+            }
+            Err(error) => Err(self.not_opened(error)),
+        }
+    }
+
+    /// The store refused another store's observer, or failed: told, and
+    /// when to try again.
+    fn not_opened(&mut self, error: StoreError) -> Retry {
+        match error {
+            StoreError::Denied { message, .. } if self.reads_as_observer() => {
+                self.refused(Some(&message));
+                Retry::Recheck
+            }
+            error => {
+                self.broken(&error);
+                Retry::Backoff
+            }
         }
     }
 
@@ -936,6 +959,21 @@ mod tests {
     }
 
     impl Captured {
+        /// Captures what is logged at `level` or above on this thread, while
+        /// the guard lives.
+        fn on_this_thread(level: tracing::Level) -> (Self, tracing::subscriber::DefaultGuard) {
+            let log = Self::default();
+            let subscriber = tracing_subscriber::fmt()
+                .with_writer({
+                    let log = log.clone();
+                    move || log.clone()
+                })
+                .with_max_level(level)
+                .finish();
+            crate::fixtures::scoped_subscribers_see_everything();
+            (log, tracing::subscriber::set_default(subscriber))
+        }
+
         fn text(&self) -> String {
             let bytes = self
                 .0
@@ -947,16 +985,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_store_without_a_feed_is_told_once_and_asked_again_each_minute() {
-        let log = Captured::default();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer({
-                let log = log.clone();
-                move || log.clone()
-            })
-            .with_max_level(tracing::Level::DEBUG)
-            .finish();
-        crate::fixtures::scoped_subscribers_see_everything();
-        let _guard = tracing::subscriber::set_default(subscriber);
+        let (log, _guard) = Captured::on_this_thread(tracing::Level::DEBUG);
         let start = tokio::time::Instant::now();
         let f = following(&[]);
         settle().await;
@@ -1023,10 +1052,6 @@ mod tests {
         ));
     }
 
-    fn cluster(name: &str) -> StoreId {
-        StoreId::Cluster { name: name.into() }
-    }
-
     /// A Pet named `name` in namespace `team`, whose record is `id` in the
     /// store `status.store` names (`None`: the operator's own).
     fn pet_on(store: Option<&str>, name: &str, id: Option<&str>) -> Pet {
@@ -1054,14 +1079,11 @@ mod tests {
         let (ctx, own, cache, _writer) = context(pets);
         let (queue, queued) = futures::channel::mpsc::unbounded();
         let stop = CancellationToken::new();
-        let b = StoreId::Namespaced {
-            namespace: "team".into(),
-            name: "b".into(),
-        };
+        let b = StoreId::namespaced("team", "b");
         let mut feeds = HashMap::new();
         for (label, id, store) in [
             ("own", StoreId::Own, own),
-            ("a", cluster("a"), Arc::new(FakeStore::default())),
+            ("a", StoreId::cluster("a"), Arc::new(FakeStore::default())),
             ("b", b, Arc::new(FakeStore::default())),
         ] {
             feeds.insert(label, scripted_feed(&store));
@@ -1093,23 +1115,25 @@ mod tests {
             pet_on(Some("PetStore/b"), "watching", None)
                 .annotated(crate::crd::EXTERNAL_ID_ANNOTATION, "record-3"),
         ];
+        // A change to the record `id` that names no Pet.
+        let rex = |id: &str| RecordChange::changed(id, "", "Rex");
         let rows: [(&str, &str, RecordChange, &[&str]); 9] = [
             (
                 "a's record-1 concerns a's Pet",
                 "a",
-                RecordChange::changed("record-1", "", "Rex"),
+                rex("record-1"),
                 &["pet-a"],
             ),
             (
                 "b's record-1 concerns b's Pet",
                 "b",
-                RecordChange::changed("record-1", "", "Rex"),
+                rex("record-1"),
                 &["pet-b"],
             ),
             (
                 "the own store's record-1 concerns neither",
                 "own",
-                RecordChange::changed("record-1", "", "Rex"),
+                rex("record-1"),
                 &[],
             ),
             (
@@ -1127,25 +1151,25 @@ mod tests {
             (
                 "a record in a holding b's Pet's name",
                 "a",
-                RecordChange::changed("record-9", "", "Rex").named("team/pet-b"),
+                rex("record-9").named("team/pet-b"),
                 &[],
             ),
             (
                 "a's record-3, which a Pet of b names",
                 "a",
-                RecordChange::changed("record-3", "", "Rex"),
+                rex("record-3"),
                 &[],
             ),
             (
                 "b's record-3, which that Pet names",
                 "b",
-                RecordChange::changed("record-3", "", "Rex"),
+                rex("record-3"),
                 &["watching"],
             ),
             (
                 "the own store's record-2",
                 "own",
-                RecordChange::changed("record-2", "", "Rex"),
+                rex("record-2"),
                 &["pet-own"],
             ),
         ];
@@ -1176,15 +1200,7 @@ mod tests {
     /// down, one that has none, one that takes the operator for a tenant.
     #[tokio::test(start_paused = true)]
     async fn each_stores_feed_state_sets_the_poll_of_its_own_pets() {
-        let log = Captured::default();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer({
-                let log = log.clone();
-                move || log.clone()
-            })
-            .finish();
-        crate::fixtures::scoped_subscribers_see_everything();
-        let _guard = tracing::subscriber::set_default(subscriber);
+        let (log, _guard) = Captured::on_this_thread(tracing::Level::INFO);
         let (ctx, own, cache, _writer) = context(&[]);
         let (queue, _queued) = futures::channel::mpsc::unbounded();
         let stop = CancellationToken::new();
@@ -1199,10 +1215,10 @@ mod tests {
         let _own_feed = scripted_feed(&own);
         let stores: [(StoreId, Arc<FakeStore>); 5] = [
             (StoreId::Own, Arc::clone(&own)),
-            (cluster("live"), Arc::clone(&live)),
-            (cluster("down"), down),
-            (cluster("absent"), absent),
-            (cluster("tenant-only"), Arc::clone(&tenant_only)),
+            (StoreId::cluster("live"), Arc::clone(&live)),
+            (StoreId::cluster("down"), down),
+            (StoreId::cluster("absent"), absent),
+            (StoreId::cluster("tenant-only"), Arc::clone(&tenant_only)),
         ];
         for (id, store) in stores {
             tokio::spawn(follow(
@@ -1222,12 +1238,12 @@ mod tests {
         let audit = Settings::default().audit_interval;
         let rows: [(&str, StoreId, Duration); 5] = [
             ("the own store's feed is followed", StoreId::Own, audit),
-            ("a live feed", cluster("live"), audit),
-            ("a store that is down", cluster("down"), poll),
-            ("a store without a feed", cluster("absent"), poll),
+            ("a live feed", StoreId::cluster("live"), audit),
+            ("a store that is down", StoreId::cluster("down"), poll),
+            ("a store without a feed", StoreId::cluster("absent"), poll),
             (
                 "a store that takes the operator for a tenant",
-                cluster("tenant-only"),
+                StoreId::cluster("tenant-only"),
                 poll,
             ),
         ];
@@ -1274,7 +1290,8 @@ mod tests {
         _feed.unbounded_send(batch(5)).expect("send");
         settle().await;
         assert_eq!(
-            ctx.poll.interval_for(Some(&cluster("tenant-only")), 10),
+            ctx.poll
+                .interval_for(Some(&StoreId::cluster("tenant-only")), 10),
             audit
         );
         assert!(
@@ -1307,11 +1324,11 @@ mod tests {
             pet_on(Some("ClusterPetStore/a"), "also-on-a", Some("r-2")),
             pet_on(Some("PetStore/b"), "on-b", None),
         ]);
-        let b = StoreId::Namespaced {
-            namespace: "team".into(),
-            name: "b".into(),
-        };
-        assert_eq!(stores_with_pets(&cache), HashSet::from([cluster("a"), b]));
+        let b = StoreId::namespaced("team", "b");
+        assert_eq!(
+            stores_with_pets(&cache),
+            HashSet::from([StoreId::cluster("a"), b])
+        );
     }
 
     /// A store's follower runs while the store is open, and goes with it;
@@ -1337,12 +1354,12 @@ mod tests {
         settle().await;
         let audit = Settings::default().audit_interval;
         let poll = Settings::default().poll_interval;
-        let a = Some(cluster("a"));
+        let a = Some(StoreId::cluster("a"));
         assert_eq!(ctx.poll.interval_for(a.as_ref(), 1), poll, "not open yet");
 
         let first = Arc::new(FakeStore::default());
         let first_feed = scripted_feed(&first);
-        open.send_modify(|feeds| drop(feeds.insert(cluster("a"), first.clone())));
+        open.send_modify(|feeds| drop(feeds.insert(StoreId::cluster("a"), first.clone())));
         settle().await;
         first_feed.unbounded_send(batch(4)).expect("send");
         settle().await;
@@ -1358,7 +1375,7 @@ mod tests {
         // Opened again with a new spec: a new follower, on the new client.
         let second = Arc::new(FakeStore::default());
         let second_feed = scripted_feed(&second);
-        open.send_modify(|feeds| drop(feeds.insert(cluster("a"), second.clone())));
+        open.send_modify(|feeds| drop(feeds.insert(StoreId::cluster("a"), second.clone())));
         settle().await;
         second_feed.unbounded_send(batch(1)).expect("send");
         settle().await;
@@ -1380,7 +1397,7 @@ mod tests {
 
         // Closed (its object deleted, say): polled again, and its Pets,
         // which were only audited, are read now.
-        open.send_modify(|feeds| drop(feeds.remove(&cluster("a"))));
+        open.send_modify(|feeds| drop(feeds.remove(&StoreId::cluster("a"))));
         settle().await;
         assert_eq!(ctx.poll.interval_for(a.as_ref(), 1), poll, "closed");
         assert_eq!(queued_now(&mut queued), ["pet-a"], "read on closing");

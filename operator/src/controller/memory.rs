@@ -788,6 +788,18 @@ mod tests {
         pet
     }
 
+    /// A memory that tracks a watch cache holding `pets`, and the cache's
+    /// writer.
+    fn tracking(pets: &[&Pet]) -> (Memory, reflector::store::Writer<Pet>) {
+        let memory = Memory::default();
+        let (cache, mut writer) = reflector::store();
+        memory.track(cache);
+        for pet in pets {
+            writer.apply_watcher_event(&watcher::Event::Apply((*pet).clone()));
+        }
+        (memory, writer)
+    }
+
     #[test]
     fn one_entry_per_pet_only_while_there_is_something_to_remember() {
         let memory = Memory::default();
@@ -839,11 +851,8 @@ mod tests {
 
     #[test]
     fn a_pet_that_went_is_not_remembered_again() {
-        let memory = Memory::default();
-        let (cache, mut writer) = reflector::store();
-        memory.track(cache);
         let thor = pet("thor");
-        writer.apply_watcher_event(&watcher::Event::Apply(thor.clone()));
+        let (memory, mut writer) = tracking(&[&thor]);
         memory.failed(&thor, "thor", 0);
         assert_eq!(memory.len(), 1);
 
@@ -858,12 +867,9 @@ mod tests {
 
     #[test]
     fn a_relist_forgets_the_pets_deleted_while_the_watch_was_down() {
-        let memory = Memory::default();
-        let (cache, mut writer) = reflector::store();
-        memory.track(cache);
         let (thor, loki) = (pet("thor"), pet("loki"));
+        let (memory, mut writer) = tracking(&[&thor, &loki]);
         for pet in [&thor, &loki] {
-            writer.apply_watcher_event(&watcher::Event::Apply(pet.clone()));
             memory.failed(pet, pet.metadata.uid.as_deref().expect("uid"), 0);
         }
         writer.apply_watcher_event(&watcher::Event::Init);
@@ -895,11 +901,8 @@ mod tests {
     /// remembered, so the one queued for the drift reads the store.
     #[test]
     fn a_drift_told_while_a_reconcile_runs_is_not_covered_by_its_in_sync() {
-        let memory = Memory::default();
-        let (cache, mut writer) = reflector::store();
-        memory.track(cache);
         let thor = pet("thor");
-        writer.apply_watcher_event(&watcher::Event::Apply(thor.clone()));
+        let (memory, _writer) = tracking(&[&thor]);
         memory.triggered(&thor, "thor");
 
         memory.started("thor");
@@ -919,13 +922,8 @@ mod tests {
 
     #[test]
     fn a_due_poll_is_handed_over_once_and_a_watch_event_is_left_to_kube() {
-        let memory = Memory::default();
-        let (cache, mut writer) = reflector::store();
-        memory.track(cache);
         let (thor, loki, odin) = (pet("thor"), pet("loki"), pet("odin"));
-        for pet in [&thor, &loki, &odin] {
-            writer.apply_watcher_event(&watcher::Event::Apply(pet.clone()));
-        }
+        let (memory, mut writer) = tracking(&[&thor, &loki, &odin]);
         memory.requeued(&thor, "thor", Duration::ZERO);
         memory.requeued(&loki, "loki", Duration::from_secs(300));
         // A watch event reaches kube by itself; its poll is not handed over.

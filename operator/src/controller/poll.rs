@@ -282,10 +282,6 @@ mod tests {
         );
     }
 
-    fn store(name: &str) -> StoreId {
-        StoreId::Cluster { name: name.into() }
-    }
-
     #[test]
     fn the_audit_interval_holds_while_the_feed_is_followed() {
         let schedule = PollSchedule::new(Duration::from_secs(300), 100.0)
@@ -323,7 +319,7 @@ mod tests {
         assert!(schedule.delay_after(own, "uid-1", read_after) > poll);
         // Another store's feed turning counts too: rare, and cheaper than a
         // mark per store.
-        schedule.set_feed_live(&store("b"), true);
+        schedule.set_feed_live(&StoreId::cluster("b"), true);
         assert!(schedule.delay_after(own, "uid-1", read_after) <= poll);
     }
 
@@ -331,11 +327,8 @@ mod tests {
     fn each_stores_feed_decides_the_poll_of_its_own_pets_only() {
         let poll = Duration::from_secs(300);
         let audit = Duration::from_secs(3600);
-        let b = store("b");
-        let a_namespaced = StoreId::Namespaced {
-            namespace: "team-a".into(),
-            name: "b".into(),
-        };
+        let b = StoreId::cluster("b");
+        let a_namespaced = StoreId::namespaced("team-a", "b");
         // (row, the stores whose feeds are live, the store asked, interval)
         let rows: [(&str, &[&StoreId], Option<&StoreId>, Duration); 8] = [
             ("no feed live: polled", &[], Some(&b), poll),
@@ -397,15 +390,15 @@ mod tests {
         let schedule = PollSchedule::new(Duration::from_secs(300), 100.0)
             .with_audit_interval(Duration::from_secs(3600));
         for i in 0..100 {
-            schedule.set_feed_live(&store(&format!("s-{i}")), true);
+            schedule.set_feed_live(&StoreId::cluster(&format!("s-{i}")), true);
         }
         for i in 0..100 {
-            schedule.set_feed_live(&store(&format!("s-{i}")), false);
+            schedule.set_feed_live(&StoreId::cluster(&format!("s-{i}")), false);
         }
         let live = schedule.feeds_live.read().expect("lock").len();
         assert_eq!(live, 0, "one entry per live feed, gone with it");
         assert_eq!(
-            schedule.interval_for(Some(&store("s-7")), 1_000),
+            schedule.interval_for(Some(&StoreId::cluster("s-7")), 1_000),
             Duration::from_secs(300)
         );
     }

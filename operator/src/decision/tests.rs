@@ -185,6 +185,18 @@ fn found_named(
     })
 }
 
+/// A read that finds, by this Pet's identity alone, the record `id` with
+/// `key`: one a Pet of its name made.
+fn found_by_name(id: &str, key: &str) -> Observation {
+    found_named(None, None, named_record(id, key))
+}
+
+/// A read that finds the record `id` with `key` both by the ID in status
+/// and by this Pet's identity.
+fn found_status_named(id: &str, key: &str) -> Observation {
+    found_named(named_record(id, key), None, named_record(id, key))
+}
+
 /// A record with this key that carries Thor's identity.
 fn named_record(id: &str, key: &str) -> Option<Record> {
     Some(Record {
@@ -204,6 +216,16 @@ fn claim_from(id: &str, from: &str, update: bool, story: Story) -> Decision {
     })
 }
 
+/// A plan that takes `id` over from the key `from`, and says so.
+fn taken_over(id: &str, from: &str, update: bool) -> Result<Decision, Reason> {
+    Ok(claim_from(
+        id,
+        from,
+        update,
+        Story::TakenOver { from: from.into() },
+    ))
+}
+
 impl Facts {
     fn installation(mut self, name: &str) -> Self {
         self.installation = name.into();
@@ -217,6 +239,16 @@ impl Facts {
 
 /// Thor's record, handed over by Thor of `blue` to `green`.
 const HANDED: &str = "green/from:uid-thor";
+
+/// The plan that takes [`HANDED`] back, cancelling its handover.
+fn handover_cancelled() -> Result<Decision, Reason> {
+    Ok(claim_from(
+        "a",
+        HANDED,
+        false,
+        Story::HandOverCancelled { to: "green".into() },
+    ))
+}
 
 fn hand_over(release: Option<&str>, to: &str) -> Result<Decision, Reason> {
     Ok(Decision::HandOver(HandOver {
@@ -537,39 +569,25 @@ fn decide_table() {
                 .installation("blue")
                 .hand_over_to("green")
                 .status_id("a"),
-            found_named(named_record("a", HANDED), None, named_record("a", HANDED)),
+            found_status_named("a", HANDED),
             hand_over(None, "green"),
         ),
         (
             "the installation handed to takes the record",
             facts().installation("green"),
-            found_named(None, None, named_record("a", "green/from:uid-loki")),
-            Ok(claim_from(
-                "a",
-                "green/from:uid-loki",
-                false,
-                Story::TakenOver {
-                    from: "green/from:uid-loki".into(),
-                },
-            )),
+            found_by_name("a", "green/from:uid-loki"),
+            taken_over("a", "green/from:uid-loki", false),
         ),
         (
             "and one handed over by an operator before handover keys named their Pet",
             facts().installation("green"),
-            found_named(None, None, named_record("a", "green/")),
-            Ok(claim_from(
-                "a",
-                "green/",
-                false,
-                Story::TakenOver {
-                    from: "green/".into(),
-                },
-            )),
+            found_by_name("a", "green/"),
+            taken_over("a", "green/", false),
         ),
         (
             "a third installation does not",
             facts().installation("red"),
-            found_named(None, None, named_record("a", "green/from:uid-loki")),
+            found_by_name("a", "green/from:uid-loki"),
             Err(Reason::RecordOwnedElsewhere),
         ),
         (
@@ -578,29 +596,19 @@ fn decide_table() {
                 .installation("blue")
                 .hand_over_to("blue")
                 .status_id("a"),
-            found_named(named_record("a", HANDED), None, named_record("a", HANDED)),
-            Ok(claim_from(
-                "a",
-                HANDED,
-                false,
-                Story::HandOverCancelled { to: "green".into() },
-            )),
+            found_status_named("a", HANDED),
+            handover_cancelled(),
         ),
         (
             "and so does taking the annotation off",
             facts().installation("blue").status_id("a"),
-            found_named(named_record("a", HANDED), None, named_record("a", HANDED)),
-            Ok(claim_from(
-                "a",
-                HANDED,
-                false,
-                Story::HandOverCancelled { to: "green".into() },
-            )),
+            found_status_named("a", HANDED),
+            handover_cancelled(),
         ),
         (
             "a handover another Pet of its name made is not this Pet's to cancel",
             facts().installation("blue").hand_over_to("blue"),
-            found_named(None, None, named_record("a", "green/from:uid-loki")),
+            found_by_name("a", "green/from:uid-loki"),
             Err(Reason::RecordOwnedElsewhere),
         ),
         (
@@ -609,11 +617,7 @@ fn decide_table() {
                 .installation("blue")
                 .hand_over_to("blue")
                 .status_id("a"),
-            found_named(
-                named_record("a", "green/"),
-                None,
-                named_record("a", "green/"),
-            ),
+            found_status_named("a", "green/"),
             Err(Reason::RecordOwnedElsewhere),
         ),
         (
@@ -622,15 +626,8 @@ fn decide_table() {
                 .installation("blue")
                 .hand_over_to("blue")
                 .status_id("a"),
-            found_named(named_record("a", "blue/"), None, named_record("a", "blue/")),
-            Ok(claim_from(
-                "a",
-                "blue/",
-                false,
-                Story::TakenOver {
-                    from: "blue/".into(),
-                },
-            )),
+            found_status_named("a", "blue/"),
+            taken_over("a", "blue/", false),
         ),
         (
             "deleted while handing over: released to it, never deleted",
@@ -675,68 +672,43 @@ fn decide_table() {
         (
             "the record an earlier Pet of its name kept (Orphan) is taken back",
             facts(),
-            found_named(None, None, named_record("k", "")),
+            found_by_name("k", ""),
             Ok(claim_from("k", "", false, Story::Reclaimed)),
         ),
         (
             "rebuilt from Git: the record of the lost Pet of its name in this installation is taken over",
             facts(),
-            found_named(None, None, named_record("r", OTHER_UID)),
-            Ok(claim_from(
-                "r",
-                OTHER_UID,
-                false,
-                Story::TakenOver {
-                    from: OTHER_UID.into(),
-                },
-            )),
+            found_by_name("r", OTHER_UID),
+            taken_over("r", OTHER_UID, false),
         ),
         (
             "restored with its old status: the same, and the spec written if it differs",
             facts().status_id("r").wanting(PetData::named("Thorbert")),
-            found_named(
-                named_record("r", OTHER_UID),
-                None,
-                named_record("r", OTHER_UID),
-            ),
-            Ok(claim_from(
-                "r",
-                OTHER_UID,
-                true,
-                Story::TakenOver {
-                    from: OTHER_UID.into(),
-                },
-            )),
+            found_status_named("r", OTHER_UID),
+            taken_over("r", OTHER_UID, true),
         ),
         (
             "a named installation takes over from its own lost Pet",
             facts().installation("blue"),
-            found_named(None, None, named_record("r", "blue/uid-loki")),
-            Ok(claim_from(
-                "r",
-                "blue/uid-loki",
-                false,
-                Story::TakenOver {
-                    from: "blue/uid-loki".into(),
-                },
-            )),
+            found_by_name("r", "blue/uid-loki"),
+            taken_over("r", "blue/uid-loki", false),
         ),
         (
             "another installation's record of the same name is never taken",
             facts().installation("blue"),
-            found_named(None, None, named_record("r", "green/uid-loki")),
+            found_by_name("r", "green/uid-loki"),
             Err(Reason::RecordOwnedElsewhere),
         ),
         (
             "a named installation's record is not the unnamed one's",
             facts(),
-            found_named(None, None, named_record("r", "green/uid-loki")),
+            found_by_name("r", "green/uid-loki"),
             Err(Reason::RecordOwnedElsewhere),
         ),
         (
             "nor is the unnamed one's a named installation's",
             facts().installation("blue"),
-            found_named(None, None, named_record("r", OTHER_UID)),
+            found_by_name("r", OTHER_UID),
             Err(Reason::RecordOwnedElsewhere),
         ),
         (
@@ -748,19 +720,8 @@ fn decide_table() {
         (
             "an external-id naming the record a lost Pet of its name held: taken over",
             facts().external_id("k"),
-            found_named(
-                named_record("k", OTHER_UID),
-                None,
-                named_record("k", OTHER_UID),
-            ),
-            Ok(claim_from(
-                "k",
-                OTHER_UID,
-                false,
-                Story::TakenOver {
-                    from: OTHER_UID.into(),
-                },
-            )),
+            found_status_named("k", OTHER_UID),
+            taken_over("k", OTHER_UID, false),
         ),
         (
             "an external-id naming a record a Pet of another name holds: not taken",
@@ -771,13 +732,13 @@ fn decide_table() {
         (
             "an external-id naming the record that carries its identity: claimed with it",
             facts().external_id("k"),
-            found_named(named_record("k", ""), None, named_record("k", "")),
+            found_status_named("k", ""),
             Ok(claim_from("k", "", false, Story::Adopted)),
         ),
         (
             "deleting: a record holding its name but not its key is not deleted",
             facts().deleting(),
-            found_named(None, None, named_record("r", OTHER_UID)),
+            found_by_name("r", OTHER_UID),
             Ok(Decision::Finish(Finish {
                 hand_to: None,
                 release: None,

@@ -64,14 +64,6 @@ fn page(items: &[Value], next: Option<&str>) -> Value {
     })
 }
 
-fn encoded(metrics: &MigrationMetrics) -> String {
-    let mut registry = Registry::with_prefix("petstore_operator");
-    metrics.register(&mut registry);
-    let mut text = String::new();
-    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
-    text
-}
-
 /// The calls received with this method, in order.
 fn calls(api: &ApiServerVerifier, method: Method) -> Vec<Call> {
     api.calls(|c| c.method == method)
@@ -95,7 +87,7 @@ fn assert_stored_versions_kept(api: &ApiServerVerifier) {
 
 /// The metrics hold this exact sample line.
 fn assert_sample(metrics: &MigrationMetrics, sample: &str) {
-    let text = encoded(metrics);
+    let text = crate::fixtures::metrics_text(|registry| metrics.register(registry));
     assert!(text.lines().any(|line| line == sample), "{text}");
 }
 

@@ -5,7 +5,9 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
 
-use super::{Created, Feed, Lookup, Operation, PetData, PetStore, Record, StoreError};
+use super::{
+    Created, Feed, InstallationClaim, Lookup, Operation, PetData, PetStore, Record, StoreError,
+};
 
 #[derive(Default)]
 pub struct FakeStore {
@@ -39,6 +41,9 @@ struct State {
     /// Emulates a store with tenancy that takes the caller for a tenant,
     /// not its observer.
     tenant_only: bool,
+    /// The answers to the next claims, in order, the last one repeated;
+    /// none scripted: the store has no claims (as the book's).
+    claim_answers: VecDeque<Result<InstallationClaim, StoreError>>,
 }
 
 #[derive(Clone, Debug)]
@@ -177,6 +182,12 @@ impl FakeStore {
         self.state().tenant_only = tenant_only;
     }
 
+    /// The answers to the claims from now on, in order; the last one
+    /// answers every claim after it.
+    pub fn answer_claims(&self, answers: Vec<Result<InstallationClaim, StoreError>>) {
+        self.state().claim_answers = answers.into();
+    }
+
     pub fn set_without_extensions(&self, without: bool) {
         self.state().without_extensions = without;
     }
@@ -291,6 +302,26 @@ impl PetStore for FakeStore {
             .unwrap_or(Err(StoreError::Unimplemented {
                 operation: Operation::Watch,
             }))
+    }
+
+    async fn claim_installation(
+        &self,
+        installation: &str,
+        holder: &str,
+        ttl: std::time::Duration,
+    ) -> Result<InstallationClaim, StoreError> {
+        let mut state = self.enter(
+            Operation::Claim,
+            format!("claim:{installation}:{holder}:{ttl:?}"),
+        )?;
+        let answers = &mut state.claim_answers;
+        match answers.len() {
+            0 => Err(StoreError::Unimplemented {
+                operation: Operation::Claim,
+            }),
+            1 => answers.front().cloned().expect("an answer"),
+            _ => answers.pop_front().expect("an answer"),
+        }
     }
 
     async fn reads_every_tenant(&self) -> Result<bool, StoreError> {

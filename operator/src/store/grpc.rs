@@ -795,10 +795,13 @@ mod tests {
 
     /// A store that records the names in each `AddPets` and refuses a
     /// request holding a pet named "refused", as ours refuses an invalid
-    /// one.
+    /// one; and takes only the token "Bearer fresh" for `UpdatePets`,
+    /// recording the token of every one it is sent and the ones it applied.
     #[derive(Default)]
     struct RecordingStore {
         calls: std::sync::Mutex<Vec<Vec<String>>>,
+        sent: std::sync::Mutex<Vec<String>>,
+        applied: std::sync::atomic::AtomicU32,
     }
 
     impl RecordingStore {
@@ -850,31 +853,7 @@ mod tests {
                     ids: names.iter().map(|name| format!("id-{name}")).collect(),
                 }))
             }
-            type SearchPetsStream = futures::stream::Empty<Result<pb::Pet, Status>>;
-            type WatchPetsStream = futures::stream::Empty<Result<pb::WatchPetsResp, Status>>;
-        }
-        not_in_this_test {
-            update_pets(UpdatePetsReq) -> pb::UpdatePetsResp;
-            delete_pets(DeletePetsReq) -> pb::DeletePetsResp;
-            search_pets(SearchPetsReq) -> Self::SearchPetsStream;
-            get_pets(GetPetsReq) -> pb::GetPetsResp;
-            set_idempotency_keys(SetIdempotencyKeysReq) -> pb::SetIdempotencyKeysResp;
-            change_sampler(ChangeSamplerReq) -> pb::ChangeSamplerResp;
-            watch_pets(WatchPetsReq) -> Self::WatchPetsStream;
-            claim_installation(ClaimInstallationReq) -> pb::ClaimInstallationResp;
-        }
-    }
 
-    /// A store that takes only the token "Bearer fresh", and records the
-    /// token of every `UpdatePets` it is sent and the ones it applied.
-    #[derive(Default)]
-    struct TokenCheckingStore {
-        sent: std::sync::Mutex<Vec<String>>,
-        applied: std::sync::atomic::AtomicU32,
-    }
-
-    pet_store! {
-        TokenCheckingStore {
             async fn update_pets(
                 &self,
                 request: tonic::Request<pb::UpdatePetsReq>,
@@ -893,11 +872,11 @@ mod tests {
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 Ok(tonic::Response::new(pb::UpdatePetsResp::default()))
             }
+
             type SearchPetsStream = futures::stream::Empty<Result<pb::Pet, Status>>;
             type WatchPetsStream = futures::stream::Empty<Result<pb::WatchPetsResp, Status>>;
         }
         not_in_this_test {
-            add_pets(AddPetsReq) -> pb::AddPetsResp;
             delete_pets(DeletePetsReq) -> pb::DeletePetsResp;
             search_pets(SearchPetsReq) -> Self::SearchPetsStream;
             get_pets(GetPetsReq) -> pb::GetPetsResp;
@@ -977,12 +956,10 @@ mod tests {
     }
 
     fn reloads(metrics: &StoreCallMetrics, outcome: &str) -> f64 {
-        let mut registry = prometheus_client::registry::Registry::with_prefix("petstore_operator");
-        metrics.register(&mut registry);
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
         let series = format!("petstore_operator_tls_reloads_total{{outcome=\"{outcome}\"}} ");
-        text.lines()
+        metrics
+            .encode()
+            .lines()
             .find_map(|line| line.strip_prefix(&series))
             .and_then(|value| value.parse().ok())
             .unwrap_or_default()
@@ -1054,12 +1031,8 @@ mod tests {
         };
         assert_eq!(last_seen().await, Some(first.der().to_vec()));
         let connections = |outcome: &str| {
-            let mut registry = prometheus_client::registry::Registry::default();
-            metrics.register(&mut registry);
-            let mut text = String::new();
-            prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
             let series = format!("store_tls_connections_total{{outcome=\"{outcome}\"}} 1");
-            text.contains(&series)
+            metrics.encode().contains(&series)
         };
         assert!(connections("ok"), "one connection");
 
@@ -1141,7 +1114,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_token_refused_mid_reconcile_is_minted_afresh_and_the_call_sent_once_more() {
-        let store = Arc::new(TokenCheckingStore::default());
+        let store = Arc::new(RecordingStore::default());
         let own = serve(&store).await;
         let tenant = own.for_caller(Arc::new(StaleThenFresh::default()));
         tenant.update("1", &pet("rex")).await.expect("updated");

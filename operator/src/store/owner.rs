@@ -216,32 +216,17 @@ mod tests {
     #[test]
     fn who_holds_a_record() {
         let me = Some("me");
+        let same = |uid| Holder::SameInstallation { uid };
+        let elsewhere = |installation| Holder::Elsewhere { installation };
         let cases: [(&str, &str, Option<&str>, Holder<'_>); 16] = [
             ("", "blue", me, Holder::Nobody),
             ("blue/me", "blue", me, Holder::ThisPet),
             ("me", "", me, Holder::ThisPet),
-            (
-                "blue/gone",
-                "blue",
-                me,
-                Holder::SameInstallation { uid: "gone" },
-            ),
-            ("gone", "", me, Holder::SameInstallation { uid: "gone" }),
-            (
-                "blue/me",
-                "blue",
-                None,
-                Holder::SameInstallation { uid: "me" },
-            ),
-            (
-                "green/me",
-                "blue",
-                me,
-                Holder::Elsewhere {
-                    installation: "green",
-                },
-            ),
-            ("me", "blue", me, Holder::Elsewhere { installation: "" }),
+            ("blue/gone", "blue", me, same("gone")),
+            ("gone", "", me, same("gone")),
+            ("blue/me", "blue", None, same("me")),
+            ("green/me", "blue", me, elsewhere("green")),
+            ("me", "blue", me, elsewhere("")),
             ("blue/", "blue", me, Holder::HandedOverHere),
             ("blue/from:other", "blue", me, Holder::HandedOverHere),
             ("blue/from:me", "blue", None, Holder::HandedOverHere),
@@ -251,30 +236,9 @@ mod tests {
                 me,
                 Holder::HandedOverByThisPet { to: "green" },
             ),
-            (
-                "green/from:other",
-                "blue",
-                me,
-                Holder::Elsewhere {
-                    installation: "green",
-                },
-            ),
-            (
-                "green/",
-                "blue",
-                me,
-                Holder::Elsewhere {
-                    installation: "green",
-                },
-            ),
-            (
-                "green/from:me",
-                "blue",
-                None,
-                Holder::Elsewhere {
-                    installation: "green",
-                },
-            ),
+            ("green/from:other", "blue", me, elsewhere("green")),
+            ("green/", "blue", me, elsewhere("green")),
+            ("green/from:me", "blue", None, elsewhere("green")),
             ("/me", "", me, Holder::Unknown),
         ];
         for (key, installation, uid, expected) in cases {

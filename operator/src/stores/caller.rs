@@ -149,14 +149,8 @@ impl AsCaller for Client {
 pub fn store_ref_of(id: &StoreId) -> Option<StoreRef> {
     match id {
         StoreId::Own => None,
-        StoreId::Namespaced { name, .. } => Some(StoreRef {
-            kind: StoreKind::PetStore,
-            name: name.clone(),
-        }),
-        StoreId::Cluster { name } => Some(StoreRef {
-            kind: StoreKind::ClusterPetStore,
-            name: name.clone(),
-        }),
+        StoreId::Namespaced { name, .. } => Some(StoreRef::new(StoreKind::PetStore, name)),
+        StoreId::Cluster { name } => Some(StoreRef::new(StoreKind::ClusterPetStore, name)),
     }
 }
 
@@ -855,17 +849,6 @@ mod tests {
         }
     }
 
-    fn namespaced(namespace: &str, name: &str) -> StoreId {
-        StoreId::Namespaced {
-            namespace: namespace.into(),
-            name: name.into(),
-        }
-    }
-
-    fn cluster(name: &str) -> StoreId {
-        StoreId::Cluster { name: name.into() }
-    }
-
     #[tokio::test]
     async fn the_plugin_chooses_each_pets_store_as_the_operator_does_with_the_callers_rights() {
         type Case = (
@@ -883,7 +866,7 @@ mod tests {
                 "a",
                 Some("PetStore/x"),
                 None,
-                Ok(namespaced("a", "x")),
+                Ok(StoreId::namespaced("a", "x")),
             ),
             (
                 "no storeRef: the namespace's PetStore default",
@@ -891,7 +874,7 @@ mod tests {
                 "a",
                 None,
                 None,
-                Ok(namespaced("a", "default")),
+                Ok(StoreId::namespaced("a", "default")),
             ),
             (
                 "no PetStore default: the ClusterPetStore default that admits it",
@@ -899,7 +882,7 @@ mod tests {
                 "c",
                 None,
                 None,
-                Ok(cluster("default")),
+                Ok(StoreId::cluster("default")),
             ),
             (
                 "no default at all: the operator's own store",
@@ -964,7 +947,7 @@ mod tests {
                 "a",
                 Some("PetStore/x"),
                 Some("ClusterPetStore/shared"),
-                Ok(cluster("shared")),
+                Ok(StoreId::cluster("shared")),
             ),
             (
                 "status.store naming no store kind",
@@ -1013,7 +996,7 @@ mod tests {
                 "a",
                 Some("ClusterPetStore/shared"),
                 None,
-                Ok(cluster("shared")),
+                Ok(StoreId::cluster("shared")),
             ),
             (
                 "the namespace's labels unreadable, and the name does not admit it",
@@ -1105,19 +1088,7 @@ mod tests {
             store.metadata.namespace = Some("a".into());
             store
         };
-        let id = namespaced("a", "tls");
-        let endpoint = |store: &PetStore| Endpoint {
-            address: store.spec.address.clone(),
-            audience: store.spec.audience.clone(),
-            ca: store
-                .spec
-                .tls
-                .as_ref()
-                .and_then(|tls| tls.ca.clone())
-                .map(|ca| ("a".to_owned(), ca)),
-            server_name: Some("petstore".into()),
-            generation: None,
-        };
+        let id = StoreId::namespaced("a", "tls");
         type Case = (&'static str, &'static str, Vec<&'static str>, &'static str);
         let cases: Vec<Case> = vec![
             ("the CA is read, the token minted", "ca", vec![], "ok"),
@@ -1142,7 +1113,10 @@ mod tests {
                 },
                 Duration::from_secs(1),
             );
-            let got = match stores.client(&id, &endpoint(&with_ca(ca_name)), "a").await {
+            let got = match stores
+                .client(&id, &Endpoint::of_pet_store(&with_ca(ca_name), "a"), "a")
+                .await
+            {
                 Ok(_) => "ok".to_owned(),
                 Err(CallerError::Refused(refused)) => refused.reason.to_string(),
                 Err(CallerError::Forbidden(_)) => "Forbidden".to_owned(),
@@ -1156,11 +1130,11 @@ mod tests {
     fn a_store_ref_names_the_store_it_was_resolved_to() {
         assert_eq!(store_ref_of(&StoreId::Own), None);
         assert_eq!(
-            store_ref_of(&namespaced("a", "x")).map(|r| r.to_string()),
+            store_ref_of(&StoreId::namespaced("a", "x")).map(|r| r.to_string()),
             Some("PetStore/x".into())
         );
         assert_eq!(
-            store_ref_of(&cluster("shared")).map(|r| r.to_string()),
+            store_ref_of(&StoreId::cluster("shared")).map(|r| r.to_string()),
             Some("ClusterPetStore/shared".into())
         );
     }

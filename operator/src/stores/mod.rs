@@ -621,12 +621,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_store_with_pets_stays_open_and_an_unused_one_closes_with_its_feed() {
-        let used = StoreId::Cluster {
-            name: "used".into(),
-        };
-        let unused = StoreId::Cluster {
-            name: "unused".into(),
-        };
+        let used = StoreId::cluster("used");
+        let unused = StoreId::cluster("unused");
         let stores = open_stores(&[used.clone(), unused.clone()]);
         let feeds = stores.feeds();
         // Its Pets are only audited, hourly: no call for 11 minutes.

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use kube::ResourceExt as _;
 
-use crate::crd::{CaSource, KeyRef};
+use crate::crd::{CaSource, StoreTls};
 use crate::crd::{ClusterPetStore, Pet, PetStore, StoreKind, StoreRef};
 use crate::status::Reason;
 
@@ -32,6 +32,21 @@ pub enum StoreId {
 }
 
 impl StoreId {
+    /// The PetStore `name` in `namespace`.
+    pub fn namespaced(namespace: &str, name: &str) -> StoreId {
+        StoreId::Namespaced {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        }
+    }
+
+    /// The ClusterPetStore `name`.
+    pub fn cluster(name: &str) -> StoreId {
+        StoreId::Cluster {
+            name: name.to_owned(),
+        }
+    }
+
     /// `status.store`'s value; `None` for the operator's own store.
     pub fn status_value(&self) -> Option<String> {
         match self {
@@ -46,13 +61,8 @@ impl StoreId {
         match value.filter(|value| !value.is_empty()) {
             None => Some(StoreId::Own),
             Some(value) => match value.split_once('/')? {
-                ("PetStore", name) => Some(StoreId::Namespaced {
-                    namespace: namespace.to_owned(),
-                    name: name.to_owned(),
-                }),
-                ("ClusterPetStore", name) => Some(StoreId::Cluster {
-                    name: name.to_owned(),
-                }),
+                ("PetStore", name) => Some(StoreId::namespaced(namespace, name)),
+                ("ClusterPetStore", name) => Some(StoreId::cluster(name)),
                 _ => None,
             },
         }
@@ -60,13 +70,8 @@ impl StoreId {
 
     fn of(namespace: &str, store_ref: &StoreRef) -> StoreId {
         match store_ref.kind {
-            StoreKind::PetStore => StoreId::Namespaced {
-                namespace: namespace.to_owned(),
-                name: store_ref.name.clone(),
-            },
-            StoreKind::ClusterPetStore => StoreId::Cluster {
-                name: store_ref.name.clone(),
-            },
+            StoreKind::PetStore => StoreId::namespaced(namespace, &store_ref.name),
+            StoreKind::ClusterPetStore => StoreId::cluster(&store_ref.name),
         }
     }
 }
@@ -91,6 +96,34 @@ pub struct Endpoint {
     pub server_name: Option<String>,
     /// The store object's generation: a changed spec opens a new client.
     pub generation: Option<i64>,
+}
+
+impl Endpoint {
+    /// A PetStore's endpoint; its CA is in `namespace`, the store's own.
+    pub fn of_pet_store(store: &PetStore, namespace: &str) -> Endpoint {
+        let tls = store.spec.tls.as_ref();
+        Endpoint {
+            address: store.spec.address.clone(),
+            audience: store.spec.audience.clone(),
+            ca: tls
+                .and_then(|tls| tls.ca.clone())
+                .map(|ca| (namespace.to_owned(), ca)),
+            server_name: tls.and_then(|tls| tls.server_name.clone()),
+            generation: store.metadata.generation,
+        }
+    }
+
+    /// A ClusterPetStore's endpoint; its CA names its own namespace.
+    pub fn of_cluster_store(store: &ClusterPetStore) -> Endpoint {
+        let tls = store.spec.tls.as_ref();
+        Endpoint {
+            address: store.spec.address.clone(),
+            audience: store.spec.audience.clone(),
+            ca: tls.and_then(StoreTls::ca_in_namespace),
+            server_name: tls.and_then(|tls| tls.server_name.clone()),
+            generation: store.metadata.generation,
+        }
+    }
 }
 
 /// The store a Pet uses.
@@ -150,14 +183,9 @@ pub fn resolve(
 
 fn default_store(namespace: &str, known: &impl Known) -> StoreId {
     if known.pet_store(namespace, DEFAULT_STORE).is_some() {
-        StoreId::Namespaced {
-            namespace: namespace.to_owned(),
-            name: DEFAULT_STORE.to_owned(),
-        }
+        StoreId::namespaced(namespace, DEFAULT_STORE)
     } else if known.cluster_pet_store(DEFAULT_STORE).is_some() {
-        StoreId::Cluster {
-            name: DEFAULT_STORE.to_owned(),
-        }
+        StoreId::cluster(DEFAULT_STORE)
     } else {
         StoreId::Own
     }
@@ -182,17 +210,7 @@ fn endpoint_of(
                     ),
                 });
             };
-            let spec = &store.spec;
-            let tls = spec.tls.as_ref();
-            Ok(Some(Endpoint {
-                address: spec.address.clone(),
-                audience: spec.audience.clone(),
-                ca: tls
-                    .and_then(|tls| tls.ca.clone())
-                    .map(|ca| (store_namespace.clone(), ca)),
-                server_name: tls.and_then(|tls| tls.server_name.clone()),
-                generation: store.metadata.generation,
-            }))
+            Ok(Some(Endpoint::of_pet_store(&store, store_namespace)))
         }
         StoreId::Cluster { name } => {
             let Some(store) = known.cluster_pet_store(name) else {
@@ -212,28 +230,7 @@ fn endpoint_of(
                     ),
                 });
             }
-            let spec = &store.spec;
-            let tls = spec.tls.as_ref();
-            // A cluster store's CA names its own namespace.
-            let ca = tls.and_then(|tls| tls.ca.as_ref()).map(|ca| {
-                let key = ca.key_ref();
-                let local = KeyRef {
-                    name: key.name.clone(),
-                    key: key.key.clone(),
-                };
-                let source = match ca {
-                    CaSource::SecretKeyRef(_) => CaSource::SecretKeyRef(local),
-                    CaSource::ConfigMapKeyRef(_) => CaSource::ConfigMapKeyRef(local),
-                };
-                (key.namespace.clone(), source)
-            });
-            Ok(Some(Endpoint {
-                address: spec.address.clone(),
-                audience: spec.audience.clone(),
-                ca,
-                server_name: tls.and_then(|tls| tls.server_name.clone()),
-                generation: store.metadata.generation,
-            }))
+            Ok(Some(Endpoint::of_cluster_store(&store)))
         }
     }
 }
@@ -308,20 +305,6 @@ mod tests {
         }
     }
 
-    fn store_ref(kind: StoreKind, name: &str) -> StoreRef {
-        StoreRef {
-            kind,
-            name: name.into(),
-        }
-    }
-
-    fn namespaced(namespace: &str, name: &str) -> StoreId {
-        StoreId::Namespaced {
-            namespace: namespace.into(),
-            name: name.into(),
-        }
-    }
-
     /// One row per rule: (why, namespace, storeRef, pinned, world, expected
     /// store or refusal reason).
     type Case<'a> = (
@@ -344,7 +327,6 @@ mod tests {
             ],
         };
         let bare = World::default();
-        let cluster = |name: &str| StoreId::Cluster { name: name.into() };
         let cases: Vec<Case> = vec![
             (
                 "no storeRef, no store objects: the operator's own",
@@ -360,7 +342,7 @@ mod tests {
                 None,
                 None,
                 &world,
-                Ok(namespaced("a", "default")),
+                Ok(StoreId::namespaced("a", "default")),
             ),
             (
                 "no storeRef, no namespaced default: the ClusterPetStore default",
@@ -368,7 +350,7 @@ mod tests {
                 None,
                 None,
                 &world,
-                Ok(cluster("default")),
+                Ok(StoreId::cluster("default")),
             ),
             (
                 "the cluster default must admit the namespace",
@@ -381,15 +363,15 @@ mod tests {
             (
                 "storeRef names a PetStore of its namespace",
                 "a",
-                Some(store_ref(StoreKind::PetStore, "x")),
+                Some(StoreRef::new(StoreKind::PetStore, "x")),
                 None,
                 &world,
-                Ok(namespaced("a", "x")),
+                Ok(StoreId::namespaced("a", "x")),
             ),
             (
                 "another namespace's PetStore is not found from here",
                 "b",
-                Some(store_ref(StoreKind::PetStore, "x")),
+                Some(StoreRef::new(StoreKind::PetStore, "x")),
                 None,
                 &world,
                 Err(Reason::StoreNotFound),
@@ -397,15 +379,15 @@ mod tests {
             (
                 "a ClusterPetStore that admits the namespace",
                 "c",
-                Some(store_ref(StoreKind::ClusterPetStore, "shared")),
+                Some(StoreRef::new(StoreKind::ClusterPetStore, "shared")),
                 None,
                 &world,
-                Ok(cluster("shared")),
+                Ok(StoreId::cluster("shared")),
             ),
             (
                 "a ClusterPetStore that does not",
                 "a",
-                Some(store_ref(StoreKind::ClusterPetStore, "shared")),
+                Some(StoreRef::new(StoreKind::ClusterPetStore, "shared")),
                 None,
                 &world,
                 Err(Reason::StoreNotAllowed),
@@ -413,7 +395,7 @@ mod tests {
             (
                 "allowedNamespaces unset admits none",
                 "a",
-                Some(store_ref(StoreKind::ClusterPetStore, "closed")),
+                Some(StoreRef::new(StoreKind::ClusterPetStore, "closed")),
                 None,
                 &world,
                 Err(Reason::StoreNotAllowed),
@@ -421,7 +403,7 @@ mod tests {
             (
                 "a missing ClusterPetStore",
                 "a",
-                Some(store_ref(StoreKind::ClusterPetStore, "nope")),
+                Some(StoreRef::new(StoreKind::ClusterPetStore, "nope")),
                 None,
                 &world,
                 Err(Reason::StoreNotFound),
@@ -438,15 +420,15 @@ mod tests {
                 "a Pet with a record stays in its PetStore",
                 "a",
                 None,
-                Some(namespaced("a", "x")),
+                Some(StoreId::namespaced("a", "x")),
                 &world,
-                Ok(namespaced("a", "x")),
+                Ok(StoreId::namespaced("a", "x")),
             ),
             (
                 "its pinned store deleted: held, never moved",
                 "b",
                 None,
-                Some(namespaced("b", "gone")),
+                Some(StoreId::namespaced("b", "gone")),
                 &world,
                 Err(Reason::StoreNotFound),
             ),
@@ -454,7 +436,7 @@ mod tests {
                 "pinned to a ClusterPetStore that stopped admitting it: held",
                 "a",
                 None,
-                Some(cluster("shared")),
+                Some(StoreId::cluster("shared")),
                 &world,
                 Err(Reason::StoreNotAllowed),
             ),
@@ -471,8 +453,8 @@ mod tests {
     fn status_store_round_trips() {
         for id in [
             StoreId::Own,
-            namespaced("a", "x"),
-            StoreId::Cluster { name: "c".into() },
+            StoreId::namespaced("a", "x"),
+            StoreId::cluster("c"),
         ] {
             let value = id.status_value();
             assert_eq!(StoreId::from_status("a", value.as_deref()), Some(id));
@@ -484,7 +466,7 @@ mod tests {
     fn a_refusal_names_what_is_missing_and_what_to_do() {
         let refused = resolve(
             "b",
-            Some(&store_ref(StoreKind::PetStore, "x")),
+            Some(&StoreRef::new(StoreKind::PetStore, "x")),
             None,
             &World::default(),
         )

@@ -370,42 +370,23 @@ struct Seen {
 impl Seen {
     fn of_pet_store(store: &PetStore) -> Self {
         let namespace = store.namespace().unwrap_or_default();
-        let tls = store.spec.tls.as_ref();
         Seen {
-            id: StoreId::Namespaced {
-                namespace: namespace.clone(),
-                name: store.name_any(),
-            },
+            id: StoreId::namespaced(&namespace, &store.name_any()),
             uid: store.uid().unwrap_or_default(),
             generation: store.metadata.generation,
             resource_version: store.resource_version(),
-            endpoint: Endpoint {
-                address: store.spec.address.clone(),
-                audience: store.spec.audience.clone(),
-                ca: tls.and_then(|tls| tls.ca.clone()).map(|ca| (namespace, ca)),
-                server_name: tls.and_then(|tls| tls.server_name.clone()),
-                generation: store.metadata.generation,
-            },
+            endpoint: Endpoint::of_pet_store(store, &namespace),
             status: store.status.clone(),
         }
     }
 
     fn of_cluster_store(store: &ClusterPetStore) -> Self {
-        let tls = store.spec.tls.as_ref();
         Seen {
-            id: StoreId::Cluster {
-                name: store.name_any(),
-            },
+            id: StoreId::cluster(&store.name_any()),
             uid: store.uid().unwrap_or_default(),
             generation: store.metadata.generation,
             resource_version: store.resource_version(),
-            endpoint: Endpoint {
-                address: store.spec.address.clone(),
-                audience: store.spec.audience.clone(),
-                ca: tls.and_then(|tls| tls.ca_in_namespace()),
-                server_name: tls.and_then(|tls| tls.server_name.clone()),
-                generation: store.metadata.generation,
-            },
+            endpoint: Endpoint::of_cluster_store(store),
             status: store.status.clone(),
         }
     }
@@ -799,6 +780,33 @@ mod tests {
             .collect()
     }
 
+    /// Reachable and Ready: the store answers.
+    fn available(flipped: bool) -> Vec<Shown> {
+        vec![
+            ("Reachable", "True", "Available", flipped),
+            ("Ready", "True", "Available", flipped),
+        ]
+    }
+
+    /// Neither Reachable nor Ready, and Reconciling: nothing listens.
+    fn unavailable(flipped: bool) -> Vec<Shown> {
+        vec![
+            ("Reachable", "False", "StoreUnavailable", flipped),
+            ("Ready", "False", "StoreUnavailable", flipped),
+            ("Reconciling", "True", "StoreUnavailable", flipped),
+        ]
+    }
+
+    /// Not tried, not Ready, and Stalled for `reason`, all just now: only
+    /// a person can help.
+    fn stalled(reason: &'static str) -> Vec<Shown> {
+        vec![
+            ("Reachable", "Unknown", reason, true),
+            ("Ready", "False", reason, true),
+            ("Stalled", "True", reason, true),
+        ]
+    }
+
     struct Row {
         name: &'static str,
         current: Option<StoreStatus>,
@@ -823,10 +831,7 @@ mod tests {
                 generation: 1,
                 probed: answered(),
                 pets: 2,
-                conditions: vec![
-                    ("Reachable", "True", "Available", true),
-                    ("Ready", "True", "Available", true),
-                ],
+                conditions: available(true),
                 extensions: all_extensions(),
                 written: true,
             },
@@ -836,10 +841,7 @@ mod tests {
                 generation: 1,
                 probed: answered(),
                 pets: 2,
-                conditions: vec![
-                    ("Reachable", "True", "Available", false),
-                    ("Ready", "True", "Available", false),
-                ],
+                conditions: available(false),
                 extensions: all_extensions(),
                 written: false,
             },
@@ -849,11 +851,7 @@ mod tests {
                 generation: 1,
                 probed: unreachable.clone(),
                 pets: 2,
-                conditions: vec![
-                    ("Reachable", "False", "StoreUnavailable", false),
-                    ("Ready", "False", "StoreUnavailable", false),
-                    ("Reconciling", "True", "StoreUnavailable", false),
-                ],
+                conditions: unavailable(false),
                 extensions: None,
                 written: false,
             },
@@ -863,10 +861,7 @@ mod tests {
                 generation: 1,
                 probed: answered(),
                 pets: 3,
-                conditions: vec![
-                    ("Reachable", "True", "Available", false),
-                    ("Ready", "True", "Available", false),
-                ],
+                conditions: available(false),
                 extensions: all_extensions(),
                 written: true,
             },
@@ -876,10 +871,7 @@ mod tests {
                 generation: 2,
                 probed: answered(),
                 pets: 2,
-                conditions: vec![
-                    ("Reachable", "True", "Available", false),
-                    ("Ready", "True", "Available", false),
-                ],
+                conditions: available(false),
                 extensions: all_extensions(),
                 written: true,
             },
@@ -889,11 +881,7 @@ mod tests {
                 generation: 1,
                 probed: unreachable.clone(),
                 pets: 2,
-                conditions: vec![
-                    ("Ready", "False", "StoreUnavailable", true),
-                    ("Reachable", "False", "StoreUnavailable", true),
-                    ("Reconciling", "True", "StoreUnavailable", true),
-                ],
+                conditions: unavailable(true),
                 extensions: None,
                 written: true,
             },
@@ -903,10 +891,7 @@ mod tests {
                 generation: 1,
                 probed: answered(),
                 pets: 2,
-                conditions: vec![
-                    ("Reachable", "True", "Available", true),
-                    ("Ready", "True", "Available", true),
-                ],
+                conditions: available(true),
                 extensions: all_extensions(),
                 written: true,
             },
@@ -930,11 +915,7 @@ mod tests {
                 generation: 1,
                 probed: trust,
                 pets: 0,
-                conditions: vec![
-                    ("Reachable", "Unknown", "StoreTrustMissing", true),
-                    ("Ready", "False", "StoreTrustMissing", true),
-                    ("Stalled", "True", "StoreTrustMissing", true),
-                ],
+                conditions: stalled("StoreTrustMissing"),
                 extensions: None,
                 written: true,
             },
@@ -944,11 +925,7 @@ mod tests {
                 generation: 1,
                 probed: Probed::Unusable("invalid pet store address".into()),
                 pets: 0,
-                conditions: vec![
-                    ("Reachable", "Unknown", "InvalidSpec", true),
-                    ("Ready", "False", "InvalidSpec", true),
-                    ("Stalled", "True", "InvalidSpec", true),
-                ],
+                conditions: stalled("InvalidSpec"),
                 extensions: None,
                 written: true,
             },
@@ -960,10 +937,7 @@ mod tests {
                     extensions: Some(vec![]),
                 },
                 pets: 0,
-                conditions: vec![
-                    ("Reachable", "True", "Available", true),
-                    ("Ready", "True", "Available", true),
-                ],
+                conditions: available(true),
                 extensions: Some(vec![]),
                 written: true,
             },
@@ -973,10 +947,7 @@ mod tests {
                 generation: 1,
                 probed: Probed::Answered { extensions: None },
                 pets: 0,
-                conditions: vec![
-                    ("Reachable", "True", "Available", true),
-                    ("Ready", "True", "Available", true),
-                ],
+                conditions: available(true),
                 extensions: None,
                 written: true,
             },
@@ -1063,18 +1034,10 @@ mod tests {
             pet("team-a", Some("Elsewhere/x")),
         ];
         let counts = count_pets(&pets);
-        let shared = |namespace: &str| StoreId::Namespaced {
-            namespace: namespace.into(),
-            name: "shared".into(),
-        };
+        let shared = |namespace: &str| StoreId::namespaced(namespace, "shared");
         assert_eq!(counts.get(&shared("team-a")), Some(&2));
         assert_eq!(counts.get(&shared("team-b")), Some(&1));
-        assert_eq!(
-            counts.get(&StoreId::Cluster {
-                name: "global".into()
-            }),
-            Some(&2)
-        );
+        assert_eq!(counts.get(&StoreId::cluster("global")), Some(&2));
         assert_eq!(counts.len(), 3, "{counts:?}");
     }
 
@@ -1292,19 +1255,18 @@ mod tests {
     /// result: the others' come at once, until every place is held.
     #[tokio::test(start_paused = true)]
     async fn a_slow_probe_delays_only_its_own_result() {
-        let store = |name: &str| StoreId::Cluster { name: name.into() };
         let mut probes = Probes::new(2);
-        probes.start(store("silent"), std::future::pending::<&str>());
-        probes.start(store("quick"), async { "answered" });
-        assert!(probes.under_way(&store("silent")));
+        probes.start(StoreId::cluster("silent"), std::future::pending::<&str>());
+        probes.start(StoreId::cluster("quick"), async { "answered" });
+        assert!(probes.under_way(&StoreId::cluster("silent")));
         assert_eq!(
             probes.next().await,
-            Some((store("quick"), Some("answered")))
+            Some((StoreId::cluster("quick"), Some("answered")))
         );
-        assert!(!probes.under_way(&store("quick")));
+        assert!(!probes.under_way(&StoreId::cluster("quick")));
         // Both places held by stores that never answer: the next waits.
-        probes.start(store("silent-too"), std::future::pending());
-        probes.start(store("waiting"), async { "answered" });
+        probes.start(StoreId::cluster("silent-too"), std::future::pending());
+        probes.start(StoreId::cluster("waiting"), async { "answered" });
         let next = tokio::time::timeout(Duration::from_secs(3600), probes.next()).await;
         assert!(next.is_err(), "at most 2 at once: {next:?}");
     }

@@ -14,11 +14,11 @@
 use std::future::Future;
 
 use kube::ResourceExt;
-use kube::api::{Api, ListParams};
+use kube::api::Api;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::admission_answer as answer;
+use super::{admission_answer as answer, admission_request, pets_by_page};
 use crate::crd::{CONFIRM_DELETE_PETS_ANNOTATION, CRD_NAME, PROTECTED_ANNOTATION, Pet};
 
 /// The Pets there are, and how many of them are protected.
@@ -26,11 +26,6 @@ use crate::crd::{CONFIRM_DELETE_PETS_ANNOTATION, CRD_NAME, PROTECTED_ANNOTATION,
 pub struct PetCount {
     pub pets: usize,
     pub protected: usize,
-}
-
-#[derive(Deserialize)]
-struct Review {
-    request: Request,
 }
 
 #[derive(Deserialize)]
@@ -52,15 +47,9 @@ pub async fn review<F>(body: &[u8], count: impl FnOnce() -> F) -> Value
 where
     F: Future<Output = Result<PetCount, String>>,
 {
-    let request = match serde_json::from_slice::<Review>(body) {
-        Ok(review) => review.request,
-        Err(err) => {
-            tracing::warn!(error = %err, "malformed AdmissionReview");
-            return answer(
-                "",
-                Err(format!("the body is not an AdmissionReview: {err}")),
-            );
-        }
+    let request: Request = match admission_request(body) {
+        Ok(request) => request,
+        Err(refused) => return refused,
     };
     if request.name != CRD_NAME || request.operation != "DELETE" {
         return answer(&request.uid, Ok(()));
@@ -117,28 +106,23 @@ pub fn judge(confirmation: Option<&str>, count: PetCount) -> Result<(), String> 
 /// Counts the Pets in every namespace from the API server itself (a page
 /// of metadata at a time), not a cache: a Pet created a moment ago counts.
 pub async fn count(pets: Api<Pet>) -> Result<PetCount, String> {
-    let mut count = PetCount::default();
-    let mut params = ListParams::default().limit(500);
-    loop {
-        let page = pets
-            .list_metadata(&params)
-            .await
-            .map_err(|err| format!("listing Pets: {err}"))?;
-        count.pets += page.items.len();
-        count.protected += page
-            .items
-            .iter()
-            .filter(|pet| {
-                pet.annotations()
-                    .get(PROTECTED_ANNOTATION)
-                    .is_some_and(|value| value.eq_ignore_ascii_case("true"))
-            })
-            .count();
-        match page.metadata.continue_ {
-            Some(token) if !token.is_empty() => params = params.continue_token(&token),
-            _ => return Ok(count),
-        }
-    }
+    let (pets, mut count) = (&pets, PetCount::default());
+    pets_by_page(
+        |params| async move { pets.list_metadata(&params).await },
+        |page| {
+            count.pets += page.len();
+            count.protected += page
+                .iter()
+                .filter(|pet| {
+                    pet.annotations()
+                        .get(PROTECTED_ANNOTATION)
+                        .is_some_and(|value| value.eq_ignore_ascii_case("true"))
+                })
+                .count();
+        },
+    )
+    .await?;
+    Ok(count)
 }
 
 #[cfg(test)]

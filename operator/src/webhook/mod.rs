@@ -18,8 +18,11 @@ pub mod guard;
 pub mod server;
 pub mod store_guard;
 
+use kube::api::{ListParams, ObjectList};
 use kube::core::Status;
 use kube::core::conversion::{ConversionRequest, ConversionResponse, ConversionReview};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use crate::crd::conversion::{self, ConversionError};
@@ -84,6 +87,47 @@ fn describe(object: &Value) -> String {
     match metadata["namespace"].as_str() {
         Some(namespace) => format!("{namespace}/{name}"),
         None => name.to_owned(),
+    }
+}
+
+/// The request of one `AdmissionReview` body, as the deletion guard reads
+/// it; or, when the body is no `AdmissionReview`, the refusal to answer.
+fn admission_request<R: DeserializeOwned>(body: &[u8]) -> Result<R, Value> {
+    #[derive(Deserialize)]
+    struct Review<R> {
+        request: R,
+    }
+    serde_json::from_slice::<Review<R>>(body)
+        .map(|review| review.request)
+        .map_err(|err| {
+            tracing::warn!(error = %err, "malformed AdmissionReview");
+            admission_answer(
+                "",
+                Err(format!("the body is not an AdmissionReview: {err}")),
+            )
+        })
+}
+
+/// Lists Pets from the API server itself, not a cache (a Pet created a
+/// moment ago counts), a page at a time: `list` reads the page `params`
+/// asks for, and `each` is handed its items.
+async fn pets_by_page<T: Clone, F>(
+    mut list: impl FnMut(ListParams) -> F,
+    mut each: impl FnMut(Vec<T>),
+) -> Result<(), String>
+where
+    F: Future<Output = Result<ObjectList<T>, kube::Error>>,
+{
+    let mut params = ListParams::default().limit(500);
+    loop {
+        let page = list(params.clone())
+            .await
+            .map_err(|err| format!("listing Pets: {err}"))?;
+        each(page.items);
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => return Ok(()),
+        }
     }
 }
 

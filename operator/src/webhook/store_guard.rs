@@ -25,11 +25,11 @@
 use std::future::Future;
 
 use kube::ResourceExt;
-use kube::api::{Api, ListParams};
+use kube::api::Api;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::admission_answer as answer;
+use super::{admission_answer as answer, admission_request, pets_by_page};
 use crate::crd::{Pet, StoreKind, StoreRef};
 use crate::stores::tokens::TENANT_SERVICE_ACCOUNT;
 
@@ -57,14 +57,10 @@ impl DeletedStore {
     /// tenant ServiceAccount, which every Pet on a store uses.
     fn store_ref(&self) -> Option<StoreRef> {
         match self {
-            DeletedStore::PetStore { name, .. } => Some(StoreRef {
-                kind: StoreKind::PetStore,
-                name: name.clone(),
-            }),
-            DeletedStore::ClusterPetStore { name } => Some(StoreRef {
-                kind: StoreKind::ClusterPetStore,
-                name: name.clone(),
-            }),
+            DeletedStore::PetStore { name, .. } => Some(StoreRef::new(StoreKind::PetStore, name)),
+            DeletedStore::ClusterPetStore { name } => {
+                Some(StoreRef::new(StoreKind::ClusterPetStore, name))
+            }
             DeletedStore::TenantAccount { .. } => None,
         }
     }
@@ -169,11 +165,6 @@ pub fn judge(store: &DeletedStore, pets: &[PetUse]) -> Result<(), String> {
 }
 
 #[derive(Deserialize)]
-struct Review {
-    request: Request,
-}
-
-#[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Request {
     uid: String,
@@ -234,15 +225,9 @@ pub async fn review<F>(body: &[u8], list: impl FnOnce(DeletedStore) -> F) -> Val
 where
     F: Future<Output = Result<Vec<PetUse>, String>>,
 {
-    let request = match serde_json::from_slice::<Review>(body) {
-        Ok(review) => review.request,
-        Err(err) => {
-            tracing::warn!(error = %err, "malformed AdmissionReview");
-            return answer(
-                "",
-                Err(format!("the body is not an AdmissionReview: {err}")),
-            );
-        }
+    let request: Request = match admission_request(body) {
+        Ok(request) => request,
+        Err(refused) => return refused,
     };
     let name = request.object_name();
     let store = match (
@@ -286,19 +271,13 @@ pub async fn list_pets(client: kube::Client, store: DeletedStore) -> Result<Vec<
         Some(namespace) => Api::namespaced(client, namespace),
         None => Api::all(client),
     };
-    let mut found = Vec::new();
-    let mut params = ListParams::default().limit(500);
-    loop {
-        let page = pets
-            .list(&params)
-            .await
-            .map_err(|err| format!("listing Pets: {err}"))?;
-        found.extend(page.items.iter().map(PetUse::of));
-        match page.metadata.continue_ {
-            Some(token) if !token.is_empty() => params = params.continue_token(&token),
-            _ => return Ok(found),
-        }
-    }
+    let (pets, mut found) = (&pets, Vec::new());
+    pets_by_page(
+        |params| async move { pets.list(&params).await },
+        |page| found.extend(page.iter().map(PetUse::of)),
+    )
+    .await?;
+    Ok(found)
 }
 
 #[cfg(test)]

@@ -128,6 +128,12 @@ impl StoreCallMetrics {
         );
     }
 
+    /// The metrics text, registered as the operator registers them.
+    #[cfg(test)]
+    pub(crate) fn encode(&self) -> String {
+        crate::fixtures::metrics_text(|registry| self.register(registry))
+    }
+
     /// One connection to the store with TLS from files: made or not.
     pub fn tls_connection(&self, ok: bool) {
         self.tls_connections
@@ -506,6 +512,19 @@ mod tests {
         refused: std::sync::atomic::AtomicU32,
     }
 
+    impl Token {
+        fn new(value: Result<&'static str, &'static str>) -> Arc<Token> {
+            Arc::new(Token {
+                value,
+                refused: Default::default(),
+            })
+        }
+
+        fn refusals(&self) -> u32 {
+            self.refused.load(std::sync::atomic::Ordering::Relaxed)
+        }
+    }
+
     #[tonic::async_trait]
     impl Credentials for Token {
         async fn authorization(&self) -> Result<http::HeaderValue, String> {
@@ -530,10 +549,7 @@ mod tests {
     #[tokio::test]
     async fn every_call_and_the_feed_carry_the_callers_token() {
         let metrics = StoreCallMetrics::default();
-        let token = Arc::new(Token {
-            value: Ok("Bearer tenant-a"),
-            refused: Default::default(),
-        });
+        let token = Token::new(Ok("Bearer tenant-a"));
         let seen = Arc::default();
         let mut service =
             with_token(&metrics, &token).layer(channel(Status::ok(""), Arc::clone(&seen)));
@@ -545,32 +561,22 @@ mod tests {
         for headers in seen.iter() {
             assert_eq!(headers[http::header::AUTHORIZATION], "Bearer tenant-a");
         }
-        assert_eq!(token.refused.load(std::sync::atomic::Ordering::Relaxed), 0);
+        assert_eq!(token.refusals(), 0);
     }
 
     #[tokio::test]
     async fn a_refused_token_is_renewed_and_a_missing_one_is_never_sent() {
         let metrics = StoreCallMetrics::default();
-        let token = Arc::new(Token {
-            value: Ok("Bearer expired"),
-            refused: Default::default(),
-        });
+        let token = Token::new(Ok("Bearer expired"));
         let seen = Arc::default();
         let mut service = with_token(&metrics, &token).layer(channel(
             Status::unauthenticated("token expired"),
             Arc::clone(&seen),
         ));
         send(&mut service, "UpdatePets").await.expect("answered");
-        assert_eq!(
-            token.refused.load(std::sync::atomic::Ordering::Relaxed),
-            1,
-            "the next call mints afresh"
-        );
+        assert_eq!(token.refusals(), 1, "the next call mints afresh");
 
-        let none = Arc::new(Token {
-            value: Err("no ServiceAccount team-a/petstore-tenant"),
-            refused: Default::default(),
-        });
+        let none = Token::new(Err("no ServiceAccount team-a/petstore-tenant"));
         let seen = Arc::default();
         let mut service =
             with_token(&metrics, &none).layer(channel(Status::ok(""), Arc::clone(&seen)));
@@ -587,16 +593,6 @@ mod tests {
             seen.lock().expect("lock").is_empty(),
             "nothing reached the store"
         );
-    }
-
-    /// The metrics text of `metrics`, registered as the operator registers
-    /// them.
-    fn encode(metrics: &StoreCallMetrics) -> String {
-        let mut registry = Registry::with_prefix("petstore_operator");
-        metrics.register(&mut registry);
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
-        text
     }
 
     // The store's RPC span can only become the child of `store.<Method>` if
@@ -651,7 +647,7 @@ mod tests {
         };
         assert_eq!(status(add).as_deref(), Some("0"));
         assert_eq!(status(get).as_deref(), Some("8"));
-        let text = encode(&metrics);
+        let text = metrics.encode();
         for series in [
             "petstore_operator_store_call_duration_seconds_count{method=\"AddPets\",outcome=\"OK\"} 1",
             "petstore_operator_store_call_duration_seconds_count{method=\"GetPets\",outcome=\"ResourceExhausted\"} 1",
@@ -666,7 +662,7 @@ mod tests {
         let seen = Arc::default();
         call_through(&metrics, Status::ok(""), &seen, "WatchPets").await;
         assert_eq!(seen.lock().expect("lock").len(), 1, "sent");
-        let text = encode(&metrics);
+        let text = metrics.encode();
         assert!(!text.contains("WatchPets"), "{text}");
     }
 
