@@ -46,105 +46,111 @@ fn default_audience() -> String {
     DEFAULT_AUDIENCE.to_owned()
 }
 
-/// A store kind's spec struct and CustomResource: the group, version,
-/// status, category, printer columns and the fields `address` and
-/// `audience` both kinds share; and the kind's own names, scope
-/// (`namespaced` or not), description, `tls` and further fields.
-macro_rules! store_crd {
-    (
-        $(#[$attr:meta])*
-        kind = $kind:tt, plural = $plural:tt, shortname = $shortname:tt,
-        $(scope = $namespaced:ident,)?
-        doc = $doc:tt,
-        pub struct $spec:ident {
-            $(#$tls_attr:tt)*
-            pub tls: $tls:ty,
-            $($fields:tt)*
-        }
-    ) => {
-        $(#[$attr])*
-        #[derive(kube::CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
-        #[kube(
-            group = "petstore.example.com",
-            version = "v1",
-            kind = $kind,
-            plural = $plural,
-            $($namespaced,)?
-            doc = $doc,
-            status = "StoreStatus",
-            derive = "PartialEq",
-            shortname = $shortname,
-            category = "petstore",
-            printcolumn(name = "Address", type_ = "string", json_path = ".spec.address"),
-            printcolumn(
-                name = "Ready",
-                type_ = "string",
-                json_path = ".status.conditions[?(@.type==\"Ready\")].status"
-            ),
-            printcolumn(
-                name = "Pets",
-                type_ = "integer",
-                json_path = ".status.pets",
-                description = "How many Pets use this store"
-            ),
-            printcolumn(
-                name = "Age",
-                type_ = "date",
-                json_path = ".metadata.creationTimestamp"
-            )
-        )]
-        #[serde(rename_all = "camelCase")]
-        pub struct $spec {
-            /// The store's gRPC address: https://host:port, or http://host:port
-            /// for a store without TLS.
-            #[schemars(length(min = 1, max = MAX_ADDRESS), extend("x-kubernetes-validations" = [address_rule()]))]
-            pub address: String,
-
-            $(#$tls_attr)*
-            pub tls: $tls,
-
-            /// The audience the tokens sent to this store must carry, so a token
-            /// meant for one store is refused by another.
-            #[serde(default = "default_audience")]
-            #[schemars(length(min = 1, max = MAX_OBJECT_NAME))]
-            pub audience: String,
-
-            $($fields)*
-        }
-    };
-}
-
-store_crd! {
-    /// A pet store in this namespace, for the Pets of this namespace only.
-    kind = "PetStore", plural = "petstores", shortname = "ps",
-    scope = namespaced,
+/// A pet store in this namespace, for the Pets of this namespace only.
+#[derive(kube::CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "petstore.example.com",
+    version = "v1",
+    kind = "PetStore",
+    plural = "petstores",
+    namespaced,
     doc = "A pet store for the Pets of this namespace: a Pet uses it with spec.storeRef {kind: PetStore, name: <this>}. Deleting it is refused while a Pet of this namespace uses it.",
-    pub struct PetStoreSpec {
-        /// How to verify the store's TLS certificate. Without it, an https
-        /// address is verified against the system's trusted roots.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        pub tls: Option<StoreTls>,
-    }
+    status = "StoreStatus",
+    derive = "PartialEq",
+    shortname = "ps",
+    category = "petstore",
+    printcolumn(name = "Address", type_ = "string", json_path = ".spec.address"),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Pets",
+        type_ = "integer",
+        json_path = ".status.pets",
+        description = "How many Pets use this store"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct PetStoreSpec {
+    /// The store's gRPC address: https://host:port, or http://host:port
+    /// for a store without TLS.
+    #[schemars(length(min = 1, max = MAX_ADDRESS), extend("x-kubernetes-validations" = [address_rule()]))]
+    pub address: String,
+
+    /// How to verify the store's TLS certificate. Without it, an https
+    /// address is verified against the system's trusted roots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<StoreTls>,
+
+    /// The audience the tokens sent to this store must carry, so a token
+    /// meant for one store is refused by another.
+    #[serde(default = "default_audience")]
+    #[schemars(length(min = 1, max = MAX_OBJECT_NAME))]
+    pub audience: String,
 }
 
-store_crd! {
-    /// A pet store for the whole cluster, for the Pets of the namespaces it
-    /// admits.
-    kind = "ClusterPetStore", plural = "clusterpetstores", shortname = "cps",
+/// A pet store for the whole cluster, for the Pets of the namespaces it
+/// admits.
+#[derive(kube::CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "petstore.example.com",
+    version = "v1",
+    kind = "ClusterPetStore",
+    plural = "clusterpetstores",
     doc = "A pet store shared by the namespaces spec.allowedNamespaces admits: a Pet there uses it with spec.storeRef {kind: ClusterPetStore, name: <this>}. Deleting it is refused while any Pet uses it.",
-    pub struct ClusterPetStoreSpec {
-        /// How to verify the store's TLS certificate. Without it, an https
-        /// address is verified against the system's trusted roots. The CA's
-        /// Secret or ConfigMap is named with its namespace.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        pub tls: Option<StoreTls<NamespacedKeyRef>>,
+    status = "StoreStatus",
+    derive = "PartialEq",
+    shortname = "cps",
+    category = "petstore",
+    printcolumn(name = "Address", type_ = "string", json_path = ".spec.address"),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Pets",
+        type_ = "integer",
+        json_path = ".status.pets",
+        description = "How many Pets use this store"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterPetStoreSpec {
+    /// The store's gRPC address: https://host:port, or http://host:port
+    /// for a store without TLS.
+    #[schemars(length(min = 1, max = MAX_ADDRESS), extend("x-kubernetes-validations" = [address_rule()]))]
+    pub address: String,
 
-        /// The namespaces whose Pets may use this store. Unset admits no
-        /// namespace at all (a cluster store is shared only on purpose); an
-        /// empty selector ({}) admits every namespace.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        pub allowed_namespaces: Option<AllowedNamespaces>,
-    }
+    /// How to verify the store's TLS certificate. Without it, an https
+    /// address is verified against the system's trusted roots. The CA's
+    /// Secret or ConfigMap is named with its namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<StoreTls<NamespacedKeyRef>>,
+
+    /// The audience the tokens sent to this store must carry, so a token
+    /// meant for one store is refused by another.
+    #[serde(default = "default_audience")]
+    #[schemars(length(min = 1, max = MAX_OBJECT_NAME))]
+    pub audience: String,
+
+    /// The namespaces whose Pets may use this store. Unset admits no
+    /// namespace at all (a cluster store is shared only on purpose); an
+    /// empty selector ({}) admits every namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_namespaces: Option<AllowedNamespaces>,
 }
 
 impl ClusterPetStoreSpec {
@@ -409,7 +415,6 @@ impl fmt::Display for StoreKind {
     }
 }
 
-/// `PetStore/<name>` or `ClusterPetStore/<name>`, as `status.store` says it.
 impl StoreRef {
     /// The store of this kind named `name`.
     pub fn new(kind: StoreKind, name: &str) -> StoreRef {
@@ -420,6 +425,7 @@ impl StoreRef {
     }
 }
 
+/// `PetStore/<name>` or `ClusterPetStore/<name>`, as `status.store` says it.
 impl fmt::Display for StoreRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.kind, self.name)
