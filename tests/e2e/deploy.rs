@@ -193,7 +193,10 @@ fn assert_restricted_pod_security(cp: &ControlPlane, namespaces: &[&str]) -> fix
         .into_iter()
         .filter(|said| !message.contains(said))
         .collect();
-        assert!(unsaid.is_empty(), "{namespace}: {unsaid:?} not in {message}");
+        assert!(
+            unsaid.is_empty(),
+            "{namespace}: {unsaid:?} not in {message}"
+        );
         cp.kubectl_stdin(
             &["apply", "--dry-run=server", "-f", "-"],
             &pod(namespace, "keeps-restricted", keeping),

@@ -7,7 +7,8 @@
 //! nothing reaches the store on their behalf.
 //!
 //! What the plugin reads is read once per run: each store object, each
-//! namespace, and one token and one client per store and namespace.
+//! namespace, and one client per store and namespace, whose token is
+//! minted again when it nears its end.
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -18,6 +19,7 @@ use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
 use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt as _};
+use tokio::time::Instant;
 use tonic::codegen::http::HeaderValue;
 
 use super::resolve::{self, Endpoint, Known, Refused, Resolved, StoreId};
@@ -272,19 +274,89 @@ impl Known for Seen {
 }
 
 /// A token minted once, for a short run: the plugin does not renew it.
-struct MintedToken(HeaderValue);
-
-#[tonic::async_trait]
-impl Credentials for MintedToken {
-    async fn authorization(&self) -> Result<HeaderValue, String> {
-        Ok(self.0.clone())
-    }
-
-    fn refused(&self) {}
+/// A namespace's token for a store, minted as the caller: kept until a
+/// fifth of its life is left, then minted again when a call needs it, and
+/// at once after the store refuses it. So a run that outlasts one token
+/// (an import of many records, say) goes on, as the operator's do.
+struct CallerToken<C> {
+    caller: Arc<C>,
+    namespace: String,
+    audience: String,
+    /// The header, and when to mint the next.
+    kept: tokio::sync::Mutex<Option<(HeaderValue, Instant)>>,
 }
 
-/// The stores the Pets of one plugin run use, found and reached as the
-/// caller.
+/// When a token minted at `asked` is renewed: at four fifths of the life
+/// asked for, as the operator's tokens ([`super::tokens`]).
+fn renew_at(asked: Instant) -> Instant {
+    asked + TOKEN_LIFETIME.mul_f64(0.8)
+}
+
+impl<C: AsCaller> CallerToken<C> {
+    /// The first token, minted now, so that a caller who may not mint it
+    /// is told before anything reaches the store.
+    async fn mint_first(
+        caller: Arc<C>,
+        namespace: &str,
+        audience: &str,
+    ) -> Result<Self, CallerError> {
+        let asked = Instant::now();
+        let header = mint_header(&*caller, namespace, audience).await?;
+        Ok(Self {
+            caller,
+            namespace: namespace.to_owned(),
+            audience: audience.to_owned(),
+            kept: tokio::sync::Mutex::new(Some((header, renew_at(asked)))),
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl<C: AsCaller + 'static> Credentials for CallerToken<C> {
+    async fn authorization(&self) -> Result<HeaderValue, String> {
+        let mut kept = self.kept.lock().await;
+        if let Some((header, renew)) = kept.as_ref()
+            && Instant::now() < *renew
+        {
+            return Ok(header.clone());
+        }
+        let asked = Instant::now();
+        let header = mint_header(&*self.caller, &self.namespace, &self.audience)
+            .await
+            .map_err(|error| error.to_string())?;
+        *kept = Some((header.clone(), renew_at(asked)));
+        Ok(header)
+    }
+
+    fn refused(&self) {
+        // A call minting meanwhile holds the lock: it brings a fresh one.
+        if let Ok(mut kept) = self.kept.try_lock() {
+            *kept = None;
+        }
+    }
+}
+
+/// A `Bearer` header with a token of `namespace`'s `petstore-tenant` for
+/// `audience`, minted as the caller.
+async fn mint_header<C: AsCaller>(
+    caller: &C,
+    namespace: &str,
+    audience: &str,
+) -> Result<HeaderValue, CallerError> {
+    let token = caller
+        .mint(namespace, audience)
+        .await
+        .map_err(|error| mint_error(namespace, error))?;
+    HeaderValue::try_from(format!("Bearer {token}")).map_err(|_| {
+        CallerError::Refused(Refused {
+            reason: Reason::StoreAccessDenied,
+            message: format!(
+                "the token minted for ServiceAccount {namespace}/{TENANT_SERVICE_ACCOUNT} is not a valid header value"
+            ),
+        })
+    })
+}
+
 /// The address to dial for a store reached at `to` (`host:port`, or with
 /// a scheme) rather than at its `spec.address`, and the name its
 /// certificate must carry: still the one its spec gives (`tls.serverName`,
@@ -313,8 +385,10 @@ pub fn redirected(endpoint: &Endpoint, to: &str) -> (String, Option<String>) {
     (address, server_name)
 }
 
+/// The stores the Pets of one plugin run use, found and reached as the
+/// caller.
 pub struct CallerStores<C> {
-    caller: C,
+    caller: Arc<C>,
     call_timeout: Duration,
     seen: Seen,
     /// One channel per store.
@@ -328,10 +402,10 @@ pub struct CallerStores<C> {
     addresses: HashMap<StoreId, String>,
 }
 
-impl<C: AsCaller> CallerStores<C> {
+impl<C: AsCaller + 'static> CallerStores<C> {
     pub fn new(caller: C, call_timeout: Duration) -> Self {
         Self {
-            caller,
+            caller: Arc::new(caller),
             call_timeout,
             seen: Seen::default(),
             channels: HashMap::new(),
@@ -515,20 +589,8 @@ impl<C: AsCaller> CallerStores<C> {
         if let Some(client) = self.tenants.get(&key) {
             return Ok(client.clone());
         }
-        let token = self
-            .caller
-            .mint(namespace, audience)
-            .await
-            .map_err(|error| mint_error(namespace, error))?;
-        let header = HeaderValue::try_from(format!("Bearer {token}")).map_err(|_| {
-            CallerError::Refused(Refused {
-                reason: Reason::StoreAccessDenied,
-                message: format!(
-                    "the token minted for ServiceAccount {namespace}/{TENANT_SERVICE_ACCOUNT} is not a valid header value"
-                ),
-            })
-        })?;
-        let client = base.for_caller(Arc::new(MintedToken(header)));
+        let token = CallerToken::mint_first(Arc::clone(&self.caller), namespace, audience).await?;
+        let client = base.for_caller(Arc::new(token));
         self.tenants.insert(key, client.clone());
         Ok(client)
     }
@@ -1030,6 +1092,33 @@ mod tests {
         assert_eq!(stores.caller.gets.load(Ordering::Relaxed), 3);
         assert_eq!(stores.caller.mints.load(Ordering::Relaxed), 2);
         assert_eq!((stores.channels.len(), stores.tenants.len()), (2, 2));
+    }
+
+    /// A run longer than a token's life: the token is kept for four fifths
+    /// of it, minted again on the first call after that, and at once after
+    /// the store refuses it.
+    #[tokio::test(start_paused = true)]
+    async fn a_callers_token_is_minted_again_when_it_nears_its_end_or_is_refused() {
+        let world = Arc::new(team());
+        let token = CallerToken::mint_first(Arc::clone(&world), "a", "petstore")
+            .await
+            .map_err(|e| e.to_string())
+            .expect("the caller may mint in a");
+        let mints = || world.mints.load(Ordering::Relaxed);
+        assert_eq!(mints(), 1, "minted before anything reaches the store");
+        let first = token.authorization().await.expect("a header");
+        assert_eq!(first, "Bearer token-of-a");
+        tokio::time::advance(TOKEN_LIFETIME.mul_f64(0.8) - Duration::from_secs(1)).await;
+        token.authorization().await.expect("a header");
+        assert_eq!(mints(), 1, "kept until a fifth of its life is left");
+        tokio::time::advance(Duration::from_secs(2)).await;
+        token.authorization().await.expect("a header");
+        assert_eq!(mints(), 2, "minted again past four fifths of its life");
+        token.authorization().await.expect("a header");
+        assert_eq!(mints(), 2, "and kept again");
+        token.refused();
+        token.authorization().await.expect("a header");
+        assert_eq!(mints(), 3, "minted again at once after a refusal");
     }
 
     #[tokio::test]
