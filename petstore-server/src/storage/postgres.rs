@@ -29,8 +29,9 @@ use tokio_postgres::{AsyncMessage, NoTls, Row};
 use super::codec::{self, corrupt};
 use super::feed::{Change, ChangeFeed, ChangeKind, DEFAULT_HISTORY, PendingChange};
 use super::{
-    Cursor, OrEngine, PageFill, PageRequest, SearchPage, Storage, StorageError, changes_pet,
-    check_add, check_key_access, check_key_changes, check_record, new_id, readable,
+    Cursor, Found, LookupBy, OrEngine, PageFill, PageRequest, SearchPage, Storage, StorageError,
+    changes_pet, check_add, check_key_access, check_key_changes, check_record, check_update_access,
+    new_id,
 };
 use crate::model::{
     Added, ClaimOutcome, InstallationClaim, KeyChange, NewPet, PetFields, PetRecord, PetUpdate,
@@ -693,18 +694,7 @@ impl Storage for PostgresStorage {
         if *access != Access::All {
             let ids: Vec<String> = pets.iter().map(|p| p.id.clone()).collect();
             let stored = lock_records(&txn, &ids).await?;
-            let mut stamps = Vec::with_capacity(pets.len());
-            for (index, pet) in pets.iter().enumerate() {
-                let Some(record) = stored.get(&pet.id) else {
-                    return Err(StorageError::NotFound {
-                        index,
-                        id: pet.id.clone(),
-                    });
-                };
-                stamps.push(check_record(access, record, || {
-                    format!("pets[{index}].id")
-                })?);
-            }
+            let stamps = check_update_access(access, pets, |id| stored.get(id))?;
             let ids: Vec<&str> = pets.iter().map(|p| p.id.as_str()).collect();
             stamp_tenants(&txn, &ids, &stamps).await?;
         }
@@ -780,35 +770,18 @@ impl Storage for PostgresStorage {
         Ok(())
     }
 
-    async fn get(
-        &self,
-        access: &Access,
-        ids: &[String],
-    ) -> Result<Vec<Option<PetRecord>>, StorageError> {
-        let found = self.lookup("id", ids, |r| Some(&r.id)).await?;
-        Ok(readable(access, found))
-    }
-
-    async fn get_by_keys(
-        &self,
-        access: &Access,
-        keys: &[String],
-    ) -> Result<Vec<Option<PetRecord>>, StorageError> {
-        let found = self
-            .lookup("idempotency_key", keys, |r| r.idempotency_key.as_ref())
-            .await?;
-        Ok(readable(access, found))
-    }
-
-    async fn get_by_identities(
-        &self,
-        access: &Access,
-        identities: &[String],
-    ) -> Result<Vec<Option<PetRecord>>, StorageError> {
-        let found = self
-            .lookup("identity", identities, |r| r.identity.as_ref())
-            .await?;
-        Ok(readable(access, found))
+    async fn find(&self, by: LookupBy, values: &[String]) -> Found {
+        match by {
+            LookupBy::Id => self.lookup("id", values, |r| Some(&r.id)).await,
+            LookupBy::Key => {
+                self.lookup("idempotency_key", values, |r| r.idempotency_key.as_ref())
+                    .await
+            }
+            LookupBy::Identity => {
+                self.lookup("identity", values, |r| r.identity.as_ref())
+                    .await
+            }
+        }
     }
 
     async fn set_keys(&self, access: &Access, changes: &[KeyChange]) -> Result<(), StorageError> {
