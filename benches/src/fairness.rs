@@ -245,11 +245,7 @@ pub fn markdown(result: &FairnessResult, command: &str) -> String {
         ms(result.probe_quantile(0.5)),
         ms(result.probe_quantile(0.99)),
         ms(result.probe_quantile(1.0)),
-        if result.goal_met() {
-            "met"
-        } else {
-            "**not met**"
-        },
+        crate::report::verdict(result.goal_met()),
     );
     let _ = writeln!(
         out,

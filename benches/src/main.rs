@@ -329,16 +329,9 @@ fn idle(args: &Args, window: std::time::Duration, out: &Path) -> ExitCode {
         concurrency: config.concurrency,
         observe: args.idle_observe,
     };
-    let Some(result) = reported(bench::idle::measure(&idle, &progress)) else {
-        return ExitCode::FAILURE;
-    };
-    let section = bench::idle::markdown(&result, &command_line());
-    write_section(
-        out,
-        bench::idle::section(result.observe),
-        &section,
-        result.goal_met(),
-    )
+    let measured = bench::idle::measure(&idle, &progress);
+    let (heading, markdown) = (bench::idle::section(idle.observe), bench::idle::markdown);
+    write_section(out, heading, measured, markdown, |r| r.goal_met())
 }
 
 /// A step of a run, as it starts.
@@ -346,19 +339,28 @@ fn progress(step: &str) {
     eprintln!("[bench] {step}");
 }
 
-/// The measurement, or nothing once its error is printed.
-fn reported<T>(result: fixtures::Result<T>) -> Option<T> {
-    result
-        .map_err(|err| eprintln!("petstore-bench: {err}"))
-        .ok()
-}
-
-/// Prints a section measured on its own, writes it in place of the
-/// report's section under `heading`, and fails unless its goal was met.
-fn write_section(out: &Path, heading: &str, section: &str, goal_met: bool) -> ExitCode {
+/// The last step of every run that measures one section on its own: the
+/// error that stopped it printed, or the section (`markdown` of the
+/// result) printed and written in place of the report's section under
+/// `heading`; fails unless the goal was met.
+fn write_section<T>(
+    out: &Path,
+    heading: &str,
+    measured: fixtures::Result<T>,
+    markdown: fn(&T, &str) -> String,
+    goal_met: fn(&T) -> bool,
+) -> ExitCode {
+    let result = match measured {
+        Ok(result) => result,
+        Err(err) => {
+            eprintln!("petstore-bench: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let section = markdown(&result, &command_line());
     println!("{section}");
     let existing = std::fs::read_to_string(out).unwrap_or_default();
-    let report = bench::report::replace_section(&existing, heading, section);
+    let report = bench::report::replace_section(&existing, heading, &section);
     if let Err(err) = std::fs::write(out, report) {
         eprintln!("petstore-bench: writing {}: {err}", out.display());
         return ExitCode::FAILURE;
@@ -368,7 +370,7 @@ fn write_section(out: &Path, heading: &str, section: &str, goal_met: bool) -> Ex
         heading.trim_start_matches(['\n', '#', ' ']),
         out.display()
     );
-    if goal_met {
+    if goal_met(&result) {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
@@ -391,37 +393,41 @@ fn command_line() -> String {
 
 /// The --plans run: measures, then rewrites the report's plans section.
 fn plans(args: &Args, pets: usize, out: &Path) -> ExitCode {
-    let config = bench::plans::PlansConfig {
+    use bench::plans::{PlansConfig, ROUNDS, SECTION, markdown, measure};
+    let config = PlansConfig {
         pets,
         concurrency: args.config().concurrency,
-        rounds: bench::plans::ROUNDS,
+        rounds: ROUNDS,
     };
-    let Some(result) = reported(bench::plans::measure(&config, &progress)) else {
-        return ExitCode::FAILURE;
-    };
-    let section = bench::plans::markdown(&result, &command_line());
-    write_section(out, bench::plans::SECTION, &section, result.goal_met())
+    let measured = measure(&config, &progress);
+    write_section(out, SECTION, measured, markdown, |r| r.goal_met())
 }
 
 /// The --fairness run: measures, then rewrites the report's fairness
 /// section.
 fn fairness(pets: usize, out: &Path) -> ExitCode {
-    let config = bench::fairness::FairnessConfig { pets };
-    let Some(result) = reported(bench::fairness::measure(&config, &progress)) else {
-        return ExitCode::FAILURE;
-    };
-    let section = bench::fairness::markdown(&result, &command_line());
-    write_section(out, bench::fairness::SECTION, &section, result.goal_met())
+    use bench::fairness::{FairnessConfig, SECTION, markdown, measure};
+    let measured = measure(&FairnessConfig { pets }, &progress);
+    write_section(out, SECTION, measured, markdown, |r| r.goal_met())
 }
 
 /// The --import run: measures, then rewrites the report's import section.
 fn import(records: usize, out: &Path) -> ExitCode {
-    let config = bench::import::ImportConfig { records };
-    let Some(result) = reported(bench::import::measure(&config, &progress)) else {
-        return ExitCode::FAILURE;
+    use bench::import::{ImportConfig, SECTION, markdown, measure};
+    let measured = measure(&ImportConfig { records }, &progress);
+    write_section(out, SECTION, measured, markdown, |r| r.goal_met())
+}
+
+/// The --token-cost run: measures, then rewrites the report's token cost
+/// section.
+fn token_cost(args: &Args, window: std::time::Duration, out: &Path) -> ExitCode {
+    use bench::token_cost::{SECTION, TokenCostConfig, markdown, measure};
+    let config = TokenCostConfig {
+        pets_per_namespace: args.token_cost_pets,
+        window,
     };
-    let section = bench::import::markdown(&result, &command_line());
-    write_section(out, bench::import::SECTION, &section, result.goal_met())
+    let measured = measure(&config, &progress);
+    write_section(out, SECTION, measured, markdown, |r| r.goal_met())
 }
 
 fn main() -> ExitCode {
@@ -490,20 +496,7 @@ fn main() -> ExitCode {
         return plans(&args, pets, &out);
     }
     if let Some(window) = args.token_cost {
-        let config = bench::token_cost::TokenCostConfig {
-            pets_per_namespace: args.token_cost_pets,
-            window,
-        };
-        let Some(result) = reported(bench::token_cost::measure(&config, &progress)) else {
-            return ExitCode::FAILURE;
-        };
-        let section = bench::token_cost::markdown(&result, &command_line());
-        return write_section(
-            &out,
-            bench::token_cost::SECTION,
-            &section,
-            result.goal_met(),
-        );
+        return token_cost(&args, window, &out);
     }
     if let Some(pets) = args.fairness {
         return fairness(pets, &out);

@@ -110,7 +110,8 @@ pub(crate) fn table_head(out: &mut String, columns: &[&str], align: &str) {
     let _ = writeln!(out, "|{}|", marks.join("|"));
 }
 
-fn verdict(met: bool) -> &'static str {
+/// A goal's last cell, the miss in bold so it stands out in the table.
+pub(crate) fn verdict(met: bool) -> &'static str {
     if met { "met" } else { "**not met**" }
 }
 

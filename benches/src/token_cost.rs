@@ -184,11 +184,7 @@ pub fn markdown(result: &TokenCostResult, command: &str) -> String {
         "| tenants' TokenRequests in the {minutes:.0}-minute window, per namespace | ≤ {} (one per 8 minutes, plus one) | {per_namespace:.2} ({} in all) | {} |",
         result.per_namespace_bound(),
         result.window_tokens.0,
-        if result.goal_met() {
-            "met"
-        } else {
-            "**not met**"
-        },
+        crate::report::verdict(result.goal_met()),
     );
     let _ = writeln!(
         out,

@@ -36,6 +36,16 @@ struct ReloadLabels {
     outcome: &'static str,
 }
 
+impl ReloadLabels {
+    /// The label a reload's outcome is counted under, in the one spelling
+    /// both the counter and its zeroed start use.
+    fn of(ok: bool) -> Self {
+        Self {
+            outcome: if ok { "ok" } else { "failed" },
+        }
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RefusalLabels {
     /// The RPC's name, e.g. `AddPets`.
@@ -115,10 +125,8 @@ impl Default for ServerMetrics {
         let tls_reloads = Family::<ReloadLabels, Counter>::default();
         // Both outcomes from the start: an alert on `failed` reads 0, not
         // an absent series.
-        for outcome in ["ok", "failed"] {
-            tls_reloads
-                .get_or_create(&ReloadLabels { outcome })
-                .inc_by(0);
+        for ok in [true, false] {
+            tls_reloads.get_or_create(&ReloadLabels::of(ok)).inc_by(0);
         }
         registry.register(
             "tls_reloads",
@@ -192,11 +200,7 @@ impl ServerMetrics {
 
     /// Counts one reload of the TLS files that changed: `ok` or not.
     pub fn tls_reloaded(&self, ok: bool) {
-        self.tls_reloads
-            .get_or_create(&ReloadLabels {
-                outcome: if ok { "ok" } else { "failed" },
-            })
-            .inc();
+        self.tls_reloads.get_or_create(&ReloadLabels::of(ok)).inc();
     }
 
     pub fn set_sampler(&self, setting: SamplerSetting) {

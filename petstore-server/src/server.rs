@@ -279,6 +279,31 @@ mod tests {
         std::fs::rename(&next, to).expect("rename");
     }
 
+    /// A store CA in a directory of its own, the store's files it issued
+    /// (trusting it for clients too), and an operator's client
+    /// certificate from it: where each test of one TLS store starts.
+    struct OneCa {
+        pki: Pki,
+        files: StoreFiles,
+        client: (PathBuf, PathBuf),
+        _dir: tempfile::TempDir,
+    }
+
+    impl OneCa {
+        fn new() -> Self {
+            let dir = tempfile::tempdir().expect("dir");
+            let pki = Pki::create(dir.path(), "store", &[]).expect("CA");
+            let files = StoreFiles::new(&pki.issue_server("store").expect("cert"), &pki.ca_cert);
+            let client = pki.issue_client("operator").expect("client");
+            Self {
+                pki,
+                files,
+                client,
+                _dir: dir,
+            }
+        }
+    }
+
     /// The store's files in a directory of their own, as a volume holds
     /// them: its certificate and key from `pki`, and `client_ca`.
     struct StoreFiles {
@@ -490,14 +515,12 @@ mod tests {
 
     #[tokio::test]
     async fn bad_files_at_start_stop_the_store() {
-        let pki_dir = tempfile::tempdir().expect("dir");
-        let pki = Pki::create(pki_dir.path(), "store", &[]).expect("CA");
-        let files = StoreFiles::new(&pki.issue_server("store").expect("cert"), &pki.ca_cert);
-        std::fs::write(files.dir.path().join("tls.key"), "not a key").expect("write");
+        let ca = OneCa::new();
+        std::fs::write(ca.files.dir.path().join("tls.key"), "not a key").expect("write");
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let storage = StorageConfig::Memory.open().await.expect("memory");
         let options = ServeOptions {
-            tls: Some(files.tls()),
+            tls: Some(ca.files.tls()),
             ..ServeOptions::default()
         };
         let refused = serve(listener, storage, options, std::future::pending()).await;
@@ -514,22 +537,19 @@ mod tests {
     // connected and one that never handshakes.
     #[tokio::test]
     async fn a_tls_store_stops_when_asked() {
-        let pki_dir = tempfile::tempdir().expect("dir");
-        let pki = Pki::create(pki_dir.path(), "store", &[]).expect("CA");
-        let files = StoreFiles::new(&pki.issue_server("store").expect("cert"), &pki.ca_cert);
-        let client = pki.issue_client("operator").expect("client");
+        let ca = OneCa::new();
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let storage = StorageConfig::Memory.open().await.expect("memory");
         let options = ServeOptions {
-            tls: Some(files.tls()),
+            tls: Some(ca.files.tls()),
             ..ServeOptions::default()
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(serve(listener, storage, options, async {
             let _ = stopped.await;
         }));
-        let operator = channel(addr, &pki.ca_cert, &client).await;
+        let operator = channel(addr, &ca.pki.ca_cert, &ca.client).await;
         healthy(&operator).await.expect("a call");
         let _silent = tokio::net::TcpStream::connect(addr).await.expect("connect");
         let _ = stop.send(());
@@ -539,7 +559,7 @@ mod tests {
             .expect("task")
             .expect("a clean stop");
         assert!(
-            !admitted(addr, &pki.ca_cert, &client).await,
+            !admitted(addr, &ca.pki.ca_cert, &ca.client).await,
             "still serving"
         );
     }
@@ -548,15 +568,12 @@ mod tests {
     // would hold it for the whole handshake timeout.
     #[tokio::test]
     async fn a_client_that_never_handshakes_does_not_stall_the_others() {
-        let pki_dir = tempfile::tempdir().expect("dir");
-        let pki = Pki::create(pki_dir.path(), "store", &[]).expect("CA");
-        let files = StoreFiles::new(&pki.issue_server("store").expect("cert"), &pki.ca_cert);
-        let client = pki.issue_client("operator").expect("client");
-        let addr = serve_tls(files.tls(), Observability::default()).await;
+        let ca = OneCa::new();
+        let addr = serve_tls(ca.files.tls(), Observability::default()).await;
         let _silent = tokio::net::TcpStream::connect(addr).await.expect("connect");
         let _also = tokio::net::TcpStream::connect(addr).await.expect("connect");
         let started = std::time::Instant::now();
-        let operator = channel(addr, &pki.ca_cert, &client).await;
+        let operator = channel(addr, &ca.pki.ca_cert, &ca.client).await;
         healthy(&operator).await.expect("a call");
         assert!(
             started.elapsed() < crate::tls::HANDSHAKE_TIMEOUT / 2,
@@ -569,17 +586,14 @@ mod tests {
     // not offer HTTP/2 by ALPN (tonic's client refuses a connection without).
     #[tokio::test]
     async fn tls_connections_have_tcp_nodelay_and_speak_h2() {
-        let pki_dir = tempfile::tempdir().expect("dir");
-        let pki = Pki::create(pki_dir.path(), "store", &[]).expect("CA");
-        let files = StoreFiles::new(&pki.issue_server("store").expect("cert"), &pki.ca_cert);
-        let client = pki.issue_client("operator").expect("client");
-        let tls = ServerTls::load(files.tls()).expect("TLS");
+        let ca = OneCa::new();
+        let tls = ServerTls::load(ca.files.tls()).expect("TLS");
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let connections = Arc::new(Connections::default());
         let mut accepted = crate::tls::incoming(listener, &tls, Arc::clone(&connections));
         let channel = tokio::spawn({
-            let (ca, client) = (pki.ca_cert.clone(), client.clone());
+            let (ca, client) = (ca.pki.ca_cert.clone(), ca.client.clone());
             async move { channel(addr, &ca, &client).await }
         });
         let connection = accepted

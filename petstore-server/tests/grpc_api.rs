@@ -80,6 +80,53 @@ async fn add_rejected(client: &mut PetStoreClient<Channel>, pets: Vec<pb::Pet>) 
         .expect_err("request should be rejected")
 }
 
+/// One call per input, all at once, each on its own client of the
+/// server's connection (spawned before any is awaited, so they race); the
+/// answers in the inputs' order.
+async fn at_once<I, T, Call, Answer>(
+    s: &Running,
+    inputs: impl IntoIterator<Item = I>,
+    call: Call,
+) -> Vec<T>
+where
+    Call: Fn(PetStoreClient<Channel>, I) -> Answer,
+    Answer: std::future::Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let tasks: Vec<_> = inputs
+        .into_iter()
+        .map(|input| tokio::spawn(call(PetStoreClient::new(s.channel.clone()), input)))
+        .collect();
+    let mut answers = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        answers.push(task.await.expect("task"));
+    }
+    answers
+}
+
+/// The answers of a race that were granted; every other must be the
+/// refusal `refused` asserts.
+fn winners<T>(answers: Vec<Result<T, tonic::Status>>, refused: impl Fn(&tonic::Status)) -> Vec<T> {
+    let mut granted = Vec::new();
+    for answer in answers {
+        match answer {
+            Ok(winner) => granted.push(winner),
+            Err(status) => refused(&status),
+        }
+    }
+    granted
+}
+
+async fn update_rejected(
+    client: &mut PetStoreClient<Channel>,
+    pets: Vec<pb::Pet>,
+) -> tonic::Status {
+    client
+        .update_pets(pb::UpdatePetsReq { pets })
+        .await
+        .expect_err("request should be rejected")
+}
+
 // ---- the suite -------------------------------------------------------------
 
 async fn add_returns_ids_in_request_order(backend: Backend) {
@@ -117,13 +164,7 @@ async fn update_replaces_fields_and_unknown_id_changes_nothing(backend: Backend)
     renamed.name = "Changed".into();
     let mut ghost = tron();
     ghost.id = "no-such-id".into();
-    let err = s
-        .client
-        .update_pets(pb::UpdatePetsReq {
-            pets: vec![renamed, ghost],
-        })
-        .await
-        .expect_err("unknown id");
+    let err = update_rejected(&mut s.client, vec![renamed, ghost]).await;
     assert_eq!(err.code(), Code::NotFound);
     assert!(err.message().contains("pets[1].id"), "{}", err.message());
     assert_eq!(all(&mut s.client).await[0].name, "Thorbert");
@@ -276,24 +317,14 @@ async fn every_validation_rule_names_field_and_pet_and_stores_nothing(backend: B
 
     // Update: missing ID, and a batch with one invalid pet changes nothing.
     let ids = add(&mut s.client, vec![thor()]).await;
-    let err = s
-        .client
-        .update_pets(pb::UpdatePetsReq { pets: vec![tron()] })
-        .await
-        .expect_err("missing id");
+    let err = update_rejected(&mut s.client, vec![tron()]).await;
     assert_refused(&err, Code::InvalidArgument, "pets[0].id");
     let mut renamed = thor();
     renamed.id = ids[0].clone();
     renamed.name = "Renamed".into();
     let mut invalid = renamed.clone();
     invalid.r#type = PetType::PtUnknown.into();
-    let err = s
-        .client
-        .update_pets(pb::UpdatePetsReq {
-            pets: vec![renamed, invalid],
-        })
-        .await
-        .expect_err("invalid pet in batch");
+    let err = update_rejected(&mut s.client, vec![renamed, invalid]).await;
     assert!(
         err.message().starts_with("pets[1].type"),
         "{}",
@@ -379,40 +410,32 @@ async fn idempotency_keys_deduplicate_and_are_findable(backend: Backend) {
 
 async fn concurrent_adds_get_unique_ids_and_all_are_found(backend: Backend) {
     let s = start(backend).await;
-    let mut tasks = Vec::new();
-    for task in 0..32 {
-        let mut client = PetStoreClient::new(s.channel.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut ids = Vec::new();
-            for n in 0..20 {
-                let name = format!("pet-{task}-{n}");
-                ids.extend(
-                    add(
-                        &mut client,
-                        vec![pet(&name, PetType::PtBird, date(2020, 1, 1))],
-                    )
-                    .await,
-                );
-            }
-            ids
-        }));
-    }
-    let mut ids = std::collections::HashSet::new();
-    for task in tasks {
-        for id in task.await.expect("task") {
-            assert!(ids.insert(id), "duplicate id");
+    let added = at_once(&s, 0..32, |mut client, task| async move {
+        let mut ids = Vec::new();
+        for n in 0..20 {
+            let name = format!("pet-{task}-{n}");
+            ids.extend(
+                add(
+                    &mut client,
+                    vec![pet(&name, PetType::PtBird, date(2020, 1, 1))],
+                )
+                .await,
+            );
         }
+        ids
+    })
+    .await;
+    let mut ids = std::collections::HashSet::new();
+    for id in added.into_iter().flatten() {
+        assert!(ids.insert(id), "duplicate id");
     }
     assert_eq!(ids.len(), 640);
     let mut client = PetStoreClient::new(s.channel.clone());
-    let found = client
-        .get_pets(pb::GetPetsReq {
-            ids: ids.iter().take(1000).cloned().collect(),
-            ..Default::default()
-        })
-        .await
-        .expect("get")
-        .into_inner();
+    let req = pb::GetPetsReq {
+        ids: ids.iter().take(1000).cloned().collect(),
+        ..Default::default()
+    };
+    let found = get(&mut client, req).await;
     assert_eq!(found.pets.len(), 640);
     assert!(found.missing_ids.is_empty());
     s.stop().await;
@@ -449,18 +472,26 @@ async fn set_keys(
         .map(drop)
 }
 
+/// A GetPets that must be answered.
+async fn get(client: &mut PetStoreClient<Channel>, req: pb::GetPetsReq) -> pb::GetPetsResp {
+    client.get_pets(req).await.expect("get").into_inner()
+}
+
+/// The pets with `ids`, every one of which must be found.
+async fn found_ids(client: &mut PetStoreClient<Channel>, ids: &[String]) -> Vec<pb::Pet> {
+    let req = pb::GetPetsReq {
+        ids: ids.to_vec(),
+        ..Default::default()
+    };
+    let found = get(client, req).await;
+    assert!(found.missing_ids.is_empty(), "{:?}", found.missing_ids);
+    found.pets
+}
+
 /// The key each ID holds now, read back through GetPets.
 async fn keys_of(client: &mut PetStoreClient<Channel>, ids: &[String]) -> Vec<String> {
-    let found = client
-        .get_pets(pb::GetPetsReq {
-            ids: ids.to_vec(),
-            ..Default::default()
-        })
-        .await
-        .expect("get")
-        .into_inner();
-    assert!(found.missing_ids.is_empty(), "{:?}", found.missing_ids);
-    found.pets.into_iter().map(|p| p.idempotency_key).collect()
+    let found = found_ids(client, ids).await;
+    found.into_iter().map(|p| p.idempotency_key).collect()
 }
 
 async fn key_changes_are_compare_and_set(backend: Backend) {
@@ -557,15 +588,11 @@ async fn key_changes_are_compare_and_set(backend: Backend) {
     set_keys(&mut s.client, vec![change(&free, "uid-y", "")])
         .await
         .expect("release");
-    let found = s
-        .client
-        .get_pets(pb::GetPetsReq {
-            idempotency_keys: vec!["uid-y".into(), "uid-a".into()],
-            ..Default::default()
-        })
-        .await
-        .expect("get")
-        .into_inner();
+    let released = pb::GetPetsReq {
+        idempotency_keys: vec!["uid-y".into(), "uid-a".into()],
+        ..Default::default()
+    };
+    let found = get(&mut s.client, released).await;
     assert!(found.pets.is_empty(), "{:?}", found.pets);
     let err = set_keys(&mut s.client, vec![change(&free, "", &"k".repeat(129))])
         .await
@@ -578,24 +605,19 @@ async fn key_changes_are_compare_and_set(backend: Backend) {
 async fn racing_claims_have_one_winner(backend: Backend) {
     let mut s = start(backend).await;
     let id = add(&mut s.client, vec![thor()]).await.remove(0);
-    let mut tasks = Vec::new();
-    for n in 0..16 {
-        let mut client = PetStoreClient::new(s.channel.clone());
+    let answers = at_once(&s, 0..16, |mut client, n| {
         let id = id.clone();
-        tasks.push(tokio::spawn(async move {
+        async move {
             let key = format!("uid-{n}");
             set_keys(&mut client, vec![change(&id, "", &key)])
                 .await
                 .map(|()| key)
-        }));
-    }
-    let mut winners = Vec::new();
-    for task in tasks {
-        match task.await.expect("task") {
-            Ok(key) => winners.push(key),
-            Err(status) => assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}"),
         }
-    }
+    })
+    .await;
+    let winners = winners(answers, |status| {
+        assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    });
     assert_eq!(winners.len(), 1, "{winners:?}");
     assert_eq!(keys_of(&mut s.client, &[id]).await, winners);
     s.stop().await;
@@ -623,14 +645,11 @@ async fn get_identities(
     client: &mut PetStoreClient<Channel>,
     identities: &[&str],
 ) -> pb::GetPetsResp {
-    client
-        .get_pets(pb::GetPetsReq {
-            identities: identities.iter().map(|i| (*i).to_owned()).collect(),
-            ..Default::default()
-        })
-        .await
-        .expect("get")
-        .into_inner()
+    let req = pb::GetPetsReq {
+        identities: identities.iter().map(|i| (*i).to_owned()).collect(),
+        ..Default::default()
+    };
+    get(client, req).await
 }
 
 /// Asserts the (key, identity) each of `ids` holds now, read back through
@@ -640,17 +659,8 @@ async fn assert_held(
     ids: &[String],
     expected: &[(&str, &str)],
 ) {
-    let found = client
-        .get_pets(pb::GetPetsReq {
-            ids: ids.to_vec(),
-            ..Default::default()
-        })
-        .await
-        .expect("get")
-        .into_inner();
-    assert!(found.missing_ids.is_empty(), "{:?}", found.missing_ids);
+    let found = found_ids(client, ids).await;
     let held: Vec<(&str, &str)> = found
-        .pets
         .iter()
         .map(|p| (p.idempotency_key.as_str(), p.identity.as_str()))
         .collect();
@@ -912,18 +922,14 @@ async fn identities_change_with_keys_all_or_nothing(backend: Backend) {
 /// others are ALREADY_EXISTS.
 async fn racing_identity_claims_have_one_winner(backend: Backend) {
     let mut s = start(backend).await;
-    let mut creates = Vec::new();
-    for n in 0..8 {
-        let mut client = PetStoreClient::new(s.channel.clone());
-        creates.push(tokio::spawn(async move {
-            add_answer(&mut client, vec![identified(&format!("uid-{n}"), "ns/one")]).await
-        }));
-    }
-    let mut created = Vec::new();
-    for task in creates {
-        let answer = task.await.expect("task");
-        created.push((answer.ids[0].clone(), answer.created[0]));
-    }
+    let answers = at_once(&s, 0..8, |mut client, n| async move {
+        add_answer(&mut client, vec![identified(&format!("uid-{n}"), "ns/one")]).await
+    })
+    .await;
+    let created: Vec<_> = answers
+        .iter()
+        .map(|answer| (answer.ids[0].clone(), answer.created[0]))
+        .collect();
     assert_eq!(
         created.iter().filter(|(_, new)| *new).count(),
         1,
@@ -935,25 +941,18 @@ async fn racing_identity_claims_have_one_winner(backend: Backend) {
     );
 
     let pets = add(&mut s.client, vec![thor(); 8]).await;
-    let mut claims = Vec::new();
-    for id in pets.clone() {
-        let mut client = PetStoreClient::new(s.channel.clone());
-        claims.push(tokio::spawn(async move {
-            set_keys(
-                &mut client,
-                vec![with_identity(change(&id, "", ""), "ns/two")],
-            )
-            .await
-            .map(|()| id)
-        }));
-    }
-    let mut winners = Vec::new();
-    for task in claims {
-        match task.await.expect("task") {
-            Ok(id) => winners.push(id),
-            Err(status) => assert_refused(&status, Code::AlreadyExists, "changes[0].new_identity:"),
-        }
-    }
+    let answers = at_once(&s, pets, |mut client, id| async move {
+        set_keys(
+            &mut client,
+            vec![with_identity(change(&id, "", ""), "ns/two")],
+        )
+        .await
+        .map(|()| id)
+    })
+    .await;
+    let winners = winners(answers, |status| {
+        assert_refused(status, Code::AlreadyExists, "changes[0].new_identity:");
+    });
     assert_eq!(winners.len(), 1, "{winners:?}");
     let found = get_identities(&mut s.client, &["ns/two"]).await;
     assert_eq!(found.pets[0].id, winners[0]);
@@ -1384,21 +1383,17 @@ async fn installation_claims_exclude_other_holders(backend: Backend) {
 /// is told it is the winner's.
 async fn racing_installation_claims_have_one_winner(backend: Backend) {
     let s = start(backend).await;
-    let mut tasks = Vec::new();
-    for n in 0..16 {
-        let mut client = PetStoreClient::new(s.channel.clone());
-        tasks.push(tokio::spawn(async move {
-            let holder = format!("cluster-{n}");
-            let answer = claim(&mut client, "blue", &holder, 60)
-                .await
-                .expect("answered");
-            (holder, answer)
-        }));
-    }
+    let answers = at_once(&s, 0..16, |mut client, n| async move {
+        let holder = format!("cluster-{n}");
+        let answer = claim(&mut client, "blue", &holder, 60)
+            .await
+            .expect("answered");
+        (holder, answer)
+    })
+    .await;
     let mut winners = Vec::new();
     let mut named = Vec::new();
-    for task in tasks {
-        let (holder, answer) = task.await.expect("task");
+    for (holder, answer) in answers {
         if answer.granted {
             assert_eq!(answer.holder, holder);
             winners.push(holder);
@@ -1438,18 +1433,18 @@ suite!(
 
 // ---- durable-only ----------------------------------------------------------
 
+/// A server on the durable store at `path`: called again on the same file,
+/// as after a restart.
+async fn reopen_durable(path: &std::path::Path) -> Running {
+    let storage = StorageConfig::durable(path).open().await.expect("open");
+    start_with(storage, tempfile::tempdir().expect("tempdir")).await
+}
+
 #[tokio::test]
 async fn durable_store_keeps_pets_and_keys_across_reopen() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("pets.redb");
-    // A server on the same file each time, as after a restart.
-    let reopen = || async {
-        let storage = StorageConfig::durable(path.clone())
-            .open()
-            .await
-            .expect("open");
-        start_with(storage, tempfile::tempdir().expect("tempdir")).await
-    };
+    let reopen = || reopen_durable(&path);
     let mut s = reopen().await;
     let ids = add(&mut s.client, vec![keyed("Thor", "uid-1")]).await;
     s.stop().await;
@@ -1494,13 +1489,7 @@ async fn durable_store_keeps_pets_and_keys_across_reopen() {
 async fn durable_store_keeps_installation_claims_across_reopen() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("pets.redb");
-    let reopen = || async {
-        let storage = StorageConfig::durable(path.clone())
-            .open()
-            .await
-            .expect("open");
-        start_with(storage, tempfile::tempdir().expect("tempdir")).await
-    };
+    let reopen = || reopen_durable(&path);
     let mut s = reopen().await;
     let held = claim(&mut s.client, "blue", "cluster-a", 600)
         .await

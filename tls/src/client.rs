@@ -5,14 +5,14 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use rustls::ClientConfig;
 use rustls::client::WebPkiServerVerifier;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::{ClientConfig, DigitallySignedStruct, SignatureScheme};
+use rustls::client::danger::{ServerCertVerified, ServerCertVerifier};
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 
 use crate::{
     ALPN_H2, FileWatcher, Identity, Loaded, Reload, Swap, TlsError, certified_key, follow,
-    provider, read, roots,
+    provider, read_all, roots,
 };
 
 /// The CA (PEM, one or more certificates) that signs the server's
@@ -33,11 +33,7 @@ impl ClientFiles {
     }
 
     fn load(&self) -> Result<Material, TlsError> {
-        let contents = self
-            .paths()
-            .iter()
-            .map(|path| read(path))
-            .collect::<Result<Vec<_>, _>>()?;
+        let contents = read_all(&self.paths())?;
         let verifier =
             WebPkiServerVerifier::builder_with_provider(roots(&contents[0], &self.ca)?, provider())
                 .build()
@@ -94,13 +90,11 @@ impl ClientTls {
         // See the crate's docs: a resumed session would keep the identity
         // of before a rotation.
         config.resumption = rustls::client::Resumption::disabled();
-        let loaded = Loaded::default();
-        loaded.set(material.contents);
         Ok(Self {
             files,
             verifier,
             identity,
-            loaded,
+            loaded: Loaded::new(material.contents),
             config: Arc::new(config),
         })
     }
@@ -118,17 +112,17 @@ impl ClientTls {
     /// Reads the files again and, if they changed and all of them are good,
     /// uses them from the next handshake on. On an error nothing changes.
     pub fn reload(&self) -> Result<Reload, TlsError> {
-        let material = match self.files.load() {
-            Ok(material) if self.loaded.is(&material.contents) => return Ok(Reload::Unchanged),
-            Ok(material) => material,
-            Err(error) => return Err(error),
-        };
-        self.verifier.0.set(material.verifier);
-        if let (Some(current), Some(new)) = (&self.identity, material.identity) {
-            current.0.set(new);
-        }
-        self.loaded.set(material.contents);
-        Ok(Reload::Changed)
+        let Material {
+            contents,
+            verifier,
+            identity,
+        } = self.files.load()?;
+        Ok(self.loaded.replace(contents, || {
+            self.verifier.0.set(verifier);
+            if let (Some(current), Some(new)) = (&self.identity, identity) {
+                current.0.set(new);
+            }
+        }))
     }
 
     /// Reloads after each change of the files' directories until the
@@ -161,27 +155,7 @@ impl ServerCertVerifier for ServerVerifier {
             .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
     }
 
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.get().verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.get().verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.get().supported_verify_schemes()
-    }
+    signatures_from_current_verifier!();
 }
 
 #[cfg(test)]
@@ -196,6 +170,17 @@ mod tests {
         }
     }
 
+    /// The client certificate `tls` presents to `server` in a new
+    /// handshake, if any.
+    fn presented(
+        tls: &ClientTls,
+        server: &Arc<rustls::ServerConfig>,
+    ) -> Option<CertificateDer<'static>> {
+        handshake(&tls.config(), server)
+            .expect("handshake")
+            .client_cert
+    }
+
     #[test]
     fn the_next_handshake_presents_the_reloaded_client_certificate() {
         let dir = tempfile::tempdir().expect("dir");
@@ -207,14 +192,12 @@ mod tests {
         // A server that resumes sessions: the client must not offer one.
         let server = server_config(Some(&ca), &ca.server("store"), true);
 
-        let seen = handshake(&tls.config(), &server).expect("handshake");
-        assert_eq!(seen.client_cert, Some(first.der()));
+        assert_eq!(presented(&tls, &server), Some(first.der()));
 
         let second = ca.client("second");
         second.write(&dir.path().join("tls.crt"), &dir.path().join("tls.key"));
         assert_eq!(tls.reload().expect("reload"), Reload::Changed);
-        let seen = handshake(&tls.config(), &server).expect("handshake");
-        assert_eq!(seen.client_cert, Some(second.der()));
+        assert_eq!(presented(&tls, &server), Some(second.der()));
     }
 
     #[test]
@@ -259,8 +242,7 @@ mod tests {
         assert!(matches!(tls.reload(), Err(TlsError::Identity { .. })));
         std::fs::write(dir.path().join("ca.crt"), "").expect("an empty CA file");
         assert!(matches!(tls.reload(), Err(TlsError::NoCertificate { .. })));
-        let seen = handshake(&tls.config(), &server).expect("handshake");
-        assert_eq!(seen.client_cert, Some(first.der()));
+        assert_eq!(presented(&tls, &server), Some(first.der()));
     }
 
     #[test]
@@ -275,7 +257,6 @@ mod tests {
         })
         .expect("load");
         let plain = server_config(None, &ca.server("store"), false);
-        let seen = handshake(&tls.config(), &plain).expect("handshake");
-        assert_eq!(seen.client_cert, None);
+        assert_eq!(presented(&tls, &plain), None);
     }
 }

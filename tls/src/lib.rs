@@ -16,6 +16,31 @@
 //! session resumption: a resumed session skips the certificate checks, so
 //! after a rotation it would go on with the identity of before.
 
+/// The signature checks of a swapped verifier, handed to the one in use
+/// now: the same three methods for the server's and the client's verifier
+/// traits (each side's own check stays in its impl).
+macro_rules! signatures_from_current_verifier {
+    () => {
+        signatures_from_current_verifier!(check verify_tls12_signature);
+        signatures_from_current_verifier!(check verify_tls13_signature);
+
+        fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+            self.0.get().supported_verify_schemes()
+        }
+    };
+    // TLS 1.2's and 1.3's checks take and return the same.
+    (check $method:ident) => {
+        fn $method(
+            &self,
+            message: &[u8],
+            cert: &rustls_pki_types::CertificateDer<'_>,
+            dss: &rustls::DigitallySignedStruct,
+        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+            self.0.get().$method(message, cert, dss)
+        }
+    };
+}
+
 pub mod client;
 pub mod server;
 pub mod watch;
@@ -120,16 +145,26 @@ impl<T: ?Sized> Swap<T> {
 
 /// The contents of a side's files as last loaded, to tell a change from an
 /// event that changed none of them.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Loaded(Mutex<Vec<Vec<u8>>>);
 
 impl Loaded {
-    fn is(&self, contents: &[Vec<u8>]) -> bool {
-        *self.0.lock().unwrap_or_else(PoisonError::into_inner) == contents
+    fn new(contents: Vec<Vec<u8>>) -> Self {
+        Self(Mutex::new(contents))
     }
 
-    fn set(&self, contents: Vec<Vec<u8>>) {
-        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = contents;
+    /// A reload's last step on either side: `swap` puts the new material in
+    /// use only when `contents` differ from what is loaded, and they are
+    /// then what is loaded. The lock is held throughout, so two reloads at
+    /// once cannot leave the recorded contents and the material apart.
+    fn replace(&self, contents: Vec<Vec<u8>>, swap: impl FnOnce()) -> Reload {
+        let mut loaded = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if *loaded == contents {
+            return Reload::Unchanged;
+        }
+        swap();
+        *loaded = contents;
+        Reload::Changed
     }
 }
 
@@ -138,6 +173,11 @@ fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
         path: path.to_owned(),
         source,
     })
+}
+
+/// Every file a side names, in the order it names them.
+fn read_all(paths: &[PathBuf]) -> Result<Vec<Vec<u8>>, TlsError> {
+    paths.iter().map(|path| read(path)).collect()
 }
 
 fn certificates(pem: &[u8], path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {

@@ -6,12 +6,12 @@ use std::sync::Arc;
 
 use rustls::server::WebPkiClientVerifier;
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
-use rustls::{DigitallySignedStruct, DistinguishedName, ServerConfig, SignatureScheme};
+use rustls::{DistinguishedName, ServerConfig};
 use rustls_pki_types::{CertificateDer, UnixTime};
 
 use crate::{
     ALPN_H2, FileWatcher, Identity, Loaded, Reload, Swap, TlsError, certified_key, follow,
-    provider, read, roots,
+    provider, read_all, roots,
 };
 
 /// Serving certificate and key (PEM), and optionally a CA (PEM, one or
@@ -51,11 +51,7 @@ struct Material {
 
 impl ServerFiles {
     fn load(&self) -> Result<Material, TlsError> {
-        let contents = self
-            .paths()
-            .iter()
-            .map(|path| read(path))
-            .collect::<Result<Vec<_>, _>>()?;
+        let contents = read_all(&self.paths())?;
         let identity = certified_key((&self.cert, &contents[0]), (&self.key, &contents[1]))?;
         let clients = match (&self.client_ca, contents.get(2)) {
             (Some(path), Some(pem)) => Some(
@@ -96,13 +92,11 @@ impl ServerTls {
         // No resumption (see the crate's docs): no session cache, no tickets.
         config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
         config.send_tls13_tickets = 0;
-        let loaded = Loaded::default();
-        loaded.set(material.contents);
         Ok(Self {
             files,
             identity,
             clients,
-            loaded,
+            loaded: Loaded::new(material.contents),
             config: Arc::new(config),
         })
     }
@@ -125,18 +119,17 @@ impl ServerTls {
     /// Reads the files again and, if they changed and all of them are good,
     /// uses them from the next handshake on. On an error nothing changes.
     pub fn reload(&self) -> Result<Reload, TlsError> {
-        let material = self.files.load();
-        let material = match material {
-            Ok(material) if self.loaded.is(&material.contents) => return Ok(Reload::Unchanged),
-            Ok(material) => material,
-            Err(error) => return Err(error),
-        };
-        self.identity.0.set(material.identity);
-        if let (Some(current), Some(new)) = (&self.clients, material.clients) {
-            current.0.set(new);
-        }
-        self.loaded.set(material.contents);
-        Ok(Reload::Changed)
+        let Material {
+            contents,
+            identity,
+            clients,
+        } = self.files.load()?;
+        Ok(self.loaded.replace(contents, || {
+            self.identity.0.set(identity);
+            if let (Some(current), Some(new)) = (&self.clients, clients) {
+                current.0.set(new);
+            }
+        }))
     }
 
     /// Whether a client certificate chain (as a connection presented it)
@@ -197,27 +190,7 @@ impl ClientCertVerifier for ClientVerifier {
             .verify_client_cert(end_entity, intermediates, now)
     }
 
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        self.0.get().verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        self.0.get().verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.get().supported_verify_schemes()
-    }
+    signatures_from_current_verifier!();
 }
 
 #[cfg(test)]
@@ -233,6 +206,14 @@ mod tests {
         }
     }
 
+    /// The certificate `server` presents to `client` in a new handshake.
+    fn presented(
+        client: &Arc<rustls::ClientConfig>,
+        server: &Arc<ServerConfig>,
+    ) -> CertificateDer<'static> {
+        handshake(client, server).expect("handshake").server_cert
+    }
+
     #[test]
     fn the_next_handshake_presents_the_reloaded_certificate() {
         let dir = tempfile::tempdir().expect("dir");
@@ -243,16 +224,14 @@ mod tests {
         let config = tls.config();
         let client = client_config(&[&ca], None);
 
-        let presented = handshake(&client, &config).expect("handshake").server_cert;
-        assert_eq!(presented, first.der());
+        assert_eq!(presented(&client, &config), first.der());
 
         let second = ca.server("second");
         second.write(&dir.path().join("tls.crt"), &dir.path().join("tls.key"));
         assert_eq!(tls.reload().expect("reload"), Reload::Changed);
         // The same config object and the same client (which would resume
         // its session if the server allowed it): the new certificate.
-        let presented = handshake(&client, &config).expect("handshake").server_cert;
-        assert_eq!(presented, second.der());
+        assert_eq!(presented(&client, &config), second.der());
         assert_eq!(tls.reload().expect("reload"), Reload::Unchanged);
     }
 
@@ -271,32 +250,17 @@ mod tests {
         std::fs::write(&cert, &second.cert_pem).expect("write");
         let error = tls.reload().expect_err("the old key");
         assert!(matches!(error, TlsError::Identity { .. }), "{error}");
-        assert_eq!(
-            handshake(&client, &tls.config())
-                .expect("handshake")
-                .server_cert,
-            first.der()
-        );
+        assert_eq!(presented(&client, &tls.config()), first.der());
         // Garbage, and a file gone.
         std::fs::write(&key, "not a key").expect("write");
         assert!(matches!(tls.reload(), Err(TlsError::Pem { .. })));
         std::fs::remove_file(&key).expect("remove");
         assert!(matches!(tls.reload(), Err(TlsError::Read { .. })));
-        assert_eq!(
-            handshake(&client, &tls.config())
-                .expect("handshake")
-                .server_cert,
-            first.der()
-        );
+        assert_eq!(presented(&client, &tls.config()), first.der());
         // The key arrives: the next reload takes both.
         std::fs::write(&key, &second.key_pem).expect("write");
         assert_eq!(tls.reload().expect("reload"), Reload::Changed);
-        assert_eq!(
-            handshake(&client, &tls.config())
-                .expect("handshake")
-                .server_cert,
-            second.der()
-        );
+        assert_eq!(presented(&client, &tls.config()), second.der());
     }
 
     #[test]
@@ -378,12 +342,7 @@ mod tests {
         };
         assert_eq!(outcome, Ok(Reload::Changed));
         let client = client_config(&[&ca], None);
-        assert_eq!(
-            handshake(&client, &tls.config())
-                .expect("handshake")
-                .server_cert,
-            second.der()
-        );
+        assert_eq!(presented(&client, &tls.config()), second.der());
     }
 
     /// The store's protocol policy: TLS 1.3 and 1.2, AEAD suites with ECDHE.

@@ -23,8 +23,8 @@ use tokio::sync::oneshot;
 use super::codec::{decode, decode_change, encode, encode_change};
 use super::feed::{Change, ChangeFeed, ChangeKind, DEFAULT_HISTORY, PendingChange};
 use super::{
-    Cursor, OrEngine, PageFill, PageRequest, SearchPage, Storage, StorageError, changes_pet,
-    check_add, check_key_access, check_key_changes, check_record, names_from, new_id, readable,
+    Cursor, Found, LookupBy, OrEngine, PageFill, PageRequest, SearchPage, Storage, StorageError,
+    changes_pet, check_add, check_key_access, check_key_changes, check_record, names_from, new_id,
 };
 use crate::model::{
     Added, ClaimOutcome, InstallationClaim, KeyChange, NewPet, PetRecord, PetUpdate, SearchFilter,
@@ -705,28 +705,12 @@ impl Storage for DurableStorage {
 
     // Point lookups run inline: a read transaction over cached pages takes
     // microseconds, less than the hop to a blocking thread would.
-    async fn get(
-        &self,
-        access: &Access,
-        ids: &[String],
-    ) -> Result<Vec<Option<PetRecord>>, StorageError> {
-        Ok(readable(access, read_by_ids(&self.db, ids)?))
-    }
-
-    async fn get_by_keys(
-        &self,
-        access: &Access,
-        keys: &[String],
-    ) -> Result<Vec<Option<PetRecord>>, StorageError> {
-        Ok(readable(access, read_by_keys(&self.db, keys)?))
-    }
-
-    async fn get_by_identities(
-        &self,
-        access: &Access,
-        identities: &[String],
-    ) -> Result<Vec<Option<PetRecord>>, StorageError> {
-        Ok(readable(access, read_by_identities(&self.db, identities)?))
+    async fn find(&self, by: LookupBy, values: &[String]) -> Found {
+        match by {
+            LookupBy::Id => read_by_ids(&self.db, values),
+            LookupBy::Key => read_by_keys(&self.db, values),
+            LookupBy::Identity => read_by_identities(&self.db, values),
+        }
     }
 
     async fn search_page(&self, page: PageRequest<'_>) -> Result<SearchPage, StorageError> {

@@ -7,8 +7,9 @@ use std::sync::{PoisonError, RwLock};
 
 use super::feed::{ChangeFeed, ChangeKind, DEFAULT_HISTORY, PendingChange};
 use super::{
-    Cursor, PageFill, PageRequest, SearchPage, Storage, StorageError, changes_pet, check_add,
-    check_key_access, check_key_changes, check_record, names_from, new_id, readable,
+    Cursor, Found, LookupBy, PageFill, PageRequest, SearchPage, Storage, StorageError, changes_pet,
+    check_add, check_key_access, check_key_changes, check_record, check_update_access, names_from,
+    new_id,
 };
 use crate::model::{
     Added, ClaimOutcome, InstallationClaim, KeyChange, NewPet, PetRecord, PetUpdate,
@@ -141,18 +142,7 @@ impl Storage for MemoryStorage {
 
     async fn update(&self, access: &Access, pets: &[PetUpdate]) -> Result<(), StorageError> {
         let mut inner = self.write();
-        let mut stamps = Vec::with_capacity(pets.len());
-        for (index, update) in pets.iter().enumerate() {
-            let Some(record) = inner.pets.get(&update.id) else {
-                return Err(StorageError::NotFound {
-                    index,
-                    id: update.id.clone(),
-                });
-            };
-            stamps.push(check_record(access, record, || {
-                format!("pets[{index}].id")
-            })?);
-        }
+        let stamps = check_update_access(access, pets, |id| inner.pets.get(id))?;
         let inner = &mut *inner;
         let mut changes = Vec::new();
         for (update, stamp) in pets.iter().zip(stamps) {
@@ -203,52 +193,24 @@ impl Storage for MemoryStorage {
         Ok(())
     }
 
-    async fn get(
-        &self,
-        access: &Access,
-        ids: &[String],
-    ) -> Result<Vec<Option<PetRecord>>, StorageError> {
+    async fn find(&self, by: LookupBy, values: &[String]) -> Found {
         let inner = self.read();
-        let found = ids.iter().map(|id| inner.pets.get(id).cloned()).collect();
-        Ok(readable(access, found))
-    }
-
-    async fn get_by_keys(
-        &self,
-        access: &Access,
-        keys: &[String],
-    ) -> Result<Vec<Option<PetRecord>>, StorageError> {
-        let inner = self.read();
-        let found = keys
+        let index = match by {
+            LookupBy::Id => None,
+            LookupBy::Key => Some(&inner.ids_by_key),
+            LookupBy::Identity => Some(&inner.ids_by_identity),
+        };
+        let found = values
             .iter()
-            .map(|key| {
-                inner
-                    .ids_by_key
-                    .get(key)
-                    .and_then(|id| inner.pets.get(id))
-                    .cloned()
+            .map(|value| {
+                let id = match index {
+                    None => Some(value),
+                    Some(index) => index.get(value),
+                };
+                id.and_then(|id| inner.pets.get(id)).cloned()
             })
             .collect();
-        Ok(readable(access, found))
-    }
-
-    async fn get_by_identities(
-        &self,
-        access: &Access,
-        identities: &[String],
-    ) -> Result<Vec<Option<PetRecord>>, StorageError> {
-        let inner = self.read();
-        let found = identities
-            .iter()
-            .map(|identity| {
-                inner
-                    .ids_by_identity
-                    .get(identity)
-                    .and_then(|id| inner.pets.get(id))
-                    .cloned()
-            })
-            .collect();
-        Ok(readable(access, found))
+        Ok(found)
     }
 
     async fn set_keys(&self, access: &Access, changes: &[KeyChange]) -> Result<(), StorageError> {

@@ -106,6 +106,19 @@ where
     }
 }
 
+/// Which of its indexes a backend's point lookup ([`Storage::find`]) reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LookupBy {
+    Id,
+    /// The idempotency key.
+    Key,
+    Identity,
+}
+
+/// A point lookup's answer: for each value asked, in order, its record or
+/// `None`.
+pub type Found = Result<Vec<Option<PetRecord>>, StorageError>;
+
 /// A pet store backend. Every write is atomic: it applies whole or not at all.
 /// Batches are borrowed: the caller keeps its request, and a backend copies
 /// only what it stores.
@@ -129,27 +142,30 @@ pub trait Storage: Send + Sync + 'static {
     /// Deletes pets (freeing their keys and identities); unknown IDs are
     /// ignored. `Denied`, deleting none, if `access` may not write one.
     async fn delete(&self, access: &Access, ids: &[String]) -> Result<(), StorageError>;
+    /// The records stored under `values` in the `by` index, in order,
+    /// `None` where a value is unknown, whoever's they are: as the get
+    /// methods below with [`Access::All`]. A backend reads its indexes
+    /// here; tenancy's filter is the get methods' own, so that it is
+    /// applied one way for every backend.
+    async fn find(&self, by: LookupBy, values: &[String]) -> Found;
     /// Looks pets up by ID; `None` where an ID is unknown or names a record
     /// `access` may not read.
-    async fn get(
-        &self,
-        access: &Access,
-        ids: &[String],
-    ) -> Result<Vec<Option<PetRecord>>, StorageError>;
+    async fn get(&self, access: &Access, ids: &[String]) -> Found {
+        Ok(readable(access, self.find(LookupBy::Id, ids).await?))
+    }
     /// Looks pets up by idempotency key; `None` where a key is unknown or
     /// names a record `access` may not read.
-    async fn get_by_keys(
-        &self,
-        access: &Access,
-        keys: &[String],
-    ) -> Result<Vec<Option<PetRecord>>, StorageError>;
+    async fn get_by_keys(&self, access: &Access, keys: &[String]) -> Found {
+        Ok(readable(access, self.find(LookupBy::Key, keys).await?))
+    }
     /// Looks pets up by identity; `None` where an identity is unknown or
     /// names a record `access` may not read.
-    async fn get_by_identities(
-        &self,
-        access: &Access,
-        identities: &[String],
-    ) -> Result<Vec<Option<PetRecord>>, StorageError>;
+    async fn get_by_identities(&self, access: &Access, identities: &[String]) -> Found {
+        Ok(readable(
+            access,
+            self.find(LookupBy::Identity, identities).await?,
+        ))
+    }
     /// Changes pets' idempotency keys (and identities, where a change gives
     /// one), each only if its current key (empty for none) equals
     /// `expected_key`. All or nothing. Tenancy first ([`check_key_access`]):
@@ -550,6 +566,27 @@ pub(crate) fn check_record(
     access
         .check_write(record)
         .map_err(|denial| StorageError::denied(access, field(), denial))
+}
+
+/// Tenancy's check of an update batch before anything is written: every
+/// pet stored (`NotFound` names the first that is not, `stored(id)` being
+/// its record) and one `access` may write. The stamps, in the batch's
+/// order.
+pub(crate) fn check_update_access<'s>(
+    access: &Access,
+    pets: &[PetUpdate],
+    stored: impl Fn(&str) -> Option<&'s PetRecord>,
+) -> Result<Vec<Stamp>, StorageError> {
+    pets.iter()
+        .enumerate()
+        .map(|(index, pet)| {
+            let record = stored(&pet.id).ok_or_else(|| StorageError::NotFound {
+                index,
+                id: pet.id.clone(),
+            })?;
+            check_record(access, record, || format!("pets[{index}].id"))
+        })
+        .collect()
 }
 
 /// Tenancy's check of a batch of key changes, before the keys are

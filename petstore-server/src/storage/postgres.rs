@@ -29,8 +29,9 @@ use tokio_postgres::{AsyncMessage, NoTls, Row};
 use super::codec::{self, corrupt};
 use super::feed::{Change, ChangeFeed, ChangeKind, DEFAULT_HISTORY, PendingChange};
 use super::{
-    Cursor, OrEngine, PageFill, PageRequest, SearchPage, Storage, StorageError, changes_pet,
-    check_add, check_key_access, check_key_changes, check_record, new_id, readable,
+    Cursor, Found, LookupBy, OrEngine, PageFill, PageRequest, SearchPage, Storage, StorageError,
+    changes_pet, check_add, check_key_access, check_key_changes, check_record, check_update_access,
+    new_id,
 };
 use crate::model::{
     Added, ClaimOutcome, InstallationClaim, KeyChange, NewPet, PetFields, PetRecord, PetUpdate,
@@ -473,6 +474,12 @@ fn species_code(species: ValidPetType) -> i16 {
     codec::species_code(species) as i16
 }
 
+/// The species of each pet of a batch as stored, for its statements'
+/// parameters (which borrow them).
+fn species_codes<'p>(fields: impl Iterator<Item = &'p PetFields>) -> Vec<i16> {
+    fields.map(|fields| species_code(fields.pet_type)).collect()
+}
+
 fn record(row: &Row) -> Result<PetRecord, StorageError> {
     let species: i16 = row.try_get(2).map_err(corrupt)?;
     Ok(PetRecord {
@@ -576,24 +583,12 @@ impl Storage for PostgresStorage {
             )
             .await
             .or_engine("preparing an insert")?;
-        let by_key = client
-            .prepare_cached(&format!(
-                "SELECT {COLUMNS} FROM petstore_pets WHERE idempotency_key = $1"
-            ))
-            .await
-            .or_engine("preparing a lookup")?;
-        let by_identity = client
-            .prepare_cached(&format!(
-                "SELECT {COLUMNS} FROM petstore_pets WHERE identity = $1"
-            ))
-            .await
-            .or_engine("preparing a lookup")?;
+        let lookup = "preparing a lookup";
+        let by_key = prepare_records(&client, "WHERE idempotency_key = $1", lookup).await?;
+        let by_identity = prepare_records(&client, "WHERE identity = $1", lookup).await?;
         let txn = client.transaction().await.or_engine("starting an add")?;
         let new_ids: Vec<String> = pets.iter().map(|_| new_id()).collect();
-        let codes: Vec<i16> = pets
-            .iter()
-            .map(|pet| species_code(pet.fields.pet_type))
-            .collect();
+        let codes = species_codes(pets.iter().map(|pet| &pet.fields));
         // Pipelined: the statements are sent together and run in order, so a
         // key or identity repeated later in the batch meets the earlier row.
         let params: Vec<[&(dyn ToSql + Sync); 7]> = pets
@@ -693,25 +688,11 @@ impl Storage for PostgresStorage {
         if *access != Access::All {
             let ids: Vec<String> = pets.iter().map(|p| p.id.clone()).collect();
             let stored = lock_records(&txn, &ids).await?;
-            let mut stamps = Vec::with_capacity(pets.len());
-            for (index, pet) in pets.iter().enumerate() {
-                let Some(record) = stored.get(&pet.id) else {
-                    return Err(StorageError::NotFound {
-                        index,
-                        id: pet.id.clone(),
-                    });
-                };
-                stamps.push(check_record(access, record, || {
-                    format!("pets[{index}].id")
-                })?);
-            }
+            let stamps = check_update_access(access, pets, |id| stored.get(id))?;
             let ids: Vec<&str> = pets.iter().map(|p| p.id.as_str()).collect();
             stamp_tenants(&txn, &ids, &stamps).await?;
         }
-        let codes: Vec<i16> = pets
-            .iter()
-            .map(|p| species_code(p.fields.pet_type))
-            .collect();
+        let codes = species_codes(pets.iter().map(|pet| &pet.fields));
         let params: Vec<[&(dyn ToSql + Sync); 4]> = pets
             .iter()
             .zip(&codes)
@@ -780,35 +761,18 @@ impl Storage for PostgresStorage {
         Ok(())
     }
 
-    async fn get(
-        &self,
-        access: &Access,
-        ids: &[String],
-    ) -> Result<Vec<Option<PetRecord>>, StorageError> {
-        let found = self.lookup("id", ids, |r| Some(&r.id)).await?;
-        Ok(readable(access, found))
-    }
-
-    async fn get_by_keys(
-        &self,
-        access: &Access,
-        keys: &[String],
-    ) -> Result<Vec<Option<PetRecord>>, StorageError> {
-        let found = self
-            .lookup("idempotency_key", keys, |r| r.idempotency_key.as_ref())
-            .await?;
-        Ok(readable(access, found))
-    }
-
-    async fn get_by_identities(
-        &self,
-        access: &Access,
-        identities: &[String],
-    ) -> Result<Vec<Option<PetRecord>>, StorageError> {
-        let found = self
-            .lookup("identity", identities, |r| r.identity.as_ref())
-            .await?;
-        Ok(readable(access, found))
+    async fn find(&self, by: LookupBy, values: &[String]) -> Found {
+        match by {
+            LookupBy::Id => self.lookup("id", values, |r| Some(&r.id)).await,
+            LookupBy::Key => {
+                self.lookup("idempotency_key", values, |r| r.idempotency_key.as_ref())
+                    .await
+            }
+            LookupBy::Identity => {
+                self.lookup("identity", values, |r| r.identity.as_ref())
+                    .await
+            }
+        }
     }
 
     async fn set_keys(&self, access: &Access, changes: &[KeyChange]) -> Result<(), StorageError> {
@@ -949,24 +913,18 @@ impl Storage for PostgresStorage {
         // the whole table for a selective filter.
         let fetch = i64::try_from(limit.max(1).saturating_add(1)).unwrap_or(i64::MAX);
         let rows = if by_name {
-            let statement = client
-                .prepare_cached(&format!(
-                    "SELECT {COLUMNS} FROM petstore_pets
-                     WHERE name = ANY($1) AND (name, id) > ($2, $3)
-                     ORDER BY name, id LIMIT $4"
-                ))
-                .await
-                .or_engine("preparing a search")?;
+            let statement = prepare_records(
+                &client,
+                "WHERE name = ANY($1) AND (name, id) > ($2, $3) ORDER BY name, id LIMIT $4",
+                "preparing a search",
+            )
+            .await?;
             client
                 .query(&statement, &[&filter.names, &after.name, &after.id, &fetch])
                 .await
         } else {
-            let statement = client
-                .prepare_cached(&format!(
-                    "SELECT {COLUMNS} FROM petstore_pets WHERE id > $1 ORDER BY id LIMIT $2"
-                ))
-                .await
-                .or_engine("preparing a search")?;
+            let next = "WHERE id > $1 ORDER BY id LIMIT $2";
+            let statement = prepare_records(&client, next, "preparing a search").await?;
             client.query(&statement, &[&after.id, &fetch]).await
         }
         .or_engine("searching")?;
@@ -1042,12 +1000,8 @@ impl PostgresStorage {
         by: impl Fn(&PetRecord) -> Option<&String>,
     ) -> Result<Vec<Option<PetRecord>>, StorageError> {
         let client = self.client().await?;
-        let statement = client
-            .prepare_cached(&format!(
-                "SELECT {COLUMNS} FROM petstore_pets WHERE {column} = ANY($1)"
-            ))
-            .await
-            .or_engine("preparing a lookup")?;
+        let any = format!("WHERE {column} = ANY($1)");
+        let statement = prepare_records(&client, &any, "preparing a lookup").await?;
         let rows = client
             .query(&statement, &[&values])
             .await
@@ -1061,6 +1015,19 @@ impl PostgresStorage {
         }
         Ok(values.iter().map(|v| found.get(v).cloned()).collect())
     }
+}
+
+/// Prepares, once per connection, a query of whole records: the record's
+/// columns from `petstore_pets`, then `rest` (its WHERE, ORDER BY, LIMIT).
+async fn prepare_records(
+    client: &deadpool_postgres::Object,
+    rest: &str,
+    action: &'static str,
+) -> Result<tokio_postgres::Statement, StorageError> {
+    client
+        .prepare_cached(&format!("SELECT {COLUMNS} FROM petstore_pets {rest}"))
+        .await
+        .or_engine(action)
 }
 
 /// A claim's answer from a row of (holder, expiry in ms, ms remaining).
