@@ -57,12 +57,17 @@ impl PeakRss {
         let sampler = {
             let done = std::sync::Arc::clone(&done);
             std::thread::spawn(move || {
+                // Sampled before `done` is read: a window so short (or a
+                // machine so busy) that stop() comes before this thread
+                // first runs still has one sample, not a peak of 0.
                 let mut peak = 0;
-                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                loop {
                     peak = peak.max(rss_kib(pid).unwrap_or(0));
+                    if done.load(std::sync::atomic::Ordering::Relaxed) {
+                        return peak;
+                    }
                     std::thread::sleep(std::time::Duration::from_millis(10));
                 }
-                peak
             })
         };
         Self { done, sampler }
@@ -123,6 +128,8 @@ mod tests {
         let peak = super::PeakRss::start(std::process::id());
         std::thread::sleep(std::time::Duration::from_millis(30));
         assert!(peak.stop() > 0);
+        // Stopped at once, before its thread may even have run.
+        assert!(super::PeakRss::start(std::process::id()).stop() > 0);
     }
 
     #[test]
