@@ -6,6 +6,7 @@ pub mod auth;
 pub mod metrics;
 pub mod model;
 pub mod observe;
+pub mod per_client;
 pub mod rpc;
 pub mod server;
 pub mod service;

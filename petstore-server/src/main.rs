@@ -114,6 +114,12 @@ struct Args {
     #[arg(long, env = "PETSTORE_MAX_CONCURRENT_REQUESTS", default_value_t = petstore_server::admission::DEFAULT_MAX_CONCURRENT_REQUESTS)]
     max_concurrent_requests: usize,
 
+    /// Connections one client (an IP address) may hold open at once. One
+    /// more is closed as soon as it is accepted, before any TLS handshake.
+    /// 0: no bound.
+    #[arg(long, env = "PETSTORE_MAX_CONNECTIONS_PER_CLIENT", default_value_t = petstore_server::per_client::DEFAULT_MAX_CONNECTIONS_PER_CLIENT)]
+    max_connections_per_client: usize,
+
     /// Tenant isolation: every call must carry `authorization: Bearer
     /// <Kubernetes ServiceAccount token>`, and acts for the token's
     /// namespace, which reads and writes only its own records. Needs
@@ -368,6 +374,7 @@ async fn serve(args: Args, observability: Observability) -> ExitCode {
         admission: (args.max_concurrent_requests > 0)
             .then(|| petstore_server::admission::Admission::new(args.max_concurrent_requests)),
         tenancy,
+        max_connections_per_client: args.max_connections_per_client,
     };
     let served = petstore_server::server::serve(
         listener,

@@ -66,6 +66,7 @@ pub struct ServerMetrics {
     watch_terminated: Family<TerminationLabels, Counter>,
     tenant_refusals: Family<RefusalLabels, Counter>,
     tls_reloads: Family<ReloadLabels, Counter>,
+    connections_refused: Counter,
     /// Whether the pet store service answers: `/readyz`, for a probe that
     /// cannot speak the TLS the gRPC port may require.
     serving: std::sync::atomic::AtomicBool,
@@ -133,6 +134,12 @@ impl Default for ServerMetrics {
             "Reloads of the TLS files (--tls-cert, --tls-key, --tls-client-ca) after they changed, by outcome: ok (used from the next handshake on), failed (a file missing, unreadable or not matching the others: the certificates in use stay until the files change again)",
             tls_reloads.clone(),
         );
+        let connections_refused = Counter::default();
+        registry.register(
+            "connections_refused",
+            "Connections closed as soon as accepted, because their client (an IP address) held as many as --max-connections-per-client allows",
+            connections_refused.clone(),
+        );
         Self {
             registry,
             rpc_duration,
@@ -143,6 +150,7 @@ impl Default for ServerMetrics {
             watch_terminated,
             tenant_refusals,
             tls_reloads,
+            connections_refused,
             serving: std::sync::atomic::AtomicBool::new(false),
         }
     }
@@ -199,6 +207,11 @@ impl ServerMetrics {
     }
 
     /// Counts one reload of the TLS files that changed: `ok` or not.
+    /// A connection closed because its client held too many.
+    pub fn connection_refused(&self) {
+        self.connections_refused.inc();
+    }
+
     pub fn tls_reloaded(&self, ok: bool) {
         self.tls_reloads.get_or_create(&ReloadLabels::of(ok)).inc();
     }

@@ -15,6 +15,7 @@ use crate::admission::AdmissionLayer;
 use crate::metrics::ServerMetrics;
 use crate::model::MAX_MESSAGE_BYTES;
 use crate::observe::ObserveLayer;
+use crate::per_client::PerClient;
 use crate::service::{Observability, PetStoreService};
 use crate::storage::Storage;
 use crate::tls::Connections;
@@ -42,6 +43,9 @@ pub struct ServeOptions {
     pub admission: Option<crate::admission::Admission>,
     /// Tenancy (`crate::auth`); none: off, every call acts for everyone.
     pub tenancy: Option<Arc<crate::auth::Tenancy>>,
+    /// The connections one client may hold at once (`crate::per_client`);
+    /// 0: unbounded.
+    pub max_connections_per_client: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -178,14 +182,26 @@ pub async fn serve(
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(pet_store);
-    match &tls {
-        Some(tls) => {
-            let accepted = crate::tls::incoming(listener, tls, connections);
+    let per_client = (options.max_connections_per_client > 0).then(|| {
+        PerClient::new(
+            options.max_connections_per_client,
+            Arc::clone(&options.observability.metrics),
+        )
+    });
+    match (&tls, per_client) {
+        (Some(tls), per_client) => {
+            let accepted = crate::tls::incoming(listener, tls, connections, per_client);
             router
                 .serve_with_incoming_shutdown(accepted, shutdown)
                 .await?;
         }
-        None => {
+        (None, Some(per_client)) => {
+            let accepted = crate::per_client::incoming(listener, per_client);
+            router
+                .serve_with_incoming_shutdown(accepted, shutdown)
+                .await?;
+        }
+        (None, None) => {
             router
                 .serve_with_incoming_shutdown(incoming(listener), shutdown)
                 .await?;
@@ -564,6 +580,76 @@ mod tests {
         );
     }
 
+    /// Whether the store serves a connection from `from`: it answers an
+    /// HTTP/2 client preface with its own SETTINGS, where a connection it
+    /// refused reads end of file (or a reset).
+    async fn served_from(
+        addr: std::net::SocketAddr,
+        from: [u8; 4],
+    ) -> (bool, tokio::net::TcpStream) {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+        socket
+            .bind(std::net::SocketAddr::from((from, 0)))
+            .expect("bind the source address");
+        let mut stream = socket.connect(addr).await.expect("connect");
+        // The preface, then an empty SETTINGS frame.
+        let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        hello.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+        let wrote = stream.write_all(&hello).await;
+        let mut answer = [0u8; 9];
+        let read = tokio::time::timeout(PATIENCE, stream.read(&mut answer)).await;
+        let served = wrote.is_ok() && matches!(read, Ok(Ok(n)) if n > 0);
+        (served, stream)
+    }
+
+    // Fails if one client may hold more connections than the bound, if the
+    // bound holds other clients back, or if a closed connection keeps its
+    // place.
+    #[tokio::test]
+    async fn one_client_holds_at_most_its_connections_and_others_are_served() {
+        // Reached from 127.0.0.2 too: another client, on the loopback.
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let storage = StorageConfig::Memory.open().await.expect("memory");
+        let observability = Observability::default();
+        let metrics = Arc::clone(&observability.metrics);
+        let options = ServeOptions {
+            observability,
+            max_connections_per_client: 2,
+            ..ServeOptions::default()
+        };
+        tokio::spawn(serve(listener, storage, options, std::future::pending()));
+        let (first, held) = served_from(addr, [127, 0, 0, 1]).await;
+        let (second, _also_held) = served_from(addr, [127, 0, 0, 1]).await;
+        assert!(first && second, "two connections of one client are served");
+        let (third, _) = served_from(addr, [127, 0, 0, 1]).await;
+        assert!(!third, "a third connection of the same client is closed");
+        let (elsewhere, _) = served_from(addr, [127, 0, 0, 2]).await;
+        assert!(elsewhere, "another client is served meanwhile");
+        let scrape = metrics.encode().expect("metrics");
+        assert!(
+            scrape.contains("petstore_server_connections_refused_total 1"),
+            "{scrape}"
+        );
+        // A closed connection gives its place back, once the server has seen
+        // it close.
+        drop(held);
+        let given_back = tokio::time::timeout(PATIENCE, async {
+            loop {
+                if served_from(addr, [127, 0, 0, 1]).await.0 {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await;
+        assert!(
+            given_back.is_ok(),
+            "the place of a closed connection is taken again"
+        );
+    }
+
     // Fails if a handshake runs on the accepting task: the silent client
     // would hold it for the whole handshake timeout.
     #[tokio::test]
@@ -591,7 +677,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let connections = Arc::new(Connections::default());
-        let mut accepted = crate::tls::incoming(listener, &tls, Arc::clone(&connections));
+        let mut accepted = crate::tls::incoming(listener, &tls, Arc::clone(&connections), None);
         let channel = tokio::spawn({
             let (ca, client) = (ca.pki.ca_cert.clone(), ca.client.clone());
             async move { channel(addr, &ca, &client).await }

@@ -29,13 +29,15 @@ use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::Connected;
 
+use crate::per_client::{Held, PerClient};
+
 /// A client that opens a connection and never finishes its handshake holds
 /// its task no longer than this.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// After a failed accept (no file descriptors left, say), before the next.
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+pub(crate) const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// Handshaken connections waiting for the server to take them.
-const READY_QUEUE: usize = 64;
+pub(crate) const READY_QUEUE: usize = 64;
 
 /// The TLS connections `listener` accepts, handshaken with `tls`' config,
 /// each with `TCP_NODELAY` set (see [`crate::server::incoming`]) and
@@ -44,12 +46,14 @@ pub fn incoming(
     listener: TcpListener,
     tls: &ServerTls,
     connections: Arc<Connections>,
+    per_client: Option<Arc<PerClient>>,
 ) -> ReceiverStream<io::Result<TlsConnection>> {
     let (ready, taken) = mpsc::channel(READY_QUEUE);
     tokio::spawn(accept(
         listener,
         TlsAcceptor::from(tls.config()),
         connections,
+        per_client,
         ready,
     ));
     ReceiverStream::new(taken)
@@ -59,6 +63,7 @@ async fn accept(
     listener: TcpListener,
     acceptor: TlsAcceptor,
     connections: Arc<Connections>,
+    per_client: Option<Arc<PerClient>>,
     ready: mpsc::Sender<io::Result<TlsConnection>>,
 ) {
     loop {
@@ -74,6 +79,14 @@ async fn accept(
                 continue;
             }
         };
+        // Refused before the handshake, which costs the store the most.
+        let held = match &per_client {
+            Some(per_client) => match per_client.admit(peer) {
+                Some(held) => Some(held),
+                None => continue,
+            },
+            None => None,
+        };
         if let Err(error) = tcp.set_nodelay(true) {
             tracing::debug!(%peer, %error, "setting TCP_NODELAY");
         }
@@ -84,7 +97,7 @@ async fn accept(
             match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                 Ok(Ok(stream)) => {
                     // The server stopped taking connections: this one closes.
-                    let _ = ready.send(Ok(connections.track(stream))).await;
+                    let _ = ready.send(Ok(connections.track(stream, held))).await;
                 }
                 // The client's failure (a certificate refused, a scanner),
                 // not the server's.
@@ -112,7 +125,7 @@ pub struct Connections {
 }
 
 impl Connections {
-    fn track(self: &Arc<Self>, stream: TlsStream<TcpStream>) -> TlsConnection {
+    fn track(self: &Arc<Self>, stream: TlsStream<TcpStream>, held: Option<Held>) -> TlsConnection {
         let chain = stream
             .get_ref()
             .1
@@ -133,6 +146,7 @@ impl Connections {
                 id,
                 connections: Arc::clone(self),
             },
+            _held: held,
         }
     }
 
@@ -181,6 +195,8 @@ pub struct TlsConnection {
     stream: TlsStream<TcpStream>,
     peer: Arc<Peer>,
     _tracked: Tracked,
+    /// Its client's place under `--max-connections-per-client`, if bounded.
+    _held: Option<Held>,
 }
 
 impl TlsConnection {
