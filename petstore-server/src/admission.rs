@@ -12,10 +12,17 @@
 //! Applied as a tower layer ([`AdmissionLayer`]) around the gRPC server: a
 //! call holds its place until its answer, body included, is sent or
 //! dropped, so a search holds it for as long as its stream lasts.
+//!
+//! One client (an IP address) may hold only a share of those places
+//! (`--max-concurrent-requests-per-client`, half the bound by default), so
+//! a client that floods the store is refused its excess while the others,
+//! the operator among them, still find places.
 
+use std::collections::HashMap;
 use std::future::Future;
+use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -25,6 +32,7 @@ use tonic::Status;
 use tonic::body::Body;
 use tonic::codegen::{Bytes, http};
 use tonic::metadata::{MetadataMap, MetadataValue};
+use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 use tower::{Layer, Service};
 
 use crate::rpc;
@@ -37,41 +45,109 @@ pub const RETRY_PUSHBACK: Duration = Duration::from_millis(100);
 /// gRPC's retry pushback trailer (gRFC A6).
 pub const PUSHBACK_TRAILER: &str = "grpc-retry-pushback-ms";
 
-/// Admits up to `limit` requests at once; see the module's documentation.
+/// Admits up to `limit` requests at once, and up to `per_client` of them
+/// from one client; see the module's documentation.
 #[derive(Clone, Debug)]
 pub struct Admission {
     permits: Arc<Semaphore>,
     limit: usize,
+    /// 0: no share, a client may take every place.
+    per_client: usize,
+    /// The places each client holds now.
+    clients: Arc<Mutex<HashMap<IpAddr, usize>>>,
 }
 
 /// Holds a request's place until dropped (for a search, with its stream).
-pub type Admitted = OwnedSemaphorePermit;
+#[derive(Debug)]
+pub struct Admitted {
+    _permit: OwnedSemaphorePermit,
+    _client: Option<ClientPlace>,
+}
+
+/// One of a client's places, given back when dropped.
+#[derive(Debug)]
+struct ClientPlace {
+    client: IpAddr,
+    clients: Arc<Mutex<HashMap<IpAddr, usize>>>,
+}
+
+impl Drop for ClientPlace {
+    fn drop(&mut self) {
+        let mut clients = self.clients.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(held) = clients.get_mut(&self.client) {
+            *held -= 1;
+            if *held == 0 {
+                clients.remove(&self.client);
+            }
+        }
+    }
+}
+
+/// `RESOURCE_EXHAUSTED` saying `why`, with the pushback trailer.
+fn refusal(why: String) -> Status {
+    let mut trailers = MetadataMap::new();
+    trailers.insert(
+        PUSHBACK_TRAILER,
+        MetadataValue::from(RETRY_PUSHBACK.as_millis() as u64),
+    );
+    Status::with_metadata(
+        tonic::Code::ResourceExhausted,
+        format!("{why}; retry after {} ms", RETRY_PUSHBACK.as_millis()),
+        trailers,
+    )
+}
 
 impl Admission {
+    /// `limit` places, and by default half of them for one client.
     pub fn new(limit: usize) -> Self {
         Self {
             permits: Arc::new(Semaphore::new(limit)),
             limit,
+            per_client: (limit / 2).max(1),
+            clients: Arc::default(),
         }
     }
 
-    /// A place for one request, or the refusal to send.
-    pub fn admit(&self) -> Result<Admitted, Status> {
-        Arc::clone(&self.permits).try_acquire_owned().map_err(|_| {
-            let mut trailers = MetadataMap::new();
-            trailers.insert(
-                PUSHBACK_TRAILER,
-                MetadataValue::from(RETRY_PUSHBACK.as_millis() as u64),
-            );
-            Status::with_metadata(
-                tonic::Code::ResourceExhausted,
-                format!(
-                    "the pet store is answering its limit of {} requests at once (--max-concurrent-requests); retry after {} ms",
-                    self.limit,
-                    RETRY_PUSHBACK.as_millis()
-                ),
-                trailers,
-            )
+    /// At most `per_client` places for one client; 0: no share.
+    #[must_use]
+    pub fn with_per_client(mut self, per_client: usize) -> Self {
+        self.per_client = per_client;
+        self
+    }
+
+    /// A place for one request of `client` (an unknown client takes no
+    /// share), or the refusal to send.
+    pub fn admit(&self, client: Option<IpAddr>) -> Result<Admitted, Status> {
+        let place = match client {
+            Some(client) if self.per_client > 0 => Some(self.client_place(client)?),
+            _ => None,
+        };
+        // A refusal here drops `place`, giving the client's share back.
+        let permit = Arc::clone(&self.permits).try_acquire_owned().map_err(|_| {
+            refusal(format!(
+                "the pet store is answering its limit of {} requests at once (--max-concurrent-requests)",
+                self.limit
+            ))
+        })?;
+        Ok(Admitted {
+            _permit: permit,
+            _client: place,
+        })
+    }
+
+    fn client_place(&self, client: IpAddr) -> Result<ClientPlace, Status> {
+        let mut clients = self.clients.lock().unwrap_or_else(PoisonError::into_inner);
+        let held = clients.entry(client).or_default();
+        if *held >= self.per_client {
+            return Err(refusal(format!(
+                "the pet store is answering {} requests at once from {client}, as many as one client may have (--max-concurrent-requests-per-client)",
+                self.per_client
+            )));
+        }
+        *held += 1;
+        Ok(ClientPlace {
+            client,
+            clients: Arc::clone(&self.clients),
         })
     }
 }
@@ -80,6 +156,21 @@ impl Default for Admission {
     fn default() -> Self {
         Self::new(DEFAULT_MAX_CONCURRENT_REQUESTS)
     }
+}
+
+/// The address a request came from, as the server's plaintext or TLS
+/// connection saw it.
+fn client_of<B>(request: &http::Request<B>) -> Option<IpAddr> {
+    let extensions = request.extensions();
+    extensions
+        .get::<TcpConnectInfo>()
+        .and_then(TcpConnectInfo::remote_addr)
+        .or_else(|| {
+            extensions
+                .get::<TlsConnectInfo<TcpConnectInfo>>()
+                .and_then(|tls| tls.get_ref().remote_addr())
+        })
+        .map(|addr| addr.ip())
 }
 
 /// Bounds the pet store's calls by an [`Admission`], or lets every call
@@ -129,7 +220,9 @@ where
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let admitted = match &self.admission {
-            Some(admission) if counted(request.uri().path()) => admission.admit(),
+            Some(admission) if counted(request.uri().path()) => {
+                admission.admit(client_of(&request))
+            }
             _ => return Box::pin(self.inner.call(request)),
         };
         match admitted {
@@ -182,10 +275,10 @@ mod tests {
 
     #[test]
     fn beyond_the_limit_a_request_is_refused_with_a_pushback_until_one_ends() {
-        let admission = Admission::new(2);
-        let first = admission.admit().expect("first");
-        let _second = admission.admit().expect("second");
-        let refused = admission.admit().expect_err("third");
+        let admission = Admission::new(2).with_per_client(0);
+        let first = admission.admit(None).expect("first");
+        let _second = admission.admit(None).expect("second");
+        let refused = admission.admit(None).expect_err("third");
         assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
         assert!(refused.message().contains("limit of 2"), "{refused:?}");
         assert_eq!(
@@ -196,7 +289,59 @@ mod tests {
             Some("100")
         );
         drop(first);
-        assert!(admission.admit().is_ok(), "a place freed is taken again");
+        assert!(
+            admission.admit(None).is_ok(),
+            "a place freed is taken again"
+        );
+    }
+
+    #[test]
+    fn one_client_takes_only_its_share_and_the_others_find_places() {
+        let flood = Some(IpAddr::from([127, 0, 0, 1]));
+        let other = Some(IpAddr::from([127, 0, 0, 2]));
+        assert_eq!(Admission::new(4).per_client, 2, "half the bound by default");
+        let admission = Admission::new(4).with_per_client(3);
+        let first = admission.admit(flood).expect("first");
+        let _second = admission.admit(flood).expect("second");
+        let _third = admission.admit(flood).expect("third");
+        let refused = admission.admit(flood).expect_err("beyond its share");
+        assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+        assert!(
+            refused
+                .message()
+                .contains("3 requests at once from 127.0.0.1")
+                && refused
+                    .message()
+                    .contains("--max-concurrent-requests-per-client"),
+            "{refused:?}"
+        );
+        assert_eq!(
+            refused
+                .metadata()
+                .get(PUSHBACK_TRAILER)
+                .and_then(|v| v.to_str().ok()),
+            Some("100")
+        );
+        let _elsewhere = admission
+            .admit(other)
+            .expect("another client finds a place");
+        // Every place is taken now: refused by the whole bound, and the
+        // share it was given for a moment is given back.
+        let full = admission.admit(other).expect_err("every place taken");
+        assert!(full.message().contains("limit of 4"), "{full:?}");
+        assert_eq!(
+            admission
+                .clients
+                .lock()
+                .expect("lock")
+                .get(&IpAddr::from([127, 0, 0, 2])),
+            Some(&1)
+        );
+        drop(first);
+        assert!(
+            admission.admit(flood).is_ok(),
+            "a share freed is taken again"
+        );
     }
 
     #[test]

@@ -114,6 +114,13 @@ struct Args {
     #[arg(long, env = "PETSTORE_MAX_CONCURRENT_REQUESTS", default_value_t = petstore_server::admission::DEFAULT_MAX_CONCURRENT_REQUESTS)]
     max_concurrent_requests: usize,
 
+    /// Of those, the most one client (an IP address) may have answered at
+    /// once; beyond it its request is refused the same way, while others'
+    /// are answered. Default: half of --max-concurrent-requests. 0: no
+    /// share.
+    #[arg(long, env = "PETSTORE_MAX_CONCURRENT_REQUESTS_PER_CLIENT")]
+    max_concurrent_requests_per_client: Option<usize>,
+
     /// Connections one client (an IP address) may hold open at once. One
     /// more is closed as soon as it is accepted, before any TLS handshake.
     /// 0: no bound.
@@ -371,8 +378,14 @@ async fn serve(args: Args, observability: Observability) -> ExitCode {
             progress_interval: args.watch_progress_interval,
             ..Default::default()
         },
-        admission: (args.max_concurrent_requests > 0)
-            .then(|| petstore_server::admission::Admission::new(args.max_concurrent_requests)),
+        admission: (args.max_concurrent_requests > 0).then(|| {
+            let admission =
+                petstore_server::admission::Admission::new(args.max_concurrent_requests);
+            match args.max_concurrent_requests_per_client {
+                Some(share) => admission.with_per_client(share),
+                None => admission,
+            }
+        }),
         tenancy,
         max_connections_per_client: args.max_connections_per_client,
     };

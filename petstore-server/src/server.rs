@@ -650,6 +650,82 @@ mod tests {
         );
     }
 
+    /// A client of `channel` holding one admission place: a search over
+    /// more pets than HTTP/2's windows and the stream's buffer hold (about
+    /// 6 MB of long names), left unread.
+    async fn hold_a_place(channel: &Channel) -> tonic::Streaming<petstore_proto::petstore::Pet> {
+        use petstore_proto::petstore as pb;
+        let mut client = petstore_proto::PetStoreClient::new(channel.clone())
+            .max_decoding_message_size(MAX_MESSAGE_BYTES);
+        let long = "x".repeat(120);
+        for batch in 0..40 {
+            let pets = (0..1000)
+                .map(|i| pb::Pet {
+                    name: format!("{long} {batch}-{i}"),
+                    r#type: pb::PetType::PtBird as i32,
+                    birthday: Some(petstore_proto::google::r#type::Date {
+                        year: 2020,
+                        month: 1,
+                        day: 1,
+                    }),
+                    ..Default::default()
+                })
+                .collect();
+            client.add_pets(pb::AddPetsReq { pets }).await.expect("add");
+        }
+        let mut held = client
+            .search_pets(pb::SearchPetsReq::default())
+            .await
+            .expect("search")
+            .into_inner();
+        held.message().await.expect("stream").expect("a first pet");
+        held
+    }
+
+    // Fails if one client's share is not enforced on either path: the
+    // client's address comes from the plaintext connection in one case and
+    // from the TLS connection in the other.
+    #[tokio::test]
+    async fn one_client_takes_only_its_share_of_the_admission_bound_over_plaintext_and_tls() {
+        let ca = OneCa::new();
+        for tls in [false, true] {
+            let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            let addr = listener.local_addr().expect("addr");
+            let storage = StorageConfig::Memory.open().await.expect("memory");
+            let options = ServeOptions {
+                tls: tls.then(|| ca.files.tls()),
+                admission: Some(crate::admission::Admission::new(8).with_per_client(1)),
+                ..ServeOptions::default()
+            };
+            tokio::spawn(serve(listener, storage, options, std::future::pending()));
+            let channel = if tls {
+                channel(addr, &ca.pki.ca_cert, &ca.client).await
+            } else {
+                Endpoint::from_shared(format!("http://{addr}"))
+                    .expect("endpoint")
+                    .connect()
+                    .await
+                    .expect("connect")
+            };
+            let _held = hold_a_place(&channel).await;
+            let refused = petstore_proto::PetStoreClient::new(channel.clone())
+                .get_pets(petstore_proto::petstore::GetPetsReq::default())
+                .await
+                .expect_err("beyond the client's share");
+            assert_eq!(
+                refused.code(),
+                tonic::Code::ResourceExhausted,
+                "tls {tls}: {refused:?}"
+            );
+            assert!(
+                refused
+                    .message()
+                    .contains("--max-concurrent-requests-per-client"),
+                "tls {tls}: {refused:?}"
+            );
+        }
+    }
+
     // Fails if a handshake runs on the accepting task: the silent client
     // would hold it for the whole handshake timeout.
     #[tokio::test]

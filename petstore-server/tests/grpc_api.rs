@@ -1811,7 +1811,8 @@ async fn beyond_the_bound_a_request_is_shed_with_a_pushback() {
     let dir = tempfile::tempdir().expect("tempdir");
     let storage = open(Backend::Memory, &dir).await;
     let options = ServeOptions {
-        admission: Some(Admission::new(1)),
+        // The whole bound, not one client's share of it (below).
+        admission: Some(Admission::new(1).with_per_client(0)),
         ..Default::default()
     };
     let mut running = start_with_options(storage, dir, options).await;
