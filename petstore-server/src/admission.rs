@@ -18,11 +18,10 @@
 //! a client that floods the store is refused its excess while the others,
 //! the operator among them, still find places.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -35,6 +34,7 @@ use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 use tower::{Layer, Service};
 
+use crate::per_client::{ClientCounts, ClientPlace};
 use crate::rpc;
 
 /// The default bound: far above what the operator sends (its own budget
@@ -54,7 +54,7 @@ pub struct Admission {
     /// 0: no share, a client may take every place.
     per_client: usize,
     /// The places each client holds now.
-    clients: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    clients: Arc<ClientCounts>,
 }
 
 /// Holds a request's place until dropped (for a search, with its stream).
@@ -62,25 +62,6 @@ pub struct Admission {
 pub struct Admitted {
     _permit: OwnedSemaphorePermit,
     _client: Option<ClientPlace>,
-}
-
-/// One of a client's places, given back when dropped.
-#[derive(Debug)]
-struct ClientPlace {
-    client: IpAddr,
-    clients: Arc<Mutex<HashMap<IpAddr, usize>>>,
-}
-
-impl Drop for ClientPlace {
-    fn drop(&mut self) {
-        let mut clients = self.clients.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(held) = clients.get_mut(&self.client) {
-            *held -= 1;
-            if *held == 0 {
-                clients.remove(&self.client);
-            }
-        }
-    }
 }
 
 /// `RESOURCE_EXHAUSTED` saying `why`, with the pushback trailer.
@@ -136,18 +117,11 @@ impl Admission {
     }
 
     fn client_place(&self, client: IpAddr) -> Result<ClientPlace, Status> {
-        let mut clients = self.clients.lock().unwrap_or_else(PoisonError::into_inner);
-        let held = clients.entry(client).or_default();
-        if *held >= self.per_client {
-            return Err(refusal(format!(
+        self.clients.take(client, self.per_client).ok_or_else(|| {
+            refusal(format!(
                 "the pet store is answering {} requests at once from {client}, as many as one client may have (--max-concurrent-requests-per-client)",
                 self.per_client
-            )));
-        }
-        *held += 1;
-        Ok(ClientPlace {
-            client,
-            clients: Arc::clone(&self.clients),
+            ))
         })
     }
 }
@@ -273,6 +247,14 @@ impl http_body::Body for Holding {
 mod tests {
     use super::*;
 
+    /// The pushback trailer a refusal carries.
+    fn pushback(refused: &Status) -> Option<&str> {
+        refused
+            .metadata()
+            .get(PUSHBACK_TRAILER)
+            .and_then(|v| v.to_str().ok())
+    }
+
     #[test]
     fn beyond_the_limit_a_request_is_refused_with_a_pushback_until_one_ends() {
         let admission = Admission::new(2).with_per_client(0);
@@ -281,13 +263,7 @@ mod tests {
         let refused = admission.admit(None).expect_err("third");
         assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
         assert!(refused.message().contains("limit of 2"), "{refused:?}");
-        assert_eq!(
-            refused
-                .metadata()
-                .get(PUSHBACK_TRAILER)
-                .and_then(|v| v.to_str().ok()),
-            Some("100")
-        );
+        assert_eq!(pushback(&refused), Some("100"));
         drop(first);
         assert!(
             admission.admit(None).is_ok(),
@@ -315,13 +291,7 @@ mod tests {
                     .contains("--max-concurrent-requests-per-client"),
             "{refused:?}"
         );
-        assert_eq!(
-            refused
-                .metadata()
-                .get(PUSHBACK_TRAILER)
-                .and_then(|v| v.to_str().ok()),
-            Some("100")
-        );
+        assert_eq!(pushback(&refused), Some("100"));
         let _elsewhere = admission
             .admit(other)
             .expect("another client finds a place");
@@ -329,14 +299,7 @@ mod tests {
         // share it was given for a moment is given back.
         let full = admission.admit(other).expect_err("every place taken");
         assert!(full.message().contains("limit of 4"), "{full:?}");
-        assert_eq!(
-            admission
-                .clients
-                .lock()
-                .expect("lock")
-                .get(&IpAddr::from([127, 0, 0, 2])),
-            Some(&1)
-        );
+        assert_eq!(admission.clients.held_by(IpAddr::from([127, 0, 0, 2])), 1);
         drop(first);
         assert!(
             admission.admit(flood).is_ok(),

@@ -29,74 +29,95 @@ use crate::metrics::ServerMetrics;
 /// holds one connection per store), low enough that a flood is refused.
 pub const DEFAULT_MAX_CONNECTIONS_PER_CLIENT: usize = 64;
 
-/// How many connections each client holds; see the module's documentation.
-#[derive(Debug)]
-pub struct PerClient {
-    limit: usize,
-    open: Mutex<HashMap<IpAddr, usize>>,
-    metrics: Arc<ServerMetrics>,
-}
+/// How many places each client (an IP address) holds now: the count both
+/// the connection bound here and the admission share
+/// ([`crate::admission`]) keep.
+#[derive(Debug, Default)]
+pub struct ClientCounts(Mutex<HashMap<IpAddr, usize>>);
 
-/// One client's place, given back when dropped (with its connection).
+/// One of a client's places, given back when dropped.
 #[derive(Debug)]
-pub struct Held {
+pub struct ClientPlace {
     client: IpAddr,
-    per_client: Arc<PerClient>,
+    counts: Arc<ClientCounts>,
 }
 
-impl Drop for Held {
+impl Drop for ClientPlace {
     fn drop(&mut self) {
-        let mut open = self.per_client.lock();
-        if let Some(count) = open.get_mut(&self.client) {
+        let mut counts = self.counts.lock();
+        if let Some(count) = counts.get_mut(&self.client) {
             *count -= 1;
             if *count == 0 {
-                open.remove(&self.client);
+                counts.remove(&self.client);
             }
         }
     }
+}
+
+impl ClientCounts {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, usize>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A place for `client`, unless it holds `limit` already.
+    pub fn take(self: &Arc<Self>, client: IpAddr, limit: usize) -> Option<ClientPlace> {
+        let mut counts = self.lock();
+        let count = counts.entry(client).or_default();
+        if *count >= limit {
+            return None;
+        }
+        *count += 1;
+        Some(ClientPlace {
+            client,
+            counts: Arc::clone(self),
+        })
+    }
+
+    /// How many places `client` holds now.
+    pub fn held_by(&self, client: IpAddr) -> usize {
+        self.lock().get(&client).copied().unwrap_or(0)
+    }
+}
+
+/// A connection's place under the bound, held while it is open.
+pub type Held = ClientPlace;
+
+/// The connections each client holds; see the module's documentation.
+#[derive(Debug)]
+pub struct PerClient {
+    limit: usize,
+    counts: Arc<ClientCounts>,
+    metrics: Arc<ServerMetrics>,
 }
 
 impl PerClient {
     pub fn new(limit: usize, metrics: Arc<ServerMetrics>) -> Arc<Self> {
         Arc::new(Self {
             limit,
-            open: Mutex::default(),
+            counts: Arc::default(),
             metrics,
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, usize>> {
-        self.open.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// A place for one more connection of `peer`'s client, or `None` (said
     /// and counted) when it holds the most it may.
-    pub fn admit(self: &Arc<Self>, peer: SocketAddr) -> Option<Held> {
+    pub fn admit(&self, peer: SocketAddr) -> Option<Held> {
         let client = peer.ip();
-        {
-            let mut open = self.lock();
-            let count = open.entry(client).or_default();
-            if *count >= self.limit {
-                drop(open);
-                tracing::warn!(
-                    %client,
-                    limit = self.limit,
-                    "a client opened more connections than it may hold at once: closed"
-                );
-                self.metrics.connection_refused();
-                return None;
-            }
-            *count += 1;
+        let held = self.counts.take(client, self.limit);
+        if held.is_none() {
+            tracing::warn!(
+                %client,
+                limit = self.limit,
+                "a client opened more connections than it may hold at once: closed"
+            );
+            self.metrics.connection_refused();
         }
-        Some(Held {
-            client,
-            per_client: Arc::clone(self),
-        })
+        held
     }
 
     /// How many connections `client` holds now.
     pub fn held_by(&self, client: IpAddr) -> usize {
-        self.lock().get(&client).copied().unwrap_or(0)
+        self.counts.held_by(client)
     }
 }
 
@@ -155,43 +176,73 @@ impl AsyncWrite for HeldTcp {
     }
 }
 
-/// The plaintext connections `listener` accepts, each with `TCP_NODELAY`
-/// (see [`crate::server::incoming`]) and within its client's bound.
+/// After a failed accept (no file descriptors left, say), before the next.
+const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(50);
+/// Connections waiting for the server to take them.
+pub(crate) const READY_QUEUE: usize = 64;
+
+/// Accepts on `listener` until `ready` closes (the server stopped taking
+/// connections), the one accept loop of the plaintext and TLS paths: each
+/// connection within its client's bound (refused before anything else,
+/// a TLS handshake above all), with `TCP_NODELAY` (see
+/// [`crate::server::incoming`]), then given to `take` with its place.
+pub(crate) async fn accept_each<T>(
+    listener: TcpListener,
+    per_client: Option<Arc<PerClient>>,
+    ready: mpsc::Sender<T>,
+    mut take: impl FnMut(TcpStream, SocketAddr, Option<Held>, mpsc::Sender<T>),
+) {
+    loop {
+        let accepted = tokio::select! {
+            () = ready.closed() => return,
+            accepted = listener.accept() => accepted,
+        };
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                tracing::warn!(%error, "accepting a connection");
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+                continue;
+            }
+        };
+        let held = match &per_client {
+            Some(per_client) => match per_client.admit(peer) {
+                Some(held) => Some(held),
+                None => continue,
+            },
+            None => None,
+        };
+        if let Err(error) = stream.set_nodelay(true) {
+            tracing::debug!(%peer, %error, "setting TCP_NODELAY");
+        }
+        take(stream, peer, held, ready.clone());
+    }
+}
+
+/// The plaintext connections `listener` accepts, within their client's
+/// bound; see [`accept_each`].
 pub fn incoming(
     listener: TcpListener,
     per_client: Arc<PerClient>,
 ) -> ReceiverStream<io::Result<HeldTcp>> {
-    let (ready, taken) = mpsc::channel(crate::tls::READY_QUEUE);
-    tokio::spawn(async move {
-        loop {
-            let accepted = tokio::select! {
-                () = ready.closed() => return,
-                accepted = listener.accept() => accepted,
-            };
-            let (stream, peer) = match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    tracing::warn!(%error, "accepting a connection");
-                    tokio::time::sleep(crate::tls::ACCEPT_BACKOFF).await;
-                    continue;
-                }
-            };
-            let Some(held) = per_client.admit(peer) else {
-                continue;
-            };
-            if let Err(error) = stream.set_nodelay(true) {
-                tracing::debug!(%peer, %error, "setting TCP_NODELAY");
-            }
+    let (ready, taken) = mpsc::channel(READY_QUEUE);
+    tokio::spawn(accept_each(
+        listener,
+        Some(per_client),
+        ready,
+        |stream, _peer, held, ready| {
+            let Some(held) = held else { return };
             let connection = HeldTcp {
                 stream,
                 _held: held,
             };
-            // The server stopped taking connections: this one closes.
-            if ready.send(Ok(connection)).await.is_err() {
-                return;
-            }
-        }
-    });
+            // Waits for room in the queue without holding up the accepts;
+            // if the server stopped taking connections, this one closes.
+            tokio::spawn(async move {
+                let _ = ready.send(Ok(connection)).await;
+            });
+        },
+    ));
     ReceiverStream::new(taken)
 }
 

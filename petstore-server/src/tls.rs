@@ -29,15 +29,11 @@ use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::Connected;
 
-use crate::per_client::{Held, PerClient};
+use crate::per_client::{Held, PerClient, READY_QUEUE, accept_each};
 
 /// A client that opens a connection and never finishes its handshake holds
 /// its task no longer than this.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// After a failed accept (no file descriptors left, say), before the next.
-pub(crate) const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
-/// Handshaken connections waiting for the server to take them.
-pub(crate) const READY_QUEUE: usize = 64;
 
 /// The TLS connections `listener` accepts, handshaken with `tls`' config,
 /// each with `TCP_NODELAY` set (see [`crate::server::incoming`]) and
@@ -59,6 +55,8 @@ pub fn incoming(
     ReceiverStream::new(taken)
 }
 
+/// Each connection [`accept_each`] takes is handshaken on a task of its
+/// own, so a client that never finishes its handshake holds up no other.
 async fn accept(
     listener: TcpListener,
     acceptor: TlsAcceptor,
@@ -66,33 +64,9 @@ async fn accept(
     per_client: Option<Arc<PerClient>>,
     ready: mpsc::Sender<io::Result<TlsConnection>>,
 ) {
-    loop {
-        let accepted = tokio::select! {
-            () = ready.closed() => return,
-            accepted = listener.accept() => accepted,
-        };
-        let (tcp, peer) = match accepted {
-            Ok(accepted) => accepted,
-            Err(error) => {
-                tracing::warn!(%error, "accepting a connection");
-                tokio::time::sleep(ACCEPT_BACKOFF).await;
-                continue;
-            }
-        };
-        // Refused before the handshake, which costs the store the most.
-        let held = match &per_client {
-            Some(per_client) => match per_client.admit(peer) {
-                Some(held) => Some(held),
-                None => continue,
-            },
-            None => None,
-        };
-        if let Err(error) = tcp.set_nodelay(true) {
-            tracing::debug!(%peer, %error, "setting TCP_NODELAY");
-        }
+    accept_each(listener, per_client, ready, |tcp, peer, held, ready| {
         let acceptor = acceptor.clone();
         let connections = Arc::clone(&connections);
-        let ready = ready.clone();
         tokio::spawn(async move {
             match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                 Ok(Ok(stream)) => {
@@ -105,7 +79,8 @@ async fn accept(
                 Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
             }
         });
-    }
+    })
+    .await;
 }
 
 /// One connection's client certificate chain, and whether it was closed.
