@@ -23,7 +23,7 @@ use petstore_operator::crd::stores::{StoreKind, StoreRef};
 use petstore_operator::crd::{FINALIZER, Pet};
 use serde_json::json;
 
-use crate::apimetrics;
+use crate::apimetrics::{self, RequestCounts};
 use crate::convergence::{
     CpuSplit, FloorIdentity, Shows, Tracker, client_from, conversion_calls, events_drained,
     for_each_pet, hold_lease, kube_error, pet, prepare, quiet, shipped_options, spawn_baseline,
@@ -376,8 +376,10 @@ pub fn run_side(config: &BenchConfig, side: side_by_side::Side, namespaces: usiz
             pets,
             config.concurrency,
             config.floor_identity,
+            false,
             gate,
-        ),
+        )
+        .map(|(side, _)| side),
         side_by_side::Side::Operator => {
             run_operator(&rt, layout, pets, config.concurrency, false, gate).map(|(side, _)| side)
         }
@@ -603,8 +605,9 @@ fn run_floor(
     pets: usize,
     concurrency: usize,
     identity: FloorIdentity,
+    count: bool,
     gate: &dyn Fn(),
-) -> Result<SideResult> {
+) -> Result<(SideResult, RequestCounts)> {
     let setup = Setup::start(layout)?;
     let env = &setup.env;
     hold_lease(&env.cp)?;
@@ -621,6 +624,11 @@ fn run_floor(
         let baseline = spawn_floor_baseline(baseline_client, layout);
         quiet(env, webhook_pid).await;
         tokio::task::block_in_place(gate);
+        let api_before = if count {
+            apimetrics::scrape(&env.cp)?
+        } else {
+            RequestCounts::default()
+        };
         let conversions_before = conversion_calls(&env.cp)?;
         let meter = setup.meter(webhook_pid);
         let started = Instant::now();
@@ -630,12 +638,43 @@ fn run_floor(
             .await?;
         let time = started.elapsed();
         baseline.abort();
-        Ok(SideResult {
+        let side = SideResult {
             time,
             cpu: cpu_split(&meter),
             conversions: conversion_calls(&env.cp)?.saturating_sub(conversions_before),
-        })
+        };
+        let requests = if count {
+            apimetrics::diff(
+                &api_before,
+                &apimetrics::scrape(&env.cp)?,
+                &["pets", "serviceaccounts"],
+            )
+        } else {
+            RequestCounts::default()
+        };
+        Ok((side, requests))
     })
+}
+
+/// The floor alone in the spread layout, as the operator's ServiceAccount,
+/// with the requests to Pets and ServiceAccounts made while it converged
+/// (the benchmark's creates included): what its writes are checked by.
+pub fn measure_floor(
+    pets: usize,
+    namespaces: usize,
+    concurrency: usize,
+) -> Result<(SideResult, RequestCounts)> {
+    let rt = crate::runtime()?;
+    let layout = Layout::spread(namespaces);
+    run_floor(
+        &rt,
+        layout,
+        pets,
+        concurrency,
+        FloorIdentity::Operator,
+        true,
+        &|| {},
+    )
 }
 
 /// Each namespace's TokenRequest, made once; the Pets of a namespace wait

@@ -346,6 +346,27 @@ fn the_spread_benchmark_runs_end_to_end() -> fixtures::Result<()> {
         pair.first.time > std::time::Duration::ZERO && pair.second.time > std::time::Duration::ZERO,
         "both sides timed: {pair:?}"
     );
+    // The floor's writes, Pet by Pet: the pin, the finalizer and the
+    // status, and one TokenRequest per namespace; the creates are the
+    // benchmark's.
+    let (floor, requests) = spread::measure_floor(60, 6, 16)?;
+    assert!(floor.time > std::time::Duration::ZERO);
+    let count = |resource: &str, verb: &str| {
+        requests
+            .get(&(resource.to_owned(), verb.to_owned()))
+            .copied()
+            .unwrap_or(0)
+    };
+    assert_eq!(
+        (
+            count("pets", "POST"),
+            count("pets/status", "PATCH"),
+            count("pets", "PATCH"),
+            count("serviceaccounts/token", "POST"),
+        ),
+        (60, 120, 60, 6),
+        "{requests:?}"
+    );
     let section = spread::markdown(&result, "hack/bench.sh --spread 200 --spread-namespaces 20");
     assert!(
         section.starts_with(spread::SECTION.trim_start()),
