@@ -12,6 +12,9 @@
 #                                    # new Pets in another, each timed until Ready
 #   hack/bench.sh --token-cost 1h    # only tenancy's TokenRequests and store calls
 #                                    # at steady state, 20 namespaces, over the window
+#   hack/bench.sh --spread 20000     # only N Pets over 200 namespaces on 3 stores with
+#                                    # tenancy against one namespace on one store, and
+#                                    # operator ÷ floor side by side in that layout
 #   hack/bench.sh --tracing ...      # with every trace exported to a local Jaeger
 #
 # The arguments go to petstore-bench (benches/) unchanged; `--help` lists

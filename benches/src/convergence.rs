@@ -370,15 +370,19 @@ pub(crate) struct Tracker {
 
 impl Tracker {
     pub(crate) fn start(api: Api<Pet>) -> Self {
+        Self::start_with(api, watcher::Config::default())
+    }
+
+    /// [`Tracker::start`], watching only the Pets `config` selects (by
+    /// label, say, over every namespace).
+    pub(crate) fn start_with(api: Api<Pet>, config: watcher::Config) -> Self {
         let seen = Arc::new(Mutex::new(Seen::default()));
         let (tick, ticks) = watch::channel(0u64);
         let state = Arc::clone(&seen);
         tokio::spawn(async move {
             // An error (the conversion webhook restarting, say) is retried
             // after a backoff: the watch goes on, and relists.
-            let mut stream = watcher(api, watcher::Config::default())
-                .default_backoff()
-                .boxed();
+            let mut stream = watcher(api, config).default_backoff().boxed();
             while let Some(event) = stream.next().await {
                 let Ok(event) = event else { continue };
                 let mut seen = state.lock().expect("seen");
@@ -457,7 +461,7 @@ impl Tracker {
 /// a new CRD are slow (it builds the handler, validators and storage); the
 /// warm-up makes them outside the measurement, with Pets in a namespace of
 /// their own that are not counted. Returns the admin's client.
-async fn prepare(env: &Env) -> Result<kube::Client> {
+pub(crate) async fn prepare(env: &Env) -> Result<kube::Client> {
     env.cp.ensure_namespace(NAMESPACE)?;
     env.cp.ensure_namespace("warmup")?;
     let client = client_from(&env.cp.kubeconfig).await?;
@@ -1070,7 +1074,7 @@ async fn create_all_timed(
 /// Conversion webhook calls the API server has made for Pets and the webhook
 /// answered, from its
 /// `apiserver_crd_conversion_webhook_duration_seconds` histogram.
-fn conversion_calls(cp: &ControlPlane) -> Result<u64> {
+pub(crate) fn conversion_calls(cp: &ControlPlane) -> Result<u64> {
     let metrics = cp.kubectl(&["get", "--raw", "/metrics"])?;
     Ok(apimetrics::samples(
         &metrics,

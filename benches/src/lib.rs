@@ -13,6 +13,7 @@ pub mod plans;
 pub mod procstat;
 pub mod report;
 pub mod side_by_side;
+pub mod spread;
 pub mod store_load;
 pub mod token_cost;
 

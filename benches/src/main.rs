@@ -19,6 +19,7 @@ use petstore_bench::{self as bench, BenchConfig, BenchResults};
 /// one with --smoke.
 #[derive(Debug, Parser)]
 #[command(name = "petstore-bench")]
+#[command(group(clap::ArgGroup::new("spread_run").args(["spread", "side"]).multiple(true)))]
 struct Args {
     /// A tiny run, to check that the benchmarks work: the smaller defaults
     /// below, and short store cells.
@@ -171,6 +172,27 @@ struct Args {
         conflicts_with_all = ["store_only", "skip_store", "pairs_only", "side_by_side", "smoke", "tracing", "scale", "idle", "plans", "import", "fairness", "sizes", "pairs", "floor_as", "poll_max_rate"]
     )]
     token_cost: Option<std::time::Duration>,
+
+    /// Only the spread: this many Pets over --spread-namespaces namespaces
+    /// on 3 stores with tenancy, reached through the store kinds, against
+    /// the same Pets in one namespace on one store; then --pairs
+    /// floor-and-operator pairs side by side in the spread layout.
+    /// Rewrites only the report's spread section, which every other run
+    /// keeps [default: 20000].
+    #[arg(
+        long,
+        value_name = "N",
+        num_args = 0..=1,
+        default_missing_value = "20000",
+        value_parser = at_least_one,
+        conflicts_with_all = ["store_only", "skip_store", "pairs_only", "side_by_side", "smoke", "tracing", "scale", "idle", "plans", "import", "fairness", "token_cost", "sizes", "poll_max_rate"]
+    )]
+    spread: Option<usize>,
+
+    /// With --spread (and its sides): the namespaces the Pets spread over
+    /// [default: 200].
+    #[arg(long, value_name = "K", value_parser = at_least_one, requires = "spread_run")]
+    spread_namespaces: Option<usize>,
 
     /// With --token-cost: Pets in each namespace.
     #[arg(long, value_name = "N", default_value_t = 50, requires = "token_cost", value_parser = at_least_one)]
@@ -430,6 +452,18 @@ fn token_cost(args: &Args, window: std::time::Duration, out: &Path) -> ExitCode 
     write_section(out, SECTION, measured, markdown, |r| r.goal_met())
 }
 
+/// The --spread run: measures, then rewrites the report's spread section.
+fn spread(args: &Args, pets: usize, out: &Path) -> ExitCode {
+    use bench::spread::{NAMESPACES, SECTION, SpreadConfig, markdown, measure};
+    let config = SpreadConfig {
+        pets,
+        namespaces: args.spread_namespaces.unwrap_or(NAMESPACES),
+        bench: args.config(),
+    };
+    let measured = measure(&config, &progress);
+    write_section(out, SECTION, measured, markdown, |r| r.goal_met())
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     let out = args
@@ -456,8 +490,10 @@ fn main() -> ExitCode {
         };
         // Before any thread starts: every thread and process of the run
         // inherits the core.
-        let ran = bench::side_by_side::pin_to(cpu)
-            .and_then(|()| bench::side_by_side::run_side(&args.config(), side));
+        let ran = bench::side_by_side::pin_to(cpu).and_then(|()| match args.spread_namespaces {
+            Some(namespaces) => bench::spread::run_side(&args.config(), side, namespaces),
+            None => bench::side_by_side::run_side(&args.config(), side),
+        });
         return match ran {
             Ok(()) => ExitCode::SUCCESS,
             Err(err) => {
@@ -504,6 +540,9 @@ fn main() -> ExitCode {
     if let Some(records) = args.import {
         return import(records, &out);
     }
+    if let Some(pets) = args.spread {
+        return spread(&args, pets, &out);
+    }
     if args.pairs_only {
         let config = args.config();
         return match bench::run_pairs(&config, |step| eprintln!("[bench] {step}")) {
@@ -539,6 +578,7 @@ fn main() -> ExitCode {
         bench::idle::OBSERVE_SECTION,
         bench::plans::SECTION,
         bench::import::SECTION,
+        bench::spread::SECTION,
     ] {
         report = bench::report::keep_section(&report, &existing, heading);
     }
@@ -680,6 +720,46 @@ mod tests {
             (Some(10000), None, None)
         );
         assert!(parse(&["--import", "10000", "--out", "report.md"]).is_ok());
+    }
+
+    #[test]
+    fn spread_takes_a_number_of_pets_and_namespaces() {
+        let args = parse(&["--spread"]).expect("valid");
+        assert_eq!((args.spread, args.spread_namespaces), (Some(20000), None));
+        let args = parse(&[
+            "--spread",
+            "200",
+            "--spread-namespaces",
+            "20",
+            "--pairs",
+            "1",
+        ])
+        .expect("valid");
+        assert_eq!((args.spread, args.spread_namespaces), (Some(200), Some(20)));
+        assert_eq!(args.config().pairs, 1);
+        // A side of a spread pair takes the namespaces without --spread.
+        let side = parse(&[
+            "--side",
+            "operator",
+            "--cpu",
+            "0",
+            "--sizes",
+            "200",
+            "--spread-namespaces",
+            "20",
+        ])
+        .expect("the flags a spread pair passes");
+        assert_eq!(side.spread_namespaces, Some(20));
+        for args in [
+            &["--spread", "0"][..],
+            &["--spread-namespaces", "20"],
+            &["--spread", "200", "--spread-namespaces", "0"],
+            &["--spread", "200", "--sizes", "100"],
+            &["--spread", "200", "--fairness", "100"],
+            &["--spread", "200", "--smoke"],
+        ] {
+            assert!(parse(args).is_err(), "{args:?} accepted");
+        }
     }
 
     /// The defaults --help states are the configurations'.

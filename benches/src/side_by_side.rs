@@ -204,6 +204,30 @@ pub fn run_side(config: &BenchConfig, side: Side) -> Result<()> {
         .ok_or_else(|| protocol("a side needs one size"))?;
     let rt = runtime()?;
     let c = convergence_config(config, pets);
+    serve_side(|gate| match side {
+        Side::Floor => {
+            let floor = convergence::measure_floor_gated(&rt, &c, false, gate)?;
+            Ok(SideResult {
+                time: floor.time,
+                cpu: floor.cpu,
+                conversions: floor.conversions,
+            })
+        }
+        Side::Operator => {
+            let run = convergence::measure_operator_convergence_gated(&rt, &c, gate)?;
+            Ok(SideResult {
+                time: run.converge,
+                cpu: run.cpu,
+                conversions: run.conversions,
+            })
+        }
+    })
+}
+
+/// The protocol of a side around one run, whatever it measures: `measure`
+/// calls its gate once prepared and quiet; the gate says `ready` on stdout
+/// and returns on a line from stdin; the result is printed as one JSON line.
+pub fn serve_side(measure: impl FnOnce(&dyn Fn()) -> Result<SideResult>) -> Result<()> {
     let gate = || {
         let mut stdout = std::io::stdout().lock();
         let _ = writeln!(stdout, "ready");
@@ -212,24 +236,7 @@ pub fn run_side(config: &BenchConfig, side: Side) -> Result<()> {
         let mut go = String::new();
         let _ = std::io::stdin().lock().read_line(&mut go);
     };
-    let result = match side {
-        Side::Floor => {
-            let floor = convergence::measure_floor_gated(&rt, &c, false, &gate)?;
-            SideResult {
-                time: floor.time,
-                cpu: floor.cpu,
-                conversions: floor.conversions,
-            }
-        }
-        Side::Operator => {
-            let run = convergence::measure_operator_convergence_gated(&rt, &c, &gate)?;
-            SideResult {
-                time: run.converge,
-                cpu: run.cpu,
-                conversions: run.conversions,
-            }
-        }
-    };
+    let result = measure(&gate)?;
     let cpu = result.cpu;
     println!(
         "{}",
@@ -250,7 +257,13 @@ struct Runner {
 }
 
 impl Runner {
-    fn start(config: &BenchConfig, side: Side, pets: usize, cpu: usize) -> Result<Self> {
+    fn start(
+        config: &BenchConfig,
+        side: Side,
+        pets: usize,
+        cpu: usize,
+        more_args: &[String],
+    ) -> Result<Self> {
         let exe = match &config.side_runner {
             Some(exe) => exe.clone(),
             None => std::env::current_exe().map_err(fixtures::io("finding petstore-bench"))?,
@@ -263,6 +276,7 @@ impl Runner {
             .args(["--side", side.name(), "--cpu", &cpu.to_string()])
             .args(["--sizes", &pets.to_string(), "--floor-as", floor_as])
             .args(["--concurrency", &config.concurrency.to_string()])
+            .args(more_args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -366,6 +380,18 @@ pub fn pairs_at(
     sides: Sides,
     progress: &dyn Fn(&str),
 ) -> Result<Vec<SideBySide>> {
+    pairs_at_with(config, pets, sides, &[], progress)
+}
+
+/// [`pairs_at`], each side started with `more_args` too (the spread's
+/// layout, say).
+pub fn pairs_at_with(
+    config: &BenchConfig,
+    pets: usize,
+    sides: Sides,
+    more_args: &[String],
+    progress: &dyn Fn(&str),
+) -> Result<Vec<SideBySide>> {
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     if cores < 2 {
         return Err(protocol("side-by-side pairs need two cores"));
@@ -379,13 +405,16 @@ pub fn pairs_at(
         // 2.6%.
         let second_starts = pair % 2 == 0;
         let (mut first, mut second) = if second_starts {
-            let second = Runner::start(config, second_side, pets, 1 - first_cpu)?;
-            (Runner::start(config, first_side, pets, first_cpu)?, second)
+            let second = Runner::start(config, second_side, pets, 1 - first_cpu, more_args)?;
+            (
+                Runner::start(config, first_side, pets, first_cpu, more_args)?,
+                second,
+            )
         } else {
-            let first = Runner::start(config, first_side, pets, first_cpu)?;
+            let first = Runner::start(config, first_side, pets, first_cpu, more_args)?;
             (
                 first,
-                Runner::start(config, second_side, pets, 1 - first_cpu)?,
+                Runner::start(config, second_side, pets, 1 - first_cpu, more_args)?,
             )
         };
         first.ready()?;

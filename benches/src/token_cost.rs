@@ -69,7 +69,7 @@ impl TokenCostResult {
     }
 }
 
-fn tokens(metrics: &str) -> (u64, u64, u64) {
+pub(crate) fn tokens(metrics: &str) -> (u64, u64, u64) {
     let count = |account: &str, outcome: &str| {
         crate::apimetrics::samples(metrics, "petstore_operator_store_token_requests_total")
             .filter(|(labels, _)| {

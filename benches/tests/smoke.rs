@@ -289,3 +289,89 @@ fn the_plans_benchmark_runs_end_to_end() -> fixtures::Result<()> {
     );
     Ok(())
 }
+
+/// `--spread` at a tiny size (200 Pets over 20 namespaces on 3 stores),
+/// one pair: every Pet on the store its namespace's layout names, one
+/// tenant token per namespace, and the section written.
+#[test]
+fn the_spread_benchmark_runs_end_to_end() -> fixtures::Result<()> {
+    use bench::spread::{self, Layout, SpreadConfig};
+
+    let config = SpreadConfig {
+        pets: 200,
+        namespaces: 20,
+        bench: BenchConfig {
+            pairs: 1,
+            concurrency: 16,
+            side_runner: Some(env!("CARGO_BIN_EXE_petstore-bench").into()),
+            ..BenchConfig::smoke()
+        },
+    };
+    let result = spread::measure(&config, &|step| eprintln!("[bench smoke] {step}"))?;
+    let (spread_run, single) = (&result.spread, &result.single);
+    assert_eq!(
+        (
+            spread_run.namespaces,
+            spread_run.stores,
+            single.namespaces,
+            single.stores
+        ),
+        (20, 3, 1, 1)
+    );
+    // Checked Pet by Pet against the layout as they are counted.
+    assert_eq!(
+        spread_run.pets_per_store,
+        Layout::spread(20).pets_per_store(200)
+    );
+    assert_eq!(spread_run.pets_per_store, [70, 70, 60]);
+    assert_eq!(single.pets_per_store, [200]);
+    // Tokens are cached: one TokenRequest per namespace, and one for the
+    // observer of each store the Pets opened.
+    assert_eq!(spread_run.token_requests, (20, 3), "{spread_run:?}");
+    assert_eq!(single.token_requests, (1, 1), "{single:?}");
+    for run in [spread_run, single] {
+        assert!(run.operator_peak_rss_kib > 0, "{run:?}");
+        // Each Pet's pin, finalizer and status at least, and a record made.
+        assert!(run.writes_per_pet() >= 3.0, "{run:?}");
+        assert!(
+            run.store_calls.get("AddPets").is_some_and(|n| *n > 0),
+            "{run:?}"
+        );
+        assert!(run.apiserver_peak_rss_kib > 0 && run.etcd_peak_rss_kib > 0);
+        assert!(run.stores_peak_rss_kib > 0, "{run:?}");
+    }
+    assert_eq!(result.pairs.len(), 1);
+    let pair = &result.pairs[0];
+    assert!(
+        pair.first.time > std::time::Duration::ZERO && pair.second.time > std::time::Duration::ZERO,
+        "both sides timed: {pair:?}"
+    );
+    // The floor's writes, Pet by Pet: the pin, the finalizer and the
+    // status, and one TokenRequest per namespace; the creates are the
+    // benchmark's.
+    let (floor, requests) = spread::measure_floor(60, 6, 16)?;
+    assert!(floor.time > std::time::Duration::ZERO);
+    let count = |resource: &str, verb: &str| {
+        requests
+            .get(&(resource.to_owned(), verb.to_owned()))
+            .copied()
+            .unwrap_or(0)
+    };
+    assert_eq!(
+        (
+            count("pets", "POST"),
+            count("pets/status", "PATCH"),
+            count("pets", "PATCH"),
+            count("serviceaccounts/token", "POST"),
+        ),
+        (60, 120, 60, 6),
+        "{requests:?}"
+    );
+    let section = spread::markdown(&result, "hack/bench.sh --spread 200 --spread-namespaces 20");
+    assert!(
+        section.starts_with(spread::SECTION.trim_start()),
+        "{section}"
+    );
+    assert!(section.contains("| 70, 70, 60 |"), "{section}");
+    Ok(())
+}
