@@ -12,6 +12,11 @@
 #                                    # new Pets in another, each timed until Ready
 #   hack/bench.sh --token-cost 1h    # only tenancy's TokenRequests and store calls
 #                                    # at steady state, 20 namespaces, over the window
+#   hack/bench.sh --rotation 30m     # only certificate rotation: a TLS file changed every
+#                                    # --rotation-period (60s), --pets (1000) renamed
+#                                    # throughout; each change timed until in use
+#   hack/bench.sh --flood 60s        # only the operator's store calls, renames alone and
+#                                    # then while ghz floods the store from another client
 #   hack/bench.sh --tracing ...      # with every trace exported to a local Jaeger
 #
 # The arguments go to petstore-bench (benches/) unchanged; `--help` lists
