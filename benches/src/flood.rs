@@ -519,6 +519,30 @@ mod tests {
         assert!(!result(&idle, &[]).goal_met(), "no calls under the flood");
     }
 
+    #[test]
+    fn the_section_gives_the_ratio_and_ghz_by_status() {
+        let mut flooded = result(&[10, 10, 20], &[10, 30, 50]);
+        flooded.window = Duration::from_secs(10);
+        flooded.ghz = parse_ghz(
+            r#"{"count": 300, "rps": 30, "statusCodeDistribution": {"OK": 100, "ResourceExhausted": 150, "Unavailable": 50}}"#,
+        )
+        .expect("parses");
+        let section = markdown(&flooded, "hack/bench.sh --flood 10s");
+        assert!(section.starts_with("## Store under a flood"), "{section}");
+        assert!(
+            section.contains("| ≤ 2.0 | 2.50 | **not met** |"),
+            "{section}"
+        );
+        assert!(
+            section.contains("| | 30 / 10; 100 / 150 / 50 | |"),
+            "{section}"
+        );
+        assert!(
+            section.contains("ResourceExhausted 150, Unavailable 50."),
+            "{section}"
+        );
+    }
+
     #[tokio::test]
     async fn the_relay_connects_from_127_0_0_2_and_passes_bytes_untouched() {
         use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
