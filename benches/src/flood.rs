@@ -71,6 +71,10 @@ const SERVICE: &str = "bench-operator";
 pub struct FloodConfig {
     pub pets: usize,
     pub window: Duration,
+    /// ghz's calls at once and connections: [`FLOOD_CONCURRENCY`] and
+    /// [`FLOOD_CONNECTIONS`], less in the test command's smoke run, which
+    /// shares the machine with other tests.
+    pub ghz: (usize, usize),
 }
 
 /// What ghz said of its flood.
@@ -122,6 +126,8 @@ pub struct FloodResult {
     /// Renames taken in each window (idle, flood).
     pub edits: (u64, u64),
     pub ghz: GhzFlood,
+    /// ghz's calls at once and connections.
+    pub ghz_load: (usize, usize),
     /// Connections the store closed at once, over the flood window.
     pub connections_refused: u64,
     /// The operator's store calls that did not end OK, in the flood window.
@@ -224,6 +230,7 @@ fn store_calls_between(
 /// ghz flooding `addr` with `GetPets` of `id` for `window`, with the
 /// client certificate in `tls`; its report, whatever its exit status.
 fn flood(
+    (concurrency, connections): (usize, usize),
     addr: &str,
     tls: &fixtures::petstore::StoreTls,
     id: &str,
@@ -238,8 +245,8 @@ fn flood(
         .arg(&tls.client_key)
         .args(["--call", "petstore.PetStore/GetPets"])
         .args(["-d", &format!(r#"{{"ids":["{id}"]}}"#)])
-        .args(["-c", &FLOOD_CONCURRENCY.to_string()])
-        .args(["--connections", &FLOOD_CONNECTIONS.to_string()])
+        .args(["-c", &concurrency.to_string()])
+        .args(["--connections", &connections.to_string()])
         .args(["-z", &format!("{}ms", window.as_millis())])
         .args(["-O", "json", addr])
         .output()
@@ -329,13 +336,15 @@ pub fn measure(config: &FloodConfig, progress: &dyn Fn(&str)) -> Result<FloodRes
     let refused_before = refused(&env.store.metrics_addr)?;
     let failed_before = crate::rotation::operator_failed(&operator.metrics()?);
     progress(&format!(
-        "flood: {} s of renames while ghz floods the store ({FLOOD_CONCURRENCY} calls at once over {FLOOD_CONNECTIONS} connections)",
-        config.window.as_secs()
+        "flood: {} s of renames while ghz floods the store ({} calls at once over {} connections)",
+        config.window.as_secs(),
+        config.ghz.0,
+        config.ghz.1
     ));
     let flood_churn = Churn::start(&rt, api.clone(), n, EDITS_PER_SECOND, "f");
     let flood_from = SystemTime::now();
     // ghz runs for the window, then stops.
-    let ghz = flood(&env.store.addr, &tls, &id, config.window)?;
+    let ghz = flood(config.ghz, &env.store.addr, &tls, &id, config.window)?;
     let flood_to = SystemTime::now();
     let (flood_edits, _) = flood_churn.stop(&rt);
     let load = crate::report::load_average();
@@ -358,6 +367,7 @@ pub fn measure(config: &FloodConfig, progress: &dyn Fn(&str)) -> Result<FloodRes
         flood: flooded,
         edits: (idle_edits, flood_edits),
         ghz,
+        ghz_load: config.ghz,
         connections_refused,
         operator_failed,
         load,
@@ -375,10 +385,12 @@ pub fn markdown(result: &FloodResult, command: &str) -> String {
     let _ = writeln!(out, "{}\n", SECTION.trim_start());
     let _ = writeln!(
         out,
-        "{} The store with its shipped bounds (`--max-connections-per-client` 64, `--max-concurrent-requests` 1024, half of it per client) and mutual TLS; one operator with its shipped settings, reaching the store through a relay that connects from 127.0.0.2, so that the store tells it from ghz (127.0.0.1) as it tells two Pods apart. {} Pets Ready, then two {} windows of renames through the API server, {EDITS_PER_SECOND} a second: the first with nothing else on the store, the second while ghz floods it with `GetPets` ({FLOOD_CONCURRENCY} calls at once over {FLOOD_CONNECTIONS} connections, as fast as it can). Each of the operator's store calls is timed by its span (`store.<Method>`, exported to an OpenTelemetry Collector in both windows): the operator's histogram has buckets a factor of 2 apart, as wide as the goal. Load averages at the end of the flood: {}.\n",
+        "{} The store with its shipped bounds (`--max-connections-per-client` 64, `--max-concurrent-requests` 1024, half of it per client) and mutual TLS; one operator with its shipped settings, reaching the store through a relay that connects from 127.0.0.2, so that the store tells it from ghz (127.0.0.1) as it tells two Pods apart. {} Pets Ready, then two {} windows of renames through the API server, {EDITS_PER_SECOND} a second: the first with nothing else on the store, the second while ghz floods it with `GetPets` ({} calls at once over {} connections, as fast as it can). Each of the operator's store calls is timed by its span (`store.<Method>`, exported to an OpenTelemetry Collector in both windows): the operator's histogram has buckets a factor of 2 apart, as wide as the goal. Load averages at the end of the flood: {}.\n",
         crate::report::measured_with(command, &result.commit, &result.started_at),
         result.pets,
         crate::report::duration_words(result.window),
+        result.ghz_load.0,
+        result.ghz_load.1,
         result.load,
     );
     let _ = writeln!(out, "{}", crate::report::GOAL_TABLE);

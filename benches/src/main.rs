@@ -498,6 +498,10 @@ fn flood(args: &Args, window: std::time::Duration, out: &Path) -> ExitCode {
     let config = FloodConfig {
         pets: args.pets,
         window,
+        ghz: (
+            bench::flood::FLOOD_CONCURRENCY,
+            bench::flood::FLOOD_CONNECTIONS,
+        ),
     };
     let measured = measure(&config, &progress);
     write_section(out, SECTION, measured, markdown, |r| r.goal_met())
