@@ -15,6 +15,11 @@
 #   hack/bench.sh --spread 20000     # only N Pets over 200 namespaces on 3 stores with
 #                                    # tenancy against one namespace on one store, and
 #                                    # operator ÷ floor side by side in that layout
+#   hack/bench.sh --rotation 30m     # only certificate rotation: a TLS file changed every
+#                                    # --rotation-period (60s), --pets (1000) renamed
+#                                    # throughout; each change timed until in use
+#   hack/bench.sh --flood 60s        # only the operator's store calls, renames alone and
+#                                    # then while ghz floods the store from another client
 #   hack/bench.sh --tracing ...      # with every trace exported to a local Jaeger
 #
 # The arguments go to petstore-bench (benches/) unchanged; `--help` lists

@@ -198,6 +198,46 @@ struct Args {
     #[arg(long, value_name = "N", default_value_t = 50, requires = "token_cost", value_parser = at_least_one)]
     token_cost_pets: usize,
 
+    /// Only certificate rotation, over a real window this long (at most
+    /// 1h) [default: 30m]: the store and an operator with mutual TLS from
+    /// files, --pets Pets renamed throughout, a TLS file changed every
+    /// --rotation-period, each cycle of six moving both sides to a new CA;
+    /// each change timed until in use. Rewrites only the report's rotation
+    /// section, which every other run keeps.
+    #[arg(
+        long,
+        value_name = "WINDOW",
+        value_parser = idle_window,
+        num_args = 0..=1,
+        default_missing_value = "30m",
+        conflicts_with_all = ["store_only", "skip_store", "pairs_only", "side_by_side", "smoke", "tracing", "scale", "idle", "plans", "import", "fairness", "token_cost", "sizes", "pairs", "floor_as", "poll_max_rate"]
+    )]
+    rotation: Option<std::time::Duration>,
+
+    /// Only the store under a flood: the store with its shipped bounds and
+    /// mutual TLS, an operator reaching it from another address, --pets
+    /// Pets Ready, then renames for two windows this long (at most 1h)
+    /// [default: 60s], the second while ghz floods the store; the
+    /// operator's store-call p99 in each. Rewrites only the report's flood
+    /// section, which every other run keeps.
+    #[arg(
+        long,
+        value_name = "WINDOW",
+        value_parser = idle_window,
+        num_args = 0..=1,
+        default_missing_value = "60s",
+        conflicts_with_all = ["store_only", "skip_store", "pairs_only", "side_by_side", "smoke", "tracing", "scale", "idle", "plans", "import", "fairness", "token_cost", "sizes", "pairs", "floor_as", "poll_max_rate", "rotation"]
+    )]
+    flood: Option<std::time::Duration>,
+
+    /// With --rotation: how often a TLS file changes.
+    #[arg(long, value_name = "PERIOD", default_value = "60s", requires = "rotation", value_parser = period)]
+    rotation_period: std::time::Duration,
+
+    /// With --rotation or --flood: the Pets converged, then renamed.
+    #[arg(long, value_name = "N", default_value_t = 1000, value_parser = at_least_one)]
+    pets: usize,
+
     /// Where to write the report; the plot goes to docs/convergence.svg in
     /// the report's folder [default: BENCHMARKS.md at the repository root].
     #[arg(long, value_name = "PATH")]
@@ -232,6 +272,15 @@ fn idle_window(text: &str) -> Result<std::time::Duration, String> {
         ));
     }
     Ok(window)
+}
+
+/// A period: a duration of at least a second.
+fn period(text: &str) -> Result<std::time::Duration, String> {
+    let period = petstore_process::parse_duration(text).map_err(|e| e.to_string())?;
+    if period < std::time::Duration::from_secs(1) {
+        return Err(format!("{text:?}: the period is at least 1s"));
+    }
+    Ok(period)
 }
 
 /// A whole number, 0 or more.
@@ -464,6 +513,34 @@ fn spread(args: &Args, pets: usize, out: &Path) -> ExitCode {
     write_section(out, SECTION, measured, markdown, |r| r.goal_met())
 }
 
+/// The --rotation run: measures, then rewrites the report's rotation
+/// section.
+fn rotation(args: &Args, window: std::time::Duration, out: &Path) -> ExitCode {
+    use bench::rotation::{RotationConfig, SECTION, markdown, measure};
+    let config = RotationConfig {
+        pets: args.pets,
+        window,
+        period: args.rotation_period,
+    };
+    let measured = measure(&config, &progress);
+    write_section(out, SECTION, measured, markdown, |r| r.goal_met())
+}
+
+/// The --flood run: measures, then rewrites the report's flood section.
+fn flood(args: &Args, window: std::time::Duration, out: &Path) -> ExitCode {
+    use bench::flood::{FloodConfig, SECTION, markdown, measure};
+    let config = FloodConfig {
+        pets: args.pets,
+        window,
+        ghz: (
+            bench::flood::FLOOD_CONCURRENCY,
+            bench::flood::FLOOD_CONNECTIONS,
+        ),
+    };
+    let measured = measure(&config, &progress);
+    write_section(out, SECTION, measured, markdown, |r| r.goal_met())
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     let out = args
@@ -543,6 +620,12 @@ fn main() -> ExitCode {
     if let Some(pets) = args.spread {
         return spread(&args, pets, &out);
     }
+    if let Some(window) = args.rotation {
+        return rotation(&args, window, &out);
+    }
+    if let Some(window) = args.flood {
+        return flood(&args, window, &out);
+    }
     if args.pairs_only {
         let config = args.config();
         return match bench::run_pairs(&config, |step| eprintln!("[bench] {step}")) {
@@ -579,6 +662,8 @@ fn main() -> ExitCode {
         bench::plans::SECTION,
         bench::import::SECTION,
         bench::spread::SECTION,
+        bench::rotation::SECTION,
+        bench::flood::SECTION,
     ] {
         report = bench::report::keep_section(&report, &existing, heading);
     }
@@ -757,6 +842,51 @@ mod tests {
             &["--spread", "200", "--sizes", "100"],
             &["--spread", "200", "--fairness", "100"],
             &["--spread", "200", "--smoke"],
+        ] {
+            assert!(parse(args).is_err(), "{args:?} accepted");
+        }
+    }
+
+    #[test]
+    fn rotation_and_flood_take_a_window_and_pets() {
+        let args = parse(&["--rotation"]).expect("the default window");
+        assert_eq!(args.rotation, Some(std::time::Duration::from_secs(30 * 60)));
+        assert_eq!(args.rotation_period, std::time::Duration::from_secs(60));
+        assert_eq!(args.pets, 1000);
+        let args = parse(&[
+            "--rotation",
+            "2m",
+            "--rotation-period",
+            "20s",
+            "--pets",
+            "50",
+        ])
+        .expect("a smoke's flags");
+        assert_eq!(
+            (args.rotation, args.rotation_period, args.pets),
+            (
+                Some(std::time::Duration::from_secs(120)),
+                std::time::Duration::from_secs(20),
+                50
+            )
+        );
+        let args = parse(&["--flood"]).expect("the default window");
+        assert_eq!(args.flood, Some(std::time::Duration::from_secs(60)));
+        let args = parse(&["--flood", "10s", "--pets", "50"]).expect("a smoke's flags");
+        assert_eq!(
+            (args.flood, args.pets),
+            (Some(std::time::Duration::from_secs(10)), 50)
+        );
+        for args in [
+            &["--rotation", "2h"][..],
+            &["--rotation-period", "20s"],
+            &["--rotation", "2m", "--rotation-period", "0s"],
+            &["--rotation", "2m", "--pets", "0"],
+            &["--rotation", "2m", "--smoke"],
+            &["--rotation", "2m", "--import", "10"],
+            &["--rotation", "2m", "--flood"],
+            &["--flood", "0s"],
+            &["--flood", "1m", "--store-only"],
         ] {
             assert!(parse(args).is_err(), "{args:?} accepted");
         }

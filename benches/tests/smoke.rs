@@ -6,6 +6,9 @@ use petstore_bench::{self as bench, BenchConfig};
 
 #[test]
 fn benchmarks_run_end_to_end() -> fixtures::Result<()> {
+    let _one = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let config = BenchConfig {
         // The side-by-side pairs run each side in a process of its own.
         side_runner: Some(env!("CARGO_BIN_EXE_petstore-bench").into()),
@@ -297,6 +300,9 @@ fn the_plans_benchmark_runs_end_to_end() -> fixtures::Result<()> {
 #[test]
 fn the_spread_benchmark_runs_end_to_end() -> fixtures::Result<()> {
     use bench::spread::{self, Layout, SpreadConfig};
+    let _one = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
 
     let config = SpreadConfig {
         pets: 60,
@@ -369,5 +375,69 @@ fn the_spread_benchmark_runs_end_to_end() -> fixtures::Result<()> {
         "{section}"
     );
     assert!(section.contains("| 20, 20, 20 |"), "{section}");
+    Ok(())
+}
+
+/// The smoke runs below start control planes and load the machine: one at
+/// a time, and not beside the run above's timings.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// `hack/bench.sh --rotation`, tiny: a whole CA move (six changes), each
+/// change in use, no failed store call, no restart.
+#[test]
+fn rotation_runs_end_to_end() -> fixtures::Result<()> {
+    use petstore_bench::rotation::{CYCLE, RotationConfig, measure};
+    let _one = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let config = RotationConfig {
+        pets: 10,
+        window: std::time::Duration::from_secs(18),
+        period: std::time::Duration::from_secs(3),
+    };
+    let result = measure(&config, &|step| eprintln!("[bench smoke] {step}"))?;
+    assert_eq!(result.rotations.len(), CYCLE.len(), "{result:?}");
+    assert_eq!(result.ca_moves(), 1, "{result:?}");
+    assert_eq!(result.never_in_use(), 0, "{result:?}");
+    assert_eq!(result.operator_failed_total(), 0, "{result:?}");
+    assert!(result.restarted.is_empty(), "{result:?}");
+    assert!(result.edits > 0 && result.operator_ok > 0, "{result:?}");
+    // Three changes each side, each read once.
+    assert_eq!(
+        (result.store_reloads.0, result.operator_reloads.0),
+        (3, 3),
+        "{result:?}"
+    );
+    Ok(())
+}
+
+/// `hack/bench.sh --flood`, tiny: the operator's calls timed in both
+/// windows, ghz answered and refused.
+#[test]
+fn flood_runs_end_to_end() -> fixtures::Result<()> {
+    use petstore_bench::flood::{CONNECTIONS_PER_CLIENT, FloodConfig, measure};
+    let _one = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    // Small beside the full run's ghz: this shares the machine with the
+    // end-to-end stories. Still more connections than one client may hold.
+    let connections = CONNECTIONS_PER_CLIENT + 8;
+    let config = FloodConfig {
+        pets: 10,
+        window: std::time::Duration::from_secs(3),
+        ghz: (connections, connections),
+    };
+    let result = measure(&config, &|step| eprintln!("[bench smoke] {step}"))?;
+    assert!(
+        !result.idle.is_empty() && !result.flood.is_empty(),
+        "the operator's calls timed in both windows: {result:?}"
+    );
+    assert!(result.ghz.code("OK") > 0, "{:?}", result.ghz);
+    // ghz opens more connections than one client may hold: the store
+    // closes the rest as they come.
+    assert!(
+        result.connections_refused >= (connections - CONNECTIONS_PER_CLIENT) as u64,
+        "{result:?}"
+    );
     Ok(())
 }

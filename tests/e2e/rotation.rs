@@ -8,24 +8,19 @@
 //! files replaced by `mv`, its certificate once before its key.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use fixtures::certs::{Pki, SecretVolume};
 use fixtures::env::is_ready;
-use fixtures::http::scrape;
 use fixtures::petstore::StoreTls;
+use fixtures::rotation::{self, alive, bundle, der, presented, replace};
 use fixtures::{Env, Result, Storage};
-use rustls_pki_types::pem::PemObject as _;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
 const PETS: usize = 50;
 /// The issue's bound: the new certificate in use within this long of the
 /// file change, measured from the change.
 const IN_USE: Duration = Duration::from_secs(5);
-/// How finely "in use" is polled.
-const POLL: Duration = Duration::from_millis(50);
 /// For things without a bound of their own (Pets turning Ready).
 const SETTLE: Duration = Duration::from_secs(120);
 
@@ -41,107 +36,15 @@ fn pet_yaml(index: usize) -> String {
     )
 }
 
-/// Replaces `to` with `from`'s content as `mv` does: a new inode renamed
-/// over it.
-fn replace(to: &Path, from: &[&Path]) -> Result<()> {
-    let mut text = String::new();
-    for file in from {
-        text.push_str(
-            &std::fs::read_to_string(file).map_err(fixtures::io(format!("reading {file:?}")))?,
-        );
-    }
-    let next = to.with_extension("next");
-    std::fs::write(&next, text).map_err(fixtures::io("writing a TLS file"))?;
-    std::fs::rename(&next, to).map_err(fixtures::io("replacing a TLS file"))
+/// How long after `since` `check` first held; an error after [`IN_USE`]
+/// twice over (the assertion on [`IN_USE`] is the caller's, with the
+/// figure).
+fn took(what: &str, since: Instant, check: impl FnMut() -> bool) -> Result<Duration> {
+    rotation::took(what, since, IN_USE * 2, check)
 }
 
-/// Both CAs' PEM in one file, as a bundle in rotation is.
-fn bundle(dir: &Path, cas: &[&Path]) -> Result<PathBuf> {
-    let file = dir.join(format!("bundle-{}.crt", cas.len()));
-    replace(&file, cas)?;
-    Ok(file)
-}
-
-fn der(file: &Path) -> Vec<u8> {
-    CertificateDer::from_pem_file(file)
-        .map(|cert| cert.to_vec())
-        .unwrap_or_default()
-}
-
-/// One handshake with the store, as a scanner makes it: the certificate
-/// it presented, trusting `cas` and presenting `client`. `None` if it
-/// failed.
-fn presented(addr: &str, cas: &[&Path], client: (&Path, &Path)) -> Option<Vec<u8>> {
-    let mut roots = rustls::RootCertStore::empty();
-    for ca in cas {
-        for cert in CertificateDer::pem_file_iter(ca).ok()? {
-            roots.add(cert.ok()?).ok()?;
-        }
-    }
-    let chain = vec![CertificateDer::from_pem_file(client.0).ok()?];
-    let key = PrivateKeyDer::from_pem_file(client.1).ok()?;
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .ok()?
-    .with_root_certificates(roots)
-    .with_client_auth_cert(chain, key)
-    .ok()?;
-    let name = ServerName::try_from("127.0.0.1").ok()?;
-    let mut tls = rustls::ClientConnection::new(Arc::new(config), name).ok()?;
-    let mut tcp = std::net::TcpStream::connect(addr).ok()?;
-    tcp.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    while tls.is_handshaking() {
-        tls.complete_io(&mut tcp).ok()?;
-    }
-    Some(tls.peer_certificates()?.first()?.to_vec())
-}
-
-/// How long after `since` `check` first held, polled every [`POLL`]; an
-/// error after [`IN_USE`] twice over (the assertion on [`IN_USE`] is the
-/// caller's, with the figure).
-fn took(what: &str, since: Instant, mut check: impl FnMut() -> bool) -> Result<Duration> {
-    loop {
-        if check() {
-            return Ok(since.elapsed());
-        }
-        if since.elapsed() > IN_USE * 2 {
-            return Err(fixtures::Error::Timeout(IN_USE * 2, what.to_owned()));
-        }
-        std::thread::sleep(POLL);
-    }
-}
-
-fn series(scrape: &str, name: &str, labels: &str) -> f64 {
-    fixtures::http::sum_series(scrape, name, labels)
-}
-
-/// The operator's store calls by outcome, as its metric counts them:
-/// (answered OK, every other outcome's series with a count).
 fn store_calls(operator: &fixtures::Operator) -> Result<(f64, Vec<String>)> {
-    let text = operator.metrics()?;
-    let name = "petstore_operator_store_call_duration_seconds_count";
-    let ok = series(&text, name, r#"outcome="OK""#);
-    let failed = text
-        .lines()
-        .filter(|line| line.starts_with(name) && !line.contains(r#"outcome="OK""#))
-        .filter(|line| !line.ends_with(" 0"))
-        .map(str::to_owned)
-        .collect();
-    Ok((ok, failed))
-}
-
-fn reloads(metrics_addr: &str, name: &str, outcome: &str) -> f64 {
-    scrape(metrics_addr)
-        .map(|text| series(&text, name, &format!(r#"outcome="{outcome}""#)))
-        .unwrap_or_default()
-}
-
-/// Whether the process `pid` still runs (a restarted one has another).
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .is_ok_and(|stat| !stat.split(") ").nth(1).is_some_and(|s| s.starts_with('Z')))
+    Ok(rotation::store_calls(&operator.metrics()?))
 }
 
 #[test]
@@ -216,24 +119,11 @@ fn certificates_and_cas_rotate_live_while_pets_change() -> Result<()> {
     let store_addr = env.store.addr.clone();
     let store_metrics = env.store.metrics_addr.clone();
     let operator_metrics = operator.metrics_addr.clone();
-    let store_reloads =
-        |outcome| reloads(&store_metrics, "petstore_server_tls_reloads_total", outcome);
-    let operator_reloads = |outcome| {
-        reloads(
-            &operator_metrics,
-            "petstore_operator_tls_reloads_total",
-            outcome,
-        )
-    };
+    let store_reloads = |outcome| rotation::store_reloads(&store_metrics, outcome);
+    let operator_reloads = |outcome| rotation::operator_reloads(&operator_metrics, outcome);
     // A connection made with the operator's files as they are now: one
     // more than before they changed.
-    let operator_connections = || {
-        reloads(
-            &operator_metrics,
-            "petstore_operator_store_tls_connections_total",
-            "ok",
-        )
-    };
+    let operator_connections = || rotation::operator_connections(&operator_metrics, "ok");
     let mut figures = Vec::new();
 
     let stop = AtomicBool::new(false);
