@@ -266,6 +266,10 @@ pub struct Figures {
     pub etcd_peak_rss_kib: u64,
     /// The stores the Pets use, summed.
     pub stores_peak_rss_kib: u64,
+    /// Connections the stores closed at once, over one client's bound
+    /// (`petstore_server_connections_refused_total`, summed): the
+    /// operator's own, since nothing else calls them.
+    pub connections_refused: u64,
 }
 
 impl Figures {
@@ -311,7 +315,13 @@ impl SpreadResult {
     }
 
     pub fn goal_met(&self) -> bool {
-        self.rss_met() && self.pairs_met()
+        self.rss_met() && self.pairs_met() && self.no_connection_refused()
+    }
+
+    /// The operator kept within each store's bound on one client's
+    /// connections, however many store objects name the store.
+    pub fn no_connection_refused(&self) -> bool {
+        self.spread.connections_refused == 0 && self.single.connections_refused == 0
     }
 }
 
@@ -548,6 +558,18 @@ fn run_operator(
                 apiserver_peak_rss_kib: peak(env.cp.apiserver_pid()),
                 etcd_peak_rss_kib: peak(env.cp.etcd_pid()),
                 stores_peak_rss_kib: setup.stores.iter().map(|s| peak(s.process().pid())).sum(),
+                connections_refused: setup
+                    .stores
+                    .iter()
+                    .map(|store| {
+                        fixtures::http::scrape(&store.metrics_addr).map(|text| {
+                            crate::convergence::metric_sum(
+                                &text,
+                                "petstore_server_connections_refused_total",
+                            ) as u64
+                        })
+                    })
+                    .sum::<Result<u64>>()?,
             },
         ))
     })
@@ -830,6 +852,13 @@ pub fn markdown(result: &SpreadResult, command: &str) -> String {
             .join(", "),
         crate::report::verdict(result.pairs_met()),
     );
+    let _ = writeln!(
+        out,
+        "| connections the stores refused the operator (one client's bound, 64 each) | 0 | {} / {} (spread / single) | {} |",
+        spread.connections_refused,
+        single.connections_refused,
+        crate::report::verdict(result.no_connection_refused()),
+    );
     let both =
         |what: &str, a: String, b: String| format!("| {what}, spread / single | | {a} / {b} | |");
     for row in [
@@ -1031,6 +1060,14 @@ mod tests {
             !result.pairs_met() && !result.goal_met(),
             "one pair at 1.12"
         );
+        result.pairs.pop();
+        result.spread.connections_refused = 1;
+        assert!(
+            !result.no_connection_refused() && !result.goal_met(),
+            "a store refused the operator a connection"
+        );
+        result.spread.connections_refused = 0;
+        assert!(result.goal_met());
         result.pairs.clear();
         assert!(!result.goal_met(), "no pair shows nothing");
         result.pairs.push(pair(10.0, 10.0));

@@ -346,6 +346,7 @@ fn the_spread_benchmark_runs_end_to_end() -> fixtures::Result<()> {
         );
         assert!(run.apiserver_peak_rss_kib > 0 && run.etcd_peak_rss_kib > 0);
         assert!(run.stores_peak_rss_kib > 0, "{run:?}");
+        assert_eq!(run.connections_refused, 0, "{run:?}");
     }
     assert!(result.pairs.is_empty());
     // The floor's writes, Pet by Pet: the pin, the finalizer and the

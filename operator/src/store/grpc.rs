@@ -254,6 +254,21 @@ impl GrpcPetStore {
         self
     }
 
+    /// A client of the same store over the same channel and call budget,
+    /// for another store object that names the same endpoint. Its noted
+    /// writes are its own: each object follows its own feed, and a feed
+    /// that met another object's echo would take it from that object's.
+    pub fn on_same_channel(&self) -> Self {
+        Self {
+            rpc: self.rpc.clone(),
+            channel: self.channel.clone(),
+            layer: self.layer.clone(),
+            echoes: Arc::default(),
+            create_batch_wait: self.create_batch_wait,
+            creates: Arc::default(),
+        }
+    }
+
     /// A client of the same store for one caller: every call carries
     /// `credentials`' token. It shares the channel, the call budget and the
     /// noted writes (one store, one feed), and batches its own creates (a

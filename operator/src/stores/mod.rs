@@ -10,12 +10,13 @@
 //!   tenancy to check tokens by;
 //! - this module: the watch caches of `PetStore`, `ClusterPetStore` and
 //!   Namespace that the rule reads, and the clients, opened on a store's
-//!   first use, one per store and namespace over one channel per store,
-//!   and closed when no Pet has used the store for a while, or its object
+//!   first use, one per store and namespace, over a channel the store
+//!   objects naming one endpoint share ([`channels`]), and closed when no Pet has used the store for a while, or its object
 //!   is gone or changed; with each open store, a client that reads its
 //!   change feed as the operator's own ServiceAccount ([`Stores::feeds`]).
 
 pub mod caller;
+pub mod channels;
 pub mod issuer;
 pub mod resolve;
 pub mod status;
@@ -43,6 +44,7 @@ use crate::store::PetStore as StoreClient;
 use crate::store::budget::CallBudget;
 use crate::store::grpc::{GrpcPetStore, StoreCallMetrics};
 use caller::AsCaller as _;
+use channels::{ChannelKey, ChannelPool};
 use resolve::{Endpoint, Known};
 pub use resolve::{Refused, Resolved, StoreId};
 use tokens::{ObserverAccount, TenantCredentials, TokenMinter};
@@ -181,6 +183,9 @@ pub struct Stores {
     /// operator's own store, and one that names a store is held.
     caches: Option<Caches>,
     open: Mutex<HashMap<StoreId, Open>>,
+    /// The channels of the open stores, shared by the objects naming one
+    /// endpoint.
+    channels: Mutex<ChannelPool<GrpcPetStore>>,
     settings: ClientSettings,
     metrics: StoreCallMetrics,
     changed: broadcast::Sender<Changed>,
@@ -244,6 +249,7 @@ impl Stores {
             client,
             caches,
             open: Mutex::default(),
+            channels: Mutex::default(),
             settings,
             metrics,
             changed,
@@ -265,6 +271,7 @@ impl Stores {
             client,
             caches: None,
             open: Mutex::default(),
+            channels: Mutex::default(),
             settings: ClientSettings {
                 call_timeout: Duration::from_secs(10),
                 qps: 0.0,
@@ -407,19 +414,31 @@ impl Stores {
             Some((ca_namespace, source)) => Some(self.read_ca(ca_namespace, source).await?),
             None => None,
         };
-        let base = GrpcPetStore::connect_lazy_pem(
-            &endpoint.address,
-            self.settings.call_timeout,
-            ca.as_deref(),
-            endpoint.server_name.as_deref(),
-            self.metrics.clone(),
-        )
-        .map_err(|error| Refused {
-            reason: Reason::StoreNotFound,
-            message: format!("{id} cannot be used: {error}"),
-        })?
-        .with_budget(CallBudget::new(self.settings.qps, self.settings.burst))
-        .with_create_batching(self.settings.create_batch_wait);
+        let key = ChannelKey {
+            address: endpoint.address.clone(),
+            ca: ca.clone(),
+            server_name: endpoint.server_name.clone(),
+        };
+        let base = self
+            .lock_channels()
+            .join(key, id, || {
+                GrpcPetStore::connect_lazy_pem(
+                    &endpoint.address,
+                    self.settings.call_timeout,
+                    ca.as_deref(),
+                    endpoint.server_name.as_deref(),
+                    self.metrics.clone(),
+                )
+                .map(|base| {
+                    base.with_budget(CallBudget::new(self.settings.qps, self.settings.burst))
+                        .with_create_batching(self.settings.create_batch_wait)
+                })
+            })
+            .map_err(|error| Refused {
+                reason: Reason::StoreNotFound,
+                message: format!("{id} cannot be used: {error}"),
+            })?
+            .on_same_channel();
         info!(store = %id, address = %endpoint.address, "opening a store");
         let credentials =
             TenantCredentials::new(Arc::clone(&self.minter), namespace, &endpoint.audience);
@@ -449,6 +468,13 @@ impl Stores {
 
     fn lock_open(&self) -> std::sync::MutexGuard<'_, HashMap<StoreId, Open>> {
         self.open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Taken alone, or after [`Stores::lock_open`], never before it.
+    fn lock_channels(&self) -> std::sync::MutexGuard<'_, ChannelPool<GrpcPetStore>> {
+        self.channels
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -485,6 +511,11 @@ impl Stores {
             false
         });
         if !closed.is_empty() {
+            let mut channels = self.lock_channels();
+            for id in &closed {
+                channels.leave(id);
+            }
+            drop(channels);
             self.feeds.send_modify(|feeds| {
                 for id in &closed {
                     feeds.remove(id);
