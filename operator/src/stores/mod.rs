@@ -650,6 +650,37 @@ mod tests {
         stores
     }
 
+    /// The wiring of [`channels`]: 40 `PetStore/default`s naming one
+    /// store, each opened by a Pet of its namespace, make 2 channels (a
+    /// connection each), not 40; closed, they leave none.
+    #[tokio::test]
+    async fn store_objects_naming_one_endpoint_share_channels_and_close_them() {
+        let stores = open_stores(&[]);
+        let endpoint = Endpoint {
+            address: "127.0.0.1:1".into(),
+            audience: "petstore".into(),
+            ca: None,
+            server_name: None,
+            generation: Some(1),
+        };
+        let ids: Vec<StoreId> = (0..40)
+            .map(|i| StoreId::namespaced(&format!("team-{i}"), "default"))
+            .collect();
+        for (i, id) in ids.iter().enumerate() {
+            stores
+                .client_for(id, &endpoint, &format!("team-{i}"))
+                .await
+                .expect("opened");
+        }
+        assert_eq!(stores.lock_open().len(), 40);
+        assert_eq!(stores.lock_channels().len(), 2);
+        // Their objects are gone: every store closes, with its channel.
+        tokio::time::pause();
+        tokio::time::advance(IDLE_CLOSE).await;
+        assert_eq!(stores.close_idle(), 0);
+        assert!(stores.lock_channels().is_empty());
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_store_with_pets_stays_open_and_an_unused_one_closes_with_its_feed() {
         let used = StoreId::cluster("used");
