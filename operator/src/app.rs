@@ -220,6 +220,11 @@ async fn store_tls(
         client.clone(),
         store_secret,
         &args.petstore_addr,
+        &crate::stores::tokens::ObserverAccount {
+            namespace: args.lease_namespace.clone(),
+            name: args.service_account.clone(),
+        }
+        .subject(),
         args.store_certificates_dir.clone(),
     );
     let now = crate::certs::unix_now();

@@ -52,7 +52,7 @@ struct RefusalLabels {
     method: &'static str,
     /// Why tenancy refused it: `unauthenticated`, `namespace_not_allowed`,
     /// `observer_only`, `cross_tenant`, `unclaimed`, `observer_write`,
-    /// `identity_namespace`.
+    /// `identity_namespace`, `certificate_mismatch`.
     reason: &'static str,
 }
 
@@ -120,7 +120,7 @@ impl Default for ServerMetrics {
         let tenant_refusals = Family::<RefusalLabels, Counter>::default();
         registry.register(
             "tenant_refusals",
-            "Calls tenancy refused, by method and reason: unauthenticated (no or a bad token), namespace_not_allowed, observer_only, cross_tenant, unclaimed (a record from before tenancy, claimed only by import), observer_write, identity_namespace",
+            "Calls tenancy refused, by method and reason: unauthenticated (no or a bad token), namespace_not_allowed, observer_only, cross_tenant, unclaimed (a record from before tenancy, claimed only by import), observer_write, identity_namespace, certificate_mismatch (a token the client certificate may not carry)",
             tenant_refusals.clone(),
         );
         let tls_reloads = Family::<ReloadLabels, Counter>::default();

@@ -131,7 +131,11 @@ pub async fn serve(
     let (stop_watchers, stopping) = tokio::sync::watch::channel(false);
     let service = PetStoreService::new(storage, options.observability.clone())
         .with_watch(options.watch, stopping)
-        .with_tenancy(options.tenancy.clone());
+        .with_tenancy(options.tenancy.clone())
+        .with_client_certificates(
+            tls.as_ref()
+                .is_some_and(|tls| tls.requires_client_certificates()),
+        );
     let pet_store = PetStoreServer::new(service)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);

@@ -12,7 +12,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 use tracing::{Instrument, Span};
 
-use crate::auth::Tenancy;
+use crate::auth::{CertificateIdentity, Tenancy};
 use crate::metrics::ServerMetrics;
 use crate::model::PetRecord;
 use crate::storage::{LookupBy, PageRequest, SearchPage, Storage, StorageError};
@@ -53,6 +53,10 @@ pub struct PetStoreService {
     /// Tenancy, when on: every call then needs a token, and acts for the
     /// tenant (or observer) it names.
     tenancy: Option<Arc<Tenancy>>,
+    /// Whether every connection presents a client certificate (a client CA
+    /// is set): tenancy then binds each token to the certificate it came
+    /// with.
+    client_certificates: bool,
 }
 
 impl PetStoreService {
@@ -64,6 +68,7 @@ impl PetStoreService {
             watch: WatchOptions::default(),
             stopping,
             tenancy: None,
+            client_certificates: false,
         }
     }
 
@@ -73,25 +78,37 @@ impl PetStoreService {
         self
     }
 
+    /// Connections come with client certificates (the store has a client
+    /// CA): with tenancy, each call's token must then be one its
+    /// certificate may carry ([`crate::auth::certificate_may_carry`]).
+    pub fn with_client_certificates(mut self, required: bool) -> Self {
+        self.client_certificates = required;
+        self
+    }
+
     /// Whom a call acts for: everyone with tenancy off; else the tenant or
-    /// observer its token names, or the refusal (counted).
+    /// observer its token names, if its client certificate may carry that
+    /// token, or the refusal (counted).
     fn access<T>(&self, request: &Request<T>, method: &'static str) -> Result<Access, Status> {
         let Some(tenancy) = &self.tenancy else {
             return Ok(Access::All);
         };
-        tenancy.access(request.metadata()).map_err(|refusal| {
-            self.observability
-                .metrics
-                .tenant_refused(method, refusal.reason());
-            let status = refusal.status();
-            tracing::info!(
-                method,
-                reason = refusal.reason(),
-                message = status.message(),
-                "call refused by tenancy"
-            );
-            status
-        })
+        let certificate = self.client_certificates.then(|| client_identity(request));
+        tenancy
+            .access(request.metadata(), certificate.as_ref())
+            .map_err(|refusal| {
+                self.observability
+                    .metrics
+                    .tenant_refused(method, refusal.reason());
+                let status = refusal.status();
+                tracing::info!(
+                    method,
+                    reason = refusal.reason(),
+                    message = status.message(),
+                    "call refused by tenancy"
+                );
+                status
+            })
     }
 
     /// A storage failure as the call's status; tenancy's refusals counted.
@@ -126,6 +143,15 @@ impl PetStoreService {
             Span::none()
         }
     }
+}
+
+/// The identity in the client certificate a call's connection presented
+/// (the chain's first); none presented reads as unnamed, and is refused.
+fn client_identity<T>(request: &Request<T>) -> CertificateIdentity {
+    request
+        .peer_certs()
+        .and_then(|chain| chain.first().map(|der| CertificateIdentity::from_der(der)))
+        .unwrap_or(CertificateIdentity::Unnamed)
 }
 
 impl From<StorageError> for Status {

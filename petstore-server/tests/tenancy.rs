@@ -1451,4 +1451,138 @@ mod grpc {
         assert!(ok && said.contains("\"name\": \"Thor\""), "{said}");
         store.running.stop().await;
     }
+
+    /// A tonic client over mutual TLS with the client certificate `client`.
+    async fn client_with(
+        addr: std::net::SocketAddr,
+        ca: &std::path::Path,
+        (cert, key): &(std::path::PathBuf, std::path::PathBuf),
+    ) -> PetStoreClient<Channel> {
+        use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+        let read = |path: &std::path::Path| std::fs::read_to_string(path).expect("read PEM");
+        let tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(read(ca)))
+            .identity(Identity::from_pem(read(cert), read(key)));
+        let channel = Endpoint::from_shared(format!("https://{addr}"))
+            .expect("endpoint")
+            .tls_config(tls)
+            .expect("TLS")
+            .connect()
+            .await
+            .expect("connect");
+        PetStoreClient::new(channel)
+    }
+
+    async fn names(client: &mut PetStoreClient<Channel>, token: &str) -> Vec<String> {
+        let mut stream = client
+            .search_pets(as_caller(token, pb::SearchPetsReq::default()))
+            .await
+            .expect("search")
+            .into_inner();
+        let mut names = Vec::new();
+        while let Some(pet) = stream.message().await.expect("stream") {
+            names.push(pet.name);
+        }
+        names.sort();
+        names
+    }
+
+    // Over real mutual TLS, the token must be one the client certificate
+    // may carry: its own account's, or any for an observer. Fails if the
+    // store takes a token from any certificate of its CA (the stolen
+    // token's write is then accepted).
+    #[tokio::test]
+    async fn over_mutual_tls_a_certificate_carries_only_its_own_accounts_token_or_as_observer_any()
+    {
+        const TEAM_A: &str = "system:serviceaccount:team-a:petstore-tenant";
+        const TEAM_B: &str = "system:serviceaccount:team-b:petstore-tenant";
+        let cluster = Cluster::new();
+        let dir = tempfile::tempdir().expect("dir");
+        let pki = fixtures::certs::Pki::create(&dir.path().join("pki"), "store", &[]).expect("CA");
+        let (cert, key) = pki.issue_server("store").expect("serving");
+        let observability = Observability::default();
+        let options = ServeOptions {
+            tls: Some(petstore_server::server::TlsFiles {
+                cert,
+                key,
+                client_ca: Some(pki.ca_cert.clone()),
+            }),
+            tenancy: Some(Arc::new(cluster.tenancy(&[], false))),
+            observability: observability.clone(),
+            ..Default::default()
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let storage: Arc<dyn Storage> = Arc::new(MemoryStorage::default());
+        tokio::spawn(petstore_server::server::serve(
+            listener,
+            Arc::clone(&storage),
+            options,
+            std::future::pending(),
+        ));
+        let issue = |name: &str| pki.issue_client(name).expect("client certificate");
+        let mut as_b = client_with(addr, &pki.ca_cert, &issue(TEAM_B)).await;
+        let mut as_observer = client_with(addr, &pki.ca_cert, &issue(OBSERVER)).await;
+        let mut as_old = client_with(addr, &pki.ca_cert, &issue("petstore-operator")).await;
+        let a_token = cluster.token("team-a", "petstore-tenant");
+        let b_token = cluster.token("team-b", "petstore-tenant");
+        let stolen = || pb::AddPetsReq {
+            pets: vec![keyed("Stolen", "uid-stolen")],
+        };
+
+        // team-b's certificate carrying team-a's token: refused, saying
+        // whose certificate, whose token, and what is accepted.
+        let refused = as_b
+            .add_pets(as_caller(&a_token, stolen()))
+            .await
+            .expect_err("another account's token");
+        assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+        for said in [TEAM_A, TEAM_B, "--observer"] {
+            assert!(refused.message().contains(said), "{said}: {refused:?}");
+        }
+        let read = as_b
+            .search_pets(as_caller(&a_token, pb::SearchPetsReq::default()))
+            .await
+            .expect_err("a read with it too");
+        assert_eq!(read.code(), Code::PermissionDenied, "{read:?}");
+        // A certificate whose CN names no ServiceAccount carries no one's.
+        let unnamed = as_old
+            .add_pets(as_caller(&a_token, stolen()))
+            .await
+            .expect_err("a CN that is not a principal");
+        assert_eq!(unnamed.code(), Code::PermissionDenied, "{unnamed:?}");
+        assert!(
+            unnamed.message().contains("names no ServiceAccount"),
+            "{unnamed:?}"
+        );
+
+        // The same certificate with its own account's token: accepted.
+        as_b.add_pets(as_caller(&b_token, pb::AddPetsReq { pets: vec![tron()] }))
+            .await
+            .expect("team-b as itself");
+        // The observer's certificate with team-a's token: accepted, as
+        // team-a's deputy, which sees team-a's records only.
+        as_observer
+            .add_pets(as_caller(&a_token, pb::AddPetsReq { pets: vec![thor()] }))
+            .await
+            .expect("the observer carrying team-a's token");
+        assert_eq!(names(&mut as_observer, &a_token).await, ["Thor"]);
+        assert_eq!(names(&mut as_b, &b_token).await, ["Tron"]);
+        // Nothing the refused calls sent was written.
+        let observer_token = cluster.token("monitoring", "reader");
+        assert_eq!(
+            names(&mut as_observer, &observer_token).await,
+            ["Thor", "Tron"]
+        );
+
+        let metrics = observability.metrics.encode().expect("encode");
+        for series in [
+            "petstore_server_tenant_refusals_total{method=\"AddPets\",reason=\"certificate_mismatch\"} 2",
+            "petstore_server_tenant_refusals_total{method=\"SearchPets\",reason=\"certificate_mismatch\"} 1",
+        ] {
+            assert!(metrics.contains(series), "no {series} in\n{metrics}");
+        }
+    }
 }

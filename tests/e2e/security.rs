@@ -100,6 +100,67 @@ fn secret_key(env: &Env, name: &str, key: &str) -> fixtures::Result<String> {
     ])
 }
 
+/// The subject CN of the PEM certificate at `path`, as openssl prints it.
+fn common_name(path: &std::path::Path) -> fixtures::Result<String> {
+    let subject = fixtures::run(
+        std::process::Command::new("openssl")
+            .args(["x509", "-noout", "-subject", "-nameopt", "multiline", "-in"])
+            .arg(path),
+    )?;
+    Ok(subject
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("commonName"))
+        .and_then(|rest| rest.split_once('='))
+        .map(|(_, name)| name.trim().to_owned())
+        .unwrap_or_default())
+}
+
+/// A client certificate for `common_name`, signed by the CA in `dir`
+/// (`ca.crt`, `ca.key`), as openssl makes one: `<file>.crt`, `<file>.key`.
+fn issue_client(
+    dir: &std::path::Path,
+    common_name: &str,
+    file: &str,
+) -> fixtures::Result<(std::path::PathBuf, std::path::PathBuf)> {
+    let (cert, key, request) = (
+        dir.join(format!("{file}.crt")),
+        dir.join(format!("{file}.key")),
+        dir.join(format!("{file}.csr")),
+    );
+    let usage = dir.join(format!("{file}.ext"));
+    std::fs::write(
+        &usage,
+        "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=clientAuth\n",
+    )
+    .map_err(fixtures::io("writing the extensions"))?;
+    fixtures::run(
+        std::process::Command::new("openssl")
+            .args(["req", "-new", "-newkey", "ec", "-pkeyopt"])
+            .args(["ec_paramgen_curve:P-256", "-nodes", "-subj"])
+            .arg(format!("/CN={common_name}"))
+            .arg("-keyout")
+            .arg(&key)
+            .arg("-out")
+            .arg(&request),
+    )?;
+    fixtures::run(
+        std::process::Command::new("openssl")
+            .args(["x509", "-req", "-days", "1", "-in"])
+            .arg(&request)
+            .arg("-CA")
+            .arg(dir.join("ca.crt"))
+            .arg("-CAkey")
+            .arg(dir.join("ca.key"))
+            .arg("-set_serial")
+            .arg("4242")
+            .arg("-extfile")
+            .arg(&usage)
+            .arg("-out")
+            .arg(&cert),
+    )?;
+    Ok((cert, key))
+}
+
 /// `object` is `secrets/<name>` or `configmaps/<name>`, in `petstore`.
 fn resource_version(env: &Env, object: &str) -> fixtures::Result<String> {
     let read = env
@@ -248,6 +309,75 @@ fn the_store_set_up_as_config_does_trusts_only_the_operators_certificate_and_eac
         team_b.is_empty(),
         "team-b reads default's records: {team_b:?}"
     );
+
+    // The operator's certificate names its ServiceAccount, the store's
+    // observer: the README's grpcurl carries each namespace's token with it.
+    assert_eq!(
+        common_name(&files.join("client.crt"))?,
+        "system:serviceaccount:petstore-system:petstore-operator"
+    );
+    // The attack: a certificate from the store's own CA (its key taken from
+    // the operator's Secret) for another account, carrying a stolen token
+    // of namespace default. Refused, counted, nothing written; the same
+    // certificate with its own account's token is team-b's.
+    std::fs::write(
+        files.join("ca.key"),
+        secret_key(&env, "petstore-store-client", "ca.key")?,
+    )
+    .map_err(fixtures::io("writing the CA key"))?;
+    let (other_cert, other_key) = issue_client(
+        &files,
+        "system:serviceaccount:team-b:petstore-tenant",
+        "other",
+    )?;
+    let with_other: Vec<&OsStr> = [
+        "-cacert".as_ref(),
+        tls.ca.as_os_str(),
+        "-cert".as_ref(),
+        other_cert.as_os_str(),
+        "-key".as_ref(),
+        other_key.as_os_str(),
+    ]
+    .into();
+    let call_as = |flags: &[&OsStr], namespace: &str, method: &str, data: &str| {
+        let header = format!(
+            "authorization: Bearer {}",
+            env.cp.tenant_token(namespace, "petstore")?
+        );
+        let flags = [flags, &["-H".as_ref(), header.as_ref()]].concat();
+        grpcurl_with(
+            &flags,
+            &env.store.addr,
+            &format!("petstore.PetStore/{method}"),
+            data,
+        )
+    };
+    let refusals = || -> fixtures::Result<f64> {
+        let scrape = fixtures::http::scrape(&env.store.metrics_addr)?;
+        Ok(fixtures::http::sum_series(
+            &scrape,
+            "petstore_server_tenant_refusals_total",
+            "reason=\"certificate_mismatch\"",
+        ))
+    };
+    let counted = refusals()?;
+    let stolen = r#"{"pets":[{"name":"Stolen","type":"PTCanine","birthday":{"year":2021,"month":4,"day":1}}]}"#;
+    for (method, data) in [("AddPets", stolen), ("SearchPets", "{}")] {
+        let refused = call_as(&with_other, "default", method, data)
+            .expect_err("a certificate of another account with a stolen token");
+        let said = refused.to_string();
+        assert!(
+            said.contains("PermissionDenied")
+                && said.contains("system:serviceaccount:team-b:petstore-tenant")
+                && said.contains("system:serviceaccount:default:petstore-tenant"),
+            "{method}: {said}"
+        );
+    }
+    assert_eq!(refusals()? - counted, 2.0, "both refusals counted");
+    let after = search_as("default")?;
+    assert_eq!(after.len(), ids.len(), "nothing written: {after:?}");
+    let own = call_as(&with_other, "team-b", "SearchPets", "{}")?;
+    assert!(own.is_empty(), "team-b's certificate as team-b: {own:?}");
 
     let is_refused = |flags: &[&OsStr]| refused(&env.store.addr, flags);
     assert!(is_refused(&["-plaintext".as_ref()]), "plaintext");

@@ -14,6 +14,7 @@
 
 pub mod store;
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
@@ -65,11 +66,13 @@ pub enum Usage {
 }
 
 /// One CA and its leaf: the Secret that holds them, and the names.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Profile {
     pub secret: &'static str,
     pub ca_common_name: &'static str,
-    pub leaf_common_name: &'static str,
+    /// The leaf's subject CN; a leaf in the Secret with another is issued
+    /// again.
+    pub leaf_common_name: Cow<'static, str>,
     pub usage: Usage,
 }
 
@@ -150,6 +153,15 @@ fn issue(
     Ok((cert.pem(), key.serialize_pem(), not_before, not_after))
 }
 
+/// The subject CN of the first certificate in `pem`; `None` if it has none
+/// or cannot be read.
+fn common_name(pem: &str) -> Option<String> {
+    let (_, pem) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).ok()?;
+    let certificate = pem.parse_x509().ok()?;
+    let name = certificate.subject().iter_common_name().next()?;
+    name.as_str().ok().map(str::to_owned)
+}
+
 /// Due for renewal: less than a third of the validity is left.
 fn renewal_due(not_before: i64, not_after: i64, now: i64) -> bool {
     let third = (not_after - not_before) / 3;
@@ -226,7 +238,7 @@ impl CaAndLeaf {
         let (cert, key, not_before, not_after) = issue(
             profile,
             &self.ca_key,
-            profile.leaf_common_name,
+            &profile.leaf_common_name,
             profile.usage,
             names,
             now,
@@ -264,6 +276,11 @@ impl CaAndLeaf {
     /// Due for renewal: less than a third of the leaf's validity is left.
     pub fn needs_renewal(&self, now: i64) -> bool {
         renewal_due(self.not_before, self.not_after, now)
+    }
+
+    /// The leaf's subject CN, if it can be read.
+    pub fn leaf_common_name(&self) -> Option<String> {
+        common_name(&self.cert)
     }
 
     pub fn to_secret(&self, profile: &Profile) -> Secret {
@@ -348,8 +365,25 @@ pub async fn ensure_ca_and_leaf(
     Ok(ensure(secrets, profile.secret, |existing| {
         let fresh = match existing.map(CaAndLeaf::from_secret) {
             None => CaAndLeaf::generate(profile, names, now)?,
-            Some(Some(certs)) if !certs.needs_renewal(now) => return Ok(Wanted::Keep(certs)),
-            Some(Some(certs)) => certs.renew_leaf(profile, names, now)?,
+            Some(Some(certs)) => {
+                // A leaf made for another name (the operator's client
+                // certificate before it named its ServiceAccount) is issued
+                // again by the same CA, as one that is due.
+                let made_for = certs.leaf_common_name();
+                let renamed = made_for.as_deref() != Some(&*profile.leaf_common_name);
+                if !renamed && !certs.needs_renewal(now) {
+                    return Ok(Wanted::Keep(certs));
+                }
+                if renamed {
+                    tracing::info!(
+                        secret = profile.secret,
+                        was = made_for.as_deref().unwrap_or_default(),
+                        now = %profile.leaf_common_name,
+                        "issuing the certificate again for its new name"
+                    );
+                }
+                certs.renew_leaf(profile, names, now)?
+            }
             Some(None) => {
                 tracing::warn!(
                     secret = profile.secret,
@@ -372,7 +406,7 @@ mod tests {
     const PROFILE: Profile = Profile {
         secret: "some-tls",
         ca_common_name: "some-ca",
-        leaf_common_name: "some-leaf",
+        leaf_common_name: Cow::Borrowed("some-leaf"),
         usage: Usage::Server,
     };
 

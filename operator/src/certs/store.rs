@@ -35,13 +35,18 @@ use crate::store::grpc::TlsFiles;
 /// the store's. `grpcurl` can use its `ca.crt`, `tls.crt` and
 /// `tls.key` as the operator does.
 pub const CLIENT_SECRET: &str = "petstore-store-client";
-/// The CA and the operator's client certificate.
-pub const CLIENT: Profile = Profile {
-    secret: CLIENT_SECRET,
-    ca_common_name: "petstore-store-ca",
-    leaf_common_name: "petstore-operator",
-    usage: Usage::Client,
-};
+/// The CA and the operator's client certificate, whose CN is the
+/// operator's ServiceAccount principal (`system:serviceaccount:<namespace>:<name>`):
+/// a store with tenancy reads it as the identity the call's token must
+/// match, or be carried by one of its observers.
+pub fn client_profile(principal: &str) -> Profile {
+    Profile {
+        secret: CLIENT_SECRET,
+        ca_common_name: "petstore-store-ca",
+        leaf_common_name: principal.to_owned().into(),
+        usage: Usage::Client,
+    }
+}
 const STORE_COMMON_NAME: &str = "petstore";
 /// The names the store's certificate was made for, comma-separated: a
 /// changed `--petstore-addr` makes a new one.
@@ -89,20 +94,25 @@ pub fn store_names(host: &str) -> Vec<String> {
 pub struct StoreCertificates {
     /// The store's namespace, where both Secrets live.
     secrets: Api<Secret>,
+    /// The CA and the operator's own certificate, named for its principal.
+    client: Profile,
     store_secret: String,
     store_names: Vec<String>,
     dir: PathBuf,
 }
 
 impl StoreCertificates {
+    /// `principal`: the operator's ServiceAccount, as its certificate names it.
     pub fn new(
         client: kube::Client,
         store_secret: &NamespacedName,
         store_address: &str,
+        principal: &str,
         dir: PathBuf,
     ) -> Self {
         Self {
             secrets: Api::namespaced(client, &store_secret.namespace),
+            client: client_profile(principal),
             store_secret: store_secret.name.clone(),
             store_names: store_names(address_host(store_address)),
             dir,
@@ -120,10 +130,10 @@ impl StoreCertificates {
     }
 
     /// The CA and the operator's certificate, made if absent, renewed if
-    /// due, and written to the files.
+    /// due or made for another name, and written to the files.
     pub async fn ensure_own(&self, now: i64) -> Result<CaAndLeaf, CertError> {
         // A client certificate names no host.
-        let own = ensure_ca_and_leaf(&self.secrets, &CLIENT, &[], now).await?;
+        let own = ensure_ca_and_leaf(&self.secrets, &self.client, &[], now).await?;
         write_files(&self.dir, &own).await?;
         Ok(own)
     }
@@ -147,7 +157,7 @@ impl StoreCertificates {
                 return Ok(Wanted::Keep(()));
             }
             let leaf = ca.issue_other(
-                &CLIENT,
+                &self.client,
                 STORE_COMMON_NAME,
                 Usage::Server,
                 &self.store_names,
@@ -217,6 +227,10 @@ pub async fn keep_fresh(certs: StoreCertificates, stop: CancellationToken) {
 mod tests {
     use super::*;
 
+    use crate::api_server::{ApiServerVerifier, failure};
+
+    const OPERATOR: &str = "system:serviceaccount:petstore-system:petstore-operator";
+
     #[test]
     fn the_host_comes_from_any_address_form() {
         for (address, host) in [
@@ -257,7 +271,8 @@ mod tests {
     async fn files_are_written_whole_and_only_when_they_change() {
         let dir = tempfile::tempdir().expect("a directory");
         let dir = dir.path().join("tls");
-        let certs = CaAndLeaf::generate(&CLIENT, &[], super::super::unix_now()).expect("certs");
+        let client = client_profile(OPERATOR);
+        let certs = CaAndLeaf::generate(&client, &[], super::super::unix_now()).expect("certs");
         write_files(&dir, &certs).await.expect("written");
         for (name, pem) in [
             (CA_CERT_KEY, &certs.ca_cert),
@@ -277,7 +292,7 @@ mod tests {
         let before = written_at(CA_CERT_KEY);
         std::thread::sleep(Duration::from_millis(20));
         let renewed = certs
-            .renew_leaf(&CLIENT, &[], super::super::unix_now())
+            .renew_leaf(&client, &[], super::super::unix_now())
             .expect("renew");
         write_files(&dir, &renewed).await.expect("written");
         assert_eq!(written_at(CA_CERT_KEY), before, "the CA did not change");
@@ -291,5 +306,98 @@ mod tests {
             .filter(|entry| entry.file_name().to_string_lossy().ends_with(".partial"))
             .collect();
         assert!(leftovers.is_empty(), "{leftovers:?}");
+    }
+
+    fn certificates(api: &ApiServerVerifier, dir: &Path) -> StoreCertificates {
+        StoreCertificates::new(
+            api.start(),
+            &NamespacedName {
+                namespace: "petstore".into(),
+                name: "petstore-tls".into(),
+            },
+            "petstore-service.petstore.svc.cluster.local:6742",
+            OPERATOR,
+            dir.to_owned(),
+        )
+    }
+
+    const SECRET_PATH: &str = "/api/v1/namespaces/petstore/secrets/petstore-store-client";
+
+    // Fails if the operator's client certificate does not name its
+    // ServiceAccount principal (a store with tenancy would then refuse every
+    // token it carries), or if one made before, named "petstore-operator",
+    // is kept, or its CA changed with it.
+    #[tokio::test]
+    async fn the_operators_certificate_names_its_principal_and_an_older_one_is_issued_again() {
+        use http::Method;
+
+        let now = super::super::unix_now();
+        let before = Profile {
+            leaf_common_name: "petstore-operator".into(),
+            ..client_profile(OPERATOR)
+        };
+        let old = CaAndLeaf::generate(&before, &[], now).expect("certs");
+        assert_eq!(old.leaf_common_name().as_deref(), Some("petstore-operator"));
+        let mut old_secret = old.to_secret(&before);
+        old_secret.metadata.namespace = Some("petstore".into());
+        old_secret.metadata.resource_version = Some("7".into());
+        let old_secret = serde_json::to_value(&old_secret).expect("json");
+
+        // At start, the Secret of an install made before: not due, but
+        // named otherwise, so issued again by the same CA.
+        let api = ApiServerVerifier::default();
+        api.expect(Method::GET, SECRET_PATH, 200, old_secret.clone());
+        api.expect(Method::PUT, SECRET_PATH, 200, old_secret);
+        let dir = tempfile::tempdir().expect("a directory");
+        let own = certificates(&api, dir.path())
+            .ensure_own(now)
+            .await
+            .expect("issued again");
+        api.verify();
+        assert_eq!(own.leaf_common_name().as_deref(), Some(OPERATOR));
+        assert_eq!(own.ca_cert, old.ca_cert, "the CA is kept");
+        assert_eq!(own.ca_key, old.ca_key, "the CA is kept");
+        let written = api.calls(|call| call.method == Method::PUT);
+        let written: Secret =
+            serde_json::from_value(written[0].body.clone()).expect("the Secret written");
+        assert_eq!(CaAndLeaf::from_secret(&written).as_ref(), Some(&own));
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join(TLS_CERT_KEY)).ok(),
+            Some(own.cert.clone()),
+            "the channel reads the new certificate"
+        );
+
+        // The next start finds it named right: kept, nothing written.
+        let mut current = written;
+        current.metadata.resource_version = Some("8".into());
+        let again = ApiServerVerifier::default();
+        again.expect(
+            Method::GET,
+            SECRET_PATH,
+            200,
+            serde_json::to_value(&current).expect("json"),
+        );
+        let kept = certificates(&again, dir.path())
+            .ensure_own(now)
+            .await
+            .expect("kept");
+        again.verify();
+        assert_eq!(kept, own);
+
+        // A first install makes it named right.
+        let fresh = ApiServerVerifier::default();
+        fresh.expect(Method::GET, SECRET_PATH, 404, failure(404));
+        fresh.expect(
+            Method::POST,
+            "/api/v1/namespaces/petstore/secrets",
+            201,
+            serde_json::to_value(&current).expect("json"),
+        );
+        let made = certificates(&fresh, dir.path())
+            .ensure_own(now)
+            .await
+            .expect("made");
+        fresh.verify();
+        assert_eq!(made.leaf_common_name().as_deref(), Some(OPERATOR));
     }
 }

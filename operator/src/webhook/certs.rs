@@ -38,7 +38,7 @@ pub const SECRET_NAME: &str = "petstore-operator-webhook-tls";
 pub const WEBHOOK: Profile = Profile {
     secret: SECRET_NAME,
     ca_common_name: "petstore-operator-webhook-ca",
-    leaf_common_name: WEBHOOK_SERVICE,
+    leaf_common_name: std::borrow::Cow::Borrowed(WEBHOOK_SERVICE),
     usage: Usage::Server,
 };
 /// How often each replica re-reads the Secret (renewing if due, reloading

@@ -395,11 +395,7 @@ impl Verifier {
             });
         }
         let subject = claims.sub.unwrap_or_default();
-        let Some((namespace, name)) = subject
-            .strip_prefix("system:serviceaccount:")
-            .and_then(|rest| rest.split_once(':'))
-            .filter(|(ns, name)| !ns.is_empty() && !name.is_empty() && !name.contains(':'))
-        else {
+        let Some((namespace, name)) = service_account(&subject) else {
             return Err(TokenError::Subject(shown(&subject)));
         };
         let kubernetes = claims.kubernetes.ok_or(TokenError::NoKubernetesClaims)?;
@@ -417,6 +413,88 @@ impl Verifier {
             subject,
         };
         Ok((caller, lifetime))
+    }
+}
+
+/// The namespace and name of a ServiceAccount principal,
+/// `system:serviceaccount:<namespace>:<name>`; `None` for anything else.
+fn service_account(principal: &str) -> Option<(&str, &str)> {
+    principal
+        .strip_prefix("system:serviceaccount:")
+        .and_then(|rest| rest.split_once(':'))
+        .filter(|(ns, name)| !ns.is_empty() && !name.is_empty() && !name.contains(':'))
+}
+
+/// Who a client certificate says it is: its subject's Common Name, read as
+/// Kubernetes reads a client certificate's CN, as a user name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CertificateIdentity {
+    /// A ServiceAccount principal, `system:serviceaccount:<namespace>:<name>`.
+    Principal(String),
+    /// A Common Name that is not a principal (`petstore-operator`, as
+    /// certificates made before tenancy used).
+    NotAPrincipal(String),
+    /// No single readable Common Name (none, several, or not a string), or
+    /// no certificate at all.
+    Unnamed,
+}
+
+impl CertificateIdentity {
+    /// Reads the Common Name of a DER certificate (the chain's first, the
+    /// client's own). The handshake has already verified it against the
+    /// client CA; this only reads its subject.
+    pub fn from_der(der: &[u8]) -> Self {
+        use x509_parser::prelude::FromDer as _;
+        let Ok((_, certificate)) = x509_parser::certificate::X509Certificate::from_der(der) else {
+            return Self::Unnamed;
+        };
+        let mut names = certificate.subject().iter_common_name();
+        // Two CNs would leave the name to whichever a reader takes: none.
+        let (Some(name), None) = (names.next(), names.next()) else {
+            return Self::Unnamed;
+        };
+        match name.as_str() {
+            Ok(name) if service_account(name).is_some() => Self::Principal(name.to_owned()),
+            Ok(name) => Self::NotAPrincipal(shown(name)),
+            Err(_) => Self::Unnamed,
+        }
+    }
+}
+
+impl std::fmt::Display for CertificateIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Principal(principal) => write!(f, "client certificate {principal:?}"),
+            Self::NotAPrincipal(name) => write!(
+                f,
+                "client certificate {name:?}, which names no ServiceAccount (its CN is not system:serviceaccount:<namespace>:<name>),"
+            ),
+            Self::Unnamed => write!(f, "a client certificate without one Common Name"),
+        }
+    }
+}
+
+/// The rule that binds a token to the client certificate it came with: a
+/// certificate carries its own ServiceAccount's token (a tenant calling as
+/// itself), or, if it is one of the store's `observers`, any token (the
+/// operator reads its feeds as itself, and writes each namespace's records
+/// as that namespace's deputy). A certificate that names no ServiceAccount
+/// carries no one's token.
+pub fn certificate_may_carry(
+    certificate: &CertificateIdentity,
+    caller: &Caller,
+    observers: &HashSet<String>,
+) -> Result<(), Refusal> {
+    match certificate {
+        CertificateIdentity::Principal(principal)
+            if *principal == caller.subject || observers.contains(principal) =>
+        {
+            Ok(())
+        }
+        _ => Err(Refusal::CertificateMismatch {
+            certificate: certificate.clone(),
+            subject: caller.subject.clone(),
+        }),
     }
 }
 
@@ -501,6 +579,13 @@ pub enum Refusal {
         namespace: String,
         what: &'static str,
     },
+    /// `PERMISSION_DENIED`: the client certificate may not carry this token
+    /// ([`certificate_may_carry`]).
+    CertificateMismatch {
+        certificate: CertificateIdentity,
+        /// The token's subject.
+        subject: String,
+    },
 }
 
 impl Refusal {
@@ -510,6 +595,7 @@ impl Refusal {
             Self::Unauthenticated(_) => "unauthenticated",
             Self::NamespaceNotAllowed { .. } => "namespace_not_allowed",
             Self::ObserverOnly { .. } => "observer_only",
+            Self::CertificateMismatch { .. } => "certificate_mismatch",
         }
     }
 
@@ -521,6 +607,12 @@ impl Refusal {
             )),
             Self::ObserverOnly { namespace, what } => Status::permission_denied(format!(
                 "tenant {namespace:?} may not {what}: only observers may"
+            )),
+            Self::CertificateMismatch {
+                certificate,
+                subject,
+            } => Status::permission_denied(format!(
+                "{certificate} may not carry the token of {subject:?}: a token is accepted with a client certificate whose CN is its own ServiceAccount ({subject:?}) or one of this store's --observer accounts"
             )),
         }
     }
@@ -584,9 +676,19 @@ impl Tenancy {
     }
 
     /// Who a call acts for, from its metadata: an observer, or the tenant
-    /// its token's namespace names.
-    pub fn access(&self, metadata: &MetadataMap) -> Result<Access, Refusal> {
+    /// its token's namespace names. With client certificates (`certificate`
+    /// is the one the call came with), the token must be one the
+    /// certificate may carry ([`certificate_may_carry`]); without (no client
+    /// CA), the token alone decides.
+    pub fn access(
+        &self,
+        metadata: &MetadataMap,
+        certificate: Option<&CertificateIdentity>,
+    ) -> Result<Access, Refusal> {
         let caller = self.caller(metadata).map_err(Refusal::Unauthenticated)?;
+        if let Some(certificate) = certificate {
+            certificate_may_carry(certificate, &caller, &self.observers)?;
+        }
         if self.observers.contains(&caller.subject) {
             return Ok(Access::Observer);
         }
@@ -1023,29 +1125,31 @@ mod tests {
         };
         let token =
             |ns: &str, name: &str| key.sign(&claims(ISSUER, ns, name, "petstore", now, 600));
+        // Without client certificates: the token alone decides.
+        let access = |metadata: &MetadataMap| tenancy.access(metadata, None);
         assert_eq!(
-            tenancy.access(&metadata(Some(format!("Bearer {}", token("team-a", "op"))))),
+            access(&metadata(Some(format!("Bearer {}", token("team-a", "op"))))),
             Ok(Access::Tenant("team-a".into()))
         );
         assert_eq!(
-            tenancy.access(&metadata(Some(format!(
+            access(&metadata(Some(format!(
                 "bearer {}",
                 token("monitoring", "reader")
             )))),
             Ok(Access::Observer)
         );
         assert_eq!(
-            tenancy.access(&metadata(Some(format!("Bearer {}", token("team-b", "op"))))),
+            access(&metadata(Some(format!("Bearer {}", token("team-b", "op"))))),
             Err(Refusal::NamespaceNotAllowed {
                 namespace: "team-b".into()
             })
         );
         assert_eq!(
-            tenancy.access(&metadata(None)),
+            access(&metadata(None)),
             Err(Refusal::Unauthenticated(TokenError::Missing))
         );
         assert_eq!(
-            tenancy.access(&metadata(Some(format!("Basic {}", token("team-a", "op"))))),
+            access(&metadata(Some(format!("Basic {}", token("team-a", "op"))))),
             Err(Refusal::Unauthenticated(TokenError::NotBearer))
         );
         assert!(matches!(
@@ -1069,5 +1173,139 @@ mod tests {
             }),
             Err(TenancyError::NoIssuer)
         ));
+    }
+
+    const OPERATOR: &str = "system:serviceaccount:petstore-system:petstore-operator";
+
+    fn caller(subject: &str) -> Caller {
+        let (namespace, name) = service_account(subject).expect("a principal");
+        Caller {
+            subject: subject.into(),
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+
+    // One row per case: the certificate's identity, the token's subject,
+    // and whether the call is accepted. Fails if a certificate may carry
+    // a token that is neither its own nor, as an observer's, any token.
+    #[test]
+    fn a_certificate_carries_its_own_token_or_as_an_observer_any() {
+        use CertificateIdentity::{NotAPrincipal, Principal, Unnamed};
+        let principal = |p: &str| Principal(p.into());
+        let observers: HashSet<String> = [OPERATOR.to_owned()].into();
+        let team_a = "system:serviceaccount:team-a:petstore-tenant";
+        let team_b = "system:serviceaccount:team-b:petstore-tenant";
+        let rows: [(&str, CertificateIdentity, &str, bool); 9] = [
+            (
+                "a tenant calling as itself",
+                principal(team_a),
+                team_a,
+                true,
+            ),
+            (
+                "the observer as a namespace's deputy",
+                principal(OPERATOR),
+                team_a,
+                true,
+            ),
+            (
+                "the observer as itself",
+                principal(OPERATOR),
+                OPERATOR,
+                true,
+            ),
+            (
+                "another namespace's token",
+                principal(team_b),
+                team_a,
+                false,
+            ),
+            (
+                "another account of the same namespace",
+                principal("system:serviceaccount:team-a:builder"),
+                team_a,
+                false,
+            ),
+            (
+                "a tenant carrying the observer's token",
+                principal(team_a),
+                OPERATOR,
+                false,
+            ),
+            (
+                "a CN that is not a principal (the old operator's)",
+                NotAPrincipal("petstore-operator".into()),
+                team_a,
+                false,
+            ),
+            ("a certificate without a CN", Unnamed, team_a, false),
+            (
+                "the observer's name, but not an observer of this store",
+                principal("system:serviceaccount:petstore-system:other-operator"),
+                team_a,
+                false,
+            ),
+        ];
+        for (case, certificate, subject, accepted) in rows {
+            let outcome = certificate_may_carry(&certificate, &caller(subject), &observers);
+            assert_eq!(outcome.is_ok(), accepted, "{case}: {outcome:?}");
+            if let Err(refusal) = outcome {
+                assert_eq!(refusal.reason(), "certificate_mismatch", "{case}");
+                let status = refusal.status();
+                assert_eq!(status.code(), tonic::Code::PermissionDenied, "{case}");
+                assert!(status.message().contains(subject), "{case}: {status:?}");
+                assert!(
+                    status.message().contains("--observer"),
+                    "{case}: {status:?}"
+                );
+            }
+        }
+        // No observers: a certificate carries its own token only.
+        assert!(
+            certificate_may_carry(&principal(OPERATOR), &caller(team_a), &HashSet::new()).is_err()
+        );
+        let refusal = certificate_may_carry(&principal(team_b), &caller(team_a), &observers)
+            .expect_err("another namespace's token");
+        assert_eq!(
+            refusal.status().message(),
+            "client certificate \"system:serviceaccount:team-b:petstore-tenant\" may not carry the token of \"system:serviceaccount:team-a:petstore-tenant\": a token is accepted with a client certificate whose CN is its own ServiceAccount (\"system:serviceaccount:team-a:petstore-tenant\") or one of this store's --observer accounts"
+        );
+    }
+
+    // Fails if the CN is not read as Kubernetes reads a client
+    // certificate's, or if something that is not a principal passes as one.
+    #[test]
+    fn the_certificate_identity_is_its_common_name_when_that_is_a_principal() {
+        use rustls_pki_types::CertificateDer;
+        use rustls_pki_types::pem::PemObject as _;
+        let dir = tempfile::tempdir().expect("dir");
+        let pki = fixtures::certs::Pki::create(dir.path(), "store", &[]).expect("CA");
+        let identity = |name: &str| {
+            let (cert, _) = pki.issue_client(name).expect("client");
+            let der = CertificateDer::from_pem_file(cert).expect("PEM");
+            CertificateIdentity::from_der(&der)
+        };
+        assert_eq!(
+            identity(OPERATOR),
+            CertificateIdentity::Principal(OPERATOR.into())
+        );
+        for not_a_principal in [
+            "petstore-operator",
+            "system:serviceaccount:team-a",
+            "system:serviceaccount::petstore-tenant",
+            "system:serviceaccount:team-a:a:b",
+            "system:node:worker",
+        ] {
+            assert_eq!(
+                identity(not_a_principal),
+                CertificateIdentity::NotAPrincipal(not_a_principal.into()),
+                "{not_a_principal}"
+            );
+        }
+        assert_eq!(
+            CertificateIdentity::from_der(b"not DER"),
+            CertificateIdentity::Unnamed
+        );
     }
 }
