@@ -630,11 +630,11 @@ mod tests {
             extra.is_empty() && missing.is_empty(),
             "listed but not built: {extra:?}; built but not listed: {missing:?}"
         );
-        // Locked but not built into either binary: what the test fixtures
-        // turn on in rcgen (x509-parser), the protos' code generators (build
-        // dependencies) and a test-only crate.
+        // Locked but not built into either binary: the operator's mock
+        // API server for tests (tower-test), the protos' code generators
+        // (build dependencies) and a test-only crate.
         for name in [
-            "x509-parser",
+            "tower-test",
             "tonic-prost-build",
             "prost-build",
             "tempfile",
