@@ -633,12 +633,7 @@ mod tests {
         // Locked but not built into either binary: the operator's mock
         // API server for tests (tower-test), the protos' code generators
         // (build dependencies) and a test-only crate.
-        for name in [
-            "tower-test",
-            "tonic-prost-build",
-            "prost-build",
-            "tempfile",
-        ] {
+        for name in ["tower-test", "tonic-prost-build", "prost-build", "tempfile"] {
             assert!(
                 locked.iter().any(|(n, _)| n == name),
                 "{name} is no longer in Cargo.lock: pick another"
