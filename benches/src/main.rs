@@ -541,6 +541,20 @@ fn flood(args: &Args, window: std::time::Duration, out: &Path) -> ExitCode {
     write_section(out, SECTION, measured, markdown, |r| r.goal_met())
 }
 
+/// The sections measured by runs of their own (each mode's flag): a full
+/// run keeps them as they were.
+const KEPT_SECTIONS: [&str; 9] = [
+    bench::idle::SECTION,
+    bench::idle::OBSERVE_SECTION,
+    bench::plans::SECTION,
+    bench::import::SECTION,
+    bench::fairness::SECTION,
+    bench::token_cost::SECTION,
+    bench::spread::SECTION,
+    bench::rotation::SECTION,
+    bench::flood::SECTION,
+];
+
 fn main() -> ExitCode {
     let args = Args::parse();
     let out = args
@@ -654,17 +668,8 @@ fn main() -> ExitCode {
         }
     };
     let existing = std::fs::read_to_string(&out).unwrap_or_default();
-    // The sections measured by runs of their own stay as they were.
     let mut report = report(&args, &results, &out);
-    for heading in [
-        bench::idle::SECTION,
-        bench::idle::OBSERVE_SECTION,
-        bench::plans::SECTION,
-        bench::import::SECTION,
-        bench::spread::SECTION,
-        bench::rotation::SECTION,
-        bench::flood::SECTION,
-    ] {
+    for heading in KEPT_SECTIONS {
         report = bench::report::keep_section(&report, &existing, heading);
     }
     if let Err(err) = std::fs::write(&out, &report) {
@@ -893,6 +898,25 @@ mod tests {
     }
 
     /// The defaults --help states are the configurations'.
+    /// Every section BENCHMARKS.md has that a full run does not write
+    /// (it writes the convergence and the store) is kept by it: a section
+    /// missing from the list would be dropped by the next full run.
+    #[test]
+    fn a_full_run_keeps_every_section_of_its_own() {
+        let written = ["## Operator convergence", "## Pet store"];
+        let report = std::fs::read_to_string(fixtures::repo_root().join("BENCHMARKS.md"))
+            .expect("BENCHMARKS.md");
+        for heading in report.lines().filter(|line| line.starts_with("## ")) {
+            if written.contains(&heading) || heading == "## Method" {
+                continue;
+            }
+            assert!(
+                KEPT_SECTIONS.iter().any(|kept| kept.trim() == heading),
+                "{heading:?} would be dropped by a full run"
+            );
+        }
+    }
+
     #[test]
     fn help_states_the_defaults() {
         let help = Args::command().render_long_help().to_string();
