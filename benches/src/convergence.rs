@@ -660,6 +660,20 @@ pub(crate) fn store_calls(metrics: &str) -> BTreeMap<String, u64> {
 }
 
 /// Sum of a counter (or histogram `_count`) over all its label sets.
+/// The status patch the floor writes for Pet `name` at `generation`: a
+/// record ID of its own and Ready, as the operator's status reads.
+pub(crate) fn floor_ready_status(name: &str, generation: Option<i64>) -> serde_json::Value {
+    json!({"status": {
+        "id": format!("baseline-{name}"),
+        "observedGeneration": generation,
+        "conditions": [{
+            "type": "Ready", "status": "True", "reason": "Available",
+            "message": "baseline", "lastTransitionTime": "2026-01-01T00:00:00Z",
+            "observedGeneration": generation,
+        }],
+    }})
+}
+
 pub(crate) fn metric_sum(metrics: &str, name: &str) -> f64 {
     metrics
         .lines()
@@ -1305,15 +1319,7 @@ pub fn measure_floor_gated(
                 api.patch(&name, &PatchParams::default(), &Patch::Merge(&finalizer))
                     .await
                     .map_err(kube_error)?;
-                let status = json!({"status": {
-                    "id": format!("baseline-{name}"),
-                    "observedGeneration": pet.metadata.generation,
-                    "conditions": [{
-                        "type": "Ready", "status": "True", "reason": "Available",
-                        "message": "baseline", "lastTransitionTime": "2026-01-01T00:00:00Z",
-                        "observedGeneration": pet.metadata.generation,
-                    }],
-                }});
+                let status = floor_ready_status(&name, pet.metadata.generation);
                 api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
                     .await
                     .map(drop)

@@ -26,8 +26,8 @@ use serde_json::json;
 use crate::apimetrics::{self, RequestCounts};
 use crate::convergence::{
     CpuSplit, FloorIdentity, Shows, Tracker, client_from, conversion_calls, events_drained,
-    for_each_pet, hold_lease, kube_error, pet, prepare, quiet, shipped_options, spawn_baseline,
-    start_leader, store_calls, warmed_up, writes_since,
+    floor_ready_status, for_each_pet, hold_lease, kube_error, pet, prepare, quiet, shipped_options,
+    spawn_baseline, start_leader, store_calls, warmed_up, writes_since,
 };
 use crate::side_by_side::{self, SideBySide, SideResult, Sides};
 use crate::{BenchConfig, procstat};
@@ -755,16 +755,9 @@ async fn floor_writes(
     };
     cell.get_or_try_init(|| mint(&client, &ns, Layout::audience(layout.store_of(j))))
         .await?;
-    let status = json!({"status": {
-        "id": format!("baseline-{name}"),
-        "store": store,
-        "observedGeneration": pet.metadata.generation,
-        "conditions": [{
-            "type": "Ready", "status": "True", "reason": "Available",
-            "message": "baseline", "lastTransitionTime": "2026-01-01T00:00:00Z",
-            "observedGeneration": pet.metadata.generation,
-        }],
-    }});
+    // The pin stays in the status the floor writes last, as the operator's.
+    let mut status = floor_ready_status(&name, pet.metadata.generation);
+    status["status"]["store"] = json!(store);
     api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
         .await
         .map(drop)
