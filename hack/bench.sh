@@ -20,7 +20,7 @@
 #                                    # throughout; each change timed until in use
 #   hack/bench.sh --flood 60s        # only the operator's store calls, renames alone and
 #                                    # then while ghz floods the store from another client
-#   hack/bench.sh --tracing ...      # with every trace exported to a local Jaeger
+#   hack/bench.sh --tracing ...      # with every trace exported to a local OpenTelemetry Collector
 #
 # The arguments go to petstore-bench (benches/) unchanged; `--help` lists
 # them all, with their defaults.
