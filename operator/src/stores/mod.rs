@@ -494,12 +494,11 @@ impl Stores {
         info!(store = %id, address = %endpoint.address, "opening a store");
         let mut open = self.lock_open();
         // The objects reading one feed note their writes together, so each
-        // one's echo is met on it in O(1) (see crate::store::echoes).
-        let base = match open
-            .iter()
-            .find(|(other, store)| *other != id && store.source == source)
-        {
-            Some((_, peer)) => base.noting_writes_with(&peer.base),
+        // one's echo is met on it in O(1) (see crate::store::echoes). An
+        // object opened again on its feed keeps noting where it did: the
+        // feed goes on with the client it had.
+        let base = match open.values().find(|peer| peer.source == source) {
+            Some(peer) => base.noting_writes_with(&peer.base),
             None => base,
         };
         let credentials =
@@ -829,6 +828,14 @@ mod tests {
         assert!(notes_with(&a, &b));
         assert!(!notes_with(&a, &c));
         assert!(!notes_with(&a, &d));
+        // d's spec changes, not its endpoint or audience: opened again, it
+        // still notes where its feed's client does.
+        let before = stores.lock_open()[&d].base.clone();
+        stores
+            .client_for(&d, &endpoint(one, "other", 2), "team")
+            .await
+            .expect("opened");
+        assert!(stores.lock_open()[&d].base.notes_writes_with(&before));
         // c's new spec names the first endpoint: it joins that feed, and
         // its old one, left empty, goes.
         stores
