@@ -5,6 +5,9 @@
 //! whatever it puts back within seconds it found on a feed.
 //!
 //! - An out-of-band change in B is put back within seconds.
+//! - B's two store objects (a `ClusterPetStore` and team-b's default
+//!   `PetStore`, one endpoint and audience) read one feed: B serves one
+//!   stream, and a change for either one's Pet is put back from it.
 //! - A change in A to a record whose ID a Pet of B names queues nothing in
 //!   B: B is not read.
 //! - C is told of once in the log, counted as `refused`, and its Pets are
@@ -195,6 +198,11 @@ fn every_stores_feed_is_followed_and_each_holds_only_its_own_pets() -> fixtures:
             "apiVersion: petstore.example.com/v1\nkind: PetStore\nmetadata:\n  name: default\n  namespace: team-c\nspec:\n  address: http://{}\n  audience: store-c\n",
             store_c.addr
         ),
+        // A second object on B's endpoint and audience: it shares B's feed.
+        format!(
+            "apiVersion: petstore.example.com/v1\nkind: PetStore\nmetadata:\n  name: default\n  namespace: team-b\nspec:\n  address: http://{}\n  audience: store-b\n",
+            store_b.addr
+        ),
     ];
     cp.apply(&stores.join("---\n"))?;
     let mut options = env.operator_options("store-feeds");
@@ -206,6 +214,7 @@ fn every_stores_feed_is_followed_and_each_holds_only_its_own_pets() -> fixtures:
             pet("team-a", "rex", None, None),
             pet("team-b", "fido", on_b, None),
             pet("team-b", "watcher", on_b, Some(&stray)),
+            pet("team-b", "fido-2", None, None),
             pet("team-c", "tom", None, None),
         ]
         .join("---\n"),
@@ -214,6 +223,9 @@ fn every_stores_feed_is_followed_and_each_holds_only_its_own_pets() -> fixtures:
     let fido = wait_ready(cp, "team-b", "fido")?;
     assert_eq!(fido["status"]["store"], "ClusterPetStore/b", "{fido}");
     let fido = status_id(&fido);
+    let fido_2 = wait_ready(cp, "team-b", "fido-2")?;
+    assert_eq!(fido_2["status"]["store"], "PetStore/default", "{fido_2}");
+    let fido_2 = status_id(&fido_2);
     wait_ready(cp, "team-c", "tom")?;
     // The watcher names a record B does not have (it is A's): held.
     wait_for(TIMEOUT, "team-b/watcher held RecordNotFound", || {
@@ -222,10 +234,17 @@ fn every_stores_feed_is_followed_and_each_holds_only_its_own_pets() -> fixtures:
     })?;
 
     // A and B are followed; C, which does not name the operator an
-    // observer, is refused, and says which flag it needs.
-    wait_for(TIMEOUT, "A and B followed, C refused", || {
-        (feeds_in(&operator, "live") == 2.0 && feeds_in(&operator, "refused") == 1.0).then_some(())
+    // observer, is refused, and says which flag it needs. The count is of
+    // store objects: B's two are live, on one stream.
+    wait_for(TIMEOUT, "A and B's two objects followed, C refused", || {
+        (feeds_in(&operator, "live") == 3.0 && feeds_in(&operator, "refused") == 1.0).then_some(())
     })?;
+    let streams = fixtures::http::sum_series(
+        &fixtures::http::scrape(&store_b.metrics_addr)?,
+        "petstore_server_watchers",
+        "",
+    );
+    assert_eq!(streams, 1.0, "one feed for B's two store objects");
     let needs = format!(
         "start it with `--observer system:serviceaccount:{OPERATOR_NAMESPACE}:{OPERATOR_ACCOUNT}`"
     );
@@ -239,6 +258,11 @@ fn every_stores_feed_is_followed_and_each_holds_only_its_own_pets() -> fixtures:
     assert!(
         took <= FROM_THE_FEED,
         "B's change put back after {took:?}, not within {FROM_THE_FEED:?}"
+    );
+    let took = put_back_after(&store_b, &team_b, &fido_2, "fido-2")?;
+    assert!(
+        took <= FROM_THE_FEED,
+        "the change to fido-2 (team-b's default store, on B's feed) put back after {took:?}"
     );
 
     // A's record that B's watcher names by ID changes: A's feed judges it
@@ -277,7 +301,7 @@ fn every_stores_feed_is_followed_and_each_holds_only_its_own_pets() -> fixtures:
     // reconciling: a change there is put back, a new Pet there is Ready.
     store_b.kill();
     wait_for(TIMEOUT, "B's feed broken, A's still live", || {
-        (feeds_in(&operator, "broken") == 1.0 && feeds_in(&operator, "live") == 1.0).then_some(())
+        (feeds_in(&operator, "broken") == 2.0 && feeds_in(&operator, "live") == 1.0).then_some(())
     })?;
     let took = put_back_after(&store_a, &team_a, &rex, "rex")?;
     assert!(

@@ -10,9 +10,16 @@
 //! queue nothing. The per-Pet poll of that store's Pets then only audits,
 //! at `--audit-interval`.
 //!
-//! Record IDs are the store's: a change from one store concerns only the
-//! Pets whose `status.store` names that store, so an ID two stores share
-//! never crosses from one to the other.
+//! One feed is followed per store server, not per store object: the open
+//! objects naming one endpoint with one audience share it
+//! ([`crate::stores::FeedSource`]), and a change on it is judged against
+//! the Pets whose `status.store` names any of them. Record IDs are the
+//! server's, so they are unique across those objects. A change concerns
+//! only the Pets of its feed's objects: an ID two servers share never
+//! crosses from one to the other. Objects join and leave a running feed as
+//! they open and close, without restarting it: a member that joins has
+//! its synced Pets read once (the feed is new to them), as has one that
+//! leaves.
 //!
 //! A store with tenancy shows a tenant only its own records, so another
 //! store's feed is read with a token of the operator's own ServiceAccount,
@@ -20,16 +27,16 @@
 //! takes the operator for a tenant, or refuses its token, is told of once
 //! in the log, polled, and asked again every minute.
 //!
-//! Each store's feed is on its own: one that breaks is resumed from the
-//! last revision seen. One that cannot be resumed (the store compacted
-//! that history, or restarted without it) is watched again from now, and
-//! every Pet of that store already synced is read once more, so no change
-//! in the gap is missed. A store without the feed (the book's) is polled
+//! Each feed is on its own: one that breaks is resumed from the last
+//! revision seen. One that cannot be resumed (the store compacted that
+//! history, or restarted without it) is watched again from now, and every
+//! Pet of its store objects already synced is read once more, so no
+//! change in the gap is missed. A store without the feed (the book's) is polled
 //! as before, and told once in the log. Whatever one store's feed does,
 //! the other stores' Pets keep their schedule.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use futures::StreamExt as _;
@@ -48,7 +55,7 @@ use super::context::{on_store, store_of};
 use crate::crd::Pet;
 use crate::decision::feed::{Verdict, verdict};
 use crate::store::{Feed, PetStore, RecordChange, StoreError};
-use crate::stores::{Feeds, StoreId};
+use crate::stores::{FeedSource, Feeds, StoreId};
 
 /// How long to wait before asking a store without a feed again: it may be
 /// replaced by one with it (the book's store by ours) at the same address.
@@ -73,7 +80,7 @@ const KEEP_OPEN_EVERY: Duration = Duration::from_secs(60);
 /// owner's UID) or by the ID in their status, else in their external-id
 /// annotation (a record watched by a Pet in Observe is not keyed to it).
 /// A record's identity names its Pet directly: the cache finds that one.
-/// One index holds the Pets of one store.
+/// One index holds the Pets of one feed's store objects.
 pub struct PetIndex {
     by_uid: HashMap<String, Arc<Pet>>,
     by_record: HashMap<String, Arc<Pet>>,
@@ -94,9 +101,9 @@ impl PetIndex {
         Self { by_uid, by_record }
     }
 
-    /// The index of the Pets of `store` among `pets`.
-    pub fn of_store(pets: impl IntoIterator<Item = Arc<Pet>>, store: &StoreId) -> Self {
-        Self::new(pets.into_iter().filter(|pet| on_store(pet, store)))
+    /// The index of the Pets of any of `stores` among `pets`.
+    fn of_stores(pets: impl IntoIterator<Item = Arc<Pet>>, stores: &BTreeSet<StoreId>) -> Self {
+        Self::new(pets.into_iter().filter(|pet| on_any(pet, stores)))
     }
 
     /// Whether `change` concerns `pet`, as [`PetIndex::pet_for`] finds it.
@@ -124,9 +131,9 @@ impl PetIndex {
 }
 
 /// Follows the feed of every store in use until `stop`: the operator's own,
-/// and each other store while `feeds` holds it open
-/// ([`crate::stores::Stores::feeds`]), queueing the Pets whose records
-/// drifted on `reconcile`.
+/// and one per source of the other stores `feeds` holds open
+/// ([`crate::stores::Stores::feeds`]), for its store objects as they join
+/// and leave, queueing the Pets whose records drifted on `reconcile`.
 pub async fn follow_stores(
     ctx: Arc<Context>,
     mut feeds: watch::Receiver<Feeds>,
@@ -142,43 +149,70 @@ pub async fn follow_stores(
         reconcile.clone(),
         stop.child_token(),
     ));
-    let mut followers: HashMap<StoreId, Following> = HashMap::new();
+    let mut followers: HashMap<FeedSource, Following> = HashMap::new();
     let mut keep_open = tokio::time::interval(KEEP_OPEN_EVERY);
     loop {
         let open = feeds.borrow_and_update().clone();
-        // Stopped: a store closed, or opened again with a new spec.
-        let stale: Vec<StoreId> = followers
+        // The members whose feed is new to them, or gone: their Pets were
+        // only audited, or were synced before this feed was followed for
+        // them. A member that moved (its spec changed) is read once.
+        let mut read_again: BTreeSet<StoreId> = BTreeSet::new();
+        // A group with a new client was emptied and made anew: each of its
+        // members joined since, so its feed starts anew too.
+        let gone: Vec<FeedSource> = followers
             .iter()
-            .filter(|(id, following)| {
-                open.get(*id)
-                    .is_none_or(|client| !Arc::ptr_eq(client, &following.client))
+            .filter(|(source, following)| {
+                open.get(*source)
+                    .is_none_or(|group| !Arc::ptr_eq(&group.client, &following.client))
             })
-            .map(|(id, _)| id.clone())
+            .map(|(source, _)| source.clone())
             .collect();
-        for id in stale {
-            if let Some(following) = followers.remove(&id) {
+        for source in gone {
+            if let Some(following) = followers.remove(&source) {
+                read_again.extend(following.members().iter().cloned());
                 following.stop().await;
             }
-            if !open.contains_key(&id) {
-                // Its Pets were only audited: read them now. A store closed
-                // for its new spec is opened anew by them (and followed
-                // again); one whose object is gone holds them at once.
-                reread_synced(&ctx, &cache, &reconcile, &id);
+        }
+        // Every member leaves first, so one that moves between feeds is
+        // live only in its new one.
+        for (source, following) in &followers {
+            if let Some(group) = open.get(source) {
+                read_again.extend(following.group.lock().retain(&ctx, &group.members));
             }
         }
-        for (id, client) in open {
-            followers.entry(id.clone()).or_insert_with(|| {
-                let stop = stop.child_token();
-                let task = tokio::spawn(follow(
-                    Arc::clone(&ctx),
-                    id,
-                    Arc::clone(&client),
-                    cache.clone(),
-                    reconcile.clone(),
-                    stop.clone(),
-                ));
-                Following { client, stop, task }
-            });
+        for (source, group) in open {
+            match followers.get(&source) {
+                // Joined in place: the feed goes on from where it is.
+                Some(following) => {
+                    read_again.extend(following.group.lock().join(&ctx, &group.members));
+                }
+                // A new feed: its members' synced Pets are read once it is
+                // followed, from now.
+                None => {
+                    let shared = Shared::new(&ctx, group.members.clone());
+                    let stop = stop.child_token();
+                    let task = tokio::spawn(follow_group(
+                        Arc::clone(&ctx),
+                        Arc::clone(&shared),
+                        Arc::clone(&group.client),
+                        cache.clone(),
+                        reconcile.clone(),
+                        stop.clone(),
+                    ));
+                    followers.insert(
+                        source,
+                        Following {
+                            group: shared,
+                            client: group.client,
+                            stop,
+                            task,
+                        },
+                    );
+                }
+            }
+        }
+        if !read_again.is_empty() {
+            reread_synced(&ctx, &cache, &reconcile, &read_again);
         }
         tokio::select! {
             () = stop.cancelled() => break,
@@ -198,16 +232,131 @@ pub async fn follow_stores(
     let _ = own.await;
 }
 
-/// One other store's follower.
+/// The store objects one feed is followed for, and the feed's state, which
+/// each member's poll and its count in `change_feed_stores` follow. Changed
+/// by [`follow_stores`] as members join and leave, and by the follower as
+/// the feed's state moves, under one lock: a member's live flag is never
+/// set after it left.
+struct Group {
+    /// Replaced, not changed, on each join or leave: the follower's index
+    /// is of one set of members.
+    members: Arc<BTreeSet<StoreId>>,
+    state: State,
+    /// The operator's own store: not counted in `change_feed_stores`.
+    own: bool,
+}
+
+/// A group shared by its follower and [`follow_stores`].
+struct Shared(Mutex<Group>);
+
+impl Shared {
+    /// A feed not followed yet, counted as connecting for each member from
+    /// here: before a leave can uncount one.
+    fn new(ctx: &Context, members: BTreeSet<StoreId>) -> Arc<Self> {
+        let own = members.contains(&StoreId::Own);
+        let group = Group {
+            members: Arc::new(members),
+            state: State::Starting,
+            own,
+        };
+        for id in group.members.iter() {
+            group.count(ctx, id, None, Some(State::Starting));
+        }
+        Arc::new(Self(Mutex::new(group)))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Group> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Group {
+    /// Keeps only the members in `members`; returns those that left, whose
+    /// poll no longer waits for this feed.
+    fn retain(&mut self, ctx: &Context, members: &BTreeSet<StoreId>) -> Vec<StoreId> {
+        let left: Vec<StoreId> = self.members.difference(members).cloned().collect();
+        if left.is_empty() {
+            return left;
+        }
+        for id in &left {
+            self.count(ctx, id, Some(self.state), None);
+            ctx.poll.set_feed_live(id, false);
+        }
+        self.members = Arc::new(self.members.intersection(members).cloned().collect());
+        left
+    }
+
+    /// Adds the members of `members` it lacks; returns those that joined,
+    /// whose poll waits for this feed if it is live.
+    fn join(&mut self, ctx: &Context, members: &BTreeSet<StoreId>) -> Vec<StoreId> {
+        let joined: Vec<StoreId> = members.difference(&self.members).cloned().collect();
+        if joined.is_empty() {
+            return joined;
+        }
+        for id in &joined {
+            self.count(ctx, id, None, Some(self.state));
+            if self.state == State::Live {
+                ctx.poll.set_feed_live(id, true);
+            }
+        }
+        self.members = Arc::new(self.members.union(members).cloned().collect());
+        joined
+    }
+
+    /// The feed moved to `state`: each member's poll and count follow.
+    fn move_to(&mut self, ctx: &Context, state: State) {
+        let live = state == State::Live;
+        if self.state == state {
+            return;
+        }
+        for id in self.members.iter() {
+            self.count(ctx, id, Some(self.state), Some(state));
+            ctx.poll.set_feed_live(id, live);
+        }
+        if self.own {
+            ctx.metrics.set_feed_connected(live);
+        }
+        self.state = state;
+    }
+
+    /// The follower stopped: no member's poll waits for it, and none is
+    /// counted.
+    fn stopped(&mut self, ctx: &Context) {
+        for id in self.members.iter() {
+            self.count(ctx, id, Some(self.state), None);
+            ctx.poll.set_feed_live(id, false);
+        }
+        if self.own {
+            ctx.metrics.set_feed_connected(false);
+        }
+        self.members = Arc::default();
+    }
+
+    /// `change_feed_stores` counts the other store objects by the state of
+    /// the feed they read; the own store's is `change_feed_connected`.
+    fn count(&self, ctx: &Context, id: &StoreId, from: Option<State>, to: Option<State>) {
+        if *id != StoreId::Own {
+            ctx.metrics
+                .store_feed_moved(from.map(State::as_str), to.map(State::as_str));
+        }
+    }
+}
+
+/// One feed source's follower.
 struct Following {
-    /// The client it reads the feed with: a new one is a new store.
+    group: Arc<Shared>,
+    /// The client it reads the feed with.
     client: Arc<dyn PetStore>,
     stop: CancellationToken,
     task: JoinHandle<()>,
 }
 
 impl Following {
-    /// Stops it, and waits until it has let go of the store's live flag.
+    fn members(&self) -> Arc<BTreeSet<StoreId>> {
+        Arc::clone(&self.group.lock().members)
+    }
+
+    /// Stops it, and waits until it has let go of its members' live flags.
     async fn stop(self) {
         self.stop.cancel();
         let _ = self.task.await;
@@ -235,24 +384,40 @@ pub async fn follow(
     reconcile: UnboundedSender<ObjectRef<Pet>>,
     stop: CancellationToken,
 ) {
+    let group = Shared::new(&ctx, BTreeSet::from([store]));
+    follow_group(ctx, group, client, cache, reconcile, stop).await;
+}
+
+/// Follows one feed, read with `client`, for the members of `group` as
+/// they change, until `stop`.
+async fn follow_group(
+    ctx: Arc<Context>,
+    group: Arc<Shared>,
+    client: Arc<dyn PetStore>,
+    cache: Store<Pet>,
+    reconcile: UnboundedSender<ObjectRef<Pet>>,
+    stop: CancellationToken,
+) {
+    let own = group.lock().own;
     let mut follower = Follower {
         ctx,
-        store,
+        group,
+        own,
         client,
         cache,
         reconcile,
         revision: 0,
-        state: State::Starting,
         index: None,
         missed: Vec::new(),
     };
-    follower.count_state(None, Some(State::Starting));
     tokio::select! {
         () = stop.cancelled() => {}
         () = follower.run() => {}
     }
-    follower.set_live(false);
-    follower.count_state(Some(follower.state), None);
+    if let Some(echoes) = follower.client.echoes() {
+        echoes.set_enabled(false);
+    }
+    follower.group.lock().stopped(&follower.ctx);
 }
 
 /// Queues the Pet for a reconcile that reads the store.
@@ -264,17 +429,34 @@ fn queue(ctx: &Context, reconcile: &UnboundedSender<ObjectRef<Pet>>, pet: &Arc<P
     let _ = reconcile.unbounded_send(ObjectRef::from_obj(&**pet));
 }
 
-/// Queues every synced Pet of `store`: what its feed would have told is
+/// Whether the Pet's record is in any of `stores`; [`on_store`] for one.
+fn on_any(pet: &Pet, stores: &BTreeSet<StoreId>) -> bool {
+    match stores.first() {
+        Some(store) if stores.len() == 1 => on_store(pet, store),
+        _ => store_of(pet).is_some_and(|store| stores.contains(&store)),
+    }
+}
+
+/// One line for the members of a feed, for the log.
+fn described(stores: &BTreeSet<StoreId>) -> String {
+    match (stores.first(), stores.len()) {
+        (None, _) => "no store".to_owned(),
+        (Some(first), 1) => first.to_string(),
+        (Some(first), n) => format!("{first} and {} more on its endpoint", n - 1),
+    }
+}
+
+/// Queues every synced Pet of `stores`: what their feed would have told is
 /// read from the store instead.
 fn reread_synced(
     ctx: &Context,
     cache: &Store<Pet>,
     reconcile: &UnboundedSender<ObjectRef<Pet>>,
-    store: &StoreId,
+    stores: &BTreeSet<StoreId>,
 ) {
     let mut queued = 0;
     for pet in cache.state() {
-        if on_store(&pet, store)
+        if on_any(&pet, stores)
             && pet
                 .uid()
                 .is_some_and(|uid| ctx.memory.synced(&uid).is_some())
@@ -285,7 +467,7 @@ fn reread_synced(
     }
     if queued > 0 {
         info!(
-            %store,
+            store = %described(stores),
             pets = queued,
             "reading again the Pets synced while the store's feed was not followed"
         );
@@ -319,8 +501,11 @@ impl State {
 
 struct Follower {
     ctx: Arc<Context>,
-    /// The store followed: only its Pets are judged.
-    store: StoreId,
+    /// The store objects followed, and the feed's state: only their Pets
+    /// are judged.
+    group: Arc<Shared>,
+    /// The operator's own store, read as itself.
+    own: bool,
     /// Its client for the feed: the own store's, or one that carries the
     /// operator's observer token.
     client: Arc<dyn PetStore>,
@@ -329,10 +514,10 @@ struct Follower {
     /// The last revision seen; 0 before the first, and after history was
     /// lost.
     revision: i64,
-    state: State,
-    /// This store's Pets by UID and record ID, and when that was read from
-    /// the cache; entries are checked against the cache's current copy.
-    index: Option<(PetIndex, Instant)>,
+    /// The members' Pets by UID and record ID, the members it holds, and
+    /// when that was read from the cache; entries are checked against the
+    /// cache's current copy. A join or leave makes it stale.
+    index: Option<(PetIndex, Arc<BTreeSet<StoreId>>, Instant)>,
     /// Changes whose Pet the index missed, to judge again once it may be
     /// rebuilt.
     missed: Vec<RecordChange>,
@@ -355,7 +540,20 @@ async fn back_off(wait: &mut Duration) {
 impl Follower {
     /// Another store than the operator's own: read as its observer.
     fn reads_as_observer(&self) -> bool {
-        self.store != StoreId::Own
+        !self.own
+    }
+
+    fn state(&self) -> State {
+        self.group.lock().state
+    }
+
+    fn members(&self) -> Arc<BTreeSet<StoreId>> {
+        Arc::clone(&self.group.lock().members)
+    }
+
+    /// The members, for the log.
+    fn store(&self) -> String {
+        described(&self.members())
     }
 
     async fn run(&mut self) {
@@ -404,9 +602,9 @@ impl Follower {
                     }
                 }
             }
-            if !first && self.state == State::Live {
+            if !first && self.state() == State::Live {
                 // The store ended the stream (a restart, say): resume.
-                debug!(store = %self.store, revision = self.revision, "the change feed ended; resuming");
+                debug!(store = %self.store(), revision = self.revision, "the change feed ended; resuming");
             }
             back_off(&mut wait).await;
         }
@@ -429,9 +627,9 @@ impl Follower {
         match self.client.watch(self.revision).await {
             Ok(feed) => Ok(feed),
             Err(StoreError::Unimplemented { .. }) => {
-                if self.state != State::Absent {
+                if self.state() != State::Absent {
                     info!(
-                        store = %self.store,
+                        store = %self.store(),
                         poll_interval = ?self.ctx.settings.poll_interval,
                         "the pet store offers no change feed (petstore.PetStore/WatchPets is unimplemented); drift is found by polling each Pet every poll interval"
                     );
@@ -459,9 +657,9 @@ impl Follower {
     }
 
     fn connected(&mut self, from_now: bool) {
-        if self.state != State::Live {
+        if self.state() != State::Live {
             info!(
-                store = %self.store,
+                store = %self.store(),
                 revision = self.revision,
                 audit_interval = ?self.ctx.settings.audit_interval,
                 "following the pet store's change feed; each Pet is also audited every audit interval"
@@ -475,31 +673,29 @@ impl Follower {
             self.reread_synced();
         }
         self.move_to(State::Live);
-        self.set_live(true);
     }
 
     fn broken(&mut self, error: &StoreError) {
         if let StoreError::HistoryLost { .. } = error {
-            warn!(store = %self.store, %error, "watching the change feed from now, and reading every Pet again");
+            warn!(store = %self.store(), %error, "watching the change feed from now, and reading every Pet again");
             self.revision = 0;
-        } else if self.state == State::Live {
-            warn!(store = %self.store, %error, revision = self.revision, "the change feed broke; resuming");
+        } else if self.state() == State::Live {
+            warn!(store = %self.store(), %error, revision = self.revision, "the change feed broke; resuming");
         } else {
-            debug!(store = %self.store, %error, "the change feed is not available yet");
-        }
-        if matches!(self.state, State::Live | State::Starting) {
-            self.move_to(State::Broken);
+            debug!(store = %self.store(), %error, "the change feed is not available yet");
         }
         // New schedules use the poll interval until the feed is back; the
         // gap itself is replayed on resume, or re-read if history is lost.
-        self.set_live(false);
+        if matches!(self.state(), State::Live | State::Starting) {
+            self.move_to(State::Broken);
+        }
     }
 
     /// The store does not show the operator every tenant's changes: it
     /// takes the operator for a tenant, or refuses its token (`why`). Told
     /// once, until the feed is followed again.
     fn refused(&mut self, why: Option<&str>) {
-        if self.state == State::Refused {
+        if self.state() == State::Refused {
             return;
         }
         let observer = self.ctx.stores.observer().map_or_else(
@@ -507,7 +703,7 @@ impl Follower {
             |a| a.subject(),
         );
         warn!(
-            store = %self.store,
+            store = %self.store(),
             refused = why.unwrap_or("the store takes the operator for a tenant"),
             poll_interval = ?self.ctx.settings.poll_interval,
             "the store does not let the operator read every tenant's changes: start it with `--observer {observer}`, trusting its tokens' issuer and audience; until then its Pets are polled every poll interval, and the store is asked again every minute"
@@ -519,19 +715,20 @@ impl Follower {
     /// the Pets scheduled for an audit while it was are read again now, so
     /// each is polled at the poll interval from here on.
     fn stopped_following(&mut self, state: State) {
-        let was_live = self.state == State::Live;
+        let was_live = self.state() == State::Live;
         self.move_to(state);
-        self.set_live(false);
         if was_live {
             self.reread_synced();
         }
     }
 
-    /// Whether the index was built too recently to be built again.
+    /// Whether the index was built too recently to be built again, for
+    /// the members there are now.
     fn index_is_fresh(&self) -> bool {
-        self.index
-            .as_ref()
-            .is_some_and(|(_, built)| built.elapsed() < INDEX_REFRESH)
+        let members = self.members();
+        self.index.as_ref().is_some_and(|(_, of, built)| {
+            Arc::ptr_eq(of, &members) && built.elapsed() < INDEX_REFRESH
+        })
     }
 
     /// The current Pet `change` concerns, among this store's. The kept
@@ -539,17 +736,18 @@ impl Follower {
     /// entry never decides a verdict. A miss rebuilds the index, at most
     /// every INDEX_REFRESH.
     fn current_pet_for(&mut self, change: &RecordChange) -> Option<Arc<Pet>> {
-        let store = &self.store;
+        let members = self.members();
+        let stores = &*members;
         let found = |index: &PetIndex, cache: &Store<Pet>| {
             index
                 .pet_for(change)
                 .and_then(|pet| cache.get(&ObjectRef::from_obj(&**pet)))
-                .filter(|pet| on_store(pet, store) && PetIndex::concerns(pet, change))
+                .filter(|pet| on_any(pet, stores) && PetIndex::concerns(pet, change))
         };
         if let Some(pet) = self
             .index
             .as_ref()
-            .and_then(|(index, _)| found(index, &self.cache))
+            .and_then(|(index, _, _)| found(index, &self.cache))
         {
             return Some(pet);
         }
@@ -560,16 +758,16 @@ impl Follower {
             .identity
             .split_once('/')
             .and_then(|(namespace, name)| self.cache.get(&ObjectRef::new(name).within(namespace)))
-            .filter(|pet| on_store(pet, store))
+            .filter(|pet| on_any(pet, stores))
         {
             return Some(pet);
         }
         if self.index_is_fresh() {
             return None;
         }
-        let index = PetIndex::of_store(self.cache.state(), store);
+        let index = PetIndex::of_stores(self.cache.state(), stores);
         let pet = found(&index, &self.cache);
-        self.index = Some((index, Instant::now()));
+        self.index = Some((index, Arc::clone(&members), Instant::now()));
         pet
     }
 
@@ -581,7 +779,7 @@ impl Follower {
         let built = self
             .index
             .as_ref()
-            .map_or_else(Instant::now, |(_, built)| *built);
+            .map_or_else(Instant::now, |(_, _, built)| *built);
         Some(built + INDEX_REFRESH)
     }
 
@@ -595,13 +793,13 @@ impl Follower {
         self.queue_drifted(&drifted);
     }
 
-    /// Queues the Pets whose records drifted, each counted toward the
-    /// store's drift storm first: a batch that makes a storm (a restore the
-    /// feed reports) is braked before its first write.
+    /// Queues the Pets whose records drifted, each counted toward its
+    /// store object's drift storm first: a batch that makes a storm (a
+    /// restore the feed reports) is braked before its first write.
     fn queue_drifted(&self, pets: &[Arc<Pet>]) {
         for pet in pets {
-            if let Some(uid) = pet.uid() {
-                self.ctx.drift_noticed(&self.store, &uid);
+            if let (Some(uid), Some(store)) = (pet.uid(), store_of(pet)) {
+                self.ctx.drift_noticed(&store, &uid);
             }
         }
         for pet in pets {
@@ -648,7 +846,7 @@ impl Follower {
         self.ctx.metrics.feed_change(verdict);
         let pet = pet.filter(|_| verdict == Verdict::Drifted)?;
         debug!(
-            store = %self.store,
+            store = %self.store(),
             id = %change.id,
             revision = change.revision,
             pet = %pet.name_any(),
@@ -663,32 +861,17 @@ impl Follower {
     }
 
     fn reread_synced(&self) {
-        reread_synced(&self.ctx, &self.cache, &self.reconcile, &self.store);
+        reread_synced(&self.ctx, &self.cache, &self.reconcile, &self.members());
     }
 
+    /// The feed moved to `state`; only a live one notes the operator's
+    /// writes to meet their echoes, and only its members' Pets are just
+    /// audited.
     fn move_to(&mut self, state: State) {
-        self.count_state(Some(self.state), Some(state));
-        self.state = state;
-    }
-
-    /// `change_feed_stores` counts the other stores' feeds by state; the
-    /// own store's is `change_feed_connected`.
-    fn count_state(&self, from: Option<State>, to: Option<State>) {
-        if self.store != StoreId::Own {
-            self.ctx
-                .metrics
-                .store_feed_moved(from.map(State::as_str), to.map(State::as_str));
-        }
-    }
-
-    fn set_live(&self, live: bool) {
         if let Some(echoes) = self.client.echoes() {
-            echoes.set_enabled(live);
+            echoes.set_enabled(state == State::Live);
         }
-        self.ctx.poll.set_feed_live(&self.store, live);
-        if self.store == StoreId::Own {
-            self.ctx.metrics.set_feed_connected(live);
-        }
+        self.group.lock().move_to(&self.ctx, state);
     }
 }
 
@@ -1331,19 +1514,52 @@ mod tests {
         );
     }
 
-    /// A store's follower runs while the store is open, and goes with it;
-    /// a store opened again (a new spec) gets a new one, from now.
-    #[tokio::test(start_paused = true)]
-    async fn a_follower_runs_while_its_store_is_open() {
-        let pets = [pet_on(Some("ClusterPetStore/a"), "pet-a", Some("record-1"))];
-        let (ctx, own, cache, _writer) = context(&pets);
-        let uid = "uid-pet-a";
-        ctx.memory.started(uid);
-        ctx.memory.in_sync(&pets[0], uid, (Some(1), 0), "r");
-        let (queue, mut queued) = futures::channel::mpsc::unbounded();
+    /// Where the test's feeds are read from: `address`, audience
+    /// `petstore`.
+    fn source(address: &str) -> FeedSource {
+        FeedSource {
+            channel: crate::stores::channels::ChannelKey {
+                address: address.into(),
+                ca: None,
+                server_name: None,
+            },
+            audience: "petstore".into(),
+        }
+    }
+
+    /// The feeds with `members` of `source` reading `client`'s feed.
+    fn put_group(
+        feeds: &mut Feeds,
+        source: FeedSource,
+        client: &Arc<FakeStore>,
+        members: &[&StoreId],
+    ) {
+        feeds.insert(
+            source,
+            crate::stores::FeedGroup {
+                client: Arc::clone(client) as Arc<dyn PetStore>,
+                members: members.iter().map(|id| (*id).clone()).collect(),
+            },
+        );
+    }
+
+    /// `follow_stores` over the feeds `open` sends, with the Pets cached;
+    /// what it queues arrives on `queued`.
+    struct FollowingStores {
+        ctx: Arc<Context>,
+        open: watch::Sender<Feeds>,
+        queued: UnboundedReceiver<ObjectRef<Pet>>,
+        stop: CancellationToken,
+        /// The own store's feed, open and quiet.
+        _own_feed: UnboundedSender<Result<FeedBatch, StoreError>>,
+    }
+
+    fn following_stores(pets: &[Pet]) -> FollowingStores {
+        let (ctx, own, cache, _writer) = context(pets);
+        let (queue, queued) = futures::channel::mpsc::unbounded();
         let stop = CancellationToken::new();
         let (open, feeds) = watch::channel(Feeds::new());
-        let _own_feed = scripted_feed(&own);
+        let own_feed = scripted_feed(&own);
         tokio::spawn(follow_stores(
             Arc::clone(&ctx),
             feeds,
@@ -1351,61 +1567,218 @@ mod tests {
             queue,
             stop.clone(),
         ));
+        FollowingStores {
+            ctx,
+            open,
+            queued,
+            stop,
+            _own_feed: own_feed,
+        }
+    }
+
+    fn synced(ctx: &Context, pet: &Pet) {
+        let uid = pet.metadata.uid.as_deref().expect("uid");
+        ctx.memory.started(uid);
+        ctx.memory.in_sync(pet, uid, (Some(1), 0), "r");
+    }
+
+    /// A store's follower runs while the store is open, and goes with it;
+    /// a store opened again on another endpoint (a new spec) moves to that
+    /// endpoint's feed, from now.
+    #[tokio::test(start_paused = true)]
+    async fn a_follower_runs_while_its_store_is_open() {
+        let pets = [pet_on(Some("ClusterPetStore/a"), "pet-a", Some("record-1"))];
+        let FollowingStores {
+            ctx,
+            open,
+            mut queued,
+            stop,
+            _own_feed,
+        } = following_stores(&pets);
+        synced(&ctx, &pets[0]);
         settle().await;
         let audit = Settings::default().audit_interval;
         let poll = Settings::default().poll_interval;
-        let a = Some(StoreId::cluster("a"));
-        assert_eq!(ctx.poll.interval_for(a.as_ref(), 1), poll, "not open yet");
+        let a = StoreId::cluster("a");
+        assert_eq!(ctx.poll.interval_for(Some(&a), 1), poll, "not open yet");
 
         let first = Arc::new(FakeStore::default());
         let first_feed = scripted_feed(&first);
-        open.send_modify(|feeds| drop(feeds.insert(StoreId::cluster("a"), first.clone())));
+        open.send_modify(|feeds| put_group(feeds, source("one:6742"), &first, &[&a]));
         settle().await;
         first_feed.unbounded_send(batch(4)).expect("send");
         settle().await;
-        assert_eq!(ctx.poll.interval_for(a.as_ref(), 1), audit, "followed");
+        assert_eq!(ctx.poll.interval_for(Some(&a), 1), audit, "followed");
         assert_eq!(watches(&first), ["watch:0"]);
         // Followed from now: the Pet synced before is read once more.
         assert_eq!(queued_now(&mut queued), ["pet-a"]);
 
         // Its reconcile found it in sync.
-        ctx.memory.started(uid);
-        ctx.memory.in_sync(&pets[0], uid, (Some(1), 0), "r");
+        synced(&ctx, &pets[0]);
 
-        // Opened again with a new spec: a new follower, on the new client.
+        // Opened again with a new spec naming another endpoint: that
+        // endpoint's feed, on the new client; the first, left without
+        // members, stops.
         let second = Arc::new(FakeStore::default());
         let second_feed = scripted_feed(&second);
-        open.send_modify(|feeds| drop(feeds.insert(StoreId::cluster("a"), second.clone())));
+        open.send_modify(|feeds| {
+            feeds.clear();
+            put_group(feeds, source("two:6742"), &second, &[&a]);
+        });
         settle().await;
         second_feed.unbounded_send(batch(1)).expect("send");
         settle().await;
         assert_eq!(watches(&second), ["watch:0"]);
-        assert_eq!(ctx.poll.interval_for(a.as_ref(), 1), audit);
+        assert_eq!(ctx.poll.interval_for(Some(&a), 1), audit);
         assert!(
             first_feed.is_closed(),
             "the first follower let go of its feed"
         );
-
         assert_eq!(
             queued_now(&mut queued),
             ["pet-a"],
             "followed from now again"
         );
 
-        ctx.memory.started(uid);
-        ctx.memory.in_sync(&pets[0], uid, (Some(1), 0), "r");
+        synced(&ctx, &pets[0]);
 
         // Closed (its object deleted, say): polled again, and its Pets,
         // which were only audited, are read now.
-        open.send_modify(|feeds| drop(feeds.remove(&StoreId::cluster("a"))));
+        open.send_modify(Feeds::clear);
         settle().await;
-        assert_eq!(ctx.poll.interval_for(a.as_ref(), 1), poll, "closed");
+        assert_eq!(ctx.poll.interval_for(Some(&a), 1), poll, "closed");
         assert_eq!(queued_now(&mut queued), ["pet-a"], "read on closing");
         assert_eq!(
             ctx.poll.interval_for(Some(&StoreId::Own), 1),
             poll,
             "the own store's feed was never live here"
         );
+        stop.cancel();
+    }
+
+    /// Store objects on one endpoint share one feed: one watch, whose
+    /// changes reach the Pets of each of them; another endpoint has its
+    /// own. A member joins the running feed without reopening it, a
+    /// member leaves it, and the last to leave stops it.
+    #[tokio::test(start_paused = true)]
+    async fn store_objects_on_one_endpoint_share_one_feed_as_they_join_and_leave() {
+        let pets = [
+            pet_on(Some("ClusterPetStore/a"), "pet-a", Some("record-1")),
+            pet_on(Some("PetStore/b"), "pet-b", Some("record-2")),
+            pet_on(Some("ClusterPetStore/c"), "pet-c", Some("record-1")),
+            pet_on(Some("PetStore/d"), "pet-d", Some("record-3")),
+        ];
+        let FollowingStores {
+            ctx,
+            open,
+            mut queued,
+            stop,
+            _own_feed,
+        } = following_stores(&pets);
+        let [a, b, c, d] = [
+            StoreId::cluster("a"),
+            StoreId::namespaced("team", "b"),
+            StoreId::cluster("c"),
+            StoreId::namespaced("team", "d"),
+        ];
+        let audit = Settings::default().audit_interval;
+        let poll = Settings::default().poll_interval;
+        let shared = Arc::new(FakeStore::default());
+        let shared_feed = scripted_feed(&shared);
+        // Were a second feed opened on it, it would be this one.
+        let _reopened = scripted_feed(&shared);
+        let other = Arc::new(FakeStore::default());
+        let other_feed = scripted_feed(&other);
+        open.send_modify(|feeds| {
+            put_group(feeds, source("one:6742"), &shared, &[&a, &b]);
+            put_group(feeds, source("two:6742"), &other, &[&c]);
+        });
+        settle().await;
+        shared_feed.unbounded_send(batch(1)).expect("send");
+        other_feed.unbounded_send(batch(1)).expect("send");
+        settle().await;
+        assert_eq!(watches(&shared), ["watch:0"], "one feed for a and b");
+        assert_eq!(
+            watches(&other),
+            ["watch:0"],
+            "c's endpoint: a feed of its own"
+        );
+        for store in [&a, &b, &c] {
+            assert_eq!(ctx.poll.interval_for(Some(store), 1), audit, "{store}");
+        }
+        let live = |ctx: &Context, n: usize| {
+            let metrics = ctx.metrics.encode().expect("metrics");
+            assert!(
+                metrics.contains(&format!("change_feed_stores{{state=\"live\"}} {n}")),
+                "{n} store objects live: {metrics}"
+            );
+        };
+        live(&ctx, 3);
+        let rex = |id: &str| RecordChange::changed(id, "", "Rex");
+        // One change on the shared feed for each of its objects' records:
+        // each queues its own Pet, and c's record-1 is not this server's.
+        shared_feed
+            .unbounded_send(batch_of(2, vec![rex("record-1"), rex("record-2")]))
+            .expect("send");
+        settle().await;
+        assert_eq!(queued_now(&mut queued), ["pet-a", "pet-b"]);
+
+        // d opens on the same endpoint: it joins the running feed, which
+        // goes on from where it was.
+        synced(&ctx, &pets[3]);
+        open.send_modify(|feeds| put_group(feeds, source("one:6742"), &shared, &[&a, &b, &d]));
+        settle().await;
+        assert_eq!(watches(&shared), ["watch:0"], "not reopened");
+        assert_eq!(
+            ctx.poll.interval_for(Some(&d), 1),
+            audit,
+            "d's poll waits for the feed"
+        );
+        assert_eq!(
+            queued_now(&mut queued),
+            ["pet-d"],
+            "the feed is new to d's synced Pets"
+        );
+        live(&ctx, 4);
+        shared_feed
+            .unbounded_send(batch_of(3, vec![rex("record-3")]))
+            .expect("send");
+        settle().await;
+        assert_eq!(
+            queued_now(&mut queued),
+            ["pet-d"],
+            "d's change after its join"
+        );
+
+        // a closes: it leaves, its synced Pet is read, and the feed no
+        // longer judges for it.
+        synced(&ctx, &pets[0]);
+        open.send_modify(|feeds| put_group(feeds, source("one:6742"), &shared, &[&b, &d]));
+        settle().await;
+        assert_eq!(ctx.poll.interval_for(Some(&a), 1), poll, "a is polled");
+        assert_eq!(queued_now(&mut queued), ["pet-a"], "read on leaving");
+        live(&ctx, 3);
+        shared_feed
+            .unbounded_send(batch_of(4, vec![rex("record-1")]))
+            .expect("send");
+        tokio::time::sleep(INDEX_REFRESH * 2).await;
+        settle().await;
+        assert!(
+            queued_now(&mut queued).is_empty(),
+            "a's record is no longer followed"
+        );
+        assert_eq!(watches(&shared), ["watch:0"]);
+
+        // The last members leave: the feed stops; c's goes on.
+        open.send_modify(|feeds| drop(feeds.remove(&source("one:6742"))));
+        settle().await;
+        assert!(shared_feed.is_closed(), "the shared feed stopped");
+        assert_eq!(watches(&shared), ["watch:0"]);
+        for store in [&b, &d] {
+            assert_eq!(ctx.poll.interval_for(Some(store), 1), poll, "{store}");
+        }
+        assert_eq!(ctx.poll.interval_for(Some(&c), 1), audit);
+        live(&ctx, 1);
         stop.cancel();
     }
 }

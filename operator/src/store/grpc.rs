@@ -256,8 +256,8 @@ impl GrpcPetStore {
 
     /// A client of the same store over the same channel and call budget,
     /// for another store object that names the same endpoint. Its noted
-    /// writes are its own: each object follows its own feed, and a feed
-    /// that met another object's echo would take it from that object's.
+    /// writes are its own until [`GrpcPetStore::noting_writes_with`] joins
+    /// it to the objects whose feed it reads.
     pub fn on_same_channel(&self) -> Self {
         Self {
             rpc: self.rpc.clone(),
@@ -267,6 +267,19 @@ impl GrpcPetStore {
             create_batch_wait: self.create_batch_wait,
             creates: Arc::default(),
         }
+    }
+
+    /// This client, noting its writes where `other` does: the store
+    /// objects that read one change feed meet their echoes on it together.
+    pub fn noting_writes_with(mut self, other: &Self) -> Self {
+        self.echoes = Arc::clone(&other.echoes);
+        self
+    }
+
+    /// Whether this client notes its writes where `other` does.
+    #[cfg(test)]
+    pub fn notes_writes_with(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.echoes, &other.echoes)
     }
 
     /// A client of the same store for one caller: every call carries

@@ -8,9 +8,10 @@
 //! (measured: 67 objects on one store, 46,524 connections refused while
 //! converging). So the objects with the same endpoint share a channel, and
 //! with it the call budget, which protects the store process, not the
-//! object. At most [`OBJECTS_PER_CHANNEL`] share one: each object follows
-//! its own change feed, a stream held open on its channel, and the store
-//! serves at most 256 streams at once on one connection.
+//! object. At most [`OBJECTS_PER_CHANNEL`] share one, bounding the calls
+//! one connection carries at once (the store serves at most 256 streams
+//! on one connection). The objects of one endpoint read one change feed
+//! (`controller/feed.rs`), whichever channels they use.
 
 use std::collections::{HashMap, HashSet};
 

@@ -12,8 +12,9 @@
 //!   Namespace that the rule reads, and the clients, opened on a store's
 //!   first use, one per store and namespace, over a channel the store
 //!   objects naming one endpoint share ([`channels`]), and closed when no Pet has used the store for a while, or its object
-//!   is gone or changed; with each open store, a client that reads its
-//!   change feed as the operator's own ServiceAccount ([`Stores::feeds`]).
+//!   is gone or changed; and the change feeds of the open stores, read as
+//!   the operator's own ServiceAccount, one per endpoint and audience
+//!   ([`Stores::feeds`]).
 
 pub mod caller;
 pub mod channels;
@@ -22,7 +23,7 @@ pub mod resolve;
 pub mod status;
 pub mod tokens;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -82,9 +83,53 @@ struct OwnTenancy {
     tenants: Mutex<HashMap<String, Arc<dyn StoreClient>>>,
 }
 
-/// The open stores, each with a client that reads its change feed as the
-/// operator's observer identity (see [`Stores::feeds`]).
-pub type Feeds = BTreeMap<StoreId, Arc<dyn StoreClient>>;
+/// Where a change feed is read from: the endpoint (its channel's key) and
+/// the audience of the observer token the feed client carries. The open
+/// store objects with one source share one feed: it is one server's, and
+/// its record IDs are unique across them. Two audiences on one endpoint
+/// are two feeds, as the store may answer their tokens differently.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct FeedSource {
+    pub channel: ChannelKey,
+    pub audience: String,
+}
+
+/// The open store objects of one feed source, and the client the feed is
+/// read with: the first member's, as the operator's observer.
+#[derive(Clone)]
+pub struct FeedGroup {
+    pub client: Arc<dyn StoreClient>,
+    pub members: BTreeSet<StoreId>,
+}
+
+/// The change feeds of the open stores, by source (see [`Stores::feeds`]).
+pub type Feeds = HashMap<FeedSource, FeedGroup>;
+
+/// Store object `id` reads its feed from `source` now (leaving any other).
+fn join_feed(feeds: &mut Feeds, source: FeedSource, id: &StoreId, client: Arc<dyn StoreClient>) {
+    feeds.retain(|other, group| {
+        if *other != source {
+            group.members.remove(id);
+        }
+        !group.members.is_empty()
+    });
+    feeds
+        .entry(source)
+        .or_insert_with(|| FeedGroup {
+            client,
+            members: BTreeSet::new(),
+        })
+        .members
+        .insert(id.clone());
+}
+
+/// Store object `id` reads no feed: a group left empty goes.
+fn leave_feed(feeds: &mut Feeds, id: &StoreId) {
+    feeds.retain(|_, group| {
+        group.members.remove(id);
+        !group.members.is_empty()
+    });
+}
 
 /// The store a Pet uses, and its client for the Pet's namespace.
 pub struct ForPet {
@@ -167,6 +212,8 @@ fn close_reason(
 struct Open {
     generation: Option<i64>,
     base: GrpcPetStore,
+    /// The feed it reads.
+    source: FeedSource,
     audience: String,
     tenants: HashMap<String, Arc<dyn StoreClient>>,
     last_used: Instant,
@@ -314,8 +361,9 @@ impl Stores {
         self.settings.observer.as_ref()
     }
 
-    /// The open stores' change feeds, as they open and close: what the
-    /// feed followers follow (`controller/feed.rs`).
+    /// The open stores' change feeds, one per [`FeedSource`], as the store
+    /// objects open and close: what the feed followers follow
+    /// (`controller/feed.rs`).
     pub fn feeds(&self) -> watch::Receiver<Feeds> {
         self.feeds.subscribe()
     }
@@ -419,6 +467,10 @@ impl Stores {
             ca: ca.clone(),
             server_name: endpoint.server_name.clone(),
         };
+        let source = FeedSource {
+            channel: key.clone(),
+            audience: endpoint.audience.clone(),
+        };
         let base = self
             .lock_channels()
             .join(key, id, || {
@@ -440,6 +492,15 @@ impl Stores {
             })?
             .on_same_channel();
         info!(store = %id, address = %endpoint.address, "opening a store");
+        let mut open = self.lock_open();
+        // The objects reading one feed note their writes together, so each
+        // one's echo is met on it in O(1) (see crate::store::echoes). An
+        // object opened again on its feed keeps noting where it did: the
+        // feed goes on with the client it had.
+        let base = match open.values().find(|peer| peer.source == source) {
+            Some(peer) => base.noting_writes_with(&peer.base),
+            None => base,
+        };
         let credentials =
             TenantCredentials::new(Arc::clone(&self.minter), namespace, &endpoint.audience);
         let tenant: Arc<dyn StoreClient> = Arc::new(base.for_caller(Arc::new(credentials)));
@@ -448,20 +509,20 @@ impl Stores {
                 TenantCredentials::observer(Arc::clone(&self.minter), account, &endpoint.audience);
             Arc::new(base.for_caller(Arc::new(observer))) as Arc<dyn StoreClient>
         });
-        let mut open = self.lock_open();
         open.insert(
             id.clone(),
             Open {
                 generation: endpoint.generation,
                 base,
+                source: source.clone(),
                 audience: endpoint.audience.clone(),
                 tenants: HashMap::from([(namespace.to_owned(), Arc::clone(&tenant))]),
                 last_used: Instant::now(),
             },
         );
         self.feeds.send_modify(|feeds| match feed {
-            Some(feed) => drop(feeds.insert(id.clone(), feed)),
-            None => drop(feeds.remove(id)),
+            Some(feed) => join_feed(feeds, source, id, feed),
+            None => leave_feed(feeds, id),
         });
         Ok(tenant)
     }
@@ -518,7 +579,7 @@ impl Stores {
             drop(channels);
             self.feeds.send_modify(|feeds| {
                 for id in &closed {
-                    feeds.remove(id);
+                    leave_feed(feeds, id);
                 }
             });
         }
@@ -614,7 +675,7 @@ mod tests {
     use super::*;
 
     /// Stores with `ids` open (never dialled), as their first Pets left
-    /// them, and the feeds they publish.
+    /// them, and the feeds they publish, each on an endpoint of its own.
     fn open_stores(ids: &[StoreId]) -> Arc<Stores> {
         let (service, _handle) = tower_test::mock::pair::<
             http::Request<kube::client::Body>,
@@ -623,7 +684,7 @@ mod tests {
         let client = Client::new(service, "default");
         let own: Arc<dyn StoreClient> = Arc::new(crate::store::fake::FakeStore::default());
         let stores = Stores::own_only(client, own);
-        for id in ids {
+        for (i, id) in ids.iter().enumerate() {
             let base = GrpcPetStore::connect_lazy_pem(
                 "127.0.0.1:1",
                 Duration::from_secs(1),
@@ -633,11 +694,20 @@ mod tests {
             )
             .expect("an address");
             let feed: Arc<dyn StoreClient> = Arc::new(base.clone());
+            let source = FeedSource {
+                channel: ChannelKey {
+                    address: format!("127.0.0.1:{}", i + 1),
+                    ca: None,
+                    server_name: None,
+                },
+                audience: "petstore".into(),
+            };
             stores.lock_open().insert(
                 id.clone(),
                 Open {
                     generation: Some(1),
                     base,
+                    source: source.clone(),
                     audience: "petstore".into(),
                     tenants: HashMap::new(),
                     last_used: Instant::now(),
@@ -645,7 +715,7 @@ mod tests {
             );
             stores
                 .feeds
-                .send_modify(|feeds| drop(feeds.insert(id.clone(), feed)));
+                .send_modify(|feeds| join_feed(feeds, source, id, feed));
         }
         stores
     }
@@ -681,6 +751,113 @@ mod tests {
         assert!(stores.lock_channels().is_empty());
     }
 
+    /// The feed groups: (address, audience, members), sorted.
+    fn feed_groups(stores: &Stores) -> Vec<(String, String, Vec<StoreId>)> {
+        let mut groups: Vec<_> = stores
+            .feeds()
+            .borrow()
+            .iter()
+            .map(|(source, group)| {
+                (
+                    source.channel.address.clone(),
+                    source.audience.clone(),
+                    group.members.iter().cloned().collect(),
+                )
+            })
+            .collect();
+        groups.sort();
+        groups
+    }
+
+    /// Store objects naming one endpoint with one audience share one feed;
+    /// another endpoint, or another audience on the same one (whose token
+    /// the store may answer otherwise), is a feed of its own. Members join
+    /// and leave as they open, move and close.
+    #[tokio::test(start_paused = true)]
+    async fn the_feeds_are_one_per_endpoint_and_audience() {
+        let mut stores = open_stores(&[]);
+        Arc::get_mut(&mut stores)
+            .expect("not shared yet")
+            .settings
+            .observer = Some(ObserverAccount {
+            namespace: "petstore-system".into(),
+            name: "petstore-operator".into(),
+        });
+        let endpoint = |address: &str, audience: &str, generation: i64| Endpoint {
+            address: address.into(),
+            audience: audience.into(),
+            ca: None,
+            server_name: None,
+            generation: Some(generation),
+        };
+        let [a, b, c, d] = ["a", "b", "c", "d"].map(StoreId::cluster);
+        let one = "127.0.0.1:1";
+        let two = "127.0.0.1:2";
+        for (id, address, audience) in [
+            (&a, one, "petstore"),
+            (&b, one, "petstore"),
+            (&c, two, "petstore"),
+            (&d, one, "other"),
+        ] {
+            stores
+                .client_for(id, &endpoint(address, audience, 1), "team")
+                .await
+                .expect("opened");
+        }
+        let group = |address: &str, audience: &str, members: &[&StoreId]| {
+            (
+                address.to_owned(),
+                audience.to_owned(),
+                members.iter().map(|id| (*id).clone()).collect::<Vec<_>>(),
+            )
+        };
+        assert_eq!(
+            feed_groups(&stores),
+            [
+                group(one, "other", &[&d]),
+                group(one, "petstore", &[&a, &b]),
+                group(two, "petstore", &[&c]),
+            ]
+        );
+        // The objects reading one feed note their writes together, for
+        // their echoes on it; the others note their own.
+        let notes_with = |x: &StoreId, y: &StoreId| {
+            let open = stores.lock_open();
+            open[x].base.notes_writes_with(&open[y].base)
+        };
+        assert!(notes_with(&a, &b));
+        assert!(!notes_with(&a, &c));
+        assert!(!notes_with(&a, &d));
+        // d's spec changes, not its endpoint or audience: opened again, it
+        // still notes where its feed's client does.
+        let before = stores.lock_open()[&d].base.clone();
+        stores
+            .client_for(&d, &endpoint(one, "other", 2), "team")
+            .await
+            .expect("opened");
+        assert!(stores.lock_open()[&d].base.notes_writes_with(&before));
+        // c's new spec names the first endpoint: it joins that feed, and
+        // its old one, left empty, goes.
+        stores
+            .client_for(&c, &endpoint(one, "petstore", 2), "team")
+            .await
+            .expect("opened");
+        assert_eq!(
+            feed_groups(&stores),
+            [
+                group(one, "other", &[&d]),
+                group(one, "petstore", &[&a, &b, &c]),
+            ]
+        );
+        // Closed, they leave; the last member takes its feed with it.
+        for _ in 0..11 {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            stores.keep_open(&HashSet::from([b.clone()]));
+        }
+        assert_eq!(stores.close_idle(), 1);
+        assert_eq!(feed_groups(&stores), [group(one, "petstore", &[&b])]);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_store_with_pets_stays_open_and_an_unused_one_closes_with_its_feed() {
         let used = StoreId::cluster("used");
@@ -693,7 +870,11 @@ mod tests {
             stores.keep_open(&HashSet::from([used.clone()]));
         }
         assert_eq!(stores.close_idle(), 1);
-        let followed: Vec<StoreId> = feeds.borrow().keys().cloned().collect();
+        let followed: Vec<StoreId> = feeds
+            .borrow()
+            .values()
+            .flat_map(|group| group.members.iter().cloned())
+            .collect();
         assert_eq!(followed, [used], "the closed store's feed is gone with it");
     }
 
