@@ -137,6 +137,26 @@ pub fn wait_ready(
     })
 }
 
+/// Waits until the Pet is being deleted and its Synced condition, of the
+/// current generation, passes `accept`; returns the condition's message.
+pub fn wait_deleting(
+    cp: &ControlPlane,
+    namespace: &str,
+    name: &str,
+    timeout: Duration,
+    accept: impl Fn(&Condition) -> bool,
+) -> Result<String> {
+    let what = "deleting, Synced as expected";
+    wait_pet(cp, namespace, name, timeout, what, |pet| {
+        let synced = condition(pet, "Synced")?;
+        // Setting deletionTimestamp bumps the generation: a condition of
+        // the generation before is the one from before the deletion.
+        let current = synced.observed_generation == pet.metadata.generation;
+        (pet.metadata.deletion_timestamp.is_some() && current && accept(synced))
+            .then(|| synced.message.clone())
+    })
+}
+
 /// The parts of a Pet a failed wait needs: generation, deletion, status.
 pub fn shown(pet: &Pet) -> String {
     let status = serde_json::to_string(&pet.status).unwrap_or_else(|e| e.to_string());
