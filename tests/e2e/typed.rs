@@ -44,9 +44,11 @@ pub fn is_ready(pet: &Pet) -> bool {
 pub fn status_is_ready(status: Option<&PetStatus>, generation: Option<i64>) -> bool {
     status.is_some_and(|status| {
         status.id.is_some()
-            && status.conditions.iter().any(|c| {
-                c.type_ == "Ready" && c.status == "True" && c.observed_generation == generation
-            })
+            && status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "Ready")
+                .is_some_and(|c| c.status == "True" && c.observed_generation == generation)
     })
 }
 
@@ -76,7 +78,10 @@ pub fn wait_pet<T>(
     what: &str,
     mut check: impl FnMut(&Pet) -> Option<T>,
 ) -> Result<T> {
-    poll(cp, namespace, name, timeout, what, |pet, _| check(pet))
+    let read = || cp.pet(namespace, name);
+    poll(read, &subject(namespace, name), timeout, what, |pet, _| {
+        check(pet)
+    })
 }
 
 /// As [`wait_pet`] with a yes-or-no check, returning the Pet as the API
@@ -89,24 +94,32 @@ pub fn wait_pet_served(
     what: &str,
     mut accept: impl FnMut(&Pet) -> bool,
 ) -> Result<Value> {
-    poll(cp, namespace, name, timeout, what, |pet, served| {
-        accept(pet).then(|| served.clone())
-    })
+    let read = || cp.pet(namespace, name);
+    poll(
+        read,
+        &subject(namespace, name),
+        timeout,
+        what,
+        |pet, served| accept(pet).then(|| served.clone()),
+    )
 }
 
+fn subject(namespace: &str, name: &str) -> String {
+    format!("Pet {namespace}/{name}")
+}
+
+/// The loop of the waits: `read` serves the Pet as JSON, `check` sees it
+/// typed and as served.
 fn poll<T>(
-    cp: &ControlPlane,
-    namespace: &str,
-    name: &str,
+    mut read: impl FnMut() -> Result<Value>,
+    subject: &str,
     timeout: Duration,
     what: &str,
     mut check: impl FnMut(&Pet, &Value) -> Option<T>,
 ) -> Result<T> {
     let deadline = Instant::now() + timeout;
     loop {
-        let read = cp
-            .pet(namespace, name)
-            .and_then(|served| Ok((from_value(served.clone())?, served)));
+        let read = read().and_then(|served| Ok((from_value(served.clone())?, served)));
         let last = match read {
             Ok((pet, served)) => match check(&pet, &served) {
                 Some(value) => return Ok(value),
@@ -117,7 +130,7 @@ fn poll<T>(
         if Instant::now() >= deadline {
             return Err(Error::Timeout(
                 timeout,
-                format!("Pet {namespace}/{name} {what}; last seen: {last}"),
+                format!("{subject} {what}; last seen: {last}"),
             ));
         }
         std::thread::sleep(POLL);
@@ -165,4 +178,75 @@ pub fn shown(pet: &Pet) -> String {
         pet.metadata.generation,
         pet.metadata.deletion_timestamp.is_some()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    /// A Pet at generation 2 whose Ready condition is `ready` for
+    /// `observed`, with `id` in its status.
+    fn served(ready: &str, observed: i64, id: Option<&str>) -> Value {
+        json!({
+            "apiVersion": "petstore.example.com/v1",
+            "kind": "Pet",
+            "metadata": {"name": "rex", "namespace": "default", "generation": 2},
+            "spec": {"name": "Rex", "type": "dog", "birthday": "2021-04-01"},
+            "status": {
+                "id": id,
+                "conditions": [{
+                    "type": "Ready",
+                    "status": ready,
+                    "reason": if ready == "True" { "ReconcileSuccess" } else { "StoreUnavailable" },
+                    "message": "",
+                    "lastTransitionTime": "2026-01-01T00:00:00Z",
+                    "observedGeneration": observed,
+                }],
+            },
+        })
+    }
+
+    #[test]
+    fn ready_means_ready_true_for_the_current_generation_with_an_id() -> Result<()> {
+        assert!(is_ready(&from_value(served("True", 2, Some("r-1")))?));
+        assert!(
+            !is_ready(&from_value(served("True", 1, Some("r-1")))?),
+            "an older generation's"
+        );
+        assert!(!is_ready(&from_value(served("True", 2, None))?), "no ID");
+        assert!(!is_ready(&from_value(served("False", 2, Some("r-1")))?));
+        Ok(())
+    }
+
+    #[test]
+    fn a_wait_that_times_out_shows_the_last_pet_it_read() {
+        let pet = served("False", 2, Some("r-1"));
+        let waited = poll(
+            || Ok(pet.clone()),
+            "Pet default/rex",
+            Duration::ZERO,
+            "Ready",
+            |pet, _| is_ready(pet).then_some(()),
+        );
+        let message = waited.map_err(|e| e.to_string()).expect_err("never Ready");
+        assert!(
+            message.contains("Pet default/rex Ready; last seen: generation Some(2)")
+                && message.contains("StoreUnavailable"),
+            "{message}"
+        );
+        let unread: Result<()> = poll(
+            || Err(Error::Api("not found".into())),
+            "Pet default/rex",
+            Duration::ZERO,
+            "Ready",
+            |_, _| Some(()),
+        );
+        let message = unread.map_err(|e| e.to_string()).expect_err("nothing read");
+        assert!(
+            message.contains("no Pet read: API server: not found"),
+            "{message}"
+        );
+    }
 }
