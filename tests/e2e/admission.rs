@@ -10,9 +10,11 @@
 
 use std::time::Duration;
 
-use fixtures::env::{condition, pet_metadata};
+use fixtures::env::pet_metadata;
 use fixtures::{ControlPlane, Env, Storage, repo_root, wait_for};
 use serde_json::{Value, json};
+
+use crate::typed;
 
 const PAUSED: &str = "petstore.example.com/paused";
 const DELETION_POLICY: &str = "petstore.example.com/deletion-policy";
@@ -414,15 +416,16 @@ fn a_deletion_waiting_on_the_books_store_is_let_go_as_its_message_says() -> fixt
     // Deleted once the operator has its finalizer on them and has found
     // the store without the extensions.
     for name in names {
-        wait_for(POLICY_ACTIVE_TIMEOUT, "the store found lacking", || {
-            let pet = env.pet("default", name).ok()?;
-            (condition(&pet, "Synced")?["reason"] == "StoreLacksExtensions").then_some(())
+        let what = "Synced StoreLacksExtensions";
+        typed::wait_pet(cp, "default", name, POLICY_ACTIVE_TIMEOUT, what, |pet| {
+            (typed::condition(pet, "Synced")?.reason == "StoreLacksExtensions").then_some(())
         })?;
         cp.kubectl(&["delete", "pet", name, "-n", "default", "--wait=false"])?;
     }
     for name in names {
-        let message = env.wait_deleting("default", name, POLICY_ACTIVE_TIMEOUT, |synced| {
-            synced["reason"] == "StoreLacksExtensions"
+        let timeout = POLICY_ACTIVE_TIMEOUT;
+        let message = typed::wait_deleting(cp, "default", name, timeout, |synced| {
+            synced.reason == "StoreLacksExtensions"
         })?;
         assert_names(
             name,

@@ -26,6 +26,8 @@ use petstore_proto::petstore as pb;
 use serde_json::{Value, json};
 use tonic::transport::Channel;
 
+use crate::typed::{self, condition, is_ready, wait_pet};
+
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
 /// Tries of each row.
@@ -528,13 +530,15 @@ fn the_attack_matrix_holds_over_a_thousand_seeded_tries_a_row() -> Result<(), Er
         .map(|i| {
             let store = store_of(i);
             let token = tokens[&(i, store)].clone();
-            wait_for(
+            wait_pet(
+                cp,
+                &namespace(i),
+                "victim",
                 Duration::from_secs(90),
-                &format!("victim {i} Ready"),
-                || {
-                    let pet = cp.pet(&namespace(i), "victim").ok()?;
-                    let id = pet["status"]["id"].as_str()?.to_owned();
-                    fixtures::env::is_ready(&pet).then_some(())?;
+                "Ready, its record read",
+                |pet| {
+                    let id = typed::id(pet)?.to_owned();
+                    is_ready(pet).then_some(())?;
                     let mut client = grpc[store].clone();
                     rt.block_on(async {
                         let mut request = tonic::Request::new(pb::GetPetsReq {
@@ -910,20 +914,19 @@ fn a_token_refused_mid_reconcile_is_minted_afresh_and_nothing_is_lost() -> Resul
          spec: {name: rex, type: dog, birthday: \"2021-04-01\"}\n",
     )?;
     let ready = |generation: i64| {
-        wait_for(
+        wait_pet(
+            cp,
+            "team-x",
+            "rex",
             Duration::from_secs(90),
-            &format!("rex Ready at generation {generation}"),
-            || {
-                let pet = cp.pet("team-x", "rex").ok()?;
-                (fixtures::env::is_ready(&pet) && pet["status"]["observedGeneration"] == generation)
-                    .then_some(pet)
+            &format!("Ready at generation {generation}"),
+            |pet| {
+                (is_ready(pet) && typed::observed_generation(pet) == Some(generation))
+                    .then(|| pet.clone())
             },
         )
     };
-    let id = ready(1)?["status"]["id"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
+    let id = typed::id(&ready(1)?).unwrap_or_default().to_owned();
     let refused_before = refusals(&store, "unauthenticated")?;
     // The token the operator holds is now older than the store accepts.
     std::thread::sleep(Duration::from_secs(MAX_AGE_SECONDS + 1));
@@ -1002,13 +1005,7 @@ fn a_namespace_deleted_takes_its_records_and_one_made_again_owns_only_what_was_k
     );
     cp.apply(&namespace_with_pets)?;
     let _operator = env.start_operator("namespace-again")?;
-    let ready = |name: &str| {
-        wait_for(Duration::from_secs(90), &format!("{name} Ready"), || {
-            let pet = cp.pet("team-r", name).ok()?;
-            fixtures::env::is_ready(&pet)
-                .then(|| pet["status"]["id"].as_str().map(str::to_owned))?
-        })
-    };
+    let ready = |name: &str| typed::wait_ready(cp, "team-r", name, Duration::from_secs(90));
     let rex = ready("rex")?;
     let kept = ready("kept")?;
     assert_eq!(all_records()?.len(), 2);
@@ -1134,12 +1131,20 @@ fn a_handed_over_record_stays_with_its_tenant_in_the_other_cluster() -> Result<(
         "rex",
         &["petstore.example.com/hand-over-to=green"],
     )?;
-    wait_for(Duration::from_secs(90), "blue's rex HandedOver", || {
-        let pet = env.pet("team-a", "rex").ok()?;
-        fixtures::env::condition(&pet, "Synced")
-            .is_some_and(|c| c["reason"] == "HandedOver")
-            .then_some(())
-    })?;
+    let blue = &env.cp;
+    let what = "HandedOver in blue";
+    wait_pet(
+        blue,
+        "team-a",
+        "rex",
+        Duration::from_secs(90),
+        what,
+        |pet| {
+            condition(pet, "Synced")
+                .is_some_and(|c| c.reason == "HandedOver")
+                .then_some(())
+        },
+    )?;
 
     // Green's team-b names the record.
     let created = Instant::now();
@@ -1147,12 +1152,19 @@ fn a_handed_over_record_stays_with_its_tenant_in_the_other_cluster() -> Result<(
         "team-b",
         json!({"petstore.example.com/external-id": id}),
     )?)?;
-    let held = wait_for(Duration::from_secs(90), "green's team-b/rex held", || {
-        let pet = green.cp.pet("team-b", "rex").ok()?;
-        let ready = fixtures::env::condition(&pet, "Ready")?;
-        (ready["reason"] != "Reconciling" && ready["status"] != "Unknown")
-            .then(|| (created.elapsed(), ready["reason"].clone()))
-    })?;
+    let what = "held in green";
+    let held = wait_pet(
+        &green.cp,
+        "team-b",
+        "rex",
+        Duration::from_secs(90),
+        what,
+        |pet| {
+            let ready = condition(pet, "Ready")?;
+            (ready.reason != "Reconciling" && ready.status != "Unknown")
+                .then(|| (created.elapsed(), ready.reason.clone()))
+        },
+    )?;
     assert_eq!(held.1, "RecordNotFound", "seed {seed}");
     assert!(held.0 <= HELD_WITHIN, "held after {:?}", held.0);
 
@@ -1216,10 +1228,7 @@ fn a_handed_over_record_stays_with_its_tenant_in_the_other_cluster() -> Result<(
 
     // Green's team-a: the same tenant, in the cluster it was handed to.
     green.cp.apply(&rex("team-a", json!({}))?)?;
-    let taken = wait_for(Duration::from_secs(90), "green's team-a/rex Ready", || {
-        let pet = green.cp.pet("team-a", "rex").ok()?;
-        fixtures::env::is_ready(&pet).then(|| pet["status"]["id"].clone())
-    })?;
+    let taken = typed::wait_ready(&green.cp, "team-a", "rex", Duration::from_secs(90))?;
     assert_eq!(
         taken,
         id.as_str(),

@@ -7,8 +7,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use fixtures::env::{PostgresReplicas, is_ready};
+use fixtures::env::PostgresReplicas;
 use fixtures::{Env, Operator, OperatorOptions, Result, Storage};
+
+use crate::typed::{self, is_ready};
 
 #[derive(Clone, Debug)]
 pub struct SoakConfig {
@@ -423,10 +425,10 @@ impl Soak<'_> {
     /// Whether this Pet is Ready and the record in its status is its own,
     /// with its name (a Pet since deleted counts as done).
     fn put_back(&self, namespace: &str, name: &str) -> bool {
-        let Ok(pet) = self.env.cp.pet(namespace, name) else {
+        let Ok(pet) = typed::pet(&self.env.cp, namespace, name) else {
             return !self.pets.iter().any(|p| p.0 == namespace && p.1 == name);
         };
-        let id = pet["status"]["id"].as_str().unwrap_or_default();
+        let id = typed::id(&pet).unwrap_or_default();
         let record = self
             .env
             .store
@@ -439,8 +441,8 @@ impl Soak<'_> {
             .and_then(|answer| answer["pets"].as_array()?.first().cloned());
         is_ready(&pet)
             && record.is_some_and(|record| {
-                record["name"] == pet["spec"]["name"]
-                    && record["idempotencyKey"] == pet["metadata"]["uid"]
+                record["name"] == pet.spec.name.as_str()
+                    && record["idempotencyKey"].as_str() == pet.metadata.uid.as_deref()
             })
     }
 
@@ -562,7 +564,7 @@ impl Soak<'_> {
     /// `None` once everything is converged, else what is still wrong.
     fn violations(&self) -> Option<String> {
         // An answer that cannot be read is not convergence.
-        let pets = match self.env.cp.kubectl_json(&["get", "pets", "-A"]) {
+        let pets = match typed::pets(&self.env.cp, None) {
             Ok(pets) => pets,
             Err(err) => return Some(format!("listing pets: {err}")),
         };
@@ -592,25 +594,25 @@ impl Soak<'_> {
                 .push(record);
         }
         let mut live = HashSet::new();
-        for pet in pets["items"].as_array().into_iter().flatten() {
+        for pet in &pets {
             let name = format!(
                 "{}/{}",
-                pet["metadata"]["namespace"].as_str().unwrap_or_default(),
-                pet["metadata"]["name"].as_str().unwrap_or_default()
+                pet.metadata.namespace.as_deref().unwrap_or_default(),
+                pet.metadata.name.as_deref().unwrap_or_default()
             );
-            let uid = pet["metadata"]["uid"].as_str().unwrap_or_default();
+            let uid = pet.metadata.uid.as_deref().unwrap_or_default();
             live.insert(uid.to_owned());
-            if pet["metadata"]["deletionTimestamp"].is_string() {
+            if pet.metadata.deletion_timestamp.is_some() {
                 problems.push(format!(
-                    "{name}: still deleting (finalizers {})",
-                    pet["metadata"]["finalizers"]
+                    "{name}: still deleting (finalizers {:?})",
+                    pet.metadata.finalizers
                 ));
                 continue;
             }
             if !is_ready(pet) {
                 problems.push(format!(
                     "{name}: not Ready for its generation: {}",
-                    pet["status"]
+                    typed::shown(pet)
                 ));
                 continue;
             }
@@ -620,19 +622,20 @@ impl Soak<'_> {
                 continue;
             }
             let record = mine[0];
-            let expected_type = match pet["spec"]["type"].as_str().unwrap_or_default() {
+            let expected_type = match pet.spec.pet_type.as_str() {
                 "dog" => "PTCanine",
                 "cat" => "PTFeline",
                 "bird" => "PTBird",
                 _ => "PTReptile",
             };
-            if record["id"] != pet["status"]["id"]
-                || record["name"] != pet["spec"]["name"]
+            if record["id"].as_str() != typed::id(pet)
+                || record["name"] != pet.spec.name.as_str()
                 || record["type"] != expected_type
             {
                 problems.push(format!(
-                    "{name}: record {record} does not match {} / {}",
-                    pet["spec"], pet["status"]
+                    "{name}: record {record} does not match {:?} / {}",
+                    pet.spec,
+                    typed::shown(pet)
                 ));
             }
         }

@@ -5,9 +5,12 @@
 
 use std::time::Duration;
 
-use fixtures::env::{condition, pet_manifest};
+use fixtures::env::pet_manifest;
 use fixtures::{Env, Operator, Storage, wait_for};
+use petstore_operator::crd::{Pet, PlanStatus};
 use serde_json::{Value, json};
+
+use crate::typed::{self, condition};
 
 const PETS: usize = 40;
 /// Records the "restore" changes: more than the brake's minimum below.
@@ -22,11 +25,26 @@ fn name(i: usize) -> String {
     format!("storm-{i}")
 }
 
-fn synced_reason(pet: &Value) -> String {
+fn synced_reason(pet: &Pet) -> String {
     condition(pet, "Synced")
-        .and_then(|c| c["reason"].as_str())
+        .map(|c| c.reason.clone())
         .unwrap_or_default()
-        .to_owned()
+}
+
+fn plan(pet: &Pet) -> Option<&PlanStatus> {
+    pet.status.as_ref()?.plan.as_ref()
+}
+
+/// Waits until the Pet `name(i)` is held in the storm and `accept` passes.
+fn wait_held(env: &Env, i: usize, accept: impl Fn(&Pet) -> bool) -> fixtures::Result<Pet> {
+    typed::wait_pet(
+        &env.cp,
+        "default",
+        &name(i),
+        TIMEOUT,
+        "held in the storm",
+        |pet| (synced_reason(pet) == "DriftStorm" && accept(pet)).then(|| pet.clone()),
+    )
 }
 
 /// Renames the records of these Pets in one `UpdatePets` call, as a
@@ -100,17 +118,10 @@ fn a_store_rewritten_at_once_is_not_written_back_until_each_plan_is_approved()
     rename_records(&env, restored, "Old")?;
 
     // Each drifted Pet is held with its plan; none is written back.
-    let held: Vec<Value> = (0..RESTORED)
-        .map(|i| {
-            wait_for(TIMEOUT, &format!("{} held in the storm", name(i)), || {
-                let pet = env.pet("default", &name(i)).ok()?;
-                (synced_reason(&pet) == "DriftStorm" && pet["status"]["plan"].is_object())
-                    .then_some(pet)
-            })
-        })
+    let held: Vec<Pet> = (0..RESTORED)
+        .map(|i| wait_held(&env, i, |pet| plan(pet).is_some()))
         .collect::<fixtures::Result<_>>()?;
-    let message = condition(&held[0], "Synced").map_or(Value::Null, |c| c["message"].clone());
-    let message = message.as_str().unwrap_or_default();
+    let message = condition(&held[0], "Synced").map_or("", |c| c.message.as_str());
     assert!(
         message.contains("drifted at once") && message.contains(APPROVE_PLAN),
         "the hold says why and how to let it: {message}"
@@ -138,10 +149,7 @@ fn a_store_rewritten_at_once_is_not_written_back_until_each_plan_is_approved()
     env.wait_event(&format!("DriftStorm/{}", name(0)), TIMEOUT)?;
 
     // Approving one Pet's plan writes exactly that plan.
-    let hash = held[0]["status"]["plan"]["hash"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
+    let hash = plan(&held[0]).map(|p| p.hash.clone()).unwrap_or_default();
     approve(&env, &name(0), &hash)?;
     env.wait_ready("default", &name(0), TIMEOUT)?;
     assert_eq!(record_name(&env, &restored[0])?, "Rex");
@@ -163,8 +171,13 @@ fn a_store_rewritten_at_once_is_not_written_back_until_each_plan_is_approved()
     wait_for(TIMEOUT, "the lone drift written back", || {
         (record_name(&env, lone).ok()? == "Rex").then_some(())
     })?;
-    let still_held = env.pet("default", &name(1))?;
-    assert_eq!(synced_reason(&still_held), "DriftStorm", "{still_held}");
+    let still_held = typed::pet(&env.cp, "default", &name(1))?;
+    assert_eq!(
+        synced_reason(&still_held),
+        "DriftStorm",
+        "{}",
+        typed::shown(&still_held)
+    );
     assert_eq!(record_name(&env, &restored[1])?, "Old");
 
     // The rest approved at once, as each shows its plan: exactly one
@@ -210,13 +223,8 @@ fn a_store_come_back_empty_gets_no_record_made_again_until_a_plan_is_approved()
     let (mut env, _operator, _) = storm_ready(EMPTIED)?;
 
     env.store.restart(Storage::Memory)?;
-    let held: Vec<Value> = (0..EMPTIED)
-        .map(|i| {
-            wait_for(TIMEOUT, &format!("{} held in the storm", name(i)), || {
-                let pet = env.pet("default", &name(i)).ok()?;
-                (synced_reason(&pet) == "DriftStorm").then_some(pet)
-            })
-        })
+    let held: Vec<Pet> = (0..EMPTIED)
+        .map(|i| wait_held(&env, i, |_| true))
         .collect::<fixtures::Result<_>>()?;
     // Every Pet's reconcile found its record gone and held it: the
     // restarted store was asked for no record.
@@ -226,11 +234,15 @@ fn a_store_come_back_empty_gets_no_record_made_again_until_a_plan_is_approved()
         "a record was made again"
     );
     assert!(env.store.all_pets()?.is_empty());
-    let plan = &held[0]["status"]["plan"];
-    assert_eq!(plan["summary"], "create", "{plan}");
+    let shown = plan(&held[0]);
+    assert_eq!(
+        shown.map(|p| p.summary.as_str()),
+        Some("create"),
+        "{shown:?}"
+    );
 
     // Approved, that one Pet's record is made again, and only it.
-    let hash = plan["hash"].as_str().unwrap_or_default().to_owned();
+    let hash = shown.map(|p| p.hash.clone()).unwrap_or_default();
     approve(&env, &name(0), &hash)?;
     env.wait_ready("default", &name(0), TIMEOUT)?;
     assert_eq!(env.store.all_pets()?.len(), 1);

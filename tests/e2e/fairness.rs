@@ -16,6 +16,8 @@ use kube::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use petstore_operator::crd::Pet;
 
+use crate::typed::is_ready;
+
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
 const BURST: usize = 300;
@@ -33,16 +35,6 @@ fn pet(namespace: &str, name: &str) -> String {
     format!(
         "apiVersion: petstore.example.com/v1\nkind: Pet\nmetadata:\n  name: {name}\n  namespace: {namespace}\nspec:\n  name: {name}\n  type: dog\n  birthday: \"2021-04-01\"\n"
     )
-}
-
-/// Ready for the Pet's current generation.
-fn is_ready(pet: &Pet) -> bool {
-    let generation = pet.metadata.generation;
-    pet.status.as_ref().is_some_and(|status| {
-        status.conditions.iter().any(|c| {
-            c.type_ == "Ready" && c.status == "True" && c.observed_generation == generation
-        })
-    })
 }
 
 /// Reads Pets off the watch until `done` says so; fails after the timeout.

@@ -3,9 +3,10 @@
 
 use std::time::Duration;
 
-use fixtures::env::condition;
 use fixtures::{Env, Storage, repo_root, wait_for};
 use serde_json::Value;
+
+use crate::typed::{self, condition};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -40,10 +41,10 @@ fn memory_store_restart_recreates_every_pet_with_new_ids() -> fixtures::Result<(
 
     // The drift poll notices and recreates both, recording the new IDs.
     let (new_thor, new_tron) = wait_for(TIMEOUT, "new IDs in status", || {
-        let a = env.pet("default", "pet-sample1").ok()?;
-        let b = env.pet("default", "pet-sample2").ok()?;
-        let a = a["status"]["id"].as_str()?.to_owned();
-        let b = b["status"]["id"].as_str()?.to_owned();
+        let a = typed::pet(&env.cp, "default", "pet-sample1").ok()?;
+        let b = typed::pet(&env.cp, "default", "pet-sample2").ok()?;
+        let a = typed::id(&a)?.to_owned();
+        let b = typed::id(&b)?.to_owned();
         (a != thor && b != tron).then_some((a, b))
     })?;
     env.wait_ready("default", "pet-sample1", TIMEOUT)?;
@@ -95,10 +96,11 @@ fn operator_killed_between_create_and_status_leaves_no_duplicate() -> fixtures::
     })?;
     let created = env.store_pets()?;
     assert_eq!(created.len(), 1, "the record exists");
-    let pet = env.pet("default", "pet-sample1")?;
+    let pet = typed::pet(&env.cp, "default", "pet-sample1")?;
     assert!(
-        pet["status"]["id"].is_null(),
-        "but its ID never reached status"
+        typed::id(&pet).is_none(),
+        "but its ID never reached status: {}",
+        typed::shown(&pet)
     );
 
     doomed.kill(); // kill -9
@@ -122,20 +124,16 @@ fn unreachable_store_is_reported_then_converges() -> fixtures::Result<()> {
     env.cp
         .kubectl(&["apply", "-k", &samples.to_string_lossy()])?;
     for name in ["pet-sample1", "pet-sample2"] {
-        let pet = wait_for(TIMEOUT, "StoreUnavailable conditions", || {
-            let pet = env.pet("default", name).ok()?;
-            let ready = condition(&pet, "Ready")?;
-            let synced = condition(&pet, "Synced")?;
-            (ready["status"] == "False"
-                && ready["reason"] == "StoreUnavailable"
-                && synced["status"] == "False"
-                && synced["reason"] == "StoreUnavailable")
-                .then_some(pet)
+        let what = "StoreUnavailable conditions";
+        let message = typed::wait_pet(&env.cp, "default", name, TIMEOUT, what, |pet| {
+            let ready = condition(pet, "Ready")?;
+            let synced = condition(pet, "Synced")?;
+            (ready.status == "False"
+                && ready.reason == "StoreUnavailable"
+                && synced.status == "False"
+                && synced.reason == "StoreUnavailable")
+                .then(|| ready.message.clone())
         })?;
-        let message = condition(&pet, "Ready").expect("Ready")["message"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
         assert!(message.contains("cannot reach the pet store"), "{message}");
     }
     assert!(

@@ -21,11 +21,14 @@
 
 use std::time::{Duration, Instant};
 
-use fixtures::env::{condition, pet_manifest};
+use fixtures::env::pet_manifest;
 use fixtures::health::{argocd, flux, kstatus};
 use fixtures::{Env, Storage, wait_for};
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use petstore_operator::crd::Pet;
 use serde_json::{Value, json};
+
+use crate::typed::{self, condition, wait_pet_served};
 
 const RACERS: usize = 10;
 const RACES: usize = 1_000;
@@ -53,11 +56,25 @@ async fn pets_api(env: &Env) -> Result<Api<DynamicObject>, Error> {
 
 /// The operator has finished this generation: Ready for it, and
 /// `status.observedGeneration` naming it.
-fn finished(pet: &Value) -> bool {
-    let generation = &pet["metadata"]["generation"];
-    pet["status"]["observedGeneration"] == *generation
+fn finished(pet: &Pet) -> bool {
+    let generation = pet.metadata.generation;
+    typed::observed_generation(pet) == generation
         && condition(pet, "Ready")
-            .is_some_and(|c| c["status"] == "True" && c["observedGeneration"] == *generation)
+            .is_some_and(|c| c.status == "True" && c.observed_generation == generation)
+}
+
+/// Reconciling=True because the store is down, for the current generation.
+fn reconciling(pet: &Pet) -> bool {
+    condition(pet, "Reconciling").is_some_and(|c| {
+        c.status == "True"
+            && c.reason == "StoreUnavailable"
+            && c.observed_generation == pet.metadata.generation
+    })
+}
+
+/// An object as served, typed for the checks on its status.
+fn typed_of(object: &Value) -> Result<Pet, Error> {
+    Ok(typed::from_value(object.clone())?)
 }
 
 /// One edit: the edit's answer, then reads until the operator has finished
@@ -67,7 +84,7 @@ async fn race(
     name: &str,
     pet_name: &str,
     settle: Duration,
-    until: impl Fn(&Value) -> bool,
+    until: impl Fn(&Pet) -> bool,
 ) -> Result<Vec<Value>, Error> {
     let patch = json!({"spec": {"name": pet_name}});
     let answer = api
@@ -77,7 +94,7 @@ async fn race(
     let deadline = Instant::now() + settle;
     loop {
         let pet = serde_json::to_value(api.get(name).await?)?;
-        let done = until(&pet);
+        let done = until(&typed_of(&pet)?);
         seen.push(pet);
         if done || Instant::now() > deadline {
             return Ok(seen);
@@ -125,7 +142,7 @@ fn kstatus_says_current_only_once_the_operator_has_finished_the_generation() -> 
         if status == "Current" {
             current += 1;
             assert!(
-                finished(object),
+                finished(&typed_of(object)?),
                 "kstatus says Current ({message}) for a generation the operator has not finished: {object}"
             );
         }
@@ -151,13 +168,6 @@ fn kstatus_says_current_only_once_the_operator_has_finished_the_generation() -> 
     let outage: Vec<Vec<Value>> = rt.block_on(async {
         let mut all = Vec::new();
         for edit in 0..OUTAGE_EDITS {
-            let reconciling = |pet: &Value| {
-                condition(pet, "Reconciling").is_some_and(|c| {
-                    c["status"] == "True"
-                        && c["reason"] == "StoreUnavailable"
-                        && c["observedGeneration"] == pet["metadata"]["generation"]
-                })
-            };
             let pet_name = format!("Down{edit}");
             all.push(race(&api, &names[0], &pet_name, TIMEOUT, reconciling).await?);
         }
@@ -170,27 +180,26 @@ fn kstatus_says_current_only_once_the_operator_has_finished_the_generation() -> 
     for seen in &outage {
         let last = seen.last().ok_or("no read")?;
         assert!(
-            condition(last, "Reconciling").is_some_and(|c| c["status"] == "True"),
+            condition(&typed_of(last)?, "Reconciling").is_some_and(|c| c.status == "True"),
             "Reconciling while the store is down: {last}"
         );
     }
     env.store.restart(Storage::Durable)?;
-    let back = wait_for(TIMEOUT, "the Pet to settle once the store is back", || {
-        let pet = env.pet("default", &names[0]).ok()?;
-        finished(&pet).then_some(pet)
-    })?;
-    assert!(condition(&back, "Reconciling").is_none(), "{back}");
+    let what = "finished once the store is back";
+    let back = wait_pet_served(&env.cp, "default", &names[0], TIMEOUT, what, finished)?;
+    assert!(
+        condition(&typed_of(&back)?, "Reconciling").is_none(),
+        "{back}"
+    );
     assert_eq!(kstatus(&[back])?[0].0, "Current");
     Ok(())
 }
 
 /// Waits until the Pet's Synced reason is `reason`; returns the Pet.
 fn wait_synced(env: &Env, name: &str, reason: &str) -> fixtures::Result<Value> {
-    wait_for(TIMEOUT, &format!("{name}: Synced {reason}"), || {
-        let pet = env.pet("default", name).ok()?;
-        condition(&pet, "Synced")
-            .is_some_and(|c| c["reason"] == reason)
-            .then_some(pet)
+    let what = format!("Synced {reason}");
+    wait_pet_served(&env.cp, "default", name, TIMEOUT, &what, |pet| {
+        condition(pet, "Synced").is_some_and(|c| c.reason == reason)
     })
 }
 
@@ -258,7 +267,7 @@ fn kstatus_reads_each_stalled_reason_as_failed() -> Result<(), Error> {
     })?;
     let mut stalled: Vec<(&str, Value)> = Vec::new();
     let refused = wait_synced(&env, "too-long", "InvalidSpec")?;
-    let message = condition(&refused, "Synced").map(|c| c["message"].to_string());
+    let message = condition(&typed_of(&refused)?, "Synced").map(|c| c.message.clone());
     assert!(
         message.as_deref().is_some_and(|m| m.contains("name")),
         "the store's refusal names the field: {refused}"
@@ -276,7 +285,7 @@ fn kstatus_reads_each_stalled_reason_as_failed() -> Result<(), Error> {
     for ((reason, pet), (status, message)) in stalled.iter().zip(kstatus(&objects)?) {
         assert_eq!(status, "Failed", "{reason}: {message}: {pet}");
         assert!(
-            condition(pet, "Stalled").is_some_and(|c| c["reason"] == *reason),
+            condition(&typed_of(pet)?, "Stalled").is_some_and(|c| c.reason == *reason),
             "{pet}"
         );
     }
@@ -391,19 +400,13 @@ fn argo_cd_and_flux_read_each_state_right() -> Result<(), Error> {
     env.wait_ready("default", "progressing-reconciling", TIMEOUT)?;
     env.store.kill();
     env.rename("default", "progressing-reconciling", "Restless")?;
-    let reconciling = captured(wait_for(
+    let reconciling = captured(wait_pet_served(
+        &env.cp,
+        "default",
+        "progressing-reconciling",
         TIMEOUT,
         "Reconciling with the store down",
-        || {
-            let pet = env.pet("default", "progressing-reconciling").ok()?;
-            condition(&pet, "Reconciling")
-                .is_some_and(|c| {
-                    c["status"] == "True"
-                        && c["reason"] == "StoreUnavailable"
-                        && c["observedGeneration"] == pet["metadata"]["generation"]
-                })
-                .then_some(pet)
-        },
+        reconciling,
     )?);
     let live = [
         healthy,

@@ -7,9 +7,12 @@
 
 use std::time::{Duration, Instant};
 
-use fixtures::env::{condition, is_ready, pet_manifest};
+use fixtures::env::pet_manifest;
 use fixtures::{Env, Storage, wait_for};
+use petstore_operator::crd::Pet;
 use serde_json::Value;
+
+use crate::typed::{self, condition, is_ready};
 
 const RECORDS: usize = 1000;
 const TIMEOUT: Duration = Duration::from_secs(180);
@@ -47,9 +50,8 @@ fn writes(env: &Env) -> fixtures::Result<[f64; 4]> {
     ])
 }
 
-fn pets(env: &Env) -> fixtures::Result<Vec<Value>> {
-    let list = env.cp.kubectl_json(&["get", "pets", "-n", "imported"])?;
-    Ok(list["items"].as_array().cloned().unwrap_or_default())
+fn pets(env: &Env) -> fixtures::Result<Vec<Pet>> {
+    typed::pets(&env.cp, Some("imported"))
 }
 
 fn import(env: &Env, extra: &[&str]) -> fixtures::Result<(String, String)> {
@@ -122,8 +124,10 @@ fn imported_records_are_adopted_with_one_key_claim_each_and_nothing_else() -> fi
         let pets = pets(&env).ok()?;
         (pets.len() == RECORDS
             && pets.iter().all(|pet| {
-                pet["status"]["plan"]["actions"][0]["action"] == "claim"
-                    && condition(pet, "Synced").is_some_and(|c| c["reason"] == "RecordDiffers")
+                let plan = pet.status.as_ref().and_then(|s| s.plan.as_ref());
+                plan.and_then(|p| p.actions.first())
+                    .is_some_and(|a| a.action == "claim")
+                    && condition(pet, "Synced").is_some_and(|c| c.reason == "RecordDiffers")
             }))
         .then_some(())
     })?;
@@ -157,7 +161,7 @@ fn imported_records_are_adopted_with_one_key_claim_each_and_nothing_else() -> fi
             let held = pets
                 .iter()
                 .filter(|pet| {
-                    condition(pet, "Synced").is_some_and(|c| c["reason"] == "RecordOwnedElsewhere")
+                    condition(pet, "Synced").is_some_and(|c| c.reason == "RecordOwnedElsewhere")
                 })
                 .count();
             (ready == RECORDS - 1 && held == 1).then_some(())
@@ -182,8 +186,9 @@ fn imported_records_are_adopted_with_one_key_claim_each_and_nothing_else() -> fi
     assert_eq!(counted()?, claims, "one key claim per record");
     for pet in pets(&env)? {
         if is_ready(&pet) {
-            let adopted = &pet["metadata"]["annotations"]["petstore.example.com/external-id"];
-            assert_eq!(pet["status"]["id"], *adopted);
+            let annotations = pet.metadata.annotations.as_ref();
+            let adopted = annotations.and_then(|a| a.get("petstore.example.com/external-id"));
+            assert_eq!(typed::id(&pet), adopted.map(String::as_str));
         }
     }
     let record = env

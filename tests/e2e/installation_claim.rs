@@ -10,7 +10,8 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use crate::rebuild::pets;
-use fixtures::env::{is_ready, pet_manifest};
+use crate::typed::is_ready;
+use fixtures::env::pet_manifest;
 use fixtures::{ControlPlane, Env, Operator, Storage, wait_for};
 
 const TIMEOUT: Duration = Duration::from_secs(90);
@@ -94,12 +95,7 @@ fn gauge(operator: &Operator, name: &str) -> Option<f64> {
 fn uids(cp: &ControlPlane) -> fixtures::Result<Vec<String>> {
     Ok(pets(cp)?
         .values()
-        .map(|pet| {
-            pet["metadata"]["uid"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned()
-        })
+        .map(|pet| pet.metadata.uid.clone().unwrap_or_default())
         .collect())
 }
 

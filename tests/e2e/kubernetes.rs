@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use fixtures::{Env, Storage, wait_for};
 
+use crate::typed;
+
 const TIMEOUT: Duration = Duration::from_secs(60);
 
 fn pet_yaml(name: &str, spec: &str) -> String {
@@ -206,10 +208,11 @@ fn kubectl_wait_for_ready_waits_for_the_update_just_made() -> fixtures::Result<(
 
     operator.kill();
     env.rename("default", "rex", "Rexford")?;
-    let pet = env.pet("default", "rex")?;
-    let ready = fixtures::env::condition(&pet, "Ready").expect("a Ready condition");
-    assert_eq!(ready["status"], "True", "the previous generation's: {pet}");
-    assert_eq!(ready["observedGeneration"], 1, "{pet}");
+    let pet = typed::pet(&env.cp, "default", "rex")?;
+    let shown = typed::shown(&pet);
+    let ready = typed::condition(&pet, "Ready").expect("a Ready condition");
+    assert_eq!(ready.status, "True", "the previous generation's: {shown}");
+    assert_eq!(ready.observed_generation, Some(1), "{shown}");
     let early = wait("5s");
     assert!(
         early

@@ -41,6 +41,7 @@ mod stores;
 mod tenancy;
 mod tilt;
 mod traces;
+mod typed;
 mod uninstall;
 mod upgrade;
 mod user_story;

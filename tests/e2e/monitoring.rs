@@ -10,9 +10,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use fixtures::env::{
-    OPERATOR_ACCOUNT, OPERATOR_NAMESPACE, condition, install_crd_and_rbac, is_ready,
-};
+use fixtures::env::{OPERATOR_ACCOUNT, OPERATOR_NAMESPACE, install_crd_and_rbac};
 use fixtures::monitoring::{
     alert_names, dashboard_queries, missing_metrics, monitoring_dir, prometheus_rule_groups,
     promql_metric_names, rule_expressions, run_promtool, scrape, scraped_families,
@@ -23,6 +21,8 @@ use fixtures::{
     ControlPlane, Kubectl, Operator, OperatorOptions, Process, cargo_bin, free_port, repo_root,
     wait_for,
 };
+
+use crate::typed;
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -388,11 +388,7 @@ fn scrapes_pass_promtool_and_hold_every_queried_metric() -> fixtures::Result<()>
 
     let sample = repo_root().join("config/samples/pet-sample1.yaml");
     cp.kubectl(&["apply", "-f", &sample.to_string_lossy()])?;
-    let pet = || cp.pet("default", "pet-sample1");
-    let id = wait_for(TIMEOUT, "Pet default/pet-sample1 Ready", || {
-        let pet = pet().ok()?;
-        is_ready(&pet).then(|| pet["status"]["id"].as_str().map(str::to_owned))?
-    })?;
+    let id = typed::wait_ready(&cp, "default", "pet-sample1", TIMEOUT)?;
 
     // prometheus-client leaves a labelled family out of the scrape until it
     // has a sample, so make the drift and the reconcile error happen that
@@ -415,13 +411,14 @@ fn scrapes_pass_promtool_and_hold_every_queried_metric() -> fixtures::Result<()>
     // needs it. Back up with no records (memory), it gets the Pet recreated.
     store.kill();
     cp.rename_pet("pet-sample1", "Thorbert")?;
-    wait_for(TIMEOUT, "Synced reason StoreUnavailable", || {
-        let pet = pet().ok()?;
-        (condition(&pet, "Synced")?["reason"] == "StoreUnavailable").then_some(())
+    let what = "Synced reason StoreUnavailable";
+    typed::wait_pet(&cp, "default", "pet-sample1", TIMEOUT, what, |pet| {
+        (typed::condition(pet, "Synced")?.reason == "StoreUnavailable").then_some(())
     })?;
     let _store = start_store()?;
-    wait_for(TIMEOUT, "Pet default/pet-sample1 Ready again", || {
-        is_ready(&pet().ok()?).then_some(())
+    let what = "Ready again";
+    typed::wait_pet(&cp, "default", "pet-sample1", TIMEOUT, what, |pet| {
+        typed::is_ready(pet).then_some(())
     })?;
 
     let mut problems = Vec::new();

@@ -7,12 +7,14 @@
 
 use std::time::{Duration, Instant};
 
-use fixtures::env::condition;
 use fixtures::env::pet_manifest;
 use fixtures::forwarder::Forwarder;
 use fixtures::legacy_store::LegacyStore;
 use fixtures::{Env, Storage, wait_for};
+use petstore_operator::crd::{Condition, Pet};
 use serde_json::Value;
+
+use crate::typed::{self, condition, is_ready};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 const EXTERNAL_ID: &str = "petstore.example.com/external-id";
@@ -77,18 +79,15 @@ fn set_status_id(env: &Env, name: &str, id: &str) -> fixtures::Result<String> {
 /// Waits until the Pet's Synced condition has this reason; returns its
 /// message.
 fn wait_synced_reason(env: &Env, name: &str, reason: &str) -> fixtures::Result<String> {
-    wait_for(TIMEOUT, &format!("{name}: Synced reason {reason}"), || {
-        let pet = env.pet("default", name).ok()?;
-        let synced = condition(&pet, "Synced")?;
-        (synced["reason"] == reason)
-            .then(|| synced["message"].as_str().unwrap_or_default().to_owned())
+    let what = format!("Synced reason {reason}");
+    typed::wait_pet(&env.cp, "default", name, TIMEOUT, &what, |pet| {
+        let synced = condition(pet, "Synced")?;
+        (synced.reason == reason).then(|| synced.message.clone())
     })
 }
 
-fn message_contains(condition: &Value, fragment: &str) -> bool {
-    condition["message"]
-        .as_str()
-        .is_some_and(|message| message.contains(fragment))
+fn message_contains(condition: &Condition, fragment: &str) -> bool {
+    condition.message.contains(fragment)
 }
 
 #[test]
@@ -104,9 +103,9 @@ fn a_status_id_that_is_not_the_pets_own_is_corrected_and_touches_nothing_foreign
     // beta's status.id is set to alpha's record, as a restore tool could.
     set_status_id(&env, "beta", &alpha)?;
     let note = wait_for(TIMEOUT, "beta's status.id corrected", || {
-        let id = env.pet("default", "beta").ok()?["status"]["id"].clone();
+        let pet = typed::pet(&env.cp, "default", "beta").ok()?;
         let note = event_note(&env, "StatusIdCorrected", "beta")?;
-        (id == beta.as_str()).then_some(note)
+        (typed::id(&pet) == Some(beta.as_str())).then_some(note)
     })?;
     assert!(
         note.contains(&alpha) && note.contains("belongs to another owner"),
@@ -125,14 +124,16 @@ fn a_status_id_that_is_not_the_pets_own_is_corrected_and_touches_nothing_foreign
     // and the Event does not claim a create.
     set_status_id(&env, "beta", "00000000-0000-4000-8000-000000000000")?;
     wait_for(TIMEOUT, "the unknown ID corrected", || {
-        let id = env.pet("default", "beta").ok()?["status"]["id"].clone();
+        let pet = typed::pet(&env.cp, "default", "beta").ok()?;
         let notes: Vec<String> = events(&env)
             .ok()?
             .into_iter()
             .filter(|e| e.0 == "StatusIdCorrected" && e.1 == "beta")
             .map(|e| e.2)
             .collect();
-        (id == beta.as_str() && notes.iter().any(|n| n.contains("does not exist"))).then_some(())
+        (typed::id(&pet) == Some(beta.as_str())
+            && notes.iter().any(|n| n.contains("does not exist")))
+        .then_some(())
     })?;
     assert_eq!(env.store_pets()?.len(), 2);
     assert!(
@@ -238,15 +239,11 @@ fn records_are_adopted_explicitly_and_only_one_pet_wins_a_race() -> fixtures::Re
     );
     env.cp.apply(&both)?;
     let (winner, loser) = wait_for(TIMEOUT, "one winner, one loser", || {
-        let left = env.pet("default", "left").ok()?;
-        let right = env.pet("default", "right").ok()?;
-        let lost = |p: &Value| {
-            condition(p, "Synced").is_some_and(|c| c["reason"] == "RecordOwnedElsewhere")
-        };
-        match (
-            fixtures::env::is_ready(&left),
-            fixtures::env::is_ready(&right),
-        ) {
+        let left = typed::pet(&env.cp, "default", "left").ok()?;
+        let right = typed::pet(&env.cp, "default", "right").ok()?;
+        let lost =
+            |p: &Pet| condition(p, "Synced").is_some_and(|c| c.reason == "RecordOwnedElsewhere");
+        match (is_ready(&left), is_ready(&right)) {
             (true, false) if lost(&right) => Some(("left", "right")),
             (false, true) if lost(&left) => Some(("right", "left")),
             _ => None,
@@ -259,8 +256,12 @@ fn records_are_adopted_explicitly_and_only_one_pet_wins_a_race() -> fixtures::Re
         assert_eq!(records.len(), 3, "{records:?}");
         let prize_record = record(&records, &prize).expect("prize");
         assert_eq!(prize_record["idempotencyKey"], uid(&env, winner)?.as_str());
-        let loser_pet = env.pet("default", loser)?;
-        assert!(loser_pet["status"]["id"].is_null(), "{loser_pet}");
+        let loser_pet = typed::pet(&env.cp, "default", loser)?;
+        assert!(
+            typed::id(&loser_pet).is_none(),
+            "{}",
+            typed::shown(&loser_pet)
+        );
     }
     Ok(())
 }
@@ -350,7 +351,7 @@ fn a_misspelled_deletion_policy_never_deletes() -> fixtures::Result<()> {
     let message = wait_synced_reason(&env, "typo", "InvalidAnnotation")?;
     assert!(message.contains("\"Orhpan\""), "{message}");
     env.cp.kubectl(&["delete", "pet", "typo", "--wait=false"])?;
-    let message = env.wait_deleting("default", "typo", TIMEOUT, |synced| {
+    let message = typed::wait_deleting(&env.cp, "default", "typo", TIMEOUT, |synced| {
         message_contains(synced, "deletion waits")
     })?;
     assert!(message.contains("Delete or Orphan"), "{message}");
@@ -385,17 +386,17 @@ fn a_store_without_the_extensions_is_named_and_orphan_lets_go() -> fixtures::Res
         message.contains("petstore.PetStore/GetPets") && message.contains("extension"),
         "{message}"
     );
-    let pet = env.pet("default", "old")?;
+    let pet = typed::pet(&env.cp, "default", "old")?;
     assert_eq!(
-        condition(&pet, "Ready").expect("Ready")["reason"],
-        "StoreLacksExtensions"
+        condition(&pet, "Ready").map(|c| c.reason.as_str()),
+        Some("StoreLacksExtensions")
     );
     assert!(event_note(&env, "StoreLacksExtensions", "old").is_some());
     assert!(legacy.ids().is_empty(), "nothing created without keys");
 
     // Deleting waits, and says how to let the Pet go.
     env.cp.kubectl(&["delete", "pet", "old", "--wait=false"])?;
-    env.wait_deleting("default", "old", TIMEOUT, |synced| {
+    typed::wait_deleting(&env.cp, "default", "old", TIMEOUT, |synced| {
         message_contains(synced, "Orphan")
     })?;
     env.cp.kubectl(&[
@@ -511,10 +512,14 @@ fn an_adoption_conflicts_advice_followed_literally_adopts_the_named_record() -> 
 
     // Followed as written: the Pet adopts the named record.
     env.store.grpcurl(method, request)?;
-    wait_for(TIMEOUT, "rex Ready on the named record", || {
-        let pet = env.pet("default", "rex").ok()?;
-        (fixtures::env::is_ready(&pet) && pet["status"]["id"] == named.as_str()).then_some(())
-    })?;
+    typed::wait_pet(
+        &env.cp,
+        "default",
+        "rex",
+        TIMEOUT,
+        "Ready on the named record",
+        |pet| (is_ready(pet) && typed::id(pet) == Some(named.as_str())).then_some(()),
+    )?;
     let records = env.store_pets()?;
     assert_eq!(records.len(), 2, "nothing created: {records:?}");
     let uid = uid(&env, "rex")?;

@@ -13,10 +13,13 @@
 
 use std::time::{Duration, Instant};
 
-use fixtures::env::{condition, pet_manifest};
+use fixtures::env::pet_manifest;
 use fixtures::{Env, Operator, Storage, wait_for};
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
+use kube::api::Api;
+use petstore_operator::crd::{Pet, PlanStatus, PlannedChange};
 use serde_json::Value;
+
+use crate::typed::{self, condition};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 const APPROVE_PLAN: &str = "petstore.example.com/approve-plan";
@@ -41,22 +44,36 @@ fn pet_yaml(name: &str, spec: &str, annotations: &[(&str, &str)]) -> String {
     pet_manifest(name, annotations, &format!(" {spec}"))
 }
 
-fn plan(env: &Env, name: &str) -> Option<Value> {
-    let pet = env.pet("default", name).ok()?;
-    let plan = pet["status"]["plan"].clone();
-    (!plan.is_null()).then_some(plan)
+fn plan_of(pet: &Pet) -> Option<&PlanStatus> {
+    pet.status.as_ref()?.plan.as_ref()
+}
+
+fn plan(env: &Env, name: &str) -> Option<PlanStatus> {
+    plan_of(&typed::pet(&env.cp, "default", name).ok()?).cloned()
 }
 
 /// Waits for a plan with this summary, other than `not` (a hash); returns it.
-fn wait_plan(env: &Env, name: &str, summary: &str, not: Option<&str>) -> fixtures::Result<Value> {
-    wait_for(TIMEOUT, &format!("{name}'s plan: {summary}"), || {
-        plan(env, name)
-            .filter(|p| p["summary"] == summary && not.is_none_or(|hash| p["hash"] != hash))
+fn wait_plan(
+    env: &Env,
+    name: &str,
+    summary: &str,
+    not: Option<&str>,
+) -> fixtures::Result<PlanStatus> {
+    let what = format!("with the plan {summary}");
+    typed::wait_pet(&env.cp, "default", name, TIMEOUT, &what, |pet| {
+        plan_of(pet)
+            .filter(|p| p.summary == summary && not.is_none_or(|hash| p.hash != hash))
+            .cloned()
     })
 }
 
-fn hash(plan: &Value) -> String {
-    plan["hash"].as_str().unwrap_or_default().to_owned()
+fn hash(plan: &PlanStatus) -> String {
+    plan.hash.clone()
+}
+
+/// The `n`th action's first change, if the plan has them.
+fn first_change(plan: &PlanStatus, n: usize) -> Option<&PlannedChange> {
+    plan.actions.get(n)?.changes.first()
 }
 
 fn annotate(env: &Env, name: &str, key: &str, value: &str) -> fixtures::Result<String> {
@@ -126,11 +143,10 @@ fn plan_column(env: &Env, name: &str) -> fixtures::Result<String> {
         .to_owned())
 }
 
-fn reason(pet: &Value, type_: &str) -> String {
+fn reason(pet: &Pet, type_: &str) -> String {
     condition(pet, type_)
-        .and_then(|c| c["reason"].as_str())
+        .map(|c| c.reason.clone())
         .unwrap_or_default()
-        .to_owned()
 }
 
 #[test]
@@ -157,13 +173,19 @@ fn approve_writes_only_the_approved_plan_once() -> fixtures::Result<()> {
         &[],
     ))?;
     let create = wait_plan(&env, "rex", "create", None)?;
-    assert_eq!(create["cause"], "new_pet");
+    assert_eq!(create.cause, "new_pet");
     assert_eq!(plan_column(&env, "rex")?, "create");
     two_audits(operator.store_reads()?)?;
-    let pet = env.pet("default", "rex")?;
-    assert_eq!(reason(&pet, "Ready"), "PlanPending", "{pet}");
+    let pet = typed::pet(&env.cp, "default", "rex")?;
     assert_eq!(
-        pet["status"]["plan"]["hash"], create["hash"],
+        reason(&pet, "Ready"),
+        "PlanPending",
+        "{}",
+        typed::shown(&pet)
+    );
+    assert_eq!(
+        plan_of(&pet).map(hash),
+        Some(hash(&create)),
         "the plan held still"
     );
     assert_eq!(writes()?, start, "written before approval");
@@ -177,16 +199,20 @@ fn approve_writes_only_the_approved_plan_once() -> fixtures::Result<()> {
     annotate(&env, "rex", APPROVE_PLAN, &hash(&create))?;
     let id = env.wait_ready("default", "rex", TIMEOUT)?;
     assert_eq!(writes()?, start + 1.0, "one AddPets");
-    let pet = env.pet("default", "rex")?;
-    assert_eq!(pet["status"]["appliedPlan"], create["hash"]);
-    assert!(pet["status"]["plan"].is_null(), "{pet}");
+    let pet = typed::pet(&env.cp, "default", "rex")?;
+    let status = pet.status.as_ref();
+    assert_eq!(
+        status.and_then(|s| s.applied_plan.as_deref()),
+        Some(create.hash.as_str())
+    );
+    assert!(plan_of(&pet).is_none(), "{}", typed::shown(&pet));
     assert_eq!(plan_column(&env, "rex")?, "none");
 
     // A spec edit makes a new plan; the spent approval does not apply it.
     env.rename("default", "rex", "Rexford")?;
     let rename = wait_plan(&env, "rex", "update name", None)?;
     let rename_shown = operator.store_reads()?;
-    assert_eq!(rename["cause"], "spec_change");
+    assert_eq!(rename.cause, "spec_change");
     assert_eq!(plan_column(&env, "rex")?, "update name");
 
     // The plugin, for the Pet as it stands: the very plan in its status,
@@ -263,7 +289,7 @@ fn approve_writes_only_the_approved_plan_once() -> fixtures::Result<()> {
     env.cp
         .kubectl(&["delete", "pet", "rex", "-n", "default", "--wait=false"])?;
     let delete = wait_plan(&env, "rex", "delete", None)?;
-    assert_eq!(delete["cause"], "deletion");
+    assert_eq!(delete.cause, "deletion");
     two_audits(operator.store_reads()?)?;
     assert!(env.pet("default", "rex").is_ok(), "gone without approval");
     assert_eq!(
@@ -287,28 +313,23 @@ fn approve_writes_only_the_approved_plan_once() -> fixtures::Result<()> {
 fn wait_plan_closely(
     env: &Env,
     name: &str,
-    accept: impl Fn(&Value) -> bool,
-) -> Result<(Value, Instant), Error> {
+    accept: impl Fn(&PlanStatus) -> bool,
+) -> Result<(PlanStatus, Instant), Error> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     rt.block_on(async {
-        let gvk = GroupVersionKind::gvk("petstore.example.com", "v1", "Pet");
-        let api: Api<DynamicObject> = Api::namespaced_with(
-            crate::admin_client(env).await?,
-            "default",
-            &ApiResource::from_gvk(&gvk),
-        );
+        let api: Api<Pet> = Api::namespaced(crate::admin_client(env).await?, "default");
         let deadline = Instant::now() + TIMEOUT;
         loop {
-            let pet = serde_json::to_value(api.get(name).await?)?;
+            let pet = api.get(name).await?;
             let seen = Instant::now();
-            let plan = &pet["status"]["plan"];
-            if !plan.is_null() && accept(plan) {
+            if let Some(plan) = plan_of(&pet).filter(|plan| accept(plan)) {
                 return Ok((plan.clone(), seen));
             }
             if seen > deadline {
-                return Err(format!("{name}'s plan after {TIMEOUT:?}: {plan}").into());
+                let plan = plan_of(&pet);
+                return Err(format!("{name}'s plan after {TIMEOUT:?}: {plan:?}").into());
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
@@ -351,15 +372,16 @@ fn observe_shows_drift_without_reverting_it_and_automatic_applies_the_plan() -> 
         &[("petstore.example.com/external-id", &id)],
     ))?;
     let adopt = wait_plan(&env, "tom", "claim, update name", None)?;
-    assert_eq!(adopt["cause"], "adoption");
-    let rename = &adopt["actions"][1]["changes"][0];
+    assert_eq!(adopt.cause, "adoption");
+    let rename =
+        first_change(&adopt, 1).map(|c| (c.field.as_str(), c.from.as_str(), c.to.as_str()));
     assert_eq!(
-        (&rename["field"], &rename["from"], &rename["to"]),
-        (&"name".into(), &"\"Old Tom\"".into(), &"\"Tom\"".into()),
-        "{adopt}"
+        rename,
+        Some(("name", "\"Old Tom\"", "\"Tom\"")),
+        "{adopt:?}"
     );
     assert_eq!(
-        reason(&env.pet("default", "tom")?, "Ready"),
+        reason(&typed::pet(&env.cp, "default", "tom")?, "Ready"),
         "RecordDiffers"
     );
     wait_for(TIMEOUT, "the operator to follow the change feed", || {
@@ -375,7 +397,7 @@ fn observe_shows_drift_without_reverting_it_and_automatic_applies_the_plan() -> 
     update_record(&env, &id, "Older Tom", "PTFeline", 2015)?;
     let edited = Instant::now();
     let (shown, seen) = wait_plan_closely(&env, "tom", |p| {
-        p["actions"][1]["changes"][0]["from"] == "\"Older Tom\""
+        first_change(p, 1).is_some_and(|c| c.from == "\"Older Tom\"")
     })
     .map_err(|error| {
         format!(

@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use fixtures::env::pet_manifest;
 use fixtures::{Env, Storage, wait_for};
-use serde_json::Value;
+use petstore_operator::crd::PetStatus;
+
+use crate::typed;
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -89,15 +91,21 @@ fn a_pending_plan_is_announced_once_and_keeps_its_age_across_restarts() -> fixtu
         &[],
         r#" {name: Rex, type: dog, birthday: "2022-03-01", changePolicy: Approve}"#,
     ))?;
-    let status: Value = wait_for(TIMEOUT, "rex's create plan", || {
-        let pet = env.pet("default", "rex").ok()?;
-        let status = pet["status"].clone();
-        (status["plan"]["summary"] == "create").then_some(status)
-    })?;
+    let status: PetStatus = typed::wait_pet(
+        &env.cp,
+        "default",
+        "rex",
+        TIMEOUT,
+        "with a create plan",
+        |pet| {
+            let status = pet.status.as_ref()?;
+            (status.plan.as_ref()?.summary == "create").then(|| status.clone())
+        },
+    )?;
     let shown_at = Instant::now();
     assert!(
-        status["planPendingSince"].is_string(),
-        "status.planPendingSince: {status}"
+        status.plan_pending_since.is_some(),
+        "status.planPendingSince: {status:?}"
     );
     env.wait_event("PlanPending/rex", TIMEOUT)?;
     assert_eq!(plan_announcements(&env, "rex")?, 1);
@@ -127,9 +135,10 @@ fn a_pending_plan_is_announced_once_and_keeps_its_age_across_restarts() -> fixtu
         1,
         "announced again after a leader change"
     );
-    let pet = env.pet("default", "rex")?;
+    let pet = typed::pet(&env.cp, "default", "rex")?;
     assert_eq!(
-        pet["status"]["planPendingSince"], status["planPendingSince"],
+        pet.status.and_then(|s| s.plan_pending_since),
+        status.plan_pending_since,
         "the plan's start moved"
     );
     Ok(())

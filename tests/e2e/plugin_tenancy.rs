@@ -12,10 +12,12 @@
 use std::path::Path;
 use std::time::Duration;
 
-use fixtures::env::{Planned, is_ready};
+use fixtures::env::Planned;
 use fixtures::petstore::{added_id, grpcurl_with_token};
 use fixtures::{ControlPlane, Env, PetStoreServer, Storage, wait_for};
 use serde_json::Value;
+
+use crate::typed::{self, is_ready};
 
 const TIMEOUT: Duration = Duration::from_secs(90);
 /// The audience the tenancy store's tokens must carry.
@@ -152,9 +154,9 @@ fn the_plugin_reads_a_tenancy_store_as_its_caller_and_only_where_the_caller_may(
         .join("---\n"),
     )?;
     let rex_id = wait_for(TIMEOUT, "rex and fido Ready", || {
-        let rex = cp.pet("team-a", "rex").ok()?;
-        let fido = cp.pet("team-b", "fido").ok()?;
-        (is_ready(&rex) && is_ready(&fido)).then(|| rex["status"]["id"].clone())
+        let rex = typed::pet(cp, "team-a", "rex").ok()?;
+        let fido = typed::pet(cp, "team-b", "fido").ok()?;
+        (is_ready(&rex) && is_ready(&fido)).then(|| typed::id(&rex).map(str::to_owned))?
     })?;
     let stray_a = add_record(cp, &store, "team-a", "Stray A")?;
     add_record(cp, &store, "team-b", "Stray B")?;
@@ -252,15 +254,17 @@ fn the_plugin_reads_a_tenancy_store_as_its_caller_and_only_where_the_caller_may(
     }
     cp.apply(yaml)?;
     let adopted = wait_for(TIMEOUT, "the imported Pet Ready", || {
-        let pets = cp.kubectl_json(&["get", "pets", "-n", "team-a"]).ok()?;
-        pets["items"]
-            .as_array()?
-            .iter()
-            .find(|pet| pet["spec"]["name"] == "Stray A" && is_ready(pet))
-            .cloned()
+        typed::pets(cp, Some("team-a"))
+            .ok()?
+            .into_iter()
+            .find(|pet| pet.spec.name == "Stray A" && is_ready(pet))
     })?;
-    assert_eq!(adopted["status"]["id"], stray_a.as_str());
-    assert_eq!(adopted["status"]["store"], "PetStore/shared");
+    let status = adopted.status.as_ref();
+    assert_eq!(typed::id(&adopted), Some(stray_a.as_str()));
+    assert_eq!(
+        status.and_then(|s| s.store.as_deref()),
+        Some("PetStore/shared")
+    );
     // A store without tenancy shows every record: one named after a Pet of
     // team-b is left out of team-a's import, not put in team-b.
     env.store.grpcurl(

@@ -6,10 +6,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use fixtures::env::{create_config_namespaces, is_ready};
+use fixtures::env::create_config_namespaces;
 use fixtures::petstore::grpcurl;
 use fixtures::{ControlPlane, Env, wait_for};
-use serde_json::Value;
+use petstore_operator::crd::Pet;
+
+use crate::typed::{self, is_ready};
 
 /// Pets per wave; two waves, the second applied right after the kill.
 const WAVE: usize = 100;
@@ -29,9 +31,8 @@ fn burst(range: std::ops::Range<usize>) -> String {
         .join("---\n")
 }
 
-fn pets(env: &Env) -> fixtures::Result<Vec<Value>> {
-    let list = env.cp.kubectl_json(&["get", "pets", "-n", "default"])?;
-    Ok(list["items"].as_array().cloned().unwrap_or_default())
+fn pets(env: &Env) -> fixtures::Result<Vec<Pet>> {
+    typed::pets(&env.cp, Some("default"))
 }
 
 #[test]
@@ -72,7 +73,7 @@ fn kill_9_of_one_replica_during_a_burst_loses_and_duplicates_nothing() -> fixtur
             let with_records = pets(&env)
                 .ok()?
                 .iter()
-                .filter(|p| p["status"]["id"].is_string())
+                .filter(|p| typed::id(p).is_some())
                 .count();
             (1..WAVE).contains(&with_records).then_some(())?;
             let busy = (0..2).find(|&i| service.open_connections(i) > 0)?;
@@ -124,8 +125,8 @@ fn kill_9_of_one_replica_during_a_burst_loses_and_duplicates_nothing() -> fixtur
         .iter()
         .map(|p| {
             (
-                p["metadata"]["uid"].as_str().unwrap_or_default().to_owned(),
-                p["status"]["id"].as_str().unwrap_or_default().to_owned(),
+                p.metadata.uid.clone().unwrap_or_default(),
+                typed::id(p).unwrap_or_default().to_owned(),
             )
         })
         .collect();

@@ -16,9 +16,12 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use fixtures::env::{condition, is_ready, pet_manifest};
+use fixtures::env::pet_manifest;
 use fixtures::{ControlPlane, Env, Operator, Storage, wait_for};
+use petstore_operator::crd::Pet;
 use serde_json::Value;
+
+use crate::typed::{self, condition, is_ready};
 
 const TIMEOUT: Duration = Duration::from_secs(90);
 const PETS: usize = 10;
@@ -44,16 +47,10 @@ fn manifests() -> String {
 }
 
 /// Every Pet in `default`, by name.
-pub(crate) fn pets(cp: &ControlPlane) -> fixtures::Result<BTreeMap<String, Value>> {
-    let list = cp.kubectl_json(&["get", "pets", "-n", "default"])?;
-    Ok(list["items"]
-        .as_array()
+pub(crate) fn pets(cp: &ControlPlane) -> fixtures::Result<BTreeMap<String, Pet>> {
+    Ok(typed::pets(cp, Some("default"))?
         .into_iter()
-        .flatten()
-        .map(|pet| {
-            let name = pet["metadata"]["name"].as_str().unwrap_or_default();
-            (name.to_owned(), pet.clone())
-        })
+        .map(|pet| (pet.metadata.name.clone().unwrap_or_default(), pet))
         .collect())
 }
 
@@ -72,12 +69,7 @@ pub(crate) fn all_n_ready(
         let pets = pets(cp).ok()?;
         (pets.len() == n && pets.values().all(is_ready)).then(|| {
             pets.iter()
-                .map(|(name, pet)| {
-                    (
-                        name.clone(),
-                        pet["status"]["id"].as_str().unwrap_or_default().to_owned(),
-                    )
-                })
+                .map(|(name, pet)| (name.clone(), ready_id(pet).to_owned()))
                 .collect()
         })
     })
@@ -140,11 +132,22 @@ fn start_both_operators(
     Ok((blue_operator, green_operator))
 }
 
-fn uid(pet: &Value) -> String {
-    pet["metadata"]["uid"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned()
+fn uid(pet: &Pet) -> String {
+    pet.metadata.uid.clone().unwrap_or_default()
+}
+
+/// The ID of a Pet that [`is_ready`] passed, which has one.
+fn ready_id(pet: &Pet) -> &str {
+    typed::id(pet).unwrap_or_default()
+}
+
+/// The ID of the Pet `name` in `default`, once it is Ready.
+fn ready_pet_id(cp: &ControlPlane, name: &str) -> Option<String> {
+    pets(cp)
+        .ok()?
+        .get(name)
+        .filter(|pet| is_ready(pet))
+        .map(|pet| ready_id(pet).to_owned())
 }
 
 /// The cluster is lost: its Pets go without their finalizers running (the
@@ -300,12 +303,7 @@ fn two_clusters_on_one_store_never_write_each_others_records() -> fixtures::Resu
     )?;
     let shared = |name: &str| pet_manifest("shared", &[], &spec(name, ""));
     blue.kubectl_stdin(&["apply", "-f", "-"], &shared("Blue's"))?;
-    let blue_id = wait_for(TIMEOUT, "blue's Pet Ready", || {
-        let pets = pets(blue).ok()?;
-        pets.get("shared")
-            .filter(|pet| is_ready(pet))
-            .and_then(|pet| pet["status"]["id"].as_str().map(str::to_owned))
-    })?;
+    let blue_id = wait_for(TIMEOUT, "blue's Pet Ready", || ready_pet_id(blue, "shared"))?;
 
     // The same namespace and name in green: held, naming blue.
     let before = counts(&env)?;
@@ -315,8 +313,7 @@ fn two_clusters_on_one_store_never_write_each_others_records() -> fixtures::Resu
     let message = wait_for(TIMEOUT, "green's Pet held", || {
         let pets = pets(&green.cp).ok()?;
         let synced = condition(pets.get("shared")?, "Synced")?;
-        (synced["reason"] == "RecordOwnedElsewhere")
-            .then(|| synced["message"].as_str().unwrap_or_default().to_owned())
+        (synced.reason == "RecordOwnedElsewhere").then(|| synced.message.clone())
     })?;
     assert!(
         message.contains("\"blue\"") && message.contains(&blue_id),
@@ -337,10 +334,7 @@ fn two_clusters_on_one_store_never_write_each_others_records() -> fixtures::Resu
     // Once blue's Pet goes (and its record with it), green's makes its own.
     blue.kubectl(&["delete", "pet", "shared", "-n", "default", "--wait=true"])?;
     let green_id = wait_for(TIMEOUT, "green's Pet Ready on a record of its own", || {
-        let pets = pets(&green.cp).ok()?;
-        pets.get("shared")
-            .filter(|pet| is_ready(pet))
-            .and_then(|pet| pet["status"]["id"].as_str().map(str::to_owned))
+        ready_pet_id(&green.cp, "shared")
     })?;
     assert_ne!(green_id, blue_id);
     let (key, identity) = records(&env)?.remove(&green_id).expect("green's record");
@@ -453,7 +447,7 @@ fn blue_and_green(
         let pets = pets(&green.cp).ok()?;
         (pets.len() == PETS
             && pets.values().all(|pet| {
-                condition(pet, "Synced").is_some_and(|c| c["reason"] == "RecordOwnedElsewhere")
+                condition(pet, "Synced").is_some_and(|c| c.reason == "RecordOwnedElsewhere")
             }))
         .then_some(())
     })?;
@@ -504,12 +498,7 @@ fn assert_handed_over(
         .collect();
     let names: BTreeMap<String, String> = pets(&green.cp)?
         .into_iter()
-        .map(|(name, pet)| {
-            (
-                name,
-                pet["spec"]["name"].as_str().unwrap_or_default().to_owned(),
-            )
-        })
+        .map(|(name, pet)| (name, pet.spec.name))
         .collect();
     let stored: BTreeMap<String, Value> = env
         .store
@@ -535,7 +524,7 @@ fn assert_handed_over(
     wait_for(TIMEOUT, "blue's Pets HandedOver", || {
         let blue = pets(&env.cp).ok()?;
         blue.values()
-            .all(|pet| condition(pet, "Synced").is_some_and(|c| c["reason"] == "HandedOver"))
+            .all(|pet| condition(pet, "Synced").is_some_and(|c| c.reason == "HandedOver"))
             .then_some(())
     })?;
     let before_delete = counts(env)?;
@@ -854,8 +843,7 @@ fn a_handover_survives_kill_9_of_green_in_the_middle_of_its_claims() -> fixtures
 /// The Synced reason of blue's Pet `name`.
 fn synced_reason(cp: &ControlPlane, name: &str) -> Option<String> {
     let pets = pets(cp).ok()?;
-    condition(pets.get(name)?, "Synced")
-        .map(|c| c["reason"].as_str().unwrap_or_default().to_owned())
+    condition(pets.get(name)?, "Synced").map(|c| c.reason.clone())
 }
 
 #[test]
@@ -872,10 +860,7 @@ fn a_handover_moves_every_pet_although_one_waits_and_its_pet_takes_it_back() -> 
         &pet_manifest(lone, &[], &spec("Lone", "")),
     )?;
     let lone_id = wait_for(TIMEOUT, "blue's lone Pet Ready", || {
-        let pets = pets(&env.cp).ok()?;
-        pets.get(lone)
-            .filter(|pet| is_ready(pet))
-            .and_then(|pet| pet["status"]["id"].as_str().map(str::to_owned))
+        ready_pet_id(&env.cp, lone)
     })?;
     let lone_uid = uid(&pets(&env.cp)?[lone]);
     let before = counts(&env)?;
@@ -907,8 +892,13 @@ fn a_handover_moves_every_pet_although_one_waits_and_its_pet_takes_it_back() -> 
     assert_eq!(moved, ids, "the same records");
     let stored = records(&env)?;
     for pet in pets(&green.cp)?.values() {
-        let id = pet["status"]["id"].as_str().unwrap_or_default();
-        assert_eq!(stored[id].0, format!("green/{}", uid(pet)), "{pet}");
+        let id = ready_id(pet);
+        assert_eq!(
+            stored[id].0,
+            format!("green/{}", uid(pet)),
+            "{}",
+            typed::shown(pet)
+        );
     }
     assert_eq!(stored[&lone_id].0, waiting, "the lone record still waits");
 
@@ -925,7 +915,7 @@ fn a_handover_moves_every_pet_although_one_waits_and_its_pet_takes_it_back() -> 
     wait_for(TIMEOUT, "the lone Pet Ready on its record again", || {
         let pets = pets(&env.cp).ok()?;
         let pet = pets.get(lone)?;
-        (is_ready(pet) && pet["status"]["id"] == lone_id.as_str()).then_some(())
+        (is_ready(pet) && typed::id(pet) == Some(lone_id.as_str())).then_some(())
     })?;
     let (key, identity) = records(&env)?.remove(&lone_id).expect("the lone record");
     assert_eq!(

@@ -17,9 +17,12 @@
 
 use std::time::{Duration, Instant};
 
-use fixtures::env::{OPERATOR_ACCOUNT, OPERATOR_NAMESPACE, condition, is_ready};
+use fixtures::env::{OPERATOR_ACCOUNT, OPERATOR_NAMESPACE};
 use fixtures::{ControlPlane, Env, Operator, PetStoreServer, Storage, wait_for};
+use petstore_operator::crd::Pet;
 use serde_json::Value;
+
+use crate::typed::{self, condition, is_ready};
 
 const TIMEOUT: Duration = Duration::from_secs(90);
 /// Far longer than the story: a Pet's first poll is at least half of it
@@ -122,14 +125,19 @@ fn get(cp: &ControlPlane, namespace: &str, name: &str) -> Option<Value> {
     cp.pet(namespace, name).ok()
 }
 
-fn wait_ready(cp: &ControlPlane, namespace: &str, name: &str) -> fixtures::Result<Value> {
-    wait_for(TIMEOUT, &format!("{namespace}/{name} Ready"), || {
-        get(cp, namespace, name).filter(is_ready)
+fn wait_ready(cp: &ControlPlane, namespace: &str, name: &str) -> fixtures::Result<Pet> {
+    typed::wait_pet(cp, namespace, name, TIMEOUT, "Ready", |pet| {
+        is_ready(pet).then(|| pet.clone())
     })
 }
 
-fn status_id(pet: &Value) -> String {
-    pet["status"]["id"].as_str().unwrap_or_default().to_owned()
+fn status_id(pet: &Pet) -> String {
+    typed::id(pet).unwrap_or_default().to_owned()
+}
+
+/// `status.store`, when set.
+fn status_store(pet: &Pet) -> Option<&str> {
+    pet.status.as_ref()?.store.as_deref()
 }
 
 /// The operator's `change_feed_stores{state}`.
@@ -221,17 +229,26 @@ fn every_stores_feed_is_followed_and_each_holds_only_its_own_pets() -> fixtures:
     )?;
     let rex = status_id(&wait_ready(cp, "team-a", "rex")?);
     let fido = wait_ready(cp, "team-b", "fido")?;
-    assert_eq!(fido["status"]["store"], "ClusterPetStore/b", "{fido}");
+    assert_eq!(
+        status_store(&fido),
+        Some("ClusterPetStore/b"),
+        "{}",
+        typed::shown(&fido)
+    );
     let fido = status_id(&fido);
     let fido_2 = wait_ready(cp, "team-b", "fido-2")?;
     assert_eq!(fido_2["status"]["store"], "PetStore/default", "{fido_2}");
     let fido_2 = status_id(&fido_2);
     wait_ready(cp, "team-c", "tom")?;
     // The watcher names a record B does not have (it is A's): held.
-    wait_for(TIMEOUT, "team-b/watcher held RecordNotFound", || {
-        let watcher = get(cp, "team-b", "watcher")?;
-        (condition(&watcher, "Ready")?["reason"] == "RecordNotFound").then_some(())
-    })?;
+    typed::wait_pet(
+        cp,
+        "team-b",
+        "watcher",
+        TIMEOUT,
+        "held RecordNotFound",
+        |pet| (condition(pet, "Ready")?.reason == "RecordNotFound").then_some(()),
+    )?;
 
     // A and B are followed; C, which does not name the operator an
     // observer, is refused, and says which flag it needs. The count is of
@@ -316,7 +333,12 @@ fn every_stores_feed_is_followed_and_each_holds_only_its_own_pets() -> fixtures:
         took <= READY_WITHIN,
         "rex-2 Ready after {took:?} with B down"
     );
-    assert_eq!(rex_2["status"]["store"], "PetStore/default", "{rex_2}");
+    assert_eq!(
+        status_store(&rex_2),
+        Some("PetStore/default"),
+        "{}",
+        typed::shown(&rex_2)
+    );
     assert_eq!(record_name(&store_a, &team_a, &status_id(&rex_2))?, "rex-2");
     Ok(())
 }

@@ -143,9 +143,11 @@ fn store_ref_is_fixed_once_the_pet_has_a_record_and_stores_are_validated() -> fi
     patch(&cp, ns, "rex", "merge", r#"{"spec":{"name":"Rexy"}}"#)?;
     cp.kubectl(&["label", "pet", "rex", "-n", ns, "team=blue"])?;
     set_status(&cp, ns, "rex", r#"{"store":"ClusterPetStore/d"}"#)?;
-    let stored = cp.pet(ns, "rex")?;
-    assert_eq!(stored["spec"]["storeRef"]["name"], "d", "{stored}");
-    assert_eq!(stored["status"]["store"], "ClusterPetStore/d", "{stored}");
+    let stored = crate::typed::pet(&cp, ns, "rex")?;
+    let store_ref = stored.spec.store_ref.as_ref().map(|r| r.name.as_str());
+    assert_eq!(store_ref, Some("d"), "{stored:?}");
+    let status_store = stored.status.as_ref().and_then(|s| s.store.as_deref());
+    assert_eq!(status_store, Some("ClusterPetStore/d"), "{stored:?}");
 
     // A Pet with a record and no storeRef cannot be given one.
     cp.apply(&pet(ns, "tom", None, false))?;

@@ -9,9 +9,11 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use fixtures::env::{condition, is_ready};
-use fixtures::{ControlPlane, Env, PetStoreServer, Storage, TenancyFlags, wait_for};
+use fixtures::{ControlPlane, Env, PetStoreServer, Storage, TenancyFlags};
+use petstore_operator::crd::Pet;
 use serde_json::Value;
+
+use crate::typed::{self, condition, is_ready, wait_pet};
 
 const TIMEOUT: Duration = Duration::from_secs(90);
 /// How soon a Pet that may not write must show why: the issue's bound.
@@ -58,10 +60,6 @@ fn tenant_namespaces(cp: &ControlPlane) -> fixtures::Result<()> {
     Ok(())
 }
 
-fn get(cp: &ControlPlane, namespace: &str, name: &str) -> Option<Value> {
-    cp.pet(namespace, name).ok()
-}
-
 /// The record names in a store, sorted.
 fn names(store: &PetStoreServer) -> fixtures::Result<Vec<String>> {
     let mut names: Vec<String> = store
@@ -82,25 +80,16 @@ fn wait_reason(
     reason: &str,
     since: Instant,
 ) -> fixtures::Result<(Duration, String)> {
-    wait_for(
-        TIMEOUT,
-        &format!("{namespace}/{name} held with {reason}"),
-        || {
-            let pet = get(cp, namespace, name)?;
-            let ready = condition(&pet, "Ready")?;
-            (ready["reason"] == reason).then(|| {
-                (
-                    since.elapsed(),
-                    ready["message"].as_str().unwrap_or_default().to_owned(),
-                )
-            })
-        },
-    )
+    let what = format!("held with {reason}");
+    wait_pet(cp, namespace, name, TIMEOUT, &what, |pet| {
+        let ready = condition(pet, "Ready")?;
+        (ready.reason == reason).then(|| (since.elapsed(), ready.message.clone()))
+    })
 }
 
-fn wait_ready(cp: &ControlPlane, namespace: &str, name: &str) -> fixtures::Result<Value> {
-    wait_for(TIMEOUT, &format!("{namespace}/{name} Ready"), || {
-        get(cp, namespace, name).filter(is_ready)
+fn wait_ready(cp: &ControlPlane, namespace: &str, name: &str) -> fixtures::Result<Pet> {
+    wait_pet(cp, namespace, name, TIMEOUT, "Ready", |pet| {
+        is_ready(pet).then(|| pet.clone())
     })
 }
 
@@ -136,7 +125,7 @@ fn each_pet_writes_to_the_store_it_may_use_and_nowhere_else() -> fixtures::Resul
         ("default", "own"),
     ] {
         let ready = wait_ready(cp, namespace, name)?;
-        shown.insert(name, ready["status"]["store"].as_str().map(str::to_owned));
+        shown.insert(name, ready.status.and_then(|status| status.store));
     }
     assert_eq!(names(&store_a)?, ["rex"]);
     assert_eq!(names(&store_b)?, ["fido", "tom"]);
@@ -293,7 +282,7 @@ fn the_store_keeps_each_namespace_to_its_own_records() -> fixtures::Result<()> {
     cp.apply(&pet("team-b", "fido", Some(("ClusterPetStore", "shared"))))?;
     let rex = wait_ready(cp, "team-a", "rex")?;
     wait_ready(cp, "team-b", "fido")?;
-    let rex_id = rex["status"]["id"].as_str().unwrap_or_default().to_owned();
+    let rex_id = typed::id(&rex).unwrap_or_default().to_owned();
 
     // Each namespace reads its own records only.
     let team_a = cp.tenant_token("team-a", "shared")?;
@@ -401,7 +390,7 @@ fn records_made_before_tenancy_keep_their_ids_and_take_their_tenant_on_the_first
         .iter()
         .map(|(namespace, name)| {
             wait_ready(&env.cp, namespace, name)
-                .map(|pet| pet["status"]["id"].as_str().unwrap_or_default().to_owned())
+                .map(|pet| typed::id(&pet).unwrap_or_default().to_owned())
         })
         .collect::<Result<_, _>>()?;
     let stray = env.store.add_unowned("stray")?;
@@ -425,7 +414,7 @@ fn records_made_before_tenancy_keep_their_ids_and_take_their_tenant_on_the_first
     operator.wait_reads_settled(Duration::from_secs(3), TIMEOUT)?;
     for ((namespace, name), id) in [("team-a", "rex"), ("team-b", "fido")].iter().zip(&ids) {
         let pet = wait_ready(cp, namespace, name)?;
-        assert_eq!(pet["status"]["id"], id.as_str(), "{name} keeps its ID");
+        assert_eq!(typed::id(&pet), Some(id.as_str()), "{name} keeps its ID");
     }
     assert_eq!(
         env.store.writes()?,
@@ -439,10 +428,14 @@ fn records_made_before_tenancy_keep_their_ids_and_take_their_tenant_on_the_first
         "rex",
         &["--type=merge", "-p", r#"{"spec":{"name":"rex-2"}}"#],
     )?;
-    wait_for(TIMEOUT, "rex at generation 2", || {
-        let pet = get(cp, "team-a", "rex")?;
-        (is_ready(&pet) && pet["status"]["observedGeneration"] == 2).then_some(())
-    })?;
+    wait_pet(
+        cp,
+        "team-a",
+        "rex",
+        TIMEOUT,
+        "Ready at generation 2",
+        |pet| (is_ready(pet) && typed::observed_generation(pet) == Some(2)).then_some(()),
+    )?;
     assert_eq!(env.store.writes()?, writes_before + 1.0, "one write");
     let team_a = cp.tenant_token("team-a", "petstore")?;
     let team_b = cp.tenant_token("team-b", "petstore")?;
@@ -508,7 +501,7 @@ fn records_made_before_tenancy_keep_their_ids_and_take_their_tenant_on_the_first
         "apiVersion: petstore.example.com/v1\nkind: Pet\nmetadata:\n  name: stray\n  namespace: team-a\n  annotations:\n    petstore.example.com/external-id: \"{stray}\"\nspec:\n  name: stray\n  type: cat\n  birthday: \"2019-05-06\"\n"
     ))?;
     let claimed = wait_ready(cp, "team-a", "stray")?;
-    assert_eq!(claimed["status"]["id"], stray.as_str());
+    assert_eq!(typed::id(&claimed), Some(stray.as_str()));
     assert!(
         get_ids(&team_b, &stray).is_ok_and(|m| m[0]["missingIds"][0] == stray.as_str()),
         "once claimed, the record is team-a's alone"

@@ -8,10 +8,12 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use fixtures::env::{OPERATOR_ACCOUNT, OPERATOR_NAMESPACE, install_crd_and_rbac, is_ready};
+use fixtures::env::{OPERATOR_ACCOUNT, OPERATOR_NAMESPACE, install_crd_and_rbac};
 use fixtures::trace_receiver::{Trace, TraceReceiver, TracedPetStore};
 use fixtures::{ControlPlane, Kubectl, Operator, OperatorOptions, wait_for};
 use serde_json::Value;
+
+use crate::typed;
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 const OPERATOR_SERVICE: &str = "petstore-operator";
@@ -208,9 +210,8 @@ fn each_store_write_is_one_trace_across_operator_and_store() -> fixtures::Result
     // Create, rename, drift behind the operator's back, delete.
     cp.apply(PET)?;
     let ready = |what: &str| {
-        wait_for(TIMEOUT, what, || {
-            let pet = cp.pet("default", "traced").ok()?;
-            is_ready(&pet).then(|| pet["status"]["id"].as_str().map(str::to_owned))?
+        typed::wait_pet(&cp, "default", "traced", TIMEOUT, what, |pet| {
+            typed::is_ready(pet).then(|| typed::id(pet).map(str::to_owned))?
         })
     };
     let id = ready("the Pet Ready")?;

@@ -61,14 +61,10 @@ fn ready_pets(env: &Env, prefix: &str, n: usize) -> fixtures::Result<()> {
     env.cp
         .kubectl_stdin(&["apply", "-f", "-"], &manifests.join("---\n"))?;
     let ready = wait_for(TIMEOUT, &format!("{n} Pets Ready"), || {
-        let pets = env
-            .cp
-            .kubectl_json(&["get", "pets", "-n", "default"])
-            .ok()?;
-        let items = pets["items"].as_array()?;
-        let ready = items
+        let pets = crate::typed::pets(&env.cp, Some("default")).ok()?;
+        let ready = pets
             .iter()
-            .filter(|pet| fixtures::env::is_ready(pet))
+            .filter(|pet| crate::typed::is_ready(pet))
             .count();
         (ready == n).then_some(ready)
     })?;
@@ -479,8 +475,8 @@ fn a_deletion_that_cannot_tell_whether_the_installation_goes_deletes_nothing_and
     ])?;
     env.cp
         .kubectl(&["delete", "pet", "g-0", "-n", "default", "--wait=false"])?;
-    let said = env.wait_deleting("default", "g-0", TIMEOUT, |synced| {
-        synced["status"] == "False" && synced["reason"] == "ReconcileError"
+    let said = crate::typed::wait_deleting(&env.cp, "default", "g-0", TIMEOUT, |synced| {
+        synced.status == "False" && synced.reason == "ReconcileError"
     })?;
     assert!(
         said.contains("to tell whether the installation is being removed")

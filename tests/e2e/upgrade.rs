@@ -12,13 +12,16 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use fixtures::env::{OPERATOR_ACCOUNT, OPERATOR_NAMESPACE, is_ready};
+use fixtures::env::{OPERATOR_ACCOUNT, OPERATOR_NAMESPACE};
 use fixtures::petstore::grpcurl;
 use fixtures::previous_release::PreviousRelease;
 use fixtures::{
     ControlPlane, Operator, OperatorOptions, Process, cargo_bin, free_port, repo_root, wait_for,
 };
+use petstore_operator::crd::v1alpha1::Pet;
 use serde_json::Value;
+
+use crate::typed::status_is_ready;
 
 const NAMESPACE: &str = "herd";
 const PETS: usize = 500;
@@ -208,6 +211,17 @@ fn readable(pet: &Value) -> Value {
         status.remove("pendingPlan");
     }
     pet
+}
+
+/// A Pet read in v1alpha1 (the version both releases serve), typed for
+/// its status, which is the same in every version.
+fn typed_pet(key: &str, pet: &Value) -> Pet {
+    serde_json::from_value(pet.clone()).unwrap_or_else(|e| panic!("{key}: not a Pet: {e}"))
+}
+
+/// `status.id`, when set.
+fn status_id(pet: &Pet) -> Option<&str> {
+    pet.status.as_ref()?.id.as_deref()
 }
 
 /// A Pet as etcd holds it.
@@ -423,12 +437,18 @@ impl Snapshot {
             .collect();
         assert_eq!(keys.len(), expected_pets, "one record per UID key");
         for (key, pet) in &self.pets {
-            assert!(is_ready(pet), "{key} not Ready: {}", pet["status"]);
-            let id = pet["status"]["id"].as_str().unwrap_or_default();
+            let pet = typed_pet(key, pet);
+            assert!(
+                status_is_ready(pet.status.as_ref(), pet.metadata.generation),
+                "{key} not Ready: {:?}",
+                pet.status
+            );
+            let id = status_id(&pet).unwrap_or_default();
             let record = self.records.iter().find(|r| r["id"] == id);
             let record = record.unwrap_or_else(|| panic!("{key}: no record {id}"));
             assert_eq!(
-                record["idempotencyKey"], pet["metadata"]["uid"],
+                record["idempotencyKey"].as_str(),
+                pet.metadata.uid.as_deref(),
                 "{key}: record {id} is not keyed by the Pet's UID"
             );
         }
@@ -438,7 +458,9 @@ impl Snapshot {
     /// (`given`), or none (made before identities).
     fn assert_identities(&self, given: bool) {
         for (key, pet) in &self.pets {
-            let id = pet["status"]["id"].as_str().unwrap_or_default();
+            let id = status_id(&typed_pet(key, pet))
+                .unwrap_or_default()
+                .to_owned();
             let record = self.records.iter().find(|r| r["id"] == id);
             let identity = record.map(|r| r["identity"].as_str().unwrap_or_default());
             let namespace = pet["metadata"]["namespace"].as_str().unwrap_or_default();
@@ -550,7 +572,11 @@ fn create_pets(cp: &ControlPlane) -> fixtures::Result<()> {
 fn wait_all_ready(cp: &ControlPlane, count: usize) -> fixtures::Result<()> {
     wait_for(READY_TIMEOUT, &format!("{count} Pets Ready"), || {
         let pets = pets(cp).ok()?;
-        (pets.len() == count && pets.values().all(is_ready)).then_some(())
+        let ready = |(key, pet): (&String, &Value)| {
+            let pet = typed_pet(key, pet);
+            status_is_ready(pet.status.as_ref(), pet.metadata.generation)
+        };
+        (pets.len() == count && pets.iter().all(ready)).then_some(())
     })
 }
 
