@@ -237,7 +237,12 @@ fn every_stores_feed_is_followed_and_each_holds_only_its_own_pets() -> fixtures:
     );
     let fido = status_id(&fido);
     let fido_2 = wait_ready(cp, "team-b", "fido-2")?;
-    assert_eq!(fido_2["status"]["store"], "PetStore/default", "{fido_2}");
+    assert_eq!(
+        status_store(&fido_2),
+        Some("PetStore/default"),
+        "{}",
+        typed::shown(&fido_2)
+    );
     let fido_2 = status_id(&fido_2);
     wait_ready(cp, "team-c", "tom")?;
     // The watcher names a record B does not have (it is A's): held.
