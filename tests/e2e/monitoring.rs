@@ -379,6 +379,7 @@ fn scrapes_pass_promtool_and_hold_every_queried_metric() -> fixtures::Result<()>
             identity: "operator-monitoring".into(),
             poll_interval: "2s",
             backoff_max: "2s",
+            petstore_timeout: "2s",
             fault: None,
             log_filter: "info,petstore_operator=debug",
             extra_args: fixtures::env::webhook_args()?,

@@ -197,6 +197,7 @@ fn each_store_write_is_one_trace_across_operator_and_store() -> fixtures::Result
         // Short, so the drift below is found within a second or two.
         poll_interval: "1s",
         backoff_max: "2s",
+        petstore_timeout: "2s",
         fault: None,
         log_filter: "info,petstore_operator=debug",
         extra_args: fixtures::env::webhook_args()?,

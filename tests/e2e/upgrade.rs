@@ -660,6 +660,7 @@ fn upgrading_from_the_previous_release_and_back_writes_nothing_and_loses_nothing
         identity: "operator".into(),
         poll_interval: "2s",
         backoff_max: "2s",
+        petstore_timeout: "2s",
         fault: None,
         log_filter: "info",
         extra_args: Vec::new(),
