@@ -418,7 +418,7 @@ fn a_deletion_waiting_on_the_books_store_is_let_go_as_its_message_says() -> fixt
     for name in names {
         let what = "Synced StoreLacksExtensions";
         typed::wait_pet(cp, "default", name, POLICY_ACTIVE_TIMEOUT, what, |pet| {
-            (typed::condition(pet, "Synced")?.reason == "StoreLacksExtensions").then_some(())
+            (pet.condition("Synced")?.reason == "StoreLacksExtensions").then_some(())
         })?;
         cp.kubectl(&["delete", "pet", name, "-n", "default", "--wait=false"])?;
     }

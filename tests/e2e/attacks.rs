@@ -26,7 +26,7 @@ use petstore_proto::petstore as pb;
 use serde_json::{Value, json};
 use tonic::transport::Channel;
 
-use crate::typed::{self, condition, is_ready, wait_pet};
+use crate::typed::{self, is_ready, wait_pet};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -1140,7 +1140,7 @@ fn a_handed_over_record_stays_with_its_tenant_in_the_other_cluster() -> Result<(
         Duration::from_secs(90),
         what,
         |pet| {
-            condition(pet, "Synced")
+            pet.condition("Synced")
                 .is_some_and(|c| c.reason == "HandedOver")
                 .then_some(())
         },
@@ -1160,7 +1160,7 @@ fn a_handed_over_record_stays_with_its_tenant_in_the_other_cluster() -> Result<(
         Duration::from_secs(90),
         what,
         |pet| {
-            let ready = condition(pet, "Ready")?;
+            let ready = pet.condition("Ready")?;
             (ready.reason != "Reconciling" && ready.status != "Unknown")
                 .then(|| (created.elapsed(), ready.reason.clone()))
         },

@@ -10,7 +10,7 @@ use fixtures::{Env, Operator, Storage, wait_for};
 use petstore_operator::crd::{Pet, PlanStatus};
 use serde_json::{Value, json};
 
-use crate::typed::{self, condition};
+use crate::typed::{self};
 
 const PETS: usize = 40;
 /// Records the "restore" changes: more than the brake's minimum below.
@@ -26,7 +26,7 @@ fn name(i: usize) -> String {
 }
 
 fn synced_reason(pet: &Pet) -> String {
-    condition(pet, "Synced")
+    pet.condition("Synced")
         .map(|c| c.reason.clone())
         .unwrap_or_default()
 }
@@ -121,7 +121,9 @@ fn a_store_rewritten_at_once_is_not_written_back_until_each_plan_is_approved()
     let held: Vec<Pet> = (0..RESTORED)
         .map(|i| wait_held(&env, i, |pet| plan(pet).is_some()))
         .collect::<fixtures::Result<_>>()?;
-    let message = condition(&held[0], "Synced").map_or("", |c| c.message.as_str());
+    let message = held[0]
+        .condition("Synced")
+        .map_or("", |c| c.message.as_str());
     assert!(
         message.contains("drifted at once") && message.contains(APPROVE_PLAN),
         "the hold says why and how to let it: {message}"

@@ -6,7 +6,7 @@ use std::time::Duration;
 use fixtures::{Env, Storage, repo_root, wait_for};
 use serde_json::Value;
 
-use crate::typed::{self, condition};
+use crate::typed::{self};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -126,8 +126,8 @@ fn unreachable_store_is_reported_then_converges() -> fixtures::Result<()> {
     for name in ["pet-sample1", "pet-sample2"] {
         let what = "StoreUnavailable conditions";
         let message = typed::wait_pet(&env.cp, "default", name, TIMEOUT, what, |pet| {
-            let ready = condition(pet, "Ready")?;
-            let synced = condition(pet, "Synced")?;
+            let ready = pet.condition("Ready")?;
+            let synced = pet.condition("Synced")?;
             (ready.status == "False"
                 && ready.reason == "StoreUnavailable"
                 && synced.status == "False"

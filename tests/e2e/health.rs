@@ -28,7 +28,7 @@ use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchP
 use petstore_operator::crd::Pet;
 use serde_json::{Value, json};
 
-use crate::typed::{self, condition, wait_pet_served};
+use crate::typed::{self, wait_pet_served};
 
 const RACERS: usize = 10;
 const RACES: usize = 1_000;
@@ -59,13 +59,14 @@ async fn pets_api(env: &Env) -> Result<Api<DynamicObject>, Error> {
 fn finished(pet: &Pet) -> bool {
     let generation = pet.metadata.generation;
     typed::observed_generation(pet) == generation
-        && condition(pet, "Ready")
+        && pet
+            .condition("Ready")
             .is_some_and(|c| c.status == "True" && c.observed_generation == generation)
 }
 
 /// Reconciling=True because the store is down, for the current generation.
 fn reconciling(pet: &Pet) -> bool {
-    condition(pet, "Reconciling").is_some_and(|c| {
+    pet.condition("Reconciling").is_some_and(|c| {
         c.status == "True"
             && c.reason == "StoreUnavailable"
             && c.observed_generation == pet.metadata.generation
@@ -180,7 +181,9 @@ fn kstatus_says_current_only_once_the_operator_has_finished_the_generation() -> 
     for seen in &outage {
         let last = seen.last().ok_or("no read")?;
         assert!(
-            condition(&typed_of(last)?, "Reconciling").is_some_and(|c| c.status == "True"),
+            typed_of(last)?
+                .condition("Reconciling")
+                .is_some_and(|c| c.status == "True"),
             "Reconciling while the store is down: {last}"
         );
     }
@@ -188,7 +191,7 @@ fn kstatus_says_current_only_once_the_operator_has_finished_the_generation() -> 
     let what = "finished once the store is back";
     let back = wait_pet_served(&env.cp, "default", &names[0], TIMEOUT, what, finished)?;
     assert!(
-        condition(&typed_of(&back)?, "Reconciling").is_none(),
+        typed_of(&back)?.condition("Reconciling").is_none(),
         "{back}"
     );
     assert_eq!(kstatus(&[back])?[0].0, "Current");
@@ -199,7 +202,7 @@ fn kstatus_says_current_only_once_the_operator_has_finished_the_generation() -> 
 fn wait_synced(env: &Env, name: &str, reason: &str) -> fixtures::Result<Value> {
     let what = format!("Synced {reason}");
     wait_pet_served(&env.cp, "default", name, TIMEOUT, &what, |pet| {
-        condition(pet, "Synced").is_some_and(|c| c.reason == reason)
+        pet.condition("Synced").is_some_and(|c| c.reason == reason)
     })
 }
 
@@ -267,7 +270,9 @@ fn kstatus_reads_each_stalled_reason_as_failed() -> Result<(), Error> {
     })?;
     let mut stalled: Vec<(&str, Value)> = Vec::new();
     let refused = wait_synced(&env, "too-long", "InvalidSpec")?;
-    let message = condition(&typed_of(&refused)?, "Synced").map(|c| c.message.clone());
+    let message = typed_of(&refused)?
+        .condition("Synced")
+        .map(|c| c.message.clone());
     assert!(
         message.as_deref().is_some_and(|m| m.contains("name")),
         "the store's refusal names the field: {refused}"
@@ -285,7 +290,9 @@ fn kstatus_reads_each_stalled_reason_as_failed() -> Result<(), Error> {
     for ((reason, pet), (status, message)) in stalled.iter().zip(kstatus(&objects)?) {
         assert_eq!(status, "Failed", "{reason}: {message}: {pet}");
         assert!(
-            condition(&typed_of(pet)?, "Stalled").is_some_and(|c| c.reason == *reason),
+            typed_of(pet)?
+                .condition("Stalled")
+                .is_some_and(|c| c.reason == *reason),
             "{pet}"
         );
     }

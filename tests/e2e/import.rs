@@ -12,7 +12,7 @@ use fixtures::{Env, Storage, wait_for};
 use petstore_operator::crd::Pet;
 use serde_json::Value;
 
-use crate::typed::{self, condition, is_ready};
+use crate::typed::{self, is_ready};
 
 const RECORDS: usize = 1000;
 const TIMEOUT: Duration = Duration::from_secs(180);
@@ -127,7 +127,9 @@ fn imported_records_are_adopted_with_one_key_claim_each_and_nothing_else() -> fi
                 let plan = pet.status.as_ref().and_then(|s| s.plan.as_ref());
                 plan.and_then(|p| p.actions.first())
                     .is_some_and(|a| a.action == "claim")
-                    && condition(pet, "Synced").is_some_and(|c| c.reason == "RecordDiffers")
+                    && pet
+                        .condition("Synced")
+                        .is_some_and(|c| c.reason == "RecordDiffers")
             }))
         .then_some(())
     })?;
@@ -161,7 +163,8 @@ fn imported_records_are_adopted_with_one_key_claim_each_and_nothing_else() -> fi
             let held = pets
                 .iter()
                 .filter(|pet| {
-                    condition(pet, "Synced").is_some_and(|c| c.reason == "RecordOwnedElsewhere")
+                    pet.condition("Synced")
+                        .is_some_and(|c| c.reason == "RecordOwnedElsewhere")
                 })
                 .count();
             (ready == RECORDS - 1 && held == 1).then_some(())

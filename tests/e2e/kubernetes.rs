@@ -210,7 +210,7 @@ fn kubectl_wait_for_ready_waits_for_the_update_just_made() -> fixtures::Result<(
     env.rename("default", "rex", "Rexford")?;
     let pet = typed::pet(&env.cp, "default", "rex")?;
     let shown = typed::shown(&pet);
-    let ready = typed::condition(&pet, "Ready").expect("a Ready condition");
+    let ready = pet.condition("Ready").expect("a Ready condition");
     assert_eq!(ready.status, "True", "the previous generation's: {shown}");
     assert_eq!(ready.observed_generation, Some(1), "{shown}");
     let early = wait("5s");

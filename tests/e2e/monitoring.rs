@@ -414,7 +414,7 @@ fn scrapes_pass_promtool_and_hold_every_queried_metric() -> fixtures::Result<()>
     cp.rename_pet("pet-sample1", "Thorbert")?;
     let what = "Synced reason StoreUnavailable";
     typed::wait_pet(&cp, "default", "pet-sample1", TIMEOUT, what, |pet| {
-        (typed::condition(pet, "Synced")?.reason == "StoreUnavailable").then_some(())
+        (pet.condition("Synced")?.reason == "StoreUnavailable").then_some(())
     })?;
     let _store = start_store()?;
     let what = "Ready again";

@@ -14,7 +14,7 @@ use fixtures::{Env, Storage, wait_for};
 use petstore_operator::crd::{Condition, Pet};
 use serde_json::Value;
 
-use crate::typed::{self, condition, is_ready};
+use crate::typed::{self, is_ready};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 const EXTERNAL_ID: &str = "petstore.example.com/external-id";
@@ -81,7 +81,7 @@ fn set_status_id(env: &Env, name: &str, id: &str) -> fixtures::Result<String> {
 fn wait_synced_reason(env: &Env, name: &str, reason: &str) -> fixtures::Result<String> {
     let what = format!("Synced reason {reason}");
     typed::wait_pet(&env.cp, "default", name, TIMEOUT, &what, |pet| {
-        let synced = condition(pet, "Synced")?;
+        let synced = pet.condition("Synced")?;
         (synced.reason == reason).then(|| synced.message.clone())
     })
 }
@@ -241,8 +241,10 @@ fn records_are_adopted_explicitly_and_only_one_pet_wins_a_race() -> fixtures::Re
     let (winner, loser) = wait_for(TIMEOUT, "one winner, one loser", || {
         let left = typed::pet(&env.cp, "default", "left").ok()?;
         let right = typed::pet(&env.cp, "default", "right").ok()?;
-        let lost =
-            |p: &Pet| condition(p, "Synced").is_some_and(|c| c.reason == "RecordOwnedElsewhere");
+        let lost = |p: &Pet| {
+            p.condition("Synced")
+                .is_some_and(|c| c.reason == "RecordOwnedElsewhere")
+        };
         match (is_ready(&left), is_ready(&right)) {
             (true, false) if lost(&right) => Some(("left", "right")),
             (false, true) if lost(&left) => Some(("right", "left")),
@@ -388,7 +390,7 @@ fn a_store_without_the_extensions_is_named_and_orphan_lets_go() -> fixtures::Res
     );
     let pet = typed::pet(&env.cp, "default", "old")?;
     assert_eq!(
-        condition(&pet, "Ready").map(|c| c.reason.as_str()),
+        pet.condition("Ready").map(|c| c.reason.as_str()),
         Some("StoreLacksExtensions")
     );
     assert!(event_note(&env, "StoreLacksExtensions", "old").is_some());

@@ -19,7 +19,7 @@ use kube::api::Api;
 use petstore_operator::crd::{Pet, PlanStatus, PlannedChange};
 use serde_json::Value;
 
-use crate::typed::{self, condition};
+use crate::typed::{self};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 const APPROVE_PLAN: &str = "petstore.example.com/approve-plan";
@@ -144,7 +144,7 @@ fn plan_column(env: &Env, name: &str) -> fixtures::Result<String> {
 }
 
 fn reason(pet: &Pet, type_: &str) -> String {
-    condition(pet, type_)
+    pet.condition(type_)
         .map(|c| c.reason.clone())
         .unwrap_or_default()
 }

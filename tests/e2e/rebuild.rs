@@ -21,7 +21,7 @@ use fixtures::{ControlPlane, Env, Operator, Storage, wait_for};
 use petstore_operator::crd::Pet;
 use serde_json::Value;
 
-use crate::typed::{self, condition, is_ready};
+use crate::typed::{self, is_ready};
 
 const TIMEOUT: Duration = Duration::from_secs(90);
 const PETS: usize = 10;
@@ -312,7 +312,7 @@ fn two_clusters_on_one_store_never_write_each_others_records() -> fixtures::Resu
         .kubectl_stdin(&["apply", "-f", "-"], &shared("Green's"))?;
     let message = wait_for(TIMEOUT, "green's Pet held", || {
         let pets = pets(&green.cp).ok()?;
-        let synced = condition(pets.get("shared")?, "Synced")?;
+        let synced = pets.get("shared")?.condition("Synced")?;
         (synced.reason == "RecordOwnedElsewhere").then(|| synced.message.clone())
     })?;
     assert!(
@@ -447,7 +447,8 @@ fn blue_and_green(
         let pets = pets(&green.cp).ok()?;
         (pets.len() == PETS
             && pets.values().all(|pet| {
-                condition(pet, "Synced").is_some_and(|c| c.reason == "RecordOwnedElsewhere")
+                pet.condition("Synced")
+                    .is_some_and(|c| c.reason == "RecordOwnedElsewhere")
             }))
         .then_some(())
     })?;
@@ -524,7 +525,10 @@ fn assert_handed_over(
     wait_for(TIMEOUT, "blue's Pets HandedOver", || {
         let blue = pets(&env.cp).ok()?;
         blue.values()
-            .all(|pet| condition(pet, "Synced").is_some_and(|c| c.reason == "HandedOver"))
+            .all(|pet| {
+                pet.condition("Synced")
+                    .is_some_and(|c| c.reason == "HandedOver")
+            })
             .then_some(())
     })?;
     let before_delete = counts(env)?;
@@ -843,7 +847,9 @@ fn a_handover_survives_kill_9_of_green_in_the_middle_of_its_claims() -> fixtures
 /// The Synced reason of blue's Pet `name`.
 fn synced_reason(cp: &ControlPlane, name: &str) -> Option<String> {
     let pets = pets(cp).ok()?;
-    condition(pets.get(name)?, "Synced").map(|c| c.reason.clone())
+    pets.get(name)?
+        .condition("Synced")
+        .map(|c| c.reason.clone())
 }
 
 #[test]

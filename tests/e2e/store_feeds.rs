@@ -22,7 +22,7 @@ use fixtures::{ControlPlane, Env, Operator, PetStoreServer, Storage, wait_for};
 use petstore_operator::crd::Pet;
 use serde_json::Value;
 
-use crate::typed::{self, condition, is_ready};
+use crate::typed::{self, is_ready};
 
 const TIMEOUT: Duration = Duration::from_secs(90);
 /// Far longer than the story: a Pet's first poll is at least half of it
@@ -252,7 +252,7 @@ fn every_stores_feed_is_followed_and_each_holds_only_its_own_pets() -> fixtures:
         "watcher",
         TIMEOUT,
         "held RecordNotFound",
-        |pet| (condition(pet, "Ready")?.reason == "RecordNotFound").then_some(()),
+        |pet| (pet.condition("Ready")?.reason == "RecordNotFound").then_some(()),
     )?;
 
     // A and B are followed; C, which does not name the operator an

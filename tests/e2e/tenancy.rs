@@ -13,7 +13,7 @@ use fixtures::{ControlPlane, Env, PetStoreServer, Storage, TenancyFlags};
 use petstore_operator::crd::Pet;
 use serde_json::Value;
 
-use crate::typed::{self, condition, is_ready, wait_pet};
+use crate::typed::{self, is_ready, wait_pet};
 
 const TIMEOUT: Duration = Duration::from_secs(90);
 /// How soon a Pet that may not write must show why: the bound.
@@ -82,7 +82,7 @@ fn wait_reason(
 ) -> fixtures::Result<(Duration, String)> {
     let what = format!("held with {reason}");
     wait_pet(cp, namespace, name, TIMEOUT, &what, |pet| {
-        let ready = condition(pet, "Ready")?;
+        let ready = pet.condition("Ready")?;
         (ready.reason == reason).then(|| (since.elapsed(), ready.message.clone()))
     })
 }

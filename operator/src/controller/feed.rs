@@ -398,11 +398,9 @@ async fn follow_group(
     reconcile: UnboundedSender<ObjectRef<Pet>>,
     stop: CancellationToken,
 ) {
-    let own = group.lock().own;
     let mut follower = Follower {
         ctx,
         group,
-        own,
         client,
         cache,
         reconcile,
@@ -504,8 +502,6 @@ struct Follower {
     /// The store objects followed, and the feed's state: only their Pets
     /// are judged.
     group: Arc<Shared>,
-    /// The operator's own store, read as itself.
-    own: bool,
     /// Its client for the feed: the own store's, or one that carries the
     /// operator's observer token.
     client: Arc<dyn PetStore>,
@@ -540,7 +536,7 @@ async fn back_off(wait: &mut Duration) {
 impl Follower {
     /// Another store than the operator's own: read as its observer.
     fn reads_as_observer(&self) -> bool {
-        !self.own
+        !self.group.lock().own
     }
 
     fn state(&self) -> State {

@@ -212,9 +212,8 @@ fn close_reason(
 struct Open {
     generation: Option<i64>,
     base: GrpcPetStore,
-    /// The feed it reads.
+    /// The feed it reads, and the audience of its tokens.
     source: FeedSource,
-    audience: String,
     tenants: HashMap<String, Arc<dyn StoreClient>>,
     last_used: Instant,
 }
@@ -451,7 +450,7 @@ impl Stores {
                         let credentials = TenantCredentials::new(
                             Arc::clone(&self.minter),
                             namespace,
-                            &store.audience,
+                            &store.source.audience,
                         );
                         Arc::new(store.base.for_caller(Arc::new(credentials)))
                     });
@@ -515,7 +514,6 @@ impl Stores {
                 generation: endpoint.generation,
                 base,
                 source: source.clone(),
-                audience: endpoint.audience.clone(),
                 tenants: HashMap::from([(namespace.to_owned(), Arc::clone(&tenant))]),
                 last_used: Instant::now(),
             },
@@ -708,7 +706,6 @@ mod tests {
                     generation: Some(1),
                     base,
                     source: source.clone(),
-                    audience: "petstore".into(),
                     tenants: HashMap::new(),
                     last_used: Instant::now(),
                 },
