@@ -50,7 +50,7 @@ stop_dockerd() {
 }
 on_exit() {
   local pid
-  for pid in ${tools_pid:-} ${release_pid:-} ${images_pid:-} ${e2e_pid:-} ${long_pid:-}; do
+  for pid in ${tools_pid:-} ${release_pid:-} ${images_pid:-} ${e2e_pid:-} ${long_pid:-} ${unit_pid:-} ${tilt_pid:-}; do
     if kill -0 "$pid" 2>/dev/null; then stop_tools "$pid"; fi
   done
   stop_dockerd
@@ -263,8 +263,8 @@ export PETSTORE_BIN_DIR="${CARGO_TARGET_DIR:-$PWD/target}/debug"
 # they run four at a time. Beside them, at the same time, everything else:
 # unit tests with fakes and a mock API server, and the benchmarks' smoke run.
 # cargo holds its build lock only while it builds, so both commands run
-# their test binaries at once. The end-to-end lines are marked "e2e |".
-# The Tilt quick start on the one-node cluster runs in a phase of its own.
+# their test binaries at once. The end-to-end lines are marked "e2e |", the
+# Tilt quick start's (below) "tilt |".
 e2e_threads=${PETSTORE_E2E_THREADS:-4}
 # libtest starts a binary's tests in name order, and the longest stories
 # (the upgrade, the soaks, the import of 1,000 records) sort last: they ran
@@ -277,9 +277,12 @@ long_stories=(upgrade:: plans_soak:: chaos:: import::)
 # minute (p50 1.1 s against 40 ms alone). It runs after the rest, alone.
 alone_stories=(attacks::the_attack_matrix)
 run_tests() {
-  local e2e_log long_log status=0 skips=()
+  local e2e_log long_log unit_log tilt_log status=0 skips=()
+  tilt_pid=
   e2e_log=$(mktemp)
   long_log=$(mktemp)
+  unit_log=$(mktemp)
+  tilt_log=$(mktemp)
   for story in "${long_stories[@]}" "${alone_stories[@]}"; do skips+=(--skip "$story"); done
   # --workspace everywhere: the features of the whole workspace, so that
   # cargo reuses the build instead of compiling again for one package.
@@ -291,16 +294,44 @@ run_tests() {
      -- --skip tilt:: "${skips[@]}" --test-threads="$(( e2e_threads > 2 ? e2e_threads - 1 : 1 ))" 2>&1 \
      | tee "$e2e_log" | sed -u 's/^/e2e | /') &
   e2e_pid=$!
-  cargo test --locked --workspace --exclude e2e 2>&1 | tee "$test_log" || status=1
+  (set -o pipefail; cargo test --locked --workspace --exclude e2e 2>&1 | tee "$unit_log") &
+  unit_pid=$!
+  # The Tilt quick start on the one-node cluster, beside the rest once its
+  # tools and images are built (at once, warm): it waits on pods, images
+  # and Tilt much of its time, which ran alone at the end for 90 to 110 s.
+  if wait_for_tilt_tools; then
+    (set -o pipefail; run_tilt_test "$tilt_log" 2>&1 | sed -u 's/^/tilt | /') &
+    tilt_pid=$!
+  else
+    status=1
+  fi
+  wait "$unit_pid" || status=1
   wait "$e2e_pid" || status=1
   wait "$long_pid" || status=1
+  if [[ -n $tilt_pid ]]; then wait "$tilt_pid" || status=1; fi
   e2e_pid=
   long_pid=
-  cat "$e2e_log" "$long_log" >>"$test_log"
-  rm -f "$e2e_log" "$long_log"
+  unit_pid=
+  tilt_pid=
+  cat "$unit_log" "$e2e_log" "$long_log" "$tilt_log" >>"$test_log"
+  rm -f "$unit_log" "$e2e_log" "$long_log" "$tilt_log"
   return "$status"
 }
-phase "cargo test" run_tests
+# Builds both images (BuildKit caches persist in the engine's data root) and
+# runs the README's Tilt quick start against real pods; needs root.
+run_tilt_test() { # log
+  # --workspace, as above, so that cargo reuses the build instead of
+  # compiling for the feature set of one package.
+  cargo test --locked --workspace -- tilt:: --nocapture 2>&1 | tee "$1"
+}
+wait_for_tilt_tools() {
+  wait_for_lane tilt || return 1
+  wait "${lane_pids[tests]}" "${lane_pids[tilt]}"
+  rm -rf "$tools_dir"
+  [[ -n ${images_pid:-} ]] || return 0
+  wait_for_job "images for Tilt (low priority)" "$images_pid" "$images_dir"
+}
+phase "cargo test, and the Tilt quick start beside it" run_tests
 run_alone() {
   cargo test --locked --workspace --test e2e -- "${alone_stories[@]}" 2>&1 \
     | tee -a "$test_log" | sed -u 's/^/e2e | /'
@@ -314,22 +345,6 @@ wait_for_previous_release() {
   rm -rf "$release_dir"
 }
 phase "previous release (built during the tests)" wait_for_previous_release
-# Builds both images (BuildKit caches persist in the engine's data root) and
-# runs the README's Tilt quick start against real pods; needs root.
-run_tilt_test() {
-  # --workspace, as above, so that cargo reuses the build instead of
-  # compiling for the feature set of one package.
-  cargo test --locked --workspace -- tilt:: --nocapture 2>&1 | tee -a "$test_log"
-}
-wait_for_tilt_tools() {
-  wait_for_lane tilt || return 1
-  wait "${lane_pids[tests]}" "${lane_pids[tilt]}"
-  rm -rf "$tools_dir"
-  [[ -n ${images_pid:-} ]] || return 0
-  wait_for_job "images for Tilt (low priority)" "$images_pid" "$images_dir"
-}
-phase "one-node cluster, Tilt and images (rest of their build)" wait_for_tilt_tools
-phase "Tilt quick start on a one-node cluster" run_tilt_test
 # RBAC equal to use: the Roles and ClusterRoles config/ gives the operator
 # against every request its ServiceAccount made of every API server above,
 # from their audit logs. A verb granted and never used fails, and so does a

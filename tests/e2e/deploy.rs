@@ -207,9 +207,8 @@ fn assert_restricted_pod_security(cp: &ControlPlane, namespaces: &[&str]) -> fix
 
 #[test]
 fn operator_service_account_has_least_privilege() -> fixtures::Result<()> {
-    let cp = ControlPlane::start()?;
+    let cp = fixtures::env::start_installed(ControlPlane::builder())?;
     let config = repo_root().join("config");
-    fixtures::env::install_crd_and_rbac(&cp)?;
 
     // What it needs.
     for (verb, resource) in [

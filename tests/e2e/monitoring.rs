@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use fixtures::env::{OPERATOR_ACCOUNT, OPERATOR_NAMESPACE, install_crd_and_rbac};
+use fixtures::env::{OPERATOR_ACCOUNT, OPERATOR_NAMESPACE, start_installed};
 use fixtures::monitoring::{
     alert_names, dashboard_queries, missing_metrics, monitoring_dir, prometheus_rule_groups,
     promql_metric_names, rule_expressions, run_promtool, scrape, scraped_families,
@@ -339,8 +339,7 @@ fn kustomization_renders_every_object() -> fixtures::Result<()> {
 /// and hold every metric the alerts and the dashboard query.
 #[test]
 fn scrapes_pass_promtool_and_hold_every_queried_metric() -> fixtures::Result<()> {
-    let cp = ControlPlane::start()?;
-    install_crd_and_rbac(&cp)?;
+    let cp = start_installed(ControlPlane::builder())?;
     let kubeconfig = cp.service_account_kubeconfig(OPERATOR_NAMESPACE, OPERATOR_ACCOUNT)?;
 
     let store_addr = format!("127.0.0.1:{}", free_port()?);

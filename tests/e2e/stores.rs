@@ -112,8 +112,7 @@ fn assert_refused(case: &str, result: fixtures::Result<String>, fragments: &[&st
 #[test]
 fn store_ref_is_fixed_once_the_pet_has_a_record_and_stores_are_validated() -> fixtures::Result<()> {
     // No operator: the test writes status.id itself, as the operator would.
-    let cp = ControlPlane::start()?;
-    fixtures::env::install_crd_and_rbac(&cp)?;
+    let cp = fixtures::env::start_installed(ControlPlane::builder())?;
     let ns = "default";
 
     // Before the record: storeRef may be set, changed and removed.

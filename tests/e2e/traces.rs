@@ -8,7 +8,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use fixtures::env::{OPERATOR_ACCOUNT, OPERATOR_NAMESPACE, install_crd_and_rbac};
+use fixtures::env::{OPERATOR_ACCOUNT, OPERATOR_NAMESPACE, start_installed};
 use fixtures::trace_receiver::{Trace, TraceReceiver, TracedPetStore};
 use fixtures::{ControlPlane, Kubectl, Operator, OperatorOptions, wait_for};
 use serde_json::Value;
@@ -181,8 +181,7 @@ fn store_calls(metrics: &str, method: &str) -> f64 {
 
 #[test]
 fn each_store_write_is_one_trace_across_operator_and_store() -> fixtures::Result<()> {
-    let cp = ControlPlane::start()?;
-    install_crd_and_rbac(&cp)?;
+    let cp = start_installed(ControlPlane::builder())?;
     let kubeconfig = cp.service_account_kubeconfig(OPERATOR_NAMESPACE, OPERATOR_ACCOUNT)?;
     let receiver = TraceReceiver::start(cp.dir())?;
     // `never` is the default: the store traces only calls whose caller
