@@ -162,7 +162,7 @@ build_previous_release() {
 build_previous_release &
 release_pid=$!
 # The images lane, at a low priority from the start, as root only (the
-# Tilt phase needs root anyway): the Docker engine (Debian's docker.io,
+# Tilt story needs root anyway): the Docker engine (Debian's docker.io,
 # installed and started when none answers; started at nice 15, so its
 # builds are too), the Dockerfile's base images, and both images
 # built as Tilt builds them. tilt ci then finds BuildKit's layers and cargo
