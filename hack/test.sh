@@ -22,12 +22,24 @@ test_log=$(mktemp)
 # operator's requests from its audit log here, for the last phase.
 PETSTORE_AUDIT_DIR=$(mktemp -d)
 export PETSTORE_AUDIT_DIR
+# And one line a control plane of what it cost (tests/fixtures/src/cost.rs),
+# for the summary: which stories the API servers' CPU goes to.
+PETSTORE_COST_FILE=$(mktemp)
+export PETSTORE_COST_FILE
 summary() {
   printf '\n==> phase durations\n'
   for i in "${!phase_names[@]}"; do
     printf '  %-40s %5ss\n' "${phase_names[$i]}" "${phase_seconds[$i]}"
   done
   printf '  %-40s %5ss\n' "total" "$SECONDS"
+  if [[ -s $PETSTORE_COST_FILE ]]; then
+    printf '\n==> the stories whose API servers used the most CPU\n'
+    awk -F'\t' '{ cpu[$1] += $4; planes[$1]++; all += $4; n++ }
+      END { printf "  %d control planes, their API servers %.0f CPU-seconds; the 10 stories that used most (CPU-seconds, control planes, story):\n", n, all
+            for (s in cpu) printf "  %7.1f  %d  %s\n", cpu[s], planes[s], s }' "$PETSTORE_COST_FILE" \
+      | { IFS= read -r head; echo "$head"; sort -rn | head -10; }
+  fi
+  rm -f "$PETSTORE_COST_FILE"
   # One closing line for every test binary together (cargo ends on doc-tests).
   awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed/) p += $(i-1); if ($i ~ /^failed/) f += $(i-1) } }
        END { printf "\ntests: %d passed, %d failed\n", p, f }' "$test_log"
