@@ -30,7 +30,7 @@ use std::time::Duration;
 use fixtures::env::{
     OPERATOR_ACCOUNT, OPERATOR_NAMESPACE, install_crd_and_rbac, install_crd_guard, pet_manifest,
 };
-use fixtures::{Env, Operator, Storage, wait_for, wait_for_every};
+use fixtures::{Env, Operator, Storage, wait_for};
 use serde_json::Value;
 
 const PETS: usize = 200;
@@ -39,9 +39,6 @@ const CONFIRM: &str = "petstore.example.com/confirm-delete-pets";
 const PROTECTED: &str = "petstore.example.com/protected";
 const GUARD: &str = "validatingwebhookconfiguration/petstore-operator-crd-guard";
 const TIMEOUT: Duration = Duration::from_secs(120);
-/// How often a wait lists all the Pets: each list of hundreds costs the
-/// API server CPU the whole suite shares.
-const LIST_POLL: Duration = Duration::from_secs(1);
 /// The Secret holding the webhook's certificates, in the operator's
 /// namespace: an operator cannot start without it.
 const WEBHOOK_SECRET: &str = "petstore-operator-webhook-tls";
@@ -63,7 +60,7 @@ fn ready_pets(env: &Env, prefix: &str, n: usize) -> fixtures::Result<()> {
         .collect();
     env.cp
         .kubectl_stdin(&["apply", "-f", "-"], &manifests.join("---\n"))?;
-    let ready = wait_for_every(LIST_POLL, TIMEOUT, &format!("{n} Pets Ready"), || {
+    let ready = wait_for(TIMEOUT, &format!("{n} Pets Ready"), || {
         let pets = crate::typed::pets(&env.cp, Some("default")).ok()?;
         let ready = pets
             .iter()
