@@ -992,18 +992,28 @@ async fn caught_up(
 ) -> Result<(BTreeMap<String, u64>, Option<Duration>)> {
     let started = Instant::now();
     let mut lease_wait = None;
+    let mut done = None;
     loop {
         // Metrics appear once the process is up; counts start at zero.
         if let Ok(metrics) = operator.metrics() {
             if lease_wait.is_none() && is_leader(&metrics) {
                 lease_wait = Some(started.elapsed());
             }
-            if reconciles_done(&metrics) >= expected {
+            let finished = reconciles_done(&metrics);
+            if finished >= expected {
                 return Ok((store_calls(&metrics), lease_wait));
             }
+            done = Some(finished);
         }
         if started.elapsed() > timeout {
-            return Err(Error::Timeout(timeout, "the operator to catch up".into()));
+            return Err(Error::Timeout(
+                timeout,
+                format!(
+                    "the operator to catch up: {} of {expected} reconciles finished, leader after {lease_wait:?}; its log:\n{}",
+                    done.map_or_else(|| "no metrics, so none".to_owned(), |n| n.to_string()),
+                    operator.log_tail(60)
+                ),
+            ));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -46,6 +46,15 @@ pub enum AppError {
     #[error(transparent)]
     WebhookListen(ServerError),
 
+    /// Without it the probes fail and nothing can see the operator: it stops
+    /// rather than run unobserved.
+    #[error("cannot listen for metrics and health probes on {addr} (--metrics-addr): {source}")]
+    MetricsListen {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+
     #[error("cannot build a Kubernetes client (check KUBECONFIG): {0}")]
     KubeClient(#[source] kube::Error),
 
@@ -105,10 +114,16 @@ pub async fn run(args: Args, fault: Option<Fault>) -> Result<ExitCode, AppError>
     });
     let shutdown = shutdown_on_signal();
     let metrics = Arc::new(Metrics::default());
-    let (webhook_listener, client) = connect(&args).await?;
-    let webhook_server = serve_webhook(&args, &client, webhook_listener, &shutdown).await?;
+    let (
+        Listeners {
+            webhook,
+            metrics: metrics_listener,
+        },
+        client,
+    ) = connect(&args).await?;
+    let webhook_server = serve_webhook(&args, &client, webhook, &shutdown).await?;
     wait_for_pets(&client).await?;
-    let metrics_server = serve_metrics(&args, &metrics, &shutdown);
+    let metrics_server = serve_metrics(metrics_listener, &metrics, &shutdown);
     if let Some(target) = &args.publish_token_issuer {
         tokio::spawn(crate::stores::issuer::keep_published(
             client.clone(),
@@ -124,16 +139,34 @@ pub async fn run(args: Args, fault: Option<Fault>) -> Result<ExitCode, AppError>
     Ok(exit)
 }
 
-/// The webhook's port, then the Kubernetes client. The port first: a taken
-/// webhook port stops the operator before it does anything.
-async fn connect(args: &Args) -> Result<(TcpListener, kube::Client), AppError> {
-    let webhook_listener = server::bind(args.webhook_listen)
+/// The ports the operator serves on, bound before anything else.
+struct Listeners {
+    webhook: TcpListener,
+    metrics: TcpListener,
+}
+
+/// The webhook's and the metrics' ports, then the Kubernetes client. The
+/// ports first: a taken port stops the operator before it does anything.
+async fn connect(args: &Args) -> Result<(Listeners, kube::Client), AppError> {
+    let webhook = server::bind(args.webhook_listen)
         .await
         .map_err(AppError::WebhookListen)?;
+    let metrics = TcpListener::bind(args.metrics_addr)
+        .await
+        .map_err(|source| AppError::MetricsListen {
+            addr: args.metrics_addr,
+            source,
+        })?;
+    let bound = |listener: &TcpListener| listener.local_addr().map(|addr| addr.to_string());
+    tracing::info!(
+        webhook = %bound(&webhook).unwrap_or_default(),
+        metrics = %bound(&metrics).unwrap_or_default(),
+        "listening"
+    );
     let client = kube::Client::try_default()
         .await
         .map_err(AppError::KubeClient)?;
-    Ok((webhook_listener, client))
+    Ok((Listeners { webhook, metrics }, client))
 }
 
 /// The conversion webhook, on every replica and before leader election:
@@ -276,12 +309,12 @@ fn conversion_failed(err: &kube::Error) -> bool {
 /// `/metrics`, `/healthz` and `/readyz`, ready at once: the Kubernetes
 /// client works by now. Returns the server's task.
 fn serve_metrics(
-    args: &Args,
+    listener: TcpListener,
     metrics: &Arc<Metrics>,
     shutdown: &CancellationToken,
 ) -> JoinHandle<std::io::Result<()>> {
     let metrics_server = tokio::spawn(metrics::serve(
-        args.metrics_addr,
+        listener,
         Arc::clone(metrics),
         shutdown.clone().cancelled_owned(),
     ));

@@ -1,7 +1,6 @@
 //! Prometheus metrics and the HTTP endpoints `/metrics`, `/healthz` and
 //! `/readyz`.
 
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -447,9 +446,10 @@ async fn readyz(State(metrics): State<Arc<Metrics>>) -> StatusCode {
     }
 }
 
-/// Serves `/metrics`, `/healthz` and `/readyz` until `shutdown` resolves.
+/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until
+/// `shutdown` resolves.
 pub async fn serve(
-    addr: SocketAddr,
+    listener: tokio::net::TcpListener,
     metrics: Arc<Metrics>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
@@ -458,7 +458,6 @@ pub async fn serve(
         .route("/readyz", get(readyz))
         .with_state(Arc::clone(&metrics));
     let app = petstore_telemetry::metrics_router(metrics).merge(probes);
-    let listener = tokio::net::TcpListener::bind(addr).await?;
     petstore_telemetry::serve_http(listener, app, "metrics and health", shutdown).await
 }
 

@@ -823,9 +823,12 @@ fn a_thousand_random_steps_write_only_what_was_decided_or_approved() -> Result<(
             .collect();
         let want: Vec<i64> = expected.by_method().iter().map(|n| *n as i64).collect();
         assert_eq!(
-            made, want,
-            "step {step} ({what:?}): the operator's store writes by RPC (AddPets, UpdatePets, DeletePets, SetIdempotencyKeys) were {made:?}, the model decided or approved {expected:?}; the store's write calls so far by method {by_method:?} (before: {:?}); slots: {:?}",
-            soak.last_by_method, soak.slots
+            made,
+            want,
+            "step {step} ({what:?}): the operator's store writes by RPC (AddPets, UpdatePets, DeletePets, SetIdempotencyKeys) were {made:?}, the model decided or approved {expected:?}; the store's write calls so far by method {by_method:?} (before: {:?}); slots: {:?}\nthe operator's log:\n{}",
+            soak.last_by_method,
+            soak.slots,
+            soak.operator.log_tail(80)
         );
         soak.last_by_method = by_method;
         operator_writes += expected.total();

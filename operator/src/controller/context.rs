@@ -23,6 +23,11 @@ use crate::store::PetStore;
 use crate::stores::{StoreId, Stores};
 use crate::{Error, Fault};
 
+/// A status write's watch event later than this is not waited for: the Pet
+/// is synced again (idempotent) rather than left unpolled if the watch lost
+/// the event.
+const LATE_ECHO_LIMIT: Duration = Duration::from_secs(60);
+
 /// Pets reconciled at once unless told otherwise. A reconcile spends part
 /// of its time waiting on the store (its create gathers for
 /// `--create-batch-wait`, then the store fsyncs), not on the API server, so
@@ -154,13 +159,18 @@ impl Context {
     /// A status naming another record than the one synced (a restore
     /// tool's, say) is not that write's echo.
     /// An annotation edit since (an external-id added, say) is not an echo.
+    /// The very copy the sync was decided from is stale however long ago:
+    /// under load a watch event came more than a second late (the tests'
+    /// poll is 2 s), and the stale copy's create was sent again.
     fn recently_synced(&self, pet: &Pet, facts: &Facts) -> Option<Duration> {
         let uid = &facts.uid;
         let synced = self.memory.synced(uid)?;
-        (synced.generation == facts.generation.and_then(std::num::NonZeroI64::new)
-            && synced.intent == facts.intent()
-            && synced.explains(facts.status_id.as_deref())
-            && synced.at.elapsed() < self.settings.poll_interval / 2)
+        let same_intent = synced.generation == facts.generation.and_then(std::num::NonZeroI64::new)
+            && synced.intent == facts.intent();
+        let echo_due = synced.explains(facts.status_id.as_deref())
+            && synced.at.elapsed() < self.settings.poll_interval / 2;
+        let stale_copy = synced.decided_from(pet) && synced.at.elapsed() < LATE_ECHO_LIMIT;
+        (same_intent && (echo_due || stale_copy))
             .then(|| self.poll_delay(store_of(pet).as_ref(), uid))
     }
 

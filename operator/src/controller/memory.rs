@@ -153,22 +153,48 @@ pub struct Synced {
     /// (external-id, say) changes it without a new generation.
     pub intent: u64,
     pub at: Moment,
+    /// A hash of the resourceVersion of the copy synced from, once the
+    /// status write replaced it (0 until then, and if it had none): that
+    /// copy, seen again, is stale however late its echo comes.
+    pub from_version: u64,
     /// A hash of the record ID the status was given: a status that names
     /// another record is not that write's echo.
-    pub id: u64,
+    pub id: u32,
     /// A hash of the ID the status named before the write: the cache may
     /// still show that copy (after a create, no ID at all), and it is stale,
     /// not a change.
-    pub previous_id: u64,
+    pub previous_id: u32,
 }
 
 impl Synced {
     /// Whether a copy whose status names `status_id` is this write's echo
     /// or the stale copy it replaced, and not someone else's change.
     pub fn explains(&self, status_id: Option<&str>) -> bool {
-        let seen = id_hash(status_id);
+        let seen = short_hash(status_id);
         seen == self.id || seen == self.previous_id
     }
+
+    /// Whether `pet` is the very copy this sync was decided from, which the
+    /// watch cache still holds until the status write's event arrives: a
+    /// slow watch (an API server short of CPU) delivers it seconds late.
+    pub fn decided_from(&self, pet: &Pet) -> bool {
+        self.from_version != 0 && self.from_version == version_hash(pet)
+    }
+}
+
+/// The hash [`Synced::from_version`] holds.
+fn version_hash(pet: &Pet) -> u64 {
+    pet.metadata
+        .resource_version
+        .as_deref()
+        .map_or(0, |version| id_hash(Some(version)).max(1))
+}
+
+/// Four bytes of [`id_hash`]: what [`Synced`] keeps of an ID (one Pet's
+/// status ID told from another's, not from every ID there is).
+fn short_hash(id: Option<&str>) -> u32 {
+    let hash = id_hash(id);
+    (hash ^ (hash >> 32)) as u32
 }
 
 /// The hash [`Synced::id`] holds: eight bytes per Pet, not the ID.
@@ -212,7 +238,7 @@ impl Memory {
         (generation, intent): (Option<i64>, u64),
         id: &str,
     ) -> Option<Duration> {
-        let previous_id = id_hash(pet.status_id());
+        let previous_id = short_hash(pet.status_id());
         let mut waited = None;
         self.update(pet, uid, |remembered| {
             waited = remembered.not_ready_since.take().map(Moment::elapsed);
@@ -231,11 +257,25 @@ impl Memory {
                 generation: generation.and_then(NonZeroI64::new),
                 intent,
                 at: Moment::now(),
-                id: id_hash(Some(id)),
+                from_version: 0,
+                id: short_hash(Some(id)),
                 previous_id,
             });
         });
         waited
+    }
+
+    /// The status write of the sync just remembered ([`Memory::in_sync`])
+    /// replaced `pet`, the copy it was decided from: that copy is stale from
+    /// now on ([`Synced::decided_from`]). Not for a write that changed
+    /// nothing, which leaves the copy current.
+    pub fn status_replaced(&self, pet: &Pet, uid: &str) {
+        let from_version = version_hash(pet);
+        self.update(pet, uid, |remembered| {
+            if let Some(synced) = &mut remembered.synced {
+                synced.from_version = from_version;
+            }
+        });
     }
 
     /// A watch event asks to reconcile the Pet: it is due now, and if it

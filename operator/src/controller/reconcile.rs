@@ -616,7 +616,7 @@ impl<'a> Reconcile<'a> {
     ) -> Result<(), Error> {
         let outcome = sync.outcome(id);
         let plan = PlanUpdate::Clear { applied: approved };
-        self.write_status(Some(id), &outcome, &plan).await?;
+        let written = self.write_status(Some(id), &outcome, &plan).await?;
         // A warning (a misspelled annotation) can be shown although the
         // record is in line; any other is told by the story's Event.
         self.show(&outcome, sync.warning.is_some());
@@ -625,6 +625,9 @@ impl<'a> Reconcile<'a> {
             .ctx
             .memory
             .in_sync(&self.pet, &self.facts.uid, synced_as, id);
+        if written.is_some_and(|version| Some(version) != self.pet.metadata.resource_version) {
+            self.ctx.memory.status_replaced(&self.pet, &self.facts.uid);
+        }
         if let Some(waited) = waited {
             self.ctx.metrics.became_ready(waited);
         }
@@ -700,7 +703,7 @@ impl<'a> Reconcile<'a> {
         id: Option<&str>,
         outcome: &Outcome,
         plan: &PlanUpdate,
-    ) -> Result<(), Error> {
+    ) -> Result<Option<String>, Error> {
         status_write::write(&self.ctx.client, &self.pet, id, outcome, plan)
             .instrument(petstore_telemetry::span(|| info_span!("kube.patch_status")))
             .await

@@ -14,20 +14,23 @@ use crate::status::{Outcome, PlanUpdate, next_status};
 /// patch without a resourceVersion never conflicts (the API server applies
 /// it to whatever is current), so there is nothing to re-read and retry,
 /// and the operator needs no `get` or `update` on the status.
+///
+/// Returns the resourceVersion the write gave the Pet, if it wrote and the
+/// reply named one; `None` when the Pet already showed it all.
 pub async fn write(
     client: &Client,
     pet: &Pet,
     id: Option<&str>,
     outcome: &Outcome,
     plan: &PlanUpdate,
-) -> Result<(), Error> {
+) -> Result<Option<String>, Error> {
     let name = pet.name_any();
     let current = pet.status.as_ref();
     let now = Utc::now();
     let mut next = next_status(current, pet.metadata.generation, id, outcome, now);
     plan.apply_to(&mut next, now);
     if current == Some(&next) {
-        return Ok(());
+        return Ok(None);
     }
     // Only a plan the Pet shows needs removing: most writes send none.
     let clear_plan = matches!(plan, PlanUpdate::Clear { .. })
@@ -37,16 +40,17 @@ pub async fn write(
         .map_err(|source| Error::WriteStatus { name, source })
 }
 
-/// Merge-patches the Pet's status. The reply (the whole Pet, managedFields
-/// and all) is not decoded: nothing reads it, and the watch brings the same
-/// object to the cache anyway. Errors, a 409 among them, are kube's as usual.
+/// Merge-patches the Pet's status; returns the resourceVersion the reply
+/// names. Only that is decoded from the reply (the whole Pet, managedFields
+/// and all): the watch brings the same object to the cache anyway. Errors,
+/// a 409 among them, are kube's as usual.
 async fn patch(
     client: &Client,
     pet: &Pet,
     name: &str,
     status: &PetStatus,
     clear_plan: bool,
-) -> Result<(), kube::Error> {
+) -> Result<Option<String>, kube::Error> {
     let mut body = serde_json::json!({ "status": status });
     // The Plan column's field follows the plan in the same write.
     if let Some(plan) = &status.plan {
@@ -61,7 +65,24 @@ async fn patch(
     let request = kube::core::Request::new(Pet::url_path(&(), pet.namespace().as_deref()))
         .patch_subresource("status", name, &PatchParams::default(), &patch)
         .map_err(kube::Error::BuildRequest)?;
-    client.request_text(request).await.map(drop)
+    let reply = client.request_text(request).await?;
+    Ok(resource_version_of(&reply))
+}
+
+/// `metadata.resourceVersion` of an object's JSON, without decoding the rest.
+fn resource_version_of(reply: &str) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Reply {
+        metadata: Metadata,
+    }
+    #[derive(serde::Deserialize)]
+    struct Metadata {
+        #[serde(rename = "resourceVersion")]
+        resource_version: Option<String>,
+    }
+    serde_json::from_str::<Reply>(reply)
+        .ok()
+        .and_then(|reply| reply.metadata.resource_version)
 }
 
 /// Writes `status.store` alone: the store a Pet's record is about to be
@@ -73,4 +94,17 @@ pub async fn pin_store(api: &Api<Pet>, pet: &Pet, store: Option<&str>) -> Result
     api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
         .await
         .map_err(|source| Error::WriteStatus { name, source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::resource_version_of;
+
+    #[test]
+    fn the_reply_gives_its_resource_version_and_nothing_else_is_needed() {
+        let reply = r#"{"apiVersion":"petstore.example.com/v1","kind":"Pet","metadata":{"name":"thor","resourceVersion":"4711","managedFields":[{"manager":"x"}]},"spec":{"name":"Thor"},"status":{"id":"r-1"}}"#;
+        assert_eq!(resource_version_of(reply).as_deref(), Some("4711"));
+        assert_eq!(resource_version_of(r#"{"metadata":{}}"#), None);
+        assert_eq!(resource_version_of("not json"), None);
+    }
 }

@@ -1021,6 +1021,42 @@ async fn the_watch_events_of_our_own_writes_are_not_reconciled_again() {
 }
 
 #[tokio::test]
+async fn the_copy_a_sync_was_decided_from_is_stale_however_late_its_echo_comes() {
+    // No time for an echo at all: only the copy itself can say it is stale.
+    let h = harness_with(Settings {
+        poll_interval: Duration::ZERO,
+        ..Settings::default()
+    });
+    let pet = Pet::test().finalized().with_resource_version("41");
+    h.expect_status_write(&pet.clone().with_resource_version("42"));
+    h.reconcile(&pet).await.expect("create");
+    assert!(
+        !h.ctx.needs_reconcile(&pet),
+        "the copy the create was decided from, its status write's event not yet come"
+    );
+    assert!(
+        h.ctx
+            .needs_reconcile(&pet.clone().with_resource_version("43")),
+        "another copy without the ID, the echo's time over: someone's change"
+    );
+
+    // A sync that wrote nothing leaves its copy current: polled again.
+    let synced = h.api.status_patches().pop().expect("status");
+    let current = Pet::test()
+        .finalized()
+        .with_status(synced)
+        .with_resource_version("42");
+    h.reconcile(&current)
+        .await
+        .expect("in sync, nothing written");
+    assert!(
+        h.ctx.needs_reconcile(&current),
+        "the next poll reads the store"
+    );
+    h.verify(&["Created"]);
+}
+
+#[tokio::test]
 async fn a_misspelled_deletion_policy_on_a_live_pet_is_shown_while_the_record_is_kept_in_line() {
     let (h, id) = harness_with_record(PetData::named("Drifted"));
     let pet = Pet::test()
