@@ -34,6 +34,7 @@ use crate::store::budget::CallBudget;
 use crate::store::grpc::TlsFiles;
 use crate::store::grpc::{ConnectError, GrpcPetStore};
 use crate::stores::{ClientSettings, Stores};
+use crate::webhook::cert_files::{self, CertFileError, CertFiles};
 use crate::webhook::certs::{self, WebhookError, WebhookTarget};
 use crate::webhook::server::{self, ServerError, ServingCertificate};
 use crate::webhook::{guard, store_guard};
@@ -60,6 +61,10 @@ pub enum AppError {
 
     #[error("cannot set up the webhook's certificates: {0}")]
     WebhookCertificates(#[source] CertError),
+
+    /// `--webhook-cert-dir`'s files cannot be read, loaded or watched.
+    #[error("cannot serve the webhook from --webhook-cert-dir: {0}")]
+    WebhookCertificateFiles(#[source] CertFileError),
 
     #[error("cannot set up the store channel's certificates (--store-certificates): {0}")]
     StoreCertificates(#[source] CertError),
@@ -186,6 +191,33 @@ async fn serve_webhook(
 ) -> Result<JoinHandle<Result<(), ServerError>>, AppError> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &args.lease_namespace);
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let guards: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    let target = match &args.webhook_url {
+        Some(url) => WebhookTarget::Url(url.clone()),
+        None => WebhookTarget::Service {
+            namespace: args.lease_namespace.clone(),
+        },
+    };
+    if let Some(dir) = &args.webhook_cert_dir {
+        let files = CertFiles::new(dir);
+        let (served, serving) = files.load().map_err(AppError::WebhookCertificateFiles)?;
+        let watching = files
+            .start_watching()
+            .map_err(AppError::WebhookCertificateFiles)?;
+        let serving = Arc::new(serving);
+        let webhook_server = spawn_webhook(client, listener, Arc::clone(&serving), shutdown);
+        cert_files::point_at_if_ca(&served, (&crds, &guards, &target)).await;
+        tracing::info!(listen = %args.webhook_listen, ?target, dir = %dir.display(), "conversion webhook serving, its certificate from files");
+        tokio::spawn(cert_files::follow(
+            files,
+            watching,
+            serving,
+            (crds, guards, target),
+            served,
+            shutdown.clone(),
+        ));
+        return Ok(webhook_server);
+    }
     let names = certs::serving_names(&args.lease_namespace);
     let webhook_certs = certs::ensure_secret(&secrets, &names, certs::unix_now())
         .await
@@ -194,29 +226,11 @@ async fn serve_webhook(
         ServingCertificate::from_pem(&webhook_certs.cert, &webhook_certs.key)
             .map_err(AppError::ServingCertificate)?,
     );
-    let counted: Api<Pet> = Api::all(client.clone());
-    let count_pets: server::CountPets = Arc::new(move || Box::pin(guard::count(counted.clone())));
-    let listing = client.clone();
-    let store_pets: server::StorePets =
-        Arc::new(move |store| Box::pin(store_guard::list_pets(listing.clone(), store)));
-    let webhook_server = tokio::spawn(server::serve(
-        listener,
-        Arc::clone(&serving),
-        count_pets,
-        store_pets,
-        shutdown.clone().cancelled_owned(),
-    ));
-    let target = match &args.webhook_url {
-        Some(url) => WebhookTarget::Url(url.clone()),
-        None => WebhookTarget::Service {
-            namespace: args.lease_namespace.clone(),
-        },
-    };
+    let webhook_server = spawn_webhook(client, listener, Arc::clone(&serving), shutdown);
     certs::inject_ca_bundle(&crds, &webhook_certs.ca_cert, Some(&target))
         .await
         .map_err(AppError::ConversionWebhook)?;
     tracing::info!(listen = %args.webhook_listen, ?target, "conversion webhook serving");
-    let guards: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
     for guard in certs::GUARDS {
         if let Err(err) = certs::inject_guard(&guards, guard, &webhook_certs.ca_cert, &target).await
         {
@@ -234,6 +248,28 @@ async fn serve_webhook(
         shutdown.clone(),
     ));
     Ok(webhook_server)
+}
+
+/// The webhook's server on `listener`, presenting `serving`: its routes
+/// count Pets (the CRD guard) and list a store's (the store guard).
+fn spawn_webhook(
+    client: &kube::Client,
+    listener: TcpListener,
+    serving: Arc<ServingCertificate>,
+    shutdown: &CancellationToken,
+) -> JoinHandle<Result<(), ServerError>> {
+    let counted: Api<Pet> = Api::all(client.clone());
+    let count_pets: server::CountPets = Arc::new(move || Box::pin(guard::count(counted.clone())));
+    let listing = client.clone();
+    let store_pets: server::StorePets =
+        Arc::new(move |store| Box::pin(store_guard::list_pets(listing.clone(), store)));
+    tokio::spawn(server::serve(
+        listener,
+        serving,
+        count_pets,
+        store_pets,
+        shutdown.clone().cancelled_owned(),
+    ))
 }
 
 /// The store channel's TLS files: the flags', or with

@@ -205,6 +205,14 @@ pub struct Args {
     #[arg(long, env = "WEBHOOK_URL", value_parser = parse_webhook_url)]
     pub webhook_url: Option<String>,
 
+    /// Serve the webhook with the certificate in this directory (tls.crt,
+    /// tls.key; a cert-manager Certificate's Secret, mounted), followed
+    /// as the files change, instead of the Secret the operator makes. A
+    /// ca.crt there goes into the CRD's and the deletion guards'
+    /// caBundle; without one, they are left to cert-manager's CA injector.
+    #[arg(long, env = "WEBHOOK_CERT_DIR")]
+    pub webhook_cert_dir: Option<std::path::PathBuf>,
+
     /// Elect a leader through a Lease so only one replica reconciles.
     /// Turn off for a single local process.
     #[arg(long, env = "LEADER_ELECTION", default_value_t = true, action = ArgAction::Set)]

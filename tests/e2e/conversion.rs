@@ -3,13 +3,20 @@
 //! exactly as written, `kubectl get pets` (v1) shows the calendar date,
 //! kubectl prints the deprecation warning, the Pets become Ready with the
 //! right store records, and replicas starting at once share one Secret, so
-//! that the one that did not create it converts with the writer gone.
+//! that the one that did not create it converts with the writer gone; or,
+//! with `--webhook-cert-dir`, the webhook serves cert-manager's files and
+//! follows them as they change.
 
 use std::process::Command;
 use std::time::Duration;
 
-use fixtures::env::{OPERATOR_NAMESPACE, wait_until_converting, webhook_args};
+use fixtures::env::{
+    OPERATOR_NAMESPACE, install_crd_guard, install_store_guard, wait_until_converting, webhook_args,
+};
 use fixtures::{Env, Operator, Storage, Tools, repo_root};
+use petstore_operator::certs::{CaAndLeaf, unix_now};
+use petstore_operator::crd::{CRD_GUARD_CONFIGURATION, STORE_GUARD_CONFIGURATION};
+use petstore_operator::webhook::certs::WEBHOOK;
 use serde_json::{Value, json};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -269,5 +276,127 @@ fn two_operators_starting_at_once_share_one_secret_and_either_converts() -> fixt
         "nobody replaced the Secret"
     );
     assert_eq!(after["metadata"]["uid"], first["metadata"]["uid"]);
+    Ok(())
+}
+
+/// The PEM of the certificate the server at `addr` presents, from
+/// `openssl s_client`, as a client sees it.
+fn served_leaf(addr: &str) -> Option<String> {
+    let output = Command::new("openssl")
+        .args(["s_client", "-connect", addr, "-showcerts"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    let start = text.find("-----BEGIN CERTIFICATE-----")?;
+    let end = text[start..].find("-----END CERTIFICATE-----")? + start;
+    Some(format!("{}-----END CERTIFICATE-----", &text[start..end]))
+}
+
+/// cert-manager's Secret as the kubelet mounts it: tls.crt, tls.key, ca.crt.
+fn write_cert_files(dir: &std::path::Path, certs: &CaAndLeaf) -> fixtures::Result<()> {
+    for (name, pem) in [
+        ("tls.crt", &certs.cert),
+        ("tls.key", &certs.key),
+        ("ca.crt", &certs.ca_cert),
+    ] {
+        std::fs::write(dir.join(name), pem).map_err(fixtures::io(format!("writing {name}")))?;
+    }
+    Ok(())
+}
+
+/// The CAs the CRD's conversion webhook and the two deletion guards trust,
+/// PEM, in that order.
+fn ca_bundles(env: &Env) -> fixtures::Result<[String; 3]> {
+    use base64::Engine as _;
+    let bundle = |args: &[&str]| -> fixtures::Result<String> {
+        let (bundle, _) = kubectl(env, args, None)?;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(bundle.trim())
+            .unwrap_or_default();
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    };
+    let guard = |name: &str| {
+        bundle(&[
+            "get",
+            "validatingwebhookconfiguration",
+            name,
+            "-o",
+            "jsonpath={.webhooks[0].clientConfig.caBundle}",
+        ])
+    };
+    Ok([
+        bundle(&[
+            "get",
+            "crd",
+            "pets.petstore.example.com",
+            "-o",
+            "jsonpath={.spec.conversion.webhook.clientConfig.caBundle}",
+        ])?,
+        guard(CRD_GUARD_CONFIGURATION)?,
+        guard(STORE_GUARD_CONFIGURATION)?,
+    ])
+}
+
+#[test]
+fn the_webhook_serves_cert_managers_files_and_follows_them_live()
+-> Result<(), Box<dyn std::error::Error>> {
+    const FOLLOWED_WITHIN: Duration = Duration::from_secs(5);
+    let env = Env::start(Storage::Durable)?;
+    install_crd_guard(&env.cp)?;
+    install_store_guard(&env.cp)?;
+    let dir = tempfile::tempdir().map_err(fixtures::io("making a folder"))?;
+    let names = ["127.0.0.1".to_owned()];
+    let now = unix_now();
+    let first = CaAndLeaf::generate(&WEBHOOK, &names, now)?;
+    write_cert_files(dir.path(), &first)?;
+
+    let mut options = env.operator_options("cert-files");
+    let listen = options
+        .extra_args
+        .iter()
+        .skip_while(|arg| *arg != "--webhook-listen")
+        .nth(1)
+        .map(|addr| addr.to_string_lossy().into_owned())
+        .ok_or("no --webhook-listen")?;
+    options.extra_args.push("--webhook-cert-dir".into());
+    options.extra_args.push(dir.path().into());
+    // Converting: the CRD trusts ca.crt, and the server presents tls.crt.
+    let mut operator = env.start_operator_with(&options)?;
+    assert_eq!(served_leaf(&listen).as_deref(), Some(first.cert.trim()));
+    assert_eq!(ca_bundles(&env)?, [(); 3].map(|()| first.ca_cert.clone()));
+    assert!(
+        secret(&env).is_err(),
+        "with files, the operator makes no Secret of its own"
+    );
+    kubectl(&env, &["apply", "-f", "-"], Some(OFFSET_PET))?;
+    assert_eq!(alpha_pet(&env, "late-bird")?["spec"]["name"], "Late Bird");
+
+    // A renewed leaf of the same CA (what cert-manager does before expiry):
+    // presented within the bound, by the same process.
+    let second = first.renew_leaf(&WEBHOOK, &names, now)?;
+    write_cert_files(dir.path(), &second)?;
+    fixtures::wait_for(FOLLOWED_WITHIN, "the renewed leaf presented", || {
+        (served_leaf(&listen).as_deref() == Some(second.cert.trim())).then_some(())
+    })?;
+
+    // A new CA and its leaf: ca.crt reaches the CRD and the deletion
+    // guards, and conversions go on.
+    let third = CaAndLeaf::generate(&WEBHOOK, &names, now)?;
+    write_cert_files(dir.path(), &third)?;
+    let trusted = [(); 3].map(|()| third.ca_cert.clone());
+    fixtures::wait_for(
+        FOLLOWED_WITHIN,
+        "the new CA's leaf presented and trusted",
+        || {
+            (served_leaf(&listen).as_deref() == Some(third.cert.trim())
+                && ca_bundles(&env).ok().as_ref() == Some(&trusted))
+            .then_some(())
+        },
+    )?;
+    wait_until_converting(&env.cp, &mut operator)?;
+    assert_eq!(alpha_pet(&env, "late-bird")?["spec"]["name"], "Late Bird");
+    assert!(operator.process().is_running(), "no restart");
+    assert!(secret(&env).is_err(), "still no Secret of its own");
     Ok(())
 }

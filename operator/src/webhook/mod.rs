@@ -8,11 +8,14 @@
 //!   without a restart;
 //! - [`certs`]: the CA and serving certificate, kept in a Secret that all
 //!   replicas share, and the CA bundle in the CRD;
+//! - [`cert_files`]: or the serving certificate from files
+//!   (`--webhook-cert-dir`, cert-manager's), followed as they change;
 //! - [`guard`]: the same server's second route, which refuses to delete the
 //!   Pet CRD while Pets exist unless the deletion is confirmed;
 //! - [`store_guard`]: its third, which refuses to delete a PetStore or
 //!   ClusterPetStore while Pets use it.
 
+pub mod cert_files;
 pub mod certs;
 pub mod guard;
 pub mod server;

@@ -94,6 +94,15 @@ impl ServingCertificate {
     }
 }
 
+#[cfg(test)]
+impl ServingCertificate {
+    /// The leaf served now, DER.
+    pub fn served_leaf_der(&self) -> Vec<u8> {
+        let current = self.current.read().unwrap_or_else(|e| e.into_inner());
+        current.cert.first().map(|c| c.to_vec()).unwrap_or_default()
+    }
+}
+
 fn certified_key(cert_pem: &str, key_pem: &str) -> Result<Arc<CertifiedKey>, ServerError> {
     let chain =
         CertificateDer::pem_slice_iter(cert_pem.as_bytes()).collect::<Result<Vec<_>, _>>()?;
