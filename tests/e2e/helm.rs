@@ -386,6 +386,58 @@ fn values_reach_the_objects_they_name() -> fixtures::Result<()> {
 }
 
 #[test]
+fn a_webhook_certificate_secret_is_mounted_and_followed() -> fixtures::Result<()> {
+    let helm = Helm::new()?;
+    let operator =
+        |args: &[&str]| -> fixtures::Result<Value> {
+            let rendered = by_key(objects("the chart", &helm.template(args)?)?);
+            Ok(rendered["Deployment petstore-system/petstore-operator"]["spec"]["template"]["spec"]
+            .clone())
+        };
+    let cert_dir = |pod: &Value| {
+        pod["containers"][0]["env"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|e| e["name"] == "WEBHOOK_CERT_DIR")
+            .map(|e| e["value"].clone())
+    };
+    let by_name = |list: &Value, name: &str| {
+        list.as_array()
+            .into_iter()
+            .flatten()
+            .find(|item| item["name"] == name)
+            .cloned()
+    };
+    // By default the operator makes its own, and mounts nothing for it.
+    let default = operator(&[])?;
+    assert_eq!(cert_dir(&default), None);
+    assert_eq!(by_name(&default["volumes"], "webhook-tls"), None);
+
+    for store_certificates in ["true", "false"] {
+        let pod = operator(&[
+            "--set",
+            "webhookCertificateSecret=petstore-webhook-cert",
+            "--set",
+            &format!("storeCertificates={store_certificates},tenancy={store_certificates}"),
+        ])?;
+        let dir = cert_dir(&pod).expect("WEBHOOK_CERT_DIR set");
+        let volume = by_name(&pod["volumes"], "webhook-tls").expect("a volume");
+        assert_eq!(volume["secret"]["secretName"], "petstore-webhook-cert");
+        let mount = by_name(&pod["containers"][0]["volumeMounts"], "webhook-tls").expect("mounted");
+        assert_eq!(mount["mountPath"], dir, "mounted where the operator reads");
+        assert_eq!(mount["readOnly"], true);
+        // The store channel's folder is there exactly when it is used.
+        assert_eq!(
+            by_name(&pod["volumes"], "run").is_some(),
+            store_certificates == "true",
+            "{pod}"
+        );
+    }
+    Ok(())
+}
+
+#[test]
 fn the_schema_refuses_bad_values_naming_the_field() -> fixtures::Result<()> {
     let helm = Helm::new()?;
     let chart = chart_dir();
@@ -422,6 +474,10 @@ fn the_schema_refuses_bad_values_naming_the_field() -> fixtures::Result<()> {
         ("image.pullPolicy=Sometimes", "at '/image/pullPolicy'"),
         ("petstore.volumeSize=lots", "at '/petstore/volumeSize'"),
         ("storeAddress=no-port", "at '/storeAddress'"),
+        (
+            "webhookCertificateSecret=Not_A_Secret",
+            "at '/webhookCertificateSecret'",
+        ),
     ] {
         let out = helm.output(&["template", "petstore", &chart, "--set", set])?;
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -449,6 +505,7 @@ fn the_rendered_chart_passes_a_server_side_dry_run() -> fixtures::Result<()> {
     for values in [
         &[][..],
         &["--set", "namespaces.operator=ops,namespaces.store=records"][..],
+        &["--set", "webhookCertificateSecret=petstore-webhook-cert"][..],
     ] {
         let rendered = helm.template(values)?;
         let expected = objects("the chart", &rendered)?.len();
