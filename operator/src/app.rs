@@ -189,7 +189,6 @@ async fn serve_webhook(
     listener: TcpListener,
     shutdown: &CancellationToken,
 ) -> Result<JoinHandle<Result<(), ServerError>>, AppError> {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &args.lease_namespace);
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let guards: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
     let target = match &args.webhook_url {
@@ -218,6 +217,7 @@ async fn serve_webhook(
         ));
         return Ok(webhook_server);
     }
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &args.lease_namespace);
     let names = certs::serving_names(&args.lease_namespace);
     let webhook_certs = certs::ensure_secret(&secrets, &names, certs::unix_now())
         .await
@@ -231,13 +231,7 @@ async fn serve_webhook(
         .await
         .map_err(AppError::ConversionWebhook)?;
     tracing::info!(listen = %args.webhook_listen, ?target, "conversion webhook serving");
-    for guard in certs::GUARDS {
-        if let Err(err) = certs::inject_guard(&guards, guard, &webhook_certs.ca_cert, &target).await
-        {
-            // A guard that cannot reach us refuses what it guards: nothing lost.
-            tracing::warn!(error = %err, "cannot point {} at this operator", guard.what);
-        }
-    }
+    certs::inject_guards(&guards, &webhook_certs.ca_cert, &target).await;
     tokio::spawn(certs::keep_fresh(
         secrets,
         crds,

@@ -116,13 +116,13 @@ impl Pet {
         self
     }
 
-    /// With the status the operator wrote (as the API server saw it).
     /// Another copy of the Pet, as the API server numbers each write.
     pub fn with_resource_version(mut self, version: &str) -> Self {
         self.metadata.resource_version = Some(version.into());
         self
     }
 
+    /// With the status the operator wrote (as the API server saw it).
     pub fn with_status(mut self, status: Value) -> Self {
         let status: PetStatus = serde_json::from_value(status).expect("a valid status");
         self.status = Some(status);

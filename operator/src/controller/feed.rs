@@ -1035,7 +1035,7 @@ mod tests {
         for pet in pets {
             let uid = pet.metadata.uid.as_deref().expect("uid");
             f.ctx.memory.started(uid);
-            f.ctx.memory.in_sync(pet, uid, (Some(1), 0), "r");
+            f.ctx.memory.in_sync(pet, uid, (Some(1), 0), "r", None);
         }
         queued_now(&mut f.queued);
         first.unbounded_send(Err(error)).expect("send");
@@ -1575,7 +1575,7 @@ mod tests {
     fn synced(ctx: &Context, pet: &Pet) {
         let uid = pet.metadata.uid.as_deref().expect("uid");
         ctx.memory.started(uid);
-        ctx.memory.in_sync(pet, uid, (Some(1), 0), "r");
+        ctx.memory.in_sync(pet, uid, (Some(1), 0), "r", None);
     }
 
     /// A store's follower runs while the store is open, and goes with it;

@@ -153,9 +153,9 @@ pub struct Synced {
     /// (external-id, say) changes it without a new generation.
     pub intent: u64,
     pub at: Moment,
-    /// A hash of the resourceVersion of the copy synced from, once the
-    /// status write replaced it (0 until then, and if it had none): that
-    /// copy, seen again, is stale however late its echo comes.
+    /// A hash of the resourceVersion of the copy synced from, if the status
+    /// write replaced it (0 if not, or if it had none): that copy, seen
+    /// again, is stale however late its echo comes.
     pub from_version: u64,
     /// A hash of the record ID the status was given: a status that names
     /// another record is not that write's echo.
@@ -228,17 +228,25 @@ impl Memory {
     }
 
     /// The Pet's generation, with what the user asked for hashed as
-    /// `intent`, was found in sync and its status written now, naming
-    /// record `id`: its failures are over. Returns how long it waited to be
-    /// Ready, if it was waiting.
+    /// `intent`, was found in sync and its status shows record `id` now:
+    /// its failures are over. `written` is the resourceVersion the status
+    /// write gave the Pet, if it wrote: when that replaced `pet`, the copy
+    /// the sync was decided from, that copy is stale from now on
+    /// ([`Synced::decided_from`]); a write that changed nothing leaves it
+    /// current. Returns how long the Pet waited to be Ready, if it was
+    /// waiting.
     pub fn in_sync(
         &self,
         pet: &Pet,
         uid: &str,
         (generation, intent): (Option<i64>, u64),
         id: &str,
+        written: Option<&str>,
     ) -> Option<Duration> {
         let previous_id = short_hash(pet.status_id());
+        let replaced = written
+            .is_some_and(|version| Some(version) != pet.metadata.resource_version.as_deref());
+        let from_version = if replaced { version_hash(pet) } else { 0 };
         let mut waited = None;
         self.update(pet, uid, |remembered| {
             waited = remembered.not_ready_since.take().map(Moment::elapsed);
@@ -257,25 +265,12 @@ impl Memory {
                 generation: generation.and_then(NonZeroI64::new),
                 intent,
                 at: Moment::now(),
-                from_version: 0,
+                from_version,
                 id: short_hash(Some(id)),
                 previous_id,
             });
         });
         waited
-    }
-
-    /// The status write of the sync just remembered ([`Memory::in_sync`])
-    /// replaced `pet`, the copy it was decided from: that copy is stale from
-    /// now on ([`Synced::decided_from`]). Not for a write that changed
-    /// nothing, which leaves the copy current.
-    pub fn status_replaced(&self, pet: &Pet, uid: &str) {
-        let from_version = version_hash(pet);
-        self.update(pet, uid, |remembered| {
-            if let Some(synced) = &mut remembered.synced {
-                synced.from_version = from_version;
-            }
-        });
     }
 
     /// A watch event asks to reconcile the Pet: it is due now, and if it
@@ -847,7 +842,7 @@ mod tests {
         assert_eq!(memory.failed(&thor, "thor", 0), 1);
         assert_eq!(memory.failed(&thor, "thor", 0), 2);
         assert_eq!(memory.failures("thor"), 2);
-        memory.in_sync(&thor, "thor", (Some(3), 0), "record-1");
+        memory.in_sync(&thor, "thor", (Some(3), 0), "record-1", None);
         assert_eq!(memory.failures("thor"), 0, "a sync ends the failures");
         assert_eq!(
             memory.synced("thor").map(|s| s.generation),
@@ -871,7 +866,7 @@ mod tests {
     fn a_sync_explains_its_echo_and_the_stale_copy_but_not_another_record() {
         let memory = Memory::default();
         // Created: the copy reconciled had no ID, the status now names r-1.
-        memory.in_sync(&pet("thor"), "thor", (Some(1), 0), "r-1");
+        memory.in_sync(&pet("thor"), "thor", (Some(1), 0), "r-1", None);
         let synced = memory.synced("thor").expect("remembered");
         assert!(synced.explains(Some("r-1")), "the echo of the write");
         assert!(synced.explains(None), "the stale copy from before it");
@@ -883,6 +878,7 @@ mod tests {
             "thor",
             (Some(2), 0),
             "r-1",
+            None,
         );
         let synced = memory.synced("thor").expect("remembered");
         assert!(synced.explains(Some("r-1")));
@@ -901,7 +897,7 @@ mod tests {
         writer.apply_watcher_event(&watcher::Event::Delete(thor.clone()));
         memory.forget("thor");
         memory.failed(&thor, "thor", 0);
-        memory.in_sync(&thor, "thor", (Some(1), 0), "record-1");
+        memory.in_sync(&thor, "thor", (Some(1), 0), "record-1", None);
         assert_eq!(memory.len(), 0);
     }
 
@@ -947,7 +943,7 @@ mod tests {
 
         memory.started("thor");
         memory.suspect_drift(&thor, "thor");
-        memory.in_sync(&thor, "thor", (Some(1), 0), "r");
+        memory.in_sync(&thor, "thor", (Some(1), 0), "r", None);
         assert_eq!(
             memory.synced("thor"),
             None,
@@ -956,7 +952,7 @@ mod tests {
 
         // That reconcile starts after the drift: what it finds is remembered.
         memory.started("thor");
-        memory.in_sync(&thor, "thor", (Some(1), 0), "r");
+        memory.in_sync(&thor, "thor", (Some(1), 0), "r", None);
         assert!(memory.synced("thor").is_some());
     }
 
@@ -997,14 +993,14 @@ mod tests {
         let thor = pet("thor");
         memory.triggered(&thor, "thor");
         assert_eq!(memory.gauges().not_ready, 1);
-        let waited = memory.in_sync(&thor, "thor", (Some(1), 0), "record-1");
+        let waited = memory.in_sync(&thor, "thor", (Some(1), 0), "record-1", None);
         assert!(
             waited.is_some_and(|w| w < Duration::from_secs(5)),
             "{waited:?}"
         );
         assert_eq!(memory.gauges().not_ready, 0);
         assert_eq!(
-            memory.in_sync(&thor, "thor", (Some(1), 0), "record-1"),
+            memory.in_sync(&thor, "thor", (Some(1), 0), "record-1", None),
             None,
             "told once"
         );
@@ -1129,7 +1125,7 @@ mod tests {
         memory.succeeded("thor");
         assert_eq!(memory.len(), 0, "nothing left to remember");
         memory.drift_corrected(&thor, "thor");
-        memory.in_sync(&thor, "thor", (Some(1), 0), "record-1");
+        memory.in_sync(&thor, "thor", (Some(1), 0), "record-1", None);
         assert!(
             memory.pets().values().all(|r| r.rare.is_some()),
             "the drift is kept for the window"

@@ -621,13 +621,13 @@ impl<'a> Reconcile<'a> {
         // record is in line; any other is told by the story's Event.
         self.show(&outcome, sync.warning.is_some());
         let synced_as = (self.pet.metadata.generation, self.facts.intent());
-        let waited = self
-            .ctx
-            .memory
-            .in_sync(&self.pet, &self.facts.uid, synced_as, id);
-        if written.is_some_and(|version| Some(version) != self.pet.metadata.resource_version) {
-            self.ctx.memory.status_replaced(&self.pet, &self.facts.uid);
-        }
+        let waited = self.ctx.memory.in_sync(
+            &self.pet,
+            &self.facts.uid,
+            synced_as,
+            id,
+            written.as_deref(),
+        );
         if let Some(waited) = waited {
             self.ctx.metrics.became_ready(waited);
         }

@@ -1053,7 +1053,18 @@ async fn the_copy_a_sync_was_decided_from_is_stale_however_late_its_echo_comes()
         h.ctx.needs_reconcile(&current),
         "the next poll reads the store"
     );
-    h.verify(&["Created"]);
+
+    // A write the API server took as no change (the reply names the copy's
+    // own version) leaves the copy current too. (Without an ID, this copy
+    // finds the record by the Pet's UID: an adoption.)
+    let unchanged = Pet::test().finalized().with_resource_version("50");
+    h.expect_status_write(&unchanged);
+    h.reconcile(&unchanged).await.expect("synced again");
+    assert!(
+        h.ctx.needs_reconcile(&unchanged),
+        "a copy no write replaced is not stale"
+    );
+    h.verify(&["Created", "Adopted"]);
 }
 
 #[tokio::test]

@@ -22,7 +22,7 @@ use petstore_tls::FileWatcher;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::certs::{GUARDS, REFRESH_INTERVAL, WebhookTarget, inject_ca_bundle, inject_guard};
+use super::certs::{REFRESH_INTERVAL, WebhookTarget, inject_ca_bundle, inject_guards};
 use super::server::{ServerError, ServingCertificate};
 
 /// cert-manager's names for a Secret's keys, as mounted.
@@ -112,15 +112,21 @@ impl CertFiles {
         Ok((served, serving))
     }
 
-    /// Calls `changed` after each change in the directory, until dropped.
-    pub fn watch(&self, changed: mpsc::UnboundedSender<()>) -> Result<FileWatcher, CertFileError> {
-        FileWatcher::start(&self.paths(), move || {
+    /// Starts watching the directory: a failure stops the operator, which
+    /// would otherwise serve a certificate it never renews.
+    pub fn start_watching(&self) -> Result<Watching, CertFileError> {
+        let (changed, changes) = mpsc::unbounded_channel();
+        let watcher = FileWatcher::start(&self.paths(), move || {
             // The receiver gone means the operator is stopping.
             let _ = changed.send(());
         })
         .map_err(|source| CertFileError::Watch {
             dir: self.dir.clone(),
             source: Box::new(source),
+        })?;
+        Ok(Watching {
+            _watcher: watcher,
+            changes,
         })
     }
 
@@ -139,11 +145,9 @@ impl CertFiles {
         }
         if (&latest.cert, &latest.key) != (&current.cert, &current.key) {
             if let Err(error) = serving.replace(&latest.cert, &latest.key) {
+                // Its CA too: the caBundles stay with the leaf served.
                 tracing::warn!(%error, dir = %self.dir.display(), "the webhook's certificate files do not load; the certificate in use stays until they change again");
-                return Served {
-                    ca: latest.ca,
-                    ..current.clone()
-                };
+                return current.clone();
             }
             tracing::info!(dir = %self.dir.display(), "serving the webhook certificate from the changed files");
         }
@@ -151,39 +155,10 @@ impl CertFiles {
     }
 }
 
-/// The CRD and the deletion guards, pointed at `target` with `ca`.
-async fn point_at(
-    crds: &Api<CustomResourceDefinition>,
-    guards: &Api<ValidatingWebhookConfiguration>,
-    ca: &str,
-    target: &WebhookTarget,
-) {
-    if let Err(error) = inject_ca_bundle(crds, ca, Some(target)).await {
-        tracing::warn!(%error, "cannot put the webhook's CA from ca.crt into the CRD");
-    }
-    for guard in GUARDS {
-        if let Err(error) = inject_guard(guards, guard, ca, target).await {
-            tracing::warn!(%error, "cannot point {} at this operator", guard.what);
-        }
-    }
-}
-
 /// The files followed: their watcher and the changes it sends.
 pub struct Watching {
     _watcher: FileWatcher,
     changes: mpsc::UnboundedReceiver<()>,
-}
-
-impl CertFiles {
-    /// Starts watching the directory: a failure stops the operator, which
-    /// would otherwise serve a certificate it never renews.
-    pub fn start_watching(&self) -> Result<Watching, CertFileError> {
-        let (changed, changes) = mpsc::unbounded_channel();
-        Ok(Watching {
-            _watcher: self.watch(changed)?,
-            changes,
-        })
-    }
 }
 
 /// Points the CRD and the guards at this operator with `served`'s CA, if
@@ -196,9 +171,13 @@ pub async fn point_at_if_ca(
         &WebhookTarget,
     ),
 ) {
-    if let Some(ca) = &served.ca {
-        point_at(crds, guards, ca, target).await;
+    let Some(ca) = &served.ca else {
+        return;
+    };
+    if let Err(error) = inject_ca_bundle(crds, ca, Some(target)).await {
+        tracing::warn!(%error, "cannot put the webhook's CA from ca.crt into the CRD");
     }
+    inject_guards(guards, ca, target).await;
 }
 
 /// Until `stop`: follows the files ([`CertFiles::reload`] on each change)
@@ -273,11 +252,14 @@ mod tests {
         assert_ne!(second.cert, first.cert);
         assert_eq!(serving.served_leaf_der(), der(&second.cert), "swapped");
 
-        // Half-written: a key that is not the certificate's. The pair in
-        // use stays, and the next good write is taken.
+        // Half-written: a new CA and a key that is not the certificate's.
+        // The pair in use stays, with its CA (the caBundles must still
+        // trust what is served), and the next good write is taken.
+        let other_ca = Ca::new("another-webhook-ca");
+        std::fs::write(dir.path().join(CA), &other_ca.cert_pem).expect("ca.crt");
         std::fs::write(dir.path().join(KEY), &first.key).expect("key");
         let kept = files.reload(&serving, &second);
-        assert_eq!((&kept.cert, &kept.key), (&second.cert, &second.key));
+        assert_eq!(kept, second, "the pair and its CA kept");
         assert_eq!(serving.served_leaf_der(), der(&second.cert), "kept");
         write(dir.path(), &ca, &ca.server("127.0.0.1"));
         let third = files.reload(&serving, &kept);

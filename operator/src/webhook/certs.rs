@@ -292,6 +292,21 @@ pub async fn inject_guard(
     Ok(true)
 }
 
+/// Points every deletion guard in [`GUARDS`] at `target` with `ca_cert`;
+/// a failure is logged and retried at the next check. A guard that cannot
+/// reach the operator refuses what it guards: nothing is lost meanwhile.
+pub async fn inject_guards(
+    configs: &Api<ValidatingWebhookConfiguration>,
+    ca_cert: &str,
+    target: &WebhookTarget,
+) {
+    for guard in GUARDS {
+        if let Err(err) = inject_guard(configs, guard, ca_cert, target).await {
+            tracing::warn!(error = %err, "cannot point {} at this operator", guard.what);
+        }
+    }
+}
+
 /// Every [`REFRESH_INTERVAL`] until `stop`: renews the serving certificate
 /// when due (or picks up another replica's renewal) and swaps it into the
 /// running server, and puts the CA bundle back if the CRD or a deletion
@@ -330,11 +345,7 @@ pub async fn keep_fresh(
         if let Err(err) = inject_ca_bundle(&crds, &current.ca_cert, None).await {
             tracing::warn!(error = %err, "cannot check the CRD's CA bundle");
         }
-        for guard in GUARDS {
-            if let Err(err) = inject_guard(&guards, guard, &current.ca_cert, &target).await {
-                tracing::warn!(error = %err, "cannot check {}", guard.what);
-            }
-        }
+        inject_guards(&guards, &current.ca_cert, &target).await;
     }
 }
 
