@@ -161,13 +161,16 @@ impl Context {
     /// An annotation edit since (an external-id added, say) is not an echo.
     /// The very copy the sync was decided from is stale however long ago:
     /// under load a watch event came more than a second late (the tests'
-    /// poll is 2 s), and the stale copy's create was sent again.
+    /// poll is 2 s), and the stale copy's create was sent again. A change
+    /// the change feed told since makes the echo read the store, and
+    /// leaves that copy stale.
     fn recently_synced(&self, pet: &Pet, facts: &Facts) -> Option<Duration> {
         let uid = &facts.uid;
         let synced = self.memory.synced(uid)?;
         let same_intent = synced.generation == facts.generation.and_then(std::num::NonZeroI64::new)
             && synced.intent == facts.intent();
-        let echo_due = synced.explains(facts.status_id.as_deref())
+        let echo_due = !synced.store_read_due
+            && synced.explains(facts.status_id.as_deref())
             && synced.at.elapsed() < self.settings.poll_interval / 2;
         let stale_copy = synced.decided_from(pet) && synced.at.elapsed() < LATE_ECHO_LIMIT;
         (same_intent && (echo_due || stale_copy))

@@ -444,8 +444,9 @@ fn described(stores: &BTreeSet<StoreId>) -> String {
     }
 }
 
-/// Queues every synced Pet of `stores`: what their feed would have told is
-/// read from the store instead.
+/// Queues every synced Pet of `stores`, but for those queued to read it
+/// already: what their feed would have told is read from the store
+/// instead.
 fn reread_synced(
     ctx: &Context,
     cache: &Store<Pet>,
@@ -457,7 +458,8 @@ fn reread_synced(
         if on_any(&pet, stores)
             && pet
                 .uid()
-                .is_some_and(|uid| ctx.memory.synced(&uid).is_some())
+                .and_then(|uid| ctx.memory.synced(&uid))
+                .is_some_and(|synced| !synced.store_read_due)
         {
             queue(ctx, reconcile, &pet);
             queued += 1;
@@ -1112,7 +1114,10 @@ mod tests {
         for pet in &pets {
             let uid = pet.metadata.uid.as_deref().expect("uid");
             assert!(
-                f.ctx.memory.synced(uid).is_none(),
+                f.ctx
+                    .memory
+                    .synced(uid)
+                    .is_some_and(|synced| synced.store_read_due),
                 "{uid}: its reconcile reads the store"
             );
         }

@@ -156,7 +156,7 @@ pub struct Synced {
     /// A hash of the resourceVersion of the copy synced from, if the status
     /// write replaced it (0 if not, or if it had none): that copy, seen
     /// again, is stale however late its echo comes.
-    pub from_version: u64,
+    pub from_version: u32,
     /// A hash of the record ID the status was given: a status that names
     /// another record is not that write's echo.
     pub id: u32,
@@ -164,6 +164,12 @@ pub struct Synced {
     /// still show that copy (after a create, no ID at all), and it is stale,
     /// not a change.
     pub previous_id: u32,
+    /// The change feed told of a change to the record since this sync
+    /// began: the next reconcile reads the store, even from the write's
+    /// echo. What is stale stays stale ([`Synced::decided_from`]): a feed
+    /// event of the operator's own write once cleared this sync, and the
+    /// stale copy's create was sent again.
+    pub store_read_due: bool,
 }
 
 impl Synced {
@@ -182,12 +188,13 @@ impl Synced {
     }
 }
 
-/// The hash [`Synced::from_version`] holds.
-fn version_hash(pet: &Pet) -> u64 {
+/// The hash [`Synced::from_version`] holds (four bytes: one copy of a Pet
+/// told from its next few, not from every version there is).
+fn version_hash(pet: &Pet) -> u32 {
     pet.metadata
         .resource_version
         .as_deref()
-        .map_or(0, |version| id_hash(Some(version)).max(1))
+        .map_or(0, |version| short_hash(Some(version)).max(1))
 }
 
 /// Four bytes of [`id_hash`]: what [`Synced`] keeps of an ID (one Pet's
@@ -255,12 +262,6 @@ impl Memory {
                 rare.plan = None;
             }
             remembered.end_backoff();
-            // Read before a drift the feed has told since: the reconcile
-            // queued for it must read the store, not take this for an echo.
-            if std::mem::take(&mut remembered.drift_suspected) {
-                remembered.synced = None;
-                return;
-            }
             remembered.synced = Some(Synced {
                 generation: generation.and_then(NonZeroI64::new),
                 intent,
@@ -268,6 +269,10 @@ impl Memory {
                 from_version,
                 id: short_hash(Some(id)),
                 previous_id,
+                // Read before a drift the feed has told since: the reconcile
+                // queued for it must read the store, not take this for an
+                // echo.
+                store_read_due: std::mem::take(&mut remembered.drift_suspected),
             });
         });
         waited
@@ -373,7 +378,9 @@ impl Memory {
     pub fn suspect_drift(&self, pet: &Pet, uid: &str) {
         self.triggered(pet, uid);
         if let Some(remembered) = self.pets().get_mut(&UidKey::new(uid)) {
-            remembered.synced = None;
+            if let Some(synced) = &mut remembered.synced {
+                synced.store_read_due = true;
+            }
             remembered.drift_suspected = true;
         }
     }
@@ -933,8 +940,9 @@ mod tests {
     }
 
     /// The feed tells of a drift while a reconcile that read the record
-    /// before it is still running: that reconcile's in-sync is not
-    /// remembered, so the one queued for the drift reads the store.
+    /// before it is still running: that reconcile's in-sync is remembered
+    /// as owing a read, so the one queued for the drift reads the store;
+    /// the copy it replaced stays stale.
     #[test]
     fn a_drift_told_while_a_reconcile_runs_is_not_covered_by_its_in_sync() {
         let thor = pet("thor");
@@ -943,17 +951,23 @@ mod tests {
 
         memory.started("thor");
         memory.suspect_drift(&thor, "thor");
-        memory.in_sync(&thor, "thor", (Some(1), 0), "r", None);
-        assert_eq!(
-            memory.synced("thor"),
-            None,
-            "the drift's reconcile must read"
-        );
+        memory.in_sync(&thor, "thor", (Some(1), 0), "r", Some("2"));
+        let synced = memory.synced("thor").expect("remembered");
+        assert!(synced.store_read_due, "the drift's reconcile must read");
+        assert!(synced.decided_from(&thor), "its copy is stale all the same");
+
+        // Told after the sync, before the watch event of its write: the same.
+        memory.started("thor");
+        memory.in_sync(&thor, "thor", (Some(1), 0), "r", Some("2"));
+        assert!(!memory.synced("thor").expect("remembered").store_read_due);
+        memory.suspect_drift(&thor, "thor");
+        let synced = memory.synced("thor").expect("remembered");
+        assert!(synced.store_read_due && synced.decided_from(&thor));
 
         // That reconcile starts after the drift: what it finds is remembered.
         memory.started("thor");
         memory.in_sync(&thor, "thor", (Some(1), 0), "r", None);
-        assert!(memory.synced("thor").is_some());
+        assert!(!memory.synced("thor").expect("remembered").store_read_due);
     }
 
     #[test]

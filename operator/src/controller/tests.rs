@@ -1067,6 +1067,37 @@ async fn the_copy_a_sync_was_decided_from_is_stale_however_late_its_echo_comes()
     h.verify(&["Created", "Adopted"]);
 }
 
+/// Under load the feed's event of a sync's own write came before the
+/// watch event of its status write, and the stale copy's create was sent
+/// again: a change the feed tells makes the echo read the store, never the
+/// stale copy current.
+#[tokio::test]
+async fn a_change_the_feed_tells_does_not_make_the_stale_copy_current() {
+    let h = harness();
+    let pet = Pet::test().finalized().with_resource_version("41");
+    h.expect_status_write(&pet.clone().with_resource_version("42"));
+    h.reconcile(&pet).await.expect("create");
+    let echo = Pet::test()
+        .finalized()
+        .with_status(h.api.status_patches().pop().expect("status"))
+        .with_resource_version("42");
+    assert!(
+        !h.ctx.needs_reconcile(&echo),
+        "the echo, nothing told since"
+    );
+
+    h.ctx.memory.suspect_drift(&pet, UID);
+    assert!(
+        !h.ctx.needs_reconcile(&pet),
+        "the copy the create was decided from is still stale"
+    );
+    assert!(
+        h.ctx.needs_reconcile(&echo),
+        "the echo reads the store, for the change the feed told"
+    );
+    h.verify(&["Created"]);
+}
+
 #[tokio::test]
 async fn a_misspelled_deletion_policy_on_a_live_pet_is_shown_while_the_record_is_kept_in_line() {
     let (h, id) = harness_with_record(PetData::named("Drifted"));

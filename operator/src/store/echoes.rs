@@ -39,7 +39,11 @@ pub struct Echoes {
 
 #[derive(Default)]
 struct Expectations {
-    by_id: HashMap<String, (Expected, Instant)>,
+    /// In the order written: an adoption claims a record and then updates
+    /// it, and the claim's change comes first. One slot per ID let the
+    /// update's expectation replace the claim's, whose change then read as
+    /// a drift.
+    by_id: HashMap<String, Vec<(Expected, Instant)>>,
     /// Creates: by idempotency key, with the data sent.
     by_key: HashMap<String, (PetData, Instant)>,
     swept: Option<Instant>,
@@ -99,7 +103,11 @@ impl Echoes {
     fn by_id(&self, id: &str, what: Expected) {
         if self.enabled() {
             let mut expected = self.expected();
-            expected.by_id.insert(id.to_owned(), (what, Instant::now()));
+            expected
+                .by_id
+                .entry(id.to_owned())
+                .or_default()
+                .push((what, Instant::now()));
             expected.sweep();
         }
     }
@@ -108,15 +116,20 @@ impl Echoes {
     /// expected no more.
     pub fn is_echo(&self, change: &RecordChange) -> bool {
         let mut expected = self.expected();
-        if let Some((what, _)) = expected.by_id.get(&change.id) {
-            let met = match (what, &change.record) {
-                (Expected::Deleted, None) => true,
-                (Expected::Data(data), Some(record)) => record.data == *data,
-                (Expected::Key(key), Some(record)) => record.key == *key,
-                _ => false,
-            };
-            if met {
-                expected.by_id.remove(&change.id);
+        if let Some(writes) = expected.by_id.get_mut(&change.id) {
+            let met = writes
+                .iter()
+                .position(|(what, _)| match (what, &change.record) {
+                    (Expected::Deleted, None) => true,
+                    (Expected::Data(data), Some(record)) => record.data == *data,
+                    (Expected::Key(key), Some(record)) => record.key == *key,
+                    _ => false,
+                });
+            if let Some(met) = met {
+                writes.remove(met);
+                if writes.is_empty() {
+                    expected.by_id.remove(&change.id);
+                }
                 return true;
             }
         }
@@ -141,8 +154,10 @@ impl Expectations {
             return;
         }
         let now = Instant::now();
-        self.by_id
-            .retain(|_, (_, at)| now.duration_since(*at) < EXPECTED_FOR);
+        self.by_id.retain(|_, writes| {
+            writes.retain(|(_, at)| now.duration_since(*at) < EXPECTED_FOR);
+            !writes.is_empty()
+        });
         self.by_key
             .retain(|_, (_, at)| now.duration_since(*at) < EXPECTED_FOR);
         self.swept = Some(now);
@@ -175,6 +190,21 @@ mod tests {
         // Met once: the same change again is someone else's.
         assert!(!echoes.is_echo(&RecordChange::changed("r-2", "uid-2", "Thor")));
         assert!(!echoes.is_echo(&deleted));
+    }
+
+    #[test]
+    fn a_claim_and_the_update_after_it_each_meet_their_own_change() {
+        let echoes = followed();
+        // An adoption: the record's key claimed, then its data put right,
+        // both noted before the feed brings the claim's change.
+        echoes.set_key("r-1", "uid-new");
+        echoes.update("r-1", &PetData::named("Luna"));
+        assert!(
+            echoes.is_echo(&RecordChange::changed("r-1", "uid-new", "Bo")),
+            "the claim's change, the data not yet put right"
+        );
+        assert!(echoes.is_echo(&RecordChange::changed("r-1", "uid-new", "Luna")));
+        assert!(!echoes.is_echo(&RecordChange::changed("r-1", "uid-new", "Luna")));
     }
 
     #[test]
