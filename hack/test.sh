@@ -212,7 +212,16 @@ if [[ $EUID -eq 0 ]]; then
   prebuild_images >"$images_dir/log" 2>&1 &
   images_pid=$!
 fi
+# With PETSTORE_SOURCE_TIMES (.ci/run sets it, for its build directory
+# outside the fresh clone), files compiled before get back the time of that
+# build, and cargo does not compile them again (hack/source-times.sh).
+if [[ -n ${PETSTORE_SOURCE_TIMES:-} ]]; then
+  bash hack/source-times.sh restore "$PETSTORE_SOURCE_TIMES"
+fi
 phase "cargo build (tools building beside it)" cargo build --locked --workspace --all-targets
+if [[ -n ${PETSTORE_SOURCE_TIMES:-} ]]; then
+  bash hack/source-times.sh keep "$PETSTORE_SOURCE_TIMES"
+fi
 
 # Waits until every tool of one lane is built (or one failed), shows each
 # one's output and records its time as a line under the current phase.

@@ -36,6 +36,7 @@ mod postgres_replicas;
 mod rebuild;
 mod rotation;
 mod security;
+mod source_times;
 mod store_feeds;
 mod stores;
 mod tenancy;
