@@ -4,15 +4,16 @@
 //! port-forwards with kubectl and grpcurl. Then what only real pods show:
 //! restricted Pod Security, probes, the PVC, in-cluster RBAC, leader
 //! hand-over, an uninstall of the operator's bundle that keeps every record
-//! and an install again that finds them, a rebuild after an edit, and a
-//! clean teardown.
+//! and an install again that finds them, a rebuild after an edit, the
+//! chart installed from the cluster's OCI registry, and a clean teardown.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use fixtures::cluster::Cluster;
+use fixtures::cluster::{Cluster, REGISTRY_PORT};
 use fixtures::env::is_ready;
+use fixtures::helm::{Helm, chart_dir};
 use fixtures::petstore::{grpcurl, grpcurl_with};
 use fixtures::{Kubectl, Tools, free_port, repo_root, wait_for};
 use serde_json::Value;
@@ -852,9 +853,181 @@ spec: {name: Rex, type: dog, birthday: \"2022-02-02\"}
         elapsed(start)
     );
 
-    // 5. No leftovers.
+    // 5. The chart from the cluster's registry, as a platform team installs
+    // it (docs/install.md): `helm install oci://...` with the images Tilt
+    // built, and the store kept apart (petstore.enabled=false), so that
+    // `helm uninstall` keeps every record. No Pet is left, so the CRD guard
+    // lets config/default go with its CRDs.
+    helm_from_the_clusters_registry(&cluster, &repo, start)?;
+
+    // 6. No leftovers.
     let left = cluster.shutdown();
     assert!(left.is_empty(), "left after teardown:\n{}", left.join("\n"));
     eprintln!("[{}] torn down, nothing left", elapsed(start));
+    Ok(())
+}
+
+/// `kubectl port-forward` in the background, stopped on drop.
+struct PortForward(Child);
+
+impl Drop for PortForward {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The chart's version (the workspace's), as `helm package` names it.
+const CHART_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The installed operator's bundle swapped for the chart, pushed to the
+/// cluster's registry and installed from it: the samples Ready within 60 s
+/// of `helm install`, and `helm uninstall` keeping every Pet and record.
+fn helm_from_the_clusters_registry(cluster: &Cluster, repo: &Path, start: Instant) -> TestResult {
+    let operator_image = image(cluster, "petstore-system", "petstore-operator")?;
+    let (repository, tag) = operator_image
+        .rsplit_once(':')
+        .ok_or_else(|| format!("{operator_image} has no tag"))?;
+    // The Pet CRD first, while the operator's pods answer its guard: the
+    // bundle's deletion takes the operator's namespace first, and a guard
+    // whose pods are going cannot be reached, which refuses the CRD's.
+    cluster.kubectl(&["delete", "crd", "pets.petstore.example.com"])?;
+    let default = repo.join("config/default");
+    cluster.kubectl(&[
+        "delete",
+        "-k",
+        &default.to_string_lossy(),
+        "--ignore-not-found",
+        "--timeout=180s",
+    ])?;
+    wait_for(
+        Duration::from_secs(180),
+        "the operator's namespace to go",
+        || {
+            cluster
+                .kubectl(&["get", "namespace", "petstore-system"])
+                .is_err()
+                .then_some(())
+        },
+    )?;
+
+    let helm = Helm::with_kubeconfig(&cluster.kubeconfig)?;
+    let work = tempfile::Builder::new().prefix("chart-").tempdir()?;
+    helm.run(&[
+        "package",
+        &chart_dir().to_string_lossy(),
+        "--destination",
+        &work.path().to_string_lossy(),
+    ])?;
+    let archive = work
+        .path()
+        .join(format!("petstore-operator-{CHART_VERSION}.tgz"));
+    let registry = format!("127.0.0.1:{REGISTRY_PORT}");
+    let pushed = helm.output(&[
+        "push",
+        &archive.to_string_lossy(),
+        &format!("oci://{registry}/charts"),
+        "--plain-http",
+    ])?;
+    // helm prints what it pushed on stderr.
+    let printed = String::from_utf8_lossy(&pushed.stderr);
+    assert!(
+        pushed.status.success()
+            && printed.contains(&format!(
+                "Pushed: {registry}/charts/petstore-operator:{CHART_VERSION}"
+            )),
+        "helm push: {printed}"
+    );
+
+    let installed = Instant::now();
+    let out = helm.run(&[
+        "install",
+        "petstore",
+        &format!("oci://{registry}/charts/petstore-operator"),
+        "--version",
+        CHART_VERSION,
+        "--plain-http",
+        "--namespace",
+        "default",
+        "--set",
+        "petstore.enabled=false",
+        "--set",
+        &format!("image.repository={repository}"),
+        "--set",
+        &format!("image.tag={tag}"),
+    ])?;
+    assert!(out.contains("STATUS: deployed"), "{out}");
+    let samples = repo.join("config/samples");
+    cluster.kubectl(&["apply", "-k", &samples.to_string_lossy()])?;
+    let thor_id = wait_ready_id(cluster, "pet-sample1")?;
+    let tron_id = wait_ready_id(cluster, "pet-sample2")?;
+    let took = installed.elapsed();
+    assert!(
+        took <= Duration::from_secs(60),
+        "the samples were Ready {took:?} after helm install, not within 60 s"
+    );
+    assert_eq!(
+        image(cluster, "petstore-system", "petstore-operator")?,
+        operator_image
+    );
+    assert_no_forbidden(cluster)?;
+    eprintln!(
+        "[{}] helm install oci://{registry}/charts/petstore-operator: the samples Ready in {:.0}s",
+        elapsed(start),
+        took.as_secs_f64()
+    );
+
+    // The records, through a port-forward of the store's Service.
+    let forward = PortForward(
+        cluster
+            .command(Tools::get()?.kubectl())
+            .args([
+                "port-forward",
+                "-n",
+                "petstore",
+                "service/petstore-service",
+                "6742:6742",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?,
+    );
+    let store = StoreClient::from_secret(cluster)?;
+    let records = || {
+        wait_for(Duration::from_secs(60), "the store's records", || {
+            let mut found = store.search("{}").ok()?;
+            found.sort();
+            (found.len() == 2).then_some(found)
+        })
+    };
+    let expected = vec![
+        ("Thor".to_owned(), thor_id.clone()),
+        ("Tron".to_owned(), tron_id.clone()),
+    ];
+    assert_eq!(records()?, expected);
+
+    // helm uninstall: the operator and its guards go; the CRDs (kept by
+    // resource policy), every Pet and every record stay.
+    let out = helm.run(&["uninstall", "petstore", "--namespace", "default"])?;
+    assert!(out.contains("uninstalled"), "{out}");
+    wait_for(
+        Duration::from_secs(180),
+        "the operator's namespace to go",
+        || {
+            cluster
+                .kubectl(&["get", "namespace", "petstore-system"])
+                .is_err()
+                .then_some(())
+        },
+    )?;
+    let pets = cluster.kubectl_json(&["get", "pets", "-n", "default"])?;
+    assert_eq!(pets["items"].as_array().map(Vec::len), Some(2), "{pets}");
+    assert_eq!(records()?, expected, "every record kept");
+    drop(forward);
+    eprintln!(
+        "[{}] helm uninstall: every Pet and record kept",
+        elapsed(start)
+    );
     Ok(())
 }
