@@ -149,6 +149,20 @@ fn wait_ready_id(cluster: &Cluster, name: &str) -> fixtures::Result<String> {
     )
 }
 
+/// Until the operator's namespace is gone, its pods with it.
+fn wait_operator_namespace_gone(cluster: &Cluster) -> fixtures::Result<()> {
+    wait_for(
+        Duration::from_secs(180),
+        "the operator's namespace to go",
+        || {
+            cluster
+                .kubectl(&["get", "namespace", "petstore-system"])
+                .is_err()
+                .then_some(())
+        },
+    )
+}
+
 /// Pods of a workload, as JSON items.
 fn pods(cluster: &Cluster, namespace: &str, app: &str) -> Vec<Value> {
     let selector = format!("app.kubernetes.io/name={app}");
@@ -730,16 +744,7 @@ spec: {name: Rex, type: dog, birthday: \"2022-02-02\"}
         refused.contains("crd-guard.petstore.example.com"),
         "{refused}"
     );
-    wait_for(
-        Duration::from_secs(180),
-        "the operator's namespace to go",
-        || {
-            cluster
-                .kubectl(&["get", "namespace", "petstore-system"])
-                .is_err()
-                .then_some(())
-        },
-    )?;
+    wait_operator_namespace_gone(&cluster)?;
     let crd = cluster.kubectl_json(&["get", "crd", "pets.petstore.example.com"])?;
     assert!(crd["metadata"]["deletionTimestamp"].is_null(), "{crd}");
     let pets = cluster.kubectl_json(&["get", "pets", "-n", "default"])?;
@@ -900,16 +905,7 @@ fn helm_from_the_clusters_registry(cluster: &Cluster, repo: &Path, start: Instan
         "--ignore-not-found",
         "--timeout=180s",
     ])?;
-    wait_for(
-        Duration::from_secs(180),
-        "the operator's namespace to go",
-        || {
-            cluster
-                .kubectl(&["get", "namespace", "petstore-system"])
-                .is_err()
-                .then_some(())
-        },
-    )?;
+    wait_operator_namespace_gone(cluster)?;
 
     let helm = Helm::with_kubeconfig(&cluster.kubeconfig)?;
     let work = tempfile::Builder::new().prefix("chart-").tempdir()?;
@@ -1011,16 +1007,7 @@ fn helm_from_the_clusters_registry(cluster: &Cluster, repo: &Path, start: Instan
     // resource policy), every Pet and every record stay.
     let out = helm.run(&["uninstall", "petstore", "--namespace", "default"])?;
     assert!(out.contains("uninstalled"), "{out}");
-    wait_for(
-        Duration::from_secs(180),
-        "the operator's namespace to go",
-        || {
-            cluster
-                .kubectl(&["get", "namespace", "petstore-system"])
-                .is_err()
-                .then_some(())
-        },
-    )?;
+    wait_operator_namespace_gone(cluster)?;
     let pets = cluster.kubectl_json(&["get", "pets", "-n", "default"])?;
     assert_eq!(pets["items"].as_array().map(Vec::len), Some(2), "{pets}");
     assert_eq!(records()?, expected, "every record kept");
