@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use fixtures::cluster::{Cluster, REGISTRY_PORT};
 use fixtures::env::is_ready;
 use fixtures::helm::{Helm, chart_dir};
-use fixtures::petstore::{grpcurl, grpcurl_with};
+use fixtures::petstore::{grpcurl, grpcurl_with, write_rpcs_answered};
 use fixtures::{Kubectl, Tools, free_port, repo_root, wait_for};
 use serde_json::Value;
 
@@ -875,6 +875,37 @@ spec: {name: Rex, type: dog, birthday: \"2022-02-02\"}
 /// `kubectl port-forward` in the background, stopped on drop.
 struct PortForward(Child);
 
+impl PortForward {
+    /// `kubectl port-forward -n <namespace> <target> <ports>...`, once each
+    /// local port takes connections.
+    fn start(
+        cluster: &Cluster,
+        namespace: &str,
+        target: &str,
+        ports: &[&str],
+    ) -> Result<Self, Box<dyn std::error::Error>> {
+        let forward = PortForward(
+            cluster
+                .command(Tools::get()?.kubectl())
+                .args(["port-forward", "-n", namespace, target])
+                .args(ports)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()?,
+        );
+        for port in ports {
+            let local = port.split(':').next().unwrap_or_default();
+            wait_for(
+                Duration::from_secs(60),
+                &format!("the port-forward to {target} on {local}"),
+                || std::net::TcpStream::connect(format!("127.0.0.1:{local}")).ok(),
+            )?;
+        }
+        Ok(forward)
+    }
+}
+
 impl Drop for PortForward {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -887,7 +918,8 @@ const CHART_VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// The installed operator's bundle swapped for the chart, pushed to the
 /// cluster's registry and installed from it: the samples Ready within 60 s
-/// of `helm install`, and `helm uninstall` keeping every Pet and record.
+/// of `helm install`, a `helm upgrade` that rolls the operator's pods with
+/// no store write, and `helm uninstall` keeping every Pet and record.
 fn helm_from_the_clusters_registry(cluster: &Cluster, repo: &Path, start: Instant) -> TestResult {
     let operator_image = image(cluster, "petstore-system", "petstore-operator")?;
     let (repository, tag) = operator_image
@@ -935,23 +967,34 @@ fn helm_from_the_clusters_registry(cluster: &Cluster, repo: &Path, start: Instan
         "helm push: {printed}"
     );
 
+    // `helm install|upgrade petstore oci://...` of the version pushed, and
+    // more flags.
+    let chart = format!("oci://{registry}/charts/petstore-operator");
+    let release = |verb: &str, flags: &[&str]| {
+        let head = [
+            verb,
+            "petstore",
+            &chart,
+            "--version",
+            CHART_VERSION,
+            "--plain-http",
+            "--namespace",
+            "default",
+        ];
+        helm.run(&[&head[..], flags].concat())
+    };
     let installed = Instant::now();
-    let out = helm.run(&[
+    let out = release(
         "install",
-        "petstore",
-        &format!("oci://{registry}/charts/petstore-operator"),
-        "--version",
-        CHART_VERSION,
-        "--plain-http",
-        "--namespace",
-        "default",
-        "--set",
-        "petstore.enabled=false",
-        "--set",
-        &format!("image.repository={repository}"),
-        "--set",
-        &format!("image.tag={tag}"),
-    ])?;
+        &[
+            "--set",
+            "petstore.enabled=false",
+            "--set",
+            &format!("image.repository={repository}"),
+            "--set",
+            &format!("image.tag={tag}"),
+        ],
+    )?;
     assert!(out.contains("STATUS: deployed"), "{out}");
     let samples = repo.join("config/samples");
     cluster.kubectl(&["apply", "-k", &samples.to_string_lossy()])?;
@@ -973,22 +1016,16 @@ fn helm_from_the_clusters_registry(cluster: &Cluster, repo: &Path, start: Instan
         took.as_secs_f64()
     );
 
-    // The records, through a port-forward of the store's Service.
-    let forward = PortForward(
-        cluster
-            .command(Tools::get()?.kubectl())
-            .args([
-                "port-forward",
-                "-n",
-                "petstore",
-                "service/petstore-service",
-                "6742:6742",
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()?,
-    );
+    // The records and the store's metrics, through a port-forward of its
+    // Service.
+    let store_metrics = format!("127.0.0.1:{}", free_port()?);
+    let metrics_port = store_metrics.rsplit_once(':').map_or("", |(_, port)| port);
+    let forward = PortForward::start(
+        cluster,
+        "petstore",
+        "service/petstore-service",
+        &["6742:6742", &format!("{metrics_port}:9090")],
+    )?;
     let store = StoreClient::from_secret(cluster)?;
     let records = || {
         wait_for(Duration::from_secs(60), "the store's records", || {
@@ -1002,6 +1039,73 @@ fn helm_from_the_clusters_registry(cluster: &Cluster, repo: &Path, start: Instan
         ("Tron".to_owned(), tron_id.clone()),
     ];
     assert_eq!(records()?, expected);
+
+    // helm upgrade that rolls the operator's pods (another log format): the
+    // new leader reconciles both Pets, reads their records, and writes
+    // nothing to the store. (0.1.0 had no chart: an upgrade from the
+    // previous chart version is first possible from 0.2.0 on.)
+    let writes = || {
+        wait_for(Duration::from_secs(60), "the store's write count", || {
+            write_rpcs_answered(&store_metrics).ok()
+        })
+    };
+    let writes_before = writes()?;
+    let old_pods: Vec<String> = pods(cluster, "petstore-system", "petstore-operator")
+        .iter()
+        .filter_map(|pod| pod["metadata"]["name"].as_str().map(str::to_owned))
+        .collect();
+    let out = release("upgrade", &["--reuse-values", "--set", "logFormat=text"])?;
+    assert!(out.contains("STATUS: deployed"), "{out}");
+    let leader = wait_for(
+        Duration::from_secs(180),
+        "the operator's pods replaced, Ready, and a new one leading",
+        || {
+            let now = pods(cluster, "petstore-system", "petstore-operator");
+            let replaced = now.len() == 2
+                && now.iter().all(|pod| {
+                    pod_ready(pod)
+                        && pod["metadata"]["name"]
+                            .as_str()
+                            .is_some_and(|name| !old_pods.iter().any(|old| old == name))
+                });
+            lease_holder(cluster).filter(|holder| replaced && !old_pods.contains(holder))
+        },
+    )?;
+    let leader_metrics = format!("127.0.0.1:{}", free_port()?);
+    let leader_port = leader_metrics.rsplit_once(':').map_or("", |(_, port)| port);
+    let leader_forward = PortForward::start(
+        cluster,
+        "petstore-system",
+        &format!("pod/{leader}"),
+        &[&format!("{leader_port}:8080")],
+    )?;
+    wait_for(
+        Duration::from_secs(120),
+        "the new leader to finish reconciling both Pets",
+        || {
+            let scrape = fixtures::http::scrape(&leader_metrics).ok()?;
+            let done = fixtures::http::sum_series(
+                &scrape,
+                "petstore_operator_reconcile_duration_seconds_count",
+                "",
+            );
+            (done >= 2.0).then_some(())
+        },
+    )?;
+    drop(leader_forward);
+    assert_eq!(writes()?, writes_before, "helm upgrade wrote to the store");
+    assert_eq!(
+        ready_id(cluster, "pet-sample1").as_deref(),
+        Some(thor_id.as_str())
+    );
+    assert_eq!(
+        ready_id(cluster, "pet-sample2").as_deref(),
+        Some(tron_id.as_str())
+    );
+    eprintln!(
+        "[{}] helm upgrade: the operator's pods replaced, {leader} leading, 0 store writes, every ID kept",
+        elapsed(start)
+    );
 
     // helm uninstall: the operator and its guards go; the CRDs (kept by
     // resource policy), every Pet and every record stay.
