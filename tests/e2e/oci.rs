@@ -12,14 +12,10 @@ use std::process::{Command, Output};
 use base64::Engine as _;
 
 use fixtures::cosign::Cosign;
-use fixtures::helm::{Helm, chart_dir};
+use fixtures::helm::{CHART, CHART_VERSION, Helm, chart_dir, digest_line, printed};
 use fixtures::registry::Registry;
 use fixtures::{ControlPlane, io, repo_root};
 use serde_json::Value;
-
-/// The chart's name (Chart.yaml) and version (the workspace's).
-const CHART: &str = "petstore-operator";
-const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// The media type of a Helm chart's archive in an OCI manifest.
 const CHART_LAYER: &str = "application/vnd.cncf.helm.chart.content.v1.tar+gzip";
@@ -27,66 +23,6 @@ const CHART_LAYER: &str = "application/vnd.cncf.helm.chart.content.v1.tar+gzip";
 fn sha256_of(path: &Path) -> fixtures::Result<String> {
     let bytes = std::fs::read(path).map_err(io(format!("reading {}", path.display())))?;
     Ok(format!("sha256:{}", xtask::krew::sha256_hex(&bytes)))
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
-/// `helm package <chart> -d <out>`: the archive's path.
-fn package(helm: &Helm, chart: &Path, out: &Path) -> fixtures::Result<PathBuf> {
-    let printed = helm.run(&[
-        "package",
-        &chart.to_string_lossy(),
-        "--destination",
-        &out.to_string_lossy(),
-    ])?;
-    let archive = out.join(format!("{CHART}-{VERSION}.tgz"));
-    assert!(
-        printed.contains(&*archive.to_string_lossy()) && archive.exists(),
-        "{printed}"
-    );
-    Ok(archive)
-}
-
-/// `helm push <archive> oci://<registry>/charts --plain-http`: the
-/// manifest digest it prints.
-fn push(helm: &Helm, archive: &Path, registry: &Registry) -> fixtures::Result<String> {
-    push_to(helm, archive, registry, "charts")
-}
-
-/// `helm push <archive> oci://<registry>/<folder> --plain-http`.
-fn push_to(
-    helm: &Helm,
-    archive: &Path,
-    registry: &Registry,
-    folder: &str,
-) -> fixtures::Result<String> {
-    let out = helm.output(&[
-        "push",
-        &archive.to_string_lossy(),
-        &format!("oci://{}/{folder}", registry.addr),
-        "--plain-http",
-    ])?;
-    let printed = text(&out);
-    assert!(out.status.success(), "helm push: {printed}");
-    let pushed = format!("Pushed: {}/{folder}/{CHART}:{VERSION}", registry.addr);
-    assert!(printed.contains(&pushed), "{printed}");
-    Ok(digest_line(&printed))
-}
-
-/// The `Digest: sha256:...` line helm prints after a push or a pull.
-fn digest_line(printed: &str) -> String {
-    printed
-        .lines()
-        .find_map(|line| line.strip_prefix("Digest: "))
-        .unwrap_or_else(|| panic!("no Digest: line in\n{printed}"))
-        .trim()
-        .to_owned()
 }
 
 /// The chart's reference for `helm`: `oci://<registry>/charts/<chart>`.
@@ -100,8 +36,8 @@ fn helm_pushes_the_chart_to_an_oci_registry_pulls_it_back_and_installs_it() -> f
     let registry = Registry::start()?;
     let work = tempfile::tempdir().map_err(io("making a folder"))?;
     let helm = Helm::new()?;
-    let archive = package(&helm, &chart_dir(), work.path())?;
-    let pushed = push(&helm, &archive, &registry)?;
+    let archive = helm.package(&chart_dir(), work.path())?;
+    let pushed = helm.push(&archive, &registry.addr, "charts")?;
     assert!(
         pushed.starts_with("sha256:") && pushed.len() == 71,
         "{pushed}"
@@ -110,8 +46,8 @@ fn helm_pushes_the_chart_to_an_oci_registry_pulls_it_back_and_installs_it() -> f
     // What the registry holds under the tag: the manifest push printed, with
     // the archive, byte for byte, as its chart layer.
     let repository = format!("charts/{CHART}");
-    assert_eq!(registry.tags(&repository)?, [VERSION]);
-    let (manifest, digest) = registry.manifest(&repository, VERSION)?;
+    assert_eq!(registry.tags(&repository)?, [CHART_VERSION]);
+    let (manifest, digest) = registry.manifest(&repository, CHART_VERSION)?;
     assert_eq!(digest, pushed, "{manifest}");
     let layers = manifest["layers"].as_array().expect("layers");
     let [layer] = layers.as_slice() else {
@@ -126,7 +62,7 @@ fn helm_pushes_the_chart_to_an_oci_registry_pulls_it_back_and_installs_it() -> f
         "chart",
         &chart_ref(&registry),
         "--version",
-        VERSION,
+        CHART_VERSION,
         "--plain-http",
     ])?;
     let shown: Value = serde_norway::from_str(&shown).expect("helm show chart prints YAML");
@@ -146,14 +82,14 @@ fn helm_pushes_the_chart_to_an_oci_registry_pulls_it_back_and_installs_it() -> f
         "pull",
         &chart_ref(&registry),
         "--version",
-        VERSION,
+        CHART_VERSION,
         "--plain-http",
         "--destination",
         &pulled_dir.to_string_lossy(),
     ])?;
-    assert!(out.status.success(), "helm pull: {}", text(&out));
-    assert_eq!(digest_line(&text(&out)), pushed);
-    let pulled = pulled_dir.join(format!("{CHART}-{VERSION}.tgz"));
+    assert!(out.status.success(), "helm pull: {}", printed(&out));
+    assert_eq!(digest_line(&printed(&out)), Some(pushed.clone()));
+    let pulled = pulled_dir.join(format!("{CHART}-{CHART_VERSION}.tgz"));
     assert_eq!(sha256_of(&pulled)?, sha256_of(&archive)?);
 
     // Installed from the registry onto a fresh API server: the CRDs and the
@@ -165,7 +101,7 @@ fn helm_pushes_the_chart_to_an_oci_registry_pulls_it_back_and_installs_it() -> f
         "petstore",
         &chart_ref(&registry),
         "--version",
-        VERSION,
+        CHART_VERSION,
         "--plain-http",
         "--namespace",
         "default",
@@ -196,7 +132,7 @@ fn helm_pushes_the_chart_to_an_oci_registry_pulls_it_back_and_installs_it() -> f
     let release: Value = serde_json::from_str(&release).expect("helm list prints JSON");
     assert_eq!(
         release[0]["chart"],
-        format!("{CHART}-{VERSION}"),
+        format!("{CHART}-{CHART_VERSION}"),
         "{release}"
     );
     Ok(())
@@ -251,12 +187,12 @@ fn verify_sbom(cosign: &Cosign, public: &Path, image: &str) -> fixtures::Result<
 /// cosign verified it; what cosign printed if not.
 #[track_caller]
 fn assert_verified(out: &Output) {
-    assert!(out.status.success(), "{}", text(out));
+    assert!(out.status.success(), "{}", printed(out));
 }
 
 fn assert_refused(out: &Output, what: &str, says: &str) {
-    assert!(!out.status.success(), "{what} verified:\n{}", text(out));
-    assert!(text(out).contains(says), "{what}:\n{}", text(out));
+    assert!(!out.status.success(), "{what} verified:\n{}", printed(out));
+    assert!(printed(out).contains(says), "{what}:\n{}", printed(out));
 }
 
 /// The in-toto statements of `cosign verify-attestation`'s stdout: one
@@ -311,10 +247,13 @@ fn cosign_verifies_the_signed_chart_and_its_sbom_and_refuses_the_rest() -> fixtu
         "{key_text}"
     );
 
-    let archive = package(&helm, &chart_dir(), work.path())?;
-    let pushed = push(&helm, &archive, &registry)?;
+    let archive = helm.package(&chart_dir(), work.path())?;
+    let pushed = helm.push(&archive, &registry.addr, "charts")?;
     let image = format!("{}/charts/{CHART}", registry.addr);
-    let (by_tag, by_digest) = (format!("{image}:{VERSION}"), format!("{image}@{pushed}"));
+    let (by_tag, by_digest) = (
+        format!("{image}:{CHART_VERSION}"),
+        format!("{image}@{pushed}"),
+    );
 
     // Unsigned: nothing to verify.
     assert_refused(
@@ -333,7 +272,9 @@ fn cosign_verifies_the_signed_chart_and_its_sbom_and_refuses_the_rest() -> fixtu
         pushed.as_str(),
         "{payloads}"
     );
-    assert!(text(&out).contains("The signatures were verified against the specified public key"));
+    assert!(
+        printed(&out).contains("The signatures were verified against the specified public key")
+    );
     // Another key's public half does not verify it.
     assert_refused(
         &verify(&cosign, &other_public, &by_tag)?,
@@ -342,7 +283,7 @@ fn cosign_verifies_the_signed_chart_and_its_sbom_and_refuses_the_rest() -> fixtu
     );
 
     // The same chart signed only by another key, in another repository.
-    push_to(&helm, &archive, &registry, "mirror")?;
+    helm.push(&archive, &registry.addr, "mirror")?;
     let mirror = format!("{}/mirror/{CHART}@{pushed}", registry.addr);
     sign(&cosign, &other_key, &mirror)?;
     assert_refused(
@@ -407,11 +348,13 @@ fn cosign_verifies_the_signed_chart_and_its_sbom_and_refuses_the_rest() -> fixtu
     let tampered = tampered_chart(&work.path().join("tampered"))?;
     let tampered_dir = work.path().join("tampered-out");
     std::fs::create_dir(&tampered_dir).map_err(io("making a folder"))?;
-    let tampered_archive = package(&helm, &tampered, &tampered_dir)?;
-    let repushed = push(&helm, &tampered_archive, &registry)?;
+    let tampered_archive = helm.package(&tampered, &tampered_dir)?;
+    let repushed = helm.push(&tampered_archive, &registry.addr, "charts")?;
     assert_ne!(repushed, pushed);
     assert_eq!(
-        registry.manifest(&format!("charts/{CHART}"), VERSION)?.1,
+        registry
+            .manifest(&format!("charts/{CHART}"), CHART_VERSION)?
+            .1,
         repushed
     );
     assert_refused(

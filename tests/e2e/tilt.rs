@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 
 use fixtures::cluster::{Cluster, REGISTRY_PORT};
 use fixtures::env::is_ready;
-use fixtures::helm::{Helm, chart_dir};
+use fixtures::helm::{CHART, CHART_VERSION, Helm, chart_dir};
 use fixtures::petstore::{grpcurl, grpcurl_with, write_rpcs_answered};
-use fixtures::{Kubectl, Tools, free_port, repo_root, wait_for};
+use fixtures::{Kubectl, Process, Tools, free_port, repo_root, wait_for};
 use serde_json::Value;
 
 /// Tilt's port-forward to the store, as in the quick start.
@@ -872,49 +872,35 @@ spec: {name: Rex, type: dog, birthday: \"2022-02-02\"}
     Ok(())
 }
 
-/// `kubectl port-forward` in the background, stopped on drop.
-struct PortForward(Child);
-
-impl PortForward {
-    /// `kubectl port-forward -n <namespace> <target> <ports>...`, once each
-    /// local port takes connections.
-    fn start(
-        cluster: &Cluster,
-        namespace: &str,
-        target: &str,
-        ports: &[&str],
-    ) -> Result<Self, Box<dyn std::error::Error>> {
-        let forward = PortForward(
-            cluster
-                .command(Tools::get()?.kubectl())
-                .args(["port-forward", "-n", namespace, target])
-                .args(ports)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()?,
-        );
-        for port in ports {
-            let local = port.split(':').next().unwrap_or_default();
-            wait_for(
-                Duration::from_secs(60),
-                &format!("the port-forward to {target} on {local}"),
-                || std::net::TcpStream::connect(format!("127.0.0.1:{local}")).ok(),
-            )?;
-        }
-        Ok(forward)
+/// `kubectl port-forward -n <namespace> <target> <local>:<remote>...` in
+/// the background (stopped when dropped; its log in the cluster's
+/// directory), once each local port takes connections.
+fn port_forward(
+    cluster: &Cluster,
+    namespace: &str,
+    target: &str,
+    ports: &[(u16, u16)],
+) -> fixtures::Result<Process> {
+    let mut command = cluster.command(Tools::get()?.kubectl());
+    command.args(["port-forward", "-n", namespace, target]);
+    command.args(
+        ports
+            .iter()
+            .map(|(local, remote)| format!("{local}:{remote}")),
+    );
+    let log = cluster
+        .dir()
+        .join(format!("port-forward-{}.log", target.replace('/', "-")));
+    let forward = Process::spawn("kubectl port-forward", command, &log)?;
+    for (local, _) in ports {
+        wait_for(
+            Duration::from_secs(60),
+            &format!("the port-forward to {target} on {local}"),
+            || std::net::TcpStream::connect(("127.0.0.1", *local)).ok(),
+        )?;
     }
+    Ok(forward)
 }
-
-impl Drop for PortForward {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// The chart's version (the workspace's), as `helm package` names it.
-const CHART_VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// The installed operator's bundle swapped for the chart, pushed to the
 /// cluster's registry and installed from it: the samples Ready within 60 s
@@ -941,35 +927,13 @@ fn helm_from_the_clusters_registry(cluster: &Cluster, repo: &Path, start: Instan
 
     let helm = Helm::with_kubeconfig(&cluster.kubeconfig)?;
     let work = tempfile::Builder::new().prefix("chart-").tempdir()?;
-    helm.run(&[
-        "package",
-        &chart_dir().to_string_lossy(),
-        "--destination",
-        &work.path().to_string_lossy(),
-    ])?;
-    let archive = work
-        .path()
-        .join(format!("petstore-operator-{CHART_VERSION}.tgz"));
+    let archive = helm.package(&chart_dir(), work.path())?;
     let registry = format!("127.0.0.1:{REGISTRY_PORT}");
-    let pushed = helm.output(&[
-        "push",
-        &archive.to_string_lossy(),
-        &format!("oci://{registry}/charts"),
-        "--plain-http",
-    ])?;
-    // helm prints what it pushed on stderr.
-    let printed = String::from_utf8_lossy(&pushed.stderr);
-    assert!(
-        pushed.status.success()
-            && printed.contains(&format!(
-                "Pushed: {registry}/charts/petstore-operator:{CHART_VERSION}"
-            )),
-        "helm push: {printed}"
-    );
+    helm.push(&archive, &registry, "charts")?;
 
     // `helm install|upgrade petstore oci://...` of the version pushed, and
     // more flags.
-    let chart = format!("oci://{registry}/charts/petstore-operator");
+    let chart = format!("oci://{registry}/charts/{CHART}");
     let release = |verb: &str, flags: &[&str]| {
         let head = [
             verb,
@@ -1011,20 +975,20 @@ fn helm_from_the_clusters_registry(cluster: &Cluster, repo: &Path, start: Instan
     );
     assert_no_forbidden(cluster)?;
     eprintln!(
-        "[{}] helm install oci://{registry}/charts/petstore-operator: the samples Ready in {:.0}s",
+        "[{}] helm install {chart}: the samples Ready in {:.0}s",
         elapsed(start),
         took.as_secs_f64()
     );
 
     // The records and the store's metrics, through a port-forward of its
     // Service.
-    let store_metrics = format!("127.0.0.1:{}", free_port()?);
-    let metrics_port = store_metrics.rsplit_once(':').map_or("", |(_, port)| port);
-    let forward = PortForward::start(
+    let metrics_port = free_port()?;
+    let store_metrics = format!("127.0.0.1:{metrics_port}");
+    let forward = port_forward(
         cluster,
         "petstore",
         "service/petstore-service",
-        &["6742:6742", &format!("{metrics_port}:9090")],
+        &[(6742, 6742), (metrics_port, 9090)],
     )?;
     let store = StoreClient::from_secret(cluster)?;
     let records = || {
@@ -1071,13 +1035,13 @@ fn helm_from_the_clusters_registry(cluster: &Cluster, repo: &Path, start: Instan
             lease_holder(cluster).filter(|holder| replaced && !old_pods.contains(holder))
         },
     )?;
-    let leader_metrics = format!("127.0.0.1:{}", free_port()?);
-    let leader_port = leader_metrics.rsplit_once(':').map_or("", |(_, port)| port);
-    let leader_forward = PortForward::start(
+    let leader_port = free_port()?;
+    let leader_metrics = format!("127.0.0.1:{leader_port}");
+    let leader_forward = port_forward(
         cluster,
         "petstore-system",
         &format!("pod/{leader}"),
-        &[&format!("{leader_port}:8080")],
+        &[(leader_port, 8080)],
     )?;
     wait_for(
         Duration::from_secs(120),
