@@ -426,13 +426,14 @@ mod tests {
             remaining: TTL,
         };
         let message = refusal_message(&blue(), &answer);
-        for part in [
-            "the installation \"blue\" is claimed in the store by another live cluster (kube-system UID 5f1c-other) until 2023-11-14T22:13:20Z",
-            "two live clusters must not share an installation name",
-            "give this one (kube-system UID this-cluster) its own --installation, or stop the other",
-            "takes over once that claim expires",
-        ] {
-            assert!(message.contains(part), "{message}");
-        }
+        crate::fixtures::assert_mentions(
+            &message,
+            &[
+                "the installation \"blue\" is claimed in the store by another live cluster (kube-system UID 5f1c-other) until 2023-11-14T22:13:20Z",
+                "two live clusters must not share an installation name",
+                "give this one (kube-system UID this-cluster) its own --installation, or stop the other",
+                "takes over once that claim expires",
+            ],
+        );
     }
 }

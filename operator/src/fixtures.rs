@@ -226,3 +226,11 @@ pub fn metrics_text(register: impl FnOnce(&mut prometheus_client::registry::Regi
     prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
     text
 }
+
+/// Fails, naming the part, unless `text` contains every one of `parts`.
+#[track_caller]
+pub fn assert_mentions(text: &str, parts: &[&str]) {
+    for part in parts {
+        assert!(text.contains(part), "{part:?} missing: {text}");
+    }
+}

@@ -323,6 +323,28 @@ mod tests {
 
     const SECRET_PATH: &str = "/api/v1/namespaces/petstore/secrets/petstore-store-client";
 
+    /// `ensure_own` against an API server that answers exactly `calls`
+    /// (method, path, code, reply), every one of them made; `what` names the
+    /// step if it fails, and the verifier is returned for what the calls
+    /// carried.
+    async fn ensure_own_answering(
+        calls: Vec<(http::Method, &str, u16, serde_json::Value)>,
+        dir: &Path,
+        now: i64,
+        what: &str,
+    ) -> (CaAndLeaf, ApiServerVerifier) {
+        let api = ApiServerVerifier::default();
+        for (method, path, code, reply) in calls {
+            api.expect(method, path, code, reply);
+        }
+        let own = certificates(&api, dir)
+            .ensure_own(now)
+            .await
+            .unwrap_or_else(|error| panic!("{what}: {error}"));
+        api.verify();
+        (own, api)
+    }
+
     // Fails if the operator's client certificate does not name its
     // ServiceAccount principal (a store with tenancy would then refuse every
     // token it carries), or if one made before, named "petstore-operator",
@@ -345,15 +367,17 @@ mod tests {
 
         // At start, the Secret of an install made before: not due, but
         // named otherwise, so issued again by the same CA.
-        let api = ApiServerVerifier::default();
-        api.expect(Method::GET, SECRET_PATH, 200, old_secret.clone());
-        api.expect(Method::PUT, SECRET_PATH, 200, old_secret);
         let dir = tempfile::tempdir().expect("a directory");
-        let own = certificates(&api, dir.path())
-            .ensure_own(now)
-            .await
-            .expect("issued again");
-        api.verify();
+        let (own, api) = ensure_own_answering(
+            vec![
+                (Method::GET, SECRET_PATH, 200, old_secret.clone()),
+                (Method::PUT, SECRET_PATH, 200, old_secret),
+            ],
+            dir.path(),
+            now,
+            "issued again",
+        )
+        .await;
         assert_eq!(own.leaf_common_name().as_deref(), Some(OPERATOR));
         assert_eq!(own.ca_cert, old.ca_cert, "the CA is kept");
         assert_eq!(own.ca_key, old.ca_key, "the CA is kept");
@@ -370,34 +394,32 @@ mod tests {
         // The next start finds it named right: kept, nothing written.
         let mut current = written;
         current.metadata.resource_version = Some("8".into());
-        let again = ApiServerVerifier::default();
-        again.expect(
-            Method::GET,
-            SECRET_PATH,
-            200,
-            serde_json::to_value(&current).expect("json"),
-        );
-        let kept = certificates(&again, dir.path())
-            .ensure_own(now)
-            .await
-            .expect("kept");
-        again.verify();
+        let current = serde_json::to_value(&current).expect("json");
+        let (kept, _) = ensure_own_answering(
+            vec![(Method::GET, SECRET_PATH, 200, current.clone())],
+            dir.path(),
+            now,
+            "kept",
+        )
+        .await;
         assert_eq!(kept, own);
 
         // A first install makes it named right.
-        let fresh = ApiServerVerifier::default();
-        fresh.expect(Method::GET, SECRET_PATH, 404, failure(404));
-        fresh.expect(
-            Method::POST,
-            "/api/v1/namespaces/petstore/secrets",
-            201,
-            serde_json::to_value(&current).expect("json"),
-        );
-        let made = certificates(&fresh, dir.path())
-            .ensure_own(now)
-            .await
-            .expect("made");
-        fresh.verify();
+        let (made, _) = ensure_own_answering(
+            vec![
+                (Method::GET, SECRET_PATH, 404, failure(404)),
+                (
+                    Method::POST,
+                    "/api/v1/namespaces/petstore/secrets",
+                    201,
+                    current,
+                ),
+            ],
+            dir.path(),
+            now,
+            "made",
+        )
+        .await;
         assert_eq!(made.leaf_common_name().as_deref(), Some(OPERATOR));
     }
 }

@@ -152,6 +152,7 @@ impl FairQueue {
 
 #[cfg(test)]
 mod tests {
+    use std::pin::Pin;
     use std::time::Duration;
 
     use futures::StreamExt;
@@ -160,6 +161,23 @@ mod tests {
 
     fn pet(namespace: &str, name: &str) -> ObjectRef<Pet> {
         ObjectRef::new(name).within(namespace)
+    }
+
+    /// A queue admitting `limit` at once, with the Pets `names` of one
+    /// namespace pushed in this order, and its admitted stream.
+    fn queue_of(
+        limit: usize,
+        names: &[&str],
+    ) -> (
+        Arc<FairQueue>,
+        Pin<Box<impl Stream<Item = ObjectRef<Pet>> + use<>>>,
+    ) {
+        let queue = FairQueue::new(limit);
+        for name in names {
+            queue.push(pet("ns", name));
+        }
+        let admitted = Box::pin(Arc::clone(&queue).admitted());
+        (queue, admitted)
     }
 
     /// Takes what the queue admits now, without waiting for more.
@@ -196,11 +214,7 @@ mod tests {
 
     #[tokio::test]
     async fn no_more_than_the_limit_is_admitted_until_a_run_finishes() {
-        let queue = FairQueue::new(2);
-        for name in ["a", "b", "c"] {
-            queue.push(pet("ns", name));
-        }
-        let mut admitted = Box::pin(Arc::clone(&queue).admitted());
+        let (queue, mut admitted) = queue_of(2, &["a", "b", "c"]);
         assert_eq!(admit_now(&mut admitted).await, ["ns/a", "ns/b"]);
         queue.finished(&pet("ns", "a"));
         assert_eq!(admit_now(&mut admitted).await, ["ns/c"]);
@@ -208,18 +222,13 @@ mod tests {
 
     #[tokio::test]
     async fn a_pet_triggered_twice_while_waiting_runs_once() {
-        let queue = FairQueue::new(8);
-        queue.push(pet("ns", "a"));
-        queue.push(pet("ns", "a"));
-        let mut admitted = Box::pin(Arc::clone(&queue).admitted());
+        let (_queue, mut admitted) = queue_of(8, &["a", "a"]);
         assert_eq!(admit_now(&mut admitted).await, ["ns/a"]);
     }
 
     #[tokio::test]
     async fn a_pet_triggered_while_admitted_runs_again_after_that_run() {
-        let queue = FairQueue::new(8);
-        queue.push(pet("ns", "a"));
-        let mut admitted = Box::pin(Arc::clone(&queue).admitted());
+        let (queue, mut admitted) = queue_of(8, &["a"]);
         assert_eq!(admit_now(&mut admitted).await, ["ns/a"]);
         queue.push(pet("ns", "a"));
         queue.push(pet("ns", "a"));
@@ -235,10 +244,7 @@ mod tests {
 
     #[tokio::test]
     async fn runs_kube_made_on_its_own_free_no_room() {
-        let queue = FairQueue::new(1);
-        queue.push(pet("ns", "a"));
-        queue.push(pet("ns", "b"));
-        let mut admitted = Box::pin(Arc::clone(&queue).admitted());
+        let (queue, mut admitted) = queue_of(1, &["a", "b"]);
         assert_eq!(admit_now(&mut admitted).await, ["ns/a"]);
         // A retry of another Pet ended: "a" still runs.
         queue.finished(&pet("ns", "x"));

@@ -351,8 +351,7 @@ async fn a_lost_status_write_is_recovered_by_key_not_by_a_second_record() {
 
     // The next reconcile still sees no status.id (the write was lost). Its
     // create, keyed by the UID, finds the first record, which it then reads.
-    h.expect_status_write(&pet);
-    h.reconcile(&pet).await.expect("second reconcile");
+    h.reconcile_writing_status(&pet).await;
     assert_eq!(h.store.records().len(), 1, "never a second record");
     assert_eq!(
         h.store.calls(),
@@ -654,8 +653,7 @@ async fn a_pet_that_goes_while_failing_is_forgotten() {
 async fn a_synced_pet_is_remembered_until_it_goes() {
     let h = harness();
     let pet = Pet::test().finalized();
-    h.expect_status_write(&pet);
-    h.reconcile(&pet).await.expect("create");
+    h.reconcile_writing_status(&pet).await;
     assert!(h.ctx.memory.synced(UID).is_some());
     // Its namespace deleted, its finalizer stripped: gone without a finish.
     assert_eq!(
@@ -666,8 +664,7 @@ async fn a_synced_pet_is_remembered_until_it_goes() {
 
     // A Pet going without our finalizer has nothing for us to wait for.
     let h = harness();
-    h.expect_status_write(&pet);
-    h.reconcile(&pet).await.expect("create");
+    h.reconcile_writing_status(&pet).await;
     let action = h
         .reconcile(&Pet::test().deleted())
         .await
@@ -782,8 +779,7 @@ async fn a_misspelled_deletion_policy_stops_deletion_and_says_why() {
         .finalized()
         .with_status_id(&id)
         .deleted();
-    h.expect_status_write(&pet);
-    let action = h.reconcile(&pet).await.expect("reconcile");
+    let action = h.reconcile_writing_status(&pet).await;
     assert_eq!(action, Action::await_change());
     assert!(h.store.calls().is_empty(), "nothing deleted, nothing read");
     let message = assert_condition(
@@ -805,8 +801,7 @@ async fn paused_touches_nothing_and_says_so() {
             .annotated(PAUSED_ANNOTATION, value)
             .finalized()
             .deleted();
-        h.expect_status_write(&pet);
-        let action = h.reconcile(&pet).await.expect("reconcile");
+        let action = h.reconcile_writing_status(&pet).await;
         assert_eq!(action, Action::await_change());
         assert!(h.store.calls().is_empty());
         let (_, reason, message) = condition(&h.api.status_patches()[0], "Synced");
@@ -948,8 +943,7 @@ async fn a_store_without_the_extensions_gets_its_own_reason_and_orphan_still_rel
 async fn the_reconcile_after_our_own_status_write_skips_the_store() {
     let h = harness();
     let pet = Pet::test().finalized();
-    h.expect_status_write(&pet);
-    h.reconcile(&pet).await.expect("create");
+    h.reconcile_writing_status(&pet).await;
     let synced = h.api.status_patches().pop().expect("status");
     let calls_after_create = h.store.calls().len();
 
@@ -993,8 +987,7 @@ async fn the_watch_events_of_our_own_writes_are_not_reconciled_again() {
     let h = harness();
     let pet = Pet::test().finalized();
     assert!(h.ctx.needs_reconcile(&pet), "a new Pet");
-    h.expect_status_write(&pet);
-    h.reconcile(&pet).await.expect("create");
+    h.reconcile_writing_status(&pet).await;
     let written = pet.clone().with_status_id("id-1");
     assert!(
         !h.ctx.needs_reconcile(&written),
@@ -1135,8 +1128,7 @@ async fn harness_after_a_create() -> Harness {
 async fn once_the_store_says_what_a_create_found_a_new_pet_is_created_without_a_read() {
     let h = harness_after_a_create().await;
     let pet = Pet::test().finalized();
-    h.expect_status_write(&pet);
-    h.reconcile(&pet).await.expect("create");
+    h.reconcile_writing_status(&pet).await;
     assert_eq!(h.store.calls()[2..], [format!("create:{UID}")]);
     let status = h.api.status_patches().pop().expect("status");
     assert_eq!(status["id"], "id-2");
@@ -1218,8 +1210,7 @@ async fn a_held_pets_warning_is_written_once_though_the_next_reconcile_reads_a_s
         let (pet, reason) = naming(&h, owned_elsewhere);
         // The first reconcile adds the finalizer, then shows the hold.
         h.expect_finalizer_write(&pet.clone().finalized());
-        h.expect_status_write(&pet);
-        h.reconcile(&pet).await.expect("held");
+        h.reconcile_writing_status(&pet).await;
         let shown = h.api.status_patches().pop().expect("status");
         assert_eq!(condition(&shown, "Synced").1, reason);
         // The finalizer's watch event queued another reconcile, which kube

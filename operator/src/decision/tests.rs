@@ -32,6 +32,23 @@ fn orphaned(id: Option<&str>) -> Result<Decision, Reason> {
     }))
 }
 
+/// A finish that writes nothing to the store: no release, no delete.
+fn writes_nothing(story: Story) -> Result<Decision, Reason> {
+    Ok(Decision::Finish(Finish {
+        hand_to: None,
+        release: None,
+        delete: None,
+        story,
+    }))
+}
+
+/// What a store without GetPets answers to the read.
+fn lacks_get_pets() -> Observation {
+    Observation::StoreLacks {
+        missing: Operation::Observe,
+    }
+}
+
 /// A Pet being deleted while the installation goes.
 fn uninstalling(why: Uninstall) -> Facts {
     facts().deleting().uninstalling(why)
@@ -739,12 +756,7 @@ fn decide_table() {
             "deleting: a record holding its name but not its key is not deleted",
             facts().deleting(),
             found_by_name("r", OTHER_UID),
-            Ok(Decision::Finish(Finish {
-                hand_to: None,
-                release: None,
-                delete: None,
-                story: Story::Deleted { id: None },
-            })),
+            writes_nothing(Story::Deleted { id: None }),
         ),
         // Plain lifecycle.
         (
@@ -794,10 +806,7 @@ fn decide_table() {
         (
             "status.id names another Pet's record: use our own, touch theirs never",
             facts().status_id("alpha"),
-            found(
-                Some(record("alpha", OTHER_UID, PetData::test())),
-                mine("beta"),
-            ),
+            found(record_opt("alpha", OTHER_UID), mine("beta")),
             Ok(sync(
                 existing("beta"),
                 false,
@@ -814,10 +823,7 @@ fn decide_table() {
             facts()
                 .status_id("alpha")
                 .wanting(PetData::named("Thorbert")),
-            found(
-                Some(record("alpha", OTHER_UID, PetData::test())),
-                mine("beta"),
-            ),
+            found(record_opt("alpha", OTHER_UID), mine("beta")),
             Ok(sync(
                 existing("beta"),
                 false,
@@ -832,7 +838,7 @@ fn decide_table() {
         (
             "status.id names an unowned record: it is not ours without adoption",
             facts().status_id("loose"),
-            found(Some(record("loose", "", PetData::test())), None),
+            found(record_opt("loose", ""), None),
             Ok(sync(
                 Target::Create,
                 false,
@@ -863,7 +869,7 @@ fn decide_table() {
         (
             "an unowned record named for adoption is claimed and kept in line",
             facts().external_id("x").wanting(PetData::named("Thorbert")),
-            found(Some(record("x", "", PetData::test())), None),
+            found(record_opt("x", ""), None),
             Ok(sync(existing("x"), true, true, Story::Adopted)),
         ),
         (
@@ -881,7 +887,7 @@ fn decide_table() {
         (
             "a record owned by another Pet is never taken",
             facts().external_id("x"),
-            found(Some(record("x", OTHER_UID, PetData::test())), None),
+            found(record_opt("x", OTHER_UID), None),
             Err(Reason::RecordOwnedElsewhere),
         ),
         (
@@ -893,7 +899,7 @@ fn decide_table() {
         (
             "a Pet that already owns a record cannot adopt a second one",
             facts().external_id("x").status_id("a"),
-            found(Some(record("x", "", PetData::test())), mine("a")),
+            found(record_opt("x", ""), mine("a")),
             Err(Reason::AdoptionConflict),
         ),
         // Deletion.
@@ -914,12 +920,7 @@ fn decide_table() {
             "delete: no record of ours, whatever status.id says: delete nothing",
             facts().deleting().status_id("alpha"),
             found(None, None),
-            Ok(Decision::Finish(Finish {
-                hand_to: None,
-                release: None,
-                delete: None,
-                story: Story::Deleted { id: None },
-            })),
+            writes_nothing(Story::Deleted { id: None }),
         ),
         (
             "orphan: keep the record and release it for adoption",
@@ -930,37 +931,22 @@ fn decide_table() {
         (
             "orphan retried after the release: nothing to release, the Event still names it",
             facts().deleting().orphan().status_id("a"),
-            found(Some(record("a", "", PetData::test())), None),
-            Ok(Decision::Finish(Finish {
-                hand_to: None,
-                release: None,
-                delete: None,
-                story: Story::Orphaned {
-                    id: Some("a".into()),
-                },
-            })),
+            found(record_opt("a", ""), None),
+            writes_nothing(Story::Orphaned {
+                id: Some("a".into()),
+            }),
         ),
         (
             "orphan with status.id naming another's record: release and name nothing",
             facts().deleting().orphan().status_id("alpha"),
-            found(Some(record("alpha", OTHER_UID, PetData::test())), None),
-            Ok(Decision::Finish(Finish {
-                hand_to: None,
-                release: None,
-                delete: None,
-                story: Story::Orphaned { id: None },
-            })),
+            found(record_opt("alpha", OTHER_UID), None),
+            writes_nothing(Story::Orphaned { id: None }),
         ),
         (
             "delete with status.id naming another Pet's record: delete nothing",
             facts().deleting().status_id("alpha"),
-            found(Some(record("alpha", OTHER_UID, PetData::test())), None),
-            Ok(Decision::Finish(Finish {
-                hand_to: None,
-                release: None,
-                delete: None,
-                story: Story::Deleted { id: None },
-            })),
+            found(record_opt("alpha", OTHER_UID), None),
+            writes_nothing(Story::Deleted { id: None }),
         ),
         // The installation going away: Delete keeps and releases.
         (
@@ -972,13 +958,13 @@ fn decide_table() {
         (
             "operator's namespace going: the retry after the release still names the record",
             uninstalling(Uninstall::NamespaceDeleting).status_id("a"),
-            found(Some(record("a", "", PetData::test())), None),
+            found(record_opt("a", ""), None),
             kept(None, Some("a"), Uninstall::NamespaceDeleting),
         ),
         (
             "uninstalling with status.id naming another's record: touch nothing",
             uninstalling(Uninstall::CrdDeleting).status_id("alpha"),
-            found(Some(record("alpha", OTHER_UID, PetData::test())), None),
+            found(record_opt("alpha", OTHER_UID), None),
             kept(None, None, Uninstall::CrdDeleting),
         ),
         (
@@ -990,43 +976,30 @@ fn decide_table() {
         (
             "uninstalling on a store without GetPets lets the Pet go, deleting nothing",
             uninstalling(Uninstall::CrdDeleting).status_id("a"),
-            Observation::StoreLacks {
-                missing: Operation::Observe,
-            },
+            lacks_get_pets(),
             kept(None, Some("a"), Uninstall::CrdDeleting),
         ),
         // A store without the extension RPCs.
         (
             "without GetPets a live Pet says the store lacks extensions",
             facts().status_id("a"),
-            Observation::StoreLacks {
-                missing: Operation::Observe,
-            },
+            lacks_get_pets(),
             Err(Reason::StoreLacksExtensions),
         ),
         (
             "without GetPets deletion cannot find the record, and says so",
             facts().deleting(),
-            Observation::StoreLacks {
-                missing: Operation::Observe,
-            },
+            lacks_get_pets(),
             Err(Reason::StoreLacksExtensions),
         ),
         (
             "without GetPets an Orphan deletion still releases the Pet",
             facts().deleting().orphan().status_id("a"),
-            Observation::StoreLacks {
+            lacks_get_pets(),
+            writes_nothing(Story::OrphanedUnkeyed {
+                status_id: Some("a".into()),
                 missing: Operation::Observe,
-            },
-            Ok(Decision::Finish(Finish {
-                hand_to: None,
-                release: None,
-                delete: None,
-                story: Story::OrphanedUnkeyed {
-                    status_id: Some("a".into()),
-                    missing: Operation::Observe,
-                },
-            })),
+            }),
         ),
     ];
     for (name, facts, observation, expected) in cases {

@@ -911,6 +911,22 @@ mod tests {
         }
     }
 
+    /// [`team`], but the caller may not GET `what` (`kind/namespace/name`).
+    fn team_not_reading(what: &'static str) -> World {
+        World {
+            unreadable: vec![what],
+            ..team()
+        }
+    }
+
+    /// A cluster without the store kinds installed.
+    fn without_store_kinds() -> World {
+        World {
+            no_store_kinds: true,
+            ..World::default()
+        }
+    }
+
     #[tokio::test]
     async fn the_plugin_chooses_each_pets_store_as_the_operator_does_with_the_callers_rights() {
         type Case = (
@@ -956,10 +972,7 @@ mod tests {
             ),
             (
                 "the store kinds not installed: the operator's own store",
-                World {
-                    no_store_kinds: true,
-                    ..World::default()
-                },
+                without_store_kinds(),
                 "a",
                 None,
                 None,
@@ -967,10 +980,7 @@ mod tests {
             ),
             (
                 "the store kinds not installed, a storeRef: StoreNotFound",
-                World {
-                    no_store_kinds: true,
-                    ..World::default()
-                },
+                without_store_kinds(),
                 "a",
                 Some("PetStore/x"),
                 None,
@@ -1029,10 +1039,7 @@ mod tests {
             ),
             (
                 "a PetStore the caller may not read: never taken as absent",
-                World {
-                    unreadable: vec!["PetStore/a/x"],
-                    ..team()
-                },
+                team_not_reading("PetStore/a/x"),
                 "a",
                 Some("PetStore/x"),
                 None,
@@ -1040,10 +1047,7 @@ mod tests {
             ),
             (
                 "an unreadable PetStore default: the default is unknown, not skipped",
-                World {
-                    unreadable: vec!["PetStore/a/default"],
-                    ..team()
-                },
+                team_not_reading("PetStore/a/default"),
                 "a",
                 None,
                 None,
@@ -1051,10 +1055,7 @@ mod tests {
             ),
             (
                 "the namespace's labels unreadable, but its name admits it",
-                World {
-                    unreadable: vec!["Namespace//a"],
-                    ..team()
-                },
+                team_not_reading("Namespace//a"),
                 "a",
                 Some("ClusterPetStore/shared"),
                 None,
@@ -1062,10 +1063,7 @@ mod tests {
             ),
             (
                 "the namespace's labels unreadable, and the name does not admit it",
-                World {
-                    unreadable: vec!["Namespace//b"],
-                    ..team()
-                },
+                team_not_reading("Namespace//b"),
                 "b",
                 Some("ClusterPetStore/shared"),
                 None,
@@ -1130,14 +1128,15 @@ mod tests {
             .err()
             .expect("refused");
         let message = error.to_string();
-        for needed in [
-            "ServiceAccount b/petstore-tenant",
-            "namespace b",
-            "create on serviceaccounts/token",
-            "--resource-name=petstore-tenant",
-        ] {
-            assert!(message.contains(needed), "{needed:?} missing: {message}");
-        }
+        crate::fixtures::assert_mentions(
+            &message,
+            &[
+                "ServiceAccount b/petstore-tenant",
+                "namespace b",
+                "create on serviceaccounts/token",
+                "--resource-name=petstore-tenant",
+            ],
+        );
         assert!(stores.tenants.is_empty(), "a client without a token");
     }
 
