@@ -247,28 +247,51 @@ impl http_body::Body for Holding {
 mod tests {
     use super::*;
 
-    /// The pushback trailer a refusal carries.
-    fn pushback(refused: &Status) -> Option<&str> {
-        refused
+    /// A call shed by a bound: RESOURCE_EXHAUSTED, its message saying each
+    /// of `says`, and the pushback trailer that spaces out the retries.
+    fn assert_shed(refused: &Status, says: &[&str]) {
+        assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+        for said in says {
+            assert!(refused.message().contains(said), "{said}: {refused:?}");
+        }
+        let pushback = refused
             .metadata()
             .get(PUSHBACK_TRAILER)
-            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.to_str().ok());
+        assert_eq!(pushback, Some("100"), "{refused:?}");
+    }
+
+    /// `count` places for `client`, each of which must be granted.
+    fn take(admission: &Admission, client: Option<IpAddr>, count: usize) -> Vec<Admitted> {
+        (0..count)
+            .map(|n| {
+                admission
+                    .admit(client)
+                    .unwrap_or_else(|refused| panic!("place {n}: {refused:?}"))
+            })
+            .collect()
+    }
+
+    /// A place given back (one of `held`) is granted to `client` again.
+    fn assert_freed_place_retaken(
+        admission: &Admission,
+        held: &mut Vec<Admitted>,
+        client: Option<IpAddr>,
+    ) {
+        drop(held.pop());
+        assert!(
+            admission.admit(client).is_ok(),
+            "a freed place is taken again"
+        );
     }
 
     #[test]
     fn beyond_the_limit_a_request_is_refused_with_a_pushback_until_one_ends() {
         let admission = Admission::new(2).with_per_client(0);
-        let first = admission.admit(None).expect("first");
-        let _second = admission.admit(None).expect("second");
+        let mut held = take(&admission, None, 2);
         let refused = admission.admit(None).expect_err("third");
-        assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
-        assert!(refused.message().contains("limit of 2"), "{refused:?}");
-        assert_eq!(pushback(&refused), Some("100"));
-        drop(first);
-        assert!(
-            admission.admit(None).is_ok(),
-            "a place freed is taken again"
-        );
+        assert_shed(&refused, &["limit of 2"]);
+        assert_freed_place_retaken(&admission, &mut held, None);
     }
 
     #[test]
@@ -277,34 +300,24 @@ mod tests {
         let other = Some(IpAddr::from([127, 0, 0, 2]));
         assert_eq!(Admission::new(4).per_client, 2, "half the bound by default");
         let admission = Admission::new(4).with_per_client(3);
-        let first = admission.admit(flood).expect("first");
-        let _second = admission.admit(flood).expect("second");
-        let _third = admission.admit(flood).expect("third");
+        let mut held = take(&admission, flood, 3);
         let refused = admission.admit(flood).expect_err("beyond its share");
-        assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
-        assert!(
-            refused
-                .message()
-                .contains("3 requests at once from 127.0.0.1")
-                && refused
-                    .message()
-                    .contains("--max-concurrent-requests-per-client"),
-            "{refused:?}"
+        assert_shed(
+            &refused,
+            &[
+                "3 requests at once from 127.0.0.1",
+                "--max-concurrent-requests-per-client",
+            ],
         );
-        assert_eq!(pushback(&refused), Some("100"));
         let _elsewhere = admission
             .admit(other)
             .expect("another client finds a place");
         // Every place is taken now: refused by the whole bound, and the
         // share it was given for a moment is given back.
         let full = admission.admit(other).expect_err("every place taken");
-        assert!(full.message().contains("limit of 4"), "{full:?}");
+        assert_shed(&full, &["limit of 4"]);
         assert_eq!(admission.clients.held_by(IpAddr::from([127, 0, 0, 2])), 1);
-        drop(first);
-        assert!(
-            admission.admit(flood).is_ok(),
-            "a share freed is taken again"
-        );
+        assert_freed_place_retaken(&admission, &mut held, flood);
     }
 
     #[test]

@@ -16,7 +16,7 @@ use tonic::transport::Channel;
 #[macro_use]
 mod support;
 
-use support::{Backend, Running, add, date, keyed, pet, thor, tron};
+use support::{Backend, Running, add, assert_refused, assert_status, date, keyed, pet, thor, tron};
 
 async fn start_with(storage: Arc<dyn Storage>, dir: tempfile::TempDir) -> Running {
     start_with_options(storage, dir, ServeOptions::default()).await
@@ -41,16 +41,6 @@ async fn start(backend: Backend) -> Running {
     start_with(storage, dir).await
 }
 
-/// The call was refused with `code`, its message naming `field` first.
-fn assert_refused(err: &tonic::Status, code: Code, field: &str) {
-    assert_eq!(err.code(), code, "{err:?}");
-    assert!(
-        err.message().starts_with(field),
-        "{field}: {}",
-        err.message()
-    );
-}
-
 /// A search for the pets with any of `names`.
 fn by_names(names: &[&str]) -> pb::SearchPetsReq {
     pb::SearchPetsReq {
@@ -59,12 +49,9 @@ fn by_names(names: &[&str]) -> pb::SearchPetsReq {
     }
 }
 
+/// Every pet the search finds, sorted by name.
 async fn search(client: &mut PetStoreClient<Channel>, req: pb::SearchPetsReq) -> Vec<pb::Pet> {
-    let mut stream = client.search_pets(req).await.expect("search").into_inner();
-    let mut pets = Vec::new();
-    while let Some(pet) = stream.message().await.expect("stream") {
-        pets.push(pet);
-    }
+    let mut pets = support::searched(client, req).await.expect("search");
     pets.sort_by(|a, b| a.name.cmp(&b.name));
     pets
 }
@@ -165,8 +152,7 @@ async fn update_replaces_fields_and_unknown_id_changes_nothing(backend: Backend)
     let mut ghost = tron();
     ghost.id = "no-such-id".into();
     let err = update_rejected(&mut s.client, vec![renamed, ghost]).await;
-    assert_eq!(err.code(), Code::NotFound);
-    assert!(err.message().contains("pets[1].id"), "{}", err.message());
+    assert_status(&err, Code::NotFound, "pets[1].id");
     assert_eq!(all(&mut s.client).await[0].name, "Thorbert");
     s.stop().await;
 }
@@ -244,12 +230,7 @@ async fn search_filters_narrow_and_range_is_half_open(backend: Backend) {
         .search_pets(range(date(2021, 2, 30), None))
         .await
         .expect_err("bad range");
-    assert_eq!(err.code(), Code::InvalidArgument);
-    assert!(
-        err.message().contains("birthdate_range.start"),
-        "{}",
-        err.message()
-    );
+    assert_status(&err, Code::InvalidArgument, "birthdate_range.start");
     let err = s
         .client
         .search_pets(pb::SearchPetsReq {
@@ -1287,6 +1268,18 @@ async fn claim(
         .map(tonic::Response::into_inner)
 }
 
+/// A claim that must be answered, granted or not.
+async fn claimed(
+    client: &mut PetStoreClient<Channel>,
+    installation: &str,
+    holder: &str,
+    ttl_seconds: i64,
+) -> pb::ClaimInstallationResp {
+    claim(client, installation, holder, ttl_seconds)
+        .await
+        .expect("answered")
+}
+
 fn unix_millis_now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -1300,9 +1293,7 @@ fn unix_millis_now() -> i64 {
 async fn installation_claims_exclude_other_holders(backend: Backend) {
     let mut s = start(backend).await;
     let before = unix_millis_now();
-    let first = claim(&mut s.client, "blue", "cluster-a", 60)
-        .await
-        .expect("claim");
+    let first = claimed(&mut s.client, "blue", "cluster-a", 60).await;
     assert!(first.granted, "{first:?}");
     assert_eq!(first.holder, "cluster-a");
     assert_eq!(first.remaining_millis, 60_000);
@@ -1313,9 +1304,7 @@ async fn installation_claims_exclude_other_holders(backend: Backend) {
         "{first:?} vs {expected}"
     );
 
-    let refused = claim(&mut s.client, "blue", "cluster-b", 60)
-        .await
-        .expect("answered");
+    let refused = claimed(&mut s.client, "blue", "cluster-b", 60).await;
     assert!(!refused.granted, "{refused:?}");
     assert_eq!(refused.holder, "cluster-a");
     assert_eq!(refused.expires_at_unix_millis, first.expires_at_unix_millis);
@@ -1324,24 +1313,16 @@ async fn installation_claims_exclude_other_holders(backend: Backend) {
         "{refused:?}"
     );
 
-    let renewed = claim(&mut s.client, "blue", "cluster-a", 120)
-        .await
-        .expect("renew");
+    let renewed = claimed(&mut s.client, "blue", "cluster-a", 120).await;
     assert!(renewed.granted, "{renewed:?}");
     assert!(renewed.expires_at_unix_millis > first.expires_at_unix_millis);
-    let other_name = claim(&mut s.client, "green", "cluster-b", 60)
-        .await
-        .expect("claim");
+    let other_name = claimed(&mut s.client, "green", "cluster-b", 60).await;
     assert!(other_name.granted, "{other_name:?}");
 
     // An expired claim is anyone's: the first holder is then refused.
-    let short = claim(&mut s.client, "short", "cluster-a", 1)
-        .await
-        .expect("claim");
+    let short = claimed(&mut s.client, "short", "cluster-a", 1).await;
     assert!(short.granted);
-    let held = claim(&mut s.client, "short", "cluster-b", 60)
-        .await
-        .expect("answered");
+    let held = claimed(&mut s.client, "short", "cluster-b", 60).await;
     if held.granted {
         // Only if this machine took over a second to answer.
         assert!(unix_millis_now() >= short.expires_at_unix_millis);
@@ -1349,13 +1330,9 @@ async fn installation_claims_exclude_other_holders(backend: Backend) {
         assert_eq!(held.holder, "cluster-a");
     }
     tokio::time::sleep(std::time::Duration::from_millis(1_200)).await;
-    let taken = claim(&mut s.client, "short", "cluster-b", 60)
-        .await
-        .expect("claim");
+    let taken = claimed(&mut s.client, "short", "cluster-b", 60).await;
     assert!(taken.granted, "{taken:?}");
-    let lost = claim(&mut s.client, "short", "cluster-a", 1)
-        .await
-        .expect("answered");
+    let lost = claimed(&mut s.client, "short", "cluster-a", 1).await;
     assert!(!lost.granted, "{lost:?}");
     assert_eq!(lost.holder, "cluster-b");
 
@@ -1371,9 +1348,7 @@ async fn installation_claims_exclude_other_holders(backend: Backend) {
         assert_refused(&err, Code::InvalidArgument, field);
     }
     // A refused renewal changed nothing: blue is still cluster-a's.
-    let still = claim(&mut s.client, "blue", "cluster-b", 60)
-        .await
-        .expect("answered");
+    let still = claimed(&mut s.client, "blue", "cluster-b", 60).await;
     assert_eq!((still.granted, still.holder.as_str()), (false, "cluster-a"));
     assert!(all(&mut s.client).await.is_empty(), "claims are no records");
     s.stop().await;
@@ -1385,9 +1360,7 @@ async fn racing_installation_claims_have_one_winner(backend: Backend) {
     let s = start(backend).await;
     let answers = at_once(&s, 0..16, |mut client, n| async move {
         let holder = format!("cluster-{n}");
-        let answer = claim(&mut client, "blue", &holder, 60)
-            .await
-            .expect("answered");
+        let answer = claimed(&mut client, "blue", &holder, 60).await;
         (holder, answer)
     })
     .await;
@@ -1491,16 +1464,12 @@ async fn durable_store_keeps_installation_claims_across_reopen() {
     let path = dir.path().join("pets.redb");
     let reopen = || reopen_durable(&path);
     let mut s = reopen().await;
-    let held = claim(&mut s.client, "blue", "cluster-a", 600)
-        .await
-        .expect("claim");
+    let held = claimed(&mut s.client, "blue", "cluster-a", 600).await;
     assert!(held.granted);
     s.stop().await;
 
     let mut s = reopen().await;
-    let refused = claim(&mut s.client, "blue", "cluster-b", 60)
-        .await
-        .expect("answered");
+    let refused = claimed(&mut s.client, "blue", "cluster-b", 60).await;
     assert_eq!(
         (
             refused.granted,
@@ -1844,10 +1813,10 @@ async fn beyond_the_bound_a_request_is_shed_with_a_pushback() {
         .add_pets(pb::AddPetsReq { pets: vec![thor()] })
         .await
         .expect_err("shed while the search holds the only place");
-    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
-    assert!(
-        refused.message().contains("--max-concurrent-requests"),
-        "{refused:?}"
+    assert_status(
+        &refused,
+        Code::ResourceExhausted,
+        "--max-concurrent-requests",
     );
     assert_eq!(
         refused

@@ -14,7 +14,7 @@ use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
 mod support;
 
-use support::keyed;
+use support::{keyed, searched};
 
 struct Server {
     child: Child,
@@ -98,18 +98,16 @@ async fn acknowledged_writes_survive_kill_9_and_keys_still_deduplicate() {
     let (_server, channel) = spawn(&data).await;
     assert_eq!(count(&channel).await, 50, "every acknowledged pet survives");
     // The name index was committed with the pets it indexes.
-    let mut by_name = PetStoreClient::new(channel.clone())
-        .search_pets(pb::SearchPetsReq {
+    let by_name = searched(
+        &mut PetStoreClient::new(channel.clone()),
+        pb::SearchPetsReq {
             names: vec!["pet-7".into(), "pet-49".into()],
             ..Default::default()
-        })
-        .await
-        .expect("search by name")
-        .into_inner();
-    let mut found = Vec::new();
-    while let Some(pet) = by_name.message().await.expect("stream") {
-        found.push(pet.id);
-    }
+        },
+    )
+    .await
+    .expect("search by name");
+    let mut found: Vec<_> = by_name.into_iter().map(|pet| pet.id).collect();
     found.sort();
     let mut expected = vec![ids[7].clone(), ids[49].clone()];
     expected.sort();

@@ -612,6 +612,7 @@ mod grpc {
     use petstore_proto::PetStoreClient;
     use petstore_proto::petstore as pb;
     use petstore_server::auth::{Tenancy, TenancyOptions, TrustedIssuer};
+    use petstore_server::model::NewPet;
     use petstore_server::server::{ServeError, ServeOptions};
     use petstore_server::service::Observability;
     use petstore_server::storage::{MemoryStorage, Storage};
@@ -621,7 +622,9 @@ mod grpc {
     use tonic::{Code, Request, Status};
 
     use super::support::tokens::{SigningKey, claims, jwks, unix_now};
-    use super::support::{Running, keyed, thor, tron};
+    use super::support::{
+        Running, assert_metrics, assert_refused, assert_status, keyed, searched, thor, tron,
+    };
 
     const ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
     const OBSERVER: &str = "system:serviceaccount:monitoring:reader";
@@ -711,6 +714,14 @@ mod grpc {
         serve_over(Arc::new(MemoryStorage::default()), &[]).await
     }
 
+    /// A tenancy-on store over a memory store that holds `pet`, written
+    /// before tenancy (no tenant); and the pet's ID.
+    async fn serve_with_one_from_before_tenancy(pet: NewPet) -> (Store, String) {
+        let storage: Arc<dyn Storage> = Arc::new(MemoryStorage::default());
+        let id = super::add_one(&*storage, &Access::All, pet).await;
+        (serve_over(storage, &[]).await, id)
+    }
+
     /// `message` with `token` as its bearer token.
     fn as_caller<T>(token: &str, message: T) -> Request<T> {
         let mut request = Request::new(message);
@@ -719,6 +730,17 @@ mod grpc {
             format!("Bearer {token}").parse().expect("ascii"),
         );
         request
+    }
+
+    /// The names a full search with `token` over `client` finds, sorted.
+    async fn names(
+        client: &mut PetStoreClient<Channel>,
+        token: &str,
+    ) -> Result<Vec<String>, Status> {
+        let pets = searched(client, as_caller(token, pb::SearchPetsReq::default())).await?;
+        let mut names: Vec<String> = pets.into_iter().map(|pet| pet.name).collect();
+        names.sort();
+        Ok(names)
     }
 
     impl Store {
@@ -736,17 +758,7 @@ mod grpc {
         }
 
         async fn search(&self, token: &str) -> Result<Vec<String>, Status> {
-            let mut stream = self
-                .client()
-                .search_pets(as_caller(token, pb::SearchPetsReq::default()))
-                .await?
-                .into_inner();
-            let mut names = Vec::new();
-            while let Some(pet) = stream.message().await? {
-                names.push(pet.name);
-            }
-            names.sort();
-            Ok(names)
+            names(&mut self.client(), token).await
         }
 
         async fn get(&self, token: &str, request: pb::GetPetsReq) -> pb::GetPetsResp {
@@ -826,14 +838,23 @@ mod grpc {
         }
     }
 
+    /// `metrics` counts tenancy's refusals as each (method, reason, count)
+    /// says.
+    fn assert_refusals(metrics: &str, counts: &[(&str, &str, u64)]) {
+        let series: Vec<String> = counts
+            .iter()
+            .map(|(method, reason, count)| {
+                format!(
+                    "petstore_server_tenant_refusals_total{{method=\"{method}\",reason=\"{reason}\"}} {count}"
+                )
+            })
+            .collect();
+        assert_metrics(metrics, &series);
+    }
+
     fn assert_code(result: Result<(), Status>, code: Code, fragment: &str) -> Status {
         let status = result.expect_err("refused");
-        assert_eq!(status.code(), code, "{status:?}");
-        assert!(
-            status.message().contains(fragment),
-            "{fragment:?} not in {:?}",
-            status.message()
-        );
+        assert_status(&status, code, fragment);
         status
     }
 
@@ -1002,13 +1023,10 @@ mod grpc {
             .add(&store.b, vec![identified("Mine", "", "team-a/mine")])
             .await
             .expect_err("an identity in a");
-        assert_eq!(status.code(), Code::PermissionDenied);
-        assert!(
-            status
-                .message()
-                .starts_with("pets[0].identity: refused for tenant \"team-b\""),
-            "{}",
-            status.message()
+        assert_refused(
+            &status,
+            Code::PermissionDenied,
+            "pets[0].identity: refused for tenant \"team-b\"",
         );
         assert_eq!(store.stored(&id).await, before, "a's record unchanged");
         assert_eq!(
@@ -1020,16 +1038,16 @@ mod grpc {
             .delete(&store.b, "no-such-id")
             .await
             .expect("delete missing");
-        let metrics = store.metrics();
-        for series in [
-            "petstore_server_tenant_refusals_total{method=\"UpdatePets\",reason=\"cross_tenant\"} 1",
-            "petstore_server_tenant_refusals_total{method=\"DeletePets\",reason=\"cross_tenant\"} 1",
-            "petstore_server_tenant_refusals_total{method=\"SetIdempotencyKeys\",reason=\"cross_tenant\"} 1",
-            "petstore_server_tenant_refusals_total{method=\"AddPets\",reason=\"cross_tenant\"} 1",
-            "petstore_server_tenant_refusals_total{method=\"AddPets\",reason=\"identity_namespace\"} 2",
-        ] {
-            assert!(metrics.contains(series), "no {series} in\n{metrics}");
-        }
+        assert_refusals(
+            &store.metrics(),
+            &[
+                ("UpdatePets", "cross_tenant", 1),
+                ("DeletePets", "cross_tenant", 1),
+                ("SetIdempotencyKeys", "cross_tenant", 1),
+                ("AddPets", "cross_tenant", 1),
+                ("AddPets", "identity_namespace", 2),
+            ],
+        );
         store.running.stop().await;
     }
 
@@ -1100,33 +1118,19 @@ mod grpc {
             store.search(&store.observer).await.expect("search"),
             Vec::<String>::new()
         );
-        assert!(
-            store.metrics().contains(
-                "petstore_server_tenant_refusals_total{method=\"AddPets\",reason=\"unauthenticated\"} 7"
-            ),
-            "{}",
-            store.metrics()
-        );
+        assert_refusals(&store.metrics(), &[("AddPets", "unauthenticated", 7)]);
         store.running.stop().await;
     }
 
     #[tokio::test]
     async fn a_tenants_first_write_stamps_a_record_from_before_tenancy() {
-        let storage: Arc<dyn Storage> = Arc::new(MemoryStorage::default());
-        // Written before tenancy: the operator's identity, no tenant.
-        let old = storage
-            .add(
-                &Access::All,
-                &[petstore_server::model::NewPet {
-                    identity: Some("team-a/thor".into()),
-                    ..super::new_pet("Thor", Some("uid-thor"), None)
-                }],
-            )
-            .await
-            .expect("add")[0]
-            .id
-            .clone();
-        let store = serve_over(Arc::clone(&storage), &[]).await;
+        // The operator's identity, no tenant.
+        let (store, old) = serve_with_one_from_before_tenancy(super::new_pet(
+            "Thor",
+            Some("uid-thor"),
+            Some("team-a/thor"),
+        ))
+        .await;
         assert_eq!(
             store.search(&store.b).await.expect("b"),
             Vec::<String>::new()
@@ -1151,17 +1155,8 @@ mod grpc {
 
     #[tokio::test]
     async fn a_record_from_before_tenancy_is_claimed_by_import() {
-        let storage: Arc<dyn Storage> = Arc::new(MemoryStorage::default());
-        let old = storage
-            .add(
-                &Access::All,
-                &[super::new_pet("Tron", Some("uid-old"), None)],
-            )
-            .await
-            .expect("add")[0]
-            .id
-            .clone();
-        let store = serve_over(Arc::clone(&storage), &[]).await;
+        let (store, old) =
+            serve_with_one_from_before_tenancy(super::new_pet("Tron", Some("uid-old"), None)).await;
         // Every tenant finds it, to import it...
         for token in [&store.a, &store.b] {
             let got = store
@@ -1313,13 +1308,7 @@ mod grpc {
             .await
             .expect_err("a tenant does not");
         assert_eq!(status.code(), Code::PermissionDenied);
-        let metrics = store.metrics();
-        assert!(
-            metrics.contains(
-                "petstore_server_tenant_refusals_total{method=\"AddPets\",reason=\"observer_write\"} 1"
-            ),
-            "{metrics}"
-        );
+        assert_refusals(&store.metrics(), &[("AddPets", "observer_write", 1)]);
         store.running.stop().await;
     }
 
@@ -1327,21 +1316,17 @@ mod grpc {
     async fn only_the_listed_namespaces_use_the_store() {
         let store = serve_over(Arc::new(MemoryStorage::default()), &["team-a"]).await;
         store.add(&store.a, vec![thor()]).await.expect("team-a");
-        let status = store.add(&store.b, vec![tron()]).await.expect_err("team-b");
-        assert_eq!(status.code(), Code::PermissionDenied);
-        assert!(
-            status.message().contains("\"team-b\""),
-            "{}",
-            status.message()
+        assert_code(
+            store.add(&store.b, vec![tron()]).await.map(drop),
+            Code::PermissionDenied,
+            "\"team-b\"",
         );
         // Observers are named one by one, whatever their namespace.
         assert_eq!(
             store.search(&store.observer).await.expect("observer"),
             ["Thor"]
         );
-        assert!(store.metrics().contains(
-            "petstore_server_tenant_refusals_total{method=\"AddPets\",reason=\"namespace_not_allowed\"} 1"
-        ));
+        assert_refusals(&store.metrics(), &[("AddPets", "namespace_not_allowed", 1)]);
         store.running.stop().await;
     }
 
@@ -1473,20 +1458,6 @@ mod grpc {
         PetStoreClient::new(channel)
     }
 
-    async fn names(client: &mut PetStoreClient<Channel>, token: &str) -> Vec<String> {
-        let mut stream = client
-            .search_pets(as_caller(token, pb::SearchPetsReq::default()))
-            .await
-            .expect("search")
-            .into_inner();
-        let mut names = Vec::new();
-        while let Some(pet) = stream.message().await.expect("stream") {
-            names.push(pet.name);
-        }
-        names.sort();
-        names
-    }
-
     // Over real mutual TLS, the token must be one the client certificate
     // may carry: its own account's, or any for an observer. Fails if the
     // store takes a token from any certificate of its CA (the stolen
@@ -1552,11 +1523,7 @@ mod grpc {
             .add_pets(as_caller(&a_token, stolen()))
             .await
             .expect_err("a CN that is not a principal");
-        assert_eq!(unnamed.code(), Code::PermissionDenied, "{unnamed:?}");
-        assert!(
-            unnamed.message().contains("names no ServiceAccount"),
-            "{unnamed:?}"
-        );
+        assert_status(&unnamed, Code::PermissionDenied, "names no ServiceAccount");
 
         // The same certificate with its own account's token: accepted.
         as_b.add_pets(as_caller(&b_token, pb::AddPetsReq { pets: vec![tron()] }))
@@ -1568,21 +1535,26 @@ mod grpc {
             .add_pets(as_caller(&a_token, pb::AddPetsReq { pets: vec![thor()] }))
             .await
             .expect("the observer carrying team-a's token");
-        assert_eq!(names(&mut as_observer, &a_token).await, ["Thor"]);
-        assert_eq!(names(&mut as_b, &b_token).await, ["Tron"]);
+        assert_eq!(
+            names(&mut as_observer, &a_token).await.expect("search"),
+            ["Thor"]
+        );
+        assert_eq!(names(&mut as_b, &b_token).await.expect("search"), ["Tron"]);
         // Nothing the refused calls sent was written.
         let observer_token = cluster.token("monitoring", "reader");
         assert_eq!(
-            names(&mut as_observer, &observer_token).await,
+            names(&mut as_observer, &observer_token)
+                .await
+                .expect("search"),
             ["Thor", "Tron"]
         );
 
-        let metrics = observability.metrics.encode().expect("encode");
-        for series in [
-            "petstore_server_tenant_refusals_total{method=\"AddPets\",reason=\"certificate_mismatch\"} 2",
-            "petstore_server_tenant_refusals_total{method=\"SearchPets\",reason=\"certificate_mismatch\"} 1",
-        ] {
-            assert!(metrics.contains(series), "no {series} in\n{metrics}");
-        }
+        assert_refusals(
+            &observability.metrics.encode().expect("encode"),
+            &[
+                ("AddPets", "certificate_mismatch", 2),
+                ("SearchPets", "certificate_mismatch", 1),
+            ],
+        );
     }
 }

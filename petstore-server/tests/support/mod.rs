@@ -14,6 +14,7 @@ use petstore_server::server::ServeOptions;
 use petstore_server::service::Observability;
 use petstore_server::storage::{PostgresConfig, Storage, StorageConfig};
 use tonic::transport::Channel;
+use tonic::{Code, Status};
 
 pub mod tokens;
 
@@ -201,4 +202,44 @@ pub async fn add(client: &mut PetStoreClient<Channel>, pets: Vec<pb::Pet>) -> Ve
         .expect("add")
         .into_inner()
         .ids
+}
+
+/// Every pet a SearchPets answers, in the order streamed.
+pub async fn searched(
+    client: &mut PetStoreClient<Channel>,
+    request: impl tonic::IntoRequest<pb::SearchPetsReq>,
+) -> Result<Vec<pb::Pet>, Status> {
+    let mut stream = client.search_pets(request).await?.into_inner();
+    let mut pets = Vec::new();
+    while let Some(pet) = stream.message().await? {
+        pets.push(pet);
+    }
+    Ok(pets)
+}
+
+/// The call was refused with `code`, its message saying `fragment`.
+pub fn assert_status(status: &Status, code: Code, fragment: &str) {
+    assert_eq!(status.code(), code, "{status:?}");
+    assert!(
+        status.message().contains(fragment),
+        "{fragment:?} not in {:?}",
+        status.message()
+    );
+}
+
+/// The call was refused with `code`, its message naming `field` first.
+pub fn assert_refused(status: &Status, code: Code, field: &str) {
+    assert_status(status, code, field);
+    assert!(
+        status.message().starts_with(field),
+        "{field:?} not first in {:?}",
+        status.message()
+    );
+}
+
+/// Every one of `series` (a line of the OpenMetrics text) is in `metrics`.
+pub fn assert_metrics(metrics: &str, series: &[impl AsRef<str>]) {
+    for series in series.iter().map(AsRef::as_ref) {
+        assert!(metrics.contains(series), "no {series} in\n{metrics}");
+    }
 }
