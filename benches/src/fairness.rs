@@ -226,18 +226,17 @@ fn ms(d: Duration) -> String {
 }
 
 pub fn markdown(result: &FairnessResult, command: &str) -> String {
-    let mut out = String::new();
     let n = result.pets;
-    let _ = writeln!(out, "{}\n", SECTION.trim_start());
-    let _ = writeln!(
-        out,
-        "{} One operator with its shipped settings, on a durable store. {n} Pets were created at once in one namespace by {BURST_CLIENTS} clients, and one Pet in another namespace every {} ms until the whole burst was Ready. Each of those {} probes is timed from its create's answer until a watch saw it Ready. The operator takes the namespaces in turn (`operator/src/controller/fair_queue.rs`). Load averages when the burst was Ready: {}.\n",
-        crate::report::measured_with(command, &result.commit, &result.started_at),
-        PROBE_EVERY.as_millis(),
-        result.probes.len(),
-        result.load,
+    let mut out = crate::report::goal_section(
+        SECTION,
+        &format!(
+            "{} One operator with its shipped settings, on a durable store. {n} Pets were created at once in one namespace by {BURST_CLIENTS} clients, and one Pet in another namespace every {} ms until the whole burst was Ready. Each of those {} probes is timed from its create's answer until a watch saw it Ready. The operator takes the namespaces in turn (`operator/src/controller/fair_queue.rs`). Load averages when the burst was Ready: {}.",
+            crate::report::measured_with(command, &result.commit, &result.started_at),
+            PROBE_EVERY.as_millis(),
+            result.probes.len(),
+            result.load,
+        ),
     );
-    let _ = writeln!(out, "{}", crate::report::GOAL_TABLE);
     let _ = writeln!(
         out,
         "| a probe Pet Ready, p50 / p99 / max | p99 ≤ {} | {} / {} / {} | {} |",

@@ -349,7 +349,7 @@ pub fn measure(config: &FloodConfig, progress: &dyn Fn(&str)) -> Result<FloodRes
     let (flood_edits, _) = flood_churn.stop(&rt);
     let load = crate::report::load_average();
     let connections_refused = refused(&env.store.metrics_addr)?.saturating_sub(refused_before);
-    let operator_failed = crate::rotation::grown(
+    let operator_failed = crate::apimetrics::increase(
         &failed_before,
         &crate::rotation::operator_failed(&operator.metrics()?),
     );
@@ -381,19 +381,18 @@ fn ms(d: Duration) -> String {
 }
 
 pub fn markdown(result: &FloodResult, command: &str) -> String {
-    let mut out = String::new();
-    let _ = writeln!(out, "{}\n", SECTION.trim_start());
-    let _ = writeln!(
-        out,
-        "{} The store with its shipped bounds (`--max-connections-per-client` 64, `--max-concurrent-requests` 1024, half of it per client) and mutual TLS; one operator with its shipped settings, reaching the store through a relay that connects from 127.0.0.2, so that the store tells it from ghz (127.0.0.1) as it tells two Pods apart. {} Pets Ready, then two {} windows of renames through the API server, {EDITS_PER_SECOND} a second: the first with nothing else on the store, the second while ghz floods it with `GetPets` ({} calls at once over {} connections, as fast as it can). Each of the operator's store calls is timed by its span (`store.<Method>`, exported to an OpenTelemetry Collector in both windows): the operator's histogram has buckets a factor of 2 apart, as wide as the goal. Load averages at the end of the flood: {}.\n",
-        crate::report::measured_with(command, &result.commit, &result.started_at),
-        result.pets,
-        crate::report::duration_words(result.window),
-        result.ghz_load.0,
-        result.ghz_load.1,
-        result.load,
+    let mut out = crate::report::goal_section(
+        SECTION,
+        &format!(
+            "{} The store with its shipped bounds (`--max-connections-per-client` 64, `--max-concurrent-requests` 1024, half of it per client) and mutual TLS; one operator with its shipped settings, reaching the store through a relay that connects from 127.0.0.2, so that the store tells it from ghz (127.0.0.1) as it tells two Pods apart. {} Pets Ready, then two {} windows of renames through the API server, {EDITS_PER_SECOND} a second: the first with nothing else on the store, the second while ghz floods it with `GetPets` ({} calls at once over {} connections, as fast as it can). Each of the operator's store calls is timed by its span (`store.<Method>`, exported to an OpenTelemetry Collector in both windows): the operator's histogram has buckets a factor of 2 apart, as wide as the goal. Load averages at the end of the flood: {}.",
+            crate::report::measured_with(command, &result.commit, &result.started_at),
+            result.pets,
+            crate::report::duration_words(result.window),
+            result.ghz_load.0,
+            result.ghz_load.1,
+            result.load,
+        ),
     );
-    let _ = writeln!(out, "{}", crate::report::GOAL_TABLE);
     let _ = writeln!(
         out,
         "| the operator's store calls, p99 under the flood ÷ p99 without | ≤ {GOAL_RATIO:.1} | {:.2} | {} |",

@@ -276,32 +276,31 @@ pub fn section(observe: bool) -> &'static str {
 
 /// The report's idle section (or its Observe section).
 pub fn markdown(result: &IdleResult, command: &str) -> String {
-    let mut out = String::new();
     let window = crate::report::duration_words(result.window);
     let n = result.pets;
-    let _ = writeln!(out, "{}\n", section(result.observe).trim_start());
-    let _ = writeln!(
-        out,
-        "Measured with `{command}` on commit {commit}, window from {started} ({profile} build). {n} Pets were converged on each of two control planes at once, each with its own durable store: one operator with the defaults (the store's change feed followed, each Pet audited every hour, `--audit-interval 1h`), one with the defaults but `--follow-store-changes=false` (each Pet polled every 5 minutes, `--poll-interval 5m`). {observe}Once both were Ready, and the feed side's Events written, every store call each operator made was counted over the same {window} window with nothing changing (its `petstore_operator_store_call_duration_seconds_count`, by method). The figures are the window's counts, **not scaled to an hour**{full}. The audit reads a Pet at least half an audit interval after its last reconcile, at a phase fixed by its UID, so a window that starts at convergence holds no audit reads in its first 30 minutes, and any window of at most an hour reads each Pet at most once: the goal, N calls an hour, applies to the window's count as it is.\n",
-        commit = result.commit,
-        started = result.started_at,
-        profile = if cfg!(debug_assertions) {
-            "debug"
-        } else {
-            "release"
-        },
-        observe = if result.observe {
-            "Once converged, every Pet was switched to `changePolicy: Observe` and renamed in the same patch, so each held a pending `update name` plan, never applied, through the window. "
-        } else {
-            ""
-        },
-        full = if result.window >= MAX_WINDOW {
-            " (the window is a full hour)"
-        } else {
-            ""
-        },
+    let mut out = crate::report::goal_section(
+        section(result.observe),
+        &format!(
+            "Measured with `{command}` on commit {commit}, window from {started} ({profile} build). {n} Pets were converged on each of two control planes at once, each with its own durable store: one operator with the defaults (the store's change feed followed, each Pet audited every hour, `--audit-interval 1h`), one with the defaults but `--follow-store-changes=false` (each Pet polled every 5 minutes, `--poll-interval 5m`). {observe}Once both were Ready, and the feed side's Events written, every store call each operator made was counted over the same {window} window with nothing changing (its `petstore_operator_store_call_duration_seconds_count`, by method). The figures are the window's counts, **not scaled to an hour**{full}. The audit reads a Pet at least half an audit interval after its last reconcile, at a phase fixed by its UID, so a window that starts at convergence holds no audit reads in its first 30 minutes, and any window of at most an hour reads each Pet at most once: the goal, N calls an hour, applies to the window's count as it is.",
+            commit = result.commit,
+            started = result.started_at,
+            profile = if cfg!(debug_assertions) {
+                "debug"
+            } else {
+                "release"
+            },
+            observe = if result.observe {
+                "Once converged, every Pet was switched to `changePolicy: Observe` and renamed in the same patch, so each held a pending `update name` plan, never applied, through the window. "
+            } else {
+                ""
+            },
+            full = if result.window >= MAX_WINDOW {
+                " (the window is a full hour)"
+            } else {
+                ""
+            },
+        ),
     );
-    let _ = writeln!(out, "{}", crate::report::GOAL_TABLE);
     let _ = writeln!(
         out,
         "| store calls in a {window} idle window at N = {n}{observe}, with the defaults (the feed followed) | ≤ {n} | {} ({}) | {} |",

@@ -221,16 +221,15 @@ fn import_once(plugin: &Path, env: &Env) -> Result<(Run, String)> {
 
 /// The report's section.
 pub fn markdown(result: &ImportResult, command: &str) -> String {
-    let mut out = String::new();
     let n = result.records;
-    let _ = writeln!(out, "{}\n", SECTION.trim_start());
-    let _ = writeln!(
-        out,
-        "{} On a control plane with the Pet CRD installed and no operator, a durable store held {n} records that no Pet owns, added beforehand with the store's own `AddPets`, {BATCH} per call (not timed). `kubectl petstore import -n {NAMESPACE} --petstore-addr <store>` (the plugin binary, run directly with the control plane's kubeconfig) lists the cluster's Pets, reads every record with `SearchPets` and prints a Pet manifest per record it may adopt; it was run {} times, one after the other and with no warm-up run, each timed from its start to its exit, its manifests counted (`kind: Pet`) and its peak RSS sampled every 10 ms.\n",
-        crate::report::measured_with(command, &result.commit, &result.started_at),
-        result.runs.len(),
+    let mut out = crate::report::goal_section(
+        SECTION,
+        &format!(
+            "{} On a control plane with the Pet CRD installed and no operator, a durable store held {n} records that no Pet owns, added beforehand with the store's own `AddPets`, {BATCH} per call (not timed). `kubectl petstore import -n {NAMESPACE} --petstore-addr <store>` (the plugin binary, run directly with the control plane's kubeconfig) lists the cluster's Pets, reads every record with `SearchPets` and prints a Pet manifest per record it may adopt; it was run {} times, one after the other and with no warm-up run, each timed from its start to its exit, its manifests counted (`kind: Pet`) and its peak RSS sampled every 10 ms.",
+            crate::report::measured_with(command, &result.commit, &result.started_at),
+            result.runs.len(),
+        ),
     );
-    let _ = writeln!(out, "{}", crate::report::GOAL_TABLE);
     let _ = writeln!(
         out,
         "| manifests printed, every run | {n} of {n} | {} | {} |",

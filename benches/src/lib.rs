@@ -565,11 +565,13 @@ pub fn store_markdown(results: &BenchResults) -> String {
         }
     }
     if !results.feed_cost.is_empty() {
-        let _ = writeln!(out, "\n### The change feed's cost\n");
-        let _ = writeln!(
-            out,
-            "A fresh durable store for each row: the watchers follow `WatchPets` from the current revision, then {CREATORS} clients create the pets, one `AddPets` call per pet (as the operator sends a lone create). Time runs until every watcher has received every change; CPU and peak RSS are the store's (RSS sampled every 10 ms). The first row, with no watcher, is the store without the feed's cost.\n",
-            CREATORS = feed_cost::CREATORS
+        subsection(
+            &mut out,
+            "The change feed's cost",
+            &format!(
+                "A fresh durable store for each row: the watchers follow `WatchPets` from the current revision, then {CREATORS} clients create the pets, one `AddPets` call per pet (as the operator sends a lone create). Time runs until every watcher has received every change; CPU and peak RSS are the store's (RSS sampled every 10 ms). The first row, with no watcher, is the store without the feed's cost.",
+                CREATORS = feed_cost::CREATORS
+            ),
         );
         table_head(
             &mut out,

@@ -498,20 +498,19 @@ pub fn every_way_showed_every_plan(section: &str, pets: usize) -> bool {
 
 /// The report's section.
 pub fn markdown(result: &PlansResult, command: &str) -> String {
-    let mut out = String::new();
-    let _ = writeln!(out, "{}\n", SECTION.trim_start());
-    let _ = writeln!(
-        out,
-        "Measured with `{command}` on commit {}, from {}. {} Pets were converged (`Automatic`) on a control plane with a durable store and the operator at its defaults, then each was switched to `changePolicy: Approve` with `kubectl apply` of its manifest (nothing to change, so nothing shown), then all were renamed at once, {} by each way below, each time once the operator was idle again (its Events written). Each rename is timed from its answer (for kubectl, the line it prints for that Pet once its patch is answered) until a watch on the Pets shows that Pet's `status.plan` for the new generation; the percentiles are over all of one way's renames. The goal is judged on the way users edit many Pets: `kubectl apply -f` of a file holding every Pet's manifest, which kubectl applies one Pet after the other. Beside it, the benchmark's own client sends the renames as merge patches, several at once, a burst heavier than kubectl makes.\n",
-        result.commit,
-        result.started_at,
-        result.pets,
-        match result.rounds {
-            1 => "once".to_owned(),
-            n => format!("{n} times over"),
-        },
+    let mut out = crate::report::goal_section(
+        SECTION,
+        &format!(
+            "Measured with `{command}` on commit {}, from {}. {} Pets were converged (`Automatic`) on a control plane with a durable store and the operator at its defaults, then each was switched to `changePolicy: Approve` with `kubectl apply` of its manifest (nothing to change, so nothing shown), then all were renamed at once, {} by each way below, each time once the operator was idle again (its Events written). Each rename is timed from its answer (for kubectl, the line it prints for that Pet once its patch is answered) until a watch on the Pets shows that Pet's `status.plan` for the new generation; the percentiles are over all of one way's renames. The goal is judged on the way users edit many Pets: `kubectl apply -f` of a file holding every Pet's manifest, which kubectl applies one Pet after the other. Beside it, the benchmark's own client sends the renames as merge patches, several at once, a burst heavier than kubectl makes.",
+            result.commit,
+            result.started_at,
+            result.pets,
+            match result.rounds {
+                1 => "once".to_owned(),
+                n => format!("{n} times over"),
+            },
+        ),
     );
-    let _ = writeln!(out, "{}", crate::report::GOAL_TABLE);
     let met = |ok: bool| if ok { "met" } else { "not met" };
     for burst in &result.bursts {
         let n = burst.edits(result.pets);

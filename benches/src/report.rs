@@ -110,6 +110,17 @@ pub(crate) fn table_head(out: &mut String, columns: &[&str], align: &str) {
     let _ = writeln!(out, "|{}|", marks.join("|"));
 }
 
+/// How every section measured by a run of its own begins: its heading
+/// (its `SECTION`, which starts with a newline), the paragraph that says
+/// what was measured, and the head of its table of goals.
+pub(crate) fn goal_section(section: &str, intro: &str) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "{}\n", section.trim_start());
+    let _ = writeln!(out, "{intro}\n");
+    let _ = writeln!(out, "{GOAL_TABLE}");
+    out
+}
+
 /// A goal's last cell, the miss in bold so it stands out in the table.
 pub(crate) fn verdict(met: bool) -> &'static str {
     if met { "met" } else { "**not met**" }
@@ -661,12 +672,8 @@ pub fn keep_section(report: &str, existing: &str, heading: &str) -> String {
 /// starts with), replacing one it has.
 pub fn replace_section(report: &str, heading: &str, text: &str) -> String {
     let text = text.trim();
-    match report.find(heading) {
-        Some(at) => {
-            let rest = &report[at + heading.len()..];
-            let end = rest
-                .find("\n## ")
-                .map_or(report.len(), |i| at + heading.len() + i);
+    match section_span(report, heading) {
+        Some((at, end)) => {
             format!("{}\n\n{text}\n{}", report[..at].trim_end(), &report[end..])
         }
         None => format!("{}\n\n{text}\n", report.trim_end()),
@@ -675,12 +682,19 @@ pub fn replace_section(report: &str, heading: &str, text: &str) -> String {
 
 /// The section under `heading` of a report, if it has one.
 fn section<'a>(report: &'a str, heading: &str) -> Option<&'a str> {
+    let (at, end) = section_span(report, heading)?;
+    Some(&report[at..end])
+}
+
+/// Where the section under `heading` starts in `report` and where it ends:
+/// at the next "## " heading, or at the end of the report.
+fn section_span(report: &str, heading: &str) -> Option<(usize, usize)> {
     let at = report.find(heading)?;
     let rest = &report[at + heading.len()..];
     let end = rest
         .find("\n## ")
         .map_or(report.len(), |i| at + heading.len() + i);
-    Some(&report[at..end])
+    Some((at, end))
 }
 
 #[cfg(test)]

@@ -233,23 +233,6 @@ pub fn store_not_ok(metrics: &str) -> BTreeMap<String, u64> {
     )
 }
 
-/// `after` less `before`, key by key, keeping only what grew.
-pub fn grown(
-    before: &BTreeMap<String, u64>,
-    after: &BTreeMap<String, u64>,
-) -> BTreeMap<String, u64> {
-    after
-        .iter()
-        .map(|(key, n)| {
-            (
-                key.clone(),
-                n.saturating_sub(*before.get(key).unwrap_or(&0)),
-            )
-        })
-        .filter(|(_, n)| *n > 0)
-        .collect()
-}
-
 /// The files both sides read, and the CAs so far.
 struct Files {
     dir: PathBuf,
@@ -328,28 +311,30 @@ impl Watch<'_> {
     fn operator_in_use(&self, change: impl FnOnce() -> Result<()>) -> Result<Option<Duration>> {
         let reloads = rotation::operator_reloads(self.operator_metrics, "ok");
         let connections = rotation::operator_connections(self.operator_metrics, "ok");
-        let changed = Instant::now();
-        change()?;
-        Ok(
-            rotation::took("the operator's new files in use", changed, GIVE_UP, || {
-                rotation::operator_reloads(self.operator_metrics, "ok") > reloads
-                    && rotation::operator_connections(self.operator_metrics, "ok") > connections
-            })
-            .ok(),
-        )
+        in_use_after("the operator's new files in use", change, || {
+            rotation::operator_reloads(self.operator_metrics, "ok") > reloads
+                && rotation::operator_connections(self.operator_metrics, "ok") > connections
+        })
     }
 
     fn store_reloaded(&self, change: impl FnOnce() -> Result<()>) -> Result<Option<Duration>> {
         let reloads = rotation::store_reloads(self.store_metrics, "ok");
-        let changed = Instant::now();
-        change()?;
-        Ok(
-            rotation::took("the store's new client CA", changed, GIVE_UP, || {
-                rotation::store_reloads(self.store_metrics, "ok") > reloads
-            })
-            .ok(),
-        )
+        in_use_after("the store's new client CA", change, || {
+            rotation::store_reloads(self.store_metrics, "ok") > reloads
+        })
     }
+}
+
+/// Makes `change` and times it until `in_use` holds; `None` if that takes
+/// longer than [`GIVE_UP`], which the report counts as never in use.
+fn in_use_after(
+    what: &str,
+    change: impl FnOnce() -> Result<()>,
+    in_use: impl FnMut() -> bool,
+) -> Result<Option<Duration>> {
+    let changed = Instant::now();
+    change()?;
+    Ok(rotation::took(what, changed, GIVE_UP, in_use).ok())
 }
 
 /// Makes the change `step` of cycle `cycle` and times it until in use.
@@ -386,19 +371,17 @@ fn rotate(files: &mut Files, watch: &Watch, cycle: usize, step: Step) -> Result<
         Step::StoreLeaf => {
             let name = files.name("store");
             let (cert, key) = files.cas[new].issue_server(&name)?;
-            let changed = Instant::now();
-            files
-                .volume
-                .update(&[("tls.crt", &cert), ("tls.key", &key)])?;
             let expected = der(&cert);
             // The store takes clients of both CAs at this step.
             let probe = &files.probes[old];
-            Ok(
-                rotation::took("the store's new certificate", changed, GIVE_UP, || {
+            let volume = &mut files.volume;
+            in_use_after(
+                "the store's new certificate",
+                || volume.update(&[("tls.crt", &cert), ("tls.key", &key)]),
+                || {
                     presented(watch.store_addr, &[&old_ca, &new_ca], (&probe.0, &probe.1)).as_ref()
                         == Some(&expected)
-                })
-                .ok(),
+                },
             )
         }
     }
@@ -492,9 +475,10 @@ pub fn measure(config: &RotationConfig, progress: &dyn Fn(&str)) -> Result<Rotat
     let load = crate::report::load_average();
 
     let operator_metrics_after = operator.metrics()?;
-    let operator_failed_now = grown(&operator_before, &operator_failed(&operator_metrics_after));
+    let operator_failed_now =
+        apimetrics::increase(&operator_before, &operator_failed(&operator_metrics_after));
     let ok_after = rotation::store_calls(&operator_metrics_after).0;
-    let store_not_ok_now = grown(
+    let store_not_ok_now = apimetrics::increase(
         &store_before,
         &store_not_ok(&fixtures::http::scrape(&env.store.metrics_addr)?),
     );
@@ -634,19 +618,18 @@ fn listed(counts: &BTreeMap<String, u64>) -> String {
 }
 
 pub fn markdown(result: &RotationResult, command: &str) -> String {
-    let mut out = String::new();
-    let _ = writeln!(out, "{}\n", SECTION.trim_start());
-    let _ = writeln!(
-        out,
-        "{} The store and one operator with their shipped settings and mutual TLS from files, as the rotation story (`tests/e2e/rotation.rs`) sets them up: the store's from a directory laid out as a Secret volume, the operator's from files replaced by `mv`. {} Pets converged, then renamed through the API server, {EDITS_PER_SECOND} a second, for a {} window, while a TLS file changed every {} s: {} changes, each cycle of six moving both sides to a new CA as docs/security.md says (the operator trusts both CAs, the store takes clients of both, the store's certificate from the new CA, the operator's, the operator trusts the new CA only, the store takes its clients only). Each change is timed until in use: the store presents its new certificate in a handshake; the operator has reloaded and made a connection with its new files; the store has reloaded its client CA. Load averages at the end: {}.\n",
-        crate::report::measured_with(command, &result.commit, &result.started_at),
-        result.pets,
-        crate::report::duration_words(result.window),
-        result.period.as_secs(),
-        result.rotations.len(),
-        result.load,
+    let mut out = crate::report::goal_section(
+        SECTION,
+        &format!(
+            "{} The store and one operator with their shipped settings and mutual TLS from files, as the rotation story (`tests/e2e/rotation.rs`) sets them up: the store's from a directory laid out as a Secret volume, the operator's from files replaced by `mv`. {} Pets converged, then renamed through the API server, {EDITS_PER_SECOND} a second, for a {} window, while a TLS file changed every {} s: {} changes, each cycle of six moving both sides to a new CA as docs/security.md says (the operator trusts both CAs, the store takes clients of both, the store's certificate from the new CA, the operator's, the operator trusts the new CA only, the store takes its clients only). Each change is timed until in use: the store presents its new certificate in a handshake; the operator has reloaded and made a connection with its new files; the store has reloaded its client CA. Load averages at the end: {}.",
+            crate::report::measured_with(command, &result.commit, &result.started_at),
+            result.pets,
+            crate::report::duration_words(result.window),
+            result.period.as_secs(),
+            result.rotations.len(),
+            result.load,
+        ),
     );
-    let _ = writeln!(out, "{}", crate::report::GOAL_TABLE);
     let times = result.in_use_times();
     let in_use_met = result.never_in_use() == 0 && quantile(&times, 1.0) <= IN_USE_BOUND;
     let _ = writeln!(
@@ -810,7 +793,10 @@ petstore_server_rpc_duration_seconds_count{method=\"WatchPets\",code=\"Cancelled
             [("WatchPets/Cancelled".to_owned(), 1)]
         );
         let before = BTreeMap::from([("Unavailable".to_owned(), 3)]);
-        assert!(grown(&before, &failed).is_empty(), "no more than before");
+        assert!(
+            apimetrics::increase(&before, &failed).is_empty(),
+            "no more than before"
+        );
     }
 
     fn result(in_use_ms: &[Option<u64>]) -> RotationResult {

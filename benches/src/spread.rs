@@ -401,6 +401,7 @@ pub fn run_side(config: &BenchConfig, side: side_by_side::Side, namespaces: usiz
 struct Setup {
     env: Env,
     stores: Vec<PetStoreServer>,
+    layout: Layout,
 }
 
 impl Setup {
@@ -426,7 +427,11 @@ impl Setup {
             .collect::<Result<Vec<_>>>()?;
         let addrs: Vec<String> = stores.iter().map(|s| s.addr.clone()).collect();
         env.cp.apply(&layout.setup_yaml(&addrs))?;
-        Ok(Self { env, stores })
+        Ok(Self {
+            env,
+            stores,
+            layout,
+        })
     }
 
     /// The operator as it ships, with tenancy on its own store too.
@@ -450,6 +455,53 @@ impl Setup {
         ];
         pids.extend(self.stores.iter().map(|s| s.process().pid()));
         procstat::CpuMeter::start(&pids)
+    }
+
+    /// Creates the layout's `pets` Pets and waits until `tracker` has seen
+    /// every one Ready, metering `measured` (the operator, or the floor's
+    /// webhook replica) with the rest: the operator's run and the floor's
+    /// time the same span the same way.
+    async fn create_all_timed(
+        &self,
+        measured: Option<u32>,
+        client: &kube::Client,
+        tracker: &mut Tracker,
+        pets: usize,
+        concurrency: usize,
+        what: &str,
+    ) -> Result<TimedCreate> {
+        let conversions_before = conversion_calls(&self.env.cp)?;
+        let meter = self.meter(measured);
+        let started = Instant::now();
+        create(client, self.layout, pets, concurrency).await?;
+        tracker
+            .all(Shows::Ready, pets, 1, timeout(pets), what)
+            .await?;
+        Ok(TimedCreate {
+            time: started.elapsed(),
+            meter,
+            conversions_before,
+        })
+    }
+}
+
+/// A timed creation whose CPU and conversion calls are read when the side
+/// is done with it (the floor stops its baseline client first).
+struct TimedCreate {
+    time: Duration,
+    meter: procstat::CpuMeter,
+    conversions_before: u64,
+}
+
+impl TimedCreate {
+    /// The side's figures: the span's time, and CPU and conversion calls
+    /// from its start until now.
+    fn side(&self, cp: &fixtures::ControlPlane) -> Result<SideResult> {
+        Ok(SideResult {
+            time: self.time,
+            cpu: cpu_split(&self.meter),
+            conversions: conversion_calls(cp)?.saturating_sub(self.conversions_before),
+        })
     }
 }
 
@@ -513,19 +565,18 @@ fn run_operator(
         } else {
             Default::default()
         };
-        let conversions_before = conversion_calls(&env.cp)?;
-        let meter = setup.meter(pid);
-        let started = Instant::now();
-        create(&client, layout, pets, concurrency).await?;
-        tracker
-            .all(Shows::Ready, pets, 1, timeout, "every Pet Ready")
-            .await?;
-        let converge = started.elapsed();
-        let side = SideResult {
-            time: converge,
-            cpu: cpu_split(&meter),
-            conversions: conversion_calls(&env.cp)?.saturating_sub(conversions_before),
-        };
+        let side = setup
+            .create_all_timed(
+                pid,
+                &client,
+                &mut tracker,
+                pets,
+                concurrency,
+                "every Pet Ready",
+            )
+            .await?
+            .side(&env.cp)?;
+        let converge = side.time;
         let peak = |pid: Option<u32>| pid.and_then(procstat::peak_rss_kib).unwrap_or(0);
         let operator_peak_rss_kib = peak(pid);
         if !everything {
@@ -635,7 +686,6 @@ fn run_floor(
     hold_lease(&env.cp)?;
     let mut webhook = env.start_operator_with(&setup.operator_options("bench-floor-webhook"))?;
     let webhook_pid = webhook.process().pid();
-    let timeout = timeout(pets);
     rt.block_on(async {
         let client = prepare(env).await?;
         let mut tracker = Tracker::start_with(Api::all(client.clone()), run_pets());
@@ -651,20 +701,18 @@ fn run_floor(
         } else {
             RequestCounts::default()
         };
-        let conversions_before = conversion_calls(&env.cp)?;
-        let meter = setup.meter(webhook_pid);
-        let started = Instant::now();
-        create(&client, layout, pets, concurrency).await?;
-        tracker
-            .all(Shows::Ready, pets, 1, timeout, "the floor: every Pet Ready")
+        let timed = setup
+            .create_all_timed(
+                webhook_pid,
+                &client,
+                &mut tracker,
+                pets,
+                concurrency,
+                "the floor: every Pet Ready",
+            )
             .await?;
-        let time = started.elapsed();
         baseline.abort();
-        let side = SideResult {
-            time,
-            cpu: cpu_split(&meter),
-            conversions: conversion_calls(&env.cp)?.saturating_sub(conversions_before),
-        };
+        let side = timed.side(&env.cp)?;
         let requests = if count {
             apimetrics::diff(
                 &api_before,
@@ -809,21 +857,20 @@ fn per_namespace(pets: usize, namespaces: usize) -> String {
 }
 
 pub fn markdown(result: &SpreadResult, command: &str) -> String {
-    let mut out = String::new();
     let (spread, single) = (&result.spread, &result.single);
-    let _ = writeln!(out, "{}\n", SECTION.trim_start());
-    let _ = writeln!(
-        out,
-        "{} One operator with its shipped settings and `--petstore-audience`; every store durable with `--tenancy` and the operator as its observer. **Spread**: {} Pets over {} namespaces ({} each, created in turn at concurrency 16), each namespace with its `petstore-tenant` ServiceAccount, on {} stores reached as a platform team sets them up, a store per namespace in turn: each namespace's `PetStore/default` (Pets without `storeRef`), a `ClusterPetStore` admitting its namespaces by a label selector (named in `storeRef`), and each namespace's `PetStore/team` (named in `storeRef`). **Single**: the same {} Pets in one namespace on one store, through its `PetStore/default`, otherwise the same. Each is timed from the first create until a watch saw every Pet Ready; the counts are the operator's own and the API server's over that span (writes once the Events are written). Operator ÷ floor: pairs side by side as in *Operator convergence*, in the spread layout; the floor writes per Pet the `status.store` pin, the finalizer and the status, and one TokenRequest per namespace (`benches/src/spread.rs` says why). Load averages at the end: {}.\n",
-        crate::report::measured_with(command, &result.commit, &result.started_at),
-        spread.pets,
-        spread.namespaces,
-        per_namespace(spread.pets, spread.namespaces),
-        spread.stores,
-        single.pets,
-        result.load,
+    let mut out = crate::report::goal_section(
+        SECTION,
+        &format!(
+            "{} One operator with its shipped settings and `--petstore-audience`; every store durable with `--tenancy` and the operator as its observer. **Spread**: {} Pets over {} namespaces ({} each, created in turn at concurrency 16), each namespace with its `petstore-tenant` ServiceAccount, on {} stores reached as a platform team sets them up, a store per namespace in turn: each namespace's `PetStore/default` (Pets without `storeRef`), a `ClusterPetStore` admitting its namespaces by a label selector (named in `storeRef`), and each namespace's `PetStore/team` (named in `storeRef`). **Single**: the same {} Pets in one namespace on one store, through its `PetStore/default`, otherwise the same. Each is timed from the first create until a watch saw every Pet Ready; the counts are the operator's own and the API server's over that span (writes once the Events are written). Operator ÷ floor: pairs side by side as in *Operator convergence*, in the spread layout; the floor writes per Pet the `status.store` pin, the finalizer and the status, and one TokenRequest per namespace (`benches/src/spread.rs` says why). Load averages at the end: {}.",
+            crate::report::measured_with(command, &result.commit, &result.started_at),
+            spread.pets,
+            spread.namespaces,
+            per_namespace(spread.pets, spread.namespaces),
+            spread.stores,
+            single.pets,
+            result.load,
+        ),
     );
-    let _ = writeln!(out, "{}", crate::report::GOAL_TABLE);
     let _ = writeln!(
         out,
         "| operator peak RSS, spread ÷ single | ≤ {GOAL_RSS_RATIO:.2} | {:.2} ({:.1} MiB against {:.1} MiB) | {} |",

@@ -167,17 +167,16 @@ pub fn measure(config: &TokenCostConfig, progress: &dyn Fn(&str)) -> Result<Toke
 }
 
 pub fn markdown(result: &TokenCostResult, command: &str) -> String {
-    let mut out = String::new();
     let minutes = result.window.as_secs_f64() / 60.0;
-    let _ = writeln!(out, "{}\n", SECTION.trim_start());
-    let _ = writeln!(
-        out,
-        "{} A durable store with `--tenancy`; {NAMESPACES} namespaces with {} Pets each ({} in all), one operator with its shipped settings and `--petstore-audience`. The operator's own counters (`petstore_operator_store_token_requests_total`, `petstore_operator_store_call_duration_seconds_count`) are read once every Pet is Ready, and again after a {minutes:.0}-minute window with nothing changing. Nothing is scaled.\n",
-        crate::report::measured_with(command, &result.commit, &result.started_at),
-        result.pets_per_namespace,
-        result.pets(),
+    let mut out = crate::report::goal_section(
+        SECTION,
+        &format!(
+            "{} A durable store with `--tenancy`; {NAMESPACES} namespaces with {} Pets each ({} in all), one operator with its shipped settings and `--petstore-audience`. The operator's own counters (`petstore_operator_store_token_requests_total`, `petstore_operator_store_call_duration_seconds_count`) are read once every Pet is Ready, and again after a {minutes:.0}-minute window with nothing changing. Nothing is scaled.",
+            crate::report::measured_with(command, &result.commit, &result.started_at),
+            result.pets_per_namespace,
+            result.pets(),
+        ),
     );
-    let _ = writeln!(out, "{}", crate::report::GOAL_TABLE);
     let per_namespace = result.window_tokens.0 as f64 / NAMESPACES as f64;
     let _ = writeln!(
         out,

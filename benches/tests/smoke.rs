@@ -6,15 +6,13 @@ use petstore_bench::{self as bench, BenchConfig};
 
 #[test]
 fn benchmarks_run_end_to_end() -> fixtures::Result<()> {
-    let _one = ONE_AT_A_TIME
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _one = one_at_a_time();
     let config = BenchConfig {
         // The side-by-side pairs run each side in a process of its own.
         side_runner: Some(env!("CARGO_BIN_EXE_petstore-bench").into()),
         ..BenchConfig::smoke()
     };
-    let results = bench::run_all(&config, |step| eprintln!("[bench smoke] {step}"))?;
+    let results = bench::run_all(&config, progress)?;
 
     assert_eq!(results.convergence.len(), config.sizes.len());
     for r in &results.convergence {
@@ -214,7 +212,7 @@ fn benchmarks_run_end_to_end() -> fixtures::Result<()> {
 #[test]
 fn the_import_benchmark_runs_end_to_end() -> fixtures::Result<()> {
     let config = bench::import::ImportConfig { records: 50 };
-    let result = bench::import::measure(&config, &|step| eprintln!("[bench smoke] {step}"))?;
+    let result = bench::import::measure(&config, &progress)?;
     assert_eq!(result.runs.len(), bench::import::ROUNDS);
     assert!(result.every_record(), "{result:?}");
     assert!(result.summary.contains("50 of 50 records"), "{result:?}");
@@ -235,7 +233,7 @@ fn the_plans_benchmark_runs_end_to_end() -> fixtures::Result<()> {
         concurrency: 2,
         rounds: 1,
     };
-    let result = plans::measure(&config, &|step| eprintln!("[bench smoke] {step}"))?;
+    let result = plans::measure(&config, &progress)?;
     assert_eq!((result.pets, result.rounds), (4, 1), "{result:?}");
     assert_eq!(
         result
@@ -300,9 +298,7 @@ fn the_plans_benchmark_runs_end_to_end() -> fixtures::Result<()> {
 #[test]
 fn the_spread_benchmark_runs_end_to_end() -> fixtures::Result<()> {
     use bench::spread::{self, Layout, SpreadConfig};
-    let _one = ONE_AT_A_TIME
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _one = one_at_a_time();
 
     let config = SpreadConfig {
         pets: 60,
@@ -314,7 +310,7 @@ fn the_spread_benchmark_runs_end_to_end() -> fixtures::Result<()> {
             ..BenchConfig::smoke()
         },
     };
-    let result = spread::measure(&config, &|step| eprintln!("[bench smoke] {step}"))?;
+    let result = spread::measure(&config, &progress)?;
     let (spread_run, single) = (&result.spread, &result.single);
     assert_eq!(
         (
@@ -383,20 +379,31 @@ fn the_spread_benchmark_runs_end_to_end() -> fixtures::Result<()> {
 /// a time, and not beside the run above's timings.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// Holds [`ONE_AT_A_TIME`] until dropped; poison is ignored so that one
+/// failed run does not fail the others.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A run's steps, on stderr where `cargo test` shows them on failure.
+fn progress(step: &str) {
+    eprintln!("[bench smoke] {step}");
+}
+
 /// `hack/bench.sh --rotation`, tiny: a whole CA move (six changes), each
 /// change in use, no failed store call, no restart.
 #[test]
 fn rotation_runs_end_to_end() -> fixtures::Result<()> {
     use petstore_bench::rotation::{CYCLE, RotationConfig, measure};
-    let _one = ONE_AT_A_TIME
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _one = one_at_a_time();
     let config = RotationConfig {
         pets: 10,
         window: std::time::Duration::from_secs(18),
         period: std::time::Duration::from_secs(3),
     };
-    let result = measure(&config, &|step| eprintln!("[bench smoke] {step}"))?;
+    let result = measure(&config, &progress)?;
     assert_eq!(result.rotations.len(), CYCLE.len(), "{result:?}");
     assert_eq!(result.ca_moves(), 1, "{result:?}");
     assert_eq!(result.never_in_use(), 0, "{result:?}");
@@ -417,9 +424,7 @@ fn rotation_runs_end_to_end() -> fixtures::Result<()> {
 #[test]
 fn flood_runs_end_to_end() -> fixtures::Result<()> {
     use petstore_bench::flood::{CONNECTIONS_PER_CLIENT, FloodConfig, measure};
-    let _one = ONE_AT_A_TIME
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _one = one_at_a_time();
     // Small beside the full run's ghz: this shares the machine with the
     // end-to-end stories. Still more connections than one client may hold.
     let connections = CONNECTIONS_PER_CLIENT + 8;
@@ -428,7 +433,7 @@ fn flood_runs_end_to_end() -> fixtures::Result<()> {
         window: std::time::Duration::from_secs(3),
         ghz: (connections, connections),
     };
-    let result = measure(&config, &|step| eprintln!("[bench smoke] {step}"))?;
+    let result = measure(&config, &progress)?;
     assert!(
         !result.idle.is_empty() && !result.flood.is_empty(),
         "the operator's calls timed in both windows: {result:?}"
