@@ -7,6 +7,7 @@
 
 use std::time::{Duration, Instant};
 
+use fixtures::http::sum_series;
 use fixtures::{Env, Storage, wait_for};
 use serde_json::Value;
 
@@ -16,22 +17,6 @@ const TIMEOUT: Duration = Duration::from_secs(60);
 /// The issue's goal is 1 s at p99; one sample on a shared test machine gets
 /// some room, and stays far below the 5-minute poll.
 const PUT_BACK_WITHIN: Duration = Duration::from_secs(3);
-
-/// A counter or gauge's value in a scrape: the sum of its series that carry
-/// every label in `labels` (written `name="value"`).
-fn metric(scrape: &str, name: &str, labels: &[&str]) -> f64 {
-    scrape
-        .lines()
-        .filter(|line| !line.starts_with('#'))
-        .filter_map(|line| {
-            let (series, value) = line.rsplit_once(' ')?;
-            let matches = series == name
-                || (series.starts_with(&format!("{name}{{"))
-                    && labels.iter().all(|label| series.contains(label)));
-            matches.then(|| value.parse::<f64>().ok())?
-        })
-        .sum()
-}
 
 fn record(env: &Env, id: &str) -> Option<Value> {
     env.store
@@ -58,14 +43,14 @@ fn out_of_band_changes_are_put_back_from_the_feed_and_an_idle_operator_reads_not
     let (thor, _) = env.apply_samples()?;
     wait_for(TIMEOUT, "the operator to follow the change feed", || {
         let scrape = operator.metrics().ok()?;
-        (metric(&scrape, "petstore_operator_change_feed_connected", &[]) == 1.0).then_some(())
+        (sum_series(&scrape, "petstore_operator_change_feed_connected", "") == 1.0).then_some(())
     })?;
     let before = operator.metrics()?;
     let drifted = |scrape: &str| {
-        metric(
+        sum_series(
             scrape,
             "petstore_operator_change_feed_changes_total",
-            &[r#"verdict="drifted""#],
+            r#"verdict="drifted""#,
         )
     };
     assert_eq!(
@@ -186,30 +171,30 @@ fn idle_reads(env: &Env, follow_feed: bool, pets: usize) -> fixtures::Result<f64
     let connected = if follow_feed { 1.0 } else { 0.0 };
     wait_for(TIMEOUT, "the restarted operator to catch up", || {
         let scrape = operator.metrics().ok()?;
-        let reconciled = metric(
+        let reconciled = sum_series(
             &scrape,
             "petstore_operator_reconcile_duration_seconds_count",
-            &[],
+            "",
         );
         (reconciled >= pets as f64
-            && metric(&scrape, "petstore_operator_change_feed_connected", &[]) == connected)
+            && sum_series(&scrape, "petstore_operator_change_feed_connected", "") == connected)
             .then_some(())
     })?;
     // A reconcile before the feed was live scheduled its Pet's next read at
     // the poll interval, at most one and a half intervals on.
     std::thread::sleep(IDLE_POLL_INTERVAL * 2);
     let reads = |scrape: &str| {
-        metric(
+        sum_series(
             scrape,
             "petstore_operator_store_call_duration_seconds_count",
-            &[r#"method="GetPets""#],
+            r#"method="GetPets""#,
         )
     };
     let from = reads(&operator.metrics()?);
     std::thread::sleep(IDLE_POLL_INTERVAL * IDLE_POLLS as u32);
     let scrape = operator.metrics()?;
     assert_eq!(
-        metric(&scrape, "petstore_operator_change_feed_connected", &[]),
+        sum_series(&scrape, "petstore_operator_change_feed_connected", ""),
         connected,
         "the change feed followed: {follow_feed}"
     );

@@ -13,8 +13,7 @@ use std::time::{Duration, Instant};
 
 use fixtures::certs::{Pki, SecretVolume};
 use fixtures::env::is_ready;
-use fixtures::petstore::StoreTls;
-use fixtures::rotation::{self, alive, bundle, der, presented, replace};
+use fixtures::rotation::{self, TlsFiles, alive, bundle, der, presented, replace};
 use fixtures::{Env, Result, Storage};
 
 const PETS: usize = 50;
@@ -60,44 +59,18 @@ fn certificates_and_cas_rotate_live_while_pets_change() -> Result<()> {
     let operator_2 = new.issue_client("operator-2")?;
     let both = bundle(pki, &[&old.ca_cert, &new.ca_cert])?;
 
-    // The store's Secret volume: its certificate, and the CA of its clients.
-    let mut volume = SecretVolume::create(
-        &pki.join("store-volume"),
-        &[
-            ("tls.crt", &store_1.0),
-            ("tls.key", &store_1.1),
-            ("ca.crt", &old.ca_cert),
-        ],
-    )?;
-    // The operator's files: the CA of the store's certificate, and its own.
-    let files = pki.join("operator");
-    std::fs::create_dir(&files).map_err(fixtures::io("the operator's directory"))?;
-    let (op_ca, op_cert, op_key) = (
-        files.join("ca.crt"),
-        files.join("tls.crt"),
-        files.join("tls.key"),
-    );
-    replace(&op_ca, &[&old.ca_cert])?;
-    replace(&op_cert, &[&operator_1.0])?;
-    replace(&op_key, &[&operator_1.1])?;
-
-    let store_tls = StoreTls {
-        ca: volume.path("ca.crt"),
-        cert: volume.path("tls.crt"),
-        key: volume.path("tls.key"),
-        // For the fixtures' grpcurl health check at start.
-        client_cert: operator_1.0.clone(),
-        client_key: operator_1.1.clone(),
-    };
+    let files = TlsFiles::create(pki, &old.ca_cert, &store_1, &operator_1)?;
+    // The operator's certificate passes the fixtures' health check at start.
+    let store_tls = files.store_tls(&operator_1);
     let mut env = Env::start_with_store_tls(Storage::Durable, |_| Ok(Some(store_tls)))?;
     // The operator's flags name its own files.
-    env.tls = Some(StoreTls {
-        ca: op_ca.clone(),
-        cert: PathBuf::new(),
-        key: PathBuf::new(),
-        client_cert: op_cert.clone(),
-        client_key: op_key.clone(),
-    });
+    env.tls = Some(files.operator_tls());
+    let TlsFiles {
+        mut volume,
+        operator_ca: op_ca,
+        operator_cert: op_cert,
+        operator_key: op_key,
+    } = files;
     let mut operator = env.start_operator("rotation")?;
     let store_pid = env.store.process().pid().expect("the store's pid");
     let operator_pid = operator.process().pid().expect("the operator's pid");

@@ -140,6 +140,13 @@ fn status_store(pet: &Pet) -> Option<&str> {
     pet.status.as_ref()?.store.as_deref()
 }
 
+/// The Pet's record ID, once its `status.store` is asserted to name `store`.
+#[track_caller]
+fn id_in(pet: &Pet, store: &str) -> String {
+    assert_eq!(status_store(pet), Some(store), "{}", typed::shown(pet));
+    status_id(pet)
+}
+
 /// The operator's `change_feed_stores{state}`.
 fn feeds_in(operator: &Operator, state: &str) -> f64 {
     operator_series(
@@ -228,22 +235,8 @@ fn every_stores_feed_is_followed_and_each_holds_only_its_own_pets() -> fixtures:
         .join("---\n"),
     )?;
     let rex = status_id(&wait_ready(cp, "team-a", "rex")?);
-    let fido = wait_ready(cp, "team-b", "fido")?;
-    assert_eq!(
-        status_store(&fido),
-        Some("ClusterPetStore/b"),
-        "{}",
-        typed::shown(&fido)
-    );
-    let fido = status_id(&fido);
-    let fido_2 = wait_ready(cp, "team-b", "fido-2")?;
-    assert_eq!(
-        status_store(&fido_2),
-        Some("PetStore/default"),
-        "{}",
-        typed::shown(&fido_2)
-    );
-    let fido_2 = status_id(&fido_2);
+    let fido = id_in(&wait_ready(cp, "team-b", "fido")?, "ClusterPetStore/b");
+    let fido_2 = id_in(&wait_ready(cp, "team-b", "fido-2")?, "PetStore/default");
     wait_ready(cp, "team-c", "tom")?;
     // The watcher names a record B does not have (it is A's): held.
     typed::wait_pet(
@@ -338,12 +331,7 @@ fn every_stores_feed_is_followed_and_each_holds_only_its_own_pets() -> fixtures:
         took <= READY_WITHIN,
         "rex-2 Ready after {took:?} with B down"
     );
-    assert_eq!(
-        status_store(&rex_2),
-        Some("PetStore/default"),
-        "{}",
-        typed::shown(&rex_2)
-    );
-    assert_eq!(record_name(&store_a, &team_a, &status_id(&rex_2))?, "rex-2");
+    let rex_2 = id_in(&rex_2, "PetStore/default");
+    assert_eq!(record_name(&store_a, &team_a, &rex_2)?, "rex-2");
     Ok(())
 }

@@ -108,22 +108,19 @@ fn each_pet_writes_to_the_store_it_may_use_and_nowhere_else() -> fixtures::Resul
     let operator = env.start_operator("tenancy")?;
 
     // Each Pet in its store: the namespace's default, a named PetStore, a
-    // ClusterPetStore that admits it, and the operator's own.
-    cp.apply(&pet("team-a", "rex", None))?;
-    cp.apply(&pet("team-b", "fido", Some(("PetStore", "shared"))))?;
-    cp.apply(&pet(
-        "team-c",
-        "tom",
-        Some(("ClusterPetStore", "cluster-b")),
-    ))?;
-    cp.apply(&pet("default", "own", None))?;
+    // ClusterPetStore that admits it, and the operator's own. All are
+    // applied before any is waited for.
+    let placed = [
+        ("team-a", "rex", None),
+        ("team-b", "fido", Some(("PetStore", "shared"))),
+        ("team-c", "tom", Some(("ClusterPetStore", "cluster-b"))),
+        ("default", "own", None),
+    ];
+    for (namespace, name, store_ref) in placed {
+        cp.apply(&pet(namespace, name, store_ref))?;
+    }
     let mut shown = BTreeMap::new();
-    for (namespace, name) in [
-        ("team-a", "rex"),
-        ("team-b", "fido"),
-        ("team-c", "tom"),
-        ("default", "own"),
-    ] {
+    for (namespace, name, _) in placed {
         let ready = wait_ready(cp, namespace, name)?;
         shown.insert(name, ready.status.and_then(|status| status.store));
     }
