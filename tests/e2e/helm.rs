@@ -385,6 +385,36 @@ fn values_reach_the_objects_they_name() -> fixtures::Result<()> {
     Ok(())
 }
 
+/// A digest pins each image to the bytes `cosign verify` checked, with or
+/// without a tag beside it.
+#[test]
+fn an_image_digest_pins_the_image() -> fixtures::Result<()> {
+    let operator_digest = format!("sha256:{}", "a1".repeat(32));
+    let store_digest = format!("sha256:{}", "b2".repeat(32));
+    let rendered = Helm::new()?.template(&[
+        "--set",
+        "image.repository=registry.example.com/petstore-operator,image.tag=0.2.0",
+        "--set",
+        &format!("image.digest={operator_digest}"),
+        "--set",
+        "petstore.image.repository=registry.example.com/petstore-server",
+        "--set",
+        &format!("petstore.image.digest={store_digest}"),
+    ])?;
+    let rendered = by_key(objects("the chart", &rendered)?);
+    let image =
+        |key: &str| rendered[key]["spec"]["template"]["spec"]["containers"][0]["image"].clone();
+    assert_eq!(
+        image("Deployment petstore-system/petstore-operator"),
+        format!("registry.example.com/petstore-operator:0.2.0@{operator_digest}")
+    );
+    assert_eq!(
+        image("Deployment petstore/petstore"),
+        format!("registry.example.com/petstore-server@{store_digest}")
+    );
+    Ok(())
+}
+
 #[test]
 fn a_webhook_certificate_secret_is_mounted_and_followed() -> fixtures::Result<()> {
     let helm = Helm::new()?;
@@ -472,6 +502,14 @@ fn the_schema_refuses_bad_values_naming_the_field() -> fixtures::Result<()> {
             "at '/namespaces/operator'",
         ),
         ("image.pullPolicy=Sometimes", "at '/image/pullPolicy'"),
+        (
+            "image.digest=sha256:abc",
+            "at '/image/digest': 'sha256:abc' does not match pattern",
+        ),
+        (
+            "petstore.image.digest=latest",
+            "at '/petstore/image/digest'",
+        ),
         ("petstore.volumeSize=lots", "at '/petstore/volumeSize'"),
         ("storeAddress=no-port", "at '/storeAddress'"),
         (

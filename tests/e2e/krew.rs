@@ -9,6 +9,7 @@
 use std::path::Path;
 use std::process::Output;
 
+use fixtures::cosign::{Cosign, assert_refused, assert_verified, blob_statements};
 use fixtures::krew::{FileServer, Krew, commit_index};
 use fixtures::{Env, Storage, cargo_bin, io, repo_root};
 use xtask::krew::{archive, release_from_repo, sha256_hex};
@@ -131,5 +132,89 @@ fn krew_installs_the_released_plugin_from_a_local_index_and_refuses_a_tampered_a
         env.store_pets()?.is_empty(),
         "the plugin wrote to the store"
     );
+    Ok(())
+}
+
+/// The plugin's archive as a release signs it (docs/install.md): `cosign
+/// sign-blob` and `attest-blob` of its CycloneDX SBOM with the release key,
+/// into bundles shipped beside it. Both verify with the release key's public
+/// half; another key's, a tampered archive, or the SBOM checked as another
+/// type, do not.
+#[test]
+fn cosign_verifies_the_plugin_archive_and_its_sbom_and_refuses_the_rest() -> fixtures::Result<()> {
+    let work = tempfile::tempdir().map_err(io("making a temporary directory"))?;
+    let released = release_from_repo(
+        &repo_root(),
+        &cargo_bin("kubectl-petstore")?,
+        "https://releases.example.com/petstore",
+        &work.path().join("release"),
+    )
+    .map_err(|e| io("the release step")(std::io::Error::other(e)))?;
+    let [built] = released.archives.as_slice() else {
+        panic!("one archive, for this machine: {:?}", released.archives);
+    };
+    let cosign = Cosign::new()?;
+    let (key, public) = cosign.generate_key_pair("release")?;
+    let (other_key, other_public) = cosign.generate_key_pair("other")?;
+    let sbom = xtask::sbom::generate(&repo_root(), xtask::sbom::PLUGIN, None)
+        .map_err(|e| io("making the SBOM")(std::io::Error::other(e)))?;
+    let sbom_file = cosign.sbom_file("kubectl-petstore", &sbom)?;
+
+    let signature = cosign.sign_blob(&key, &built.path)?;
+    let attestation = cosign.attest_blob_sbom(&key, &sbom_file, &built.path)?;
+    assert_verified(&cosign.verify_blob(&public, &signature, &built.path)?);
+    assert_verified(&cosign.verify_blob_sbom(&public, &attestation, &built.path)?);
+    // The attestation is of this archive (the sha256 the krew manifest
+    // has), and carries the SBOM made, whose subject is the plugin.
+    let statements = blob_statements(&attestation)?;
+    let [statement] = statements.as_slice() else {
+        panic!("one statement: {statements:?}");
+    };
+    assert_eq!(statement["predicateType"], "https://cyclonedx.org/bom");
+    assert_eq!(statement["subject"][0]["digest"]["sha256"], built.sha256);
+    assert_eq!(statement["predicate"], sbom);
+    assert_eq!(
+        statement["predicate"]["metadata"]["component"]["name"],
+        "kubectl-petstore"
+    );
+
+    // Another key's public half.
+    assert_refused(
+        &cosign.verify_blob(&other_public, &signature, &built.path)?,
+        "the archive with another key",
+        "invalid signature",
+    );
+    assert_refused(
+        &cosign.verify_blob_sbom(&other_public, &attestation, &built.path)?,
+        "the archive's SBOM with another key",
+        "accepted signatures do not match threshold",
+    );
+    // Another program packed the same way, in the archive's place, with the
+    // real archive's bundles.
+    let tampered = work.path().join("tampered.tar.gz");
+    std::fs::write(
+        &tampered,
+        archive(b"#!/bin/sh\necho tampered\n", None)
+            .map_err(|e| io("packing the tampered archive")(std::io::Error::other(e)))?,
+    )
+    .map_err(io("writing the tampered archive"))?;
+    assert_refused(
+        &cosign.verify_blob(&public, &signature, &tampered)?,
+        "the tampered archive",
+        "invalid signature",
+    );
+    assert_refused(
+        &cosign.verify_blob_sbom(&public, &attestation, &tampered)?,
+        "the tampered archive's SBOM",
+        "no matching subject digest found",
+    );
+    // Signed with the other key only: the release key refuses it.
+    let other_signature = cosign.sign_blob(&other_key, &tampered)?;
+    assert_refused(
+        &cosign.verify_blob(&public, &other_signature, &tampered)?,
+        "an archive another key signed",
+        "invalid signature",
+    );
+    assert_verified(&cosign.verify_blob(&other_public, &other_signature, &tampered)?);
     Ok(())
 }

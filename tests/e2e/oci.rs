@@ -7,11 +7,9 @@
 //! signature and a chart re-pushed under the same tag.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
-use base64::Engine as _;
-
-use fixtures::cosign::Cosign;
+use fixtures::cosign::{Cosign, assert_refused, assert_verified, statements};
 use fixtures::helm::{CHART, CHART_VERSION, Helm, chart_dir, digest_line, printed};
 use fixtures::registry::Registry;
 use fixtures::{ControlPlane, io, repo_root};
@@ -138,80 +136,6 @@ fn helm_pushes_the_chart_to_an_oci_registry_pulls_it_back_and_installs_it() -> f
     Ok(())
 }
 
-/// The flags every cosign call here takes: the registry on 127.0.0.1 speaks
-/// plain HTTP.
-const HTTP: &str = "--allow-http-registry";
-
-/// `cosign sign` of `image` with `key`, the signature stored beside it in
-/// the registry and nowhere else (no transparency log).
-fn sign(cosign: &Cosign, key: &Path, image: &str) -> fixtures::Result<()> {
-    cosign
-        .run(&[
-            "sign",
-            "--key",
-            &key.to_string_lossy(),
-            "--tlog-upload=false",
-            HTTP,
-            image,
-        ])
-        .map(drop)
-}
-
-/// `cosign verify` of `image` with the public key `public`, as the docs
-/// have a platform team run it: without a transparency log.
-fn verify(cosign: &Cosign, public: &Path, image: &str) -> fixtures::Result<Output> {
-    cosign.output(&[
-        "verify",
-        "--key",
-        &public.to_string_lossy(),
-        "--insecure-ignore-tlog=true",
-        HTTP,
-        image,
-    ])
-}
-
-/// `cosign verify-attestation --type cyclonedx` of `image` with `public`.
-fn verify_sbom(cosign: &Cosign, public: &Path, image: &str) -> fixtures::Result<Output> {
-    cosign.output(&[
-        "verify-attestation",
-        "--type",
-        "cyclonedx",
-        "--key",
-        &public.to_string_lossy(),
-        "--insecure-ignore-tlog=true",
-        HTTP,
-        image,
-    ])
-}
-
-/// cosign verified it; what cosign printed if not.
-#[track_caller]
-fn assert_verified(out: &Output) {
-    assert!(out.status.success(), "{}", printed(out));
-}
-
-fn assert_refused(out: &Output, what: &str, says: &str) {
-    assert!(!out.status.success(), "{what} verified:\n{}", printed(out));
-    assert!(printed(out).contains(says), "{what}:\n{}", printed(out));
-}
-
-/// The in-toto statements of `cosign verify-attestation`'s stdout: one
-/// DSSE envelope (JSON) a line, its payload base64.
-fn statements(stdout: &[u8]) -> Vec<Value> {
-    String::from_utf8_lossy(stdout)
-        .lines()
-        .filter(|line| !line.trim().is_empty())
-        .map(|line| {
-            let envelope: Value = serde_json::from_str(line).expect("a DSSE envelope");
-            assert_eq!(envelope["payloadType"], "application/vnd.in-toto+json");
-            let payload = base64::engine::general_purpose::STANDARD
-                .decode(envelope["payload"].as_str().expect("a payload"))
-                .expect("base64");
-            serde_json::from_slice(&payload).expect("an in-toto statement")
-        })
-        .collect()
-}
-
 /// A copy of the chart at `dir` whose operator image is another's: what an
 /// attacker with push rights would publish under the same tag.
 fn tampered_chart(dir: &Path) -> fixtures::Result<PathBuf> {
@@ -257,14 +181,14 @@ fn cosign_verifies_the_signed_chart_and_its_sbom_and_refuses_the_rest() -> fixtu
 
     // Unsigned: nothing to verify.
     assert_refused(
-        &verify(&cosign, &public, &by_tag)?,
+        &cosign.verify(&public, &by_tag)?,
         "the unsigned chart",
         "no signatures found",
     );
 
     // Signed by digest, as the docs say; verified by tag, it names that digest.
-    sign(&cosign, &key, &by_digest)?;
-    let out = verify(&cosign, &public, &by_tag)?;
+    cosign.sign(&key, &by_digest)?;
+    let out = cosign.verify(&public, &by_tag)?;
     assert_verified(&out);
     let payloads: Value = serde_json::from_slice(&out.stdout).expect("cosign verify prints JSON");
     assert_eq!(
@@ -277,7 +201,7 @@ fn cosign_verifies_the_signed_chart_and_its_sbom_and_refuses_the_rest() -> fixtu
     );
     // Another key's public half does not verify it.
     assert_refused(
-        &verify(&cosign, &other_public, &by_tag)?,
+        &cosign.verify(&other_public, &by_tag)?,
         "the chart with another key",
         "no matching signatures",
     );
@@ -285,38 +209,25 @@ fn cosign_verifies_the_signed_chart_and_its_sbom_and_refuses_the_rest() -> fixtu
     // The same chart signed only by another key, in another repository.
     helm.push(&archive, &registry.addr, "mirror")?;
     let mirror = format!("{}/mirror/{CHART}@{pushed}", registry.addr);
-    sign(&cosign, &other_key, &mirror)?;
+    cosign.sign(&other_key, &mirror)?;
     assert_refused(
-        &verify(&cosign, &public, &mirror)?,
+        &cosign.verify(&public, &mirror)?,
         "another key's signature",
         "no matching signatures",
     );
-    assert_verified(&verify(&cosign, &other_public, &mirror)?);
+    assert_verified(&cosign.verify(&other_public, &mirror)?);
 
     // The SBOM, attested to the chart with the release key.
-    let sbom = xtask::sbom::generate(&repo_root(), None)
+    let sbom = xtask::sbom::generate(&repo_root(), xtask::sbom::CHART, None)
         .map_err(|e| io("making the SBOM")(std::io::Error::other(e)))?;
-    let sbom_file = work.path().join("sbom.cdx.json");
-    std::fs::write(&sbom_file, serde_json::to_vec_pretty(&sbom).expect("JSON"))
-        .map_err(io("writing the SBOM"))?;
+    let sbom_file = cosign.sbom_file("chart", &sbom)?;
     assert_refused(
-        &verify_sbom(&cosign, &public, &by_tag)?,
+        &cosign.verify_sbom(&public, &by_tag)?,
         "an SBOM not yet attested",
         "no matching attestations",
     );
-    cosign.run(&[
-        "attest",
-        "--type",
-        "cyclonedx",
-        "--predicate",
-        &sbom_file.to_string_lossy(),
-        "--key",
-        &key.to_string_lossy(),
-        "--tlog-upload=false",
-        HTTP,
-        &by_digest,
-    ])?;
-    let out = verify_sbom(&cosign, &public, &by_tag)?;
+    cosign.attest_sbom(&key, &sbom_file, &by_digest)?;
+    let out = cosign.verify_sbom(&public, &by_tag)?;
     assert_verified(&out);
     let statements = statements(&out.stdout);
     let [statement] = statements.as_slice() else {
@@ -337,7 +248,7 @@ fn cosign_verifies_the_signed_chart_and_its_sbom_and_refuses_the_rest() -> fixtu
         pushed
     );
     assert_refused(
-        &verify_sbom(&cosign, &other_public, &by_tag)?,
+        &cosign.verify_sbom(&other_public, &by_tag)?,
         "the SBOM with another key",
         "no matching attestations",
     );
@@ -358,16 +269,16 @@ fn cosign_verifies_the_signed_chart_and_its_sbom_and_refuses_the_rest() -> fixtu
         repushed
     );
     assert_refused(
-        &verify(&cosign, &public, &by_tag)?,
+        &cosign.verify(&public, &by_tag)?,
         "the re-pushed chart",
         "no signatures found",
     );
     assert_refused(
-        &verify_sbom(&cosign, &public, &by_tag)?,
+        &cosign.verify_sbom(&public, &by_tag)?,
         "the re-pushed chart's SBOM",
         "no matching attestations",
     );
-    assert_verified(&verify(&cosign, &public, &by_digest)?);
+    assert_verified(&cosign.verify(&public, &by_digest)?);
     let pulled = work.path().join("pulled");
     std::fs::create_dir(&pulled).map_err(io("making a folder"))?;
     helm.run(&[

@@ -12,11 +12,13 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use fixtures::cluster::{Cluster, REGISTRY_PORT};
+use fixtures::cosign::{Cosign, assert_refused, assert_verified, statements};
 use fixtures::env::is_ready;
 use fixtures::helm::{CHART, CHART_VERSION, Helm, chart_dir};
 use fixtures::petstore::{grpcurl, grpcurl_with, write_rpcs_answered};
 use fixtures::{Kubectl, Process, Tools, free_port, repo_root, wait_for};
 use serde_json::Value;
+use xtask::sbom;
 
 /// Tilt's port-forward to the store, as in the quick start.
 const STORE: &str = "localhost:6742";
@@ -863,7 +865,10 @@ spec: {name: Rex, type: dog, birthday: \"2022-02-02\"}
     // built, and the store kept apart (petstore.enabled=false), so that
     // `helm uninstall` keeps every record. No Pet is left, so the CRD guard
     // lets config/default go with its CRDs.
-    helm_from_the_clusters_registry(&cluster, &repo, start)?;
+    // Signed first: each image and the chart, with its SBOM; installed by
+    // the operator image's verified digest. The store's image from before
+    // the edit was never signed.
+    helm_from_the_clusters_registry(&cluster, &repo, &before, start)?;
 
     // 6. No leftovers.
     let left = cluster.shutdown();
@@ -902,12 +907,99 @@ fn port_forward(
     Ok(forward)
 }
 
+/// A reference Tilt or the chart's push made (`localhost:5005/<repository>:<tag>`)
+/// split into the registry's repository and tag.
+fn repository_and_tag(image: &str) -> Result<(&str, &str), String> {
+    image
+        .strip_prefix(&format!("localhost:{REGISTRY_PORT}/"))
+        .and_then(|path| path.rsplit_once(':'))
+        .ok_or_else(|| format!("{image} is not a tagged image in the cluster's registry"))
+}
+
+/// Each artifact (an image or the chart, with the SBOM of what it holds)
+/// signed by digest in the cluster's registry at `registry` with a release
+/// key, its SBOM attested, and both verified as docs/install.md has a
+/// platform team verify them: 100% pass. Another key's public half verifies
+/// none of them, and `unsigned_image` (a digest nobody signed, in a signed
+/// image's repository) verifies with neither. The digests, in order.
+fn sign_the_release<const N: usize>(
+    registry: &str,
+    artifacts: [(&String, sbom::Artifact); N],
+    unsigned_image: &str,
+) -> Result<Vec<String>, Box<dyn std::error::Error>> {
+    let cosign = Cosign::new()?;
+    let (key, public) = cosign.generate_key_pair("release")?;
+    let (_, other_public) = cosign.generate_key_pair("other")?;
+    let mut digests = Vec::new();
+    for (image, artifact) in artifacts {
+        let (repository, tag) = repository_and_tag(image)?;
+        let (_, digest) = fixtures::registry::manifest(registry, repository, tag)?;
+        let by_digest = format!("{registry}/{repository}@{digest}");
+        let sbom = sbom::generate(&repo_root(), artifact, None)?;
+        cosign.sign(&key, &by_digest)?;
+        cosign.attest_sbom(&key, &cosign.sbom_file(artifact.name, &sbom)?, &by_digest)?;
+
+        let by_tag = format!("{registry}/{repository}:{tag}");
+        let verified = cosign.verify(&public, &by_tag)?;
+        assert_verified(&verified);
+        let payloads: Value = serde_json::from_slice(&verified.stdout)?;
+        assert_eq!(
+            payloads[0]["critical"]["image"]["docker-manifest-digest"],
+            digest.as_str(),
+            "{image}: {payloads}"
+        );
+        let attested = cosign.verify_sbom(&public, &by_tag)?;
+        assert_verified(&attested);
+        let statements = statements(&attested.stdout);
+        let [statement] = statements.as_slice() else {
+            panic!("{image}: one attestation, not {statements:?}");
+        };
+        assert_eq!(statement["predicate"], sbom, "{image}'s attested SBOM");
+        assert_eq!(
+            statement["predicate"]["metadata"]["component"]["name"],
+            artifact.name
+        );
+        assert_refused(
+            &cosign.verify(&other_public, &by_digest)?,
+            &format!("{image} with another key"),
+            "no matching signatures",
+        );
+        assert_refused(
+            &cosign.verify_sbom(&other_public, &by_digest)?,
+            &format!("{image}'s SBOM with another key"),
+            "no matching attestations",
+        );
+        digests.push(digest);
+    }
+    let (repository, tag) = repository_and_tag(unsigned_image)?;
+    let (_, digest) = fixtures::registry::manifest(registry, repository, tag)?;
+    assert!(!digests.contains(&digest), "{unsigned_image} was signed");
+    let unsigned = format!("{registry}/{repository}@{digest}");
+    assert_refused(
+        &cosign.verify(&public, &unsigned)?,
+        unsigned_image,
+        "no signatures found",
+    );
+    assert_refused(
+        &cosign.verify_sbom(&public, &unsigned)?,
+        &format!("{unsigned_image}'s SBOM"),
+        "no matching attestations",
+    );
+    Ok(digests)
+}
+
 /// The installed operator's bundle swapped for the chart, pushed to the
 /// cluster's registry and installed from it: the samples Ready within 60 s
 /// of `helm install`, a `helm upgrade` that rolls the operator's pods with
 /// no store write, and `helm uninstall` keeping every Pet and record.
-fn helm_from_the_clusters_registry(cluster: &Cluster, repo: &Path, start: Instant) -> TestResult {
+fn helm_from_the_clusters_registry(
+    cluster: &Cluster,
+    repo: &Path,
+    unsigned_image: &str,
+    start: Instant,
+) -> TestResult {
     let operator_image = image(cluster, "petstore-system", "petstore-operator")?;
+    let store_image = image(cluster, "petstore", "petstore")?;
     let (repository, tag) = operator_image
         .rsplit_once(':')
         .ok_or_else(|| format!("{operator_image} has no tag"))?;
@@ -930,6 +1022,23 @@ fn helm_from_the_clusters_registry(cluster: &Cluster, repo: &Path, start: Instan
     let archive = helm.package(&chart_dir(), work.path())?;
     let registry = format!("127.0.0.1:{REGISTRY_PORT}");
     helm.push(&archive, &registry, "charts")?;
+    let signed = sign_the_release(
+        &registry,
+        [
+            (&operator_image, sbom::OPERATOR_IMAGE),
+            (&store_image, sbom::STORE_IMAGE),
+            (
+                &format!("localhost:{REGISTRY_PORT}/charts/{CHART}:{CHART_VERSION}"),
+                sbom::CHART,
+            ),
+        ],
+        unsigned_image,
+    )?;
+    let operator_digest = &signed[0];
+    eprintln!(
+        "[{}] the two images and the chart signed, with their SBOMs, and verified",
+        elapsed(start)
+    );
 
     // `helm install|upgrade petstore oci://...` of the version pushed, and
     // more flags.
@@ -957,6 +1066,8 @@ fn helm_from_the_clusters_registry(cluster: &Cluster, repo: &Path, start: Instan
             &format!("image.repository={repository}"),
             "--set",
             &format!("image.tag={tag}"),
+            "--set",
+            &format!("image.digest={operator_digest}"),
         ],
     )?;
     assert!(out.contains("STATUS: deployed"), "{out}");
@@ -971,7 +1082,7 @@ fn helm_from_the_clusters_registry(cluster: &Cluster, repo: &Path, start: Instan
     );
     assert_eq!(
         image(cluster, "petstore-system", "petstore-operator")?,
-        operator_image
+        format!("{operator_image}@{operator_digest}")
     );
     assert_no_forbidden(cluster)?;
     eprintln!(

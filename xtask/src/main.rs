@@ -61,10 +61,14 @@ enum Task {
         /// The requests, as the fixtures keep them (PETSTORE_AUDIT_DIR).
         dir: PathBuf,
     },
-    /// Write a CycloneDX 1.5 JSON SBOM of the operator and the pet store:
-    /// every package their binaries are built from, with its locked version
-    /// and purl, from `cargo metadata`.
+    /// Write a CycloneDX 1.5 JSON SBOM of one released artifact: every
+    /// package its binaries are built from, with its locked version and
+    /// purl, from `cargo metadata`.
     Sbom {
+        /// The artifact: chart (both binaries), operator-image, store-image
+        /// or plugin (kubectl-petstore).
+        #[arg(long = "for", default_value = "chart", value_parser = artifact)]
+        artifact: xtask::sbom::Artifact,
         /// The file to write (stdout without it).
         #[arg(long)]
         out: Option<PathBuf>,
@@ -111,10 +115,27 @@ fn rbac_audit(dir: &Path) -> anyhow::Result<bool> {
     Ok(equal)
 }
 
+/// An artifact named as `cargo xtask sbom --for` takes it.
+fn artifact(name: &str) -> Result<xtask::sbom::Artifact, String> {
+    let known = xtask::sbom::ARTIFACTS;
+    known
+        .iter()
+        .find(|(known, _)| *known == name)
+        .map(|(_, artifact)| *artifact)
+        .ok_or_else(|| {
+            let names: Vec<&str> = known.iter().map(|(name, _)| *name).collect();
+            format!("one of {}", names.join(", "))
+        })
+}
+
 /// `cargo xtask sbom`.
-fn sbom(out: Option<&Path>, target: Option<&str>) -> anyhow::Result<()> {
+fn sbom(
+    artifact: xtask::sbom::Artifact,
+    out: Option<&Path>,
+    target: Option<&str>,
+) -> anyhow::Result<()> {
     let root = fixtures::repo_root();
-    let bom = xtask::sbom::generate(&root, target).context("making the SBOM")?;
+    let bom = xtask::sbom::generate(&root, artifact, target).context("making the SBOM")?;
     let text = serde_json::to_string_pretty(&bom)? + "\n";
     match out {
         None => print!("{text}"),
@@ -167,7 +188,11 @@ fn main() -> ExitCode {
             binary,
             uri_base,
         } => krew(&out, &binary, &uri_base),
-        Task::Sbom { out, target } => sbom(out.as_deref(), target.as_deref()),
+        Task::Sbom {
+            artifact,
+            out,
+            target,
+        } => sbom(artifact, out.as_deref(), target.as_deref()),
         Task::RbacAudit { dir } => match rbac_audit(&dir) {
             Ok(true) => Ok(()),
             Ok(false) => Err(anyhow::anyhow!(

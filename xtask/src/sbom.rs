@@ -1,7 +1,8 @@
-//! `cargo xtask sbom`: a CycloneDX 1.5 JSON SBOM of what the chart installs,
-//! the operator (`petstore-operator`, with `kubectl-petstore`) and the pet
-//! store (`petstore-server`): every package their binaries are built from,
-//! with its locked version and purl, read from `cargo metadata`.
+//! `cargo xtask sbom`: a CycloneDX 1.5 JSON SBOM of one released artifact
+//! ([`Artifact`]): the chart (both binaries), the operator's image, the pet
+//! store's image or the `kubectl-petstore` plugin. It lists every package
+//! the artifact's binaries are built from, with its locked version and purl,
+//! read from `cargo metadata`.
 //!
 //! `cargo metadata` resolves the whole workspace at once, so its graph also
 //! holds what only the tests and tools use, and features that only they
@@ -20,6 +21,57 @@ use serde_json::{Value, json};
 
 /// The packages whose binaries the chart's images hold.
 pub const ROOTS: &[&str] = &["petstore-operator", "petstore-server"];
+
+/// What is released, each signed with an SBOM of its own: the packages its
+/// binaries come from, and the name the SBOM gives it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Artifact {
+    /// The SBOM's subject (`metadata.component`).
+    pub name: &'static str,
+    /// Its `bom-ref`, before `@<version>`: not a package's purl, since
+    /// bom-refs are unique in a BOM and the packages are components too.
+    pub reference: &'static str,
+    pub description: &'static str,
+    /// The workspace packages whose binaries it holds.
+    pub packages: &'static [&'static str],
+}
+
+/// The Helm chart: the images of both binaries.
+pub const CHART: Artifact = Artifact {
+    name: "petstore-operator",
+    reference: "petstore-operator-chart",
+    description: "The Helm chart's binaries: the operator (petstore-operator, kubectl-petstore) and the pet store (petstore-server)",
+    packages: ROOTS,
+};
+/// The operator's image.
+pub const OPERATOR_IMAGE: Artifact = Artifact {
+    name: "petstore-operator-image",
+    reference: "petstore-operator-image",
+    description: "The operator's image: the petstore-operator binary",
+    packages: &["petstore-operator"],
+};
+/// The pet store's image.
+pub const STORE_IMAGE: Artifact = Artifact {
+    name: "petstore-server-image",
+    reference: "petstore-server-image",
+    description: "The pet store's image: the petstore-server binary",
+    packages: &["petstore-server"],
+};
+/// The kubectl plugin's archives: `kubectl-petstore`, a binary of the
+/// operator's package, so the same packages as the operator's image.
+pub const PLUGIN: Artifact = Artifact {
+    name: "kubectl-petstore",
+    reference: "kubectl-petstore-plugin",
+    description: "The kubectl plugin: the kubectl-petstore binary",
+    packages: &["petstore-operator"],
+};
+/// Every artifact, by the name `cargo xtask sbom --for` takes.
+pub const ARTIFACTS: &[(&str, Artifact)] = &[
+    ("chart", CHART),
+    ("operator-image", OPERATOR_IMAGE),
+    ("store-image", STORE_IMAGE),
+    ("plugin", PLUGIN),
+];
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -123,9 +175,9 @@ pub fn host_target() -> Result<String, Error> {
         .ok_or_else(|| Error::Cfg("no host line in rustc -vV".into()))
 }
 
-/// The SBOM of [`ROOTS`] in the workspace at `root`, for `target` (a
+/// The SBOM of `artifact` from the workspace at `root`, for `target` (a
 /// triple; the host's when `None`).
-pub fn generate(root: &Path, target: Option<&str>) -> Result<Value, Error> {
+pub fn generate(root: &Path, artifact: Artifact, target: Option<&str>) -> Result<Value, Error> {
     let target = match target {
         Some(target) => target.to_owned(),
         None => host_target()?,
@@ -139,12 +191,16 @@ pub fn generate(root: &Path, target: Option<&str>) -> Result<Value, Error> {
         .args(["metadata", "--locked", "--format-version", "1"])
         .args(["--filter-platform", &target]);
     let metadata: Metadata = serde_json::from_str(&output(command, "cargo metadata")?)?;
-    bom(&metadata, &cfg, &target)
+    bom(&metadata, &cfg, &target, artifact)
 }
 
-/// The set of packages (by id) a build of [`ROOTS`] compiles, with the
+/// The set of packages (by id) a build of `roots` compiles, with the
 /// normal dependency edges between them.
-fn graph(metadata: &Metadata, cfg: &Cfg) -> Result<BTreeMap<String, BTreeSet<String>>, Error> {
+fn graph(
+    metadata: &Metadata,
+    cfg: &Cfg,
+    roots: &[&str],
+) -> Result<BTreeMap<String, BTreeSet<String>>, Error> {
     let packages: BTreeMap<&str, &Package> = metadata
         .packages
         .iter()
@@ -158,7 +214,7 @@ fn graph(metadata: &Metadata, cfg: &Cfg) -> Result<BTreeMap<String, BTreeSet<Str
         .collect();
     // Package id -> its enabled features.
     let mut enabled: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for name in ROOTS {
+    for name in roots {
         let id = metadata
             .workspace_members
             .iter()
@@ -286,8 +342,8 @@ pub fn purl(name: &str, version: &str) -> String {
     format!("pkg:cargo/{name}@{encoded}")
 }
 
-fn bom(metadata: &Metadata, cfg: &Cfg, target: &str) -> Result<Value, Error> {
-    let graph = graph(metadata, cfg)?;
+fn bom(metadata: &Metadata, cfg: &Cfg, target: &str, artifact: Artifact) -> Result<Value, Error> {
+    let graph = graph(metadata, cfg, artifact.packages)?;
     let packages: BTreeMap<&str, &Package> = metadata
         .packages
         .iter()
@@ -302,8 +358,8 @@ fn bom(metadata: &Metadata, cfg: &Cfg, target: &str) -> Result<Value, Error> {
             continue;
         };
         let purl = purl(&package.name, &package.version);
-        let is_root =
-            metadata.workspace_members.contains(id) && ROOTS.contains(&package.name.as_str());
+        let is_root = metadata.workspace_members.contains(id)
+            && artifact.packages.contains(&package.name.as_str());
         let mut component = json!({
             "type": if is_root { "application" } else { "library" },
             "bom-ref": purl,
@@ -328,7 +384,7 @@ fn bom(metadata: &Metadata, cfg: &Cfg, target: &str) -> Result<Value, Error> {
     }
     roots.sort();
     let version = env!("CARGO_PKG_VERSION");
-    let subject = format!("petstore-operator-chart@{version}");
+    let subject = format!("{}@{version}", artifact.reference);
     dependencies.insert(
         subject.clone(),
         json!({ "ref": subject, "dependsOn": roots }),
@@ -354,9 +410,9 @@ fn bom(metadata: &Metadata, cfg: &Cfg, target: &str) -> Result<Value, Error> {
             "component": {
                 "type": "application",
                 "bom-ref": subject,
-                "name": "petstore-operator",
+                "name": artifact.name,
                 "version": version,
-                "description": "The Helm chart's binaries: the operator (petstore-operator, kubectl-petstore) and the pet store (petstore-server)",
+                "description": artifact.description,
             },
             "properties": [{ "name": "cargo:target", "value": target }],
         },
@@ -571,7 +627,7 @@ mod tests {
     #[test]
     fn the_sbom_lists_exactly_what_the_two_binaries_build_at_their_locked_versions() {
         let root = root();
-        let bom = generate(&root, None).unwrap();
+        let bom = generate(&root, CHART, None).unwrap();
         // Valid JSON with CycloneDX's required and expected fields.
         let text = serde_json::to_string_pretty(&bom).unwrap();
         let bom: Value = serde_json::from_str(&text).unwrap();
@@ -646,12 +702,59 @@ mod tests {
         }
     }
 
+    /// The (name, version) pairs an SBOM lists.
+    fn listed(bom: &Value) -> BTreeSet<(String, String)> {
+        bom["components"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                let field = |f: &str| c[f].as_str().unwrap().to_owned();
+                (field("name"), field("version"))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn each_image_and_the_plugin_list_exactly_what_their_package_builds() {
+        let root = root();
+        for (_, artifact) in ARTIFACTS {
+            let bom = generate(&root, *artifact, None).unwrap();
+            let component = &bom["metadata"]["component"];
+            assert_eq!(component["name"], artifact.name);
+            let subject = component["bom-ref"].as_str().unwrap();
+            assert!(subject.starts_with(artifact.reference), "{subject}");
+            let listed = listed(&bom);
+            let built = cargo_tree(&root, artifact.packages);
+            assert_eq!(listed, built, "{}", artifact.name);
+            // The artifact's own packages are its applications; no other
+            // workspace package is in it.
+            for c in bom["components"].as_array().unwrap() {
+                let name = c["name"].as_str().unwrap();
+                let root_package = artifact.packages.contains(&name);
+                assert_eq!(c["type"] == "application", root_package, "{c}");
+            }
+            let dependencies = bom["dependencies"].as_array().unwrap();
+            let subject_edges = dependencies.iter().find(|d| d["ref"] == subject).unwrap();
+            assert_eq!(
+                subject_edges["dependsOn"].as_array().unwrap().len(),
+                artifact.packages.len(),
+                "{subject_edges}"
+            );
+        }
+        // The store's image holds no Kubernetes client; the operator's does.
+        let store = listed(&generate(&root, STORE_IMAGE, None).unwrap());
+        let operator = listed(&generate(&root, OPERATOR_IMAGE, None).unwrap());
+        assert!(!store.iter().any(|(name, _)| name == "kube-client"));
+        assert!(operator.iter().any(|(name, _)| name == "kube-client"));
+    }
+
     #[test]
     fn the_same_lock_file_gives_the_same_sbom() {
         let root = root();
         assert_eq!(
-            generate(&root, None).unwrap(),
-            generate(&root, None).unwrap()
+            generate(&root, CHART, None).unwrap(),
+            generate(&root, CHART, None).unwrap()
         );
     }
 

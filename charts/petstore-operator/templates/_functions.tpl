@@ -1,13 +1,12 @@
 {{/*
-An image reference: repository, and :tag when a tag is set (config/ leaves
-its images untagged).
+An image reference: repository, :tag when a tag is set (config/ leaves its
+images untagged), and @digest when a digest is set: the digest a signature
+was verified for, so the node runs those bytes whatever the tag names now.
 */}}
 {{- define "petstore-operator.image" -}}
-{{- if .tag -}}
-{{ .repository }}:{{ .tag }}
-{{- else -}}
 {{ .repository }}
-{{- end -}}
+{{- if .tag -}}:{{ .tag }}{{- end -}}
+{{- if .digest -}}@{{ .digest }}{{- end -}}
 {{- end -}}
 
 {{/*
