@@ -66,6 +66,39 @@ fn kustomize(dir: &str) -> fixtures::Result<String> {
     )
 }
 
+/// `kubectl apply -k` and `kubectl delete -k` take config/default's objects
+/// in the order kustomize prints them. The CRDs come before the operator's
+/// Namespace, so that a deletion reaches them while the operator's pods still
+/// answer the CRD guard (unanswered, it refuses: `failurePolicy: Fail`); the
+/// guard's webhook configurations come last, after what they guard.
+#[test]
+fn config_default_deletes_its_crds_before_the_operators_namespace() -> fixtures::Result<()> {
+    let kinds: Vec<String> = objects("config/default", &kustomize("default")?)?
+        .iter()
+        .map(|object| object["kind"].as_str().unwrap_or("?").to_owned())
+        .collect();
+    let first = |kind: &str| kinds.iter().position(|k| k == kind);
+    let last = |kind: &str| kinds.iter().rposition(|k| k == kind);
+    let namespace = first("Namespace").expect("config/default makes the operator's namespace");
+    let crds = last("CustomResourceDefinition").expect("config/default holds the CRDs");
+    assert!(crds < namespace, "a CRD after the Namespace: {kinds:?}");
+    let guards = first("ValidatingWebhookConfiguration").expect("the guards");
+    assert!(
+        kinds[guards..]
+            .iter()
+            .all(|k| k == "ValidatingWebhookConfiguration"),
+        "the guards are not last: {kinds:?}"
+    );
+    // Namespaced objects still follow their namespace, and the operator's
+    // RBAC comes before its Deployment.
+    assert!(namespace < first("ServiceAccount").expect("a ServiceAccount"));
+    assert!(
+        last("ClusterRoleBinding") < first("Deployment"),
+        "{kinds:?}"
+    );
+    Ok(())
+}
+
 /// Removes from `object` the fields [`CHART_ADDS`] allows for its kind,
 /// where they hold the allowed value, and a map left empty by that.
 fn without_chart_additions(mut object: Value) -> Value {

@@ -722,10 +722,9 @@ spec: {name: Rex, type: dog, birthday: \"2022-02-02\"}
     }
 
     // Uninstalling the operator, with it running in its pods, keeps every
-    // record: kubectl deletes the operator's namespace first, then the CRD,
-    // which the guard refuses while Pets exist (or, its pods already going,
-    // cannot be reached, which refuses it too). The store is a bundle of its
-    // own, so its pod, and Tilt's port-forward to it, stay.
+    // record: kubectl deletes the CRDs first, which the guard refuses while
+    // Pets exist, then the operator's namespace and the rest. The store is a
+    // bundle of its own, so its pod, and Tilt's port-forward to it, stay.
     let records = [
         ("pet-sample1", "Thorbert", &thor_id),
         ("pet-sample2", "Tron", &tron_id),
@@ -742,8 +741,14 @@ spec: {name: Rex, type: dog, birthday: \"2022-02-02\"}
         .kubectl(&["delete", "-k", &default.to_string_lossy(), "--wait=false"])
         .expect_err("the Pet CRD's deletion is refused")
         .to_string();
+    // Refused by the guard itself, which answered: config/default deletes
+    // the CRDs before the namespace the guard's pods run in.
     assert!(
-        refused.contains("crd-guard.petstore.example.com"),
+        refused.contains("crd-guard.petstore.example.com")
+            && refused.contains(&format!(
+                "refusing to delete the Pet CRD pets.petstore.example.com: {} Pets exist",
+                records.len()
+            )),
         "{refused}"
     );
     wait_operator_namespace_gone(&cluster)?;
@@ -1003,19 +1008,14 @@ fn helm_from_the_clusters_registry(
     let (repository, tag) = operator_image
         .rsplit_once(':')
         .ok_or_else(|| format!("{operator_image} has no tag"))?;
-    // The Pet CRD first, while the operator's pods answer its guard: the
-    // bundle's deletion takes the operator's namespace first, and a guard
-    // whose pods are going cannot be reached, which refuses the CRD's.
-    cluster.kubectl(&["delete", "crd", "pets.petstore.example.com"])?;
+    // No Pet is left, so the bundle's deletion takes its CRDs: first, while
+    // the operator's pods still answer the CRD guard (config/default's
+    // order), and then the rest.
     let default = repo.join("config/default");
-    cluster.kubectl(&[
-        "delete",
-        "-k",
-        &default.to_string_lossy(),
-        "--ignore-not-found",
-        "--timeout=180s",
-    ])?;
+    cluster.kubectl(&["delete", "-k", &default.to_string_lossy(), "--timeout=180s"])?;
     wait_operator_namespace_gone(cluster)?;
+    let crds = cluster.kubectl(&["get", "crds", "-o", "name"])?;
+    assert!(!crds.contains("petstore.example.com"), "{crds}");
 
     let helm = Helm::with_kubeconfig(&cluster.kubeconfig)?;
     let work = tempfile::Builder::new().prefix("chart-").tempdir()?;
