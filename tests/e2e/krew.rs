@@ -1,18 +1,25 @@
 //! The plugin through krew, as a user installs it: the release step
-//! (`cargo xtask krew`'s code) packs the built `kubectl-petstore` and writes
-//! its manifest with the archive's URI on a local HTTP server; the manifest
-//! goes into a local index (a git repository, `plugins/petstore.yaml`); the
-//! real krew adds that index, refuses an archive whose sha256 is not the
-//! manifest's, installs the real one, and `kubectl petstore plan`, found by
-//! kubectl in `$KREW_ROOT/bin`, plans against the control plane and store.
+//! (`cargo xtask krew`'s code) packs the built `kubectl-petstore` for this
+//! machine (linux/amd64) and the one cross-built for linux/arm64, and
+//! writes their manifest with each archive's URI on a local HTTP server;
+//! the manifest goes into a local index (a git repository,
+//! `plugins/petstore.yaml`); the real krew adds that index, refuses an
+//! archive whose sha256 is not the manifest's, installs the real one, and
+//! `kubectl petstore plan`, found by kubectl in `$KREW_ROOT/bin`, plans
+//! against the control plane and store. krew told it runs on linux/arm64
+//! installs the arm64 archive, whose binary plans the same under qemu.
 
 use std::path::Path;
 use std::process::Output;
 
 use fixtures::cosign::{Cosign, assert_refused, assert_verified, blob_statements};
 use fixtures::krew::{FileServer, Krew, commit_index};
-use fixtures::{Env, Storage, cargo_bin, io, repo_root};
-use xtask::krew::{archive, release_from_repo, sha256_hex};
+use fixtures::{CROSS_TARGET, Env, Storage, cargo_bin, cross_bin, io, repo_root};
+use xtask::krew::{Platform, archive, release_from_repo, sha256_hex};
+
+/// Where Debian's arm64 C library is (libc6-arm64-cross): qemu-user's root
+/// for the arm64 binary's dynamic loader and libraries.
+const ARM64_SYSROOT: &str = "/usr/aarch64-linux-gnu";
 
 fn sha256_of(path: &Path) -> fixtures::Result<String> {
     let bytes = std::fs::read(path).map_err(io(format!("reading {}", path.display())))?;
@@ -33,18 +40,26 @@ fn krew_installs_the_released_plugin_from_a_local_index_and_refuses_a_tampered_a
     let work = tempfile::tempdir().map_err(io("making a temporary directory"))?;
     let server = FileServer::start()?;
     let plugin = cargo_bin("kubectl-petstore")?;
+    let arm64_plugin = cross_bin("kubectl-petstore")?;
 
-    // The release step, for archives served at /releases/.
+    // The release step, for archives served at /releases/: one archive a
+    // platform, each named for the platform its binary's header says.
     let released = release_from_repo(
         &repo_root(),
-        &plugin,
+        &[&plugin, &arm64_plugin],
         &format!("http://{}/releases", server.addr),
         &work.path().join("release"),
     )
     .map_err(|e| io("the release step")(std::io::Error::other(e)))?;
-    let [built] = released.archives.as_slice() else {
-        panic!("one archive, for this machine: {:?}", released.archives);
+    let [built, arm64] = released.archives.as_slice() else {
+        panic!("two archives: {:?}", released.archives);
     };
+    assert_eq!(built.platform, Platform::host().expect("a krew platform"));
+    let arm64_platform = Platform {
+        os: "linux".into(),
+        arch: "arm64".into(),
+    };
+    assert_eq!(arm64.platform, arm64_platform);
     let served_at = built
         .uri
         .strip_prefix(&format!("http://{}", server.addr))
@@ -132,6 +147,46 @@ fn krew_installs_the_released_plugin_from_a_local_index_and_refuses_a_tampered_a
         env.store_pets()?.is_empty(),
         "the plugin wrote to the store"
     );
+
+    // krew on linux/arm64 picks the arm64 archive from the same manifest,
+    // checks its sha256, and installs the cross-built binary, byte for
+    // byte, which plans the same under qemu.
+    let served_arm64 = arm64
+        .uri
+        .strip_prefix(&format!("http://{}", server.addr))
+        .unwrap_or_else(|| panic!("{} is not on the file server", arm64.uri))
+        .to_owned();
+    server.serve(
+        &served_arm64,
+        std::fs::read(&arm64.path).map_err(io("reading the arm64 archive"))?,
+    );
+    let krew_arm64 = Krew::for_platform("linux", "arm64")?;
+    krew_arm64.run(&["index", "add", "local", &index.to_string_lossy()])?;
+    krew_arm64.run(&["install", "local/petstore"])?;
+    assert_eq!(
+        server.requests(&served_arm64),
+        1,
+        "krew did not download it"
+    );
+    let installed_arm64 = krew_arm64.bin_dir().join("kubectl-petstore");
+    assert_eq!(sha256_of(&installed_arm64)?, sha256_of(&arm64_plugin)?);
+    let binary = std::fs::read(&installed_arm64).map_err(io("reading the binary"))?;
+    assert_eq!(Platform::of_binary(&binary), Ok(arm64_platform));
+    let planned = std::process::Command::new("qemu-aarch64")
+        .args(["-L", ARM64_SYSROOT])
+        .arg(&installed_arm64)
+        .env("KUBECONFIG", &env.cp.kubeconfig)
+        .args(["plan", "--petstore-addr", &env.store.addr, "-f"])
+        .arg(&pets)
+        .output()
+        .map_err(io("running the arm64 kubectl-petstore under qemu-aarch64"))?;
+    assert_eq!(planned.status.code(), Some(2), "{}", text(&planned));
+    let printed = String::from_utf8_lossy(&planned.stdout);
+    assert!(printed.contains(r#""summary":"create""#), "{printed}");
+    assert!(
+        env.store_pets()?.is_empty(),
+        "the plugin wrote to the store"
+    );
     Ok(())
 }
 
@@ -145,47 +200,74 @@ fn cosign_verifies_the_plugin_archive_and_its_sbom_and_refuses_the_rest() -> fix
     let work = tempfile::tempdir().map_err(io("making a temporary directory"))?;
     let released = release_from_repo(
         &repo_root(),
-        &cargo_bin("kubectl-petstore")?,
+        &[
+            &cargo_bin("kubectl-petstore")?,
+            &cross_bin("kubectl-petstore")?,
+        ],
         "https://releases.example.com/petstore",
         &work.path().join("release"),
     )
     .map_err(|e| io("the release step")(std::io::Error::other(e)))?;
-    let [built] = released.archives.as_slice() else {
-        panic!("one archive, for this machine: {:?}", released.archives);
-    };
     let cosign = Cosign::new()?;
     let (key, public) = cosign.generate_key_pair("release")?;
     let (other_key, other_public) = cosign.generate_key_pair("other")?;
-    let sbom = xtask::sbom::generate(&repo_root(), xtask::sbom::PLUGIN, None)
-        .map_err(|e| io("making the SBOM")(std::io::Error::other(e)))?;
-    let sbom_file = cosign.sbom_file("kubectl-petstore", &sbom)?;
 
-    let signature = cosign.sign_blob(&key, &built.path)?;
-    let attestation = cosign.attest_blob_sbom(&key, &sbom_file, &built.path)?;
-    assert_verified(&cosign.verify_blob(&public, &signature, &built.path)?);
-    assert_verified(&cosign.verify_blob_sbom(&public, &attestation, &built.path)?);
-    // The attestation is of this archive (the sha256 the krew manifest
-    // has), and carries the SBOM made, whose subject is the plugin.
-    let statements = blob_statements(&attestation)?;
-    let [statement] = statements.as_slice() else {
-        panic!("one statement: {statements:?}");
+    // Every archive, each with the SBOM of its own platform's build (the
+    // dependencies that apply to that target).
+    let mut signed = Vec::new();
+    for (archive, target) in released.archives.iter().zip([None, Some(CROSS_TARGET)]) {
+        let sbom = xtask::sbom::generate(&repo_root(), xtask::sbom::PLUGIN, target)
+            .map_err(|e| io("making the SBOM")(std::io::Error::other(e)))?;
+        let name = format!("kubectl-petstore-{}", archive.platform.arch);
+        let sbom_file = cosign.sbom_file(&name, &sbom)?;
+        let signature = cosign.sign_blob(&key, &archive.path)?;
+        let attestation = cosign.attest_blob_sbom(&key, &sbom_file, &archive.path)?;
+        assert_verified(&cosign.verify_blob(&public, &signature, &archive.path)?);
+        assert_verified(&cosign.verify_blob_sbom(&public, &attestation, &archive.path)?);
+        // The attestation is of this archive (the sha256 the krew manifest
+        // has), and carries the SBOM made, whose subject is the plugin.
+        let statements = blob_statements(&attestation)?;
+        let [statement] = statements.as_slice() else {
+            panic!("one statement: {statements:?}");
+        };
+        assert_eq!(statement["predicateType"], "https://cyclonedx.org/bom");
+        assert_eq!(statement["subject"][0]["digest"]["sha256"], archive.sha256);
+        assert_eq!(statement["predicate"], sbom);
+        assert_eq!(
+            statement["predicate"]["metadata"]["component"]["name"],
+            "kubectl-petstore"
+        );
+        assert_eq!(
+            statement["predicate"]["metadata"]["properties"][0]["value"],
+            target
+                .map_or_else(xtask::sbom::host_target, |t| Ok(t.to_owned()))
+                .map_err(|e| io("the host's target")(std::io::Error::other(e)))?
+        );
+        signed.push((archive, signature, attestation));
+    }
+    let [(built, signature, attestation), (arm64, arm64_signature, _)] = signed.as_slice() else {
+        panic!("two archives: {:?}", released.archives);
     };
-    assert_eq!(statement["predicateType"], "https://cyclonedx.org/bom");
-    assert_eq!(statement["subject"][0]["digest"]["sha256"], built.sha256);
-    assert_eq!(statement["predicate"], sbom);
-    assert_eq!(
-        statement["predicate"]["metadata"]["component"]["name"],
-        "kubectl-petstore"
+    // One archive's bundle is not another's.
+    assert_refused(
+        &cosign.verify_blob(&public, signature, &arm64.path)?,
+        "the arm64 archive with the amd64 archive's signature",
+        "invalid signature",
+    );
+    assert_refused(
+        &cosign.verify_blob(&public, arm64_signature, &built.path)?,
+        "the amd64 archive with the arm64 archive's signature",
+        "invalid signature",
     );
 
     // Another key's public half.
     assert_refused(
-        &cosign.verify_blob(&other_public, &signature, &built.path)?,
+        &cosign.verify_blob(&other_public, signature, &built.path)?,
         "the archive with another key",
         "invalid signature",
     );
     assert_refused(
-        &cosign.verify_blob_sbom(&other_public, &attestation, &built.path)?,
+        &cosign.verify_blob_sbom(&other_public, attestation, &built.path)?,
         "the archive's SBOM with another key",
         "accepted signatures do not match threshold",
     );
@@ -199,12 +281,12 @@ fn cosign_verifies_the_plugin_archive_and_its_sbom_and_refuses_the_rest() -> fix
     )
     .map_err(io("writing the tampered archive"))?;
     assert_refused(
-        &cosign.verify_blob(&public, &signature, &tampered)?,
+        &cosign.verify_blob(&public, signature, &tampered)?,
         "the tampered archive",
         "invalid signature",
     );
     assert_refused(
-        &cosign.verify_blob_sbom(&public, &attestation, &tampered)?,
+        &cosign.verify_blob_sbom(&public, attestation, &tampered)?,
         "the tampered archive's SBOM",
         "no matching subject digest found",
     );

@@ -1,13 +1,15 @@
 //! `cargo xtask krew`: the release step of the kubectl plugin for krew. It
-//! packs the built `kubectl-petstore` (and the repository's LICENSE, when
+//! packs each built `kubectl-petstore` (and the repository's LICENSE, when
 //! there is one) into a `.tar.gz` for the platform it was built for, and
-//! writes the krew manifest `petstore.yaml` that names each archive's URI
-//! and sha256, ready for a krew index (`plugins/petstore.yaml`).
+//! writes the krew manifest `petstore.yaml` that names each archive's
+//! platform, URI and sha256, ready for a krew index
+//! (`plugins/petstore.yaml`).
 //!
-//! Only the host's platform is packed: the binary is the one cargo built
-//! here, and nothing cross-compiles it. The archives are reproducible: the
-//! same binary gives the same bytes, so the same sha256 (fixed order,
-//! mtimes, owners and modes, and a gzip header without a time or name).
+//! A binary's platform is read from its own header (ELF, PE or Mach-O), not
+//! from a flag or a path, so an archive cannot be labelled for a platform
+//! its binary does not run on. The archives are reproducible: the same
+//! binary gives the same bytes, so the same sha256 (fixed order, mtimes,
+//! owners and modes, and a gzip header without a time or name).
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -40,6 +42,15 @@ pub enum Error {
     },
     #[error("krew has no platform name for {0}")]
     Platform(String),
+    #[error("{0} is not an executable for a platform krew knows: {1}")]
+    NotExecutable(String, String),
+    #[error("two binaries for {os}/{arch}: {first} and {second}")]
+    SamePlatform {
+        os: String,
+        arch: String,
+        first: String,
+        second: String,
+    },
     #[error("the archive base URI must be http:// or https://, not {0:?}")]
     UriBase(String),
     #[error("writing the manifest: {0}")]
@@ -83,12 +94,72 @@ impl Platform {
             arch: arch.into(),
         })
     }
+
+    /// The platform the executable `binary` runs on, from its header: ELF
+    /// (Linux), PE (Windows) or Mach-O (macOS), and the machine it names.
+    pub fn of_binary(binary: &[u8]) -> Result<Self, String> {
+        let u16_at = |at: usize| {
+            binary
+                .get(at..at + 2)
+                .map(|b| u16::from_le_bytes([b[0], b[1]]))
+        };
+        let u32_at = |at: usize| {
+            binary
+                .get(at..at + 4)
+                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        };
+        let (os, arch) = if binary.starts_with(b"\x7fELF") {
+            // Little-endian (EI_DATA 1), e_machine at 18.
+            if binary.get(5) != Some(&1) {
+                return Err("a big-endian ELF".into());
+            }
+            let arch = match u16_at(18) {
+                Some(0x3e) => "x86_64",
+                Some(0xb7) => "aarch64",
+                Some(0x28) => "arm",
+                other => return Err(format!("an ELF for machine {other:?}")),
+            };
+            ("linux", arch)
+        } else if binary.starts_with(b"MZ") {
+            // e_lfanew at 0x3c points at "PE\0\0", the machine after it.
+            let pe = u32_at(0x3c).map_or(usize::MAX, |at| at as usize);
+            if binary.get(pe..pe.saturating_add(4)) != Some(b"PE\0\0".as_slice()) {
+                return Err("an MZ file without a PE header".into());
+            }
+            let arch = match u16_at(pe + 4) {
+                Some(0x8664) => "x86_64",
+                Some(0xaa64) => "aarch64",
+                other => return Err(format!("a PE for machine {other:?}")),
+            };
+            ("windows", arch)
+        } else if u32_at(0) == Some(0xfeed_facf) {
+            let arch = match u32_at(4) {
+                Some(0x0100_0007) => "x86_64",
+                Some(0x0100_000c) => "aarch64",
+                other => return Err(format!("a Mach-O for CPU {other:?}")),
+            };
+            ("macos", arch)
+        } else {
+            return Err("not an ELF, PE or Mach-O executable".into());
+        };
+        Self::from_rust(os, arch).map_err(|e| e.to_string())
+    }
+
+    /// The binary's name in the archive and the manifest's `bin`: Windows
+    /// runs only `.exe` files.
+    pub fn bin(&self) -> String {
+        if self.os == "windows" {
+            format!("{BINARY}.exe")
+        } else {
+            BINARY.to_owned()
+        }
+    }
 }
 
 /// What the release step makes from.
 pub struct Release<'a> {
-    /// The built `kubectl-petstore`, for [`Platform::host`].
-    pub binary: &'a Path,
+    /// The built `kubectl-petstore`s, at most one for each platform.
+    pub binaries: &'a [&'a Path],
     /// Packed beside the binary when given.
     pub license: Option<&'a Path>,
     /// The workspace version, without the `v`.
@@ -117,17 +188,17 @@ pub struct Released {
     pub archives: Vec<Archive>,
 }
 
-/// What `cargo xtask krew` does: packs `binary`, and the LICENSE of the
-/// repository at `root` when it has one, as the workspace's version.
+/// What `cargo xtask krew` does: packs each of `binaries`, with the LICENSE
+/// of the repository at `root` when it has one, as the workspace's version.
 pub fn release_from_repo(
     root: &Path,
-    binary: &Path,
+    binaries: &[&Path],
     uri_base: &str,
     out: &Path,
 ) -> Result<Released, Error> {
     let license = root.join("LICENSE");
     release(&Release {
-        binary,
+        binaries,
         license: license.is_file().then_some(license.as_path()),
         // xtask's version is the workspace's.
         version: env!("CARGO_PKG_VERSION"),
@@ -136,7 +207,8 @@ pub fn release_from_repo(
     })
 }
 
-/// Packs the host's archive into `out` and writes the manifest beside it.
+/// Packs an archive for each binary's platform into `out`, and writes the
+/// manifest beside them.
 pub fn release(release: &Release) -> Result<Released, Error> {
     let base = release.uri_base.trim_end_matches('/');
     if !(base.starts_with("https://") || base.starts_with("http://")) {
@@ -144,24 +216,37 @@ pub fn release(release: &Release) -> Result<Released, Error> {
     }
     std::fs::create_dir_all(release.out)
         .map_err(io(format!("making {}", release.out.display())))?;
-    let binary = std::fs::read(release.binary)
-        .map_err(io(format!("reading {}", release.binary.display())))?;
     let license = match release.license {
         Some(path) => Some(std::fs::read(path).map_err(io(format!("reading {}", path.display())))?),
         None => None,
     };
-    let platform = Platform::host()?;
     let version = format!("v{}", release.version);
-    let name = archive_name(&version, &platform);
-    let bytes = archive(&binary, license.as_deref())?;
-    let path = release.out.join(&name);
-    std::fs::write(&path, &bytes).map_err(io(format!("writing {}", path.display())))?;
-    let archives = vec![Archive {
-        platform,
-        path,
-        uri: format!("{base}/{name}"),
-        sha256: sha256_hex(&bytes),
-    }];
+    let mut archives: Vec<(Archive, &Path)> = Vec::new();
+    for &path in release.binaries {
+        let binary = std::fs::read(path).map_err(io(format!("reading {}", path.display())))?;
+        let platform = Platform::of_binary(&binary)
+            .map_err(|why| Error::NotExecutable(path.display().to_string(), why))?;
+        if let Some((_, first)) = archives.iter().find(|(a, _)| a.platform == platform) {
+            return Err(Error::SamePlatform {
+                os: platform.os,
+                arch: platform.arch,
+                first: first.display().to_string(),
+                second: path.display().to_string(),
+            });
+        }
+        let name = archive_name(&version, &platform);
+        let bytes = archive_as(&platform.bin(), &binary, license.as_deref())?;
+        let file = release.out.join(&name);
+        std::fs::write(&file, &bytes).map_err(io(format!("writing {}", file.display())))?;
+        let archive = Archive {
+            platform,
+            path: file,
+            uri: format!("{base}/{name}"),
+            sha256: sha256_hex(&bytes),
+        };
+        archives.push((archive, path));
+    }
+    let archives: Vec<Archive> = archives.into_iter().map(|(a, _)| a).collect();
     let manifest = release.out.join(format!("{PLUGIN}.yaml"));
     std::fs::write(&manifest, manifest_yaml(&version, &archives)?)
         .map_err(io(format!("writing {}", manifest.display())))?;
@@ -181,11 +266,16 @@ pub fn archive_name(version: &str, platform: &Platform) -> String {
 /// with mtime 0, gzipped without a time or file name in its header: the
 /// same inputs give the same bytes.
 pub fn archive(binary: &[u8], license: Option<&[u8]>) -> Result<Vec<u8>, Error> {
+    archive_as(BINARY, binary, license)
+}
+
+/// [`archive`] with the binary named `name` (Windows' has `.exe`).
+fn archive_as(name: &str, binary: &[u8], license: Option<&[u8]>) -> Result<Vec<u8>, Error> {
     let gzip = flate2::GzBuilder::new()
         .mtime(0)
         .write(Vec::new(), flate2::Compression::default());
     let mut tar = tar::Builder::new(gzip);
-    let mut entries = vec![(BINARY, 0o755, binary)];
+    let mut entries = vec![(name, 0o755, binary)];
     if let Some(license) = license {
         entries.push(("LICENSE", 0o644, license));
     }
@@ -244,7 +334,7 @@ struct PlatformSpec<'a> {
     selector: Selector<'a>,
     uri: &'a str,
     sha256: &'a str,
-    bin: &'a str,
+    bin: String,
 }
 
 #[derive(Serialize)]
@@ -282,7 +372,7 @@ pub fn manifest_yaml(version: &str, archives: &[Archive]) -> Result<String, Erro
                     },
                     uri: &archive.uri,
                     sha256: &archive.sha256,
-                    bin: BINARY,
+                    bin: archive.platform.bin(),
                 })
                 .collect(),
         },
@@ -316,6 +406,150 @@ mod tests {
                 )
             })
             .collect()
+    }
+
+    /// The first bytes of a little-endian 64-bit ELF executable for
+    /// `machine` (e_machine), as far as [`Platform::of_binary`] reads.
+    fn elf(machine: u16) -> Vec<u8> {
+        let mut header = vec![0u8; 64];
+        header[..4].copy_from_slice(b"\x7fELF");
+        header[4] = 2; // 64-bit
+        header[5] = 1; // little-endian
+        header[6] = 1; // version
+        header[18..20].copy_from_slice(&machine.to_le_bytes());
+        header
+    }
+
+    /// An MZ stub whose PE header (at 0x40) names `machine`.
+    fn pe(machine: u16) -> Vec<u8> {
+        let mut header = vec![0u8; 0x80];
+        header[..2].copy_from_slice(b"MZ");
+        header[0x3c..0x40].copy_from_slice(&0x40u32.to_le_bytes());
+        header[0x40..0x44].copy_from_slice(b"PE\0\0");
+        header[0x44..0x46].copy_from_slice(&machine.to_le_bytes());
+        header
+    }
+
+    fn mach_o(cpu: u32) -> Vec<u8> {
+        [0xfeed_facfu32.to_le_bytes(), cpu.to_le_bytes()].concat()
+    }
+
+    #[test]
+    fn a_binarys_platform_is_read_from_its_header() {
+        let platform = |os: &str, arch: &str| Platform {
+            os: os.into(),
+            arch: arch.into(),
+        };
+        for (binary, expected, bin) in [
+            (elf(0x3e), platform("linux", "amd64"), "kubectl-petstore"),
+            (elf(0xb7), platform("linux", "arm64"), "kubectl-petstore"),
+            (
+                pe(0x8664),
+                platform("windows", "amd64"),
+                "kubectl-petstore.exe",
+            ),
+            (
+                mach_o(0x0100_000c),
+                platform("darwin", "arm64"),
+                "kubectl-petstore",
+            ),
+        ] {
+            let found = Platform::of_binary(&binary).unwrap();
+            assert_eq!(found, expected);
+            assert_eq!(found.bin(), bin);
+        }
+        let mut big_endian = elf(0xb7);
+        big_endian[5] = 2;
+        for (binary, says) in [
+            (
+                b"#!/bin/sh\necho plugin\n".to_vec(),
+                "not an ELF, PE or Mach-O",
+            ),
+            (elf(0xf3), "an ELF for machine Some(243)"),
+            (big_endian, "big-endian"),
+            (b"MZ".to_vec(), "without a PE header"),
+            (Vec::new(), "not an ELF"),
+        ] {
+            let refused = Platform::of_binary(&binary).unwrap_err();
+            assert!(refused.contains(says), "{refused}");
+        }
+        // The binary this test runs as is the host's.
+        let me = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        assert_eq!(Platform::of_binary(&me).unwrap(), Platform::host().unwrap());
+    }
+
+    #[test]
+    fn release_packs_one_archive_a_platform_and_refuses_two_for_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, bytes: &[u8]| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, bytes).unwrap();
+            path
+        };
+        let (amd64, arm64, windows) = (
+            write("amd64", &elf(0x3e)),
+            write("arm64", &elf(0xb7)),
+            write("windows", &pe(0x8664)),
+        );
+        let out = dir.path().join("out");
+        let released = release(&Release {
+            binaries: &[&amd64, &arm64, &windows],
+            license: None,
+            version: "1.2.3",
+            uri_base: "https://downloads.example.com/petstore",
+            out: &out,
+        })
+        .unwrap();
+        let yaml = std::fs::read_to_string(&released.manifest).unwrap();
+        let manifest: serde_json::Value = serde_norway::from_str(&yaml).unwrap();
+        let platforms = manifest["spec"]["platforms"].as_array().unwrap();
+        assert_eq!(platforms.len(), 3, "{yaml}");
+        for ((archive, platform), (binary, os, arch, bin)) in
+            released.archives.iter().zip(platforms).zip([
+                (elf(0x3e), "linux", "amd64", "kubectl-petstore"),
+                (elf(0xb7), "linux", "arm64", "kubectl-petstore"),
+                (pe(0x8664), "windows", "amd64", "kubectl-petstore.exe"),
+            ])
+        {
+            let name = format!("kubectl-petstore_v1.2.3_{os}_{arch}.tar.gz");
+            assert_eq!(archive.path, out.join(&name));
+            let bytes = std::fs::read(&archive.path).unwrap();
+            assert_eq!(entries(&bytes)[0].0, bin);
+            assert_eq!(entries(&bytes)[0].5, binary);
+            assert_eq!(platform["selector"]["matchLabels"]["os"], os);
+            assert_eq!(platform["selector"]["matchLabels"]["arch"], arch);
+            assert_eq!(platform["sha256"], sha256_hex(&bytes));
+            assert_eq!(
+                platform["uri"],
+                format!("https://downloads.example.com/petstore/{name}")
+            );
+            assert_eq!(platform["bin"], bin);
+        }
+
+        let again = write("arm64-again", &elf(0xb7));
+        let refused = release(&Release {
+            binaries: &[&arm64, &amd64, &again],
+            license: None,
+            version: "1.2.3",
+            uri_base: "https://downloads.example.com/petstore",
+            out: &out,
+        });
+        assert!(
+            matches!(&refused, Err(Error::SamePlatform { os, arch, .. }) if os == "linux" && arch == "arm64"),
+            "{refused:?}"
+        );
+        let script = write("script", b"#!/bin/sh\n");
+        let refused = release(&Release {
+            binaries: &[&script],
+            license: None,
+            version: "1.2.3",
+            uri_base: "https://downloads.example.com/petstore",
+            out: &out,
+        });
+        assert!(
+            matches!(refused, Err(Error::NotExecutable(..))),
+            "{refused:?}"
+        );
     }
 
     #[test]
@@ -402,12 +636,12 @@ mod tests {
     fn release_writes_the_archive_and_a_manifest_naming_its_sha256() {
         let dir = tempfile::tempdir().unwrap();
         let binary = dir.path().join(BINARY);
-        std::fs::write(&binary, b"a plugin binary").unwrap();
+        std::fs::write(&binary, elf(0x3e)).unwrap();
         let license = dir.path().join("LICENSE");
         std::fs::write(&license, b"license text").unwrap();
         let out = dir.path().join("out");
         let released = release(&Release {
-            binary: &binary,
+            binaries: &[&binary],
             license: Some(&license),
             version: "1.2.3",
             uri_base: "https://downloads.example.com/petstore/v1.2.3/",
@@ -415,19 +649,15 @@ mod tests {
         })
         .unwrap();
 
-        let host = Platform::host().unwrap();
-        let name = format!("kubectl-petstore_v1.2.3_{}_{}.tar.gz", host.os, host.arch);
+        let name = "kubectl-petstore_v1.2.3_linux_amd64.tar.gz";
         assert_eq!(released.manifest, out.join("petstore.yaml"));
         assert_eq!(released.archives.len(), 1);
         let archive_file = &released.archives[0];
-        assert_eq!(archive_file.path, out.join(&name));
+        assert_eq!(archive_file.path, out.join(name));
         let bytes = std::fs::read(&archive_file.path).unwrap();
         // The manifest's sha256 is the written file's, and the file is what
         // archive() makes of the inputs.
-        assert_eq!(
-            bytes,
-            archive(b"a plugin binary", Some(b"license text")).unwrap()
-        );
+        assert_eq!(bytes, archive(&elf(0x3e), Some(b"license text")).unwrap());
         let sha256 = sha256_hex(&bytes);
 
         let yaml = std::fs::read_to_string(&released.manifest).unwrap();
@@ -444,7 +674,7 @@ mod tests {
                     "shortDescription": SHORT_DESCRIPTION,
                     "description": DESCRIPTION,
                     "platforms": [{
-                        "selector": {"matchLabels": {"os": host.os, "arch": host.arch}},
+                        "selector": {"matchLabels": {"os": "linux", "arch": "amd64"}},
                         "uri": format!("https://downloads.example.com/petstore/v1.2.3/{name}"),
                         "sha256": sha256,
                         "bin": "kubectl-petstore",
@@ -478,7 +708,7 @@ mod tests {
     fn a_base_uri_that_is_not_http_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let refused = release(&Release {
-            binary: &dir.path().join("missing"),
+            binaries: &[&dir.path().join("missing")],
             license: None,
             version: "0.1.0",
             uri_base: "file:///srv/archives",

@@ -38,16 +38,18 @@ enum Task {
         /// The folder to write them into instead (`-` for stdout).
         path: Option<PathBuf>,
     },
-    /// Pack the built kubectl-petstore (and LICENSE, if the repository has
-    /// one) into a .tar.gz for this machine's platform, and write the krew
-    /// manifest petstore.yaml with each archive's URI and sha256 beside it.
+    /// Pack each built kubectl-petstore (and LICENSE, if the repository has
+    /// one) into a .tar.gz for its platform, and write the krew manifest
+    /// petstore.yaml with each archive's platform, URI and sha256 beside it.
     Krew {
         /// The folder the archive and the manifest are written to.
         #[arg(long)]
         out: PathBuf,
-        /// The plugin binary, built for this machine.
-        #[arg(long, default_value = "target/release/kubectl-petstore")]
-        binary: PathBuf,
+        /// A built plugin binary, once for each platform (its platform is
+        /// read from its header): this machine's, and any cross-built
+        /// (target/<triple>/release/kubectl-petstore).
+        #[arg(long = "binary", default_value = "target/release/kubectl-petstore")]
+        binaries: Vec<PathBuf>,
         /// Where the archives will be served from: each archive's URI in
         /// the manifest is this, a slash and the archive's file name.
         #[arg(long)]
@@ -151,10 +153,12 @@ fn sbom(
 
 /// `cargo xtask krew`; relative paths are the repository's, wherever cargo
 /// was run.
-fn krew(out: &Path, binary: &Path, uri_base: &str) -> anyhow::Result<()> {
+fn krew(out: &Path, binaries: &[PathBuf], uri_base: &str) -> anyhow::Result<()> {
     let root = fixtures::repo_root();
-    let (out, binary) = (root.join(out), root.join(binary));
-    let released = xtask::krew::release_from_repo(&root, &binary, uri_base, &out)
+    let out = root.join(out);
+    let binaries: Vec<PathBuf> = binaries.iter().map(|binary| root.join(binary)).collect();
+    let binaries: Vec<&Path> = binaries.iter().map(PathBuf::as_path).collect();
+    let released = xtask::krew::release_from_repo(&root, &binaries, uri_base, &out)
         .context("packing the plugin for krew")?;
     for archive in &released.archives {
         println!(
@@ -185,9 +189,9 @@ fn main() -> ExitCode {
         }
         Task::Krew {
             out,
-            binary,
+            binaries,
             uri_base,
-        } => krew(&out, &binary, &uri_base),
+        } => krew(&out, &binaries, &uri_base),
         Task::Sbom {
             artifact,
             out,
@@ -221,21 +225,39 @@ mod tests {
     use super::*;
 
     #[test]
-    fn krew_takes_out_uri_base_and_a_binary_defaulting_to_the_release_build() {
+    fn krew_takes_out_uri_base_and_binaries_defaulting_to_the_release_build() {
         let cli =
             Cli::try_parse_from(["xtask", "krew", "--out", "dist", "--uri-base", "https://x"])
                 .unwrap();
         let Task::Krew {
             out,
-            binary,
+            binaries,
             uri_base,
         } = cli.command
         else {
             panic!("not the krew command");
         };
         assert_eq!(out, PathBuf::from("dist"));
-        assert_eq!(binary, PathBuf::from("target/release/kubectl-petstore"));
+        assert_eq!(binaries, [PathBuf::from("target/release/kubectl-petstore")]);
         assert_eq!(uri_base, "https://x");
+        // One --binary a platform, in the order given, and then no default.
+        let cli = Cli::try_parse_from([
+            "xtask",
+            "krew",
+            "--out",
+            "dist",
+            "--uri-base",
+            "https://x",
+            "--binary",
+            "a",
+            "--binary",
+            "b",
+        ])
+        .unwrap();
+        let Task::Krew { binaries, .. } = cli.command else {
+            panic!("not the krew command");
+        };
+        assert_eq!(binaries, [PathBuf::from("a"), PathBuf::from("b")]);
         // Both are required: an archive needs somewhere to go and a URI.
         assert!(Cli::try_parse_from(["xtask", "krew", "--out", "dist"]).is_err());
         assert!(Cli::try_parse_from(["xtask", "krew", "--uri-base", "https://x"]).is_err());
