@@ -492,14 +492,17 @@ mod tests {
             write("windows", &pe(0x8664)),
         );
         let out = dir.path().join("out");
-        let released = release(&Release {
-            binaries: &[&amd64, &arm64, &windows],
-            license: None,
-            version: "1.2.3",
-            uri_base: "https://downloads.example.com/petstore",
-            out: &out,
-        })
-        .unwrap();
+        // v1.2.3 of `binaries`, without a license, into `out`.
+        let release_of = |binaries: &[&Path]| {
+            release(&Release {
+                binaries,
+                license: None,
+                version: "1.2.3",
+                uri_base: "https://downloads.example.com/petstore",
+                out: &out,
+            })
+        };
+        let released = release_of(&[&amd64, &arm64, &windows]).unwrap();
         let yaml = std::fs::read_to_string(&released.manifest).unwrap();
         let manifest: serde_json::Value = serde_norway::from_str(&yaml).unwrap();
         let platforms = manifest["spec"]["platforms"].as_array().unwrap();
@@ -527,25 +530,13 @@ mod tests {
         }
 
         let again = write("arm64-again", &elf(0xb7));
-        let refused = release(&Release {
-            binaries: &[&arm64, &amd64, &again],
-            license: None,
-            version: "1.2.3",
-            uri_base: "https://downloads.example.com/petstore",
-            out: &out,
-        });
+        let refused = release_of(&[&arm64, &amd64, &again]);
         assert!(
             matches!(&refused, Err(Error::SamePlatform { os, arch, .. }) if os == "linux" && arch == "arm64"),
             "{refused:?}"
         );
         let script = write("script", b"#!/bin/sh\n");
-        let refused = release(&Release {
-            binaries: &[&script],
-            license: None,
-            version: "1.2.3",
-            uri_base: "https://downloads.example.com/petstore",
-            out: &out,
-        });
+        let refused = release_of(&[&script]);
         assert!(
             matches!(refused, Err(Error::NotExecutable(..))),
             "{refused:?}"
