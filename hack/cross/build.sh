@@ -12,8 +12,11 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 target=aarch64-unknown-linux-gnu
 
-if command -v rustup >/dev/null && ! rustup target list --installed | grep -qx "$target"; then
-  rustup target add "$target" >&2
+if command -v rustup >/dev/null; then
+  rustup target list --installed | grep -qx "$target" || rustup target add "$target" >&2
+elif [[ ! -d "$(rustc --print sysroot)/lib/rustlib/$target" ]]; then
+  echo "no Rust standard library for $target, and no rustup to add it" >&2
+  exit 1
 fi
 want=()
 command -v aarch64-linux-gnu-gcc >/dev/null || want+=(gcc-aarch64-linux-gnu)
