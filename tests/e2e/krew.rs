@@ -60,11 +60,16 @@ fn krew_installs_the_released_plugin_from_a_local_index_and_refuses_a_tampered_a
         arch: "arm64".into(),
     };
     assert_eq!(arm64.platform, arm64_platform);
-    let served_at = built
-        .uri
-        .strip_prefix(&format!("http://{}", server.addr))
-        .unwrap_or_else(|| panic!("{} is not on the file server", built.uri))
-        .to_owned();
+    // The path the file server serves an archive at: its URI less the
+    // server's address.
+    let path_of = |archive: &xtask::krew::Archive| {
+        archive
+            .uri
+            .strip_prefix(&format!("http://{}", server.addr))
+            .unwrap_or_else(|| panic!("{} is not on the file server", archive.uri))
+            .to_owned()
+    };
+    let served_at = path_of(built);
     let real = std::fs::read(&built.path).map_err(io("reading the archive"))?;
     assert_eq!(sha256_hex(&real), built.sha256);
 
@@ -151,11 +156,7 @@ fn krew_installs_the_released_plugin_from_a_local_index_and_refuses_a_tampered_a
     // krew on linux/arm64 picks the arm64 archive from the same manifest,
     // checks its sha256, and installs the cross-built binary, byte for
     // byte, which plans the same under qemu.
-    let served_arm64 = arm64
-        .uri
-        .strip_prefix(&format!("http://{}", server.addr))
-        .unwrap_or_else(|| panic!("{} is not on the file server", arm64.uri))
-        .to_owned();
+    let served_arm64 = path_of(arm64);
     server.serve(
         &served_arm64,
         std::fs::read(&arm64.path).map_err(io("reading the arm64 archive"))?,

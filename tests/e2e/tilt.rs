@@ -929,7 +929,7 @@ fn repository_and_tag(image: &str) -> Result<(&str, &str), String> {
 /// image's repository) verifies with neither. The digests, in order.
 fn sign_the_release<const N: usize>(
     registry: &str,
-    artifacts: [(&String, sbom::Artifact); N],
+    artifacts: [(&str, sbom::Artifact); N],
     unsigned_image: &str,
 ) -> Result<Vec<String>, Box<dyn std::error::Error>> {
     let cosign = Cosign::new()?;
@@ -1022,15 +1022,13 @@ fn helm_from_the_clusters_registry(
     let archive = helm.package(&chart_dir(), work.path())?;
     let registry = format!("127.0.0.1:{REGISTRY_PORT}");
     helm.push(&archive, &registry, "charts")?;
+    let chart_image = format!("localhost:{REGISTRY_PORT}/charts/{CHART}:{CHART_VERSION}");
     let signed = sign_the_release(
         &registry,
         [
             (&operator_image, sbom::OPERATOR_IMAGE),
             (&store_image, sbom::STORE_IMAGE),
-            (
-                &format!("localhost:{REGISTRY_PORT}/charts/{CHART}:{CHART_VERSION}"),
-                sbom::CHART,
-            ),
+            (&chart_image, sbom::CHART),
         ],
         unsigned_image,
     )?;
