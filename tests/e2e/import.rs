@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use fixtures::env::pet_manifest;
-use fixtures::{Env, Storage, wait_for};
+use fixtures::{Env, Storage, THOUSANDS_POLL, wait_for, wait_for_every};
 use petstore_operator::crd::Pet;
 use serde_json::Value;
 
@@ -120,19 +120,24 @@ fn imported_records_are_adopted_with_one_key_claim_each_and_nothing_else() -> fi
     // claim it would make.
     let before = writes(&env)?;
     env.cp.kubectl_stdin(&["apply", "-f", "-"], &yaml)?;
-    wait_for(TIMEOUT, "every imported Pet showing its claim", || {
-        let pets = pets(&env).ok()?;
-        (pets.len() == RECORDS
-            && pets.iter().all(|pet| {
-                let plan = pet.status.as_ref().and_then(|s| s.plan.as_ref());
-                plan.and_then(|p| p.actions.first())
-                    .is_some_and(|a| a.action == "claim")
-                    && pet
-                        .condition("Synced")
-                        .is_some_and(|c| c.reason == "RecordDiffers")
-            }))
-        .then_some(())
-    })?;
+    wait_for_every(
+        THOUSANDS_POLL,
+        TIMEOUT,
+        "every imported Pet showing its claim",
+        || {
+            let pets = pets(&env).ok()?;
+            (pets.len() == RECORDS
+                && pets.iter().all(|pet| {
+                    let plan = pet.status.as_ref().and_then(|s| s.plan.as_ref());
+                    plan.and_then(|p| p.actions.first())
+                        .is_some_and(|a| a.action == "claim")
+                        && pet
+                            .condition("Synced")
+                            .is_some_and(|c| c.reason == "RecordDiffers")
+                }))
+            .then_some(())
+        },
+    )?;
     assert_eq!(writes(&env)?, before, "Observe wrote to the store");
 
     // Someone else claims one record before the switch: it is held, and
@@ -154,7 +159,8 @@ fn imported_records_are_adopted_with_one_key_claim_each_and_nothing_else() -> fi
     // after reviewing their plans. The one claimed meanwhile stays in
     // Observe, and is held all the same.
     env.cp.kubectl_stdin(&["apply", "-f", "-"], &yaml)?;
-    wait_for(
+    wait_for_every(
+        THOUSANDS_POLL,
         TIMEOUT,
         "the imported Pets Ready, the claimed one held",
         || {

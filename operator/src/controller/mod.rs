@@ -302,7 +302,8 @@ async fn release_on_store_recovery(
 }
 
 /// Reconciles the Pets held on a store (missing, not admitting them, its
-/// trust missing) as soon as a store object, or a namespace, changes: a
+/// trust missing) as soon as a store object appears or its spec changes, or
+/// a namespace's labels change (see `stores::cache`): a
 /// Pet becomes Ready once it is allowed, not after its backoff.
 async fn release_on_store_change(
     ctx: Arc<Context>,

@@ -269,18 +269,23 @@ impl Stores {
         let installed = kinds_installed(&client).await;
         let caches = installed.then(|| Caches {
             listed: AtomicBool::new(false),
-            pet_stores: cache(Api::<PetStore>::all(client.clone()), &changed, |store| {
-                Changed::Namespace(store.namespace().unwrap_or_default())
-            }),
+            pet_stores: cache(
+                Api::<PetStore>::all(client.clone()),
+                &changed,
+                |store| Changed::Namespace(store.namespace().unwrap_or_default()),
+                spec_generation,
+            ),
             cluster_stores: cache(
                 Api::<ClusterPetStore>::all(client.clone()),
                 &changed,
                 |_| Changed::Cluster,
+                spec_generation,
             ),
             namespaces: cache(
                 Api::<Namespace>::all(client.clone()),
                 &changed,
                 |namespace| Changed::Namespace(namespace.name_any()),
+                labels_hash,
             ),
         });
         if !installed {
@@ -613,11 +618,35 @@ async fn kinds_installed(client: &Client) -> bool {
     }
 }
 
-/// A watch cache of `api`'s objects, told to `changed` as `what` says.
+/// What a hold reads of a store object: its spec, whose every change bumps
+/// the generation (a status write does not).
+fn spec_generation<K: kube::Resource>(object: &K) -> u64 {
+    object
+        .meta()
+        .generation
+        .and_then(|generation| u64::try_from(generation).ok())
+        .unwrap_or_default()
+}
+
+/// What a hold reads of a namespace: its labels, which `allowedNamespaces`
+/// selects by.
+fn labels_hash(namespace: &Namespace) -> u64 {
+    use std::hash::{Hash as _, Hasher as _};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    namespace.labels().hash(&mut hasher);
+    hasher.finish()
+}
+
+/// A watch cache of `api`'s objects, told to `changed` as `what` says when
+/// an object is new or its `matters` differs. Not on every event: the
+/// stores' status writer writes each store's Pet count as Pets come, and
+/// each write woke every held Pet again (a `ClusterPetStore`'s, every held
+/// Pet in the cluster), seconds of queue in the attack matrix.
 fn cache<K>(
     api: Api<K>,
     changed: &broadcast::Sender<Changed>,
     what: fn(&K) -> Changed,
+    matters: fn(&K) -> u64,
 ) -> reflector::Store<K>
 where
     K: kube::Resource<DynamicType = ()>
@@ -633,21 +662,45 @@ where
     let stream = watcher(api, watcher::Config::default())
         .default_backoff()
         .modify(|object| object.managed_fields_mut().clear())
-        .reflect(writer)
-        .applied_objects();
+        .reflect(writer);
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
+        let mut last = LastMatters::default();
         while let Some(event) = stream.next().await {
             match event {
-                // Nobody listening is fine: no Pet is held.
-                Ok(object) => {
-                    let _ = changed.send(what(&object));
+                Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object)) => {
+                    if last.changed(&object, matters(&object)) {
+                        // Nobody listening is fine: no Pet is held.
+                        let _ = changed.send(what(&object));
+                    }
                 }
+                Ok(watcher::Event::Delete(object)) => last.forget(&object),
+                Ok(watcher::Event::Init | watcher::Event::InitDone) => {}
                 Err(error) => warn!(%error, kind = %K::kind(&()), "watching a store kind"),
             }
         }
     });
     reader
+}
+
+/// What each object's `matters` last was, by uid.
+#[derive(Default)]
+struct LastMatters(HashMap<String, u64>);
+
+impl LastMatters {
+    /// Whether `object` is new, or what matters of it differs from before.
+    fn changed<K: kube::Resource>(&mut self, object: &K, matters: u64) -> bool {
+        let Some(uid) = object.meta().uid.clone() else {
+            return true;
+        };
+        self.0.insert(uid, matters) != Some(matters)
+    }
+
+    fn forget<K: kube::Resource>(&mut self, object: &K) {
+        if let Some(uid) = &object.meta().uid {
+            self.0.remove(uid);
+        }
+    }
 }
 
 /// How often [`listed`] asks again.
@@ -873,6 +926,71 @@ mod tests {
             .flat_map(|group| group.members.iter().cloned())
             .collect();
         assert_eq!(followed, [used], "the closed store's feed is gone with it");
+    }
+
+    #[test]
+    fn held_pets_wake_on_a_new_spec_or_new_labels_never_on_a_status_write() {
+        use crate::crd::ClusterPetStoreSpec;
+        use crate::crd::StoreStatus;
+        let store = |uid: &str, generation: i64, pets: i64| {
+            let mut store = ClusterPetStore::new(
+                "shared",
+                ClusterPetStoreSpec {
+                    address: "https://store:50051".into(),
+                    tls: None,
+                    audience: "petstore".into(),
+                    allowed_namespaces: None,
+                },
+            );
+            store.metadata.uid = Some(uid.into());
+            store.metadata.generation = Some(generation);
+            store.status = Some(StoreStatus {
+                pets: Some(pets),
+                ..StoreStatus::default()
+            });
+            store
+        };
+        let namespace = |uid: &str, team: &str, annotation: &str| {
+            let mut namespace = Namespace::default();
+            namespace.metadata.uid = Some(uid.into());
+            namespace.metadata.labels = Some(BTreeMap::from([("team".into(), team.into())]));
+            namespace.metadata.annotations =
+                Some(BTreeMap::from([("note".into(), annotation.into())]));
+            namespace
+        };
+        let mut stores = LastMatters::default();
+        let mut wakes = |store: &ClusterPetStore| stores.changed(store, spec_generation(store));
+        // (row, the event, wakes the held Pets)
+        let rows = [
+            ("a store first seen", store("a", 1, 0), true),
+            ("its status written: a Pet count", store("a", 1, 40), false),
+            (
+                "listed again after a watch restart",
+                store("a", 1, 40),
+                false,
+            ),
+            ("its spec changed", store("a", 2, 40), true),
+            ("another store", store("b", 1, 0), true),
+        ];
+        for (row, event, wake) in rows {
+            assert_eq!(wakes(&event), wake, "{row}");
+        }
+        stores.forget(&store("a", 2, 40));
+        assert!(
+            stores.changed(&store("a", 2, 40), 2),
+            "a store deleted and seen again is new"
+        );
+
+        let mut namespaces = LastMatters::default();
+        let mut wakes = |ns: &Namespace| namespaces.changed(ns, labels_hash(ns));
+        let rows = [
+            ("a namespace first seen", namespace("n", "red", "x"), true),
+            ("an annotation changed", namespace("n", "red", "y"), false),
+            ("a label changed", namespace("n", "blue", "y"), true),
+        ];
+        for (row, event, wake) in rows {
+            assert_eq!(wakes(&event), wake, "{row}");
+        }
     }
 
     #[test]

@@ -17,8 +17,9 @@
 //! A store is probed as soon as it appears or its spec changes, and every
 //! `--store-status-interval` otherwise; probes run side by side, at most
 //! [`PROBES_AT_ONCE`], so a slow store delays only its own status. The Pet
-//! count is taken at each interval and on every change to a store object
-//! or namespace, so it may lag by up to an interval. A status is written
+//! count is taken at each interval and on every change a held Pet waits
+//! for (a new store, a store's spec, a namespace's labels), so it may lag
+//! by up to an interval. A status is written
 //! only when it differs from the cached object's: a steady state makes no
 //! API writes.
 
