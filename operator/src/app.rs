@@ -30,9 +30,9 @@ use crate::crd::Pet;
 use crate::events::{EventQueue, EventWriter};
 use crate::leader::{self, LeaderError, Lease, Reign};
 use crate::metrics::{self, Metrics};
-use crate::store::budget::CallBudget;
 use crate::store::grpc::TlsFiles;
 use crate::store::grpc::{ConnectError, GrpcPetStore};
+use crate::store::limiter::StoreLimiter;
 use crate::stores::{ClientSettings, Stores};
 use crate::webhook::cert_files::{self, CertFileError, CertFiles};
 use crate::webhook::certs::{self, WebhookError, WebhookTarget};
@@ -367,7 +367,14 @@ async fn build_controller(
         tls.as_ref(),
         metrics.store_calls(),
     )?
-    .with_budget(CallBudget::new(args.store_qps, args.store_burst))
+    .with_limiter(
+        StoreLimiter::new(
+            args.store_concurrency_limit(),
+            args.store_qps,
+            args.store_burst,
+        )
+        .showing_in(metrics.store_calls().limits_of(&args.petstore_addr)),
+    )
     .with_create_batching(if petstore_telemetry::spans_exported() {
         Duration::ZERO
     } else {
@@ -405,6 +412,7 @@ async fn build_controller(
             call_timeout: args.petstore_timeout,
             qps: args.store_qps,
             burst: args.store_burst,
+            concurrency: args.store_concurrency_limit(),
             create_batch_wait: args.create_batch_wait,
             observer: Some(crate::stores::tokens::ObserverAccount {
                 namespace: args.lease_namespace.clone(),

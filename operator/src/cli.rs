@@ -132,6 +132,17 @@ pub struct Args {
     #[arg(long, env = "STORE_BURST", default_value_t = 500)]
     pub store_burst: u32,
 
+    /// Calls at once to each store: `auto` adapts the limit to the store's
+    /// answers (grows while they are quick, halves on RESOURCE_EXHAUSTED
+    /// or a timeout, falls by a tenth when they queue), up to
+    /// `--store-concurrency-max`; a number fixes it.
+    #[arg(long, env = "STORE_CONCURRENCY", default_value = "auto", value_parser = parse_store_concurrency)]
+    pub store_concurrency: StoreConcurrency,
+
+    /// The most calls at once the adaptive limit may reach, per store.
+    #[arg(long, env = "STORE_CONCURRENCY_MAX", default_value_t = crate::store::limiter::DEFAULT_MAX_LIMIT, value_parser = clap::value_parser!(u32).range(1..))]
+    pub store_concurrency_max: u32,
+
     /// How long a create waits for others to share its `AddPets` call,
     /// when creates come close together (a burst of new Pets); a lone
     /// create is sent at once. 0 sends every create alone. Not used while
@@ -270,6 +281,39 @@ pub fn parse_rate(text: &str) -> Result<f64, String> {
         _ => Err(format!(
             "{text:?} is not a rate: give reads per second, such as 100 (0: no bound)"
         )),
+    }
+}
+
+/// `--store-concurrency`: adaptive, or fixed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoreConcurrency {
+    Auto,
+    Fixed(u32),
+}
+
+/// `auto`, or a fixed limit of calls at once.
+pub fn parse_store_concurrency(text: &str) -> Result<StoreConcurrency, String> {
+    match text.trim() {
+        "auto" => Ok(StoreConcurrency::Auto),
+        number => match number.parse::<u32>() {
+            Ok(limit) if limit > 0 => Ok(StoreConcurrency::Fixed(limit)),
+            _ => Err(format!(
+                "{text:?} is neither auto nor a number of calls at least 1, such as 32"
+            )),
+        },
+    }
+}
+
+impl Args {
+    /// How each store's calls at once are limited.
+    pub fn store_concurrency_limit(&self) -> crate::store::limiter::ConcurrencyLimit {
+        use crate::store::limiter::ConcurrencyLimit;
+        match self.store_concurrency {
+            StoreConcurrency::Fixed(limit) => ConcurrencyLimit::Fixed(limit),
+            StoreConcurrency::Auto => ConcurrencyLimit::Adaptive {
+                max: self.store_concurrency_max,
+            },
+        }
     }
 }
 

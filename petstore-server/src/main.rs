@@ -121,6 +121,19 @@ struct Args {
     #[arg(long, env = "PETSTORE_MAX_CONCURRENT_REQUESTS_PER_CLIENT")]
     max_concurrent_requests_per_client: Option<usize>,
 
+    /// Calls answered per second, from all clients together, counted as
+    /// --max-concurrent-requests counts them; bursts of up to a tenth of a
+    /// second's calls (at least one). Beyond it a call is refused at once
+    /// with RESOURCE_EXHAUSTED and a grpc-retry-pushback-ms trailer of the
+    /// wait until the next may be answered. 0: no bound.
+    #[arg(
+        long,
+        env = "PETSTORE_MAX_CALLS_PER_SECOND",
+        default_value_t = 0.0,
+        value_parser = parse_calls_per_second
+    )]
+    max_calls_per_second: f64,
+
     /// Connections one client (an IP address) may hold open at once. One
     /// more is closed as soon as it is accepted, before any TLS handshake.
     /// 0: no bound.
@@ -186,6 +199,16 @@ struct Args {
     /// the path could read and replay them.
     #[arg(long, env = "PETSTORE_ALLOW_PLAINTEXT_TOKENS", requires = "tenancy")]
     allow_plaintext_tokens: bool,
+}
+
+/// `--max-calls-per-second`: a rate, 0 or more.
+fn parse_calls_per_second(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(rate) if rate.is_finite() && rate >= 0.0 => Ok(rate),
+        _ => Err(format!(
+            "{text:?} is not a number of calls a second (0 or more; 0: no bound)"
+        )),
+    }
 }
 
 /// `--metrics-listen`: an address, or none.
@@ -386,6 +409,7 @@ async fn serve(args: Args, observability: Observability) -> ExitCode {
                 None => admission,
             }
         }),
+        max_calls_per_second: args.max_calls_per_second,
         tenancy,
         max_connections_per_client: args.max_connections_per_client,
     };
@@ -441,6 +465,23 @@ mod tests {
         );
         for bad in ["", "10", "s", "10 parsecs", "-1s", "0s"] {
             assert!(progress_interval(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    // Off by default; a rate is a number, 0 or more, and nothing else.
+    #[test]
+    fn the_rate_bound_is_off_by_default_and_reads_only_a_rate() {
+        let rate = |value: &str| {
+            Args::try_parse_from(["petstore-server", "--max-calls-per-second", value])
+                .map(|args| args.max_calls_per_second)
+        };
+        let args = Args::try_parse_from(["petstore-server"]).expect("defaults");
+        assert_eq!(args.max_calls_per_second, 0.0);
+        assert_eq!(rate("200").ok(), Some(200.0));
+        assert_eq!(rate("2.5").ok(), Some(2.5));
+        assert_eq!(rate("0").ok(), Some(0.0));
+        for bad in ["", "-1", "NaN", "inf", "fast", "10/s"] {
+            assert!(rate(bad).is_err(), "{bad:?} accepted");
         }
     }
 

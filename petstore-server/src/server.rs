@@ -11,7 +11,7 @@ use tokio::net::TcpListener;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 
-use crate::admission::AdmissionLayer;
+use crate::admission::{AdmissionLayer, Throttle};
 use crate::metrics::ServerMetrics;
 use crate::model::MAX_MESSAGE_BYTES;
 use crate::observe::ObserveLayer;
@@ -41,6 +41,9 @@ pub struct ServeOptions {
     pub watch: WatchOptions,
     /// The bound on requests answered at once; none: unbounded.
     pub admission: Option<crate::admission::Admission>,
+    /// The bound on calls answered per second, from all clients together
+    /// (`crate::admission::Throttle`); 0: unbounded.
+    pub max_calls_per_second: f64,
     /// Tenancy (`crate::auth`); none: off, every call acts for everyone.
     pub tenancy: Option<Arc<crate::auth::Tenancy>>,
     /// The connections one client may hold at once (`crate::per_client`);
@@ -168,13 +171,16 @@ pub async fn serve(
         tracing::info!(%addr, tls, tenancy, "pet store listening");
     }
     // Every pet store call is observed (its span and metrics), refusals by
-    // the bound included; then it takes its place under the bound.
+    // the bounds included; then it takes its place and token under them.
     let layers = tower::ServiceBuilder::new()
         .layer(ObserveLayer::new(
             Arc::clone(&options.observability.metrics),
             options.observability.spans,
         ))
-        .layer(AdmissionLayer(options.admission));
+        .layer(AdmissionLayer {
+            admission: options.admission,
+            throttle: Throttle::new(options.max_calls_per_second),
+        });
     let router = Server::builder()
         .layer(layers)
         .concurrency_limit_per_connection(MAX_CONCURRENT_STREAMS_PER_CONNECTION as usize)

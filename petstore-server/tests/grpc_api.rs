@@ -16,7 +16,10 @@ use tonic::transport::Channel;
 #[macro_use]
 mod support;
 
-use support::{Backend, Running, add, assert_refused, assert_status, date, keyed, pet, thor, tron};
+use support::{
+    Backend, Running, add, assert_metrics, assert_refused, assert_status, date, keyed, pet, thor,
+    tron,
+};
 
 async fn start_with(storage: Arc<dyn Storage>, dir: tempfile::TempDir) -> Running {
     start_with_options(storage, dir, ServeOptions::default()).await
@@ -1770,6 +1773,53 @@ async fn postgres_tables_from_before_identities_gain_the_column() {
         .expect("add");
     assert_eq!(added[0].id, "old-id");
     assert!(!added[0].created);
+}
+
+/// Beyond `--max-calls-per-second` a call is refused at once with
+/// RESOURCE_EXHAUSTED and a pushback of the wait for the next token, and
+/// counted under that code; a watch and a health check are not counted.
+#[tokio::test]
+async fn beyond_the_rate_a_call_is_throttled_with_a_pushback() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let storage = open(Backend::Memory, &dir).await;
+    let options = ServeOptions {
+        // A burst of one, then a token every 5 s: far longer than two
+        // calls take, even on a slow machine.
+        max_calls_per_second: 0.2,
+        ..Default::default()
+    };
+    let mut running = start_with_options(storage, dir, options).await;
+    add(&mut running.client, vec![thor()]).await;
+    let refused = running
+        .client
+        .add_pets(pb::AddPetsReq { pets: vec![tron()] })
+        .await
+        .expect_err("throttled");
+    assert_status(&refused, Code::ResourceExhausted, "--max-calls-per-second");
+    let pushback: u64 = refused
+        .metadata()
+        .get(PUSHBACK_TRAILER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no pushback: {refused:?}"));
+    assert!((1..=5000).contains(&pushback), "{refused:?}");
+
+    running
+        .client
+        .watch_pets(pb::WatchPetsReq { after_revision: 0 })
+        .await
+        .expect("a watch is not counted");
+    tonic_health::pb::health_client::HealthClient::new(running.channel.clone())
+        .check(tonic_health::pb::HealthCheckRequest::default())
+        .await
+        .expect("a health check is not counted");
+    assert_metrics(
+        &running.observability.metrics.encode().expect("encode"),
+        &[
+            "petstore_server_rpc_duration_seconds_count{method=\"AddPets\",code=\"ResourceExhausted\"} 1",
+        ],
+    );
+    running.stop().await;
 }
 
 /// Beyond `--max-concurrent-requests` a request is refused at once with

@@ -2,7 +2,8 @@
 //! unit (`ms`, `s`, `m`, `h`), several of them largest first (`1h30m`, also
 //! spaced: `1h 30m`), the last one possibly a fraction (`1.5m`). ISO 8601
 //! (`PT1H30M`) reads too. A bare number is refused: the unit is never
-//! guessed.
+//! guessed. Only `0` needs none, and reads as zero, as Go's durations read
+//! it (the flags' help says "0 sends every create alone", say).
 //!
 //! Not kube's own Duration parser: that one panics on a number too large
 //! for a duration, and reads `-5m` as five minutes.
@@ -23,6 +24,9 @@ pub enum DurationError {
 
 /// A duration flag's value, zero allowed; see the module's grammar.
 pub fn parse_duration(text: &str) -> Result<Duration, DurationError> {
+    if text.trim() == "0" {
+        return Ok(Duration::ZERO);
+    }
     let signed: SignedDuration =
         text.trim()
             .parse()
@@ -66,6 +70,7 @@ mod tests {
             (" 1h 30m ", Duration::from_secs(5400)),
             ("PT1H30M", Duration::from_secs(5400)),
             ("0s", Duration::ZERO),
+            ("0", Duration::ZERO),
         ] {
             assert_eq!(parse_duration(text), Ok(expected), "{text:?}");
         }

@@ -28,6 +28,7 @@ mod kubernetes;
 mod monitoring;
 mod oci;
 mod ownership;
+mod pacing;
 mod plans;
 mod plans_restart;
 mod plans_soak;

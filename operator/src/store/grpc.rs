@@ -23,21 +23,21 @@ pub use self::calls::StoreCallMetrics;
 use self::calls::{StoreCallLayer, StoreCalls};
 use self::tls::StoreChannel;
 
-use super::budget::CallBudget;
 use super::echoes::Echoes;
+use super::limiter::StoreLimiter;
 use super::mapping::{from_proto, to_proto};
 use super::{
     Created, Credentials, Feed, FeedBatch, InstallationClaim, Lookup, Operation, PetData, PetStore,
     Record, RecordChange, StoreError,
 };
 
-/// The store's client: every call budgeted, traced and timed by the
+/// The store's client: every call limited, traced and timed by the
 /// channel's layer (see [`calls`]).
 type StoreClient = PetStoreClient<StoreCalls<StoreChannel>>;
 
 #[derive(Clone)]
 pub struct GrpcPetStore {
-    /// The channel before its layer, to rebuild the client with a budget
+    /// The channel before its layer, to rebuild the client with limits
     /// or a tenant's token.
     channel: StoreChannel,
     layer: StoreCallLayer,
@@ -47,7 +47,7 @@ pub struct GrpcPetStore {
     /// each create alone.
     create_batch_wait: Duration,
     /// The queue of the task that sends creates together, started by the
-    /// first create (on the runtime, with the budget set by then) and
+    /// first create (on the runtime, with the limits set by then) and
     /// shared by every clone.
     creates: Arc<OnceLock<mpsc::UnboundedSender<PendingCreate>>>,
 }
@@ -226,7 +226,7 @@ impl GrpcPetStore {
     fn over(channel: StoreChannel, metrics: StoreCallMetrics) -> Self {
         let layer = StoreCallLayer {
             metrics,
-            budget: Arc::new(CallBudget::unlimited()),
+            limiter: Arc::new(StoreLimiter::unlimited()),
             credentials: None,
         };
         Self {
@@ -240,21 +240,22 @@ impl GrpcPetStore {
     }
 
     /// The channel without the calls' layer, for the store's other
-    /// services (health, reflection): no budget, token or metric. With TLS
+    /// services (health, reflection): no limits, token or metric. With TLS
     /// from files, the one in use now: a caller that keeps it keeps the
     /// connection of before a reload.
     pub fn channel(&self) -> Channel {
         self.channel.current()
     }
 
-    /// Every call waits for its place in `budget` (`--store-qps`).
-    pub fn with_budget(mut self, budget: CallBudget) -> Self {
-        self.layer.budget = Arc::new(budget);
+    /// Every call waits for its place in `limiter`'s limits, and tells it
+    /// how it ended.
+    pub fn with_limiter(mut self, limiter: StoreLimiter) -> Self {
+        self.layer.limiter = Arc::new(limiter);
         self.rpc = Rpc::new(self.channel.clone(), &self.layer);
         self
     }
 
-    /// A client of the same store over the same channel and call budget,
+    /// A client of the same store over the same channel and limits,
     /// for another store object that names the same endpoint. Its noted
     /// writes are its own until [`GrpcPetStore::noting_writes_with`] joins
     /// it to the objects whose feed it reads.
@@ -283,7 +284,7 @@ impl GrpcPetStore {
     }
 
     /// A client of the same store for one caller: every call carries
-    /// `credentials`' token. It shares the channel, the call budget and the
+    /// `credentials`' token. It shares the channel, the limits and the
     /// noted writes (one store, one feed), and batches its own creates (a
     /// batch carries one caller's token).
     pub fn for_caller(&self, credentials: Arc<dyn Credentials>) -> Self {
@@ -355,7 +356,7 @@ impl GrpcPetStore {
 }
 
 impl Rpc {
-    /// Runs one RPC; its budget, span and metrics are the channel's layer's.
+    /// Runs one RPC; its limits, span and metrics are the channel's layer's.
     ///
     /// A token the store refuses (`UNAUTHENTICATED`: it expired or was
     /// revoked between minting and use) is dropped by the call layer, and
@@ -491,15 +492,7 @@ fn no_id() -> StoreError {
 /// to wait before trying again. gRPC says a negative or unreadable value
 /// means not to retry; the Pet's own backoff then applies.
 fn pushback(status: &Status) -> Option<Duration> {
-    let millis: i64 = status
-        .metadata()
-        .get("grpc-retry-pushback-ms")?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    u64::try_from(millis).ok().map(Duration::from_millis)
+    calls::pushback(status.metadata().as_ref())
 }
 
 fn classify(operation: Operation) -> impl FnOnce(Status) -> StoreError {

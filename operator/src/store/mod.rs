@@ -6,6 +6,7 @@
 pub mod budget;
 pub mod echoes;
 pub mod grpc;
+pub mod limiter;
 pub mod mapping;
 pub mod owner;
 

@@ -42,8 +42,8 @@ use crate::crd::CaSource;
 use crate::crd::{ClusterPetStore, Pet, PetStore};
 use crate::status::Reason;
 use crate::store::PetStore as StoreClient;
-use crate::store::budget::CallBudget;
 use crate::store::grpc::{GrpcPetStore, StoreCallMetrics};
+use crate::store::limiter::{ConcurrencyLimit, StoreLimiter};
 use caller::AsCaller as _;
 use channels::{ChannelKey, ChannelPool};
 use resolve::{Endpoint, Known};
@@ -62,6 +62,8 @@ pub struct ClientSettings {
     pub call_timeout: Duration,
     pub qps: f64,
     pub burst: u32,
+    /// Each store's calls at once (`--store-concurrency`).
+    pub concurrency: ConcurrencyLimit,
     pub create_batch_wait: Duration,
     /// The operator's own ServiceAccount, whose tokens read each store's
     /// change feed; `None` publishes no feeds.
@@ -327,6 +329,7 @@ impl Stores {
                 call_timeout: Duration::from_secs(10),
                 qps: 0.0,
                 burst: 0,
+                concurrency: ConcurrencyLimit::default(),
                 create_batch_wait: Duration::ZERO,
                 observer: None,
                 own_audience: None,
@@ -486,7 +489,13 @@ impl Stores {
                     self.metrics.clone(),
                 )
                 .map(|base| {
-                    base.with_budget(CallBudget::new(self.settings.qps, self.settings.burst))
+                    let limiter = StoreLimiter::new(
+                        self.settings.concurrency,
+                        self.settings.qps,
+                        self.settings.burst,
+                    )
+                    .showing_in(self.metrics.limits_of(&endpoint.address));
+                    base.with_limiter(limiter)
                         .with_create_batching(self.settings.create_batch_wait)
                 })
             })

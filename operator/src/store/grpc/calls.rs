@@ -1,6 +1,8 @@
 //! What every call to the store shares, as one tower layer on the client's
-//! channel ([`StoreCallLayer`]): its place in the call budget
-//! (`--store-qps`), its `store.<Method>` client span, the W3C context that
+//! channel ([`StoreCallLayer`]): its place in the store's limits
+//! (`--store-qps`, and the adaptive limit of calls at once: see
+//! [`crate::store::limiter`]), which hear how it ended, its
+//! `store.<Method>` client span, the W3C context that
 //! makes the store's span that span's child, and its latency in
 //! `petstore_operator_store_call_duration_seconds{method,outcome}`.
 //!
@@ -8,15 +10,16 @@
 //! from the answer's headers when the store answered with them alone,
 //! otherwise from the trailers at the end of the body (or, without a
 //! `grpc-status` there, from the HTTP status). A call is timed from when
-//! its budget lets it go until that code is known.
+//! its limits let it go until that code is known.
 //!
 //! `WatchPets` carries the trace context only: its stream lasts as long as
 //! the operator, so a span or latency of it would say nothing, and it must
-//! not wait behind the budget.
+//! not wait behind the limits.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::task::{Context, Poll, ready};
 use std::time::Instant;
 
@@ -24,6 +27,7 @@ use http_body::{Body, Frame, SizeHint};
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use tonic::codegen::http::{self, HeaderMap, StatusCode};
@@ -32,7 +36,7 @@ use tonic::{Code, Status};
 use tower::{Layer, Service, ServiceExt as _};
 use tracing::{Instrument, Span};
 
-use crate::store::budget::CallBudget;
+use crate::store::limiter::{Answer, Permit, ShowLimits, StoreLimiter};
 use crate::store::{Credentials, Operation};
 
 /// The metrics the store's calls record: a handle of their own, so the
@@ -43,6 +47,8 @@ use crate::store::{Credentials, Operation};
 #[derive(Clone, Debug)]
 pub struct StoreCallMetrics {
     calls: Family<StoreCallLabels, Histogram, fn() -> Histogram>,
+    concurrency_limits: Family<StoreLabels, Gauge<f64, AtomicU64>>,
+    rate_caps: Family<StoreLabels, Gauge<f64, AtomicU64>>,
     tokens: Family<TokenLabels, Counter>,
     tls_reloads: Family<ReloadLabels, Counter>,
     tls_connections: Family<ReloadLabels, Counter>,
@@ -63,6 +69,12 @@ struct TokenLabels {
     account: &'static str,
     /// `minted` or `failed`.
     outcome: &'static str,
+}
+
+/// One store, by its address.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StoreLabels {
+    store: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -86,6 +98,8 @@ impl Default for StoreCallMetrics {
             calls: Family::new_with_constructor(|| {
                 Histogram::new(exponential_buckets(0.0005, 2.0, 14))
             }),
+            concurrency_limits: Family::default(),
+            rate_caps: Family::default(),
             tokens: Family::default(),
             tls_reloads: outcomes(),
             tls_connections: outcomes(),
@@ -112,6 +126,16 @@ impl StoreCallMetrics {
             self.calls.clone(),
         );
         registry.register(
+            "store_concurrency_limit",
+            "The adaptive limit of calls at once to each store, by its address (--store-concurrency): it grows while the store answers quickly, halves when the store refuses (RESOURCE_EXHAUSTED) or times out, and falls by a tenth when answers queue",
+            self.concurrency_limits.clone(),
+        );
+        registry.register(
+            "store_rate_cap",
+            "Calls a second each store is held to since it refused by rate, by its address; 0 while uncapped (only --store-qps bounds the rate)",
+            self.rate_caps.clone(),
+        );
+        registry.register(
             "store_token_requests",
             "TokenRequests for the tokens store calls carry, by account (tenant, observer) and outcome; tokens are kept until a fifth of their life is left and renewed when a call needs one, so this grows by at most one per namespace and store every 8 minutes, not per call",
             self.tokens.clone(),
@@ -132,6 +156,17 @@ impl StoreCallMetrics {
     #[cfg(test)]
     pub(crate) fn encode(&self) -> String {
         crate::fixtures::metrics_text(|registry| self.register(registry))
+    }
+
+    /// Where a limiter of the store at `address` shows its limits; the
+    /// series go with it.
+    pub fn limits_of(&self, address: &str) -> Box<dyn ShowLimits> {
+        Box::new(LimitGauges {
+            labels: StoreLabels {
+                store: address.to_owned(),
+            },
+            metrics: self.clone(),
+        })
     }
 
     /// One connection to the store with TLS from files: made or not.
@@ -170,11 +205,38 @@ impl StoreCallMetrics {
     }
 }
 
+/// One limiter's series.
+struct LimitGauges {
+    labels: StoreLabels,
+    metrics: StoreCallMetrics,
+}
+
+impl ShowLimits for LimitGauges {
+    fn show(&self, limit: f64, rate_cap: Option<f64>) {
+        let metrics = &self.metrics;
+        metrics
+            .concurrency_limits
+            .get_or_create(&self.labels)
+            .set(limit);
+        metrics
+            .rate_caps
+            .get_or_create(&self.labels)
+            .set(rate_cap.unwrap_or_default());
+    }
+}
+
+impl Drop for LimitGauges {
+    fn drop(&mut self) {
+        self.metrics.concurrency_limits.remove(&self.labels);
+        self.metrics.rate_caps.remove(&self.labels);
+    }
+}
+
 /// Wraps the store's channel in [`StoreCalls`].
 #[derive(Clone)]
 pub struct StoreCallLayer {
     pub metrics: StoreCallMetrics,
-    pub budget: Arc<CallBudget>,
+    pub limiter: Arc<StoreLimiter>,
     /// The bearer token each call carries, for a store that checks who
     /// calls (a tenant's); `None` sends none.
     pub credentials: Option<Arc<dyn Credentials>>,
@@ -256,8 +318,8 @@ where
     type Error = Status;
     type Future = BoxFuture<Result<Self::Response, Status>>;
 
-    // Readiness is awaited in `call`, after the budget: a call waiting for
-    // its budget must not hold a place in the channel's queue.
+    // Readiness is awaited in `call`, after the limits: a call waiting for
+    // its place must not hold a place in the channel's queue.
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Status>> {
         Poll::Ready(Ok(()))
     }
@@ -282,7 +344,7 @@ where
         };
         let layer = self.layer.clone();
         Box::pin(async move {
-            layer.budget.acquire().await;
+            let permit = layer.limiter.acquire(operation).await;
             let span = store_call_span(operation);
             // With spans off, the caller's own span (if exported elsewhere)
             // is the parent to name.
@@ -298,6 +360,7 @@ where
                 metrics: layer.metrics.clone(),
                 started: Instant::now(),
                 span,
+                permit,
             };
             let answered = inner
                 .oneshot(request)
@@ -308,7 +371,7 @@ where
                 Err(err) => {
                     // The status tonic would make of it; handed on as is.
                     let status = Status::from_error(err.into());
-                    pending.finish(status.code());
+                    pending.finish(status.code(), None);
                     return Err(status);
                 }
             };
@@ -317,7 +380,7 @@ where
                 // Headers alone: the call ends here.
                 Some(status) => {
                     layer.answered(status.code());
-                    pending.finish(status.code());
+                    pending.finish(status.code(), pushback(response.headers()));
                     None
                 }
                 None => Some(pending),
@@ -331,20 +394,28 @@ where
     }
 }
 
-/// A call whose code is not known yet.
+/// A call whose code is not known yet. Dropped unfinished (its answer's
+/// body dropped), its permit gives the place back and teaches nothing.
 struct Pending {
     operation: Operation,
     metrics: StoreCallMetrics,
     started: Instant,
     span: Span,
+    permit: Permit,
 }
 
 impl Pending {
-    fn finish(self, code: Code) {
+    fn finish(self, code: Code, pushback: Option<std::time::Duration>) {
+        let took = self.started.elapsed();
+        self.permit.answered(Answer {
+            code,
+            took,
+            pushback,
+        });
         self.metrics.observe(
             self.operation,
             petstore_telemetry::grpc_code_name(code),
-            self.started.elapsed(),
+            took,
         );
         self.span.record("rpc.grpc.status_code", code as i64);
         if code != Code::Ok {
@@ -361,11 +432,27 @@ pub struct Observed<B> {
 }
 
 impl<B> Observed<B> {
-    fn finish(&mut self, code: Code) {
+    fn finish(&mut self, code: Code, pushback: Option<std::time::Duration>) {
         if let Some(pending) = self.pending.take() {
-            pending.finish(code);
+            pending.finish(code, pushback);
         }
     }
+}
+
+/// The store's `grpc-retry-pushback-ms`, in the headers or trailers that
+/// end a call: how long it asks callers to wait. gRPC says a negative or
+/// unreadable value means not to retry; then no pause.
+pub(crate) fn pushback(headers: &HeaderMap) -> Option<std::time::Duration> {
+    let millis: i64 = headers
+        .get("grpc-retry-pushback-ms")?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    u64::try_from(millis)
+        .ok()
+        .map(std::time::Duration::from_millis)
 }
 
 impl<B> Body for Observed<B>
@@ -384,13 +471,13 @@ where
             Some(Ok(frame)) => {
                 if let Some(trailers) = frame.trailers_ref() {
                     let code = final_code(Some(trailers), self.http_status);
-                    self.finish(code);
+                    self.finish(code, pushback(trailers));
                 }
             }
-            Some(Err(status)) => self.finish(status.code()),
+            Some(Err(status)) => self.finish(status.code(), pushback(status.metadata().as_ref())),
             None => {
                 let code = final_code(None, self.http_status);
-                self.finish(code);
+                self.finish(code, None);
             }
         }
         Poll::Ready(frame)
@@ -501,7 +588,7 @@ mod tests {
     fn layer(metrics: &StoreCallMetrics) -> StoreCallLayer {
         StoreCallLayer {
             metrics: metrics.clone(),
-            budget: Arc::new(CallBudget::unlimited()),
+            limiter: Arc::new(StoreLimiter::unlimited()),
             credentials: None,
         }
     }
@@ -588,6 +675,40 @@ mod tests {
         assert!(
             seen.lock().expect("lock").is_empty(),
             "nothing reached the store"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refusal_with_pushback_halves_the_store_limit_its_gauge_shows_it_and_it_goes_with_the_limiter()
+     {
+        use crate::store::limiter::ConcurrencyLimit;
+        let metrics = StoreCallMetrics::default();
+        let limiter = StoreLimiter::new(ConcurrencyLimit::default(), 0.0, 1)
+            .showing_in(metrics.limits_of("https://store:50051"));
+        let layer = StoreCallLayer {
+            limiter: Arc::new(limiter),
+            ..layer(&metrics)
+        };
+        let series = "petstore_operator_store_concurrency_limit{store=\"https://store:50051\"}";
+        crate::fixtures::assert_mentions(&metrics.encode(), &[&format!("{series} 8.0")]);
+        let mut refused = Status::resource_exhausted("busy");
+        refused
+            .metadata_mut()
+            .insert("grpc-retry-pushback-ms", "5".parse().expect("ascii"));
+        let mut service = layer.layer(channel(refused, Arc::default()));
+        send(&mut service, "GetPets").await.expect("answered");
+        crate::fixtures::assert_mentions(
+            &metrics.encode(),
+            &[
+                &format!("{series} 4.0"),
+                "petstore_operator_store_rate_cap{store=\"https://store:50051\"} 1.0",
+            ],
+        );
+        assert_eq!(layer.limiter.current().0, 4.0);
+        drop((service, layer));
+        assert!(
+            !metrics.encode().contains("https://store:50051"),
+            "a closed store's series go"
         );
     }
 
