@@ -535,6 +535,25 @@ mod tests {
     }
 
     #[test]
+    fn a_timeout_halves_the_limit_and_caps_no_rate() {
+        let mut limits = Limits::new(ConcurrencyLimit::default(), 0.0);
+        let now = Instant::now();
+        let sent = fill(&mut limits, now);
+        limits.answered(
+            sent[0],
+            Operation::Update,
+            Some(Answer {
+                code: Code::DeadlineExceeded,
+                took: Duration::from_secs(5),
+                pushback: None,
+            }),
+            now,
+        );
+        assert_eq!(limits.limit(), INITIAL_LIMIT / 2.0);
+        assert_eq!(limits.rate_cap(), None);
+    }
+
+    #[test]
     fn a_slow_answer_cuts_by_a_tenth_and_a_fast_one_does_not() {
         let mut limits = Limits::new(ConcurrencyLimit::default(), 0.0);
         let now = Instant::now();
