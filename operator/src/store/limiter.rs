@@ -250,9 +250,12 @@ impl Limits {
             Code::ResourceExhausted => {
                 if epoch == self.epoch {
                     self.cut(0.5);
+                    // Never above a cap it already had: that one was too
+                    // high as well.
                     let answered = self.answered_rate(now);
+                    let held = self.rate_cap().map_or(answered, |cap| cap.min(answered));
                     self.rate_cap = Some(RateCap {
-                        rate: (answered * 0.9).max(MIN_RATE),
+                        rate: (held * 0.9).max(MIN_RATE),
                         tokens: 0.0,
                         refilled: now,
                         waited_on: false,
@@ -532,6 +535,26 @@ mod tests {
         assert!((cap - 90.0).abs() < 10.0, "nine tenths of ~100/s: {cap}");
         // Calls now wait on the cap.
         assert!(matches!(limits.admit(now), Admit::At(_)));
+    }
+
+    #[test]
+    fn a_second_refusal_lowers_the_cap_even_when_more_was_answered() {
+        let mut limits = Limits::new(ConcurrencyLimit::default(), 5000.0);
+        let start = Instant::now();
+        call(&mut limits, start, refused(None));
+        assert_eq!(limits.rate_cap(), Some(MIN_RATE), "nothing answered yet");
+        // The cap is waited on for a second (20 calls at 20 a second would
+        // be answered), then refused again: the cap goes down, not up.
+        let later = start + Duration::from_secs(1);
+        for i in 0..20 {
+            limits.note_answered(start + Duration::from_millis(50 * i));
+        }
+        let Admit::Go(epoch) = limits.admit(later) else {
+            panic!("a token by then");
+        };
+        limits.answered(epoch, Operation::Observe, refused(None), later);
+        let cap = limits.rate_cap().expect("still capped");
+        assert!(cap <= MIN_RATE, "{cap}");
     }
 
     #[test]
