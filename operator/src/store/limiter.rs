@@ -13,9 +13,10 @@
 //! - **Rate.** A store that refuses by rate (`--max-calls-per-second`)
 //!   refuses calls that any concurrency would send too fast when its
 //!   answers are quick. So a `RESOURCE_EXHAUSTED` also caps the rate at
-//!   nine tenths of what the store answered in the last second; the cap
-//!   then grows by [`RATE_GROWTH`] a second while calls wait on it, and
-//!   goes once it is above the hard bound or unused for [`RATE_CAP_IDLE`].
+//!   nine tenths of what the store answered in the last second (or of the
+//!   cap in force, if lower); the cap then grows by [`RATE_GROWTH`] a
+//!   second while calls wait on it, and goes once it is above the hard
+//!   bound or unused for [`RATE_CAP_IDLE`].
 //! - **Push-back.** A refusal's `grpc-retry-pushback-ms` holds every new
 //!   call to the store for that long (at most [`MAX_PAUSE`]).
 //!
