@@ -44,6 +44,9 @@ pub struct ConvergenceConfig {
     /// that polls alone (`--follow-store-changes=false`) at this interval:
     /// drift as found before the change feed, beside it.
     pub polling_drift: Option<Duration>,
+    /// Flags added to the operator's shipped ones (pacing's
+    /// `--store-concurrency=8`, say); none for the convergence itself.
+    pub operator_args: Vec<String>,
 }
 
 impl ConvergenceConfig {
@@ -131,6 +134,11 @@ pub struct ConvergenceResult {
     pub floor_api_requests: RequestCounts,
     /// Operator store RPCs during convergence, by method.
     pub store_calls: BTreeMap<String, u64>,
+    /// Those that did not end OK, by outcome (`ResourceExhausted`...).
+    pub store_failed: BTreeMap<String, u64>,
+    /// The operator's `petstore_operator_store_concurrency_limit` once
+    /// every Pet was Ready (the largest over stores; the bench has one).
+    pub store_limit: Option<f64>,
     /// Store reads (GetPets) during convergence.
     pub store_reads: u64,
     /// Writes to Pets and Events during convergence (leases excluded:
@@ -780,7 +788,10 @@ fn measure_operator_with(
     gate: &dyn Fn(),
 ) -> Result<ConvergenceResult> {
     let env = Env::start(Storage::Durable)?;
-    let options = drift_measured(shipped_options(&env, "bench-operator"));
+    let mut options = drift_measured(shipped_options(&env, "bench-operator"));
+    options
+        .extra_args
+        .extend(config.operator_args.iter().map(Into::into));
     let mut operator = start_leader(&env, &options)?;
     let n = config.pets;
     let timeout = config.timeout();
@@ -795,7 +806,9 @@ fn measure_operator_with(
         quiet(&env, operator.process().pid()).await;
         tokio::task::block_in_place(gate);
         let api_before = apimetrics::scrape(&env.cp)?;
-        let calls_before = store_calls(&operator.metrics()?);
+        let metrics_before = operator.metrics()?;
+        let calls_before = store_calls(&metrics_before);
+        let failed_before = crate::rotation::operator_failed(&metrics_before);
 
         let pid = operator.process().pid();
         let run = create_all_timed(&env, &api, &mut tracker, config, pid, "all Pets Ready").await?;
@@ -805,6 +818,18 @@ fn measure_operator_with(
             cpu,
             conversions,
         } = run;
+        // Read once every Pet is Ready, outside the time.
+        let metrics_converged = operator.metrics()?;
+        let store_failed = apimetrics::increase(
+            &failed_before,
+            &crate::rotation::operator_failed(&metrics_converged),
+        );
+        let store_limit = apimetrics::samples(
+            &metrics_converged,
+            "petstore_operator_store_concurrency_limit",
+        )
+        .map(|(_, limit)| limit)
+        .reduce(f64::max);
         if !everything {
             let pid = operator.process().pid().unwrap_or(0);
             return Ok(ConvergenceResult {
@@ -812,6 +837,9 @@ fn measure_operator_with(
                 converge,
                 cpu,
                 conversions,
+                store_calls: apimetrics::increase(&calls_before, &store_calls(&metrics_converged)),
+                store_failed,
+                store_limit,
                 operator_peak_rss_kib: procstat::peak_rss_kib(pid).unwrap_or(0),
                 ..Default::default()
             });
@@ -958,6 +986,8 @@ fn measure_operator_with(
             api_requests,
             store_reads: store_reads(&store_calls_converge),
             store_calls: store_calls_converge,
+            store_failed,
+            store_limit,
             api_writes,
             restart_catch_up,
             restart_lease_wait: restart_lease_wait.unwrap_or(restart_catch_up),

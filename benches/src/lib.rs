@@ -10,6 +10,7 @@ pub mod feed_cost;
 pub mod flood;
 pub mod idle;
 pub mod import;
+pub mod pacing;
 pub mod plans;
 pub mod procstat;
 pub mod report;
@@ -222,6 +223,7 @@ pub(crate) fn convergence_config(config: &BenchConfig, pets: usize) -> Convergen
             .polling_drift_sizes
             .contains(&pets)
             .then_some(config.polling_drift_interval),
+        operator_args: Vec::new(),
     }
 }
 

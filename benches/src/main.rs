@@ -230,6 +230,35 @@ struct Args {
     )]
     flood: Option<std::time::Duration>,
 
+    /// Only pacing each store: N Pets converged once with each fixed
+    /// `--store-concurrency` of 4, 8, 16, 32, 64 and 128 and once with
+    /// `auto`, each on a control plane of its own; then a store bound by
+    /// rate (`--max-calls-per-second`) read by --pacing-pets Pets once a
+    /// second, with the fixed 32 and with `auto`, calls and refusals
+    /// counted over --pacing-window. Rewrites only the report's pacing
+    /// section, which every other run keeps [default: 20000; with
+    /// --smoke: 20].
+    #[arg(
+        long,
+        value_name = "N",
+        num_args = 0..=1,
+        value_parser = at_least_one,
+        conflicts_with_all = ["store_only", "skip_store", "pairs_only", "side_by_side", "tracing", "scale", "idle", "plans", "import", "fairness", "token_cost", "spread", "rotation", "flood", "sizes", "pairs", "floor_as", "poll_max_rate", "pets"]
+    )]
+    pacing: Option<Option<usize>>,
+
+    /// With --pacing: the Pets read once a second from the store bound by
+    /// rate, twice its calls a second (200; with --smoke: 20) [default:
+    /// 400; with --smoke: 40].
+    #[arg(long, value_name = "P", value_parser = at_least_one, requires = "pacing")]
+    pacing_pets: Option<usize>,
+
+    /// With --pacing: how long the calls to the store bound by rate are
+    /// counted, once every record is made (at most 1h) [default: 60s; with
+    /// --smoke: 5s].
+    #[arg(long, value_name = "WINDOW", value_parser = idle_window, requires = "pacing")]
+    pacing_window: Option<std::time::Duration>,
+
     /// With --rotation: how often a TLS file changes.
     #[arg(long, value_name = "PERIOD", default_value = "60s", requires = "rotation", value_parser = period)]
     rotation_period: std::time::Duration,
@@ -330,6 +359,27 @@ impl Args {
         }
         if let Some(records) = self.scale {
             config.scale_records = (records > 0).then_some(records);
+        }
+        config
+    }
+
+    /// The --pacing run these flags ask for, with `pets` to converge if
+    /// given.
+    fn pacing_config(&self, pets: Option<usize>) -> bench::pacing::PacingConfig {
+        let mut config = if self.smoke {
+            bench::pacing::PacingConfig::smoke()
+        } else {
+            bench::pacing::PacingConfig::full()
+        };
+        config.bench = self.config();
+        if let Some(pets) = pets {
+            config.pets = pets;
+        }
+        if let Some(pets) = self.pacing_pets {
+            config.throttled_pets = pets;
+        }
+        if let Some(window) = self.pacing_window {
+            config.window = window;
         }
         config
     }
@@ -541,9 +591,17 @@ fn flood(args: &Args, window: std::time::Duration, out: &Path) -> ExitCode {
     write_section(out, SECTION, measured, markdown, |r| r.goal_met())
 }
 
+/// The --pacing run: measures, then rewrites the report's pacing section.
+fn pacing(args: &Args, pets: Option<usize>, out: &Path) -> ExitCode {
+    use bench::pacing::{SECTION, markdown, measure};
+    let config = args.pacing_config(pets);
+    let measured = measure(&config, &progress);
+    write_section(out, SECTION, measured, markdown, |r| r.goal_met())
+}
+
 /// The sections measured by runs of their own (each mode's flag): a full
 /// run keeps them as they were.
-const KEPT_SECTIONS: [&str; 9] = [
+const KEPT_SECTIONS: [&str; 10] = [
     bench::idle::SECTION,
     bench::idle::OBSERVE_SECTION,
     bench::plans::SECTION,
@@ -553,6 +611,7 @@ const KEPT_SECTIONS: [&str; 9] = [
     bench::spread::SECTION,
     bench::rotation::SECTION,
     bench::flood::SECTION,
+    bench::pacing::SECTION,
 ];
 
 fn main() -> ExitCode {
@@ -639,6 +698,9 @@ fn main() -> ExitCode {
     }
     if let Some(window) = args.flood {
         return flood(&args, window, &out);
+    }
+    if let Some(pets) = args.pacing {
+        return pacing(&args, pets, &out);
     }
     if args.pairs_only {
         let config = args.config();
@@ -894,6 +956,86 @@ mod tests {
             &["--flood", "1m", "--store-only"],
         ] {
             assert!(parse(args).is_err(), "{args:?} accepted");
+        }
+    }
+
+    #[test]
+    fn pacing_takes_a_number_of_pets_and_the_throttled_runs_flags() {
+        use bench::pacing::PacingConfig;
+        let args = parse(&["--pacing"]).expect("the default N");
+        assert_eq!(args.pacing, Some(None));
+        let config = args.pacing_config(None);
+        let full = PacingConfig::full();
+        assert_eq!(
+            (
+                config.pets,
+                config.throttled_pets,
+                config.store_rate,
+                config.window
+            ),
+            (20_000, 400, 200, std::time::Duration::from_secs(60))
+        );
+        assert_eq!(config.bench.concurrency, full.bench.concurrency);
+        // --smoke shrinks every default, and the flags override it, in
+        // any order.
+        let smoke = parse(&["--pacing", "--smoke"]).expect("a smoke");
+        let config = smoke.pacing_config(smoke.pacing.flatten());
+        assert_eq!(
+            (config.pets, config.throttled_pets, config.window),
+            (20, 40, std::time::Duration::from_secs(5))
+        );
+        assert_eq!(config.bench.concurrency, BenchConfig::smoke().concurrency);
+        let args = parse(&[
+            "--pacing-window",
+            "10s",
+            "--pacing",
+            "500",
+            "--pacing-pets",
+            "80",
+            "--smoke",
+        ])
+        .expect("every flag");
+        assert_eq!(args.pacing, Some(Some(500)));
+        let config = args.pacing_config(args.pacing.flatten());
+        assert_eq!(
+            (config.pets, config.throttled_pets, config.window),
+            (500, 80, std::time::Duration::from_secs(10))
+        );
+        for args in [
+            &["--pacing", "0"][..],
+            &["--pacing", "many"],
+            &["--pacing-pets", "80"],
+            &["--pacing-window", "10s"],
+            &["--pacing", "--pacing-pets", "0"],
+            &["--pacing", "--pacing-window", "2h"],
+            &["--pacing", "--sizes", "1000"],
+            &["--pacing", "--pets", "50"],
+            &["--pacing", "--flood"],
+            &["--pacing", "--spread"],
+            &["--pacing", "--store-only"],
+        ] {
+            assert!(parse(args).is_err(), "{args:?} accepted");
+        }
+        let help = Args::command().render_long_help().to_string();
+        let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
+        let smoke = PacingConfig::smoke();
+        for stated in [
+            format!("[default: {}; with --smoke: {}]", full.pets, smoke.pets),
+            format!(
+                "[default: {}; with --smoke: {}]",
+                full.throttled_pets, smoke.throttled_pets
+            ),
+            format!(
+                "twice its calls a second ({}; with --smoke: {})",
+                full.store_rate, smoke.store_rate
+            ),
+            format!(
+                "[default: {}s; with --smoke: {}s]",
+                full.window.as_secs(),
+                smoke.window.as_secs()
+            ),
+        ] {
+            assert!(help.contains(&stated), "--help lacks {stated}: {help}");
         }
     }
 

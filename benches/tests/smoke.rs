@@ -447,3 +447,75 @@ fn flood_runs_end_to_end() -> fixtures::Result<()> {
     );
     Ok(())
 }
+
+/// `--smoke --pacing`, as a user runs it: the binary with its flags, and
+/// the section it writes. Every setting of the sweep converged and timed;
+/// the store bound by rate called with both limits, and refusing the fixed
+/// one (the bound binds). At this size auto ÷ the best fixed limit is
+/// noise, so a miss of a goal is let pass; an error is not (it writes no
+/// section).
+#[test]
+fn the_pacing_benchmark_runs_end_to_end() -> fixtures::Result<()> {
+    use petstore_bench::pacing::{SECTION, STATIC_DEFAULT, SWEEP, Setting};
+    let _one = one_at_a_time();
+    let dir = tempfile::tempdir().map_err(fixtures::io("a temporary directory"))?;
+    let out = dir.path().join("BENCHMARKS.md");
+    let ran = std::process::Command::new(env!("CARGO_BIN_EXE_petstore-bench"))
+        .args(["--smoke", "--pacing", "--out"])
+        .arg(&out)
+        .output()
+        .map_err(fixtures::io("running petstore-bench --smoke --pacing"))?;
+    let stderr = String::from_utf8_lossy(&ran.stderr);
+    let report = std::fs::read_to_string(&out).unwrap_or_default();
+    let heading = SECTION.trim_start();
+    let Some(at) = report.find(heading) else {
+        panic!("no section {heading:?} written ({}): {stderr}", ran.status);
+    };
+    let section = &report[at..];
+    assert!(
+        ran.status.success() || section.contains("**not met**"),
+        "failed with every goal met ({}): {stderr}",
+        ran.status
+    );
+    // The cells of the row for `setting` in the table under `table`.
+    let row = |table: &str, setting: Setting| -> Vec<String> {
+        let table = section
+            .split("\n### ")
+            .find(|part| part.starts_with(table))
+            .unwrap_or_else(|| panic!("no table {table:?}: {section}"));
+        let start = format!("| {setting} |");
+        let line = table
+            .lines()
+            .find(|line| line.starts_with(&start))
+            .unwrap_or_else(|| panic!("no row for {setting} in {table:?}: {section}"));
+        line.trim_matches('|')
+            .split('|')
+            .map(|cell| cell.trim().to_owned())
+            .collect()
+    };
+    let number = |cell: &str| -> f64 {
+        cell.parse()
+            .unwrap_or_else(|_| panic!("{cell:?} is not a number: {section}"))
+    };
+    for setting in SWEEP {
+        let cells = row("The sweep", setting);
+        assert!(number(&cells[1]) > 0.0, "{setting} timed: {section}");
+        assert!(
+            number(&cells[2]) > 0.0,
+            "{setting} called the store: {section}"
+        );
+    }
+    for setting in [STATIC_DEFAULT, Setting::Auto] {
+        let cells = row("A store bound by rate", setting);
+        assert!(
+            number(&cells[1]) > 0.0,
+            "{setting} called the store: {section}"
+        );
+    }
+    let fixed = row("A store bound by rate", STATIC_DEFAULT);
+    assert!(
+        number(&fixed[2]) > 0.0,
+        "the store's rate never refused the fixed limit: {section}"
+    );
+    Ok(())
+}
