@@ -161,10 +161,13 @@ impl StoreCallMetrics {
     /// Where a limiter of the store at `address` shows its limits; the
     /// series go with it.
     pub fn limits_of(&self, address: &str) -> Box<dyn ShowLimits> {
+        let labels = StoreLabels {
+            store: address.to_owned(),
+        };
         Box::new(LimitGauges {
-            labels: StoreLabels {
-                store: address.to_owned(),
-            },
+            limit: self.concurrency_limits.get_or_create(&labels).clone(),
+            rate_cap: self.rate_caps.get_or_create(&labels).clone(),
+            labels,
             metrics: self.clone(),
         })
     }
@@ -207,21 +210,17 @@ impl StoreCallMetrics {
 
 /// One limiter's series.
 struct LimitGauges {
+    /// Looked up once: they are set after every call to the store.
+    limit: Gauge<f64, AtomicU64>,
+    rate_cap: Gauge<f64, AtomicU64>,
     labels: StoreLabels,
     metrics: StoreCallMetrics,
 }
 
 impl ShowLimits for LimitGauges {
     fn show(&self, limit: f64, rate_cap: Option<f64>) {
-        let metrics = &self.metrics;
-        metrics
-            .concurrency_limits
-            .get_or_create(&self.labels)
-            .set(limit);
-        metrics
-            .rate_caps
-            .get_or_create(&self.labels)
-            .set(rate_cap.unwrap_or_default());
+        self.limit.set(limit);
+        self.rate_cap.set(rate_cap.unwrap_or_default());
     }
 }
 
