@@ -947,14 +947,7 @@ mod tests {
         let (ctx, store, cache, writer) = context(pets);
         let (queue, queued) = futures::channel::mpsc::unbounded();
         let stop = CancellationToken::new();
-        tokio::spawn(follow(
-            Arc::clone(&ctx),
-            StoreId::Own,
-            store.clone(),
-            cache,
-            queue,
-            stop.clone(),
-        ));
+        spawn_follower(&ctx, StoreId::Own, store.clone(), &cache, &queue, &stop);
         Following {
             store,
             ctx,
@@ -962,6 +955,25 @@ mod tests {
             stop,
             cache: writer,
         }
+    }
+
+    /// Follows `store`'s feed in the background until `stop`.
+    fn spawn_follower(
+        ctx: &Arc<Context>,
+        id: StoreId,
+        store: Arc<FakeStore>,
+        cache: &Store<Pet>,
+        queue: &UnboundedSender<ObjectRef<Pet>>,
+        stop: &CancellationToken,
+    ) {
+        tokio::spawn(follow(
+            Arc::clone(ctx),
+            id,
+            store,
+            cache.clone(),
+            queue.clone(),
+            stop.clone(),
+        ));
     }
 
     /// A feed the test writes to.
@@ -1271,14 +1283,7 @@ mod tests {
             ("b", b, Arc::new(FakeStore::default())),
         ] {
             feeds.insert(label, scripted_feed(&store));
-            tokio::spawn(follow(
-                Arc::clone(&ctx),
-                id,
-                store,
-                cache.clone(),
-                queue.clone(),
-                stop.clone(),
-            ));
+            spawn_follower(&ctx, id, store, &cache, &queue, &stop);
         }
         ThreeStores {
             ctx,
@@ -1405,14 +1410,7 @@ mod tests {
             (StoreId::cluster("tenant-only"), Arc::clone(&tenant_only)),
         ];
         for (id, store) in stores {
-            tokio::spawn(follow(
-                Arc::clone(&ctx),
-                id,
-                store,
-                cache.clone(),
-                queue.clone(),
-                stop.clone(),
-            ));
+            spawn_follower(&ctx, id, store, &cache, &queue, &stop);
         }
         settle().await;
         _live_feed.unbounded_send(batch(3)).expect("send");

@@ -452,19 +452,23 @@ impl Drop for Permit {
 mod tests {
     use super::*;
 
-    fn ok(ms: u64) -> Option<Answer> {
-        Some(Answer {
-            code: Code::Ok,
-            took: Duration::from_millis(ms),
+    /// An answer with `code` after `took`, with no pushback.
+    fn answer(code: Code, took: Duration) -> Answer {
+        Answer {
+            code,
+            took,
             pushback: None,
-        })
+        }
+    }
+
+    fn ok(ms: u64) -> Option<Answer> {
+        Some(answer(Code::Ok, Duration::from_millis(ms)))
     }
 
     fn refused(pushback_ms: Option<u64>) -> Option<Answer> {
         Some(Answer {
-            code: Code::ResourceExhausted,
-            took: Duration::from_millis(1),
             pushback: pushback_ms.map(Duration::from_millis),
+            ..answer(Code::ResourceExhausted, Duration::from_millis(1))
         })
     }
 
@@ -563,16 +567,8 @@ mod tests {
         let mut limits = Limits::new(ConcurrencyLimit::default(), 0.0);
         let now = Instant::now();
         let sent = fill(&mut limits, now);
-        limits.answered(
-            sent[0],
-            Operation::Update,
-            Some(Answer {
-                code: Code::DeadlineExceeded,
-                took: Duration::from_secs(5),
-                pushback: None,
-            }),
-            now,
-        );
+        let timed_out = answer(Code::DeadlineExceeded, Duration::from_secs(5));
+        limits.answered(sent[0], Operation::Update, Some(timed_out), now);
         assert_eq!(limits.limit(), INITIAL_LIMIT / 2.0);
         assert_eq!(limits.rate_cap(), None);
     }
@@ -696,16 +692,8 @@ mod tests {
         let now = Instant::now();
         let sent = fill(&mut limits, now);
         limits.answered(sent[0], Operation::Observe, None, now);
-        limits.answered(
-            sent[1],
-            Operation::Observe,
-            Some(Answer {
-                code: Code::Unavailable,
-                took: Duration::from_secs(5),
-                pushback: None,
-            }),
-            now,
-        );
+        let unavailable = answer(Code::Unavailable, Duration::from_secs(5));
+        limits.answered(sent[1], Operation::Observe, Some(unavailable), now);
         assert_eq!(limits.limit(), INITIAL_LIMIT);
         assert_eq!(fill(&mut limits, now).len(), 2);
     }
@@ -715,11 +703,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_newcomer_never_overtakes_a_caller_waiting_on_the_rate() {
         let limiter = Arc::new(StoreLimiter::new(ConcurrencyLimit::default(), 0.0, 1));
-        limiter.acquire(Operation::Observe).await.answered(Answer {
-            code: Code::ResourceExhausted,
-            took: Duration::from_millis(1),
-            pushback: None,
-        });
+        limiter
+            .acquire(Operation::Observe)
+            .await
+            .answered(answer(Code::ResourceExhausted, Duration::from_millis(1)));
         let (went, mut order) = tokio::sync::mpsc::unbounded_channel();
         let call = |who: &'static str, after: Duration| {
             let (limiter, went) = (Arc::clone(&limiter), went.clone());
@@ -727,11 +714,7 @@ mod tests {
                 tokio::time::sleep(after).await;
                 let permit = limiter.acquire(Operation::Observe).await;
                 let _ = went.send(who);
-                permit.answered(Answer {
-                    code: Code::Ok,
-                    took: Duration::from_millis(1),
-                    pushback: None,
-                });
+                permit.answered(answer(Code::Ok, Duration::from_millis(1)));
             })
         };
         // Its timer set first, the newcomer comes at the very moment the
@@ -763,11 +746,7 @@ mod tests {
             .await
             .expect("woken when the first ended")
             .expect("the task");
-        second.answered(Answer {
-            code: Code::Ok,
-            took: Duration::from_millis(1),
-            pushback: None,
-        });
+        second.answered(answer(Code::Ok, Duration::from_millis(1)));
         assert_eq!(limiter.limits().in_flight, 0);
     }
 }

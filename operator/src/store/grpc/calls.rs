@@ -117,6 +117,12 @@ fn outcomes() -> Family<ReloadLabels, Counter> {
     family
 }
 
+/// Counts one outcome, `ok` or `failed`, in a family [`outcomes`] made.
+fn count_outcome(family: &Family<ReloadLabels, Counter>, ok: bool) {
+    let outcome = if ok { "ok" } else { "failed" };
+    family.get_or_create(&ReloadLabels { outcome }).inc();
+}
+
 impl StoreCallMetrics {
     /// Adds `store_call_duration_seconds` to `registry`.
     pub fn register(&self, registry: &mut Registry) {
@@ -174,20 +180,12 @@ impl StoreCallMetrics {
 
     /// One connection to the store with TLS from files: made or not.
     pub fn tls_connection(&self, ok: bool) {
-        self.tls_connections
-            .get_or_create(&ReloadLabels {
-                outcome: if ok { "ok" } else { "failed" },
-            })
-            .inc();
+        count_outcome(&self.tls_connections, ok);
     }
 
     /// One reload of the TLS files that changed: `ok` or not.
     pub fn tls_reloaded(&self, ok: bool) {
-        self.tls_reloads
-            .get_or_create(&ReloadLabels {
-                outcome: if ok { "ok" } else { "failed" },
-            })
-            .inc();
+        count_outcome(&self.tls_reloads, ok);
     }
 
     /// One TokenRequest, for a tenant's or the observer's token.
