@@ -73,13 +73,9 @@ impl Store {
         fixtures::http::scrape(&self.metrics_addr)
     }
 
-    /// The value of the series that starts with `series ` on /metrics.
+    /// The value of the series written exactly `series` on /metrics.
     fn metric(&self, series: &str) -> Result<Option<f64>> {
-        Ok(self.metrics()?.lines().find_map(|line| {
-            line.strip_prefix(series)
-                .and_then(|rest| rest.strip_prefix(' '))
-                .and_then(|value| value.trim().parse().ok())
-        }))
+        Ok(fixtures::http::series_value(&self.metrics()?, series))
     }
 
     fn sampler_ratio(&self) -> Result<Option<f64>> {

@@ -85,11 +85,10 @@ fn cluster_uid(cp: &ControlPlane) -> fixtures::Result<String> {
 
 /// The operator's `petstore_operator_<name>` gauge, if scraped.
 fn gauge(operator: &Operator, name: &str) -> Option<f64> {
-    let text = operator.metrics().ok()?;
-    let prefix = format!("petstore_operator_{name} ");
-    text.lines()
-        .find_map(|line| line.strip_prefix(prefix.as_str()))
-        .and_then(|value| value.trim().parse().ok())
+    fixtures::http::series_value(
+        &operator.metrics().ok()?,
+        &format!("petstore_operator_{name}"),
+    )
 }
 
 fn uids(cp: &ControlPlane) -> fixtures::Result<Vec<String>> {

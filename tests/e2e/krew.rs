@@ -14,7 +14,7 @@ use std::process::Output;
 
 use fixtures::cosign::{Cosign, assert_refused, assert_verified, blob_statements};
 use fixtures::krew::{FileServer, Krew, commit_index};
-use fixtures::{CROSS_TARGET, Env, Storage, cargo_bin, cross_bin, io, repo_root};
+use fixtures::{CROSS_TARGET, Env, Storage, cargo_bin, cross_bin, io, printed, repo_root};
 use xtask::krew::{Platform, archive, release_from_repo, sha256_hex};
 
 /// Where Debian's arm64 C library is (libc6-arm64-cross): qemu-user's root
@@ -26,12 +26,17 @@ fn sha256_of(path: &Path) -> fixtures::Result<String> {
     Ok(sha256_hex(&bytes))
 }
 
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
+/// `kubectl petstore plan` on a Pet not created yet: a create planned
+/// (exit 2), and nothing written to the store.
+fn assert_planned_a_create(planned: &Output, env: &Env) -> fixtures::Result<()> {
+    assert_eq!(planned.status.code(), Some(2), "{}", printed(planned));
+    let plan = String::from_utf8_lossy(&planned.stdout);
+    assert!(plan.contains(r#""summary":"create""#), "{plan}");
+    assert!(
+        env.store_pets()?.is_empty(),
+        "the plugin wrote to the store"
+    );
+    Ok(())
 }
 
 #[test]
@@ -91,11 +96,11 @@ fn krew_installs_the_released_plugin_from_a_local_index_and_refuses_a_tampered_a
         .map_err(|e| io("packing the tampered archive")(std::io::Error::other(e)))?;
     server.serve(&served_at, tampered);
     let refused = krew.output(&["install", "local/petstore"])?;
-    assert!(!refused.status.success(), "{}", text(&refused));
+    assert!(!refused.status.success(), "{}", printed(&refused));
     assert!(
-        text(&refused).contains(&format!("checksum does not match, want: {}", built.sha256)),
+        printed(&refused).contains(&format!("checksum does not match, want: {}", built.sha256)),
         "{}",
-        text(&refused)
+        printed(&refused)
     );
     assert_eq!(server.requests(&served_at), 1, "krew did not download it");
     assert!(
@@ -122,7 +127,12 @@ fn krew_installs_the_released_plugin_from_a_local_index_and_refuses_a_tampered_a
         .lines()
         .filter(|line| line.ends_with("/kubectl-petstore"))
         .collect();
-    assert_eq!(found, [installed.to_string_lossy()], "{}", text(&plugins));
+    assert_eq!(
+        found,
+        [installed.to_string_lossy()],
+        "{}",
+        printed(&plugins)
+    );
 
     // Run through kubectl against the control plane and the store: a Pet
     // not created yet plans a create (exit 2), and nothing is written.
@@ -144,14 +154,8 @@ fn krew_installs_the_released_plugin_from_a_local_index_and_refuses_a_tampered_a
         .arg(&pets)
         .output()
         .map_err(io("running kubectl petstore plan"))?;
-    assert_eq!(planned.status.code(), Some(2), "{}", text(&planned));
-    let printed = String::from_utf8_lossy(&planned.stdout);
-    assert!(printed.contains(r#""summary":"create""#), "{printed}");
+    assert_planned_a_create(&planned, &env)?;
     assert!(env.pet("default", "rex").is_err(), "the plugin created rex");
-    assert!(
-        env.store_pets()?.is_empty(),
-        "the plugin wrote to the store"
-    );
 
     // krew on linux/arm64 picks the arm64 archive from the same manifest,
     // checks its sha256, and installs the cross-built binary, byte for
@@ -181,13 +185,7 @@ fn krew_installs_the_released_plugin_from_a_local_index_and_refuses_a_tampered_a
         .arg(&pets)
         .output()
         .map_err(io("running the arm64 kubectl-petstore under qemu-aarch64"))?;
-    assert_eq!(planned.status.code(), Some(2), "{}", text(&planned));
-    let printed = String::from_utf8_lossy(&planned.stdout);
-    assert!(printed.contains(r#""summary":"create""#), "{printed}");
-    assert!(
-        env.store_pets()?.is_empty(),
-        "the plugin wrote to the store"
-    );
+    assert_planned_a_create(&planned, &env)?;
     Ok(())
 }
 

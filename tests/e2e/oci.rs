@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use fixtures::cosign::{Cosign, assert_refused, assert_verified, statements};
-use fixtures::helm::{CHART, CHART_VERSION, Helm, chart_dir, digest_line, printed};
+use fixtures::helm::{CHART, CHART_VERSION, Helm, chart_dir, digest_line};
+use fixtures::printed;
 use fixtures::registry::Registry;
 use fixtures::{ControlPlane, io, repo_root};
 use serde_json::Value;

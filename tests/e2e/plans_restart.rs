@@ -6,23 +6,13 @@
 use std::time::{Duration, Instant};
 
 use fixtures::env::pet_manifest;
+use fixtures::http::series_value;
 use fixtures::{Env, Storage, wait_for};
 use petstore_operator::crd::PetStatus;
 
 use crate::typed;
 
 const TIMEOUT: Duration = Duration::from_secs(60);
-
-/// A gauge or counter without labels, from a scrape.
-fn gauge(scrape: &str, name: &str) -> Option<f64> {
-    scrape.lines().find_map(|line| {
-        line.strip_prefix(name)?
-            .strip_prefix(' ')?
-            .trim()
-            .parse()
-            .ok()
-    })
-}
 
 /// How often `PlanPending` was published for the Pet `name`: every Event
 /// object, each counting its series' repeats.
@@ -52,14 +42,14 @@ fn check_the_plan_is_remembered(
 ) -> fixtures::Result<()> {
     wait_for(TIMEOUT, "the new leader to hold the pending plan", || {
         let scrape = operator.metrics().ok()?;
-        (gauge(&scrape, "petstore_operator_leader") == Some(1.0)
-            && gauge(&scrape, "petstore_operator_plans_pending") == Some(1.0)
-            && gauge(&scrape, "petstore_operator_events_pending") == Some(0.0))
+        (series_value(&scrape, "petstore_operator_leader") == Some(1.0)
+            && series_value(&scrape, "petstore_operator_plans_pending") == Some(1.0)
+            && series_value(&scrape, "petstore_operator_events_pending") == Some(0.0))
         .then_some(())
     })?;
     let waited = shown_at.elapsed();
     let scrape = operator.metrics()?;
-    let age = gauge(&scrape, "petstore_operator_plan_oldest_age_seconds").unwrap_or(0.0);
+    let age = series_value(&scrape, "petstore_operator_plan_oldest_age_seconds").unwrap_or(0.0);
     // The status keeps whole seconds at worst: a second's room, and the
     // new process's own age (a reset) would be far below `waited`.
     assert!(

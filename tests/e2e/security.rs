@@ -529,11 +529,7 @@ fn handshake(
     let output = command.stdin(std::process::Stdio::null()).output();
     match output {
         Ok(output) => {
-            let text = format!(
-                "{}{}",
-                String::from_utf8_lossy(&output.stdout),
-                String::from_utf8_lossy(&output.stderr)
-            );
+            let text = fixtures::printed(&output);
             (text.contains("Protocol version:"), text)
         }
         Err(error) => (false, format!("openssl: {error}")),

@@ -9,6 +9,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fixtures::env::{OPERATOR_ACCOUNT, OPERATOR_NAMESPACE, start_installed};
+use fixtures::http::series_value;
 use fixtures::trace_receiver::{Trace, TraceReceiver, TracedPetStore};
 use fixtures::{ControlPlane, Kubectl, Operator, OperatorOptions, wait_for};
 use serde_json::Value;
@@ -118,14 +119,6 @@ fn summary(traces: &[Trace]) -> String {
         .join("\n")
 }
 
-/// The value of an unlabelled metric in Prometheus' text format.
-fn gauge(metrics: &str, name: &str) -> Option<f64> {
-    metrics.lines().find_map(|line| {
-        let (metric, value) = line.split_once(' ')?;
-        (metric == name).then(|| value.trim().parse().ok())?
-    })
-}
-
 fn store_pet(store: &TracedPetStore, id: &str) -> Option<Value> {
     store
         .grpcurl("petstore.PetStore/SearchPets", "{}")
@@ -172,7 +165,7 @@ fn change_log(log: &str) -> Vec<ChangeLine> {
 
 /// The store's count of answered (`OK`) calls of `method`.
 fn store_calls(metrics: &str, method: &str) -> f64 {
-    gauge(
+    series_value(
         metrics,
         &format!(r#"petstore_server_rpc_duration_seconds_count{{method="{method}",code="OK"}}"#),
     )
@@ -308,7 +301,7 @@ fn each_store_write_is_one_trace_across_operator_and_store() -> fixtures::Result
     // (every grpcurl above, the out-of-band UpdatePets among them) left no
     // trace of their own in the store.
     let sampler_ratio = |store: &TracedPetStore| -> fixtures::Result<Option<f64>> {
-        Ok(gauge(
+        Ok(series_value(
             &store.metrics()?,
             "petstore_server_trace_sampler_ratio",
         ))
