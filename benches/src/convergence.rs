@@ -77,6 +77,15 @@ impl FloorIdentity {
             FloorIdentity::Admin => "the cluster admin (system:masters)",
         }
     }
+
+    /// The floor's baseline client: as the operator's ServiceAccount, or
+    /// `admin` itself.
+    pub(crate) async fn client(self, env: &Env, admin: &kube::Client) -> Result<kube::Client> {
+        match self {
+            FloorIdentity::Operator => client_from(&env.operator_kubeconfig).await,
+            FloorIdentity::Admin => Ok(admin.clone()),
+        }
+    }
 }
 
 /// One floor run and the operator run straight after it.
@@ -267,27 +276,35 @@ pub struct CpuSplit {
 }
 
 impl CpuSplit {
-    fn meter(env: &Env, operator_pid: Option<u32>) -> procstat::CpuMeter {
-        let pids = [
+    /// CPU from now, by process: the API server, etcd, this process, the
+    /// operator (or the floor's webhook replica), then the operator's own
+    /// store and `more_stores`.
+    pub(crate) fn meter(
+        env: &Env,
+        operator_pid: Option<u32>,
+        more_stores: impl IntoIterator<Item = Option<u32>>,
+    ) -> procstat::CpuMeter {
+        let mut pids = vec![
             env.cp.apiserver_pid(),
             env.cp.etcd_pid(),
             Some(std::process::id()),
             operator_pid,
             env.store.process().pid(),
         ];
+        pids.extend(more_stores);
         procstat::CpuMeter::start(&pids)
     }
 
-    fn read(meter: &procstat::CpuMeter) -> Self {
-        match meter.used()[..] {
-            [api_server, etcd, bench, operator, store] => Self {
-                api_server,
-                etcd,
-                bench,
-                operator,
-                store,
-            },
-            _ => Self::default(),
+    /// What a [`CpuSplit::meter`] measured so far, every store summed.
+    pub(crate) fn read(meter: &procstat::CpuMeter) -> Self {
+        let used = meter.used();
+        let at = |i: usize| used.get(i).copied().unwrap_or(0.0);
+        Self {
+            api_server: at(0),
+            etcd: at(1),
+            bench: at(2),
+            operator: at(3),
+            store: used.iter().skip(4).sum(),
         }
     }
 
@@ -1110,7 +1127,7 @@ async fn create_all_timed(
     what: &str,
 ) -> Result<TimedCreate> {
     let conversions_before = conversion_calls(&env.cp)?;
-    let meter = CpuSplit::meter(env, pid);
+    let meter = CpuSplit::meter(env, pid, []);
     let started = Instant::now();
     create_pets(api, config.pets, config.concurrency).await?;
     tracker
@@ -1345,10 +1362,7 @@ pub fn measure_floor_gated(
         // then write a Ready status, with bounded concurrency.
         // The baseline authenticates as the operator does unless told
         // otherwise: see FloorIdentity.
-        let baseline_client = match config.floor_identity {
-            FloorIdentity::Operator => client_from(&env.operator_kubeconfig).await?,
-            FloorIdentity::Admin => client.clone(),
-        };
+        let baseline_client = config.floor_identity.client(&env, &client).await?;
         let baseline_api: Api<Pet> = Api::namespaced(baseline_client, NAMESPACE);
         let baseline = spawn_baseline(
             baseline_api,

@@ -22,6 +22,7 @@ use crate::convergence::{
     warmed_up,
 };
 use crate::procstat;
+use crate::rotation::{p50_p99_max, quantile};
 use fixtures::{Env, Result, Storage};
 
 /// Where the section of the report starts; runs that do not measure it
@@ -56,20 +57,19 @@ pub struct FairnessResult {
     pub operator_peak_rss_kib: u64,
     /// The machine's load averages when the burst ended.
     pub load: String,
-    pub started_at: String,
-    pub commit: String,
+    pub stamp: crate::report::Stamp,
 }
 
 impl FairnessResult {
-    /// The `q`-quantile of the probes (nearest rank).
-    pub fn probe_quantile(&self, q: f64) -> Duration {
+    fn sorted_probes(&self) -> Vec<Duration> {
         let mut sorted = self.probes.clone();
         sorted.sort();
-        if sorted.is_empty() {
-            return Duration::ZERO;
-        }
-        let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-        sorted[rank - 1]
+        sorted
+    }
+
+    /// The `q`-quantile of the probes (nearest rank).
+    pub fn probe_quantile(&self, q: f64) -> Duration {
+        quantile(&self.sorted_probes(), q)
     }
 
     pub fn goal_met(&self) -> bool {
@@ -82,9 +82,7 @@ pub fn measure(config: &FairnessConfig, progress: &dyn Fn(&str)) -> Result<Fairn
     let env = Env::start(Storage::Durable)?;
     let mut operator = start_leader(&env, &shipped_options(&env, "bench-operator"))?;
     let timeout = Duration::from_secs(600) + Duration::from_millis(20 * config.pets as u64);
-    let started_at = chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string();
-    // Read now: the tree may move on during a long window.
-    let commit = crate::idle::commit();
+    let stamp = crate::report::Stamp::now();
     let n = config.pets;
     let measured = rt.block_on(async {
         let client = warmed_up(&env, timeout).await?;
@@ -132,8 +130,7 @@ pub fn measure(config: &FairnessConfig, progress: &dyn Fn(&str)) -> Result<Fairn
         probes,
         operator_peak_rss_kib,
         load,
-        started_at,
-        commit,
+        stamp,
     })
 }
 
@@ -227,11 +224,12 @@ fn ms(d: Duration) -> String {
 
 pub fn markdown(result: &FairnessResult, command: &str) -> String {
     let n = result.pets;
-    let mut out = crate::report::goal_section(
+    let mut out = crate::report::measured_section(
         SECTION,
+        command,
+        &result.stamp,
         &format!(
-            "{} One operator with its shipped settings, on a durable store. {n} Pets were created at once in one namespace by {BURST_CLIENTS} clients, and one Pet in another namespace every {} ms until the whole burst was Ready. Each of those {} probes is timed from its create's answer until a watch saw it Ready. The operator takes the namespaces in turn (`operator/src/controller/fair_queue.rs`). Load averages when the burst was Ready: {}.",
-            crate::report::measured_with(command, &result.commit, &result.started_at),
+            "One operator with its shipped settings, on a durable store. {n} Pets were created at once in one namespace by {BURST_CLIENTS} clients, and one Pet in another namespace every {} ms until the whole burst was Ready. Each of those {} probes is timed from its create's answer until a watch saw it Ready. The operator takes the namespaces in turn (`operator/src/controller/fair_queue.rs`). Load averages when the burst was Ready: {}.",
             PROBE_EVERY.as_millis(),
             result.probes.len(),
             result.load,
@@ -239,11 +237,9 @@ pub fn markdown(result: &FairnessResult, command: &str) -> String {
     );
     let _ = writeln!(
         out,
-        "| a probe Pet Ready, p50 / p99 / max | p99 ≤ {} | {} / {} / {} | {} |",
+        "| a probe Pet Ready, p50 / p99 / max | p99 ≤ {} | {} | {} |",
         ms(GOAL),
-        ms(result.probe_quantile(0.5)),
-        ms(result.probe_quantile(0.99)),
-        ms(result.probe_quantile(1.0)),
+        p50_p99_max(&result.sorted_probes(), ms),
         crate::report::verdict(result.goal_met()),
     );
     let _ = writeln!(

@@ -38,7 +38,7 @@ use crate::convergence::{
     NAMESPACE, Shows, Tracker, create_pets, kube_error, metric_sum, quiet, shipped_options,
     warmed_up,
 };
-use crate::rotation::{Churn, quantile};
+use crate::rotation::{Churn, p50_p99_max, quantile};
 use fixtures::env::wait_until_converting;
 use fixtures::trace_receiver::TraceReceiver;
 use fixtures::{Env, Error, Operator, Result, Storage, Tools, wait_for};
@@ -133,8 +133,7 @@ pub struct FloodResult {
     /// The operator's store calls that did not end OK, in the flood window.
     pub operator_failed: BTreeMap<String, u64>,
     pub load: String,
-    pub started_at: String,
-    pub commit: String,
+    pub stamp: crate::report::Stamp,
 }
 
 impl FloodResult {
@@ -297,8 +296,7 @@ pub fn measure(config: &FloodConfig, progress: &dyn Fn(&str)) -> Result<FloodRes
             .is_ok_and(|m| metric_sum(&m, "petstore_operator_leader") == 1.0)
             .then_some(())
     })?;
-    let started_at = chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string();
-    let commit = crate::idle::commit();
+    let stamp = crate::report::Stamp::now();
     let n = config.pets;
     let timeout = Duration::from_secs(600) + Duration::from_millis(20 * n as u64);
 
@@ -371,8 +369,7 @@ pub fn measure(config: &FloodConfig, progress: &dyn Fn(&str)) -> Result<FloodRes
         connections_refused,
         operator_failed,
         load,
-        started_at,
-        commit,
+        stamp,
     })
 }
 
@@ -381,11 +378,12 @@ fn ms(d: Duration) -> String {
 }
 
 pub fn markdown(result: &FloodResult, command: &str) -> String {
-    let mut out = crate::report::goal_section(
+    let mut out = crate::report::measured_section(
         SECTION,
+        command,
+        &result.stamp,
         &format!(
-            "{} The store with its shipped bounds (`--max-connections-per-client` 64, `--max-concurrent-requests` 1024, half of it per client) and mutual TLS; one operator with its shipped settings, reaching the store through a relay that connects from 127.0.0.2, so that the store tells it from ghz (127.0.0.1) as it tells two Pods apart. {} Pets Ready, then two {} windows of renames through the API server, {EDITS_PER_SECOND} a second: the first with nothing else on the store, the second while ghz floods it with `GetPets` ({} calls at once over {} connections, as fast as it can). Each of the operator's store calls is timed by its span (`store.<Method>`, exported to an OpenTelemetry Collector in both windows): the operator's histogram has buckets a factor of 2 apart, as wide as the goal. Load averages at the end of the flood: {}.",
-            crate::report::measured_with(command, &result.commit, &result.started_at),
+            "The store with its shipped bounds (`--max-connections-per-client` 64, `--max-concurrent-requests` 1024, half of it per client) and mutual TLS; one operator with its shipped settings, reaching the store through a relay that connects from 127.0.0.2, so that the store tells it from ghz (127.0.0.1) as it tells two Pods apart. {} Pets Ready, then two {} windows of renames through the API server, {EDITS_PER_SECOND} a second: the first with nothing else on the store, the second while ghz floods it with `GetPets` ({} calls at once over {} connections, as fast as it can). Each of the operator's store calls is timed by its span (`store.<Method>`, exported to an OpenTelemetry Collector in both windows): the operator's histogram has buckets a factor of 2 apart, as wide as the goal. Load averages at the end of the flood: {}.",
             result.pets,
             crate::report::duration_words(result.window),
             result.ghz_load.0,
@@ -405,10 +403,8 @@ pub fn markdown(result: &FloodResult, command: &str) -> String {
     ] {
         let _ = writeln!(
             out,
-            "| the operator's store calls {name}: p50 / p99 / max (calls; renames) | | {} / {} / {} ({}; {edits}) | |",
-            ms(quantile(calls, 0.5)),
-            ms(quantile(calls, 0.99)),
-            ms(quantile(calls, 1.0)),
+            "| the operator's store calls {name}: p50 / p99 / max (calls; renames) | | {} ({}; {edits}) | |",
+            p50_p99_max(calls, ms),
             calls.len(),
         );
     }

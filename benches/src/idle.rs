@@ -22,6 +22,7 @@ use crate::convergence::{
     NAMESPACE, Shows, Tracker, client_from, create_pets, events_drained, metric_sum,
     shipped_options, start_leader, store_calls, writes_since,
 };
+use crate::report::plain_verdict;
 use fixtures::{Env, Operator, Result, Storage};
 
 /// Where the idle section of the report starts; runs that do not measure
@@ -87,9 +88,8 @@ pub struct IdleResult {
     pub window: Duration,
     /// From the later of the two convergences to the window's start.
     pub after_convergence: Duration,
-    /// When the window started, UTC, and the commit measured.
-    pub started_at: String,
-    pub commit: String,
+    /// When the window started, and the commit measured.
+    pub stamp: crate::report::Stamp,
     pub feed: IdleSide,
     pub polling: IdleSide,
 }
@@ -127,16 +127,16 @@ pub fn measure(config: &IdleConfig, progress: &dyn Fn(&str)) -> Result<IdleResul
             converge(&polling_env, &polling, config, timeout, false),
         )?;
         let converged = Instant::now();
-        let commit = commit();
-        let started_at = utc_now();
+        let stamp = crate::report::Stamp::now();
         let feed_before = store_calls(&feed.metrics()?);
         let polling_before = store_calls(&polling.metrics()?);
         let feed_api = crate::apimetrics::scrape(&feed_env.cp)?;
         let polling_api = crate::apimetrics::scrape(&polling_env.cp)?;
         let window_started = Instant::now();
         progress(&format!(
-            "idle: counting store calls for {} from {started_at}",
-            crate::report::duration_words(config.window)
+            "idle: counting store calls for {} from {}",
+            crate::report::duration_words(config.window),
+            stamp.started_at
         ));
         tokio::time::sleep(config.window).await;
         let feed_after = store_calls(&feed.metrics()?);
@@ -164,8 +164,7 @@ pub fn measure(config: &IdleConfig, progress: &dyn Fn(&str)) -> Result<IdleResul
             observe: config.observe,
             window,
             after_convergence: window_started - converged,
-            started_at,
-            commit,
+            stamp,
             feed: side(
                 &feed,
                 &feed_before,
@@ -245,30 +244,6 @@ async fn converge(
     Ok(started.elapsed())
 }
 
-fn utc_now() -> String {
-    chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string()
-}
-
-/// The commit measured, marked when the tree differs from it.
-pub(crate) fn commit() -> String {
-    let git = |args: &[&str]| {
-        std::process::Command::new("git")
-            .args(args)
-            .current_dir(fixtures::repo_root())
-            .output()
-            .ok()
-            .filter(|out| out.status.success())
-            .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_owned())
-    };
-    let Some(head) = git(&["rev-parse", "--short", "HEAD"]) else {
-        return "unknown".into();
-    };
-    match git(&["status", "--porcelain", "--untracked-files=no"]) {
-        Some(changes) if changes.is_empty() => head,
-        _ => format!("{head} with uncommitted changes"),
-    }
-}
-
 /// The report's section for this run.
 pub fn section(observe: bool) -> &'static str {
     if observe { OBSERVE_SECTION } else { SECTION }
@@ -282,13 +257,9 @@ pub fn markdown(result: &IdleResult, command: &str) -> String {
         section(result.observe),
         &format!(
             "Measured with `{command}` on commit {commit}, window from {started} ({profile} build). {n} Pets were converged on each of two control planes at once, each with its own durable store: one operator with the defaults (the store's change feed followed, each Pet audited every hour, `--audit-interval 1h`), one with the defaults but `--follow-store-changes=false` (each Pet polled every 5 minutes, `--poll-interval 5m`). {observe}Once both were Ready, and the feed side's Events written, every store call each operator made was counted over the same {window} window with nothing changing (its `petstore_operator_store_call_duration_seconds_count`, by method). The figures are the window's counts, **not scaled to an hour**{full}. The audit reads a Pet at least half an audit interval after its last reconcile, at a phase fixed by its UID, so a window that starts at convergence holds no audit reads in its first 30 minutes, and any window of at most an hour reads each Pet at most once: the goal, N calls an hour, applies to the window's count as it is.",
-            commit = result.commit,
-            started = result.started_at,
-            profile = if cfg!(debug_assertions) {
-                "debug"
-            } else {
-                "release"
-            },
+            commit = result.stamp.commit,
+            started = result.stamp.started_at,
+            profile = crate::report::build(),
             observe = if result.observe {
                 "Once converged, every Pet was switched to `changePolicy: Observe` and renamed in the same patch, so each held a pending `update name` plan, never applied, through the window. "
             } else {
@@ -306,7 +277,7 @@ pub fn markdown(result: &IdleResult, command: &str) -> String {
         "| store calls in a {window} idle window at N = {n}{observe}, with the defaults (the feed followed) | ≤ {n} | {} ({}) | {} |",
         result.feed.total(),
         result.feed.by_method(),
-        if result.goal_met() { "met" } else { "not met" },
+        plain_verdict(result.goal_met()),
         observe = if result.observe {
             " in `Observe`, each with a plan pending"
         } else {
@@ -324,11 +295,7 @@ pub fn markdown(result: &IdleResult, command: &str) -> String {
         "| API writes (Pets and Events) in the window with the feed (beside it, polling, whose Events were not waited for) | 0 | {} ({}) | {} |",
         result.feed.api_writes,
         result.polling.api_writes,
-        if result.feed.api_writes == 0 {
-            "met"
-        } else {
-            "not met"
-        },
+        plain_verdict(result.feed.api_writes == 0),
     );
     let _ = writeln!(
         out,

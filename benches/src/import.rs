@@ -15,6 +15,7 @@ use petstore_proto::google::r#type::Date;
 use petstore_proto::petstore::{self as pb, PetType};
 
 use crate::procstat::PeakRss;
+use crate::report::plain_verdict;
 use crate::store_load::{connect, grpc_error};
 use fixtures::{Env, Error, Result, Storage};
 
@@ -56,8 +57,7 @@ pub struct ImportResult {
     pub runs: Vec<Run>,
     /// The last run's summary line, from its standard error.
     pub summary: String,
-    pub started_at: String,
-    pub commit: String,
+    pub stamp: crate::report::Stamp,
 }
 
 impl ImportResult {
@@ -103,7 +103,7 @@ pub fn measure(config: &ImportConfig, progress: &dyn Fn(&str)) -> Result<ImportR
     ));
     rt.block_on(add_records(&env.store.addr, config.records))?;
 
-    let started_at = chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string();
+    let stamp = crate::report::Stamp::now();
     let mut runs = Vec::new();
     let mut summary = String::new();
     for round in 0..ROUNDS {
@@ -126,8 +126,7 @@ pub fn measure(config: &ImportConfig, progress: &dyn Fn(&str)) -> Result<ImportR
         records: config.records,
         runs,
         summary,
-        started_at,
-        commit: crate::idle::commit(),
+        stamp,
     })
 }
 
@@ -222,11 +221,12 @@ fn import_once(plugin: &Path, env: &Env) -> Result<(Run, String)> {
 /// The report's section.
 pub fn markdown(result: &ImportResult, command: &str) -> String {
     let n = result.records;
-    let mut out = crate::report::goal_section(
+    let mut out = crate::report::measured_section(
         SECTION,
+        command,
+        &result.stamp,
         &format!(
-            "{} On a control plane with the Pet CRD installed and no operator, a durable store held {n} records that no Pet owns, added beforehand with the store's own `AddPets`, {BATCH} per call (not timed). `kubectl petstore import -n {NAMESPACE} --petstore-addr <store>` (the plugin binary, run directly with the control plane's kubeconfig) lists the cluster's Pets, reads every record with `SearchPets` and prints a Pet manifest per record it may adopt; it was run {} times, one after the other and with no warm-up run, each timed from its start to its exit, its manifests counted (`kind: Pet`) and its peak RSS sampled every 10 ms.",
-            crate::report::measured_with(command, &result.commit, &result.started_at),
+            "On a control plane with the Pet CRD installed and no operator, a durable store held {n} records that no Pet owns, added beforehand with the store's own `AddPets`, {BATCH} per call (not timed). `kubectl petstore import -n {NAMESPACE} --petstore-addr <store>` (the plugin binary, run directly with the control plane's kubeconfig) lists the cluster's Pets, reads every record with `SearchPets` and prints a Pet manifest per record it may adopt; it was run {} times, one after the other and with no warm-up run, each timed from its start to its exit, its manifests counted (`kind: Pet`) and its peak RSS sampled every 10 ms.",
             result.runs.len(),
         ),
     );
@@ -239,7 +239,7 @@ pub fn markdown(result: &ImportResult, command: &str) -> String {
             .map(|run| run.manifests.to_string())
             .collect::<Vec<_>>()
             .join(", "),
-        met(result.every_record()),
+        plain_verdict(result.every_record()),
     );
     let _ = writeln!(
         out,
@@ -252,7 +252,7 @@ pub fn markdown(result: &ImportResult, command: &str) -> String {
             .collect::<Vec<_>>()
             .join(", "),
         seconds(result.max()),
-        met(result.max() < GOAL && !result.runs.is_empty()),
+        plain_verdict(result.max() < GOAL && !result.runs.is_empty()),
     );
     let _ = writeln!(
         out,
@@ -268,10 +268,6 @@ pub fn markdown(result: &ImportResult, command: &str) -> String {
         let _ = writeln!(out, "\nThe plugin's summary: \"{}\"", result.summary);
     }
     out
-}
-
-fn met(met: bool) -> &'static str {
-    if met { "met" } else { "not met" }
 }
 
 fn seconds(duration: Duration) -> String {
@@ -297,8 +293,10 @@ mod tests {
             summary:
                 "10000 of 10000 records as Pet manifests; left out: 0 owned by Pets of this cluster"
                     .into(),
-            started_at: "2026-11-27 10:00 UTC".into(),
-            commit: "abc1234".into(),
+            stamp: crate::report::Stamp {
+                started_at: "2026-11-27 10:00 UTC".into(),
+                commit: "abc1234".into(),
+            },
         }
     }
 

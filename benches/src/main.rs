@@ -460,6 +460,31 @@ fn progress(step: &str) {
     eprintln!("[bench] {step}");
 }
 
+/// How a run ends when something stops it: `why` printed, and a failure.
+fn failed(why: impl std::fmt::Display) -> ExitCode {
+    eprintln!("petstore-bench: {why}");
+    ExitCode::FAILURE
+}
+
+/// The end of a run of pairs only: each N's ratios printed on a line of
+/// its own, the pairs named by `what`.
+fn print_pairs<P>(
+    sizes: &[usize],
+    ran: fixtures::Result<Vec<Vec<P>>>,
+    what: &str,
+    ratio: fn(&P) -> f64,
+) -> ExitCode {
+    let all = match ran {
+        Ok(all) => all,
+        Err(err) => return failed(err),
+    };
+    for (pets, pairs) in sizes.iter().zip(&all) {
+        let ratios: Vec<String> = pairs.iter().map(|p| format!("{:.3}", ratio(p))).collect();
+        println!("N = {pets}: {what}, each pair: {}", ratios.join(", "));
+    }
+    ExitCode::SUCCESS
+}
+
 /// The last step of every run that measures one section on its own: the
 /// error that stopped it printed, or the section (`markdown` of the
 /// result) printed and written in place of the report's section under
@@ -473,18 +498,14 @@ fn write_section<T>(
 ) -> ExitCode {
     let result = match measured {
         Ok(result) => result,
-        Err(err) => {
-            eprintln!("petstore-bench: {err}");
-            return ExitCode::FAILURE;
-        }
+        Err(err) => return failed(err),
     };
     let section = markdown(&result, &command_line());
     println!("{section}");
     let existing = std::fs::read_to_string(out).unwrap_or_default();
     let report = bench::report::replace_section(&existing, heading, &section);
     if let Err(err) = std::fs::write(out, report) {
-        eprintln!("petstore-bench: writing {}: {err}", out.display());
-        return ExitCode::FAILURE;
+        return failed(format_args!("writing {}: {err}", out.display()));
     }
     eprintln!(
         "wrote the section \"{}\" of {}",
@@ -625,18 +646,14 @@ fn main() -> ExitCode {
     let _receiver = if args.tracing {
         match start_trace_receiver() {
             Ok(receiver) => Some(receiver),
-            Err(err) => {
-                eprintln!("petstore-bench: starting the trace receiver: {err}");
-                return ExitCode::FAILURE;
-            }
+            Err(err) => return failed(format_args!("starting the trace receiver: {err}")),
         }
     } else {
         None
     };
     if let (Some(side), Some(cpu)) = (&args.side, args.cpu) {
         let Some(side) = bench::side_by_side::Side::from_name(side) else {
-            eprintln!("petstore-bench: --side is floor or operator, not {side:?}");
-            return ExitCode::FAILURE;
+            return failed(format_args!("--side is floor or operator, not {side:?}"));
         };
         // Before any thread starts: every thread and process of the run
         // inherits the core.
@@ -646,10 +663,7 @@ fn main() -> ExitCode {
         });
         return match ran {
             Ok(()) => ExitCode::SUCCESS,
-            Err(err) => {
-                eprintln!("petstore-bench: the {} side: {err}", side.name());
-                ExitCode::FAILURE
-            }
+            Err(err) => failed(format_args!("the {} side: {err}", side.name())),
         };
     }
     if let Some(runs) = args.side_by_side {
@@ -660,20 +674,12 @@ fn main() -> ExitCode {
             SideBySideRuns::Operators => Sides::Operators,
         };
         let config = args.config();
-        return match bench::side_by_side::run(&config, sides, |step| eprintln!("[bench] {step}")) {
-            Ok(all) => {
-                for (pets, pairs) in config.sizes.iter().zip(&all) {
-                    let ratios: Vec<String> =
-                        pairs.iter().map(|p| format!("{:.3}", p.ratio())).collect();
-                    println!("N = {pets}: side by side, each pair: {}", ratios.join(", "));
-                }
-                ExitCode::SUCCESS
-            }
-            Err(err) => {
-                eprintln!("petstore-bench: {err}");
-                ExitCode::FAILURE
-            }
-        };
+        return print_pairs(
+            &config.sizes,
+            bench::side_by_side::run(&config, sides, progress),
+            "side by side",
+            bench::side_by_side::SideBySide::ratio,
+        );
     }
     if let Some(window) = args.idle {
         return idle(&args, window, &out);
@@ -704,30 +710,16 @@ fn main() -> ExitCode {
     }
     if args.pairs_only {
         let config = args.config();
-        return match bench::run_pairs(&config, |step| eprintln!("[bench] {step}")) {
-            Ok(all) => {
-                for (pets, pairs) in config.sizes.iter().zip(&all) {
-                    let ratios: Vec<String> =
-                        pairs.iter().map(|p| format!("{:.3}", p.ratio())).collect();
-                    println!(
-                        "N = {pets}: operator ÷ floor, each pair: {}",
-                        ratios.join(", ")
-                    );
-                }
-                ExitCode::SUCCESS
-            }
-            Err(err) => {
-                eprintln!("petstore-bench: {err}");
-                ExitCode::FAILURE
-            }
-        };
+        return print_pairs(
+            &config.sizes,
+            bench::run_pairs(&config, progress),
+            "operator ÷ floor",
+            bench::convergence::Pair::ratio,
+        );
     }
-    let results = match bench::run_all(&args.config(), |step| eprintln!("[bench] {step}")) {
+    let results = match bench::run_all(&args.config(), progress) {
         Ok(results) => results,
-        Err(err) => {
-            eprintln!("petstore-bench: {err}");
-            return ExitCode::FAILURE;
-        }
+        Err(err) => return failed(err),
     };
     let existing = std::fs::read_to_string(&out).unwrap_or_default();
     let mut report = report(&args, &results, &out);
@@ -735,8 +727,7 @@ fn main() -> ExitCode {
         report = bench::report::keep_section(&report, &existing, heading);
     }
     if let Err(err) = std::fs::write(&out, &report) {
-        eprintln!("petstore-bench: writing {}: {err}", out.display());
-        return ExitCode::FAILURE;
+        return failed(format_args!("writing {}: {err}", out.display()));
     }
     if args.store_only {
         println!("{}", bench::store_markdown(&results));

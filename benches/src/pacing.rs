@@ -165,8 +165,7 @@ pub struct PacingResult {
     pub throttled: Vec<ThrottledRun>,
     /// Load averages at the end.
     pub load: String,
-    pub started_at: String,
-    pub commit: String,
+    pub stamp: crate::report::Stamp,
 }
 
 impl PacingResult {
@@ -214,9 +213,7 @@ impl PacingResult {
 /// The sweep, then the store bound by rate with each limit.
 pub fn measure(config: &PacingConfig, progress: &dyn Fn(&str)) -> Result<PacingResult> {
     let rt = crate::runtime()?;
-    let started_at = chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string();
-    // Read now: the tree may move on during a long run.
-    let commit = crate::idle::commit();
+    let stamp = crate::report::Stamp::now();
     let n = config.pets;
     let mut sweep = Vec::new();
     for setting in SWEEP {
@@ -263,8 +260,7 @@ pub fn measure(config: &PacingConfig, progress: &dyn Fn(&str)) -> Result<PacingR
         store_rate: config.store_rate,
         throttled,
         load: crate::report::load_average(),
-        started_at,
-        commit,
+        stamp,
     })
 }
 
@@ -375,11 +371,12 @@ pub fn markdown(result: &PacingResult, command: &str) -> String {
         .map(Setting::to_string)
         .collect::<Vec<_>>()
         .join(", ");
-    let mut out = crate::report::goal_section(
+    let mut out = crate::report::measured_section(
         SECTION,
+        command,
+        &result.stamp,
         &format!(
-            "{} **Sweep**: {} Pets converged as in *Operator convergence* (each time a control plane and durable store of its own, the operator with its shipped settings), with `--store-concurrency` fixed at each of {settings} (a fixed limit learns nothing) and then `auto` (the default: adaptive, up to `--store-concurrency-max` 128), one after the other; each timed from the first create until a watch saw every Pet Ready. Store calls and refusals (`ResourceExhausted`) are the operator's own over that span; the limit is its `petstore_operator_store_concurrency_limit` once every Pet was Ready. Each setting runs once, so the ratio carries the machine's run-to-run noise. **A store bound by rate**: the store started with `--max-calls-per-second {}`, the operator with `--poll-interval 1s --poll-max-rate=0 --follow-store-changes=false --create-batch-wait=0`, {} Pets, so the drift poll alone asks {} reads a second; once the store's `petstore_server_watch_revision` reached {} (every record made), the operator's calls were counted over a {} window, with today's static default (`--store-concurrency={STATIC_DEFAULT}`, as many calls at once as reconciles: no limit of the store's own) and with `auto`, each on a control plane of its own. Load averages at the end: {}.",
-            crate::report::measured_with(command, &result.commit, &result.started_at),
+            "**Sweep**: {} Pets converged as in *Operator convergence* (each time a control plane and durable store of its own, the operator with its shipped settings), with `--store-concurrency` fixed at each of {settings} (a fixed limit learns nothing) and then `auto` (the default: adaptive, up to `--store-concurrency-max` 128), one after the other; each timed from the first create until a watch saw every Pet Ready. Store calls and refusals (`ResourceExhausted`) are the operator's own over that span; the limit is its `petstore_operator_store_concurrency_limit` once every Pet was Ready. Each setting runs once, so the ratio carries the machine's run-to-run noise. **A store bound by rate**: the store started with `--max-calls-per-second {}`, the operator with `--poll-interval 1s --poll-max-rate=0 --follow-store-changes=false --create-batch-wait=0`, {} Pets, so the drift poll alone asks {} reads a second; once the store's `petstore_server_watch_revision` reached {} (every record made), the operator's calls were counted over a {} window, with today's static default (`--store-concurrency={STATIC_DEFAULT}`, as many calls at once as reconciles: no limit of the store's own) and with `auto`, each on a control plane of its own. Load averages at the end: {}.",
             result.pets,
             result.store_rate,
             result.throttled_pets,

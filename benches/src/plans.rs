@@ -26,6 +26,7 @@ use crate::convergence::{
     NAMESPACE, Shows, Tracker, client_from, create_pets, events_drained, hold_lease, kube_error,
     patch_all, pet, quiet, shipped_options, spawn_baseline, start_leader,
 };
+use crate::report::plain_verdict;
 use crate::store_load::percentile;
 use fixtures::{Env, Error, Operator, Result, Storage, Tools};
 
@@ -121,8 +122,7 @@ pub struct PlansResult {
     /// Write RPCs the store answered from before the switch to `Approve`
     /// until the last plan was shown.
     pub store_writes: f64,
-    pub started_at: String,
-    pub commit: String,
+    pub stamp: crate::report::Stamp,
 }
 
 impl Burst {
@@ -364,7 +364,7 @@ pub fn measure(config: &PlansConfig, progress: &dyn Fn(&str)) -> Result<PlansRes
 
         // The tracker's watch, running since before the Pets were made,
         // notes when each first shows a plan for each renamed generation.
-        let started_at = chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string();
+        let stamp = crate::report::Stamp::now();
         let mut bursts = Vec::new();
         let mut generation = FIRST_EDITED_GENERATION;
         // Started for the floor's rounds, which come last.
@@ -472,8 +472,7 @@ pub fn measure(config: &PlansConfig, progress: &dyn Fn(&str)) -> Result<PlansRes
             rounds: config.rounds,
             bursts,
             store_writes,
-            started_at,
-            commit: crate::idle::commit(),
+            stamp,
         })
     })
 }
@@ -502,8 +501,8 @@ pub fn markdown(result: &PlansResult, command: &str) -> String {
         SECTION,
         &format!(
             "Measured with `{command}` on commit {}, from {}. {} Pets were converged (`Automatic`) on a control plane with a durable store and the operator at its defaults, then each was switched to `changePolicy: Approve` with `kubectl apply` of its manifest (nothing to change, so nothing shown), then all were renamed at once, {} by each way below, each time once the operator was idle again (its Events written). Each rename is timed from its answer (for kubectl, the line it prints for that Pet once its patch is answered) until a watch on the Pets shows that Pet's `status.plan` for the new generation; the percentiles are over all of one way's renames. The goal is judged on the way users edit many Pets: `kubectl apply -f` of a file holding every Pet's manifest, which kubectl applies one Pet after the other. Beside it, the benchmark's own client sends the renames as merge patches, several at once, a burst heavier than kubectl makes.",
-            result.commit,
-            result.started_at,
+            result.stamp.commit,
+            result.stamp.started_at,
             result.pets,
             match result.rounds {
                 1 => "once".to_owned(),
@@ -511,7 +510,6 @@ pub fn markdown(result: &PlansResult, command: &str) -> String {
             },
         ),
     );
-    let met = |ok: bool| if ok { "met" } else { "not met" };
     for burst in &result.bursts {
         let n = burst.edits(result.pets);
         let how = burst.describe();
@@ -519,13 +517,13 @@ pub fn markdown(result: &PlansResult, command: &str) -> String {
             out,
             "| plans shown after the bulk renames, {how} | {n} of {n} | {} | {} |",
             burst.shown,
-            met(burst.all_shown(result.pets)),
+            plain_verdict(burst.all_shown(result.pets)),
         );
         let (goal, verdict) = match (burst.edit, burst.writer) {
             (_, PlanWriter::Floor) => ("(the floor)".to_owned(), ""),
             (BulkEdit::KubectlApply, PlanWriter::Operator) => (
                 format!("p99 ≤ {}", ms(GOAL_P99)),
-                met(burst.p99 <= GOAL_P99),
+                plain_verdict(burst.p99 <= GOAL_P99),
             ),
             (BulkEdit::Patches(_), PlanWriter::Operator) => ("(beside it)".to_owned(), ""),
         };
@@ -541,7 +539,7 @@ pub fn markdown(result: &PlansResult, command: &str) -> String {
         out,
         "| store write RPCs, from the switch to the operator's last plan shown | 0 | {} | {} |",
         result.store_writes,
-        met(result.store_writes == 0.0),
+        plain_verdict(result.store_writes == 0.0),
     );
     for burst in &result.bursts {
         let _ = writeln!(
@@ -635,8 +633,10 @@ mod tests {
                 burst(BulkEdit::Patches(16), PlanWriter::Floor, pets, rounds, 718),
             ],
             store_writes: 0.0,
-            started_at: "2026-11-27 08:29 UTC".into(),
-            commit: "8491f24".into(),
+            stamp: crate::report::Stamp {
+                started_at: "2026-11-27 08:29 UTC".into(),
+                commit: "8491f24".into(),
+            },
         }
     }
 

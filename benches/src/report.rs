@@ -22,15 +22,64 @@ pub const GOAL_LIST_RATIO: f64 = 1.5;
 /// The head of every section's table of goals.
 pub const GOAL_TABLE: &str = "| measurement | goal | measured |  |\n|---|---|---|---|";
 
-/// How a section's text begins: what was run, on which commit, when, and
-/// the build measured.
-pub fn measured_with(command: &str, commit: &str, started_at: &str) -> String {
-    let build = if cfg!(debug_assertions) {
+/// When a run that measures a section of its own started, and the commit
+/// it measured.
+#[derive(Clone, Debug, Default)]
+pub struct Stamp {
+    /// UTC, to the minute.
+    pub started_at: String,
+    pub commit: String,
+}
+
+impl Stamp {
+    /// Now, on the commit checked out. Taken as the run starts: the tree
+    /// may move on during a long window.
+    pub fn now() -> Self {
+        Self {
+            started_at: chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string(),
+            commit: commit(),
+        }
+    }
+}
+
+/// The commit measured, marked when the tree differs from it.
+fn commit() -> String {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .current_dir(fixtures::repo_root())
+            .output()
+            .ok()
+            .filter(|out| out.status.success())
+            .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    };
+    let Some(head) = git(&["rev-parse", "--short", "HEAD"]) else {
+        return "unknown".into();
+    };
+    match git(&["status", "--porcelain", "--untracked-files=no"]) {
+        Some(changes) if changes.is_empty() => head,
+        _ => format!("{head} with uncommitted changes"),
+    }
+}
+
+/// The build measured, as the text names it.
+pub(crate) fn build() -> &'static str {
+    if cfg!(debug_assertions) {
         "debug"
     } else {
         "release"
-    };
-    format!("Measured with `{command}` on commit {commit}, from {started_at} ({build} build).")
+    }
+}
+
+/// How a section's text begins: what was run, on which commit, when, and
+/// the build measured.
+pub fn measured_with(command: &str, stamp: &Stamp) -> String {
+    format!(
+        "Measured with `{command}` on commit {}, from {} ({} build).",
+        stamp.commit,
+        stamp.started_at,
+        build()
+    )
 }
 
 /// `/proc/loadavg`'s three load averages.
@@ -121,9 +170,23 @@ pub(crate) fn goal_section(section: &str, intro: &str) -> String {
     out
 }
 
+/// [`goal_section`] for a run measured with `command`: its paragraph is
+/// [`measured_with`], then `what` was measured.
+pub(crate) fn measured_section(section: &str, command: &str, stamp: &Stamp, what: &str) -> String {
+    goal_section(
+        section,
+        &format!("{} {what}", measured_with(command, stamp)),
+    )
+}
+
 /// A goal's last cell, the miss in bold so it stands out in the table.
 pub(crate) fn verdict(met: bool) -> &'static str {
     if met { "met" } else { "**not met**" }
+}
+
+/// A goal's last cell in the sections that print the miss plainly.
+pub(crate) fn plain_verdict(met: bool) -> &'static str {
+    if met { "met" } else { "not met" }
 }
 
 fn goals(out: &mut String, results: &[ConvergenceResult]) {

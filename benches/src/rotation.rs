@@ -142,8 +142,7 @@ pub struct RotationResult {
     /// Every Pet Ready for its last rename, once the window was over.
     pub settled: bool,
     pub load: String,
-    pub started_at: String,
-    pub commit: String,
+    pub stamp: crate::report::Stamp,
 }
 
 impl RotationResult {
@@ -188,6 +187,16 @@ pub fn quantile(sorted: &[Duration], q: f64) -> Duration {
     }
     let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
     sorted[rank - 1]
+}
+
+/// "p50 / p99 / max" of `sorted`, each as `shown` writes it.
+pub(crate) fn p50_p99_max(sorted: &[Duration], shown: fn(Duration) -> String) -> String {
+    format!(
+        "{} / {} / {}",
+        shown(quantile(sorted, 0.5)),
+        shown(quantile(sorted, 0.99)),
+        shown(quantile(sorted, 1.0))
+    )
 }
 
 /// The sum of `metric`'s samples by the labels `keys` name, joined by `/`,
@@ -411,8 +420,7 @@ pub fn measure(config: &RotationConfig, progress: &dyn Fn(&str)) -> Result<Rotat
     let mut operator = start_leader(&env, &shipped_options(&env, "bench-operator"))?;
     let store_pid = env.store.process().pid();
     let operator_pid = operator.process().pid();
-    let started_at = chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string();
-    let commit = crate::idle::commit();
+    let stamp = crate::report::Stamp::now();
     let n = config.pets;
     let timeout = Duration::from_secs(600) + Duration::from_millis(20 * n as u64);
 
@@ -530,8 +538,7 @@ pub fn measure(config: &RotationConfig, progress: &dyn Fn(&str)) -> Result<Rotat
         operator_reloads: count(&operator.metrics_addr, rotation::operator_reloads),
         settled,
         load,
-        started_at,
-        commit,
+        stamp,
     })
 }
 
@@ -618,11 +625,12 @@ fn listed(counts: &BTreeMap<String, u64>) -> String {
 }
 
 pub fn markdown(result: &RotationResult, command: &str) -> String {
-    let mut out = crate::report::goal_section(
+    let mut out = crate::report::measured_section(
         SECTION,
+        command,
+        &result.stamp,
         &format!(
-            "{} The store and one operator with their shipped settings and mutual TLS from files, as the rotation story (`tests/e2e/rotation.rs`) sets them up: the store's from a directory laid out as a Secret volume, the operator's from files replaced by `mv`. {} Pets converged, then renamed through the API server, {EDITS_PER_SECOND} a second, for a {} window, while a TLS file changed every {} s: {} changes, each cycle of six moving both sides to a new CA as docs/security.md says (the operator trusts both CAs, the store takes clients of both, the store's certificate from the new CA, the operator's, the operator trusts the new CA only, the store takes its clients only). Each change is timed until in use: the store presents its new certificate in a handshake; the operator has reloaded and made a connection with its new files; the store has reloaded its client CA. Load averages at the end: {}.",
-            crate::report::measured_with(command, &result.commit, &result.started_at),
+            "The store and one operator with their shipped settings and mutual TLS from files, as the rotation story (`tests/e2e/rotation.rs`) sets them up: the store's from a directory laid out as a Secret volume, the operator's from files replaced by `mv`. {} Pets converged, then renamed through the API server, {EDITS_PER_SECOND} a second, for a {} window, while a TLS file changed every {} s: {} changes, each cycle of six moving both sides to a new CA as docs/security.md says (the operator trusts both CAs, the store takes clients of both, the store's certificate from the new CA, the operator's, the operator trusts the new CA only, the store takes its clients only). Each change is timed until in use: the store presents its new certificate in a handshake; the operator has reloaded and made a connection with its new files; the store has reloaded its client CA. Load averages at the end: {}.",
             result.pets,
             crate::report::duration_words(result.window),
             result.period.as_secs(),
@@ -634,11 +642,9 @@ pub fn markdown(result: &RotationResult, command: &str) -> String {
     let in_use_met = result.never_in_use() == 0 && quantile(&times, 1.0) <= IN_USE_BOUND;
     let _ = writeln!(
         out,
-        "| new certificate or CA in use after the file change, p50 / p99 / max | max ≤ {} | {} / {} / {}{} | {} |",
+        "| new certificate or CA in use after the file change, p50 / p99 / max | max ≤ {} | {}{} | {} |",
         secs(IN_USE_BOUND),
-        secs(quantile(&times, 0.5)),
-        secs(quantile(&times, 0.99)),
-        secs(quantile(&times, 1.0)),
+        p50_p99_max(&times, secs),
         match result.never_in_use() {
             0 => String::new(),
             never => format!("; {never} never in use within {} s", GIVE_UP.as_secs()),

@@ -25,9 +25,9 @@ use serde_json::json;
 
 use crate::apimetrics::{self, RequestCounts};
 use crate::convergence::{
-    CpuSplit, FloorIdentity, Shows, Tracker, client_from, conversion_calls, events_drained,
-    floor_ready_status, for_each_pet, hold_lease, kube_error, pet, prepare, quiet, shipped_options,
-    spawn_baseline, start_leader, store_calls, warmed_up, writes_since,
+    CpuSplit, FloorIdentity, Shows, Tracker, conversion_calls, events_drained, floor_ready_status,
+    for_each_pet, hold_lease, kube_error, pet, prepare, quiet, shipped_options, spawn_baseline,
+    start_leader, store_calls, warmed_up, writes_since,
 };
 use crate::side_by_side::{self, SideBySide, SideResult, Sides};
 use crate::{BenchConfig, procstat};
@@ -290,8 +290,7 @@ pub struct SpreadResult {
     pub pairs: Vec<SideBySide>,
     /// Load averages at the end.
     pub load: String,
-    pub started_at: String,
-    pub commit: String,
+    pub stamp: crate::report::Stamp,
 }
 
 impl SpreadResult {
@@ -333,9 +332,7 @@ fn timeout(pets: usize) -> Duration {
 /// The spread, then the single run, then the pairs.
 pub fn measure(config: &SpreadConfig, progress: &dyn Fn(&str)) -> Result<SpreadResult> {
     let rt = crate::runtime()?;
-    let started_at = chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string();
-    // Read now: the tree may move on during a long run.
-    let commit = crate::idle::commit();
+    let stamp = crate::report::Stamp::now();
     let (pets, concurrency) = (config.pets, config.bench.concurrency);
     let spread_layout = Layout::spread(config.namespaces);
     progress(&format!(
@@ -366,8 +363,7 @@ pub fn measure(config: &SpreadConfig, progress: &dyn Fn(&str)) -> Result<SpreadR
         single,
         pairs,
         load: crate::report::load_average(),
-        started_at,
-        commit,
+        stamp,
     })
 }
 
@@ -443,20 +439,6 @@ impl Setup {
         options
     }
 
-    /// CPU from now, by process: the API server, etcd, this process, the
-    /// operator (or the floor's webhook replica), then every store.
-    fn meter(&self, operator: Option<u32>) -> procstat::CpuMeter {
-        let mut pids = vec![
-            self.env.cp.apiserver_pid(),
-            self.env.cp.etcd_pid(),
-            Some(std::process::id()),
-            operator,
-            self.env.store.process().pid(),
-        ];
-        pids.extend(self.stores.iter().map(|s| s.process().pid()));
-        procstat::CpuMeter::start(&pids)
-    }
-
     /// Creates the layout's `pets` Pets and waits until `tracker` has seen
     /// every one Ready, metering `measured` (the operator, or the floor's
     /// webhook replica) with the rest: the operator's run and the floor's
@@ -471,7 +453,11 @@ impl Setup {
         what: &str,
     ) -> Result<TimedCreate> {
         let conversions_before = conversion_calls(&self.env.cp)?;
-        let meter = self.meter(measured);
+        let meter = CpuSplit::meter(
+            &self.env,
+            measured,
+            self.stores.iter().map(|s| s.process().pid()),
+        );
         let started = Instant::now();
         create(client, self.layout, pets, concurrency).await?;
         tracker
@@ -499,21 +485,9 @@ impl TimedCreate {
     fn side(&self, cp: &fixtures::ControlPlane) -> Result<SideResult> {
         Ok(SideResult {
             time: self.time,
-            cpu: cpu_split(&self.meter),
+            cpu: CpuSplit::read(&self.meter),
             conversions: conversion_calls(cp)?.saturating_sub(self.conversions_before),
         })
-    }
-}
-
-fn cpu_split(meter: &procstat::CpuMeter) -> CpuSplit {
-    let used = meter.used();
-    let at = |i: usize| used.get(i).copied().unwrap_or(0.0);
-    CpuSplit {
-        api_server: at(0),
-        etcd: at(1),
-        bench: at(2),
-        operator: at(3),
-        store: used.iter().skip(4).sum(),
     }
 }
 
@@ -689,10 +663,7 @@ fn run_floor(
     rt.block_on(async {
         let client = prepare(env).await?;
         let mut tracker = Tracker::start_with(Api::all(client.clone()), run_pets());
-        let baseline_client = match identity {
-            FloorIdentity::Operator => client_from(&env.operator_kubeconfig).await?,
-            FloorIdentity::Admin => client.clone(),
-        };
+        let baseline_client = identity.client(env, &client).await?;
         let baseline = spawn_floor_baseline(baseline_client, layout);
         quiet(env, webhook_pid).await;
         tokio::task::block_in_place(gate);
@@ -858,11 +829,12 @@ fn per_namespace(pets: usize, namespaces: usize) -> String {
 
 pub fn markdown(result: &SpreadResult, command: &str) -> String {
     let (spread, single) = (&result.spread, &result.single);
-    let mut out = crate::report::goal_section(
+    let mut out = crate::report::measured_section(
         SECTION,
+        command,
+        &result.stamp,
         &format!(
-            "{} One operator with its shipped settings and `--petstore-audience`; every store durable with `--tenancy` and the operator as its observer. **Spread**: {} Pets over {} namespaces ({} each, created in turn at concurrency 16), each namespace with its `petstore-tenant` ServiceAccount, on {} stores reached as a platform team sets them up, a store per namespace in turn: each namespace's `PetStore/default` (Pets without `storeRef`), a `ClusterPetStore` admitting its namespaces by a label selector (named in `storeRef`), and each namespace's `PetStore/team` (named in `storeRef`). **Single**: the same {} Pets in one namespace on one store, through its `PetStore/default`, otherwise the same. Each is timed from the first create until a watch saw every Pet Ready; the counts are the operator's own and the API server's over that span (writes once the Events are written). Operator ÷ floor: pairs side by side as in *Operator convergence*, in the spread layout; the floor writes per Pet the `status.store` pin, the finalizer and the status, and one TokenRequest per namespace (`benches/src/spread.rs` says why). Load averages at the end: {}.",
-            crate::report::measured_with(command, &result.commit, &result.started_at),
+            "One operator with its shipped settings and `--petstore-audience`; every store durable with `--tenancy` and the operator as its observer. **Spread**: {} Pets over {} namespaces ({} each, created in turn at concurrency 16), each namespace with its `petstore-tenant` ServiceAccount, on {} stores reached as a platform team sets them up, a store per namespace in turn: each namespace's `PetStore/default` (Pets without `storeRef`), a `ClusterPetStore` admitting its namespaces by a label selector (named in `storeRef`), and each namespace's `PetStore/team` (named in `storeRef`). **Single**: the same {} Pets in one namespace on one store, through its `PetStore/default`, otherwise the same. Each is timed from the first create until a watch saw every Pet Ready; the counts are the operator's own and the API server's over that span (writes once the Events are written). Operator ÷ floor: pairs side by side as in *Operator convergence*, in the spread layout; the floor writes per Pet the `status.store` pin, the finalizer and the status, and one TokenRequest per namespace (`benches/src/spread.rs` says why). Load averages at the end: {}.",
             spread.pets,
             spread.namespaces,
             per_namespace(spread.pets, spread.namespaces),

@@ -47,8 +47,7 @@ pub struct TokenCostResult {
     pub failed_tokens: u64,
     /// Store calls in the window.
     pub window_calls: u64,
-    pub started_at: String,
-    pub commit: String,
+    pub stamp: crate::report::Stamp,
 }
 
 impl TokenCostResult {
@@ -114,9 +113,7 @@ pub fn measure(config: &TokenCostConfig, progress: &dyn Fn(&str)) -> Result<Toke
         .extra_args
         .extend(["--petstore-audience".into(), AUDIENCE.into()]);
     let operator = start_leader(&env, &options)?;
-    let started_at = chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string();
-    // Read now: the tree may move on during a long window.
-    let commit = crate::idle::commit();
+    let stamp = crate::report::Stamp::now();
     let per = config.pets_per_namespace;
     let timeout = Duration::from_secs(600);
     progress(&format!(
@@ -161,18 +158,18 @@ pub fn measure(config: &TokenCostConfig, progress: &dyn Fn(&str)) -> Result<Toke
         ),
         failed_tokens: failed,
         window_calls: calls_after.saturating_sub(calls_before),
-        started_at,
-        commit,
+        stamp,
     })
 }
 
 pub fn markdown(result: &TokenCostResult, command: &str) -> String {
     let minutes = result.window.as_secs_f64() / 60.0;
-    let mut out = crate::report::goal_section(
+    let mut out = crate::report::measured_section(
         SECTION,
+        command,
+        &result.stamp,
         &format!(
-            "{} A durable store with `--tenancy`; {NAMESPACES} namespaces with {} Pets each ({} in all), one operator with its shipped settings and `--petstore-audience`. The operator's own counters (`petstore_operator_store_token_requests_total`, `petstore_operator_store_call_duration_seconds_count`) are read once every Pet is Ready, and again after a {minutes:.0}-minute window with nothing changing. Nothing is scaled.",
-            crate::report::measured_with(command, &result.commit, &result.started_at),
+            "A durable store with `--tenancy`; {NAMESPACES} namespaces with {} Pets each ({} in all), one operator with its shipped settings and `--petstore-audience`. The operator's own counters (`petstore_operator_store_token_requests_total`, `petstore_operator_store_call_duration_seconds_count`) are read once every Pet is Ready, and again after a {minutes:.0}-minute window with nothing changing. Nothing is scaled.",
             result.pets_per_namespace,
             result.pets(),
         ),

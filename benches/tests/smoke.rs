@@ -274,7 +274,7 @@ fn the_plans_benchmark_runs_end_to_end() -> fixtures::Result<()> {
         );
     }
     assert_eq!(result.store_writes, 0.0, "no store write under Approve");
-    assert!(!result.commit.is_empty() && !result.started_at.is_empty());
+    assert!(!result.stamp.commit.is_empty() && !result.stamp.started_at.is_empty());
 
     let section = plans::markdown(&result, "hack/bench.sh --plans 4");
     assert!(
