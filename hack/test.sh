@@ -222,9 +222,10 @@ phase "cargo build (tools building beside it)" cargo build --locked --workspace 
 if [[ -n ${PETSTORE_SOURCE_TIMES:-} ]]; then
   bash hack/source-times.sh keep "$PETSTORE_SOURCE_TIMES"
 fi
-# kubectl-petstore for linux/arm64 too: the krew story packs and installs
-# an archive for each platform, and runs the arm64 one under qemu.
-phase "cargo build of the plugin for linux/arm64" bash hack/cross/build.sh
+# kubectl-petstore for linux/arm64 and windows/amd64 too: the krew story
+# packs and installs an archive for each platform, and runs the arm64 one
+# under qemu and the Windows one under Wine.
+phase "cargo build of the plugin for linux/arm64 and windows/amd64" bash hack/cross/build.sh
 
 # Waits until every tool of one lane is built (or one failed), shows each
 # one's output and records its time as a line under the current phase.

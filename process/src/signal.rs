@@ -1,22 +1,34 @@
 //! Stopping: every long-running process here stops on SIGTERM (what
 //! Kubernetes and process supervisors send) or SIGINT (Ctrl-C), through
 //! tokio's handlers, so no process installs a raw signal handler of its own.
+//! On Windows, where the plugin also runs, Ctrl-C and Ctrl-Break stand for
+//! them.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+#[cfg(unix)]
 use tokio::signal::unix::{Signal, SignalKind, signal};
+#[cfg(windows)]
+use tokio::signal::windows::{CtrlBreak, CtrlC, ctrl_break, ctrl_c};
 
 /// SIGTERM and SIGINT, listened for from [`ShutdownSignals::listen`] on:
 /// one that arrives before [`ShutdownSignals::recv`] is awaited still counts.
 #[derive(Debug)]
 pub struct ShutdownSignals {
+    #[cfg(unix)]
     terminate: Signal,
+    #[cfg(unix)]
     interrupt: Signal,
+    #[cfg(windows)]
+    interrupt: CtrlC,
+    #[cfg(windows)]
+    terminate: CtrlBreak,
 }
 
 impl ShutdownSignals {
     /// Starts listening; needs a tokio runtime with I/O enabled.
+    #[cfg(unix)]
     pub fn listen() -> std::io::Result<Self> {
         Ok(Self {
             terminate: signal(SignalKind::terminate())?,
@@ -24,11 +36,30 @@ impl ShutdownSignals {
         })
     }
 
+    /// Starts listening; needs a tokio runtime with I/O enabled.
+    #[cfg(windows)]
+    pub fn listen() -> std::io::Result<Self> {
+        Ok(Self {
+            interrupt: ctrl_c()?,
+            terminate: ctrl_break()?,
+        })
+    }
+
     /// Resolves at the first SIGTERM or SIGINT.
+    #[cfg(unix)]
     pub async fn recv(mut self) {
         tokio::select! {
             _ = self.terminate.recv() => tracing::info!("SIGTERM: shutdown requested"),
             _ = self.interrupt.recv() => tracing::info!("SIGINT: shutdown requested"),
+        }
+    }
+
+    /// Resolves at the first Ctrl-Break or Ctrl-C.
+    #[cfg(windows)]
+    pub async fn recv(mut self) {
+        tokio::select! {
+            _ = self.terminate.recv() => tracing::info!("Ctrl-Break: shutdown requested"),
+            _ = self.interrupt.recv() => tracing::info!("Ctrl-C: shutdown requested"),
         }
     }
 }

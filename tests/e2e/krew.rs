@@ -1,20 +1,26 @@
 //! The plugin through krew, as a user installs it: the release step
 //! (`cargo xtask krew`'s code) packs the built `kubectl-petstore` for this
-//! machine (linux/amd64) and the one cross-built for linux/arm64, and
+//! machine (linux/amd64) and the ones cross-built for linux/arm64 and
+//! windows/amd64, and
 //! writes their manifest with each archive's URI on a local HTTP server;
 //! the manifest goes into a local index (a git repository,
 //! `plugins/petstore.yaml`); the real krew adds that index, refuses an
 //! archive whose sha256 is not the manifest's, installs the real one, and
 //! `kubectl petstore plan`, found by kubectl in `$KREW_ROOT/bin`, plans
 //! against the control plane and store. krew told it runs on linux/arm64
-//! installs the arm64 archive, whose binary plans the same under qemu.
+//! installs the arm64 archive, whose binary plans the same under qemu; told
+//! it runs on windows/amd64, the Windows archive, whose `.exe` plans the
+//! same under Wine.
 
 use std::path::Path;
 use std::process::Output;
 
 use fixtures::cosign::{Cosign, assert_refused, assert_verified, blob_statements};
 use fixtures::krew::{FileServer, Krew, commit_index};
-use fixtures::{CROSS_TARGET, Env, Storage, cargo_bin, cross_bin, io, printed, repo_root};
+use fixtures::wine::Wine;
+use fixtures::{
+    ARM64_TARGET, Env, Storage, WINDOWS_TARGET, cargo_bin, cross_bin, io, printed, repo_root,
+};
 use xtask::krew::{Platform, archive, release_from_repo, sha256_hex};
 
 /// Where Debian's arm64 C library is (libc6-arm64-cross): qemu-user's root
@@ -45,19 +51,20 @@ fn krew_installs_the_released_plugin_from_a_local_index_and_refuses_a_tampered_a
     let work = tempfile::tempdir().map_err(io("making a temporary directory"))?;
     let server = FileServer::start()?;
     let plugin = cargo_bin("kubectl-petstore")?;
-    let arm64_plugin = cross_bin("kubectl-petstore")?;
+    let arm64_plugin = cross_bin(ARM64_TARGET, "kubectl-petstore")?;
+    let windows_plugin = cross_bin(WINDOWS_TARGET, "kubectl-petstore")?;
 
     // The release step, for archives served at /releases/: one archive a
     // platform, each named for the platform its binary's header says.
     let released = release_from_repo(
         &repo_root(),
-        &[&plugin, &arm64_plugin],
+        &[&plugin, &arm64_plugin, &windows_plugin],
         &format!("http://{}/releases", server.addr),
         &work.path().join("release"),
     )
     .map_err(|e| io("the release step")(std::io::Error::other(e)))?;
-    let [built, arm64] = released.archives.as_slice() else {
-        panic!("two archives: {:?}", released.archives);
+    let [built, arm64, windows] = released.archives.as_slice() else {
+        panic!("three archives: {:?}", released.archives);
     };
     assert_eq!(built.platform, Platform::host().expect("a krew platform"));
     let arm64_platform = Platform {
@@ -186,6 +193,39 @@ fn krew_installs_the_released_plugin_from_a_local_index_and_refuses_a_tampered_a
         .output()
         .map_err(io("running the arm64 kubectl-petstore under qemu-aarch64"))?;
     assert_planned_a_create(&planned, &env)?;
+
+    // The same on windows/amd64: krew installs the Windows archive's
+    // `kubectl-petstore.exe`, the cross-built one byte for byte, which
+    // plans the same under Wine.
+    let served_windows = path_of(windows);
+    server.serve(
+        &served_windows,
+        std::fs::read(&windows.path).map_err(io("reading the Windows archive"))?,
+    );
+    let krew_windows = Krew::for_platform("windows", "amd64")?;
+    krew_windows.run(&["index", "add", "local", &index.to_string_lossy()])?;
+    krew_windows.run(&["install", "local/petstore"])?;
+    assert_eq!(
+        server.requests(&served_windows),
+        1,
+        "krew did not download it"
+    );
+    let installed_windows = krew_windows.bin_dir().join("kubectl-petstore.exe");
+    assert_eq!(sha256_of(&installed_windows)?, sha256_of(&windows_plugin)?);
+    let binary = std::fs::read(&installed_windows).map_err(io("reading the binary"))?;
+    let windows_platform = Platform {
+        os: "windows".into(),
+        arch: "amd64".into(),
+    };
+    assert_eq!(Platform::of_binary(&binary), Ok(windows_platform));
+    let planned = Wine::new(work.path())?
+        .command(&installed_windows)
+        .env("KUBECONFIG", &env.cp.kubeconfig)
+        .args(["plan", "--petstore-addr", &env.store.addr, "-f"])
+        .arg(&pets)
+        .output()
+        .map_err(io("running the Windows kubectl-petstore under Wine"))?;
+    assert_planned_a_create(&planned, &env)?;
     Ok(())
 }
 
@@ -201,7 +241,8 @@ fn cosign_verifies_the_plugin_archive_and_its_sbom_and_refuses_the_rest() -> fix
         &repo_root(),
         &[
             &cargo_bin("kubectl-petstore")?,
-            &cross_bin("kubectl-petstore")?,
+            &cross_bin(ARM64_TARGET, "kubectl-petstore")?,
+            &cross_bin(WINDOWS_TARGET, "kubectl-petstore")?,
         ],
         "https://releases.example.com/petstore",
         &work.path().join("release"),
@@ -214,10 +255,14 @@ fn cosign_verifies_the_plugin_archive_and_its_sbom_and_refuses_the_rest() -> fix
     // Every archive, each with the SBOM of its own platform's build (the
     // dependencies that apply to that target).
     let mut signed = Vec::new();
-    for (archive, target) in released.archives.iter().zip([None, Some(CROSS_TARGET)]) {
+    let targets = [None, Some(ARM64_TARGET), Some(WINDOWS_TARGET)];
+    for (archive, target) in released.archives.iter().zip(targets) {
         let sbom = xtask::sbom::generate(&repo_root(), xtask::sbom::PLUGIN, target)
             .map_err(|e| io("making the SBOM")(std::io::Error::other(e)))?;
-        let name = format!("kubectl-petstore-{}", archive.platform.arch);
+        let name = format!(
+            "kubectl-petstore-{}-{}",
+            archive.platform.os, archive.platform.arch
+        );
         let sbom_file = cosign.sbom_file(&name, &sbom)?;
         let signature = cosign.sign_blob(&key, &archive.path)?;
         let attestation = cosign.attest_blob_sbom(&key, &sbom_file, &archive.path)?;
@@ -244,8 +289,13 @@ fn cosign_verifies_the_plugin_archive_and_its_sbom_and_refuses_the_rest() -> fix
         );
         signed.push((archive, signature, attestation));
     }
-    let [(built, signature, attestation), (arm64, arm64_signature, _)] = signed.as_slice() else {
-        panic!("two archives: {:?}", released.archives);
+    let [
+        (built, signature, attestation),
+        (arm64, arm64_signature, _),
+        (windows, windows_signature, _),
+    ] = signed.as_slice()
+    else {
+        panic!("three archives: {:?}", released.archives);
     };
     // Another program packed the same way, in the archive's place, with the
     // real archive's bundles; and that program signed by the other key.
@@ -267,6 +317,16 @@ fn cosign_verifies_the_plugin_archive_and_its_sbom_and_refuses_the_rest() -> fix
         (
             cosign.verify_blob(&public, arm64_signature, &built.path)?,
             "the amd64 archive with the arm64 archive's signature",
+            "invalid signature",
+        ),
+        (
+            cosign.verify_blob(&public, windows_signature, &built.path)?,
+            "the amd64 archive with the Windows archive's signature",
+            "invalid signature",
+        ),
+        (
+            cosign.verify_blob(&public, signature, &windows.path)?,
+            "the Windows archive with the amd64 archive's signature",
             "invalid signature",
         ),
         (
