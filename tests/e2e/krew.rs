@@ -12,7 +12,7 @@
 //! it runs on windows/amd64, the Windows archive, whose `.exe` plans the
 //! same under Wine.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use fixtures::cosign::{Cosign, assert_refused, assert_verified, blob_statements};
@@ -43,6 +43,30 @@ fn assert_planned_a_create(planned: &Output, env: &Env) -> fixtures::Result<()> 
         "the plugin wrote to the store"
     );
     Ok(())
+}
+
+/// `krew`, told it runs on `archive`'s platform, installs the plugin from
+/// `index` with `archive` served at `served_at`: downloaded once, and the
+/// binary it links is `cross_built`, byte for byte, whose own header names
+/// that platform. Returns the binary's path in `$KREW_ROOT/bin`.
+fn install_on_its_platform(
+    krew: &Krew,
+    server: &FileServer,
+    served_at: &str,
+    index: &Path,
+    archive: &xtask::krew::Archive,
+    cross_built: &Path,
+) -> fixtures::Result<PathBuf> {
+    let bytes = std::fs::read(&archive.path).map_err(io("reading the archive"))?;
+    server.serve(served_at, bytes);
+    krew.run(&["index", "add", "local", &index.to_string_lossy()])?;
+    krew.run(&["install", "local/petstore"])?;
+    assert_eq!(server.requests(served_at), 1, "krew did not download it");
+    let installed = krew.bin_dir().join(archive.platform.bin());
+    assert_eq!(sha256_of(&installed)?, sha256_of(cross_built)?);
+    let binary = std::fs::read(&installed).map_err(io("reading the binary"))?;
+    assert_eq!(Platform::of_binary(&binary).as_ref(), Ok(&archive.platform));
+    Ok(installed)
 }
 
 #[test]
@@ -167,23 +191,15 @@ fn krew_installs_the_released_plugin_from_a_local_index_and_refuses_a_tampered_a
     // krew on linux/arm64 picks the arm64 archive from the same manifest,
     // checks its sha256, and installs the cross-built binary, byte for
     // byte, which plans the same under qemu.
-    let served_arm64 = path_of(arm64);
-    server.serve(
-        &served_arm64,
-        std::fs::read(&arm64.path).map_err(io("reading the arm64 archive"))?,
-    );
     let krew_arm64 = Krew::for_platform("linux", "arm64")?;
-    krew_arm64.run(&["index", "add", "local", &index.to_string_lossy()])?;
-    krew_arm64.run(&["install", "local/petstore"])?;
-    assert_eq!(
-        server.requests(&served_arm64),
-        1,
-        "krew did not download it"
-    );
-    let installed_arm64 = krew_arm64.bin_dir().join("kubectl-petstore");
-    assert_eq!(sha256_of(&installed_arm64)?, sha256_of(&arm64_plugin)?);
-    let binary = std::fs::read(&installed_arm64).map_err(io("reading the binary"))?;
-    assert_eq!(Platform::of_binary(&binary), Ok(arm64_platform));
+    let installed_arm64 = install_on_its_platform(
+        &krew_arm64,
+        &server,
+        &path_of(arm64),
+        &index,
+        arm64,
+        &arm64_plugin,
+    )?;
     let planned = std::process::Command::new("qemu-aarch64")
         .args(["-L", ARM64_SYSROOT])
         .arg(&installed_arm64)
@@ -195,29 +211,27 @@ fn krew_installs_the_released_plugin_from_a_local_index_and_refuses_a_tampered_a
     assert_planned_a_create(&planned, &env)?;
 
     // The same on windows/amd64: krew installs the Windows archive's
-    // `kubectl-petstore.exe`, the cross-built one byte for byte, which
-    // plans the same under Wine.
-    let served_windows = path_of(windows);
-    server.serve(
-        &served_windows,
-        std::fs::read(&windows.path).map_err(io("reading the Windows archive"))?,
-    );
+    // `kubectl-petstore.exe`, which plans the same under Wine.
     let krew_windows = Krew::for_platform("windows", "amd64")?;
-    krew_windows.run(&["index", "add", "local", &index.to_string_lossy()])?;
-    krew_windows.run(&["install", "local/petstore"])?;
+    let installed_windows = install_on_its_platform(
+        &krew_windows,
+        &server,
+        &path_of(windows),
+        &index,
+        windows,
+        &windows_plugin,
+    )?;
     assert_eq!(
-        server.requests(&served_windows),
-        1,
-        "krew did not download it"
+        installed_windows.file_name(),
+        Some("kubectl-petstore.exe".as_ref())
     );
-    let installed_windows = krew_windows.bin_dir().join("kubectl-petstore.exe");
-    assert_eq!(sha256_of(&installed_windows)?, sha256_of(&windows_plugin)?);
-    let binary = std::fs::read(&installed_windows).map_err(io("reading the binary"))?;
-    let windows_platform = Platform {
-        os: "windows".into(),
-        arch: "amd64".into(),
-    };
-    assert_eq!(Platform::of_binary(&binary), Ok(windows_platform));
+    assert_eq!(
+        windows.platform,
+        Platform {
+            os: "windows".into(),
+            arch: "amd64".into(),
+        }
+    );
     let planned = Wine::new(work.path())?
         .command(&installed_windows)
         .env("KUBECONFIG", &env.cp.kubeconfig)
