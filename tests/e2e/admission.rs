@@ -49,11 +49,17 @@ fn install_policy(cp: &ControlPlane) -> fixtures::Result<()> {
     cp.kubectl(&["apply", "-k", &admission.to_string_lossy()])?;
     // The API server enforces a new policy once its informer has it; a
     // server-side dry run stores nothing while the probe waits.
-    let probe = pet_yaml("probe", &[(PAUSED, "yes")], &[]);
+    // In this process: it polls.
+    let probe: serde_json::Value =
+        serde_norway::from_str(&pet_yaml("probe", &[(PAUSED, "yes")], &[]))
+            .expect("the probe Pet is YAML");
+    let namespace = probe["metadata"]["namespace"].as_str().unwrap_or("default");
+    let pets = format!("/apis/petstore.example.com/v1alpha1/namespaces/{namespace}/pets");
     wait_for(POLICY_ACTIVE_TIMEOUT, "the policy to be enforced", || {
-        cp.kubectl_stdin(&["apply", "--dry-run=server", "-f", "-"], &probe)
-            .err()
-            .filter(|err| err.to_string().contains(PAUSED))
+        cp.dry_run_create(&pets, &probe)
+            .ok()
+            .flatten()
+            .filter(|refusal| refusal.contains(PAUSED))
     })?;
     Ok(())
 }
@@ -536,7 +542,7 @@ fn a_protected_pet_and_its_record_stay_until_the_annotation_goes() -> fixtures::
     let writes = writes + 1.0; // its create
     cp.kubectl(&["delete", "namespace", "kept", "--wait=false"])?;
     let refused = wait_for(timeout, "the namespace's deletion to be refused", || {
-        let namespace = cp.kubectl_json(&["get", "namespace", "kept"]).ok()?;
+        let namespace = cp.get("/api/v1/namespaces/kept").ok()?;
         namespace["status"]["conditions"]
             .as_array()?
             .iter()

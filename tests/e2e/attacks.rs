@@ -1032,9 +1032,7 @@ fn a_namespace_deleted_takes_its_records_and_one_made_again_owns_only_what_was_k
     // name there, or the store and the ServiceAccount would go first and
     // strand the Pets.
     wait_for(Duration::from_secs(120), "team-r gone", || {
-        cp.kubectl_json(&["get", "namespace", "team-r"])
-            .err()
-            .map(drop)
+        matches!(cp.get_if_found("/api/v1/namespaces/team-r"), Ok(None)).then_some(())
     })?;
     let left = all_records()?;
     assert_eq!(

@@ -1,12 +1,16 @@
 //! A seeded chaos soak: mixed Pet operations across namespaces while faults
 //! hit the operator and the store, then a check that the system converged
-//! to exactly one correct record per live Pet and nothing else.
+//! to exactly one correct record per live Pet and nothing else. The soak
+//! is about the operator, not kubectl: its hundreds of operations and
+//! reads are requests from this process (a `kubectl` run each would cost
+//! the suite a process and its CPU).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
+use fixtures::control_plane::pet_path;
 use fixtures::env::PostgresReplicas;
 use fixtures::{Env, Operator, OperatorOptions, Result, Storage};
 
@@ -182,11 +186,25 @@ struct Soak<'a> {
     report: SoakReport,
 }
 
-fn pet_yaml(namespace: &str, name: &str, pet_name: &str, kind: &str, day: usize) -> String {
-    format!(
-        "---\napiVersion: petstore.example.com/v1\nkind: Pet\nmetadata:\n  name: {name}\n  namespace: {namespace}\nspec:\n  name: {pet_name}\n  type: {kind}\n  birthday: \"2020-01-{:02}\"\n",
-        day % 28 + 1
-    )
+fn pet_object(namespace: &str, name: &str, pet_name: &str, kind: &str, day: usize) -> Value {
+    serde_json::json!({
+        "apiVersion": "petstore.example.com/v1",
+        "kind": "Pet",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "name": pet_name,
+            "type": kind,
+            "birthday": format!("2020-01-{:02}", day % 28 + 1),
+        },
+    })
+}
+
+fn pets_path(namespace: &str) -> String {
+    format!("/apis/petstore.example.com/v1/namespaces/{namespace}/pets")
+}
+
+fn namespace_path(namespace: &str) -> String {
+    format!("/api/v1/namespaces/{namespace}")
 }
 
 impl Soak<'_> {
@@ -211,7 +229,7 @@ impl Soak<'_> {
         Ok(())
     }
 
-    fn count(&mut self, operation: &'static str, result: Result<String>) {
+    fn count<T>(&mut self, operation: &'static str, result: Result<T>) {
         *self.report.operations.entry(operation).or_default() += 1;
         if result.is_err() {
             self.report.refused += 1;
@@ -229,17 +247,10 @@ impl Soak<'_> {
     /// Makes sure the namespace exists (it may have been deleted); false if
     /// it is still terminating.
     fn ensure_namespace(&self, namespace: &str) -> bool {
-        let phase = [
-            "get",
-            "namespace",
-            namespace,
-            "-o",
-            "jsonpath={.status.phase}",
-        ];
-        match self.env.cp.kubectl(&phase) {
-            Ok(phase) => phase == "Active",
-            // Not there (or not readable): create it; applying is idempotent.
-            Err(_) => self.env.cp.ensure_namespace(namespace).is_ok(),
+        match self.env.cp.get_if_found(&namespace_path(namespace)) {
+            Ok(Some(found)) => found["status"]["phase"] == "Active",
+            // Not there (or not readable): create it; that is idempotent.
+            Ok(None) | Err(_) => self.env.cp.ensure_namespace(namespace).is_ok(),
         }
     }
 
@@ -251,7 +262,7 @@ impl Soak<'_> {
     fn create_in(&mut self, namespace: &str, count: usize) {
         let namespace = namespace.to_owned();
         if !self.ensure_namespace(&namespace) {
-            self.count(
+            self.count::<()>(
                 "create",
                 Err(fixtures::Error::Timeout(
                     Duration::ZERO,
@@ -260,27 +271,23 @@ impl Soak<'_> {
             );
             return;
         }
-        let mut yaml = String::new();
-        let mut names = Vec::new();
         for _ in 0..count {
             self.next_pet += 1;
             let name = format!("pet-{}", self.next_pet);
             let kind = KINDS[self.rng.usize(..KINDS.len())];
-            yaml.push_str(&pet_yaml(
+            let pet = pet_object(
                 &namespace,
                 &name,
                 &format!("Pet {}", self.next_pet),
                 kind,
                 self.next_pet,
-            ));
-            names.push(name);
+            );
+            let result = self.env.cp.create(&pets_path(&namespace), &pet);
+            if result.is_ok() {
+                self.pets.push((namespace.clone(), name));
+            }
+            self.count("create", result);
         }
-        let result = self.env.cp.apply(&yaml);
-        if result.is_ok() {
-            self.pets
-                .extend(names.into_iter().map(|n| (namespace.clone(), n)));
-        }
-        self.count("create", result);
     }
 
     fn operation(&mut self) {
@@ -292,73 +299,58 @@ impl Soak<'_> {
         match roll {
             0..32 => self.create(1),
             32..57 => {
-                let spec = format!(r#"{{"name":"Renamed {}"}}"#, self.rng.u32(..1_000_000));
-                let result = self.env.patch_spec(&namespace, &name, &spec);
+                let spec = json!({"name": format!("Renamed {}", self.rng.u32(..1_000_000))});
+                let result = self.patch_spec(&namespace, &name, spec);
                 self.count("rename", result);
             }
             57..72 => {
                 let kind = KINDS[self.rng.usize(..KINDS.len())];
-                let result =
-                    self.env
-                        .patch_spec(&namespace, &name, &format!(r#"{{"type":"{kind}"}}"#));
+                let result = self.patch_spec(&namespace, &name, json!({"type": kind}));
                 self.count("type change", result);
             }
             72..85 => {
-                let result = self.env.cp.kubectl(&[
-                    "delete",
-                    "pet",
-                    &name,
-                    "-n",
-                    &namespace,
-                    "--wait=false",
-                ]);
+                let result = self.env.cp.delete(&pet_path(&namespace, &name));
                 self.pets.retain(|p| p.1 != name);
                 self.count("delete", result);
             }
             85..99 => {
-                let uid = self.pet_field(&namespace, &name, "{.metadata.uid}");
-                let annotated = self.env.cp.annotate_pet(
-                    &namespace,
-                    &name,
-                    &["petstore.example.com/deletion-policy=Orphan"],
-                );
+                let path = pet_path(&namespace, &name);
+                let orphan = json!({"metadata": {"annotations": {
+                    "petstore.example.com/deletion-policy": "Orphan",
+                }}});
+                let annotated = self.env.cp.merge_patch(&path, &orphan);
                 // Annotated, the Pet releases its record whenever it goes
                 // (even with its namespace, should the delete below fail).
-                if annotated.is_ok() && !uid.is_empty() {
-                    self.orphaned.insert(uid);
+                if let Ok(pet) = &annotated
+                    && let Some(uid) = pet["metadata"]["uid"].as_str()
+                {
+                    self.orphaned.insert(uid.to_owned());
                 }
-                let result = annotated.and_then(|_| {
-                    self.env
-                        .cp
-                        .kubectl(&["delete", "pet", &name, "-n", &namespace, "--wait=false"])
-                });
+                let result = annotated.and_then(|_| self.env.cp.delete(&path));
                 self.pets.retain(|p| p.1 != name);
                 self.count("orphan delete", result);
             }
             _ => {
-                let result =
-                    self.env
-                        .cp
-                        .kubectl(&["delete", "namespace", &namespace, "--wait=false"]);
+                let result = self.env.cp.delete(&namespace_path(&namespace));
                 self.pets.retain(|p| p.0 != namespace);
                 self.count("namespace delete", result);
             }
         }
     }
 
-    /// One field of a Pet (a JSONPath), or "" if it cannot be read.
-    fn pet_field(&self, namespace: &str, name: &str, jsonpath: &str) -> String {
+    /// A merge patch of the Pet's spec, as a user's edit.
+    fn patch_spec(&self, namespace: &str, name: &str, spec: Value) -> Result<Value> {
+        let patch = json!({ "spec": spec });
+        self.env.cp.merge_patch(&pet_path(namespace, name), &patch)
+    }
+
+    /// The Pet's `status.id`, or "" if it has none or cannot be read.
+    fn record_id(&self, namespace: &str, name: &str) -> String {
         self.env
             .cp
-            .kubectl(&[
-                "get",
-                "pet",
-                name,
-                "-n",
-                namespace,
-                "-o",
-                &format!("jsonpath={jsonpath}"),
-            ])
+            .pet(namespace, name)
+            .ok()
+            .and_then(|pet| pet["status"]["id"].as_str().map(str::to_owned))
             .unwrap_or_default()
     }
 
@@ -389,7 +381,7 @@ impl Soak<'_> {
             let Some((namespace, name)) = self.random_pet() else {
                 break;
             };
-            let id = self.pet_field(&namespace, &name, "{.status.id}");
+            let id = self.record_id(&namespace, &name);
             if !id.is_empty() {
                 changes.push((delete, id, (namespace, name)));
             }
@@ -573,18 +565,19 @@ impl Soak<'_> {
             Err(err) => return Some(format!("listing records: {err}")),
         };
         let mut problems = Vec::new();
-        let terminating = self
-            .env
-            .cp
-            .kubectl(&[
-                "get",
-                "namespaces",
-                "-o",
-                "jsonpath={.items[?(@.status.phase==\"Terminating\")].metadata.name}",
-            ])
-            .unwrap_or_default();
-        if !terminating.trim().is_empty() {
-            problems.push(format!("namespaces still terminating: {terminating}"));
+        let namespaces = self.env.cp.get("/api/v1/namespaces").unwrap_or_default();
+        let terminating: Vec<&str> = namespaces["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|namespace| namespace["status"]["phase"] == "Terminating")
+            .filter_map(|namespace| namespace["metadata"]["name"].as_str())
+            .collect();
+        if !terminating.is_empty() {
+            problems.push(format!(
+                "namespaces still terminating: {}",
+                terminating.join(" ")
+            ));
         }
         let mut by_key: HashMap<&str, Vec<&Value>> = HashMap::new();
         for record in &records {
@@ -736,7 +729,7 @@ pub fn run_soak(config: SoakConfig, backend: Backend) -> Result<SoakReport> {
     for n in 0..config.namespaces {
         soak.env.cp.ensure_namespace(&format!("chaos-{n}"))?;
     }
-    // Initial population, spread over the namespaces, 25 per kubectl call.
+    // Initial population, spread over the namespaces, 25 at a time.
     for n in 0..config.initial_pets.div_ceil(25) {
         let batch = (config.initial_pets - n * 25).min(25);
         soak.create_in(&format!("chaos-{}", n % config.namespaces.max(1)), batch);
@@ -781,7 +774,7 @@ pub fn run_soak(config: SoakConfig, backend: Backend) -> Result<SoakReport> {
         .iter()
         .filter(|r| r["idempotencyKey"].as_str().unwrap_or_default().is_empty())
         .count();
-    let pets = soak.env.cp.kubectl_json(&["get", "pets", "-A"])?;
+    let pets = soak.env.cp.get("/apis/petstore.example.com/v1/pets")?;
     soak.report.live_pets = pets["items"].as_array().map_or(0, Vec::len);
     soak.report.total = started.elapsed();
     Ok(std::mem::take(&mut soak.report))

@@ -169,10 +169,7 @@ fn deleting_a_namespace_full_of_pets_completes_and_empties_the_store() -> fixtur
     env.cp
         .kubectl(&["delete", "namespace", "zoo", "--wait=true", "--timeout=90s"])?;
     wait_for(TIMEOUT, "namespace zoo to disappear", || {
-        env.cp
-            .kubectl(&["get", "namespace", "zoo"])
-            .is_err()
-            .then_some(())
+        matches!(env.cp.get_if_found("/api/v1/namespaces/zoo"), Ok(None)).then_some(())
     })?;
     let left = env.store_pets()?;
     assert_eq!(left.len(), 1, "{left:?}");

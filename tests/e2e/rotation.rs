@@ -79,7 +79,7 @@ fn certificates_and_cas_rotate_live_while_pets_change() -> Result<()> {
     env.cp.apply(&yaml)?;
     let all_ready = || -> bool {
         env.cp
-            .kubectl_json(&["get", "pets", "-n", "default"])
+            .get("/apis/petstore.example.com/v1/namespaces/default/pets")
             .ok()
             .and_then(|list| {
                 let pets = list["items"].as_array()?.clone();

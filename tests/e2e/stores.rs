@@ -280,16 +280,10 @@ fn deleting_a_store_in_use_is_refused_naming_its_pets() -> fixtures::Result<()> 
     // moment later. A server-side dry run deletes nothing meanwhile.
     let in_use = "PetStore team-a/shared is used by 1 Pet (team-a/rex)";
     wait_for(GUARD_TIMEOUT, "the store guard to answer", || {
-        cp.kubectl(&[
-            "delete",
-            "petstores",
-            "shared",
-            "-n",
-            "team-a",
-            "--dry-run=server",
-        ])
-        .err()
-        .filter(|err| err.to_string().contains(in_use))
+        // In this process: it polls.
+        cp.delete("/apis/petstore.example.com/v1/namespaces/team-a/petstores/shared?dryRun=All")
+            .err()
+            .filter(|err| err.to_string().contains(in_use))
     })?;
     assert_refused(
         "a PetStore in use",

@@ -38,6 +38,17 @@ const CRD: &str = "crd/pets.petstore.example.com";
 const CONFIRM: &str = "petstore.example.com/confirm-delete-pets";
 const PROTECTED: &str = "petstore.example.com/protected";
 const GUARD: &str = "validatingwebhookconfiguration/petstore-operator-crd-guard";
+/// Where the API server serves them, for the waits that poll in this
+/// process.
+const CRD_PATH: &str =
+    "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/pets.petstore.example.com";
+const GUARD_PATH: &str = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/petstore-operator-crd-guard";
+const PETS_PATH: &str = "/apis/petstore.example.com/v1/namespaces/default/pets";
+
+/// True once the API server has no object at `path`.
+fn gone(env: &Env, path: &str) -> bool {
+    matches!(env.cp.get_if_found(path), Ok(None))
+}
 const TIMEOUT: Duration = Duration::from_secs(120);
 /// The Secret holding the webhook's certificates, in the operator's
 /// namespace: an operator cannot start without it.
@@ -153,17 +164,14 @@ fn delete_crd(env: &Env) -> Result<(), String> {
 
 fn wait_crd_gone(env: &Env) -> fixtures::Result<()> {
     wait_for(TIMEOUT, "the Pet CRD to go", || {
-        env.cp.kubectl(&["get", CRD]).is_err().then_some(())
+        gone(env, CRD_PATH).then_some(())
     })
 }
 
 /// Every Pet in `default` shows a deletion timestamp.
 fn wait_all_deleting(env: &Env, n: usize) -> fixtures::Result<()> {
     wait_for(TIMEOUT, "every Pet to be deleting", || {
-        let pets = env
-            .cp
-            .kubectl_json(&["get", "pets", "-n", "default"])
-            .ok()?;
+        let pets = env.cp.get(PETS_PATH).ok()?;
         let items = pets["items"].as_array()?;
         (items.len() == n
             && items
@@ -176,7 +184,7 @@ fn wait_all_deleting(env: &Env, n: usize) -> fixtures::Result<()> {
 /// Events in `default` whose note contains `needle`.
 fn events_saying(env: &Env, needle: &str) -> usize {
     env.cp
-        .kubectl_json(&["get", "events.events.k8s.io", "-n", "default"])
+        .get("/apis/events.k8s.io/v1/namespaces/default/events")
         .ok()
         .and_then(|list| list["items"].as_array().cloned())
         .unwrap_or_default()
@@ -366,10 +374,7 @@ fn without_the_guard_the_operator_keeps_every_record() -> fixtures::Result<()> {
 
 fn wait_all_gone(env: &Env) -> fixtures::Result<()> {
     wait_for(TIMEOUT, "the Pets to go", || {
-        let pets = env
-            .cp
-            .kubectl_json(&["get", "pets", "-n", "default"])
-            .ok()?;
+        let pets = env.cp.get(PETS_PATH).ok()?;
         pets["items"].as_array()?.is_empty().then_some(())
     })
 }
@@ -535,7 +540,7 @@ fn delete_the_bundle(stop_first: bool) -> fixtures::Result<()> {
     );
     // What the guard let go of went: the operator's namespace and the guard.
     wait_for(TIMEOUT, "the guard's configuration to go", || {
-        env.cp.kubectl(&["get", GUARD]).is_err().then_some(())
+        gone(&env, GUARD_PATH).then_some(())
     })?;
     let crd = env.cp.kubectl_json(&["get", CRD])?;
     assert!(crd["metadata"]["deletionTimestamp"].is_null(), "{crd}");
@@ -546,10 +551,7 @@ fn delete_the_bundle(stop_first: bool) -> fixtures::Result<()> {
     // deletion lost its ServiceAccount with the namespace.)
     drop(operator);
     wait_for(TIMEOUT, "the operator's namespace to go", || {
-        env.cp
-            .kubectl(&["get", "namespace", OPERATOR_NAMESPACE])
-            .is_err()
-            .then_some(())
+        gone(&env, &format!("/api/v1/namespaces/{OPERATOR_NAMESPACE}")).then_some(())
     })?;
     // Its namespace and RBAC: the CRD stayed (the operator that ran had
     // pointed its webhook at a local address, which config/ would undo).

@@ -738,16 +738,11 @@ fn upgrading_from_the_previous_release_and_back_writes_nothing_and_loses_nothing
         Duration::from_secs(120),
         "status.storedVersions [v1]",
         || {
-            let versions = cp
-                .kubectl(&[
-                    "get",
-                    "crd",
-                    "pets.petstore.example.com",
-                    "-o",
-                    "jsonpath={.status.storedVersions}",
-                ])
+            let crd = cp
+                .get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/pets.petstore.example.com")
                 .ok()?;
-            (versions.trim() == r#"["v1"]"#).then_some(versions)
+            let versions = &crd["status"]["storedVersions"];
+            (*versions == serde_json::json!(["v1"])).then(|| versions.to_string())
         },
     );
     operator.or_log_tail(stored);
@@ -848,7 +843,9 @@ fn upgrading_from_the_previous_release_and_back_writes_nothing_and_loses_nothing
         "the previous operator to hold the Lease",
         || {
             let lease = cp
-                .kubectl_json(&["get", "lease", LEASE, "-n", OPERATOR_NAMESPACE])
+                .get(&format!(
+                    "/apis/coordination.k8s.io/v1/namespaces/{OPERATOR_NAMESPACE}/leases/{LEASE}"
+                ))
                 .ok()?;
             // The process sets its gauge just after its Lease write lands;
             // under load a scrape can fall between the two.
