@@ -854,6 +854,9 @@ fn measure_operator_with(
                 converge,
                 cpu,
                 conversions,
+                // As every Pet turned Ready: Events still queued then are
+                // not among them.
+                api_requests: requests_since(&env.cp, &api_before, n)?,
                 store_calls: apimetrics::increase(&calls_before, &store_calls(&metrics_converged)),
                 store_failed,
                 store_limit,

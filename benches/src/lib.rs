@@ -24,6 +24,7 @@ use std::fmt::Write as _;
 use std::process::Command;
 use std::time::Duration;
 
+use apimetrics::RequestCounts;
 use convergence::{ConvergenceConfig, ConvergenceResult, FloorIdentity, Pair};
 use report::{subsection, table_head};
 use store_load::{DurabilityCheck, GhzResult, LoadResult, ScaleResult, StoreSetup};
@@ -188,6 +189,10 @@ pub fn run_pairs(config: &BenchConfig, progress: impl Fn(&str)) -> Result<Vec<Ve
                 floor.conversions,
                 operator.operator_peak_rss_kib as f64 / 1024.0,
             ));
+            progress(&format!(
+                "N = {pets}, pair {pair}: API requests to Pets, Events and Leases until every Pet was Ready, operator against floor: {}",
+                requests_side_by_side(&operator.api_requests, &floor.requests)
+            ));
             pairs.push(Pair {
                 floor: floor.time,
                 operator: operator.converge,
@@ -196,6 +201,64 @@ pub fn run_pairs(config: &BenchConfig, progress: impl Fn(&str)) -> Result<Vec<Ve
         all.push(pairs);
     }
     Ok(all)
+}
+
+/// The operator's run of each pair alone, at each N and `pairs` times:
+/// its time, and its CPU a Pet split by process.
+pub fn run_operator_alone(
+    config: &BenchConfig,
+    progress: impl Fn(&str),
+) -> Result<Vec<ConvergenceResult>> {
+    let rt = runtime()?;
+    let mut runs = Vec::new();
+    for &pets in &config.sizes {
+        let c = convergence_config(config, pets);
+        for run in 1..=config.pairs {
+            let operator = convergence::measure_operator_convergence(&rt, &c)?;
+            let o = operator.cpu;
+            progress(&format!(
+                "N = {pets}, run {run}, the operator alone: {:.2} s; CPU ms per Pet: total {:.2}, API server {:.2}, etcd {:.2}, operator {:.3}, store {:.3}; operator peak RSS {:.1} MiB; API requests until every Pet was Ready: {}",
+                operator.converge.as_secs_f64(),
+                per_pet(o.total(), pets),
+                per_pet(o.api_server, pets),
+                per_pet(o.etcd, pets),
+                per_pet(o.operator, pets),
+                per_pet(o.store, pets),
+                operator.operator_peak_rss_kib as f64 / 1024.0,
+                requests_listed(&operator.api_requests),
+            ));
+            runs.push(operator);
+        }
+    }
+    Ok(runs)
+}
+
+/// `resource VERB count` for every request counted.
+fn requests_listed(counts: &RequestCounts) -> String {
+    counts
+        .iter()
+        .map(|((resource, verb), count)| format!("{resource} {verb} {count}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `resource VERB operator/floor` for every request either side made, so
+/// that a pair whose ratio moves shows which requests moved with it.
+fn requests_side_by_side(operator: &RequestCounts, floor: &RequestCounts) -> String {
+    let keys: std::collections::BTreeSet<_> = operator.keys().chain(floor.keys()).collect();
+    let count = |counts: &RequestCounts, key| counts.get(key).copied().unwrap_or(0);
+    keys.into_iter()
+        .map(|key| {
+            format!(
+                "{} {} {}/{}",
+                key.0,
+                key.1,
+                count(operator, key),
+                count(floor, key)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Milliseconds per Pet of `seconds` spent on `pets`.

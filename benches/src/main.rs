@@ -78,6 +78,12 @@ struct Args {
     #[arg(long, conflicts_with_all = ["store_only", "scale", "out"])]
     pairs_only: bool,
 
+    /// With --pairs-only: only the operator's run of each pair, its CPU a
+    /// Pet split by process and its peak RSS printed, to see how each part's
+    /// cost a Pet moves with N.
+    #[arg(long, requires = "pairs_only")]
+    operator_alone: bool,
+
     /// Only pairs, as --pairs-only, but run side by side: the two runs of a
     /// pair at the same time, each pinned to a core of its own, so that both
     /// meet the same moment of a machine whose speed moves; the cores swap
@@ -662,7 +668,7 @@ fn main() -> ExitCode {
             None => bench::side_by_side::run_side(&args.config(), side),
         });
         return match ran {
-            Ok(()) => ExitCode::SUCCESS,
+            Ok(_) => ExitCode::SUCCESS,
             Err(err) => failed(format_args!("the {} side: {err}", side.name())),
         };
     }
@@ -707,6 +713,12 @@ fn main() -> ExitCode {
     }
     if let Some(pets) = args.pacing {
         return pacing(&args, pets, &out);
+    }
+    if args.operator_alone {
+        return match bench::run_operator_alone(&args.config(), progress) {
+            Ok(_) => ExitCode::SUCCESS,
+            Err(err) => failed(err),
+        };
     }
     if args.pairs_only {
         let config = args.config();

@@ -207,6 +207,36 @@ fn benchmarks_run_end_to_end() -> fixtures::Result<()> {
     Ok(())
 }
 
+/// `--pairs-only --operator-alone`: the operator's run alone, timed, with
+/// its CPU split by process and the API requests it made.
+#[test]
+fn the_operator_alone_runs_end_to_end() -> fixtures::Result<()> {
+    let _one = one_at_a_time();
+    let config = BenchConfig {
+        pairs: 1,
+        ..BenchConfig::smoke()
+    };
+    let runs = bench::run_operator_alone(&config, progress)?;
+    assert_eq!(runs.len(), config.sizes.len(), "one run a size");
+    for r in &runs {
+        assert!(r.converge > std::time::Duration::ZERO, "{r:?}");
+        assert!(r.cpu.api_server > 0.0 && r.cpu.operator > 0.0, "{r:?}");
+        assert!(r.operator_peak_rss_kib > 0, "{r:?}");
+        // Every Pet's finalizer and status patched by the operator.
+        for resource in ["pets", "pets/status"] {
+            let patches = r
+                .api_requests
+                .get(&(resource.to_owned(), "PATCH".to_owned()))
+                .copied();
+            assert!(
+                patches.is_some_and(|n| n >= r.pets as u64),
+                "{resource} PATCH: {r:?}"
+            );
+        }
+    }
+    Ok(())
+}
+
 /// `--import` at a tiny size: the plugin runs and prints a manifest per
 /// record.
 #[test]
