@@ -225,21 +225,12 @@ pub fn run_operator_alone(
                 per_pet(o.operator, pets),
                 per_pet(o.store, pets),
                 operator.operator_peak_rss_kib as f64 / 1024.0,
-                requests_listed(&operator.api_requests),
+                report::requests_joined(&operator.api_requests, ", "),
             ));
             runs.push(operator);
         }
     }
     Ok(runs)
-}
-
-/// `resource VERB count` for every request counted.
-fn requests_listed(counts: &RequestCounts) -> String {
-    counts
-        .iter()
-        .map(|((resource, verb), count)| format!("{resource} {verb} {count}"))
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// `resource VERB operator/floor` for every request either side made, so

@@ -133,12 +133,19 @@ fn churn(took: std::time::Duration) -> String {
     }
 }
 
+/// `VERB resource: count` for every request counted, one a line of a
+/// table cell.
 fn requests(counts: &RequestCounts) -> String {
+    requests_joined(counts, "<br>")
+}
+
+/// `VERB resource: count` for every request counted, `separator` between.
+pub(crate) fn requests_joined(counts: &RequestCounts, separator: &str) -> String {
     counts
         .iter()
         .map(|((resource, verb), n)| format!("{verb} {resource}: {n}"))
         .collect::<Vec<_>>()
-        .join("<br>")
+        .join(separator)
 }
 
 /// A "###" section's heading and the paragraph that introduces it.
