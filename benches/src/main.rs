@@ -668,7 +668,7 @@ fn main() -> ExitCode {
             None => bench::side_by_side::run_side(&args.config(), side),
         });
         return match ran {
-            Ok(_) => ExitCode::SUCCESS,
+            Ok(()) => ExitCode::SUCCESS,
             Err(err) => failed(format_args!("the {} side: {err}", side.name())),
         };
     }

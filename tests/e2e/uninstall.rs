@@ -44,11 +44,6 @@ const CRD_PATH: &str =
     "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/pets.petstore.example.com";
 const GUARD_PATH: &str = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/petstore-operator-crd-guard";
 const PETS_PATH: &str = "/apis/petstore.example.com/v1/namespaces/default/pets";
-
-/// True once the API server has no object at `path`.
-fn gone(env: &Env, path: &str) -> bool {
-    matches!(env.cp.get_if_found(path), Ok(None))
-}
 const TIMEOUT: Duration = Duration::from_secs(120);
 /// The Secret holding the webhook's certificates, in the operator's
 /// namespace: an operator cannot start without it.
@@ -56,6 +51,11 @@ const WEBHOOK_SECRET: &str = "petstore-operator-webhook-tls";
 /// A finalizer of the test's own, to hold objects of a namespace being
 /// deleted.
 const HOLD: &str = "test.petstore.example.com/hold";
+
+/// True once the API server has no object at `path`.
+fn gone(env: &Env, path: &str) -> bool {
+    matches!(env.cp.get_if_found(path), Ok(None))
+}
 
 /// `n` Pets named `<prefix>-<i>` in `default`, applied at once, then
 /// awaited until every one is Ready.
