@@ -184,6 +184,35 @@ pub struct ConvergenceResult {
     pub drift_postgres: crate::drift::DriftResult,
     /// The same on durable, found by polling alone, at this poll interval.
     pub drift_polling: Option<(Duration, crate::drift::DriftResult)>,
+    /// The control plane's memory once every Pet was Ready.
+    pub control_plane: ControlPlaneMemory,
+    /// p99 of the operator's reconciles while the drift was put back, as
+    /// the bound of its histogram's bucket (`reconcile_duration_seconds`).
+    pub drift_reconcile_p99: Option<f64>,
+}
+
+/// What the Pets cost the control plane in memory: read where a figure is
+/// reported, since its first wall as N grows is the API server's memory or
+/// etcd's quota (2 GiB by default), not the operator's.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ControlPlaneMemory {
+    pub apiserver_peak_rss_kib: u64,
+    pub etcd_peak_rss_kib: u64,
+    /// etcd's database file, the size its quota limits.
+    pub etcd_db_bytes: u64,
+}
+
+impl ControlPlaneMemory {
+    pub(crate) fn sample(env: &Env) -> Self {
+        let peak = |pid: Option<u32>| pid.and_then(procstat::peak_rss_kib).unwrap_or(0);
+        Self {
+            apiserver_peak_rss_kib: peak(env.cp.apiserver_pid()),
+            etcd_peak_rss_kib: peak(env.cp.etcd_pid()),
+            etcd_db_bytes: std::fs::metadata(env.cp.dir().join("etcd/member/snap/db"))
+                .map(|m| m.len())
+                .unwrap_or(0),
+        }
+    }
 }
 
 /// `kubectl get pets -o json` over every Pet: as v1, the stored version,
@@ -847,6 +876,7 @@ fn measure_operator_with(
         )
         .map(|(_, limit)| limit)
         .reduce(f64::max);
+        let control_plane = ControlPlaneMemory::sample(&env);
         if !everything {
             let pid = operator.process().pid().unwrap_or(0);
             return Ok(ConvergenceResult {
@@ -861,6 +891,7 @@ fn measure_operator_with(
                 store_failed,
                 store_limit,
                 operator_peak_rss_kib: procstat::peak_rss_kib(pid).unwrap_or(0),
+                control_plane,
                 ..Default::default()
             });
         }
@@ -887,8 +918,15 @@ fn measure_operator_with(
         // store's change feed followed): up to 1,000 renames and 100
         // deletes out of band. Their Events are drained before the restart.
         let (drift_edits, drift_deletes) = drift_counts(n);
+        let metrics_before_drift = operator.metrics()?;
         let drift =
             crate::drift::measure(&env.store.addr, drift_edits, drift_deletes, timeout).await?;
+        let drift_reconcile_p99 = apimetrics::histogram_quantile(
+            &metrics_before_drift,
+            &operator.metrics()?,
+            "petstore_operator_reconcile_duration_seconds",
+            0.99,
+        );
         events_drained(&operator, timeout).await?;
 
         // Restart: kill -9, and a new process (the same Pod name, as when
@@ -1027,6 +1065,8 @@ fn measure_operator_with(
             operator_cpu_seconds,
             store_peak_rss_kib: procstat::peak_rss_kib(store_pid).unwrap_or(0),
             drift,
+            drift_reconcile_p99,
+            control_plane,
             ..Default::default()
         })
     })

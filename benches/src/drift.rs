@@ -23,6 +23,16 @@ pub struct DriftResult {
     pub p50: Duration,
     pub p99: Duration,
     pub max: Duration,
+    /// From the first change sent to the last: the changes arrived at
+    /// (edits + deletes) ÷ this a second.
+    pub sending: Duration,
+}
+
+impl DriftResult {
+    /// Changes sent a second while they were being sent.
+    pub fn arrival_rate(&self) -> f64 {
+        (self.edits + self.deletes) as f64 / self.sending.as_secs_f64().max(1e-9)
+    }
 }
 
 /// Makes `edits` renames and `deletes` deletions of the keyed records in
@@ -77,6 +87,7 @@ pub async fn measure(
     let mut renamed: HashMap<String, (String, Instant)> = HashMap::new();
     let mut recreated: HashMap<String, Instant> = HashMap::new();
     let (to_edit, to_delete) = records.split_at(edits);
+    let first_sent = Instant::now();
     for (i, record) in to_edit.iter().enumerate() {
         let mut changed = record.clone();
         changed.name = format!("Changed out of band {i}");
@@ -100,6 +111,7 @@ pub async fn measure(
         recreated.insert(record.idempotency_key.clone(), sent);
     }
 
+    let sending = first_sent.elapsed();
     let expected = renamed.len() + recreated.len();
     let mut latencies = Vec::with_capacity(expected);
     let deadline = tokio::time::Instant::now() + timeout;
@@ -139,5 +151,6 @@ pub async fn measure(
         p50: percentile(&latencies, 0.50),
         p99: percentile(&latencies, 0.99),
         max: latencies.last().copied().unwrap_or_default(),
+        sending,
     })
 }

@@ -203,10 +203,13 @@ pub fn run_pairs(config: &BenchConfig, progress: impl Fn(&str)) -> Result<Vec<Ve
     Ok(all)
 }
 
-/// The operator's run of each pair alone, at each N and `pairs` times:
-/// its time, and its CPU a Pet split by process.
+/// The operator's runs alone, `config.pairs` at each N: the convergence,
+/// its CPU a Pet by process, peak memory and requests. With `whole_cycle`,
+/// each run goes on as a full run's does (out-of-band drift, a `kill -9`
+/// and restart, steady state), without the floor or the report.
 pub fn run_operator_alone(
     config: &BenchConfig,
+    whole_cycle: bool,
     progress: impl Fn(&str),
 ) -> Result<Vec<ConvergenceResult>> {
     let rt = runtime()?;
@@ -214,10 +217,15 @@ pub fn run_operator_alone(
     for &pets in &config.sizes {
         let c = convergence_config(config, pets);
         for run in 1..=config.pairs {
-            let operator = convergence::measure_operator_convergence(&rt, &c)?;
+            let operator = if whole_cycle {
+                convergence::measure_operator(&rt, &c)?
+            } else {
+                convergence::measure_operator_convergence(&rt, &c)?
+            };
             let o = operator.cpu;
+            let memory = operator.control_plane;
             progress(&format!(
-                "N = {pets}, run {run}, the operator alone: {:.2} s; CPU ms per Pet: total {:.2}, API server {:.2}, etcd {:.2}, operator {:.3}, store {:.3}; operator peak RSS {:.1} MiB; API requests until every Pet was Ready: {}",
+                "N = {pets}, run {run}, the operator alone: {:.2} s; CPU ms per Pet: total {:.2}, API server {:.2}, etcd {:.2}, operator {:.3}, store {:.3}; peak RSS: operator {:.1} MiB, API server {:.1} MiB, etcd {:.1} MiB; etcd database {:.1} MiB; API requests until every Pet was Ready: {}",
                 operator.converge.as_secs_f64(),
                 per_pet(o.total(), pets),
                 per_pet(o.api_server, pets),
@@ -225,8 +233,14 @@ pub fn run_operator_alone(
                 per_pet(o.operator, pets),
                 per_pet(o.store, pets),
                 operator.operator_peak_rss_kib as f64 / 1024.0,
+                memory.apiserver_peak_rss_kib as f64 / 1024.0,
+                memory.etcd_peak_rss_kib as f64 / 1024.0,
+                memory.etcd_db_bytes as f64 / (1024.0 * 1024.0),
                 report::requests_joined(&operator.api_requests, ", "),
             ));
+            if whole_cycle {
+                progress(&report::whole_cycle_summary(&operator));
+            }
             runs.push(operator);
         }
     }

@@ -84,6 +84,13 @@ struct Args {
     #[arg(long, requires = "pairs_only")]
     operator_alone: bool,
 
+    /// With --operator-alone: each run goes on as a full run's does, with
+    /// out-of-band drift, a `kill -9` and restart, and steady state, each
+    /// printed as the report's rows would give it (writes per Pet, the
+    /// restart's writes and catch-up, drift's p99).
+    #[arg(long, requires = "operator_alone")]
+    whole_cycle: bool,
+
     /// Only pairs, as --pairs-only, but run side by side: the two runs of a
     /// pair at the same time, each pinned to a core of its own, so that both
     /// meet the same moment of a machine whose speed moves; the cores swap
@@ -715,7 +722,7 @@ fn main() -> ExitCode {
         return pacing(&args, pets, &out);
     }
     if args.operator_alone {
-        return match bench::run_operator_alone(&args.config(), progress) {
+        return match bench::run_operator_alone(&args.config(), args.whole_cycle, progress) {
             Ok(_) => ExitCode::SUCCESS,
             Err(err) => failed(err),
         };
@@ -789,6 +796,13 @@ mod tests {
         let full = parse(&[]).expect("no flags").config();
         assert_eq!(full.sizes, BenchConfig::full().sizes);
         assert_eq!(full.scale_records, BenchConfig::full().scale_records);
+    }
+
+    #[test]
+    fn the_whole_cycle_is_a_mode_of_the_operator_alone() {
+        let alone = parse(&["--pairs-only", "--operator-alone", "--whole-cycle"]).expect("valid");
+        assert!(alone.operator_alone && alone.whole_cycle);
+        assert!(parse(&["--pairs-only", "--whole-cycle"]).is_err());
     }
 
     #[test]

@@ -148,6 +148,35 @@ pub(crate) fn requests_joined(counts: &RequestCounts, separator: &str) -> String
         .join(separator)
 }
 
+/// One line of what a whole cycle of the operator alone measured, after
+/// its convergence: the rows the full report gives for its largest N.
+pub fn whole_cycle_summary(r: &ConvergenceResult) -> String {
+    format!(
+        "N = {}, whole cycle: API writes per Pet {:.3} (goal ≤ {GOAL_WRITES_PER_PET:.1}); store reads per Pet {:.3}; out-of-band changes put back ({} renames, {} deletes, arriving at {:.0} a second): p50 {:.3} s, p99 {:.3} s, max {:.3} s (goal p99 ≤ {:.1} s), the reconciles meanwhile p99 ≤ {} s; restart: {} API and {} store writes, caught up in {:.1} s (of it {:.1} s waiting for the Lease), peak RSS {:.1} MiB; steady state over {:.0} s: {} API and {} store writes, {} store reads",
+        r.pets,
+        r.writes_per_pet(),
+        r.reads_per_pet(),
+        r.drift.edits,
+        r.drift.deletes,
+        r.drift.arrival_rate(),
+        r.drift.p50.as_secs_f64(),
+        r.drift.p99.as_secs_f64(),
+        r.drift.max.as_secs_f64(),
+        GOAL_DRIFT_P99.as_secs_f64(),
+        r.drift_reconcile_p99
+            .map_or_else(|| "(none)".to_owned(), |p99| format!("{p99}")),
+        r.restart_api_writes,
+        r.restart_store_writes,
+        r.restart_catch_up.as_secs_f64(),
+        r.restart_lease_wait.as_secs_f64(),
+        mib(r.restart_peak_rss_kib),
+        r.steady_window.as_secs_f64(),
+        r.steady_api_writes,
+        r.steady_store_writes,
+        r.steady_store_reads,
+    )
+}
+
 /// A "###" section's heading and the paragraph that introduces it.
 pub(crate) fn subsection(out: &mut String, heading: &str, intro: &str) {
     let _ = writeln!(out, "\n### {heading}\n");
@@ -430,7 +459,7 @@ pub fn operator(out: &mut String, results: &[ConvergenceResult], plot: Option<&s
     );
     let _ = writeln!(
         out,
-        "Events are written from a background queue (as client-go does), so they may trail Ready; *events written* is when the last one of the convergence reached the API server. *RSS converged* is the resident memory once the Events are written; *KiB/Pet* is the growth of peak RSS per Pet added since the previous N. The rename storm and deletion (every Pet renamed, then every Pet deleted, each until the operator has caught up) run up to N = 5,000.\n"
+        "Events are written from a background queue (as client-go does), so they may trail Ready; *events written* is when the last one of the convergence reached the API server. *RSS converged* is the resident memory once the Events are written; *KiB/Pet* is the growth of peak RSS per Pet added since the previous N. The API server's and etcd's peak RSS and etcd's database file are read once every Pet is Ready: as N grows, the control plane meets its walls (the API server's memory, etcd's 2 GiB default quota) before the operator does. The rename storm and deletion (every Pet renamed, then every Pet deleted, each until the operator has caught up) run up to N = 5,000.\n"
     );
     goals(out, results);
     table_head(
@@ -450,8 +479,11 @@ pub fn operator(out: &mut String, results: &[ConvergenceResult], plot: Option<&s
             "KiB/Pet",
             "operator CPU",
             "store peak RSS",
+            "API server peak RSS",
+            "etcd peak RSS",
+            "etcd database",
         ],
-        "rrrrrlrrrrrrrr",
+        "rrrrrlrrrrrrrrrrr",
     );
     for (i, r) in results.iter().enumerate() {
         let marginal = i
@@ -460,7 +492,7 @@ pub fn operator(out: &mut String, results: &[ConvergenceResult], plot: Option<&s
             .unwrap_or_else(|| "".into());
         let _ = writeln!(
             out,
-            "| {} | {:.2} s | {:.2} s | {:.2} | **{:.2}** | {} | {:.2} s | {} | {} | {:.1} MiB | {:.1} MiB | {} | {:.1} s | {:.1} MiB |",
+            "| {} | {:.2} s | {:.2} s | {:.2} | **{:.2}** | {} | {:.2} s | {} | {} | {:.1} MiB | {:.1} MiB | {} | {:.1} s | {:.1} MiB | {:.1} MiB | {:.1} MiB | {:.1} MiB |",
             r.pets,
             r.converge.as_secs_f64(),
             r.floor.as_secs_f64(),
@@ -479,6 +511,9 @@ pub fn operator(out: &mut String, results: &[ConvergenceResult], plot: Option<&s
             marginal,
             r.operator_cpu_seconds,
             mib(r.store_peak_rss_kib),
+            mib(r.control_plane.apiserver_peak_rss_kib),
+            mib(r.control_plane.etcd_peak_rss_kib),
+            r.control_plane.etcd_db_bytes as f64 / (1024.0 * 1024.0),
         );
     }
     if let Some(plot) = plot {

@@ -18,6 +18,26 @@ fn benchmarks_run_end_to_end() -> fixtures::Result<()> {
     for r in &results.convergence {
         let n = r.pets as u64;
         assert_eq!(r.pairs.len(), config.pairs, "every pair ran: {r:?}");
+        let memory = r.control_plane;
+        assert!(
+            memory.apiserver_peak_rss_kib > 0
+                && memory.etcd_peak_rss_kib > 0
+                && memory.etcd_db_bytes > 0,
+            "the control plane's memory read: {r:?}"
+        );
+        assert!(
+            r.drift_reconcile_p99.is_some(),
+            "the reconciles that put the drift back timed: {r:?}"
+        );
+        // What `--operator-alone --whole-cycle` prints of the same run.
+        let summary = bench::report::whole_cycle_summary(r);
+        assert!(
+            summary.contains(&format!(
+                "restart: {} API and {} store writes",
+                r.restart_api_writes, r.restart_store_writes
+            )),
+            "{summary}"
+        );
         assert!(
             r.pairs
                 .iter()
@@ -216,12 +236,18 @@ fn the_operator_alone_runs_end_to_end() -> fixtures::Result<()> {
         pairs: 1,
         ..BenchConfig::smoke()
     };
-    let runs = bench::run_operator_alone(&config, progress)?;
+    let runs = bench::run_operator_alone(&config, false, progress)?;
     assert_eq!(runs.len(), config.sizes.len(), "one run a size");
     for r in &runs {
         assert!(r.converge > std::time::Duration::ZERO, "{r:?}");
         assert!(r.cpu.api_server > 0.0 && r.cpu.operator > 0.0, "{r:?}");
         assert!(r.operator_peak_rss_kib > 0, "{r:?}");
+        let memory = r.control_plane;
+        assert!(
+            memory.apiserver_peak_rss_kib > 0 && memory.etcd_peak_rss_kib > 0,
+            "{r:?}"
+        );
+        assert!(memory.etcd_db_bytes > 0, "{r:?}");
         // Every Pet's finalizer and status patched by the operator.
         for resource in ["pets", "pets/status"] {
             let patches = r

@@ -761,6 +761,19 @@ mod grpc {
             names(&mut self.client(), token).await
         }
 
+        /// A WatchPets stream of the changes after `after_revision`.
+        async fn watch(
+            &self,
+            token: &str,
+            after_revision: i64,
+        ) -> Result<tonic::Streaming<pb::WatchPetsResp>, Status> {
+            Ok(self
+                .client()
+                .watch_pets(as_caller(token, pb::WatchPetsReq { after_revision }))
+                .await?
+                .into_inner())
+        }
+
         async fn get(&self, token: &str, request: pb::GetPetsReq) -> pb::GetPetsResp {
             self.client()
                 .get_pets(as_caller(token, request))
@@ -888,12 +901,7 @@ mod grpc {
     #[tokio::test]
     async fn another_tenants_records_are_absent_from_get_search_and_watch() {
         let store = serve().await;
-        let mut b_watch = store
-            .client()
-            .watch_pets(as_caller(&store.b, pb::WatchPetsReq { after_revision: 0 }))
-            .await
-            .expect("b watches")
-            .into_inner();
+        let mut b_watch = store.watch(&store.b, 0).await.expect("b watches");
         let first = b_watch.message().await.expect("stream").expect("progress");
         assert!(first.changes.is_empty());
 
@@ -962,12 +970,7 @@ mod grpc {
         assert_eq!(later, 4, "revisions are the store's: a's update was 3");
 
         // A resumed watch of a's from the start carries only a's changes.
-        let mut a_watch = store
-            .client()
-            .watch_pets(as_caller(&store.a, pb::WatchPetsReq { after_revision: 1 }))
-            .await
-            .expect("a resumes")
-            .into_inner();
+        let mut a_watch = store.watch(&store.a, 1).await.expect("a resumes");
         let (changes, revision) = next_changes(&mut a_watch).await;
         assert_eq!(
             changes,
@@ -1217,14 +1220,9 @@ mod grpc {
     async fn the_observer_reads_and_watches_every_tenant_but_writes_nothing() {
         let store = serve().await;
         let mut watch = store
-            .client()
-            .watch_pets(as_caller(
-                &store.observer,
-                pb::WatchPetsReq { after_revision: 0 },
-            ))
+            .watch(&store.observer, 0)
             .await
-            .expect("observer watches")
-            .into_inner();
+            .expect("observer watches");
         watch.message().await.expect("stream").expect("progress");
         let a = store.add(&store.a, vec![thor()]).await.expect("a")[0].clone();
         store.add(&store.b, vec![tron()]).await.expect("b");

@@ -12,7 +12,8 @@ fn can_i(cp: &ControlPlane, verb: &str, resource: &str, namespace: Option<&str>)
     can_i_with(cp, verb, resource, namespace, &[])
 }
 
-/// [`can_i`] on a cluster-scoped resource's status subresource.
+/// [`can_i`] on a resource's status subresource, in every namespace
+/// (`-A`; a cluster-scoped resource has none).
 fn can_i_status(cp: &ControlPlane, verb: &str, resource: &str) -> bool {
     can_i_with(cp, verb, resource, None, &["--subresource=status"])
 }
@@ -255,13 +256,13 @@ fn operator_service_account_has_least_privilege() -> fixtures::Result<()> {
         "clusterpetstores.petstore.example.com",
     ] {
         assert!(
-            can_i_with(&cp, "patch", resource, None, &["--subresource=status"]),
+            can_i_status(&cp, "patch", resource),
             "needs patch {resource}/status"
         );
         // The status writer only patches.
         for verb in ["get", "update"] {
             assert!(
-                !can_i_with(&cp, verb, resource, None, &["--subresource=status"]),
+                !can_i_status(&cp, verb, resource),
                 "{verb} {resource}/status is unused"
             );
         }

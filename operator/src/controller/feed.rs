@@ -1029,15 +1029,27 @@ mod tests {
         names
     }
 
-    /// Follows a feed that brings these revisions, then, once `pets` are
-    /// synced, breaks with `error`; returns the feed the follower then
-    /// takes, which the test writes to.
+    /// Notes `pet` as a reconcile that found it in sync does.
+    fn synced(ctx: &Context, pet: &Pet) {
+        let uid = pet.metadata.uid.as_deref().expect("uid");
+        ctx.memory.started(uid);
+        ctx.memory.in_sync(pet, uid, (Some(1), 0), "r", None);
+    }
+
+    /// Follows the [`synced_pets`] over a feed that brings these revisions,
+    /// then, once the Pets are synced, breaks with `error`; returns the
+    /// follower, its Pets, and the feed it then takes, which the test
+    /// writes to.
     async fn broken_after(
-        f: &mut Following,
-        pets: &[Pet],
         revisions: &[i64],
         error: StoreError,
-    ) -> UnboundedSender<Result<FeedBatch, StoreError>> {
+    ) -> (
+        Following,
+        Vec<Pet>,
+        UnboundedSender<Result<FeedBatch, StoreError>>,
+    ) {
+        let pets = synced_pets();
+        let mut f = following(&pets);
         let first = scripted_feed(&f.store);
         let second = scripted_feed(&f.store);
         settle().await;
@@ -1046,16 +1058,14 @@ mod tests {
         }
         settle().await;
         // Synced since: the changes a lost history held may concern them.
-        for pet in pets {
-            let uid = pet.metadata.uid.as_deref().expect("uid");
-            f.ctx.memory.started(uid);
-            f.ctx.memory.in_sync(pet, uid, (Some(1), 0), "r", None);
+        for pet in &pets {
+            synced(&f.ctx, pet);
         }
         queued_now(&mut f.queued);
         first.unbounded_send(Err(error)).expect("send");
         // Past the reconnect's wait.
         tokio::time::sleep(Duration::from_secs(1)).await;
-        second
+        (f, pets, second)
     }
 
     #[tokio::test(start_paused = true)]
@@ -1089,14 +1099,12 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_broken_feed_resumes_after_the_last_revision_seen() {
-        let pets = synced_pets();
-        let mut f = following(&pets);
         let reset = StoreError::Unavailable {
             operation: crate::store::Operation::Watch,
             message: "connection reset".into(),
             retry_after: None,
         };
-        let second = broken_after(&mut f, &pets, &[5, 9], reset).await;
+        let (mut f, _, second) = broken_after(&[5, 9], reset).await;
         second.unbounded_send(batch(12)).expect("send");
         settle().await;
         assert_eq!(watches(&f.store), ["watch:0", "watch:9"]);
@@ -1109,12 +1117,10 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_feed_whose_history_is_gone_is_followed_from_now_and_every_synced_pet_read_again() {
-        let pets = synced_pets();
-        let mut f = following(&pets);
         let compacted = StoreError::HistoryLost {
             message: "revision 5 was compacted".into(),
         };
-        let second = broken_after(&mut f, &pets, &[5], compacted).await;
+        let (mut f, pets, second) = broken_after(&[5], compacted).await;
         assert!(
             queued_now(&mut f.queued).is_empty(),
             "not before the feed is back"
@@ -1575,52 +1581,41 @@ mod tests {
         }
     }
 
-    fn synced(ctx: &Context, pet: &Pet) {
-        let uid = pet.metadata.uid.as_deref().expect("uid");
-        ctx.memory.started(uid);
-        ctx.memory.in_sync(pet, uid, (Some(1), 0), "r", None);
-    }
-
     /// A store's follower runs while the store is open, and goes with it;
     /// a store opened again on another endpoint (a new spec) moves to that
     /// endpoint's feed, from now.
     #[tokio::test(start_paused = true)]
     async fn a_follower_runs_while_its_store_is_open() {
         let pets = [pet_on(Some("ClusterPetStore/a"), "pet-a", Some("record-1"))];
-        let FollowingStores {
-            ctx,
-            open,
-            mut queued,
-            stop,
-            _own_feed,
-        } = following_stores(&pets);
-        synced(&ctx, &pets[0]);
+        let mut f = following_stores(&pets);
+        synced(&f.ctx, &pets[0]);
         settle().await;
         let audit = Settings::default().audit_interval;
         let poll = Settings::default().poll_interval;
         let a = StoreId::cluster("a");
-        assert_eq!(ctx.poll.interval_for(Some(&a), 1), poll, "not open yet");
+        assert_eq!(f.ctx.poll.interval_for(Some(&a), 1), poll, "not open yet");
 
         let first = Arc::new(FakeStore::default());
         let first_feed = scripted_feed(&first);
-        open.send_modify(|feeds| put_group(feeds, source("one:6742"), &first, &[&a]));
+        f.open
+            .send_modify(|feeds| put_group(feeds, source("one:6742"), &first, &[&a]));
         settle().await;
         first_feed.unbounded_send(batch(4)).expect("send");
         settle().await;
-        assert_eq!(ctx.poll.interval_for(Some(&a), 1), audit, "followed");
+        assert_eq!(f.ctx.poll.interval_for(Some(&a), 1), audit, "followed");
         assert_eq!(watches(&first), ["watch:0"]);
         // Followed from now: the Pet synced before is read once more.
-        assert_eq!(queued_now(&mut queued), ["pet-a"]);
+        assert_eq!(queued_now(&mut f.queued), ["pet-a"]);
 
         // Its reconcile found it in sync.
-        synced(&ctx, &pets[0]);
+        synced(&f.ctx, &pets[0]);
 
         // Opened again with a new spec naming another endpoint: that
         // endpoint's feed, on the new client; the first, left without
         // members, stops.
         let second = Arc::new(FakeStore::default());
         let second_feed = scripted_feed(&second);
-        open.send_modify(|feeds| {
+        f.open.send_modify(|feeds| {
             feeds.clear();
             put_group(feeds, source("two:6742"), &second, &[&a]);
         });
@@ -1628,31 +1623,31 @@ mod tests {
         second_feed.unbounded_send(batch(1)).expect("send");
         settle().await;
         assert_eq!(watches(&second), ["watch:0"]);
-        assert_eq!(ctx.poll.interval_for(Some(&a), 1), audit);
+        assert_eq!(f.ctx.poll.interval_for(Some(&a), 1), audit);
         assert!(
             first_feed.is_closed(),
             "the first follower let go of its feed"
         );
         assert_eq!(
-            queued_now(&mut queued),
+            queued_now(&mut f.queued),
             ["pet-a"],
             "followed from now again"
         );
 
-        synced(&ctx, &pets[0]);
+        synced(&f.ctx, &pets[0]);
 
         // Closed (its object deleted, say): polled again, and its Pets,
         // which were only audited, are read now.
-        open.send_modify(Feeds::clear);
+        f.open.send_modify(Feeds::clear);
         settle().await;
-        assert_eq!(ctx.poll.interval_for(Some(&a), 1), poll, "closed");
-        assert_eq!(queued_now(&mut queued), ["pet-a"], "read on closing");
+        assert_eq!(f.ctx.poll.interval_for(Some(&a), 1), poll, "closed");
+        assert_eq!(queued_now(&mut f.queued), ["pet-a"], "read on closing");
         assert_eq!(
-            ctx.poll.interval_for(Some(&StoreId::Own), 1),
+            f.ctx.poll.interval_for(Some(&StoreId::Own), 1),
             poll,
             "the own store's feed was never live here"
         );
-        stop.cancel();
+        f.stop.cancel();
     }
 
     /// Store objects on one endpoint share one feed: one watch, whose
@@ -1667,13 +1662,7 @@ mod tests {
             pet_on(Some("ClusterPetStore/c"), "pet-c", Some("record-1")),
             pet_on(Some("PetStore/d"), "pet-d", Some("record-3")),
         ];
-        let FollowingStores {
-            ctx,
-            open,
-            mut queued,
-            stop,
-            _own_feed,
-        } = following_stores(&pets);
+        let mut f = following_stores(&pets);
         let [a, b, c, d] = [
             StoreId::cluster("a"),
             StoreId::namespaced("team", "b"),
@@ -1688,7 +1677,7 @@ mod tests {
         let _reopened = scripted_feed(&shared);
         let other = Arc::new(FakeStore::default());
         let other_feed = scripted_feed(&other);
-        open.send_modify(|feeds| {
+        f.open.send_modify(|feeds| {
             put_group(feeds, source("one:6742"), &shared, &[&a, &b]);
             put_group(feeds, source("two:6742"), &other, &[&c]);
         });
@@ -1703,7 +1692,7 @@ mod tests {
             "c's endpoint: a feed of its own"
         );
         for store in [&a, &b, &c] {
-            assert_eq!(ctx.poll.interval_for(Some(store), 1), audit, "{store}");
+            assert_eq!(f.ctx.poll.interval_for(Some(store), 1), audit, "{store}");
         }
         let live = |ctx: &Context, n: usize| {
             let metrics = ctx.metrics.encode().expect("metrics");
@@ -1712,7 +1701,7 @@ mod tests {
                 "{n} store objects live: {metrics}"
             );
         };
-        live(&ctx, 3);
+        live(&f.ctx, 3);
         let rex = |id: &str| RecordChange::changed(id, "", "Rex");
         // One change on the shared feed for each of its objects' records:
         // each queues its own Pet, and c's record-1 is not this server's.
@@ -1720,64 +1709,67 @@ mod tests {
             .unbounded_send(batch_of(2, vec![rex("record-1"), rex("record-2")]))
             .expect("send");
         settle().await;
-        assert_eq!(queued_now(&mut queued), ["pet-a", "pet-b"]);
+        assert_eq!(queued_now(&mut f.queued), ["pet-a", "pet-b"]);
 
         // d opens on the same endpoint: it joins the running feed, which
         // goes on from where it was.
-        synced(&ctx, &pets[3]);
-        open.send_modify(|feeds| put_group(feeds, source("one:6742"), &shared, &[&a, &b, &d]));
+        synced(&f.ctx, &pets[3]);
+        f.open
+            .send_modify(|feeds| put_group(feeds, source("one:6742"), &shared, &[&a, &b, &d]));
         settle().await;
         assert_eq!(watches(&shared), ["watch:0"], "not reopened");
         assert_eq!(
-            ctx.poll.interval_for(Some(&d), 1),
+            f.ctx.poll.interval_for(Some(&d), 1),
             audit,
             "d's poll waits for the feed"
         );
         assert_eq!(
-            queued_now(&mut queued),
+            queued_now(&mut f.queued),
             ["pet-d"],
             "the feed is new to d's synced Pets"
         );
-        live(&ctx, 4);
+        live(&f.ctx, 4);
         shared_feed
             .unbounded_send(batch_of(3, vec![rex("record-3")]))
             .expect("send");
         settle().await;
         assert_eq!(
-            queued_now(&mut queued),
+            queued_now(&mut f.queued),
             ["pet-d"],
             "d's change after its join"
         );
 
         // a closes: it leaves, its synced Pet is read, and the feed no
         // longer judges for it.
-        synced(&ctx, &pets[0]);
-        open.send_modify(|feeds| put_group(feeds, source("one:6742"), &shared, &[&b, &d]));
+        synced(&f.ctx, &pets[0]);
+        f.open
+            .send_modify(|feeds| put_group(feeds, source("one:6742"), &shared, &[&b, &d]));
         settle().await;
-        assert_eq!(ctx.poll.interval_for(Some(&a), 1), poll, "a is polled");
-        assert_eq!(queued_now(&mut queued), ["pet-a"], "read on leaving");
-        live(&ctx, 3);
+        assert_eq!(f.ctx.poll.interval_for(Some(&a), 1), poll, "a is polled");
+        assert_eq!(queued_now(&mut f.queued), ["pet-a"], "read on leaving");
+        live(&f.ctx, 3);
         shared_feed
             .unbounded_send(batch_of(4, vec![rex("record-1")]))
             .expect("send");
         tokio::time::sleep(INDEX_REFRESH * 2).await;
         settle().await;
         assert!(
-            queued_now(&mut queued).is_empty(),
+            queued_now(&mut f.queued).is_empty(),
             "a's record is no longer followed"
         );
         assert_eq!(watches(&shared), ["watch:0"]);
 
         // The last members leave: the feed stops; c's goes on.
-        open.send_modify(|feeds| drop(feeds.remove(&source("one:6742"))));
+        f.open
+            .send_modify(|feeds| drop(feeds.remove(&source("one:6742"))));
         settle().await;
         assert!(shared_feed.is_closed(), "the shared feed stopped");
         assert_eq!(watches(&shared), ["watch:0"]);
         for store in [&b, &d] {
-            assert_eq!(ctx.poll.interval_for(Some(store), 1), poll, "{store}");
+            assert_eq!(f.ctx.poll.interval_for(Some(store), 1), poll, "{store}");
         }
-        assert_eq!(ctx.poll.interval_for(Some(&c), 1), audit);
-        live(&ctx, 1);
-        stop.cancel();
+        assert_eq!(f.ctx.poll.interval_for(Some(&c), 1), audit);
+        live(&f.ctx, 1);
+        f.stop.cancel();
     }
 }

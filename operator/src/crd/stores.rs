@@ -46,111 +46,105 @@ fn default_audience() -> String {
     DEFAULT_AUDIENCE.to_owned()
 }
 
-/// A pet store in this namespace, for the Pets of this namespace only.
-#[derive(kube::CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
-#[kube(
-    group = "petstore.example.com",
-    version = "v1",
-    kind = "PetStore",
-    plural = "petstores",
-    namespaced,
-    doc = "A pet store for the Pets of this namespace: a Pet uses it with spec.storeRef {kind: PetStore, name: <this>}. Deleting it is refused while a Pet of this namespace uses it.",
-    status = "StoreStatus",
-    derive = "PartialEq",
-    shortname = "ps",
-    category = "petstore",
-    printcolumn(name = "Address", type_ = "string", json_path = ".spec.address"),
-    printcolumn(
-        name = "Ready",
-        type_ = "string",
-        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
-    ),
-    printcolumn(
-        name = "Pets",
-        type_ = "integer",
-        json_path = ".status.pets",
-        description = "How many Pets use this store"
-    ),
-    printcolumn(
-        name = "Age",
-        type_ = "date",
-        json_path = ".metadata.creationTimestamp"
-    )
-)]
-#[serde(rename_all = "camelCase")]
-pub struct PetStoreSpec {
-    /// The store's gRPC address: https://host:port, or http://host:port
-    /// for a store without TLS.
-    #[schemars(length(min = 1, max = MAX_ADDRESS), extend("x-kubernetes-validations" = [address_rule()]))]
-    pub address: String,
-
-    /// How to verify the store's TLS certificate. Without it, an https
-    /// address is verified against the system's trusted roots.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tls: Option<StoreTls>,
-
-    /// The audience the tokens sent to this store must carry, so a token
-    /// meant for one store is refused by another.
-    #[serde(default = "default_audience")]
-    #[schemars(length(min = 1, max = MAX_OBJECT_NAME))]
-    pub audience: String,
+/// Declares a store kind's spec with the `#[kube]` attributes both kinds
+/// share: group and version, status, category and printer columns. The
+/// kind's own `#[kube]` attribute (kind, plural, scope, doc, short name)
+/// goes on the struct; kube-derive reads the two as one.
+macro_rules! store_kind {
+    ($(#[$attr:meta])* pub struct $spec:ident $fields:tt) => {
+        #[derive(kube::CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+        #[kube(
+            group = "petstore.example.com",
+            version = "v1",
+            status = "StoreStatus",
+            derive = "PartialEq",
+            category = "petstore",
+            printcolumn(name = "Address", type_ = "string", json_path = ".spec.address"),
+            printcolumn(
+                name = "Ready",
+                type_ = "string",
+                json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+            ),
+            printcolumn(
+                name = "Pets",
+                type_ = "integer",
+                json_path = ".status.pets",
+                description = "How many Pets use this store"
+            ),
+            printcolumn(
+                name = "Age",
+                type_ = "date",
+                json_path = ".metadata.creationTimestamp"
+            )
+        )]
+        $(#[$attr])*
+        pub struct $spec $fields
+    };
 }
 
-/// A pet store for the whole cluster, for the Pets of the namespaces it
-/// admits.
-#[derive(kube::CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
-#[kube(
-    group = "petstore.example.com",
-    version = "v1",
-    kind = "ClusterPetStore",
-    plural = "clusterpetstores",
-    doc = "A pet store shared by the namespaces spec.allowedNamespaces admits: a Pet there uses it with spec.storeRef {kind: ClusterPetStore, name: <this>}. Deleting it is refused while any Pet uses it.",
-    status = "StoreStatus",
-    derive = "PartialEq",
-    shortname = "cps",
-    category = "petstore",
-    printcolumn(name = "Address", type_ = "string", json_path = ".spec.address"),
-    printcolumn(
-        name = "Ready",
-        type_ = "string",
-        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
-    ),
-    printcolumn(
-        name = "Pets",
-        type_ = "integer",
-        json_path = ".status.pets",
-        description = "How many Pets use this store"
-    ),
-    printcolumn(
-        name = "Age",
-        type_ = "date",
-        json_path = ".metadata.creationTimestamp"
-    )
-)]
-#[serde(rename_all = "camelCase")]
-pub struct ClusterPetStoreSpec {
-    /// The store's gRPC address: https://host:port, or http://host:port
-    /// for a store without TLS.
-    #[schemars(length(min = 1, max = MAX_ADDRESS), extend("x-kubernetes-validations" = [address_rule()]))]
-    pub address: String,
+store_kind! {
+    /// A pet store in this namespace, for the Pets of this namespace only.
+    #[kube(
+        kind = "PetStore",
+        plural = "petstores",
+        namespaced,
+        doc = "A pet store for the Pets of this namespace: a Pet uses it with spec.storeRef {kind: PetStore, name: <this>}. Deleting it is refused while a Pet of this namespace uses it.",
+        shortname = "ps"
+    )]
+    #[serde(rename_all = "camelCase")]
+    pub struct PetStoreSpec {
+        /// The store's gRPC address: https://host:port, or http://host:port
+        /// for a store without TLS.
+        #[schemars(length(min = 1, max = MAX_ADDRESS), extend("x-kubernetes-validations" = [address_rule()]))]
+        pub address: String,
 
-    /// How to verify the store's TLS certificate. Without it, an https
-    /// address is verified against the system's trusted roots. The CA's
-    /// Secret or ConfigMap is named with its namespace.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tls: Option<StoreTls<NamespacedKeyRef>>,
+        /// How to verify the store's TLS certificate. Without it, an https
+        /// address is verified against the system's trusted roots.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub tls: Option<StoreTls>,
 
-    /// The audience the tokens sent to this store must carry, so a token
-    /// meant for one store is refused by another.
-    #[serde(default = "default_audience")]
-    #[schemars(length(min = 1, max = MAX_OBJECT_NAME))]
-    pub audience: String,
+        /// The audience the tokens sent to this store must carry, so a token
+        /// meant for one store is refused by another.
+        #[serde(default = "default_audience")]
+        #[schemars(length(min = 1, max = MAX_OBJECT_NAME))]
+        pub audience: String,
+    }
+}
 
-    /// The namespaces whose Pets may use this store. Unset admits no
-    /// namespace at all (a cluster store is shared only on purpose); an
-    /// empty selector ({}) admits every namespace.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub allowed_namespaces: Option<AllowedNamespaces>,
+store_kind! {
+    /// A pet store for the whole cluster, for the Pets of the namespaces it
+    /// admits.
+    #[kube(
+        kind = "ClusterPetStore",
+        plural = "clusterpetstores",
+        doc = "A pet store shared by the namespaces spec.allowedNamespaces admits: a Pet there uses it with spec.storeRef {kind: ClusterPetStore, name: <this>}. Deleting it is refused while any Pet uses it.",
+        shortname = "cps"
+    )]
+    #[serde(rename_all = "camelCase")]
+    pub struct ClusterPetStoreSpec {
+        /// The store's gRPC address: https://host:port, or http://host:port
+        /// for a store without TLS.
+        #[schemars(length(min = 1, max = MAX_ADDRESS), extend("x-kubernetes-validations" = [address_rule()]))]
+        pub address: String,
+
+        /// How to verify the store's TLS certificate. Without it, an https
+        /// address is verified against the system's trusted roots. The CA's
+        /// Secret or ConfigMap is named with its namespace.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub tls: Option<StoreTls<NamespacedKeyRef>>,
+
+        /// The audience the tokens sent to this store must carry, so a token
+        /// meant for one store is refused by another.
+        #[serde(default = "default_audience")]
+        #[schemars(length(min = 1, max = MAX_OBJECT_NAME))]
+        pub audience: String,
+
+        /// The namespaces whose Pets may use this store. Unset admits no
+        /// namespace at all (a cluster store is shared only on purpose); an
+        /// empty selector ({}) admits every namespace.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub allowed_namespaces: Option<AllowedNamespaces>,
+    }
 }
 
 impl ClusterPetStoreSpec {
