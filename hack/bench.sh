@@ -18,6 +18,8 @@
 #   hack/bench.sh --rotation 30m     # only certificate rotation: a TLS file changed every
 #                                    # --rotation-period (60s), --pets (1000) renamed
 #                                    # throughout; each change timed until in use
+#   hack/bench.sh --at-scale 100000 # only the operator alone at N: convergence, drift, restart
+#                                    # and steady state, the control plane's memory beside them
 #   hack/bench.sh --flood 60s        # only the operator's store calls, renames alone and
 #                                    # then while ghz floods the store from another client
 #   hack/bench.sh --tracing ...      # with every trace exported to a local OpenTelemetry Collector

@@ -3,6 +3,7 @@
 //! and writes BENCHMARKS.md; a smoke test runs them tiny.
 
 pub mod apimetrics;
+pub mod at_scale;
 pub mod convergence;
 pub mod drift;
 pub mod fairness;
@@ -204,12 +205,10 @@ pub fn run_pairs(config: &BenchConfig, progress: impl Fn(&str)) -> Result<Vec<Ve
 }
 
 /// The operator's runs alone, `config.pairs` at each N: the convergence,
-/// its CPU a Pet by process, peak memory and requests. With `whole_cycle`,
-/// each run goes on as a full run's does (out-of-band drift, a `kill -9`
-/// and restart, steady state), without the floor or the report.
+/// its CPU a Pet by process, peak memory (the control plane's too) and
+/// requests.
 pub fn run_operator_alone(
     config: &BenchConfig,
-    whole_cycle: bool,
     progress: impl Fn(&str),
 ) -> Result<Vec<ConvergenceResult>> {
     let rt = runtime()?;
@@ -217,11 +216,7 @@ pub fn run_operator_alone(
     for &pets in &config.sizes {
         let c = convergence_config(config, pets);
         for run in 1..=config.pairs {
-            let operator = if whole_cycle {
-                convergence::measure_operator(&rt, &c)?
-            } else {
-                convergence::measure_operator_convergence(&rt, &c)?
-            };
+            let operator = convergence::measure_operator_convergence(&rt, &c)?;
             let o = operator.cpu;
             let memory = operator.control_plane;
             progress(&format!(
@@ -238,9 +233,6 @@ pub fn run_operator_alone(
                 memory.etcd_db_bytes as f64 / (1024.0 * 1024.0),
                 report::requests_joined(&operator.api_requests, ", "),
             ));
-            if whole_cycle {
-                progress(&report::whole_cycle_summary(&operator));
-            }
             runs.push(operator);
         }
     }

@@ -84,13 +84,6 @@ struct Args {
     #[arg(long, requires = "pairs_only")]
     operator_alone: bool,
 
-    /// With --operator-alone: each run goes on as a full run's does, with
-    /// out-of-band drift, a `kill -9` and restart, and steady state, each
-    /// printed as the report's rows would give it (writes per Pet, the
-    /// restart's writes and catch-up, drift's p99).
-    #[arg(long, requires = "operator_alone")]
-    whole_cycle: bool,
-
     /// Only pairs, as --pairs-only, but run side by side: the two runs of a
     /// pair at the same time, each pinned to a core of its own, so that both
     /// meet the same moment of a machine whose speed moves; the cores swap
@@ -259,6 +252,19 @@ struct Args {
         conflicts_with_all = ["store_only", "skip_store", "pairs_only", "side_by_side", "tracing", "scale", "idle", "plans", "import", "fairness", "token_cost", "spread", "rotation", "flood", "sizes", "pairs", "floor_as", "poll_max_rate", "pets"]
     )]
     pacing: Option<Option<usize>>,
+
+    /// Only the operator at N Pets, alone: its convergence, then
+    /// out-of-band drift, a `kill -9` and restart, and steady state, with
+    /// the API server's and etcd's memory beside the figures. Rewrites only
+    /// the report's section "The operator at scale", which every other run
+    /// keeps.
+    #[arg(
+        long,
+        value_name = "N",
+        value_parser = at_least_one,
+        conflicts_with_all = ["store_only", "skip_store", "pairs_only", "side_by_side", "tracing", "scale", "idle", "plans", "import", "fairness", "token_cost", "spread", "rotation", "flood", "pacing", "sizes", "pairs", "floor_as"]
+    )]
+    at_scale: Option<usize>,
 
     /// With --pacing: the Pets read once a second from the store bound by
     /// rate, twice its calls a second (200; with --smoke: 20) [default:
@@ -626,6 +632,14 @@ fn flood(args: &Args, window: std::time::Duration, out: &Path) -> ExitCode {
 }
 
 /// The --pacing run: measures, then rewrites the report's pacing section.
+fn at_scale(args: &Args, pets: usize, out: &Path) -> ExitCode {
+    use bench::at_scale::{SECTION, markdown, measure};
+    progress(&format!("the operator alone, N = {pets}"));
+    write_section(out, SECTION, measure(&args.config(), pets), markdown, |r| {
+        r.goal_met()
+    })
+}
+
 fn pacing(args: &Args, pets: Option<usize>, out: &Path) -> ExitCode {
     use bench::pacing::{SECTION, markdown, measure};
     let config = args.pacing_config(pets);
@@ -635,7 +649,8 @@ fn pacing(args: &Args, pets: Option<usize>, out: &Path) -> ExitCode {
 
 /// The sections measured by runs of their own (each mode's flag): a full
 /// run keeps them as they were.
-const KEPT_SECTIONS: [&str; 10] = [
+const KEPT_SECTIONS: [&str; 11] = [
+    bench::at_scale::SECTION,
     bench::idle::SECTION,
     bench::idle::OBSERVE_SECTION,
     bench::plans::SECTION,
@@ -721,8 +736,11 @@ fn main() -> ExitCode {
     if let Some(pets) = args.pacing {
         return pacing(&args, pets, &out);
     }
+    if let Some(pets) = args.at_scale {
+        return at_scale(&args, pets, &out);
+    }
     if args.operator_alone {
-        return match bench::run_operator_alone(&args.config(), args.whole_cycle, progress) {
+        return match bench::run_operator_alone(&args.config(), progress) {
             Ok(_) => ExitCode::SUCCESS,
             Err(err) => failed(err),
         };
@@ -796,13 +814,6 @@ mod tests {
         let full = parse(&[]).expect("no flags").config();
         assert_eq!(full.sizes, BenchConfig::full().sizes);
         assert_eq!(full.scale_records, BenchConfig::full().scale_records);
-    }
-
-    #[test]
-    fn the_whole_cycle_is_a_mode_of_the_operator_alone() {
-        let alone = parse(&["--pairs-only", "--operator-alone", "--whole-cycle"]).expect("valid");
-        assert!(alone.operator_alone && alone.whole_cycle);
-        assert!(parse(&["--pairs-only", "--whole-cycle"]).is_err());
     }
 
     #[test]

@@ -148,35 +148,6 @@ pub(crate) fn requests_joined(counts: &RequestCounts, separator: &str) -> String
         .join(separator)
 }
 
-/// One line of what a whole cycle of the operator alone measured, after
-/// its convergence: the rows the full report gives for its largest N.
-pub fn whole_cycle_summary(r: &ConvergenceResult) -> String {
-    format!(
-        "N = {}, whole cycle: API writes per Pet {:.3} (goal ≤ {GOAL_WRITES_PER_PET:.1}); store reads per Pet {:.3}; out-of-band changes put back ({} renames, {} deletes, arriving at {:.0} a second): p50 {:.3} s, p99 {:.3} s, max {:.3} s (goal p99 ≤ {:.1} s), the reconciles meanwhile p99 ≤ {} s; restart: {} API and {} store writes, caught up in {:.1} s (of it {:.1} s waiting for the Lease), peak RSS {:.1} MiB; steady state over {:.0} s: {} API and {} store writes, {} store reads",
-        r.pets,
-        r.writes_per_pet(),
-        r.reads_per_pet(),
-        r.drift.edits,
-        r.drift.deletes,
-        r.drift.arrival_rate(),
-        r.drift.p50.as_secs_f64(),
-        r.drift.p99.as_secs_f64(),
-        r.drift.max.as_secs_f64(),
-        GOAL_DRIFT_P99.as_secs_f64(),
-        r.drift_reconcile_p99
-            .map_or_else(|| "(none)".to_owned(), |p99| format!("{p99}")),
-        r.restart_api_writes,
-        r.restart_store_writes,
-        r.restart_catch_up.as_secs_f64(),
-        r.restart_lease_wait.as_secs_f64(),
-        mib(r.restart_peak_rss_kib),
-        r.steady_window.as_secs_f64(),
-        r.steady_api_writes,
-        r.steady_store_writes,
-        r.steady_store_reads,
-    )
-}
-
 /// A "###" section's heading and the paragraph that introduces it.
 pub(crate) fn subsection(out: &mut String, heading: &str, intro: &str) {
     let _ = writeln!(out, "\n### {heading}\n");

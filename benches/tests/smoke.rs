@@ -29,14 +29,20 @@ fn benchmarks_run_end_to_end() -> fixtures::Result<()> {
             r.drift_reconcile_p99.is_some(),
             "the reconciles that put the drift back timed: {r:?}"
         );
-        // What `--operator-alone --whole-cycle` prints of the same run.
-        let summary = bench::report::whole_cycle_summary(r);
+        // The same run as `--at-scale` reports it.
+        let at_scale = bench::at_scale::AtScaleResult {
+            stamp: bench::report::Stamp::now(),
+            run: r.clone(),
+        };
+        let section = bench::at_scale::markdown(&at_scale, "hack/bench.sh --at-scale 10");
         assert!(
-            summary.contains(&format!(
-                "restart: {} API and {} store writes",
-                r.restart_api_writes, r.restart_store_writes
+            section.contains(&format!(
+                "| {}, {}, {:.1} s",
+                r.restart_api_writes,
+                r.restart_store_writes,
+                r.restart_catch_up.as_secs_f64()
             )),
-            "{summary}"
+            "{section}"
         );
         assert!(
             r.pairs
@@ -236,7 +242,7 @@ fn the_operator_alone_runs_end_to_end() -> fixtures::Result<()> {
         pairs: 1,
         ..BenchConfig::smoke()
     };
-    let runs = bench::run_operator_alone(&config, false, progress)?;
+    let runs = bench::run_operator_alone(&config, progress)?;
     assert_eq!(runs.len(), config.sizes.len(), "one run a size");
     for r in &runs {
         assert!(r.converge > std::time::Duration::ZERO, "{r:?}");
