@@ -221,8 +221,12 @@ impl Context {
         client: &dyn crate::store::PetStore,
     ) -> Storm {
         let min = self.settings.drift_storm.min;
+        // With the brake off nothing is counted: counting walks the cache.
+        if min == 0 {
+            return Storm::Calm;
+        }
         let pets = self.poll.pets_on(store, Some(namespace));
-        if min == 0 || pets < min {
+        if pets < min {
             return Storm::Calm;
         }
         match client.holds_no_records().await {
