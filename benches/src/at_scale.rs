@@ -11,7 +11,9 @@ use fixtures::Result;
 
 use crate::BenchConfig;
 use crate::convergence::{self, ConvergenceResult};
-use crate::report::{GOAL_DRIFT_P99, GOAL_WRITES_PER_PET, Stamp, measured_section, plain_verdict};
+use crate::report::{
+    GOAL_DRIFT_P99, GOAL_WRITES_PER_PET, Stamp, measured_section, mib, plain_verdict,
+};
 
 /// The report's section; every other run keeps it.
 pub const SECTION: &str = "\n## The operator at scale";
@@ -42,10 +44,6 @@ pub fn measure(config: &BenchConfig, pets: usize) -> Result<AtScaleResult> {
     Ok(AtScaleResult { stamp, run })
 }
 
-fn mib(kib: u64) -> f64 {
-    kib as f64 / 1024.0
-}
-
 impl AtScaleResult {
     fn rss_met(&self) -> bool {
         mib(self.run.operator_peak_rss_kib) <= GOAL_PEAK_RSS_MIB
@@ -64,9 +62,7 @@ impl AtScaleResult {
 
     fn drift_met(&self) -> bool {
         let drift = &self.run.drift;
-        drift.edits > 0
-            && drift.p99 <= GOAL_DRIFT_P99
-            && drift.arrival_rate() >= GOAL_DRIFT_ARRIVALS
+        drift.met() && drift.arrival_rate() >= GOAL_DRIFT_ARRIVALS
     }
 
     fn reconcile_met(&self) -> bool {
@@ -154,12 +150,8 @@ pub fn markdown(result: &AtScaleResult, command: &str) -> String {
             GOAL_DRIFT_P99.as_secs_f64()
         ),
         format!(
-            "{:.3} s (p50 {:.3} s, max {:.3} s; {} renames and {} deletes, arriving at {:.0} a second)",
-            drift.p99.as_secs_f64(),
-            drift.p50.as_secs_f64(),
-            drift.max.as_secs_f64(),
-            drift.edits,
-            drift.deletes,
+            "{}, arriving at {:.0} a second",
+            drift.figures(),
             drift.arrival_rate()
         ),
         Some(result.drift_met()),
@@ -208,7 +200,7 @@ pub fn markdown(result: &AtScaleResult, command: &str) -> String {
             "{:.1} MiB, {:.1} MiB, {:.1} MiB",
             mib(memory.apiserver_peak_rss_kib),
             mib(memory.etcd_peak_rss_kib),
-            memory.etcd_db_bytes as f64 / (1024.0 * 1024.0)
+            memory.etcd_db_mib()
         ),
         None,
     );

@@ -203,6 +203,10 @@ pub struct ControlPlaneMemory {
 }
 
 impl ControlPlaneMemory {
+    pub fn etcd_db_mib(&self) -> f64 {
+        self.etcd_db_bytes as f64 / (1024.0 * 1024.0)
+    }
+
     pub(crate) fn sample(env: &Env) -> Self {
         let peak = |pid: Option<u32>| pid.and_then(procstat::peak_rss_kib).unwrap_or(0);
         Self {

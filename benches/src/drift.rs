@@ -29,6 +29,24 @@ pub struct DriftResult {
 }
 
 impl DriftResult {
+    /// Its goal: some changes made, and their p99 put back within
+    /// [`GOAL_DRIFT_P99`](crate::report::GOAL_DRIFT_P99).
+    pub fn met(&self) -> bool {
+        self.edits > 0 && self.p99 <= crate::report::GOAL_DRIFT_P99
+    }
+
+    /// `p99 s (p50 …, max …; N renames, N deletes)`, as the report shows it.
+    pub fn figures(&self) -> String {
+        format!(
+            "{:.3} s (p50 {:.3} s, max {:.3} s; {} renames, {} deletes)",
+            self.p99.as_secs_f64(),
+            self.p50.as_secs_f64(),
+            self.max.as_secs_f64(),
+            self.edits,
+            self.deletes
+        )
+    }
+
     /// Changes sent a second while they were being sent.
     pub fn arrival_rate(&self) -> f64 {
         (self.edits + self.deletes) as f64 / self.sending.as_secs_f64().max(1e-9)

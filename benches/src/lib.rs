@@ -227,10 +227,10 @@ pub fn run_operator_alone(
                 per_pet(o.etcd, pets),
                 per_pet(o.operator, pets),
                 per_pet(o.store, pets),
-                operator.operator_peak_rss_kib as f64 / 1024.0,
-                memory.apiserver_peak_rss_kib as f64 / 1024.0,
-                memory.etcd_peak_rss_kib as f64 / 1024.0,
-                memory.etcd_db_bytes as f64 / (1024.0 * 1024.0),
+                report::mib(operator.operator_peak_rss_kib),
+                report::mib(memory.apiserver_peak_rss_kib),
+                report::mib(memory.etcd_peak_rss_kib),
+                memory.etcd_db_mib(),
                 report::requests_joined(&operator.api_requests, ", "),
             ));
             runs.push(operator);

@@ -114,7 +114,7 @@ pub fn duration_words(window: Duration) -> String {
     }
 }
 
-fn mib(kib: u64) -> f64 {
+pub(crate) fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
 }
 
@@ -293,15 +293,8 @@ fn goals(out: &mut String, results: &[ConvergenceResult]) {
                     r.pets
                 ),
                 &format!("≤ {:.1} s", GOAL_DRIFT_P99.as_secs_f64()),
-                format!(
-                    "{:.3} s (p50 {:.3} s, max {:.3} s; {} renames, {} deletes)",
-                    drift.p99.as_secs_f64(),
-                    drift.p50.as_secs_f64(),
-                    drift.max.as_secs_f64(),
-                    drift.edits,
-                    drift.deletes
-                ),
-                drift.edits > 0 && drift.p99 <= GOAL_DRIFT_P99,
+                drift.figures(),
+                drift.met(),
             );
         }
         if let Some((interval, drift)) = &r.drift_polling {
@@ -484,7 +477,7 @@ pub fn operator(out: &mut String, results: &[ConvergenceResult], plot: Option<&s
             mib(r.store_peak_rss_kib),
             mib(r.control_plane.apiserver_peak_rss_kib),
             mib(r.control_plane.etcd_peak_rss_kib),
-            r.control_plane.etcd_db_bytes as f64 / (1024.0 * 1024.0),
+            r.control_plane.etcd_db_mib(),
         );
     }
     if let Some(plot) = plot {

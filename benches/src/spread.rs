@@ -29,6 +29,7 @@ use crate::convergence::{
     for_each_pet, hold_lease, kube_error, pet, prepare, quiet, shipped_options, spawn_baseline,
     start_leader, store_calls, warmed_up, writes_since,
 };
+use crate::report::mib;
 use crate::side_by_side::{self, SideBySide, SideResult, Sides};
 use crate::{BenchConfig, procstat};
 use fixtures::{Env, PetStoreServer, Result, Storage, TenancyFlags};
@@ -800,10 +801,6 @@ async fn mint(client: &kube::Client, ns: &str, audience: String) -> Result<()> {
         .await
         .map(drop)
         .map_err(kube_error)
-}
-
-fn mib(kib: u64) -> f64 {
-    kib as f64 / 1024.0
 }
 
 fn calls(figures: &Figures) -> String {
