@@ -37,7 +37,7 @@ summary() {
     awk -F'\t' '{ cpu[$1] += $4; planes[$1]++; all += $4; n++ }
       END { printf "  %d control planes, their API servers %.0f CPU-seconds; the 10 stories that used most (CPU-seconds, control planes, story):\n", n, all
             for (s in cpu) printf "  %7.1f  %d  %s\n", cpu[s], planes[s], s }' "$PETSTORE_COST_FILE" \
-      | { IFS= read -r head; echo "$head"; sort -rn | head -10; }
+      | { IFS= read -r head; echo "$head"; sort -rn | awk 'NR <= 10'; } # not head: it leaves early, and sort's next write dies of SIGPIPE (141) under pipefail
   fi
   rm -f "$PETSTORE_COST_FILE"
   # One closing line for every test binary together (cargo ends on doc-tests).
