@@ -14,6 +14,9 @@
 //!
 //! kube's own retries and requeues (backoffs, polls scheduled by a
 //! reconcile) go straight to its scheduler: they are timed, not a burst.
+//!
+//! Each Pet admitted says how long it waited here, from its first trigger
+//! not yet run: the queue wait of the operator's service levels.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -21,6 +24,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use futures::Stream;
 use kube::runtime::reflector::ObjectRef;
 use tokio::sync::Notify;
+use tokio::time::{Duration, Instant};
 
 use crate::crd::Pet;
 
@@ -37,21 +41,29 @@ pub struct FairQueue {
     limit: usize,
 }
 
+/// A Pet handed to kube, and how long it waited for its turn.
+pub struct Admitted {
+    pub pet: ObjectRef<Pet>,
+    pub waited: Duration,
+}
+
 #[derive(Default)]
 struct State {
-    waiting: HashMap<Namespace, VecDeque<ObjectRef<Pet>>>,
+    /// Each with when it was first triggered.
+    waiting: HashMap<Namespace, VecDeque<(ObjectRef<Pet>, Instant)>>,
     /// The namespaces with waiting Pets, in the order of their turns.
     turns: VecDeque<Namespace>,
     /// Every Pet in `waiting`, to keep each once.
     queued: HashSet<ObjectRef<Pet>>,
     /// Handed to kube, and not yet finished.
     admitted: HashSet<ObjectRef<Pet>>,
-    /// Admitted Pets triggered again meanwhile.
-    again: HashSet<ObjectRef<Pet>>,
+    /// Admitted Pets triggered again meanwhile, with when first.
+    again: HashMap<ObjectRef<Pet>, Instant>,
 }
 
 impl State {
-    fn enqueue(&mut self, pet: ObjectRef<Pet>) {
+    /// A Pet already waiting keeps its place and its first trigger's time.
+    fn enqueue(&mut self, pet: ObjectRef<Pet>, since: Instant) {
         if !self.queued.insert(pet.clone()) {
             return;
         }
@@ -60,21 +72,21 @@ impl State {
         if queue.is_empty() {
             self.turns.push_back(namespace);
         }
-        queue.push_back(pet);
+        queue.push_back((pet, since));
     }
 
     /// The first Pet of the namespace whose turn it is.
-    fn next_turn(&mut self) -> Option<ObjectRef<Pet>> {
+    fn next_turn(&mut self) -> Option<(ObjectRef<Pet>, Instant)> {
         let namespace = self.turns.pop_front()?;
         let queue = self.waiting.get_mut(&namespace)?;
-        let pet = queue.pop_front()?;
+        let (pet, since) = queue.pop_front()?;
         if queue.is_empty() {
             self.waiting.remove(&namespace);
         } else {
             self.turns.push_back(namespace);
         }
         self.queued.remove(&pet);
-        Some(pet)
+        Some((pet, since))
     }
 }
 
@@ -96,12 +108,13 @@ impl FairQueue {
 
     /// Asks for `pet` to be reconciled.
     pub fn push(&self, pet: ObjectRef<Pet>) {
+        let now = Instant::now();
         let mut state = self.state();
         if state.admitted.contains(&pet) {
-            state.again.insert(pet);
+            state.again.entry(pet).or_insert(now);
             return;
         }
-        state.enqueue(pet);
+        state.enqueue(pet, now);
         drop(state);
         self.wake.notify_one();
     }
@@ -113,8 +126,8 @@ impl FairQueue {
         if !state.admitted.remove(pet) {
             return;
         }
-        if state.again.remove(pet) {
-            state.enqueue(pet.clone());
+        if let Some(since) = state.again.remove(pet) {
+            state.enqueue(pet.clone(), since);
         }
         drop(state);
         self.wake.notify_one();
@@ -126,19 +139,22 @@ impl FairQueue {
         self.state().queued.len()
     }
 
-    fn try_admit(&self) -> Option<ObjectRef<Pet>> {
+    fn try_admit(&self) -> Option<Admitted> {
         let mut state = self.state();
         if state.admitted.len() >= self.limit {
             return None;
         }
-        let pet = state.next_turn()?;
+        let (pet, since) = state.next_turn()?;
         state.admitted.insert(pet.clone());
-        Some(pet)
+        Some(Admitted {
+            pet,
+            waited: since.elapsed(),
+        })
     }
 
     /// The Pets to hand to kube, in their turns, each once there is room.
     /// Never ends: end it with the controller's shutdown.
-    pub fn admitted(self: Arc<Self>) -> impl Stream<Item = ObjectRef<Pet>> {
+    pub fn admitted(self: Arc<Self>) -> impl Stream<Item = Admitted> {
         futures::stream::unfold(self, |queue| async move {
             loop {
                 if let Some(pet) = queue.try_admit() {
@@ -170,7 +186,7 @@ mod tests {
         names: &[&str],
     ) -> (
         Arc<FairQueue>,
-        Pin<Box<impl Stream<Item = ObjectRef<Pet>> + use<>>>,
+        Pin<Box<impl Stream<Item = Admitted> + use<>>>,
     ) {
         let queue = FairQueue::new(limit);
         for name in names {
@@ -181,9 +197,9 @@ mod tests {
     }
 
     /// Takes what the queue admits now, without waiting for more.
-    async fn admit_now(stream: &mut (impl Stream<Item = ObjectRef<Pet>> + Unpin)) -> Vec<String> {
+    async fn admit_now(stream: &mut (impl Stream<Item = Admitted> + Unpin)) -> Vec<String> {
         let mut names = Vec::new();
-        while let Ok(Some(pet)) =
+        while let Ok(Some(Admitted { pet, .. })) =
             tokio::time::timeout(Duration::from_millis(20), stream.next()).await
         {
             names.push(format!(
@@ -240,6 +256,33 @@ mod tests {
         assert_eq!(admit_now(&mut admitted).await, ["ns/a"], "and not lost");
         queue.finished(&pet("ns", "a"));
         assert!(admit_now(&mut admitted).await.is_empty(), "and once");
+    }
+
+    /// The wait of each Pet admitted, from its first trigger, in seconds.
+    async fn waits_now(stream: &mut (impl Stream<Item = Admitted> + Unpin)) -> Vec<u64> {
+        let mut waits = Vec::new();
+        while let Ok(Some(admitted)) =
+            tokio::time::timeout(Duration::from_millis(20), stream.next()).await
+        {
+            waits.push(admitted.waited.as_secs());
+        }
+        waits
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_pet_admitted_says_how_long_it_waited_since_its_first_trigger() {
+        let (queue, mut admitted) = queue_of(1, &["a", "b"]);
+        assert_eq!(waits_now(&mut admitted).await, [0], "a at once");
+        tokio::time::advance(Duration::from_secs(3)).await;
+        // Triggered again while it waits: it keeps its first trigger's time.
+        queue.push(pet("ns", "b"));
+        // And a, again while it runs: from this trigger, not from its run's end.
+        queue.push(pet("ns", "a"));
+        tokio::time::advance(Duration::from_secs(2)).await;
+        queue.finished(&pet("ns", "a"));
+        assert_eq!(waits_now(&mut admitted).await, [5], "b waited 5 s");
+        queue.finished(&pet("ns", "b"));
+        assert_eq!(waits_now(&mut admitted).await, [2], "a waited 2 s");
     }
 
     #[tokio::test]

@@ -138,8 +138,13 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
         released,
         stop.clone(),
     ));
+    let metrics = Arc::clone(&ctx.metrics);
     let admitted = Arc::clone(&queue)
         .admitted()
+        .map(move |admitted| {
+            metrics.queue_waited(admitted.waited);
+            admitted.pet
+        })
         .take_until(stop.cancelled_owned())
         .map(Ok::<_, std::convert::Infallible>);
     // kube's applier, not its Controller: the Controller would feed every
