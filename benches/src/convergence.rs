@@ -162,6 +162,12 @@ pub struct ConvergenceResult {
     pub restart_store_writes: u64,
     pub restart_store_reads: u64,
     pub restart_peak_rss_kib: u64,
+    /// CPU by process from the new process's start until it caught up:
+    /// which of them the catch-up waited on.
+    pub restart_cpu: CpuSplit,
+    /// Until the new process's first reconcile ended: its Lease, the
+    /// Pets' first list and the store's client, before any Pet's turn.
+    pub restart_first_reconcile: Option<Duration>,
     /// Steady state on the restarted operator, over two poll intervals.
     pub steady_api_writes: u64,
     pub steady_store_writes: u64,
@@ -189,6 +195,9 @@ pub struct ConvergenceResult {
     /// p99 of the operator's reconciles while the drift was put back, as
     /// the bound of its histogram's bucket (`reconcile_duration_seconds`).
     pub drift_reconcile_p99: Option<f64>,
+    /// p99 of the Pets' waits for their turn meanwhile, as the bound of
+    /// its histogram's bucket (`queue_wait_seconds`).
+    pub drift_queue_wait_p99: Option<f64>,
 }
 
 /// What the Pets cost the control plane in memory: read where a figure is
@@ -925,12 +934,17 @@ fn measure_operator_with(
         let metrics_before_drift = operator.metrics()?;
         let drift =
             crate::drift::measure(&env.store.addr, drift_edits, drift_deletes, timeout).await?;
-        let drift_reconcile_p99 = apimetrics::histogram_quantile(
-            &metrics_before_drift,
-            &operator.metrics()?,
-            "petstore_operator_reconcile_duration_seconds",
-            0.99,
-        );
+        let metrics_after_drift = operator.metrics()?;
+        let drift_p99 = |histogram: &str| {
+            apimetrics::histogram_quantile(
+                &metrics_before_drift,
+                &metrics_after_drift,
+                histogram,
+                0.99,
+            )
+        };
+        let drift_reconcile_p99 = drift_p99("petstore_operator_reconcile_duration_seconds");
+        let drift_queue_wait_p99 = drift_p99("petstore_operator_queue_wait_seconds");
         events_drained(&operator, timeout).await?;
 
         // Restart: kill -9, and a new process (the same Pod name, as when
@@ -955,11 +969,21 @@ fn measure_operator_with(
                 .extend(["--poll-max-rate".into(), max_rate.into()]);
         }
         let started = Instant::now();
+        // The new process's CPU is all since its start: read on its own.
+        let restart_meter = CpuSplit::meter(&env, None, []);
         operator = env.start_operator_with(&restarted_options)?;
         let expected = (n + WARMUP_PETS) as u64;
-        let (calls_at_restart, restart_lease_wait) =
-            caught_up(&operator, expected, timeout).await?;
+        let restarted = caught_up(&operator, expected, timeout).await?;
         let restart_catch_up = started.elapsed();
+        let restart_cpu = CpuSplit {
+            operator: operator
+                .process()
+                .pid()
+                .and_then(procstat::cpu_seconds)
+                .unwrap_or(0.0),
+            ..CpuSplit::read(&restart_meter)
+        };
+        let (calls_at_restart, restart_lease_wait) = (restarted.calls, restarted.lease_wait);
         let restart_api_writes = writes_since(&env.cp, &restart_before)?;
         let restart_store_writes = store_writes(&calls_at_restart);
         let restart_store_reads = store_reads(&calls_at_restart);
@@ -1058,6 +1082,8 @@ fn measure_operator_with(
             restart_store_writes,
             restart_store_reads,
             restart_peak_rss_kib,
+            restart_cpu,
+            restart_first_reconcile: restarted.first_done,
             steady_api_writes,
             steady_store_writes,
             steady_store_reads,
@@ -1070,6 +1096,7 @@ fn measure_operator_with(
             store_peak_rss_kib: procstat::peak_rss_kib(store_pid).unwrap_or(0),
             drift,
             drift_reconcile_p99,
+            drift_queue_wait_p99,
             control_plane,
             ..Default::default()
         })
@@ -1079,13 +1106,10 @@ fn measure_operator_with(
 /// Waits until the operator just started has reconciled `expected` Pets
 /// (the catch-up after a start); returns its store calls by then and how
 /// long it took to lead.
-async fn caught_up(
-    operator: &Operator,
-    expected: u64,
-    timeout: Duration,
-) -> Result<(BTreeMap<String, u64>, Option<Duration>)> {
+async fn caught_up(operator: &Operator, expected: u64, timeout: Duration) -> Result<CaughtUp> {
     let started = Instant::now();
     let mut lease_wait = None;
+    let mut first_done = None;
     let mut done = None;
     loop {
         // Metrics appear once the process is up; counts start at zero.
@@ -1094,8 +1118,15 @@ async fn caught_up(
                 lease_wait = Some(started.elapsed());
             }
             let finished = reconciles_done(&metrics);
+            if first_done.is_none() && finished > 0 {
+                first_done = Some(started.elapsed());
+            }
             if finished >= expected {
-                return Ok((store_calls(&metrics), lease_wait));
+                return Ok(CaughtUp {
+                    calls: store_calls(&metrics),
+                    lease_wait,
+                    first_done,
+                });
             }
             done = Some(finished);
         }
@@ -1111,6 +1142,17 @@ async fn caught_up(
         }
         tokio::time::sleep(CATCH_UP_POLL).await;
     }
+}
+
+/// What [`caught_up`] saw, each time from the operator's start (to the
+/// bound of its scrape interval).
+struct CaughtUp {
+    /// Store calls by method, once every Pet was reconciled.
+    calls: BTreeMap<String, u64>,
+    /// Until it led.
+    lease_wait: Option<Duration>,
+    /// Until its first reconcile ended.
+    first_done: Option<Duration>,
 }
 
 /// How often [`caught_up`] scrapes the operator. Each scrape walks the

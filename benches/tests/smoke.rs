@@ -26,8 +26,8 @@ fn benchmarks_run_end_to_end() -> fixtures::Result<()> {
             "the control plane's memory read: {r:?}"
         );
         assert!(
-            r.drift_reconcile_p99.is_some(),
-            "the reconciles that put the drift back timed: {r:?}"
+            r.drift_reconcile_p99.is_some() && r.drift_queue_wait_p99.is_some(),
+            "the reconciles that put the drift back, and their waits, timed: {r:?}"
         );
         // The same run as `--at-scale` reports it.
         let at_scale = bench::at_scale::AtScaleResult {
@@ -43,6 +43,22 @@ fn benchmarks_run_end_to_end() -> fixtures::Result<()> {
                 r.restart_catch_up.as_secs_f64()
             )),
             "{section}"
+        );
+        // The restart's CPU read by process, the new operator's too.
+        assert!(
+            r.restart_first_reconcile
+                .is_some_and(|first| first <= r.restart_catch_up)
+                && r.restart_cpu.api_server > 0.0
+                && r.restart_cpu.operator > 0.0
+                && r.restart_cpu.store > 0.0
+                && section.contains(&format!(
+                    "{:.1}, {:.1}, {:.1}, {:.1} s",
+                    r.restart_cpu.api_server,
+                    r.restart_cpu.etcd,
+                    r.restart_cpu.operator,
+                    r.restart_cpu.store
+                )),
+            "{r:?}\n{section}"
         );
         assert!(
             r.pairs
