@@ -213,6 +213,18 @@ pub fn markdown(result: &AtScaleResult, command: &str) -> String {
         ),
         None,
     );
+    let requests: Vec<String> = r
+        .restart_api_requests
+        .iter()
+        .map(|((resource, verb), n)| format!("{resource} {verb} {n}"))
+        .collect();
+    row(
+        &mut out,
+        "the restart's requests to the API server, by resource and verb",
+        "",
+        requests.join(", "),
+        None,
+    );
     row(
         &mut out,
         "steady state: API and store writes",

@@ -168,6 +168,9 @@ pub struct ConvergenceResult {
     /// Until the new process's first reconcile ended: its Lease, the
     /// Pets' first list and the store's client, before any Pet's turn.
     pub restart_first_reconcile: Option<Duration>,
+    /// Every request the API server served meanwhile, by (resource, verb):
+    /// the restarted operator's, as nothing else runs then.
+    pub restart_api_requests: RequestCounts,
     /// Steady state on the restarted operator, over two poll intervals.
     pub steady_api_writes: u64,
     pub steady_store_writes: u64,
@@ -985,6 +988,9 @@ fn measure_operator_with(
         };
         let (calls_at_restart, restart_lease_wait) = (restarted.calls, restarted.lease_wait);
         let restart_api_writes = writes_since(&env.cp, &restart_before)?;
+        let mut restart_api_requests =
+            apimetrics::increase(&restart_before, &apimetrics::scrape(&env.cp)?);
+        restart_api_requests.retain(|_, n| *n > 0);
         let restart_store_writes = store_writes(&calls_at_restart);
         let restart_store_reads = store_reads(&calls_at_restart);
         let restarted_pid = operator.process().pid().unwrap_or(0);
@@ -1084,6 +1090,7 @@ fn measure_operator_with(
             restart_peak_rss_kib,
             restart_cpu,
             restart_first_reconcile: restarted.first_done,
+            restart_api_requests,
             steady_api_writes,
             steady_store_writes,
             steady_store_reads,

@@ -44,6 +44,13 @@ fn benchmarks_run_end_to_end() -> fixtures::Result<()> {
             )),
             "{section}"
         );
+        // The restarted operator listed its Pets, and the section says so.
+        assert!(
+            r.restart_api_requests
+                .contains_key(&("pets".to_owned(), "LIST".to_owned()))
+                && section.contains("pets LIST "),
+            "{r:?}\n{section}"
+        );
         // The restart's CPU read by process, the new operator's too.
         assert!(
             r.restart_first_reconcile
