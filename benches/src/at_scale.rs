@@ -238,6 +238,20 @@ pub fn markdown(result: &AtScaleResult, command: &str) -> String {
         ),
         Some(result.steady_met()),
     );
+    let (cpu, seconds) = (&r.steady_cpu, r.steady_window.as_secs_f64().max(1e-9));
+    row(
+        &mut out,
+        "steady state: CPU a second: API server, etcd, operator, store",
+        "",
+        format!(
+            "{:.3}, {:.3}, {:.3}, {:.3}",
+            cpu.api_server / seconds,
+            cpu.etcd / seconds,
+            cpu.operator / seconds,
+            cpu.store / seconds
+        ),
+        None,
+    );
     let memory = r.control_plane;
     row(
         &mut out,

@@ -180,6 +180,9 @@ pub struct ConvergenceResult {
     /// The restarted operator's poll interval in effect.
     pub poll_interval: Duration,
     pub steady_window: Duration,
+    /// CPU by process over the window: what an idle control plane and
+    /// operator cost at this N.
+    pub steady_cpu: CpuSplit,
     pub operator_peak_rss_kib: u64,
     /// Resident memory once converged and the Events written.
     pub operator_rss_kib: u64,
@@ -1006,8 +1009,10 @@ fn measure_operator_with(
         tokio::time::sleep(poll_interval / 2).await;
         let steady_before = apimetrics::scrape(&env.cp)?;
         let steady_calls_before = store_calls(&operator.metrics()?);
+        let steady_meter = CpuSplit::meter(&env, operator.process().pid(), []);
         let window_started = Instant::now();
         tokio::time::sleep(poll_interval * 2).await;
+        let steady_cpu = CpuSplit::read(&steady_meter);
         // The store calls' window is timed by its own two scrapes: the API
         // server's scrape (a kubectl run) would add to it.
         let steady_calls =
@@ -1097,6 +1102,7 @@ fn measure_operator_with(
             steady_store_calls,
             poll_interval,
             steady_window,
+            steady_cpu,
             operator_peak_rss_kib,
             operator_rss_kib,
             operator_cpu_seconds,
