@@ -169,7 +169,8 @@ pub struct ConvergenceResult {
     /// Pets' first list and the store's client, before any Pet's turn.
     pub restart_first_reconcile: Option<Duration>,
     /// Every request the API server served meanwhile, by (resource, verb):
-    /// the restarted operator's, as nothing else runs then.
+    /// the restarted operator's, and the re-watches of the API server's
+    /// own informers (flowschemas, configmaps...) when one falls due.
     pub restart_api_requests: RequestCounts,
     /// Steady state on the restarted operator, over two poll intervals.
     pub steady_api_writes: u64,
