@@ -94,6 +94,11 @@ impl AtScaleResult {
     }
 }
 
+/// A histogram's quantile as the bound of its bucket: `≤ 0.512 s`.
+fn bucket_bound(quantile: Option<f64>) -> String {
+    quantile.map_or_else(|| "none".to_owned(), |bound| format!("≤ {bound} s"))
+}
+
 pub fn markdown(result: &AtScaleResult, command: &str) -> String {
     let r = &result.run;
     let n = r.pets;
@@ -169,16 +174,14 @@ pub fn markdown(result: &AtScaleResult, command: &str) -> String {
         &mut out,
         "the reconciles meanwhile, p99 (the bound of its histogram's bucket)",
         &format!("≤ {GOAL_RECONCILE_P99:.0} s"),
-        r.drift_reconcile_p99
-            .map_or_else(|| "none".to_owned(), |p99| format!("≤ {p99} s")),
+        bucket_bound(r.drift_reconcile_p99),
         Some(result.reconcile_met()),
     );
     row(
         &mut out,
         "their waits for a turn in the queue, p99 (the bound of its histogram's bucket)",
         &format!("≤ {GOAL_QUEUE_WAIT_P99:.0} s"),
-        r.drift_queue_wait_p99
-            .map_or_else(|| "none".to_owned(), |p99| format!("≤ {p99} s")),
+        bucket_bound(r.drift_queue_wait_p99),
         Some(result.queue_wait_met()),
     );
     row(

@@ -992,9 +992,8 @@ fn measure_operator_with(
         };
         let (calls_at_restart, restart_lease_wait) = (restarted.calls, restarted.lease_wait);
         let restart_api_writes = writes_since(&env.cp, &restart_before)?;
-        let mut restart_api_requests =
+        let restart_api_requests =
             apimetrics::increase(&restart_before, &apimetrics::scrape(&env.cp)?);
-        restart_api_requests.retain(|_, n| *n > 0);
         let restart_store_writes = store_writes(&calls_at_restart);
         let restart_store_reads = store_reads(&calls_at_restart);
         let restarted_pid = operator.process().pid().unwrap_or(0);

@@ -197,18 +197,25 @@ mod tests {
     }
 
     /// Takes what the queue admits now, without waiting for more.
-    async fn admit_now(stream: &mut (impl Stream<Item = Admitted> + Unpin)) -> Vec<String> {
-        let mut names = Vec::new();
-        while let Ok(Some(Admitted { pet, .. })) =
+    async fn take_now(stream: &mut (impl Stream<Item = Admitted> + Unpin)) -> Vec<Admitted> {
+        let mut taken = Vec::new();
+        while let Ok(Some(admitted)) =
             tokio::time::timeout(Duration::from_millis(20), stream.next()).await
         {
-            names.push(format!(
-                "{}/{}",
-                pet.namespace.unwrap_or_default(),
-                pet.name
-            ));
+            taken.push(admitted);
         }
-        names
+        taken
+    }
+
+    /// The `namespace/name` of each Pet admitted now.
+    async fn admit_now(stream: &mut (impl Stream<Item = Admitted> + Unpin)) -> Vec<String> {
+        take_now(stream)
+            .await
+            .into_iter()
+            .map(|Admitted { pet, .. }| {
+                format!("{}/{}", pet.namespace.unwrap_or_default(), pet.name)
+            })
+            .collect()
     }
 
     #[tokio::test]
@@ -258,15 +265,14 @@ mod tests {
         assert!(admit_now(&mut admitted).await.is_empty(), "and once");
     }
 
-    /// The wait of each Pet admitted, from its first trigger, in seconds.
+    /// The wait of each Pet admitted now, from its first trigger, in
+    /// whole seconds.
     async fn waits_now(stream: &mut (impl Stream<Item = Admitted> + Unpin)) -> Vec<u64> {
-        let mut waits = Vec::new();
-        while let Ok(Some(admitted)) =
-            tokio::time::timeout(Duration::from_millis(20), stream.next()).await
-        {
-            waits.push(admitted.waited.as_secs());
-        }
-        waits
+        take_now(stream)
+            .await
+            .iter()
+            .map(|admitted| admitted.waited.as_secs())
+            .collect()
     }
 
     #[tokio::test(start_paused = true)]
